@@ -1,0 +1,75 @@
+"""Every ViT variant of the paper under its official name, in the official config layout.
+
+    from configs import models
+    cfg = models.get_model_config('ViT-B_16')   # an ml_collections.ConfigDict
+
+Fields: ``patches.size``, ``hidden_size``, ``transformer.{num_layers, mlp_dim, num_heads,
+dropout_rate, attention_dropout_rate}``, ``classifier``, ``representation_size``,
+``resnet`` (None, or ``{num_layers: units per stage, width_factor}``), plus this project's
+``posemb`` and execution options (``scan``, ``remat``, ``remat_policy``,
+``attention_impl``, ``dtype``). `vit_jax.models.create_model` builds the module.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import ml_collections
+
+
+def _vit(name: str, patch: int, width: int, depth: int, mlp: int, heads: int,
+         resnet_units: Optional[Sequence[int]] = None) -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict()
+  config.name = name
+  config.patches = ml_collections.ConfigDict({"size": (patch, patch)})
+  config.hidden_size = width
+  config.transformer = ml_collections.ConfigDict(dict(
+      num_layers=depth, mlp_dim=mlp, num_heads=heads, dropout_rate=0.0,
+      attention_dropout_rate=0.0))
+  config.classifier = "token"
+  config.representation_size = ml_collections.FieldReference(None, field_type=int)
+  config.posemb = "learn"
+  config.resnet = ml_collections.FieldReference(None, field_type=ml_collections.ConfigDict)
+  if resnet_units is not None:
+    config.resnet = ml_collections.ConfigDict(
+        {"num_layers": tuple(resnet_units), "width_factor": 1.0})
+  # Execution options: they change how the model runs, never its parameters' values.
+  config.scan = False
+  config.remat = False
+  config.remat_policy = ml_collections.FieldReference(None, field_type=str)
+  config.attention_impl = ml_collections.FieldReference(None, field_type=str)
+  config.dtype = "float32"
+  return config
+
+
+_TI = dict(width=192, depth=12, mlp=768, heads=3)
+_S = dict(width=384, depth=12, mlp=1536, heads=6)
+_B = dict(width=768, depth=12, mlp=3072, heads=12)
+_L = dict(width=1024, depth=24, mlp=4096, heads=16)
+_H = dict(width=1280, depth=32, mlp=5120, heads=16)
+
+MODEL_CONFIGS: dict[str, Callable[[], ml_collections.ConfigDict]] = {
+    "ViT-Ti_16": lambda: _vit("ViT-Ti_16", 16, **_TI),
+    "ViT-S_32": lambda: _vit("ViT-S_32", 32, **_S),
+    "ViT-S_16": lambda: _vit("ViT-S_16", 16, **_S),
+    "ViT-B_32": lambda: _vit("ViT-B_32", 32, **_B),
+    "ViT-B_16": lambda: _vit("ViT-B_16", 16, **_B),
+    "ViT-B_8": lambda: _vit("ViT-B_8", 8, **_B),
+    "ViT-L_32": lambda: _vit("ViT-L_32", 32, **_L),
+    "ViT-L_16": lambda: _vit("ViT-L_16", 16, **_L),
+    "ViT-H_14": lambda: _vit("ViT-H_14", 14, **_H),
+    # Hybrids: a 1x1 "patch" on the ResNet feature map (R50: stage 4 removed, 3-4-9 units).
+    "R50+ViT-B_16": lambda: _vit("R50+ViT-B_16", 1, **_B, resnet_units=(3, 4, 9)),
+    "R26+ViT-S_32": lambda: _vit("R26+ViT-S_32", 1, **_S, resnet_units=(2, 2, 2, 2)),
+    # The root alone downsamples 4x; with 8x8 patches as in the official config the grid
+    # is the input downsampled 32x.
+    "R+ViT-Ti_16": lambda: _vit("R+ViT-Ti_16", 8, **_TI, resnet_units=()),
+    # A tiny model for tests and the CPU quickstart.
+    "testing": lambda: _vit("testing", 4, width=32, depth=2, mlp=64, heads=2),
+}
+
+
+def get_model_config(name: str) -> ml_collections.ConfigDict:
+  """The config of a named variant; an unknown name lists the valid ones."""
+  if name not in MODEL_CONFIGS:
+    raise ValueError(f"Unknown model {name!r}. Valid names: {', '.join(MODEL_CONFIGS)}.")
+  return MODEL_CONFIGS[name]()

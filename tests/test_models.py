@@ -1,0 +1,289 @@
+"""Model structure and numerics: shapes, parameter counts, the official tree, options."""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import models as model_configs
+from vit_jax import checkpoint
+from vit_jax.models import create_model, sincos_2d
+
+# Pinned with 1000 classes at 224x224 (B/16, L/16, H/14 equal the paper's exact counts).
+PARAM_COUNTS = {
+    "ViT-Ti_16": 5_717_416,
+    "ViT-S_32": 22_878_952,
+    "ViT-S_16": 22_050_664,
+    "ViT-B_32": 88_224_232,
+    "ViT-B_16": 86_567_656,
+    "ViT-B_8": 86_576_872,
+    "ViT-L_32": 306_535_400,
+    "ViT-L_16": 304_326_632,
+    "ViT-H_14": 632_045_800,
+    "R50+ViT-B_16": 98_659_112,
+    "R26+ViT-S_32": 36_431_912,
+    "R+ViT-Ti_16": 6_337_704,
+}
+
+
+def tiny(num_classes=10, **overrides):
+  return create_model(model_configs.get_model_config("testing"), num_classes=num_classes,
+                      **overrides)
+
+
+def init(model, image_size=16, batch=2, seed=0):
+  images = jax.random.uniform(jax.random.key(seed + 1), (batch, image_size, image_size, 3),
+                              minval=-1, maxval=1)
+  params = nn.unbox(model.init(jax.random.key(seed), images)["params"])
+  return params, images
+
+
+def abstract_params(model, image_size=224):
+  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0),
+                                             jnp.zeros((1, image_size, image_size, 3))))
+  return nn.unbox(shapes["params"])
+
+
+def test_every_variant_has_its_pinned_parameter_count():
+  assert set(PARAM_COUNTS) == set(model_configs.MODEL_CONFIGS) - {"testing"}
+  for name, expected in PARAM_COUNTS.items():
+    model = create_model(model_configs.get_model_config(name), num_classes=1000)
+    count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(abstract_params(model)))
+    assert count == expected, name
+
+
+def test_unknown_model_name_lists_valid_names():
+  with pytest.raises(ValueError, match="ViT-B_16.*R50\\+ViT-B_16"):
+    model_configs.get_model_config("ViT-X_16")
+
+
+@pytest.mark.parametrize("classifier,expected_shape", [
+    ("token", (2, 10)), ("gap", (2, 10)), ("unpooled", (2, 16, 10))])
+def test_classifier_output_shapes(classifier, expected_shape):
+  model = tiny(classifier=classifier)
+  params, images = init(model)
+  assert model.apply({"params": params}, images).shape == expected_shape
+  assert ("cls" in params) == (classifier == "token")
+
+
+def test_no_head_returns_the_representation():
+  for num_classes in (0, None):
+    model = tiny(num_classes=num_classes, representation_size=24)
+    params, images = init(model)
+    assert "head" not in params and "pre_logits" in params
+    out = model.apply({"params": params}, images)
+    assert out.shape == (2, 24)
+    assert np.all(np.abs(out) <= 1.0)  # tanh representation
+
+
+@pytest.mark.parametrize("posemb", ["learn", "learn_2d", "sincos2d", "none"])
+@pytest.mark.parametrize("classifier", ["token", "gap"])
+def test_position_embedding_kinds(posemb, classifier):
+  model = tiny(posemb=posemb, classifier=classifier)
+  params, images = init(model, image_size=24)  # a 6x6 grid
+  assert model.apply({"params": params}, images).shape == (2, 10)
+  pe_params = params["Transformer"].get("posembed_input", {})
+  shapes = {k: v.shape for k, v in pe_params.items()}
+  expected = {
+      "learn": {"pos_embedding": (1, 36 + (classifier == "token"), 32)},
+      "learn_2d": {"pos_embedding_x": (1, 1, 6, 16), "pos_embedding_y": (1, 6, 1, 16)},
+      "sincos2d": {}, "none": {}}[posemb]
+  assert shapes == expected
+
+
+def test_position_embeddings_change_the_output_only_when_present():
+  """Permuting patches changes the class token only if positions are encoded."""
+  for posemb, should_change in (("none", False), ("sincos2d", True), ("learn", True)):
+    model = tiny(posemb=posemb)
+    params, images = init(model, image_size=8)  # 2x2 grid
+    swapped = jnp.concatenate([images[:, :, 4:], images[:, :, :4]], axis=2)
+    a = model.apply({"params": params}, images)
+    b = model.apply({"params": params}, swapped)
+    # The head is zero-initialised: compare the pre-head representation.
+    rep = lambda x: tiny(num_classes=0, posemb=posemb).apply({"params": params}, x)
+    changed = not np.allclose(rep(images), rep(swapped), atol=1e-6)
+    assert changed == should_change, posemb
+    np.testing.assert_array_equal(a, b)  # zero head: logits equal the bias
+
+
+def test_sincos_features_match_their_formula():
+  table = sincos_2d((3, 4), 8)  # [12, 8]: sin x, cos x, sin y, cos y with 2 frequencies
+  assert table.shape == (12, 8)
+  row, col = 2, 3
+  omega = np.array([1.0, 1.0 / 100.0])
+  want = np.concatenate([np.sin(col * omega), np.cos(col * omega),
+                         np.sin(row * omega), np.cos(row * omega)])
+  np.testing.assert_allclose(table[row * 4 + col], want, rtol=1e-6)
+
+
+def test_image_size_not_multiple_of_patch_names_both():
+  model = tiny()
+  with pytest.raises(ValueError, match="18x18.*4x4"):
+    model.init(jax.random.key(0), jnp.zeros((1, 18, 18, 3)))
+
+
+def test_hybrid_image_size_error_names_the_total_stride():
+  model = create_model(model_configs.get_model_config("R+ViT-Ti_16"), num_classes=3)
+  with pytest.raises(ValueError, match="40x40.*32x32"):
+    jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 40, 40, 3))))
+
+
+@pytest.mark.parametrize("units,image_size,grid", [((), 32, 4), ((1, 1), 32, 2), ((2,), 16, 2)])
+def test_hybrid_forward_shapes(units, image_size, grid):
+  model = tiny(resnet_units=units, resnet_width_factor=0.5, patch_size=(2, 2),
+               classifier="unpooled", num_classes=None)
+  params, images = init(model, image_size=image_size)
+  assert model.apply({"params": params}, images).shape == (2, grid * grid, 32)
+  assert "conv_root" in params and "gn_root" in params
+  assert [k for k in params if k.startswith("block")] == [f"block{i + 1}"
+                                                          for i in range(len(units))]
+
+
+def _expected_vit_tree(d, m, h, depth, patch, k, n, channels=3):
+  """The official layout of FORMATS.md, written out independently of the model code."""
+  dh = d // h
+  tree = {
+      "embedding/kernel": (patch, patch, channels, d), "embedding/bias": (d,),
+      "cls": (1, 1, d),
+      "Transformer/posembed_input/pos_embedding": (1, n, d),
+      "Transformer/encoder_norm/scale": (d,), "Transformer/encoder_norm/bias": (d,),
+      "head/kernel": (d, k), "head/bias": (k,),
+  }
+  for i in range(depth):
+    p = f"Transformer/encoderblock_{i}/"
+    a = p + "MultiHeadDotProductAttention_1/"
+    for ln in ("LayerNorm_0", "LayerNorm_2"):
+      tree[p + ln + "/scale"] = tree[p + ln + "/bias"] = (d,)
+    for proj in ("query", "key", "value"):
+      tree[a + proj + "/kernel"] = (d, h, dh)
+      tree[a + proj + "/bias"] = (h, dh)
+    tree[a + "out/kernel"] = (h, dh, d)
+    tree[a + "out/bias"] = (d,)
+    tree[p + "MlpBlock_3/Dense_0/kernel"] = (d, m)
+    tree[p + "MlpBlock_3/Dense_0/bias"] = (m,)
+    tree[p + "MlpBlock_3/Dense_1/kernel"] = (m, d)
+    tree[p + "MlpBlock_3/Dense_1/bias"] = (d,)
+  return tree
+
+
+def _tree_shapes(params):
+  return {k: tuple(v.shape) for k, v in checkpoint.flatten(params).items()}
+
+
+def test_b16_tree_equals_the_official_layout():
+  model = create_model(model_configs.get_model_config("ViT-B_16"), num_classes=1000)
+  expected = _expected_vit_tree(768, 3072, 12, 12, 16, 1000, 197)
+  assert _tree_shapes(abstract_params(model)) == expected
+
+
+def test_r50_b16_tree_equals_the_official_layout():
+  model = create_model(model_configs.get_model_config("R50+ViT-B_16"), num_classes=1000)
+  expected = _expected_vit_tree(768, 3072, 12, 12, 1, 1000, 197, channels=1024)
+  expected["conv_root/kernel"] = (7, 7, 3, 64)
+  expected["gn_root/scale"] = expected["gn_root/bias"] = (64,)
+  cin = 64
+  for s, units in enumerate((3, 4, 9)):
+    w = 64 * 2**s
+    for u in range(units):
+      p = f"block{s + 1}/unit{u + 1}/"
+      expected[p + "conv1/kernel"] = (1, 1, cin if u == 0 else 4 * w, w)
+      expected[p + "conv2/kernel"] = (3, 3, w, w)
+      expected[p + "conv3/kernel"] = (1, 1, w, 4 * w)
+      for gn, width in (("gn1", w), ("gn2", w), ("gn3", 4 * w)):
+        expected[p + gn + "/scale"] = expected[p + gn + "/bias"] = (width,)
+      if u == 0:
+        expected[p + "conv_proj/kernel"] = (1, 1, cin, 4 * w)
+        expected[p + "gn_proj/scale"] = expected[p + "gn_proj/bias"] = (4 * w,)
+    cin = 4 * w
+  assert _tree_shapes(abstract_params(model)) == expected
+
+
+def test_head_is_zero_initialised_with_configurable_bias():
+  model = tiny(head_bias_init=-2.0)
+  params, images = init(model)
+  assert not np.any(params["head"]["kernel"])
+  np.testing.assert_array_equal(params["head"]["bias"], -2.0)
+  np.testing.assert_allclose(model.apply({"params": params}, images), -2.0)
+
+
+def test_fused_attention_path_equals_the_explicit_one():
+  """Without intermediates the fused `dot_product_attention` runs; with them, explicit weights."""
+  model = tiny(classifier="unpooled", num_classes=None)
+  params, images = init(model)
+  fused = model.apply({"params": params}, images)
+  explicit, state = model.apply({"params": params}, images, mutable=["intermediates"])
+  assert state["intermediates"]  # the explicit path really ran
+  np.testing.assert_allclose(fused, explicit, atol=1e-5)
+
+
+def test_intermediates_give_attention_and_tokens_per_layer():
+  for scan in (False, True):
+    model = tiny(scan=scan)
+    params, images = init(model)  # 16 tokens + cls
+    _, state = model.apply({"params": params}, images, mutable=["intermediates"])
+    flat = checkpoint.flatten(state["intermediates"])
+    if scan:
+      att = flat["Transformer/encoderblock/MultiHeadDotProductAttention_1/attention_weights"][0]
+      tokens = flat["Transformer/encoderblock/tokens"][0]
+      assert att.shape == (2, 2, 2, 17, 17)  # [L, B, H, N, N]
+      assert tokens.shape == (2, 2, 17, 32)  # [L, B, N, D]
+    else:
+      att = flat["Transformer/encoderblock_1/MultiHeadDotProductAttention_1/attention_weights"][0]
+      assert att.shape == (2, 2, 17, 17)
+    np.testing.assert_allclose(np.sum(att, axis=-1), 1.0, rtol=1e-5)
+
+
+def test_scan_and_remat_compute_the_same_function():
+  base = tiny(num_classes=0)
+  params, images = init(base)
+  want = base.apply({"params": params}, images)
+  scanned = checkpoint.layers_to_scanned(params)
+  for kw in (dict(scan=True), dict(scan=True, remat=True, remat_policy="nothing_saveable"),
+             dict(remat=True)):
+    model = tiny(num_classes=0, **kw)
+    p = scanned if kw.get("scan") else params
+    np.testing.assert_allclose(model.apply({"params": p}, images), want, atol=1e-5)
+    loss = lambda p, model=model: jnp.sum(model.apply({"params": p}, images) ** 2)
+    grads = jax.grad(loss)(p)
+    assert all(np.all(np.isfinite(g)) for g in jax.tree.leaves(grads))
+
+
+def test_unknown_remat_policy_is_an_error():
+  model = tiny(remat=True, remat_policy="save_everything_please")
+  with pytest.raises(ValueError, match="save_everything_please.*jax.checkpoint_policies"):
+    init(model)
+
+
+def test_dropout_is_active_only_in_training():
+  model = tiny(num_classes=0, dropout_rate=0.5, attention_dropout_rate=0.5)
+  params, images = init(model)
+  eval_a = model.apply({"params": params}, images)
+  eval_b = model.apply({"params": params}, images)
+  np.testing.assert_array_equal(eval_a, eval_b)
+  train = lambda s: model.apply({"params": params}, images, train=True,
+                                rngs={"dropout": jax.random.key(s)})
+  assert not np.allclose(train(0), train(1))
+
+
+def test_bfloat16_forward_is_close_to_float32():
+  model = tiny(num_classes=0)
+  params, images = init(model)
+  f32 = model.apply({"params": params}, images)
+  bf16_model = tiny(num_classes=0, dtype=jnp.bfloat16)
+  bf16 = bf16_model.apply({"params": params}, images)
+  assert bf16.dtype == jnp.float32  # outputs are returned in float32
+  rel = np.linalg.norm(bf16 - f32) / np.linalg.norm(f32)
+  assert 0 < rel < 3e-2
+  # Parameters stay float32 whatever the computation dtype.
+  bf16_params, _ = init(bf16_model)
+  assert {x.dtype for x in jax.tree.leaves(bf16_params)} == {jnp.dtype(jnp.float32)}
+
+
+def test_parameters_carry_logical_axis_names():
+  model = tiny(scan=True)
+  boxed = model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)))["params"]
+  specs = checkpoint.flatten(nn.get_partition_spec(boxed))
+  assert tuple(specs["Transformer/encoderblock/MlpBlock_3/Dense_0/kernel"]) == (
+      "layers", "embed", "mlp")
+  assert tuple(specs["Transformer/encoderblock/MultiHeadDotProductAttention_1/out/kernel"]) == (
+      "layers", "heads", "kv", "embed")
