@@ -1,0 +1,132 @@
+"""From the run config to a dataset: the settings the pipeline reads, and split sizes.
+
+`config.dataset` is a tfds name ('cifar10', 'digits', ...) or 'folder:/path/to/root'.
+This module is the only place that reads the data keys of the config, so a missing or
+wrong key fails here, once, with the key's name.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from vit_jax.data import folder as folder_lib
+from vit_jax.data import splits as splits_lib
+from vit_jax.data import tfds_source
+
+DEFAULT_SHUFFLE_BUFFER = 50_000  # Examples per shuffle window of a tfds dataset.
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """The data keys of a run config, validated. See `from_config` for the defaults."""
+  dataset: str
+  data_dir: str | None
+  manual_dir: str | None
+  train_split: str
+  test_split: str
+  num_classes: int | None
+  crop: int
+  min_area: float
+  flip: bool
+  batch: int
+  batch_eval: int
+  shuffle_buffer: int
+  prefetch: int
+  seed: int
+  skip_corrupt_images: bool
+
+  @classmethod
+  def from_config(cls, config: Any) -> 'Settings':
+    """Reads an ml_collections.ConfigDict (or any object with .get / attributes).
+
+    Required: dataset, train_split, test_split, pp.crop, batch. Defaults: data_dir and
+    manual_dir None, num_classes None (from the data), pp.min_area 0.05, pp.flip True,
+    batch_eval = batch, shuffle_buffer 50_000, prefetch 2, seed 0,
+    skip_corrupt_images False.
+    """
+    def get(key: str, default: Any = ..., node: Any = config, prefix: str = ''):
+      value = node.get(key, None) if hasattr(node, 'get') else getattr(node, key, None)
+      if value is None:
+        if default is ...:
+          raise ValueError(f'config.{prefix}{key} is required by the input pipeline; '
+                           f'set it (see vit_jax/data/presets.py for per-dataset values).')
+        return default
+      return value
+
+    pp = get('pp')
+    settings = cls(
+        dataset=str(get('dataset')),
+        data_dir=get('data_dir', None),
+        manual_dir=get('manual_dir', None),
+        train_split=str(get('train_split')),
+        test_split=str(get('test_split')),
+        num_classes=get('num_classes', None),
+        crop=int(get('crop', node=pp, prefix='pp.')),
+        min_area=float(get('min_area', 0.05, node=pp, prefix='pp.')),
+        flip=bool(get('flip', True, node=pp, prefix='pp.')),
+        batch=int(get('batch')),
+        batch_eval=int(get('batch_eval', get('batch'))),
+        shuffle_buffer=int(get('shuffle_buffer', DEFAULT_SHUFFLE_BUFFER)),
+        prefetch=int(get('prefetch', 2)),
+        seed=int(get('seed', 0)),
+        skip_corrupt_images=bool(get('skip_corrupt_images', False)),
+    )
+    for key in ('crop', 'batch', 'batch_eval', 'shuffle_buffer'):
+      if getattr(settings, key) <= 0:
+        raise ValueError(f'config.{"pp." if key == "crop" else ""}{key}='
+                         f'{getattr(settings, key)} must be positive.')
+    if not 0.0 < settings.min_area <= 1.0:
+      raise ValueError(f'config.pp.min_area={settings.min_area} must be in (0, 1] '
+                       f'(the smallest crop area as a fraction of the image; 0.05 is '
+                       f'the usual value).')
+    return settings
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetInfo:
+  """What the training loop needs to know about the configured data.
+
+  num_train / num_test: sizes of config.train_split / config.test_split (all
+  processes together). class_names: None when the dataset does not name its classes.
+  """
+  num_classes: int
+  num_train: int
+  num_test: int
+  class_names: list[str] | None
+
+
+class Dataset:
+  """The configured dataset: opens splits and knows the number of classes."""
+
+  def __init__(self, settings: Settings):
+    self.settings = settings
+    if settings.dataset.startswith(folder_lib.PREFIX):
+      self._source = folder_lib.ImageFolder(
+          settings.dataset[len(folder_lib.PREFIX):], settings.train_split)
+    else:
+      self._source = tfds_source.TfdsDataset(
+          settings.dataset, settings.data_dir, settings.manual_dir)
+    self.class_names = self._source.class_names
+    found = len(self.class_names) if self.class_names else None
+    if settings.num_classes is not None and found and settings.num_classes != found:
+      raise ValueError(
+          f'config.num_classes={settings.num_classes} but {settings.dataset!r} has '
+          f'{found} classes. Set config.num_classes={found} (or None to take it from '
+          f'the data).')
+    self.num_classes = settings.num_classes or found
+    if not self.num_classes:
+      raise ValueError(f'{settings.dataset!r} does not say how many classes it has; '
+                       f'set config.num_classes.')
+
+  def split(self, spec: str) -> splits_lib.SplitSource:
+    return self._source.split(spec)
+
+
+def dataset_info(config: Any) -> DatasetInfo:
+  """Number of classes, sizes of the train and test splits, and class names."""
+  dataset = Dataset(Settings.from_config(config))
+  return DatasetInfo(
+      num_classes=dataset.num_classes,
+      num_train=dataset.split(dataset.settings.train_split).num_examples,
+      num_test=dataset.split(dataset.settings.test_split).num_examples,
+      class_names=dataset.class_names)

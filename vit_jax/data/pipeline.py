@@ -1,0 +1,322 @@
+"""The train and eval input pipelines: ordered example indices -> global batches.
+
+Per process:
+  order.py positions -> (position, uid, encoded image or path, label) chunks, read
+  ahead one window in a thread -> tf.data: read file, decode + preprocess in parallel
+  (deterministic order), drop examples whose image fails -> numpy batches realigned on
+  positions, so a failed image is found by position and reported by name (or, with
+  config.skip_corrupt_images, replaced) -> batching.prefetch_to_device.
+
+Train batches: {'image': f32[B, crop, crop, 3], 'label': f32[B, K]}, no mask (every
+row is a real example). Eval batches add 'mask': f32[B], 1 for real examples and 0 for
+padding, so a pass visits every example exactly once whatever the batch size.
+
+A failed image is an error naming the file (or tfds example) with the decoder's
+message. With config.skip_corrupt_images=True it is logged and counted instead: in
+training the row is filled with another example of the same batch, which keeps every
+later batch, and exact resume, unchanged; in evaluation the row gets mask 0.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+from typing import Any, Callable, Iterator
+
+import jax
+import numpy as np
+import tensorflow as tf
+
+from vit_jax.data import batching
+from vit_jax.data import order
+from vit_jax.data import preprocess
+from vit_jax.data.dataset import Dataset, Settings
+from vit_jax.data.splits import SplitSource
+
+_CHUNK = 1024  # Examples handed from Python to tf.data at a time.
+_EVAL_WINDOW = 10_000  # Examples an eval pass reads from a tfds split at a time.
+
+Batch = dict[str, np.ndarray]
+
+
+class _Reader:
+  """Turns order.Piece-s into chunks of examples; remembers a failure for later.
+
+  tf.data ends a generator's stream quietly when it raises under ignore_errors(), so
+  the exception is kept here and re-raised by the consumer.
+  """
+
+  def __init__(self, source: SplitSource, shard_start: int, start: int,
+               pieces_from: Callable[[int], Iterator[order.Piece]]):
+    """pieces_from(p): the shard's visiting order from stream position p on."""
+    self.source = source
+    self.shard_start = shard_start
+    self.start = start
+    self.pieces_from = pieces_from
+    self.error: BaseException | None = None
+
+  def _windows(self) -> Iterator[tuple[order.Piece, np.ndarray, np.ndarray]]:
+    """(piece, values, labels) of its window; the next window loads meanwhile."""
+    def read(piece: order.Piece):
+      lo, hi = piece.window
+      return self.source.read(self.shard_start + lo, self.shard_start + hi)
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+      pieces = self.pieces_from(self.start)
+      current = next(pieces, None)
+      pending = pool.submit(read, current) if current else None
+      while current is not None:
+        values, labels = pending.result()
+        following = next(pieces, None)
+        pending = pool.submit(read, following) if following else None
+        yield current, values, labels
+        current = following
+
+  def __call__(self) -> Iterator[tuple[np.ndarray, ...]]:
+    """(positions, uids, values, labels) chunks, each [k]; uid = epoch * N + index."""
+    try:
+      n = self.source.num_examples
+      for piece, values, labels in self._windows():
+        for c in range(0, len(piece.offsets), _CHUNK):
+          idx = piece.offsets[c:c + _CHUNK]
+          positions = piece.position + c + np.arange(len(idx), dtype=np.int64)
+          uids = piece.epoch * n + self.shard_start + piece.window[0] + idx
+          yield positions, uids, values[idx], labels[idx]
+    except BaseException as e:  # Kept for the consumer; see the class docstring.
+      self.error = e
+
+  def locate(self, position: int) -> tuple[Any, int, int, int]:
+    """(value, label, index in the split, uid) of the example at a stream position."""
+    piece = next(self.pieces_from(position))
+    index = self.shard_start + piece.window[0] + int(piece.offsets[0])
+    values, labels = self.source.read(index, index + 1)
+    uid = piece.epoch * self.source.num_examples + index
+    return values[0], int(labels[0]), index, uid
+
+
+def _dataset(reader: _Reader, example_fn, local_batch: int) -> tf.data.Dataset:
+  """tf.data: chunks -> examples -> preprocessed (failed ones dropped) -> batches."""
+  spec = (tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.int64),
+          tf.TensorSpec([None], tf.string), tf.TensorSpec([None], tf.int64))
+  ds = tf.data.Dataset.from_generator(reader, output_signature=spec).unbatch()
+  ds = ds.map(example_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  ds = ds.ignore_errors()  # Missing positions are found and reported by _realign.
+  return ds.batch(local_batch).prefetch(tf.data.AUTOTUNE)
+
+
+def _example_fn(settings: Settings, kind: str, num_classes: int, train: bool):
+  """(position, uid, value, label) -> (position, image [crop, crop, 3], label [K])."""
+  seed = tf.constant(settings.seed, tf.int64)
+
+  def fn(position, uid, value, label):
+    data = tf.io.read_file(value) if kind == 'path' else value
+    if train:
+      image = preprocess.train_image(
+          data, tf.stack([seed, uid]), crop=settings.crop,
+          min_area=settings.min_area, flip=settings.flip)
+    else:
+      image = preprocess.eval_image(data, crop=settings.crop)
+    return position, image, preprocess.one_hot(label, num_classes)
+
+  return fn
+
+
+def _realign(batches: Iterator[tuple[np.ndarray, ...]], first: int, size: int,
+             image_shape: tuple[int, ...], num_classes: int, stop: int | None = None
+             ) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
+  """Batches with possibly missing positions -> batches of positions [q, q + size).
+
+  Yields (q, images [size, ...], labels [size, K], present bool [size]); absent rows
+  are zeros. Without failures every incoming batch passes through uncopied. After the
+  input ends, batches continue (all absent) until position `stop`.
+  """
+  buf_pos = np.zeros([0], np.int64)
+  buf_img = np.zeros([0, *image_shape], np.float32)
+  buf_lab = np.zeros([0, num_classes], np.float32)
+  q = first
+
+  def cut():
+    nonlocal buf_pos, buf_img, buf_lab
+    take = buf_pos < q + size
+    rows = buf_pos[take] - q
+    images = np.zeros([size, *image_shape], np.float32)
+    labels = np.zeros([size, num_classes], np.float32)
+    present = np.zeros([size], bool)
+    images[rows], labels[rows], present[rows] = buf_img[take], buf_lab[take], True
+    buf_pos, buf_img, buf_lab = buf_pos[~take], buf_img[~take], buf_lab[~take]
+    return images, labels, present
+
+  for pos, img, lab in batches:
+    if (not len(buf_pos) and len(pos) == size and pos[0] == q
+        and pos[-1] == q + size - 1):
+      yield q, img, lab, np.ones([size], bool)
+      q += size
+      continue
+    buf_pos = np.concatenate([buf_pos, pos])
+    buf_img = np.concatenate([buf_img, img])
+    buf_lab = np.concatenate([buf_lab, lab])
+    while len(buf_pos) and buf_pos[-1] >= q + size:
+      yield q, *cut()
+      q += size
+  while len(buf_pos) or (stop is not None and q < stop):
+    yield q, *cut()
+    q += size
+
+
+class _Failures:
+  """Reports images that could not be read or decoded: raise, or log and count."""
+
+  def __init__(self, reader: _Reader, example_fn, skip: bool):
+    self.reader, self.example_fn, self.skip = reader, example_fn, skip
+    self.count = 0
+
+  def report(self, position: int) -> None:
+    value, label, index, uid = self.reader.locate(position)
+    source = self.reader.source
+    if source.kind == 'path':
+      name = value.decode() if isinstance(value, bytes) else str(value)
+    else:
+      name = f'example {index} of {source.name}'
+    try:  # Run the same function again, eagerly, to recover the decoder's message.
+      self.example_fn(tf.constant(position, tf.int64), tf.constant(uid, tf.int64),
+                      tf.constant(value), tf.constant(label, tf.int64))
+      reason = 'it failed inside the input pipeline'
+    except (tf.errors.OpError, ValueError) as e:
+      reason = getattr(e, 'message', str(e)).strip().splitlines()[0]
+    if not self.skip:
+      raise ValueError(
+          f'Cannot read image {name!r}: {reason}. Remove or replace the file, or set '
+          f'config.skip_corrupt_images=True to skip such images (logged and counted).')
+    self.count += 1
+    logging.warning('Skipped unreadable image %r (%s); %d skipped so far.', name,
+                    reason, self.count)
+
+
+def _stream_failed(reader: _Reader) -> BaseException:
+  return reader.error or RuntimeError(f'The input stream of {reader.source.name} ended.')
+
+
+def local_train_batches(dataset: Dataset, local_batch: int, start_step: int,
+                        process: int, process_count: int) -> Iterator[Batch]:
+  """Endless host-local train batches of this process, from `start_step` on."""
+  settings = dataset.settings
+  source = dataset.split(settings.train_split)
+  lo, hi = order.process_shard(source.num_examples, process, process_count)
+  if hi <= lo:
+    raise ValueError(
+        f'Split {source.name} has {source.num_examples} examples, fewer than the '
+        f'{process_count} processes; use a larger split.')
+  window = hi - lo if source.random_access else settings.shuffle_buffer
+  reader = _Reader(source, lo, start_step * local_batch, lambda position: (
+      order.train_pieces(hi - lo, window, settings.seed, process, position)))
+  example_fn = _example_fn(settings, source.kind, dataset.num_classes, train=True)
+  failures = _Failures(reader, example_fn, settings.skip_corrupt_images)
+  shape = (settings.crop, settings.crop, 3)
+
+  def batches() -> Iterator[Batch]:
+    ds = _dataset(reader, example_fn, local_batch)
+    for q, images, labels, present in _realign(
+        ds.as_numpy_iterator(), start_step * local_batch, local_batch, shape,
+        dataset.num_classes):
+      if reader.error is not None:
+        raise reader.error
+      if not present.all():
+        for row in np.flatnonzero(~present):
+          failures.report(q + int(row))
+        if not present.any():
+          raise ValueError(f'No image of a whole batch of {source.name} could be read '
+                           f'(positions {q}..{q + local_batch - 1}); check the data.')
+        # Fill each failed row with the nearest readable row of the same batch.
+        ok = np.flatnonzero(present)
+        for row in np.flatnonzero(~present):
+          src = ok[np.argmin(np.abs(ok - row))]
+          images[row], labels[row] = images[src], labels[src]
+      yield {'image': images, 'label': labels}
+    raise _stream_failed(reader)
+
+  return batches()
+
+
+class EvalBatches:
+  """One pass over a split in host-local batches with 'mask'; iterable many times."""
+
+  def __init__(self, dataset: Dataset, split: str, local_batch: int, process: int,
+               process_count: int):
+    settings = dataset.settings
+    self.source = dataset.split(split)
+    n = self.source.num_examples
+    lo, hi = order.process_shard(n, process, process_count)
+    largest = -(-n // process_count)  # Every process yields the same number of batches.
+    self.num_batches = -(-largest // local_batch)
+    self._local_batch, self._size = local_batch, hi - lo
+    window = hi - lo if self.source.random_access else _EVAL_WINDOW
+    self._reader = _Reader(self.source, lo, 0, lambda position: (
+        order.eval_pieces(hi - lo, window, position)))
+    self._example_fn = _example_fn(settings, self.source.kind, dataset.num_classes,
+                                   train=False)
+    self._failures = _Failures(self._reader, self._example_fn,
+                               settings.skip_corrupt_images)
+    self._shape = (settings.crop, settings.crop, 3)
+    self._num_classes = dataset.num_classes
+
+  def __len__(self) -> int:
+    return self.num_batches
+
+  def __iter__(self) -> Iterator[Batch]:
+    self._reader.error = None
+    ds = _dataset(self._reader, self._example_fn, self._local_batch)
+    stop = self.num_batches * self._local_batch
+    for q, images, labels, present in _realign(
+        ds.as_numpy_iterator(), 0, self._local_batch, self._shape, self._num_classes,
+        stop=stop):
+      if self._reader.error is not None:
+        raise self._reader.error
+      real = q + np.arange(self._local_batch) < self._size
+      for row in np.flatnonzero(real & ~present):
+        self._failures.report(q + int(row))
+      yield {'image': images, 'label': labels,
+             'mask': (real & present).astype(np.float32)}
+    if self._reader.error is not None:
+      raise self._reader.error
+
+
+def train_iterator(config: Any, mesh: jax.sharding.Mesh, *,
+                   start_step: int = 0) -> Iterator[dict[str, jax.Array]]:
+  """Endless global train batches, sharded over the 'data' mesh axis.
+
+  Yields {'image': f32[B, crop, crop, 3] in [-1, 1], 'label': f32[B, K] one-hot}
+  with B = config.batch. The stream from `start_step` equals the stream from 0 after
+  `start_step` batches (for the same config and process count), without replaying it.
+  """
+  settings = Settings.from_config(config)
+  local_batch = batching.local_batch_size(settings.batch, mesh, 'batch')
+  batches = local_train_batches(Dataset(settings), local_batch, start_step,
+                                jax.process_index(), jax.process_count())
+  return batching.prefetch_to_device(batches, mesh, settings.prefetch)
+
+
+class EvalIterator:
+  """One pass of global eval batches per iteration; len() is the number of batches."""
+
+  def __init__(self, batches: EvalBatches, mesh: jax.sharding.Mesh, prefetch: int):
+    self._batches, self._mesh, self._prefetch = batches, mesh, prefetch
+
+  def __len__(self) -> int:
+    return len(self._batches)
+
+  def __iter__(self) -> Iterator[dict[str, jax.Array]]:
+    return batching.prefetch_to_device(iter(self._batches), self._mesh, self._prefetch)
+
+
+def eval_iterator(config: Any, mesh: jax.sharding.Mesh, *,
+                  split: str | None = None) -> EvalIterator:
+  """Global eval batches over `split or config.test_split`, every example once.
+
+  Yields {'image': f32[B, crop, crop, 3], 'label': f32[B, K], 'mask': f32[B]} with
+  B = config.batch_eval; the last batch is padded (mask 0). Iterate again for
+  another pass.
+  """
+  settings = Settings.from_config(config)
+  local_batch = batching.local_batch_size(settings.batch_eval, mesh, 'batch_eval')
+  batches = EvalBatches(Dataset(settings), split or settings.test_split, local_batch,
+                        jax.process_index(), jax.process_count())
+  return EvalIterator(batches, mesh, settings.prefetch)

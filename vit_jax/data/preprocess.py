@@ -1,0 +1,106 @@
+"""Per-example image preprocessing: pure TensorFlow functions, no tfds, no files.
+
+Every function maps tensors to tensors and is usable inside `tf.data.Dataset.map`.
+Randomness comes only from stateless ops keyed by an explicit seed (int64 [2]); the
+pipeline derives it from (config.seed, epoch, example index), so the same example in
+the same epoch always gets the same crop and flip, whatever the batch size, the number
+of processes or the step the run was resumed at.
+
+Output convention (shared with the official checkpoints): float32 [crop, crop, 3] with
+values (x - 127.5) / 127.5, clipped so they lie within [-1, 1] exactly.
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+# Aspect ratios (width / height) of the inception crop, as in Szegedy et al. (2015).
+CROP_ASPECT_RANGE = (3.0 / 4.0, 4.0 / 3.0)
+_CROP_ATTEMPTS = 10  # Proposals tried before the crop falls back to the whole image.
+
+
+def decode_rgb(data: tf.Tensor) -> tf.Tensor:
+  """Encoded JPEG/PNG/GIF/BMP bytes (scalar string) -> uint8 [H, W, 3].
+
+  Grey images are repeated on three channels; an alpha channel is dropped.
+  """
+  image = tf.io.decode_image(data, channels=3, expand_animations=False)
+  image.set_shape([None, None, 3])
+  return image
+
+
+def inception_crop_window(image_shape: tf.Tensor, seed: tf.Tensor,
+                          min_area: float) -> tf.Tensor:
+  """A random crop window [y, x, h, w] (int32 [4]) for an image of shape [H, W, C].
+
+  The window covers `min_area`..100% of the image area with aspect ratio in
+  CROP_ASPECT_RANGE; when no proposal fits it is the whole image.
+  """
+  begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+      image_shape,
+      bounding_boxes=tf.zeros([0, 0, 4], tf.float32),
+      seed=seed,
+      min_object_covered=0.0,
+      aspect_ratio_range=CROP_ASPECT_RANGE,
+      area_range=(min_area, 1.0),
+      max_attempts=_CROP_ATTEMPTS,
+      use_image_if_no_bounding_boxes=True)
+  return tf.stack([begin[0], begin[1], size[0], size[1]])
+
+
+def decode_inception_crop(data: tf.Tensor, seed: tf.Tensor,
+                          min_area: float) -> tf.Tensor:
+  """Encoded bytes -> uint8 [h, w, 3], a random inception crop of the image.
+
+  JPEGs are cropped while decoding (only the window's blocks are decoded, the main
+  cost of the train pipeline); other formats are decoded whole, then cropped.
+  """
+  def jpeg() -> tf.Tensor:
+    window = inception_crop_window(tf.image.extract_jpeg_shape(data), seed, min_area)
+    return tf.image.decode_and_crop_jpeg(data, window, channels=3)
+
+  def other() -> tf.Tensor:
+    image = decode_rgb(data)
+    y, x, h, w = tf.unstack(inception_crop_window(tf.shape(image), seed, min_area))
+    return image[y:y + h, x:x + w]
+
+  image = tf.cond(tf.io.is_jpeg(data), jpeg, other)
+  image.set_shape([None, None, 3])
+  return image
+
+
+def resize(image: tf.Tensor, crop: int) -> tf.Tensor:
+  """uint8 [H, W, 3] -> float32 [crop, crop, 3] in 0..255 (bilinear; aspect not kept)."""
+  image = tf.image.resize(image, [crop, crop], method='bilinear')
+  return tf.clip_by_value(image, 0.0, 255.0)  # Guards against float round-off.
+
+
+def normalize(image: tf.Tensor) -> tf.Tensor:
+  """float32 in 0..255 -> (x - 127.5) / 127.5, clipped to [-1, 1] exactly."""
+  image = (tf.cast(image, tf.float32) - 127.5) / 127.5
+  return tf.clip_by_value(image, -1.0, 1.0)
+
+
+def train_image(data: tf.Tensor, seed: tf.Tensor, *, crop: int, min_area: float,
+                flip: bool) -> tf.Tensor:
+  """Encoded bytes -> float32 [crop, crop, 3] in [-1, 1], randomly augmented.
+
+  Inception crop (area min_area..1, aspect 3/4..4/3), optional horizontal flip,
+  bilinear resize to `crop`. `seed`: int64 [2]; the crop and the flip use
+  independent seeds derived from it.
+  """
+  crop_seed, flip_seed = tf.unstack(
+      tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), num=2))
+  image = decode_inception_crop(data, crop_seed, min_area)  # [h, w, 3]
+  if flip:
+    image = tf.image.stateless_random_flip_left_right(image, flip_seed)
+  return normalize(resize(image, crop))  # [crop, crop, 3]
+
+
+def eval_image(data: tf.Tensor, *, crop: int) -> tf.Tensor:
+  """Encoded bytes -> float32 [crop, crop, 3] in [-1, 1]: the whole image resized."""
+  return normalize(resize(decode_rgb(data), crop))
+
+
+def one_hot(label: tf.Tensor, num_classes: int) -> tf.Tensor:
+  """int label -> float32 [num_classes]."""
+  return tf.one_hot(label, num_classes, dtype=tf.float32)

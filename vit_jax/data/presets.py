@@ -1,0 +1,38 @@
+"""Per-dataset defaults for fine-tuning and pre-training, as in the ViT paper.
+
+Plain values, read by the experiment configs; the pipeline itself never looks here.
+
+  * Splits: the official evaluation splits, with a small slice of train held out
+    for model selection where the paper does (CIFAR 2%, ImageNet 1%, Pets 10%).
+  * crop: 384 for fine-tuning (the paper fine-tunes at higher resolution than it
+    pre-trains), 224 for ImageNet-21k pre-training, 32 for the built-in digits.
+  * total_steps: the paper's fine-tuning schedules at batch 512 (ImageNet 20k steps,
+    CIFAR 10k, Pets and Flowers 500); ImageNet-21k: 90 epochs of pre-training at
+    batch 4096 (14.1M images / 4096 * 90 ~ 310k steps).
+  * imagenet21k is not in the tfds catalog: provide a tfds builder named
+    'imagenet21k' with one 'full' split (the first 51,200 examples are held out for
+    evaluation, as in big_vision), or an image folder with the same slicing.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+  num_classes: int
+  train_split: str
+  test_split: str
+  crop: int
+  total_steps: int
+
+
+PRESETS: dict[str, Preset] = {
+    'cifar10': Preset(10, 'train[:98%]', 'test', 384, 10_000),
+    'cifar100': Preset(100, 'train[:98%]', 'test', 384, 10_000),
+    'imagenet2012': Preset(1000, 'train[:99%]', 'validation', 384, 20_000),
+    'imagenet21k': Preset(21843, 'full[51200:]', 'full[:51200]', 224, 310_000),
+    'oxford_iiit_pet': Preset(37, 'train[:90%]', 'test', 384, 500),
+    'oxford_flowers102': Preset(102, 'train', 'test', 384, 500),
+    'digits': Preset(10, 'train', 'test', 32, 1_000),
+}

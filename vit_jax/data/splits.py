@@ -1,0 +1,86 @@
+"""Split strings and the interface every split source offers to the pipeline.
+
+A split string uses tfds syntax for every kind of dataset, folders included:
+`train`, `train[:98%]`, `train[1000:]`, `train[:90%]+validation`. It resolves to
+absolute ranges of the named splits; the configured split is their concatenation,
+and its examples are numbered 0..num_examples-1 in that order.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Protocol
+
+import numpy as np
+import tensorflow_datasets as tfds
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+  """Examples [start, stop) of the named split."""
+  split: str
+  start: int
+  stop: int
+
+  def __len__(self) -> int:
+    return self.stop - self.start
+
+
+@dataclasses.dataclass(frozen=True)
+class _SplitSize:
+  """The two fields tfds reads when it resolves a split string."""
+  num_examples: int
+  shard_lengths: tuple[int, ...]
+
+
+def resolve(spec: str, sizes: Mapping[str, int]) -> list[Range]:
+  """Resolves a split string against the sizes of the available splits.
+
+  Raises ValueError naming the string and the available splits when it does not fit.
+  """
+  infos = {name: _SplitSize(n, (n,)) for name, n in sizes.items()}
+  try:
+    instructions = tfds.core.ReadInstruction.from_spec(spec).to_absolute(infos)
+  except (ValueError, AssertionError) as e:
+    raise ValueError(
+        f'Split {spec!r} does not match the available splits '
+        f'{dict(sizes)} ({e}). Use a name from that list, optionally sliced as in '
+        f'"train[:98%]" or "train[1000:]".') from None
+  ranges = []
+  for ins in instructions:
+    start = 0 if ins.from_ is None else ins.from_
+    stop = sizes[ins.splitname] if ins.to is None else ins.to
+    ranges.append(Range(ins.splitname, start, stop))
+  if sum(len(r) for r in ranges) == 0:
+    raise ValueError(f'Split {spec!r} selects no examples (split sizes: '
+                     f'{dict(sizes)}). Widen the slice.')
+  return ranges
+
+
+def select(ranges: list[Range], start: int, stop: int) -> list[Range]:
+  """Sub-ranges holding examples [start, stop) of the concatenation of `ranges`."""
+  out, offset = [], 0
+  for r in ranges:
+    lo, hi = max(start - offset, 0), min(stop - offset, len(r))
+    if lo < hi:
+      out.append(Range(r.split, r.start + lo, r.start + hi))
+    offset += len(r)
+  return out
+
+
+class SplitSource(Protocol):
+  """One configured split, as the pipeline reads it.
+
+  kind: 'path' (values are file paths, read by the pipeline) or 'bytes' (values are
+    encoded images).
+  random_access: True when read() costs the same for any range (files on disk), so the
+    whole split can be shuffled at once; False for sequential storage (tfds records),
+    which is shuffled in windows of config.shuffle_buffer consecutive examples.
+  """
+  name: str
+  kind: str
+  random_access: bool
+  num_examples: int
+
+  def read(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+    """Examples [start, stop) as (values object [n], labels int64 [n])."""
+    ...
