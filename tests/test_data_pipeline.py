@@ -1,0 +1,93 @@
+"""Batching and the train stream: exact resume, batch-size errors, prefetch."""
+import jax
+import ml_collections
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec
+
+from vit_jax import data
+from vit_jax.data import batching
+
+
+def _mesh():
+  return jax.sharding.Mesh(np.array(jax.devices()).reshape(-1, 1), ('data', 'model'))
+
+
+@pytest.fixture(scope='module')
+def digits_config(tmp_path_factory):
+  # shuffle_buffer < split size: the tfds path shuffles in 3 windows of <= 500.
+  return ml_collections.ConfigDict(dict(
+      dataset='digits', data_dir=str(tmp_path_factory.mktemp('tfds')),
+      manual_dir=None, train_split='train', test_split='test', num_classes=None,
+      pp=dict(crop=8, min_area=0.05, flip=True), batch=128, batch_eval=128,
+      shuffle_buffer=500, prefetch=2, seed=3, skip_corrupt_images=False))
+
+
+def _take(iterator, count):
+  return [{k: np.asarray(v) for k, v in next(iterator).items()} for _ in range(count)]
+
+
+def test_start_step_equals_running_that_many_steps(digits_config):
+  # 1437 examples / 128 = 11.2 steps per epoch: step 10..13 crosses into epoch 1.
+  from_zero = _take(data.train_iterator(digits_config, _mesh()), 14)
+  for k in (1, 10, 12):
+    resumed = _take(data.train_iterator(digits_config, _mesh(), start_step=k), 2)
+    for a, b in zip(from_zero[k:k + 2], resumed):
+      np.testing.assert_array_equal(a['image'], b['image'])
+      np.testing.assert_array_equal(a['label'], b['label'])
+  assert not np.array_equal(from_zero[0]['image'], from_zero[1]['image'])
+  other = digits_config.copy_and_resolve_references()
+  other.seed = 4
+  assert not np.array_equal(_take(data.train_iterator(other, _mesh()), 1)[0]['image'],
+                            from_zero[0]['image'])
+
+
+def test_train_batches_are_global_arrays_without_mask(digits_config):
+  batch = next(data.train_iterator(digits_config, _mesh()))
+  assert set(batch) == {'image', 'label'}
+  assert isinstance(batch['image'], jax.Array)
+  assert batch['image'].sharding == NamedSharding(_mesh(), PartitionSpec('data'))
+  assert batch['image'].shape == (128, 8, 8, 3) and batch['label'].shape == (128, 10)
+
+
+def test_eval_on_digits_counts_each_example_once(digits_config):
+  evaluation = data.eval_iterator(digits_config, _mesh())
+  masks = [np.asarray(b['mask']) for b in evaluation]
+  assert len(masks) == len(evaluation) == 3  # 360 = 2 * 128 + 104.
+  assert sum(m.sum() for m in masks) == 360 and masks[-1].sum() == 104
+  train_masks = [np.asarray(b['mask']) for b in
+                 data.eval_iterator(digits_config, _mesh(), split='train[:300]')]
+  assert sum(m.sum() for m in train_masks) == 300
+
+
+def test_batch_not_divisible_is_a_clear_error(digits_config, monkeypatch):
+  monkeypatch.setattr(jax, 'process_count', lambda: 2)
+  with pytest.raises(ValueError, match=r'config.batch=5 .*2 process.*multiple of 2.*'
+                                       r'batch=6 or 4'):
+    batching.local_batch_size(5, _mesh())
+  assert batching.local_batch_size(6, _mesh()) == 3
+  with pytest.raises(ValueError, match="axis named 'data'"):
+    batching.local_batch_size(4, jax.sharding.Mesh(np.array(jax.devices()), ('batch',)))
+
+
+def test_make_global_batch_and_prefetch():
+  local = {'x': np.arange(6, dtype=np.float32).reshape(3, 2)}
+  out = batching.make_global_batch(local, _mesh())
+  np.testing.assert_array_equal(np.asarray(out['x']), local['x'])
+
+  def failing():
+    yield local
+    raise OSError('disk gone')
+  stream = batching.prefetch_to_device(failing(), _mesh(), size=2)
+  np.testing.assert_array_equal(np.asarray(next(stream)['x']), local['x'])
+  with pytest.raises(OSError, match='disk gone'):
+    next(stream)
+  assert len(list(batching.prefetch_to_device(iter([local] * 5), _mesh(), 2))) == 5
+  assert len(list(batching.prefetch_to_device(iter([local] * 5), _mesh(), 0))) == 5
+
+
+def test_missing_config_key_is_named():
+  config = ml_collections.ConfigDict(dict(dataset='digits', train_split='train',
+                                          test_split='test', batch=8))
+  with pytest.raises(ValueError, match='config.pp is required'):
+    data.dataset_info(config)
