@@ -160,6 +160,7 @@ POSEMB_PATH = "Transformer/posembed_input/pos_embedding"
 POSEMB_X_PATH = "Transformer/posembed_input/pos_embedding_x"
 POSEMB_Y_PATH = "Transformer/posembed_input/pos_embedding_y"
 RESIZE_METHODS: tuple[str, ...] = ("bilinear", "bicubic", "nearest")
+_MAX_DETAIL_LINES = 40  # of check_tree's list, in load_pretrained's error
 
 
 def square_grid(num_tokens: int, fix: str) -> tuple[int, int]:
@@ -399,16 +400,19 @@ def load_pretrained(source: str | os.PathLike, init_params: Params, model_config
 
   # What remains must fit exactly.
   try:
-    check_tree(got, want, source=where)
+    check_tree(got, want, source="checkpoint")
   except ValueError as e:
     stored_arch, new_arch = _architecture(got), _architecture(want)
     diffs = [f"    {name}: checkpoint {stored_arch.get(name)} vs model {value}"
              for name, value in new_arch.items() if stored_arch.get(name) != value]
-    first, *rest = str(e).split("\n")
-    lines = [first]
+    details = str(e).split("\n")[1:]
+    if len(details) > _MAX_DETAIL_LINES:
+      details = details[:_MAX_DETAIL_LINES] + [
+          f"    ... and {len(details) - _MAX_DETAIL_LINES} more lines"]
+    lines = [f"The {where} does not fit the model:"]
     if diffs:
       lines += ["  architecture differences:", *diffs]
-    lines += rest
+    lines += details
     lines.append("  Fix: build the model with the checkpoint's architecture (patch size, width, "
                  "depth, heads, MLP dim, posemb), or load a checkpoint of this model.")
     raise ValueError("\n".join(lines)) from None
