@@ -103,6 +103,12 @@ def _momentum_dtype(name: str) -> jnp.dtype:
   return jnp.dtype(name)
 
 
+def _cast_like_params(updates: Any, params: Any) -> Any:
+  if params is None:
+    return updates
+  return jax.tree.map(lambda u, p: u.astype(jnp.asarray(p).dtype), updates, params)
+
+
 def make_optimizer(
     config: ml_collections.ConfigDict) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """``(tx, schedule)``: clip -> SGD-momentum / Adam -> masked decoupled decay -> -lr(step).
@@ -127,6 +133,9 @@ def make_optimizer(
     momentum = o.get("momentum", 0.9)
     if momentum:
       parts.append(optax.trace(decay=float(momentum), accumulator_dtype=mu_dtype))
+      # trace returns its (possibly bfloat16) buffer as the update: compute on in the
+      # parameters' dtype, so updates always match the parameters.
+      parts.append(optax.stateless(_cast_like_params))
   elif name in ("adam", "adamw"):
     parts.append(optax.scale_by_adam(b1=float(o.get("b1", 0.9)), b2=float(o.get("b2", 0.999)),
                                      eps=float(o.get("eps", 1e-8)), mu_dtype=mu_dtype))
