@@ -255,6 +255,8 @@ class EvalBatches:
                                    train=False)
     self._failures = _Failures(self._reader, self._example_fn,
                                settings.skip_corrupt_images)
+    # Built once: each iteration re-runs the reader from position 0 (a fresh pass).
+    self._ds = _dataset(self._reader, self._example_fn, local_batch)
     self._shape = (settings.crop, settings.crop, 3)
     self._num_classes = dataset.num_classes
 
@@ -263,10 +265,9 @@ class EvalBatches:
 
   def __iter__(self) -> Iterator[Batch]:
     self._reader.error = None
-    ds = _dataset(self._reader, self._example_fn, self._local_batch)
     stop = self.num_batches * self._local_batch
     for q, images, labels, present in _realign(
-        ds.as_numpy_iterator(), 0, self._local_batch, self._shape, self._num_classes,
+        self._ds.as_numpy_iterator(), 0, self._local_batch, self._shape, self._num_classes,
         stop=stop):
       if self._reader.error is not None:
         raise self._reader.error
@@ -288,6 +289,8 @@ def train_iterator(config: Any, mesh: jax.sharding.Mesh, *,
   `start_step` batches (for the same config and process count), without replaying it.
   """
   settings = Settings.from_config(config)
+  if start_step < 0:
+    raise ValueError(f'start_step={start_step} must be >= 0 (the step to resume at).')
   local_batch = batching.local_batch_size(settings.batch, mesh, 'batch')
   batches = local_train_batches(Dataset(settings), local_batch, start_step,
                                 jax.process_index(), jax.process_count())

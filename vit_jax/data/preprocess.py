@@ -69,9 +69,11 @@ def decode_inception_crop(data: tf.Tensor, seed: tf.Tensor,
 
 
 def resize(image: tf.Tensor, crop: int) -> tf.Tensor:
-  """uint8 [H, W, 3] -> float32 [crop, crop, 3] in 0..255 (bilinear; aspect not kept)."""
-  image = tf.image.resize(image, [crop, crop], method='bilinear')
-  return tf.clip_by_value(image, 0.0, 255.0)  # Guards against float round-off.
+  """uint8 [H, W, 3] -> float32 [crop, crop, 3], about 0..255 (bilinear; aspect not kept).
+
+  Float round-off may step a hair outside 0..255; normalize() clips.
+  """
+  return tf.image.resize(image, [crop, crop], method='bilinear')
 
 
 def normalize(image: tf.Tensor) -> tf.Tensor:
