@@ -91,3 +91,28 @@ def test_missing_config_key_is_named():
                                           test_split='test', batch=8))
   with pytest.raises(ValueError, match='config.pp is required'):
     data.dataset_info(config)
+
+
+def test_realign_restores_positions_after_dropped_examples():
+  """tf.data drops failed images; batches are cut back on positions, holes marked."""
+  from vit_jax.data.pipeline import _realign
+  rng = np.random.default_rng(0)
+  for _ in range(100):
+    n, size, first = int(rng.integers(1, 40)), int(rng.integers(1, 9)), int(rng.integers(5))
+    kept = np.sort(rng.choice(np.arange(first, first + n), int(rng.integers(n + 1)),
+                              replace=False))
+    stop = first + -(-n // size) * size
+    incoming = [kept[i:i + size] for i in range(0, len(kept), size)]
+    batches = [(p, np.ones((len(p), 2, 3), np.float32) * p[:, None, None],
+                np.ones((len(p), 4), np.float32) * p[:, None]) for p in incoming]
+    out = list(_realign(iter(batches), first, size, (2, 3), 4, stop=stop))
+    assert [q for q, *_ in out] == list(range(first, stop, size))
+    seen = []
+    for q, images, labels, present in out:
+      assert images.shape == (size, 2, 3) and labels.shape == (size, 4)
+      rows = np.flatnonzero(present)
+      np.testing.assert_array_equal(images[rows, 0, 0], q + rows)
+      np.testing.assert_array_equal(labels[rows, 0], q + rows)
+      assert not images[~present].any()
+      seen += list(q + rows)
+    assert seen == list(kept)

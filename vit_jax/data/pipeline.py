@@ -18,6 +18,7 @@ later batch, and exact resume, unchanged; in evaluation the row gets mask 0.
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import logging
 from typing import Any, Callable, Iterator
@@ -81,7 +82,7 @@ class _Reader:
           positions = piece.position + c + np.arange(len(idx), dtype=np.int64)
           uids = piece.epoch * n + self.shard_start + piece.window[0] + idx
           yield positions, uids, values[idx], labels[idx]
-    except BaseException as e:  # Kept for the consumer; see the class docstring.
+    except Exception as e:  # Kept for the consumer; see the class docstring.
       self.error = e
 
   def locate(self, position: int) -> tuple[Any, int, int, int]:
@@ -126,38 +127,40 @@ def _realign(batches: Iterator[tuple[np.ndarray, ...]], first: int, size: int,
   """Batches with possibly missing positions -> batches of positions [q, q + size).
 
   Yields (q, images [size, ...], labels [size, K], present bool [size]); absent rows
-  are zeros. Without failures every incoming batch passes through uncopied. After the
-  input ends, batches continue (all absent) until position `stop`.
+  are zeros. An incoming batch that is exactly the next expected one passes through
+  uncopied; otherwise each row is copied once into its place. After the input ends,
+  batches continue (all absent) until position `stop`.
   """
-  buf_pos = np.zeros([0], np.int64)
-  buf_img = np.zeros([0, *image_shape], np.float32)
-  buf_lab = np.zeros([0, num_classes], np.float32)
+  pending: collections.deque = collections.deque()  # (positions, images, labels)
+  last = first - 1  # Highest position received so far.
   q = first
 
-  def cut():
-    nonlocal buf_pos, buf_img, buf_lab
-    take = buf_pos < q + size
-    rows = buf_pos[take] - q
+  def cut() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     images = np.zeros([size, *image_shape], np.float32)
     labels = np.zeros([size, num_classes], np.float32)
     present = np.zeros([size], bool)
-    images[rows], labels[rows], present[rows] = buf_img[take], buf_lab[take], True
-    buf_pos, buf_img, buf_lab = buf_pos[~take], buf_img[~take], buf_lab[~take]
+    while pending and pending[0][0][0] < q + size:
+      pos, img, lab = pending.popleft()
+      k = int(np.searchsorted(pos, q + size))  # Rows of this batch: pos[:k].
+      rows = pos[:k] - q
+      images[rows], labels[rows], present[rows] = img[:k], lab[:k], True
+      if k < len(pos):
+        pending.appendleft((pos[k:], img[k:], lab[k:]))
     return images, labels, present
 
   for pos, img, lab in batches:
-    if (not len(buf_pos) and len(pos) == size and pos[0] == q
+    if (not pending and len(pos) == size and pos[0] == q
         and pos[-1] == q + size - 1):
       yield q, img, lab, np.ones([size], bool)
-      q += size
+      q, last = q + size, pos[-1]
       continue
-    buf_pos = np.concatenate([buf_pos, pos])
-    buf_img = np.concatenate([buf_img, img])
-    buf_lab = np.concatenate([buf_lab, lab])
-    while len(buf_pos) and buf_pos[-1] >= q + size:
+    if len(pos):
+      pending.append((pos, img, lab))
+      last = pos[-1]
+    while last >= q + size:  # Everything before q + size has arrived.
       yield q, *cut()
       q += size
-  while len(buf_pos) or (stop is not None and q < stop):
+  while pending or (stop is not None and q < stop):
     yield q, *cut()
     q += size
 
