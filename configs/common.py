@@ -1,0 +1,50 @@
+"""Defaults shared by every experiment config; each config file overrides what it needs."""
+import ml_collections
+
+from configs import models
+
+
+def get_config() -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict()
+  config.seed = 0
+
+  # Data (vit_jax.data): a tfds name, or 'folder:/path' for <dir>/{train,test}/<class>/*.jpg.
+  config.dataset = "cifar10"
+  config.data_dir = ml_collections.FieldReference(None, field_type=str)
+  config.manual_dir = ml_collections.FieldReference(None, field_type=str)
+  config.train_split = "train[:98%]"
+  config.test_split = "test"
+  config.num_classes = ml_collections.FieldReference(None, field_type=int)  # None: from data
+  config.pp = ml_collections.ConfigDict(dict(crop=224, min_area=0.05, flip=True))
+  config.batch = 512
+  config.batch_eval = 512
+  config.shuffle_buffer = 50_000
+  config.prefetch = 2
+  config.skip_corrupt_images = False
+
+  # Model (configs/models.py) and its pre-trained weights.
+  config.model = models.get_model_config("ViT-B_16")
+  config.pretrained = ml_collections.FieldReference(None, field_type=str)  # .npz or Orbax dir
+  config.reset_head = False
+  config.posemb_resize = "bilinear"
+
+  # Optimization (vit_jax.optim).
+  config.loss = "softmax_xent"
+  config.total_steps = 10_000
+  config.accum_steps = 1
+  config.lr = ml_collections.ConfigDict(dict(base=0.03, warmup_steps=500, decay="cosine",
+                                             end=0.0))
+  config.optim = ml_collections.ConfigDict(dict(
+      name="sgd", momentum=0.9, momentum_dtype="float32", b1=0.9, b2=0.999, eps=1e-8,
+      weight_decay=0.0, decay_all_params=False, grad_clip_norm=1.0))
+
+  # Devices (vit_jax.parallel): mesh axes and sizes (-1: all remaining devices).
+  config.mesh = (("data", -1), ("model", 1))
+  config.partitioning = "data_parallel"  # or 'fsdp', 'tensor_parallel'
+
+  # Loop.
+  config.log_every = 50
+  config.eval_every = 1000
+  config.checkpoint_every = 1000
+  config.keep_checkpoints = 3
+  return config

@@ -1,0 +1,44 @@
+r"""Quickstart: a small ViT trained from scratch on the built-in `digits` dataset, on a CPU.
+
+    python -m vit_jax.main --config=configs/quickstart.py --workdir=/tmp/vit_quickstart
+
+No network is needed: `digits` (scikit-learn's 1,797 8x8 handwritten digits, 10 classes)
+builds into the tfds data_dir in a second. Expected: >= 97% test accuracy in a few
+minutes on a 2-core CPU (see README for the measured accuracy and time).
+"""
+import ml_collections
+
+from configs import common
+from configs import models
+
+
+def get_config() -> ml_collections.ConfigDict:
+  config = common.get_config()
+  config.dataset = "digits"
+  config.train_split = "train"
+  config.test_split = "test"
+  # 8x8 digits upsampled to 16x16, 4x4 patches: a 4x4 grid of tokens plus the class token.
+  config.pp = ml_collections.ConfigDict(dict(crop=16, min_area=0.6, flip=False))
+
+  config.model = models.get_model_config("testing")
+  config.model.name = "ViT-quickstart"
+  config.model.hidden_size = 64
+  config.model.transformer.num_layers = 4
+  config.model.transformer.mlp_dim = 128
+  config.model.transformer.num_heads = 4
+  config.model.transformer.dropout_rate = 0.1
+
+  config.batch = 128
+  config.batch_eval = 256
+  config.shuffle_buffer = 2_000
+  config.total_steps = 1_500
+  config.lr = ml_collections.ConfigDict(dict(base=1e-3, warmup_steps=100, decay="cosine",
+                                             end=0.0))
+  config.optim.name = "adamw"
+  config.optim.weight_decay = 0.05
+  config.optim.grad_clip_norm = 1.0
+
+  config.log_every = 100
+  config.eval_every = 500
+  config.checkpoint_every = 500
+  return config

@@ -1,0 +1,50 @@
+"""Run by test_train_sharded.py in a subprocess with 8 fake CPU devices.
+
+Two train steps with each partitioning strategy; writes losses, parameters and the
+sharding of a few kernels to the .npz given as argv[1].
+"""
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+
+import jax  # pylint: disable=g-import-not-at-top
+import numpy as np
+
+from tests import train_fixtures
+from vit_jax import checkpoint, parallel, train
+
+
+def main(out_path: str) -> None:
+  assert jax.device_count() == 8, jax.devices()
+  results = {}
+  for strategy, mesh in (("data_parallel", (("data", 8), ("model", 1))),
+                         ("fsdp", (("data", 8), ("model", 1))),
+                         ("tensor_parallel", (("data", 4), ("model", 2)))):
+    config = train_fixtures.step_config()
+    config.mesh, config.partitioning = mesh, strategy
+    trainer = train.Trainer(config, num_classes=10)
+    state = trainer.init_state()
+    batch = jax.device_put(train_fixtures.fixed_batch(), parallel.batch_sharding(trainer.mesh))
+    losses = []
+    for _ in range(2):
+      state, metrics = trainer.train_step(state, batch)
+      losses.append(float(metrics["train/loss"]))
+    results[f"{strategy}/loss"] = np.array(losses)
+    for k, v in checkpoint.flatten(jax.device_get(state.params)).items():
+      results[f"{strategy}/params/{k}"] = np.asarray(v)
+    flat = checkpoint.flatten(state.params)
+    for k in ("Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel",
+              "Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/kernel"):
+      results[f"{strategy}/spec/{k}"] = np.array(str(flat[k].sharding.spec))
+  config = train_fixtures.step_config()
+  config.batch = 12
+  try:
+    train.Trainer(config, num_classes=10)
+  except ValueError as e:
+    results["batch_error"] = np.array(str(e))
+  np.savez(out_path, **results)
+
+
+if __name__ == "__main__":
+  main(sys.argv[1])

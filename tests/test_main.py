@@ -1,0 +1,116 @@
+"""The main job end to end: a tiny config trains, saves, resumes exactly, fails clearly."""
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from vit_jax import checkpoint, data, state_checkpoints, train
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_main(workdir, *overrides, timeout=300):
+  cmd = [sys.executable, "-m", "vit_jax.main", "--config=configs/quickstart.py",
+         f"--workdir={workdir}", *overrides]
+  return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                        env={**os.environ, "PYTHONPATH": REPO})
+
+
+def test_main_trains_a_few_steps_and_writes_checkpoint_and_events(tmp_path, digits_dir):
+  workdir = tmp_path / "run"
+  proc = run_main(workdir, f"--config.data_dir={digits_dir}", "--config.total_steps=4",
+                  "--config.model.hidden_size=32", "--config.model.transformer.num_layers=1",
+                  "--config.model.transformer.mlp_dim=32", "--config.model.transformer.num_heads=2",
+                  "--config.pp.crop=8", "--config.batch=32", "--config.lr.warmup_steps=1",
+                  "--config.log_every=2",
+                  "--config.checkpoint_every=2", "--config.eval_every=100")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "step 4/4 | loss" in proc.stderr and "img/s" in proc.stderr and "ETA" in proc.stderr
+  assert "eval/accuracy" in proc.stderr
+  assert sorted(os.listdir(workdir / "checkpoints")) == ["2", "4"]
+  events = os.listdir(workdir / "tensorboard")
+  assert any(e.startswith("events.out.tfevents") for e in events)
+  saved = json.loads((workdir / "config.json").read_text())
+  assert saved["total_steps"] == 4 and saved["model"]["hidden_size"] == 32
+  params = state_checkpoints.read_params(workdir / "checkpoints")
+  assert params["embedding"]["kernel"].shape == (4, 4, 3, 32)
+
+
+def test_unknown_config_key_fails_with_its_name(tmp_path):
+  proc = run_main(tmp_path / "bad", "--config.not_a_key=3", timeout=120)
+  assert proc.returncode != 0
+  assert "not_a_key" in proc.stderr
+
+
+def test_resumed_run_continues_at_the_saved_step_with_identical_parameters(
+    tmp_path, tiny_config, monkeypatch):
+  straight = train.train_and_evaluate(tiny_config, str(tmp_path / "straight"))
+
+  real_iterator = data.train_iterator
+
+  def preempted_after_4_steps(*args, **kwargs):
+    it = real_iterator(*args, **kwargs)
+    for _ in range(4):
+      yield next(it)
+    raise RuntimeError("preempted")
+
+  monkeypatch.setattr(data, "train_iterator", preempted_after_4_steps)
+  with pytest.raises(RuntimeError, match="preempted"):
+    train.train_and_evaluate(tiny_config, str(tmp_path / "resumed"))
+  # Step 3 was saved (checkpoint_every=3) and survived the failure; step 4 was not saved.
+  assert sorted(os.listdir(tmp_path / "resumed" / "checkpoints")) == ["3"]
+
+  monkeypatch.setattr(data, "train_iterator", real_iterator)
+  starts = []
+  monkeypatch.setattr(data, "train_iterator", lambda *a, **kw: (
+      starts.append(kw.get("start_step")), real_iterator(*a, **kw))[1])
+  resumed = train.train_and_evaluate(tiny_config, str(tmp_path / "resumed"))
+  assert starts == [3]
+  assert resumed["eval/accuracy"] == straight["eval/accuracy"]
+  a = state_checkpoints.read_params(tmp_path / "straight" / "checkpoints" / "6")
+  b = state_checkpoints.read_params(tmp_path / "resumed" / "checkpoints" / "6")
+  for k, v in checkpoint.flatten(a).items():
+    np.testing.assert_array_equal(checkpoint.flatten(b)[k], v, err_msg=k)
+
+
+def test_resume_with_another_model_is_an_error_and_keeps_the_run(tmp_path, tiny_config):
+  workdir = str(tmp_path / "run")
+  tiny_config.total_steps = 3
+  train.train_and_evaluate(tiny_config, workdir)
+  before = sorted(os.listdir(os.path.join(workdir, "checkpoints")))
+  tiny_config.model.hidden_size = 48
+  with pytest.raises(ValueError, match="model differ.*new --workdir"):
+    train.train_and_evaluate(tiny_config, workdir)
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == before
+
+
+def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, tiny_config):
+  workdir = tmp_path / "run"
+  train.train_and_evaluate(tiny_config, str(workdir))  # saves steps 3 and 6
+  trainer = train.Trainer(tiny_config, num_classes=10)
+  manager = state_checkpoints.make_manager(str(workdir / "checkpoints"))
+  # Flip bits in the newest step's stored arrays: Orbax alone would restore them silently.
+  data_files = [os.path.join(root, f) for root, _, files in os.walk(workdir / "checkpoints" / "6"
+                                                                    / "state")
+                for f in files if root.endswith("d")]
+  assert data_files
+  for path in data_files:
+    blob = bytearray(open(path, "rb").read())
+    blob[len(blob) // 2] ^= 0xFF
+    open(path, "wb").write(bytes(blob))
+  try:
+    state = state_checkpoints.restore_latest(manager, trainer.abstract_state)
+  finally:
+    manager.close()
+  assert int(jax.device_get(state.step)) == 3
+
+
+def test_accumulation_that_does_not_divide_the_batch_is_a_clear_error(tiny_config):
+  tiny_config.batch = 18
+  tiny_config.accum_steps = 4
+  with pytest.raises(ValueError, match="batch=18.*accum_steps=4.*multiple of 4"):
+    train.Trainer(tiny_config, num_classes=10)

@@ -1,0 +1,80 @@
+"""The pure train step: learning, gradient accumulation, losses."""
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from configs import models as model_configs
+from tests import train_fixtures
+from vit_jax import train
+from vit_jax.models import create_model
+
+
+def make_state(model, tx, image_size=8, seed=0):
+  params = nn.unbox(model.init(jax.random.key(seed), jnp.zeros((1, image_size, image_size, 3)))
+                    ["params"])
+  return train.TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                          opt_state=tx.init(params), rng=jax.random.PRNGKey(seed))
+
+
+def fixed_batch(seed=0):
+  return jax.tree.map(jnp.asarray, train_fixtures.fixed_batch(seed=seed))
+
+
+def tiny(**overrides):
+  return create_model(model_configs.get_model_config("testing"), num_classes=10, **overrides)
+
+
+def test_loss_falls_on_a_fixed_batch():
+  model, tx = tiny(), optax.adam(3e-3)
+  state, batch = make_state(model, tx), fixed_batch()
+  step = jax.jit(lambda s, b: train.train_step(s, b, model=model, tx=tx))
+  losses = []
+  for _ in range(30):
+    state, metrics = step(state, batch)
+    losses.append(float(metrics["train/loss"]))
+  assert losses[0] == pytest.approx(np.log(10), rel=1e-3)  # zero head: uniform prediction
+  assert losses[-1] < 0.3 * losses[0]
+  assert int(state.step) == 30
+
+
+def test_accumulated_micro_batches_equal_one_big_batch():
+  """4 micro-batches of 4 give the gradient (and so the update) of one batch of 16."""
+  model = tiny()
+  tx = optax.sgd(0.1)
+  state, batch = make_state(model, tx), fixed_batch(seed=1)
+  # Make the head non-zero so that every parameter gets a gradient.
+  state = state.replace(params={**state.params, "head": jax.tree.map(
+      lambda x: 0.1 * jnp.ones_like(x), state.params["head"])})
+  big, m_big = train.train_step(state, batch, model=model, tx=tx, accum_steps=1)
+  acc, m_acc = train.train_step(state, batch, model=model, tx=tx, accum_steps=4)
+  np.testing.assert_allclose(m_acc["train/loss"], m_big["train/loss"], rtol=1e-6)
+  for a, b in zip(jax.tree.leaves(acc.params), jax.tree.leaves(big.params)):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+  assert not np.allclose(acc.params["head"]["kernel"], state.params["head"]["kernel"])
+
+
+def test_dropout_rng_comes_from_the_step():
+  model = tiny(dropout_rate=0.3)
+  tx = optax.sgd(0.0)  # parameters stay put: only the dropout mask can change the loss
+  state, batch = make_state(model, tx), fixed_batch()
+  state = state.replace(params={**state.params, "head": jax.tree.map(
+      lambda x: jax.random.normal(jax.random.key(7), x.shape), state.params["head"])})
+  _, m0 = train.train_step(state, batch, model=model, tx=tx)
+  _, m0_again = train.train_step(state, batch, model=model, tx=tx)
+  _, m1 = train.train_step(state.replace(step=state.step + 1), batch, model=model, tx=tx)
+  assert float(m0["train/loss"]) == float(m0_again["train/loss"])
+  assert float(m0["train/loss"]) != float(m1["train/loss"])
+
+
+def test_sigmoid_loss_and_unknown_loss():
+  logits = jnp.array([[0.0, 0.0]])
+  labels = jnp.array([[1.0, 0.0]])
+  assert float(train.compute_loss(logits, labels, "sigmoid_xent")) == pytest.approx(
+      2 * np.log(2), rel=1e-6)
+  assert float(train.compute_loss(logits, labels, "softmax_xent")) == pytest.approx(
+      np.log(2), rel=1e-6)
+  with pytest.raises(ValueError, match="hinge.*softmax_xent"):
+    train.compute_loss(logits, labels, "hinge")

@@ -1,0 +1,29 @@
+"""Configs and batches shared by the training tests and their subprocess scripts."""
+import ml_collections
+import numpy as np
+
+from configs import quickstart
+
+
+def step_config() -> ml_collections.ConfigDict:
+  """The `testing` model at 8x8 with plain SGD: updates are linear in the gradient, so
+  sharded and unsharded steps can be compared tightly."""
+  config = quickstart.get_config()
+  config.model = quickstart.models.get_model_config("testing")
+  config.pp.crop = 8
+  config.batch = 16
+  config.batch_eval = 16
+  config.optim.name = "sgd"
+  config.optim.weight_decay = 0.0
+  config.lr.base = 0.5
+  config.lr.warmup_steps = 0
+  config.lr.decay = "constant"
+  return config
+
+
+def fixed_batch(n: int = 16, image_size: int = 8, num_classes: int = 10,
+                seed: int = 0) -> dict[str, np.ndarray]:
+  rng = np.random.default_rng(seed)
+  images = rng.uniform(-1, 1, (n, image_size, image_size, 3)).astype(np.float32)
+  labels = np.eye(num_classes, dtype=np.float32)[rng.integers(0, num_classes, n)]
+  return {"image": images, "label": labels}

@@ -1,0 +1,80 @@
+"""The training loop's outputs: a progress line and TensorBoard scalars in the workdir.
+
+Only process 0 writes; every process may call these.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Mapping, Optional
+
+import jax
+from absl import logging
+
+
+def _format_duration(seconds: float) -> str:
+  seconds = int(max(seconds, 0))
+  h, rem = divmod(seconds, 3600)
+  m, s = divmod(rem, 60)
+  return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
+
+
+class Progress:
+  """Measures throughput between reports and writes scalars to `<workdir>/tensorboard`."""
+
+  def __init__(self, workdir: str, *, total_steps: int, global_batch: int, start_step: int):
+    self.total_steps = total_steps
+    self.global_batch = global_batch
+    self.num_devices = jax.device_count()
+    self.is_writer = jax.process_index() == 0
+    self._last_step = start_step
+    self._last_time = time.perf_counter()
+    self._writer = None
+    if self.is_writer:
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      self._writer = tf.summary.create_file_writer(os.path.join(workdir, "tensorboard"))
+
+  def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
+    if self._writer is None:
+      return
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    with self._writer.as_default():
+      for name, value in scalars.items():
+        tf.summary.scalar(name, float(value), step=step)
+    self._writer.flush()
+
+  def report_train(self, step: int, metrics: Mapping[str, float]) -> dict[str, float]:
+    """Logs `step, loss, lr, img/s, img/s per device, ETA`; returns what it logged."""
+    now = time.perf_counter()
+    steps = step - self._last_step
+    seconds = now - self._last_time
+    self._last_step, self._last_time = step, now
+    scalars = dict(metrics)
+    if steps > 0 and seconds > 0:
+      img_s = steps * self.global_batch / seconds
+      scalars["img_per_sec"] = img_s
+      scalars["img_per_sec_per_device"] = img_s / self.num_devices
+      eta = _format_duration((self.total_steps - step) * seconds / steps)
+    else:
+      eta = "?"
+    if self.is_writer:
+      logging.info(
+          "step %d/%d | loss %.4f | lr %.3g | %.0f img/s (%.0f per device) | ETA %s", step,
+          self.total_steps, scalars.get("train/loss", float("nan")),
+          scalars.get("train/lr", float("nan")), scalars.get("img_per_sec", 0.0),
+          scalars.get("img_per_sec_per_device", 0.0), eta)
+    self.write_scalars(step, scalars)
+    return scalars
+
+  def report_eval(self, step: int, metrics: Mapping[str, float]) -> None:
+    if self.is_writer:
+      logging.info("step %d/%d | %s", step, self.total_steps,
+                   " | ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items())))
+    self.write_scalars(step, metrics)
+    # The time spent evaluating does not count towards training throughput.
+    self._last_time = time.perf_counter()
+
+  def close(self, final: Optional[Mapping[str, float]] = None) -> None:
+    if self._writer is not None:
+      self._writer.close()
+    del final

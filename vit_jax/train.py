@@ -1,0 +1,248 @@
+"""Training: the train state, the pure `train_step`, and `train_and_evaluate(config, workdir)`.
+
+The step is a top-level pure function jitted once with explicit in/out shardings over the
+device mesh and the state donated; the same code runs on one CPU, a GPU, a TPU host or
+many hosts. Resuming restores the newest intact Orbax step and restarts the data stream
+at that step, so a resumed run sees the batches an uninterrupted one would have.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+from typing import Any, Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from absl import logging
+from flax import struct
+
+from vit_jax import checkpoint
+from vit_jax import data
+from vit_jax import evaluate as evaluate_lib
+from vit_jax import optim
+from vit_jax import parallel
+from vit_jax import progress as progress_lib
+from vit_jax import state_checkpoints
+from vit_jax.models import create_model
+
+Batch = dict[str, jax.Array]
+LOSSES = ("softmax_xent", "sigmoid_xent")
+
+
+@struct.dataclass
+class TrainState:
+  step: jax.Array  # int32 scalar
+  params: Any
+  opt_state: Any
+  rng: jax.Array  # uint32[2]: the run's base key; per-step keys are folded from it
+
+
+def compute_loss(logits: jax.Array, labels: jax.Array, kind: str) -> jax.Array:
+  """Mean loss over the batch. logits, labels: [B, K] (labels one-hot or multi-hot)."""
+  if kind == "softmax_xent":
+    return jnp.mean(optax.softmax_cross_entropy(logits, labels))
+  if kind == "sigmoid_xent":
+    return jnp.mean(jnp.sum(optax.sigmoid_binary_cross_entropy(logits, labels), axis=-1))
+  raise ValueError(f"Unknown loss {kind!r}; choose one of {LOSSES}.")
+
+
+def train_step(state: TrainState, batch: Batch, *, model: nn.Module,
+               tx: optax.GradientTransformation, loss: str = "softmax_xent",
+               accum_steps: int = 1) -> tuple[TrainState, dict[str, jax.Array]]:
+  """One optimizer update from a global batch, optionally in ``accum_steps`` micro-batches.
+
+  Micro-batch j takes examples j, j + A, j + 2A, ... so that each one is spread over all
+  devices; the mean of the micro-batch gradients equals the full-batch gradient.
+  """
+  step_rng = jax.random.fold_in(state.rng, state.step)
+
+  def loss_fn(params, images, labels, rng):
+    logits = model.apply({"params": params}, images, train=True, rngs={"dropout": rng})
+    return compute_loss(logits, labels, loss)
+
+  grad_fn = jax.value_and_grad(loss_fn)
+  if accum_steps == 1:
+    loss_value, grads = grad_fn(state.params, batch["image"], batch["label"], step_rng)
+  else:
+    def split(x):  # [B, ...] -> [A, B/A, ...]
+      return jnp.swapaxes(x.reshape(x.shape[0] // accum_steps, accum_steps, *x.shape[1:]), 0, 1)
+
+    def accumulate(carry, micro):
+      loss_sum, grad_sum = carry
+      images, labels, j = micro
+      l, g = grad_fn(state.params, images, labels, jax.random.fold_in(step_rng, j))
+      return (loss_sum + l, jax.tree.map(jnp.add, grad_sum, g)), None
+
+    zeros = jax.tree.map(jnp.zeros_like, state.params)
+    (loss_sum, grad_sum), _ = jax.lax.scan(
+        accumulate, (jnp.zeros((), jnp.float32), zeros),
+        (split(batch["image"]), split(batch["label"]), jnp.arange(accum_steps)))
+    loss_value = loss_sum / accum_steps
+    grads = jax.tree.map(lambda g: g / accum_steps, grad_sum)
+
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  metrics = {"train/loss": loss_value, "train/grad_norm": optax.tree.norm(grads)}
+  return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+
+def _check_batch_sizes(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> None:
+  data_size = mesh.shape["data"]
+  accum = config.get("accum_steps", 1)
+  if accum < 1:
+    raise ValueError(f"accum_steps={accum} must be >= 1.")
+  if config.batch % (accum * data_size):
+    raise ValueError(
+        f"batch={config.batch} is not divisible by accum_steps={accum} x {data_size} devices "
+        f"on the 'data' mesh axis: choose a batch that is a multiple of {accum * data_size}.")
+  if config.batch_eval % data_size:
+    raise ValueError(f"batch_eval={config.batch_eval} is not divisible by the {data_size} "
+                     f"devices on the 'data' mesh axis: use a multiple of {data_size}.")
+
+
+def _write_or_compare_config(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """Writes config.json; on resume, a changed model is an error, a changed schedule a warning."""
+  path = os.path.join(workdir, "config.json")
+  current = json.loads(config.to_json_best_effort())
+  if os.path.exists(path):
+    with open(path) as f:
+      saved = json.load(f)
+    model_keys = ("model", "num_classes", "pp")
+    changed = [k for k in model_keys if saved.get(k) != current.get(k)]
+    if changed and os.path.isdir(os.path.join(workdir, "checkpoints")):
+      raise ValueError(
+          f"The config's {', '.join(changed)} differ from the run saved in {workdir}: its "
+          "checkpoints would not fit. Use a new --workdir, or put the old values back.")
+    schedule_keys = ("total_steps", "lr", "optim", "batch", "accum_steps")
+    for k in schedule_keys:
+      if saved.get(k) != current.get(k):
+        logging.warning("Resuming with a changed %s: %s -> %s.", k, saved.get(k), current.get(k))
+  if jax.process_index() == 0:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+      json.dump(current, f, indent=2, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def _global_array(value: np.ndarray, sharding: jax.sharding.NamedSharding) -> jax.Array:
+  """A host value (the same on every process) as a global array with ``sharding``."""
+  value = np.asarray(value)
+  return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
+
+
+class Trainer:
+  """What `train_and_evaluate` builds once: mesh, model, optimizer, shardings, jitted steps."""
+
+  def __init__(self, config: ml_collections.ConfigDict, num_classes: int):
+    self.config = config
+    self.mesh = parallel.make_mesh(tuple(config.mesh))
+    _check_batch_sizes(config, self.mesh)
+    self.model = create_model(config.model, num_classes=num_classes)
+    self.tx, self.schedule = optim.make_optimizer(config)
+    crop = config.pp.crop
+    self._dummy = jnp.zeros((1, crop, crop, 3), jnp.float32)
+
+    def init_boxed(rng):
+      params = self.model.init({"params": rng}, self._dummy)["params"]
+      return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                        opt_state=self.tx.init(params), rng=rng)
+
+    rng = jax.random.PRNGKey(config.seed)
+    abstract = jax.eval_shape(init_boxed, rng)
+    self.state_shardings = parallel.state_shardings(abstract, self.mesh, config.partitioning)
+    self.abstract_state = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), nn.unbox(abstract),
+        self.state_shardings)
+    self._rng = rng
+    self._init = jax.jit(lambda r: nn.unbox(init_boxed(r)), out_shardings=self.state_shardings)
+    replicated = parallel.replicated(self.mesh)
+    batch_sharding = parallel.batch_sharding(self.mesh)
+    self.train_step = jax.jit(
+        functools.partial(train_step, model=self.model, tx=self.tx,
+                          loss=config.get("loss", "softmax_xent"),
+                          accum_steps=config.get("accum_steps", 1)),
+        in_shardings=(self.state_shardings, batch_sharding),
+        out_shardings=(self.state_shardings, replicated), donate_argnums=0)
+    self.eval_step = jax.jit(
+        functools.partial(evaluate_lib.eval_step, model=self.model),
+        in_shardings=(self.state_shardings.params, batch_sharding), out_shardings=replicated)
+
+  def init_state(self) -> TrainState:
+    """A fresh state, with parameters from ``config.pretrained`` when it is set."""
+    state = self._init(self._rng)
+    source = self.config.get("pretrained")
+    if not source:
+      return state
+    init_params = jax.tree.map(np.asarray, jax.device_get(state.params))
+    params = checkpoint.load_pretrained(
+        source, init_params, self.config.model, reset_head=self.config.get("reset_head", False),
+        posemb_resize_method=self.config.get("posemb_resize", "bilinear"),
+        new_grid_hw=self.model.grid_hw(self._dummy.shape[1:3]))
+    params = jax.tree.map(_global_array, params, self.state_shardings.params)
+    opt_init = jax.jit(self.tx.init, out_shardings=self.state_shardings.opt_state)
+    return state.replace(params=params, opt_state=opt_init(params))
+
+  def evaluate(self, params: Any, split: Optional[str] = None) -> dict[str, float]:
+    batches = data.eval_iterator(self.config, self.mesh, split=split)
+    return evaluate_lib.evaluate(self.eval_step, params, batches)
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+  """Trains (or resumes) and evaluates as the config says; returns the final metrics.
+
+  ``total_steps=0`` only evaluates the initial (e.g. pretrained) parameters.
+  """
+  os.makedirs(workdir, exist_ok=True)
+  if config.get("loss", "softmax_xent") not in LOSSES:
+    raise ValueError(f"Unknown loss {config.loss!r}; choose one of {LOSSES}.")
+  info = data.dataset_info(config)
+  num_classes = config.get("num_classes") or info.num_classes
+  if config.get("num_classes") and info.num_classes and config.num_classes != info.num_classes:
+    raise ValueError(f"config.num_classes={config.num_classes} but the dataset "
+                     f"{config.dataset!r} has {info.num_classes} classes: fix num_classes.")
+  trainer = Trainer(config, num_classes)
+  _write_or_compare_config(config, workdir)
+
+  manager = state_checkpoints.make_manager(os.path.join(workdir, "checkpoints"),
+                                           keep=config.get("keep_checkpoints", 3))
+  state = state_checkpoints.restore_latest(manager, trainer.abstract_state)
+  if state is None:
+    state = trainer.init_state()
+  start_step = int(jax.device_get(state.step))
+  total_steps = config.total_steps
+  progress = progress_lib.Progress(workdir, total_steps=total_steps, global_batch=config.batch,
+                                   start_step=start_step)
+  logging.info("Training %s on %s from step %d to %d on %d devices (mesh %s, %s).",
+               config.model.get("name", "model"), config.dataset, start_step, total_steps,
+               jax.device_count(), dict(trainer.mesh.shape), config.partitioning)
+
+  metrics: dict[str, float] = {}
+  try:
+    train_iter = data.train_iterator(config, trainer.mesh, start_step=start_step)
+    for step in range(start_step + 1, total_steps + 1):
+      state, step_metrics = trainer.train_step(state, next(train_iter))
+      if step % config.log_every == 0 or step == total_steps:
+        metrics = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
+        metrics["train/lr"] = float(trainer.schedule(step - 1))
+        metrics = progress.report_train(step, metrics)
+      if step % config.eval_every == 0 and step != total_steps:
+        progress.report_eval(step, trainer.evaluate(state.params))
+      if step % config.checkpoint_every == 0 and step != total_steps:
+        state_checkpoints.save(manager, step, state)
+
+    if total_steps > start_step:
+      state_checkpoints.save(manager, total_steps, state)
+    final = trainer.evaluate(state.params)
+    progress.report_eval(total_steps, final)
+  finally:
+    # Whatever happened, the saves already started complete: no checkpoint is lost.
+    manager.wait_until_finished()
+    manager.close()
+    progress.close()
+  return {**metrics, **final}
+
