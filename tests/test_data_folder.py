@@ -178,3 +178,24 @@ def test_split_slicing_on_folders(tmp_path):
   assert (info.num_train, info.num_test) == (8, 2)
   with pytest.raises(ValueError, match="train\\[:80\\]"):
     data.dataset_info(_config(tmp_path, train_split='train[:80]', test_split='train'))
+
+
+def test_each_process_reads_its_own_shard(tmp_path):
+  from vit_jax.data import dataset, pipeline
+  n = _id_folder(tmp_path, 'train', [4, 4, 3])  # 11 examples: shards of 5 and 6.
+  _id_folder(tmp_path, 'test', [1])
+  ds = dataset.Dataset(dataset.Settings.from_config(_config(tmp_path)))
+  epoch = []
+  for process in (0, 1):
+    batches = pipeline.local_train_batches(ds, 5, 0, process, 2)
+    ids = list(_ids(next(batches)['image']))
+    assert len(set(ids)) == 5  # The first 5 positions are 5 distinct examples.
+    epoch.append(set(ids))
+  assert not epoch[0] & epoch[1]
+  evals = [pipeline.EvalBatches(ds, 'train', 2, p, 2) for p in (0, 1)]
+  assert len(evals[0]) == len(evals[1]) == 3  # Same count: shards of 5 and 6.
+  seen = []
+  for ev in evals:
+    for batch in ev:
+      seen += list(_ids(batch['image'])[batch['mask'] == 1])
+  assert sorted(seen) == list(range(n))

@@ -116,3 +116,11 @@ def test_realign_restores_positions_after_dropped_examples():
       assert not images[~present].any()
       seen += list(q + rows)
     assert seen == list(kept)
+
+
+def test_windowed_tfds_eval_equals_one_window(digits_config, monkeypatch):
+  from vit_jax.data import pipeline
+  whole = [np.asarray(b['image']) for b in data.eval_iterator(digits_config, _mesh())]
+  monkeypatch.setattr(pipeline, '_EVAL_WINDOW', 100)  # 360 examples in 4 reads.
+  windowed = [np.asarray(b['image']) for b in data.eval_iterator(digits_config, _mesh())]
+  np.testing.assert_array_equal(np.concatenate(whole), np.concatenate(windowed))
