@@ -3,8 +3,8 @@
 Every function maps tensors to tensors and is usable inside `tf.data.Dataset.map`.
 Randomness comes only from stateless ops keyed by an explicit seed (int64 [2]); the
 pipeline derives it from (config.seed, epoch, example index), so the same example in
-the same epoch always gets the same crop and flip, whatever the batch size, the number
-of processes or the step the run was resumed at.
+the same epoch always gets the same crop and flip, whatever the batch size or the step
+the run was resumed at.
 
 Output convention (shared with the official checkpoints): float32 [crop, crop, 3] with
 values (x - 127.5) / 127.5, clipped so they lie within [-1, 1] exactly.
