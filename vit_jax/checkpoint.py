@@ -160,6 +160,7 @@ POSEMB_PATH = "Transformer/posembed_input/pos_embedding"
 POSEMB_X_PATH = "Transformer/posembed_input/pos_embedding_x"
 POSEMB_Y_PATH = "Transformer/posembed_input/pos_embedding_y"
 RESIZE_METHODS: tuple[str, ...] = ("bilinear", "bicubic", "nearest")
+POSEMB_REINIT = "reinit"  # load_pretrained: fresh position embeddings from init_params
 _MAX_DETAIL_LINES = 40  # of check_tree's list, in load_pretrained's error
 
 
@@ -277,12 +278,13 @@ def load_pretrained(source: str | os.PathLike, init_params: Params, model_config
     class-token row kept apart; a missing class token/row is taken fresh, a surplus one
     dropped. The stored grid is square unless ``stored_grid_hw`` is given; the new grid is
     read from ``init_params`` (pass ``new_grid_hw`` when it is not square).
+    ``posemb_resize_method='reinit'`` takes them all fresh from ``init_params`` instead.
   Anything else that does not fit (patch, width, depth, heads, MLP) raises one ValueError.
   """
   source = os.fspath(source)
-  if posemb_resize_method not in RESIZE_METHODS:
+  if posemb_resize_method not in (*RESIZE_METHODS, POSEMB_REINIT):
     raise ValueError(f"Unknown posemb_resize_method {posemb_resize_method!r}; use one of "
-                     f"{RESIZE_METHODS}.")
+                     f"{(*RESIZE_METHODS, POSEMB_REINIT)}.")
   init_tree = nn.unbox(dict(init_params))
   want = flatten(init_tree)
   where = f"checkpoint {source!r}"
@@ -355,7 +357,13 @@ def load_pretrained(source: str | os.PathLike, init_params: Params, model_config
     notes.append("the checkpoint has no class token: using the fresh one")
 
   # Position embeddings.
-  if posemb_kind == "learn" and POSEMB_PATH in got and POSEMB_PATH in want:
+  if posemb_resize_method == POSEMB_REINIT:
+    for key in (POSEMB_PATH, POSEMB_X_PATH, POSEMB_Y_PATH):
+      got.pop(key, None)
+      if key in want:
+        got[key] = want[key]
+    notes.append("position embeddings: the fresh ones of init_params (reinit)")
+  elif posemb_kind == "learn" and POSEMB_PATH in got and POSEMB_PATH in want:
     stored, fresh = np.asarray(got[POSEMB_PATH]), np.asarray(want[POSEMB_PATH])
     n_new = fresh.shape[1] - new_prefix
     if new_grid_hw is None:
