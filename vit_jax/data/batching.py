@@ -1,8 +1,8 @@
 """Host-local numpy batches -> global jax.Arrays sharded over the mesh axis 'data'.
 
-Each process holds global_batch / process_count examples of every batch; the global
-array's rows are split over the devices of the 'data' axis (replicated over the other
-mesh axes). A background thread keeps a few batches already on the devices.
+Each process holds global_batch / process_count examples of every batch, the block of
+rows its devices hold (process_row_block); the global array's rows are split over the
+devices of the 'data' axis (replicated over the other mesh axes). A background thread keeps a few batches already on the devices.
 """
 from __future__ import annotations
 
@@ -36,6 +36,34 @@ def local_batch_size(global_batch: int, mesh: Mesh, key: str = 'batch') -> int:
         f'the {devices} devices of the {DATA_AXIS!r} mesh axis: it must be a multiple '
         f'of {unit}. Use {key}={upper}' + (f' or {lower}.' if lower else '.'))
   return global_batch // processes
+
+
+def process_row_block(global_batch: int, mesh: Mesh) -> tuple[int, int]:
+  """(block, process_count): this process supplies rows [block * b, (block + 1) * b)
+  of every global batch, b = global_batch // process_count.
+
+  The block is read from the mesh (which rows this process's devices hold), so data
+  lands where the devices are whatever the device order. Each process must hold a
+  distinct contiguous block of the 'data' axis; otherwise a ValueError says so.
+  Call local_batch_size first (it checks divisibility).
+  """
+  sharding = NamedSharding(mesh, PartitionSpec(DATA_AXIS))
+  indices = sharding.addressable_devices_indices_map((global_batch,)).values()
+  rows = sorted({(idx[0].start or 0, global_batch if idx[0].stop is None else idx[0].stop)
+                 for idx in indices})
+  count = jax.process_count()
+  size = global_batch // count
+  start, stop = rows[0][0], rows[-1][1]
+  contiguous = all(a[1] == b[0] for a, b in zip(rows, rows[1:]))
+  if not contiguous or stop - start != size or start % size:
+    raise ValueError(
+        f'The mesh {dict(mesh.shape)} gives process {jax.process_index()} the rows '
+        f'{rows} of a global batch of {global_batch}, but each of the {count} '
+        f'processes must hold one distinct contiguous block of {size} rows (a '
+        f'contiguous 1/{count} of the {DATA_AXIS!r} mesh axis). Build the mesh with '
+        f'vit_jax.parallel.make_mesh and a {DATA_AXIS!r} axis whose size is a multiple '
+        f'of the process count.')
+  return start // size, count
 
 
 def make_global_batch(local_batch: dict[str, np.ndarray],

@@ -1,9 +1,11 @@
 """The order in which a process visits examples: pure numpy, no I/O.
 
-Each process owns a contiguous shard of the split (sizes differ by at most one) and
-reads only that. Its training stream is an endless sequence of positions
-0, 1, 2, ...; position q is in epoch q // n (n = shard size). Every epoch visits the
-shard once in a seeded order:
+A shard is a contiguous block of the split (process_shard: sizes differ by at most
+one): in training one "lane" per row of the global batch (keyed by the row, so the
+batches do not depend on the process count; see pipeline.py), in evaluation one per
+process. A training stream is an endless sequence of positions 0, 1, 2, ...;
+position q is in epoch q // n (n = shard size). Every epoch visits the shard once in
+a seeded order (the `process` argument of train_pieces is the lane):
 
   * the shard is cut into windows of `window` consecutive examples (the last may be
     shorter); the windows are visited in a random order seeded by (seed, process,

@@ -55,7 +55,14 @@ class TfdsDataset:
     if self.builder.is_prepared():
       return
     if self.name == digits.Digits.name:
-      self.builder.download_and_prepare()
+      try:
+        self.builder.download_and_prepare()
+      except FileExistsError:
+        # Another process sharing this data_dir (a multi-process run) renamed its build
+        # into place first; use that one.
+        if not self.builder.is_prepared():
+          raise
+        self.builder = tfds.builder(self.name, data_dir=self._data_dir)
     elif self._manual_dir and jax.process_count() == 1:
       logging.info('Preparing %s from manual_dir %s', self.name, self._manual_dir)
       try:
@@ -139,11 +146,24 @@ class TfdsSplit:
 
   def read(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
     """Encoded images and labels of examples [start, stop)."""
+    return self.read_many([(start, stop)])[0]
+
+  def read_many(self, ranges: list[tuple[int, int]]
+                ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """read(start, stop) of each range, through one tfds read (much faster than one
+    read per range: each read sets up a tf.data pipeline)."""
     if self._in_memory is not None:
-      return tuple(a[start:stop] for a in self._in_memory)
+      return [tuple(a[lo:hi] for a in self._in_memory) for lo, hi in ranges]
     instructions = [tfds.core.ReadInstruction(r.split, from_=r.start, to=r.stop,
                                               unit='abs')
-                    for r in splits_lib.select(self._ranges, start, stop)]
+                    for lo, hi in ranges for r in splits_lib.select(self._ranges, lo, hi)]
     if not instructions:
-      return np.zeros([0], object), np.zeros([0], np.int64)
-    return self._dataset.load(functools.reduce(operator.add, instructions))
+      values, labels = np.zeros([0], object), np.zeros([0], np.int64)
+    else:
+      values, labels = self._dataset.load(functools.reduce(operator.add, instructions))
+    ends = np.cumsum([max(hi - lo, 0) for lo, hi in ranges])
+    if len(values) != (ends[-1] if len(ends) else 0):
+      raise RuntimeError(f'{self.name}: read {len(values)} examples for ranges {ranges}, '
+                         f'expected {ends[-1]}; the prepared dataset may be incomplete.')
+    starts = ends - [max(hi - lo, 0) for lo, hi in ranges]
+    return [(values[a:b], labels[a:b]) for a, b in zip(starts, ends)]
