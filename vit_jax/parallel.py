@@ -11,6 +11,7 @@ run first.
 """
 from __future__ import annotations
 
+import inspect
 import math
 import os
 from typing import Any, Mapping, Optional, Sequence, Union
@@ -42,6 +43,20 @@ def _env_int(name: str) -> Optional[int]:
                      "a whole number or unset it.") from None
 
 
+def _on_cloud_tpu_vm() -> bool:
+  """True on a Cloud TPU VM with TPU chips and libtpu, as `import jax` found it.
+
+  JAX records this when it is imported (before any backend starts) in a private
+  module; any change there reads as False, i.e. the environment-variable checks only.
+  """
+  try:
+    from jax._src import cloud_tpu_init  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return False
+  return (bool(getattr(cloud_tpu_init, "running_in_cloud_tpu_vm", False))
+          and "TPU_SKIP_MDS_QUERY" not in os.environ)
+
+
 def _detect_cluster() -> Optional[str]:
   """The multi-process cluster JAX can auto-detect from the environment, or None.
 
@@ -52,6 +67,10 @@ def _detect_cluster() -> Optional[str]:
   hosts = [h for h in env.get("TPU_WORKER_HOSTNAMES", "").split(",") if h.strip()]
   if len(hosts) > 1 or "CLOUD_TPU_TASK_ID" in env or "MEGASCALE_COORDINATOR_ADDRESS" in env:
     return "Cloud TPU"
+  if _on_cloud_tpu_vm():
+    # A TPU VM created with `gcloud compute tpus tpu-vm create` sets none of the above:
+    # JAX reads the workers from the metadata server (one worker: a 1-process run).
+    return "Cloud TPU VM"
   # SLURM_STEP_NODELIST exists only inside an `srun` step, which is what JAX reads.
   if ("SLURM_JOB_ID" in env and "SLURM_STEP_NODELIST" in env
       and (_env_int("SLURM_NTASKS") or 1) > 1):
@@ -70,13 +89,19 @@ def _detect_cluster() -> Optional[str]:
 def initialize_distributed(coordinator_address: Optional[str] = None,
                            num_processes: Optional[int] = None,
                            process_id: Optional[int] = None,
-                           initialization_timeout: Optional[int] = None) -> None:
+                           initialization_timeout: Optional[int] = None,
+                           heartbeat_timeout: Optional[int] = None) -> None:
   """Starts `jax.distributed` when this is a multi-process run; otherwise does nothing.
 
   Order of precedence: the arguments; else the env vars `VIT_COORDINATOR_ADDRESS`,
-  `VIT_NUM_PROCESSES`, `VIT_PROCESS_ID`; else a Cloud TPU pod, a SLURM `srun` step or an
-  Open MPI launch with more than one process, for which JAX auto-detects everything. Must
-  run before any other JAX call. Idempotent: later calls are no-ops.
+  `VIT_NUM_PROCESSES`, `VIT_PROCESS_ID`; else a Cloud TPU VM or pod, a SLURM `srun`
+  step or an Open MPI launch with more than one process, for which JAX auto-detects
+  everything. Must run before any other JAX call. Idempotent: later calls are no-ops.
+
+  ``initialization_timeout``: seconds to wait for every process to join (JAX: 300).
+  ``heartbeat_timeout``: seconds without heartbeats after which a process counts as dead;
+  every other process then aborts (exit status 134) with an error saying another task
+  died (JAX: 100). Until then the others wait in their next collective.
   """
   global _initialized
   if _initialized:
@@ -96,6 +121,14 @@ def initialize_distributed(coordinator_address: Optional[str] = None,
   kwargs: dict[str, Any] = {}
   if initialization_timeout is not None:
     kwargs["initialization_timeout"] = int(initialization_timeout)
+  if heartbeat_timeout is not None:
+    params = inspect.signature(jax.distributed.initialize).parameters
+    if ("heartbeat_timeout_seconds" not in params
+        and not any(p.kind is p.VAR_KEYWORD for p in params.values())):
+      raise ValueError(f"heartbeat_timeout={heartbeat_timeout}: this JAX "
+                       f"({jax.__version__}) has no heartbeat_timeout_seconds; upgrade JAX "
+                       "or leave it unset.")
+    kwargs["heartbeat_timeout_seconds"] = int(heartbeat_timeout)
 
   explicit = (coordinator_address, num_processes, process_id)
   if any(v is not None for v in explicit):
