@@ -228,15 +228,14 @@ def test_state_shardings_and_jit(eight, case):
 def test_fsdp_shards_every_kernel_over_data(eight):
   for case, n in (("fsdp", 8), ("fsdp_2d", 4)):
     wanted = eight[case]["wanted"]
-    kernels = [p for p in wanted if p.startswith("['params']") and p.endswith("['kernel']")
-               and "['head']" not in p]
+    kernels = [p for p in wanted if p.startswith("['params']") and p.endswith("['kernel']")]
     assert kernels
     for path in kernels:
       assert "'data'" in wanted[path] and "'model'" not in wanted[path], (path, wanted[path])
     assert wanted[_MLP0] == "('data',)"  # [D, M]: the width D is split
     assert wanted[_ATT + "['out']['kernel']"] == "(None, None, 'data')"
     assert wanted["['params']['cls']"] == "(None, None, 'data')"
-    assert wanted["['params']['head']['kernel']"] == "()"  # logical names (None, None)
+    assert wanted["['params']['head']['kernel']"] == "('data',)"  # [D, K]: the width D is split
   shapes = eight["fsdp"]["shard_shapes"]
   assert shapes[_MLP0] == [32 // 8, 64] and shapes[_MLP1] == [64, 32 // 8]
 

@@ -3,6 +3,8 @@
 `--config.key=value` overrides any config field; an unknown key is an error. Distributed
 start-up comes first (see `vit_jax.parallel.initialize_distributed`).
 """
+import logging as std_logging
+
 from absl import app
 from absl import flags
 from absl import logging
@@ -24,9 +26,15 @@ _INIT_TIMEOUT = flags.DEFINE_integer("initialization_timeout", None,
 flags.mark_flags_as_required(["config", "workdir"])
 
 
+def _quiet_orbax(record) -> bool:
+  """Keeps Orbax's per-save INFO chatter out of the progress lines (warnings still show)."""
+  return record.levelno >= std_logging.WARNING or "orbax" not in record.pathname
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  logging.get_absl_handler().addFilter(_quiet_orbax)
   parallel.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                                   _INIT_TIMEOUT.value)
   # Imported after start-up: nothing may touch JAX's backends before it.

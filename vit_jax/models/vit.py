@@ -275,7 +275,7 @@ class VisionTransformer(nn.Module):
 
     if self.num_classes:
       x = nn.Dense(self.num_classes, dtype=self.dtype, param_dtype=self.param_dtype,
-                   kernel_init=_partitioned(nn.initializers.zeros, (None, None)),
+                   kernel_init=_partitioned(nn.initializers.zeros, ("embed", None)),
                    bias_init=_partitioned(nn.initializers.constant(self.head_bias_init),
                                           (None,)),
                    name="head")(x)
