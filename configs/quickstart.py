@@ -4,7 +4,8 @@ r"""Quickstart: a small ViT trained from scratch on the built-in `digits` datase
 
 No network is needed: `digits` (scikit-learn's 1,797 8x8 handwritten digits, 10 classes)
 builds into the tfds data_dir in a second. Expected: >= 97% test accuracy in a few
-minutes on a 2-core CPU (see README for the measured accuracy and time).
+minutes on a 2-core CPU: measured 98.6% (355/360) in about 7 minutes with other jobs
+sharing the two cores (README).
 """
 import ml_collections
 
@@ -18,7 +19,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.train_split = "train"
   config.test_split = "test"
   # 8x8 digits upsampled to 16x16, 4x4 patches: a 4x4 grid of tokens plus the class token.
-  config.pp = ml_collections.ConfigDict(dict(crop=16, min_area=0.6, flip=False))
+  config.pp = ml_collections.ConfigDict(dict(crop=16, min_area=0.8, flip=False))
 
   config.model = models.get_model_config("testing")
   config.model.name = "ViT-quickstart"
@@ -26,13 +27,13 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.transformer.num_layers = 4
   config.model.transformer.mlp_dim = 128
   config.model.transformer.num_heads = 4
-  config.model.transformer.dropout_rate = 0.1
+  config.model.transformer.dropout_rate = 0.0
 
   config.batch = 128
   config.batch_eval = 256
   config.shuffle_buffer = 2_000
-  config.total_steps = 1_500
-  config.lr = ml_collections.ConfigDict(dict(base=1e-3, warmup_steps=100, decay="cosine",
+  config.total_steps = 2_000
+  config.lr = ml_collections.ConfigDict(dict(base=2e-3, warmup_steps=100, decay="cosine",
                                              end=0.0))
   config.optim.name = "adamw"
   config.optim.weight_decay = 0.05
