@@ -12,8 +12,9 @@ of 10k steps then linear decay to 0, gradient clipping at global norm 1, resolut
 inception crop and flip, dropout 0.1, and the pre-training head: a representation layer
 (``representation_size`` = width, tanh) before the classifier. Steps are the epochs over
 the preset's train split at batch 4096 (`TRAIN_IMAGES`; a copy of another size needs
-``--config.total_steps``). Learning rate: 1e-3 for ImageNet-21k and 3e-3 for ImageNet
-(the paper's values for ViT-B). Fine-tune the result with `configs/vit.py`
+``--config.total_steps``). Learning rate: 1e-3 for ImageNet-21k and 3e-3 for ImageNet,
+as we read the paper's Table 3 for ViT-B (``--config.lr.base`` to change it). Fine-tune
+the result with `configs/vit.py`
 (``--config.pretrained=<workdir>/checkpoints``); its representation layer is dropped there.
 """
 from __future__ import annotations
