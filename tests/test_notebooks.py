@@ -1,0 +1,90 @@
+"""Executes every notebook in notebooks/ headless (nbclient) in its small setting.
+
+``VIT_NOTEBOOK_SMALL=1`` makes a notebook take its tiny path: no download, the 2-layer
+`testing` model, a few steps. A cell error fails the test with the cell's traceback; each
+cell has a time limit. The notebooks are stored without outputs; this also checks that.
+"""
+import os
+import pathlib
+import time
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+pytest.importorskip("ipykernel")  # provides the 'python3' kernel even without a kernelspec
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+NOTEBOOKS = REPO_ROOT / "notebooks"
+CELL_TIMEOUT_S = 300  # one cell; the whole notebook takes about a minute on 2 CPU cores
+
+
+@pytest.fixture(scope="module")
+def notebook_env(tmp_path_factory):
+  """One WORKDIR for the module: fine_tune.ipynb reuses the digits model vit_jax.ipynb trained."""
+  workdir = tmp_path_factory.mktemp("notebooks")
+  return {
+      "VIT_NOTEBOOK_SMALL": "1",
+      "VIT_NOTEBOOK_WORKDIR": str(workdir),
+      "TFDS_DATA_DIR": str(workdir / "tensorflow_datasets"),  # digits builds here
+      "CUDA_VISIBLE_DEVICES": "",
+      "JAX_PLATFORMS": "cpu",
+      "TF_CPP_MIN_LOG_LEVEL": "2",
+      "MPLBACKEND": "Agg",
+  }
+
+
+def _execute(name: str, cwd: pathlib.Path, env: dict, monkeypatch) -> nbformat.NotebookNode:
+  for key, value in env.items():
+    monkeypatch.setenv(key, value)  # the kernel inherits this process's environment
+  nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+  client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=CELL_TIMEOUT_S,
+                                   resources={"metadata": {"path": str(cwd)}})
+  client.execute()  # raises CellExecutionError naming the failing cell
+  return nb
+
+
+def _outputs(nb, output_type=None):
+  return [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+          if output_type is None or o.get("output_type") == output_type]
+
+
+def _text(nb) -> str:
+  return "".join(o.get("text", "") for o in _outputs(nb, "stream"))
+
+
+def _images(nb) -> int:
+  return sum("image/png" in o.get("data", {}) for o in _outputs(nb, "display_data"))
+
+
+@pytest.mark.parametrize("name", ["vit_jax.ipynb", "fine_tune.ipynb"])
+def test_stored_without_outputs(name):
+  nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+  nbformat.validate(nb)
+  code = [c for c in nb.cells if c.cell_type == "code"]
+  assert all(not c.outputs and c.execution_count is None for c in code), \
+      f"{name} has outputs: clear them (e.g. jupyter nbconvert --clear-output --inplace)."
+  tagged = [c for c in code if "parameters" in c.metadata.get("tags", [])]
+  assert len(tagged) == 1, f"{name} needs exactly one cell tagged 'parameters'."
+
+
+def test_vit_jax_notebook(notebook_env, monkeypatch):
+  start = time.perf_counter()
+  nb = _execute("vit_jax.ipynb", NOTEBOOKS, notebook_env, monkeypatch)  # cwd: notebooks/
+  text = _text(nb)
+  assert "MODE = digits" in text
+  assert "test accuracy" in text
+  # Rollout overlays (up to 4) and the three Fig. 7 plots.
+  assert _images(nb) >= 5, text
+  print(f"vit_jax.ipynb: {time.perf_counter() - start:.0f} s")
+
+
+def test_fine_tune_notebook(notebook_env, monkeypatch):
+  start = time.perf_counter()
+  nb = _execute("fine_tune.ipynb", REPO_ROOT, notebook_env, monkeypatch)  # cwd: repo root
+  text = _text(nb)
+  assert "config.dataset = 'folder:" in text
+  assert "token grid (8, 8)" in text  # 16x16 source -> 32x32, 4x4 patches
+  assert "test accuracy:" in text and "saved" in text
+  assert _images(nb) >= 2  # the sample batch and the curves
+  print(f"fine_tune.ipynb: {time.perf_counter() - start:.0f} s")
