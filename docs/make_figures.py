@@ -16,7 +16,7 @@ step of ``<workdir>/checkpoints``, runs the model on the first test batch and wr
 * ``posemb_similarity.png``: cosine similarity of each patch's position embedding with
   every other.
 * ``mean_attention_distance.png``: attention-weighted pixel distance per head and layer,
-  averaged over the test batch.
+  averaged over the test batch; the dashed line is the distance of uniform attention.
 """
 from __future__ import annotations
 
@@ -125,7 +125,15 @@ def make_figures(workdir: str, out: str, *, data_dir: str | None = None,
   _save(vit_inspect.plot_posemb_similarity(vit_inspect.posemb_similarity(params, model)),
         os.path.join(out, "posemb_similarity.png"))
   fig = vit_inspect.plot_mean_attention_distance(distance)
-  fig.axes[0].set_title(f"{len(images)} test images, {image_hw[0]}x{image_hw[1]} px, "
+  uniform = vit_inspect.patch_centre_distances(grid_hw, model.input_stride).mean()
+  ax = fig.axes[0]
+  ax.set_ylim(0, 1.15 * max(uniform, float(distance.max())))
+  ax.axhline(uniform, color="grey", linestyle="--", linewidth=1)
+  ax.annotate("uniform attention", (0.6, uniform), xytext=(0, 3), textcoords="offset points",
+              color="grey", fontsize="x-small")
+  if ax.get_legend() is not None:
+    ax.legend(loc="lower right", fontsize="x-small", ncol=2)  # clear of the points
+  ax.set_title(f"{len(images)} test images, {image_hw[0]}x{image_hw[1]} px, "
                         f"{model.input_stride[0]} px patches", fontsize="small")
   _save(fig, os.path.join(out, "mean_attention_distance.png"))
 
