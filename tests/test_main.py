@@ -13,6 +13,12 @@ from vit_jax import checkpoint, data, state_checkpoints, train
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def failure_report(stderr: str) -> str:
+  """The useful part of a failed run's stderr: a crash's header and stacks, else the end."""
+  crash = stderr.find("Fatal Python error")
+  return stderr[crash:crash + 6000] if crash >= 0 else stderr[-3000:]
+
+
 def run_main(workdir, *overrides, timeout=300):
   cmd = [sys.executable, "-m", "vit_jax.main", "--config=configs/quickstart.py",
          f"--workdir={workdir}", *overrides]
@@ -28,7 +34,7 @@ def test_main_trains_a_few_steps_and_writes_checkpoint_and_events(tmp_path, digi
                   "--config.pp.crop=8", "--config.batch=32", "--config.lr.warmup_steps=1",
                   "--config.log_every=2",
                   "--config.checkpoint_every=2", "--config.eval_every=100")
-  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.returncode == 0, failure_report(proc.stderr)
   assert "step 4/4 | loss" in proc.stderr and "img/s" in proc.stderr and "ETA" in proc.stderr
   assert "eval/accuracy" in proc.stderr
   assert sorted(os.listdir(workdir / "checkpoints")) == ["2", "4"]
