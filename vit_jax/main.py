@@ -23,6 +23,9 @@ _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in a mul
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index in the run.")
 _INIT_TIMEOUT = flags.DEFINE_integer("initialization_timeout", None,
                                      "Seconds to wait for every process to join.")
+_HEARTBEAT_TIMEOUT = flags.DEFINE_integer(
+    "heartbeat_timeout", None, "Seconds after which a silent (dead) process ends the run "
+    "with an error on every other process (JAX's default: 100).")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -36,7 +39,7 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   logging.get_absl_handler().addFilter(_quiet_orbax)
   parallel.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
-                                  _INIT_TIMEOUT.value)
+                                  _INIT_TIMEOUT.value, _HEARTBEAT_TIMEOUT.value)
   # Imported after start-up: nothing may touch JAX's backends before it.
   from vit_jax import train  # pylint: disable=g-import-not-at-top
   metrics = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)

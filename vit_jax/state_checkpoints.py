@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
+from etils import epath  # Orbax's path type: local paths and gs:// alike.
 
 Params = dict[str, Any]
 
@@ -28,7 +29,7 @@ def make_manager(directory: str, *, keep: int = 3,
                                          enable_async_checkpointing=async_save)
   # Explicit handlers: a manager built without them cannot read an empty step folder.
   return ocp.CheckpointManager(
-      os.path.abspath(directory), options=options,
+      _absolute(directory), options=options,
       item_handlers={"state": ocp.StandardCheckpointHandler(),
                      "meta": ocp.JsonCheckpointHandler()})
 
@@ -88,28 +89,36 @@ def restore_latest(manager: ocp.CheckpointManager, abstract_state: Any) -> Optio
   return None
 
 
-def _step_dir(path: str) -> str:
+def _absolute(path: str | os.PathLike) -> epath.Path:
+  """``path`` made absolute; a URL such as gs://bucket/dir is kept as it is."""
+  path = os.fspath(path)
+  return epath.Path(path if "://" in path else os.path.abspath(path))
+
+
+def _step_dir(path: epath.Path) -> epath.Path:
   """A step folder: ``path`` itself, or the newest finalized step of a manager root."""
-  if os.path.isdir(os.path.join(path, "state")):
+  if (path / "state").is_dir():
     return path
-  steps = sorted((int(n) for n in os.listdir(path) if n.isdigit()
-                  and os.path.isdir(os.path.join(path, n, "state"))), reverse=True)
+  steps = sorted((int(p.name) for p in path.iterdir() if p.name.isdigit()
+                  and (p / "state").is_dir()), reverse=True)
   if not steps:
-    raise FileNotFoundError(f"No finalized Orbax checkpoint step in {path!r}: pass a "
+    raise FileNotFoundError(f"No finalized Orbax checkpoint step in {str(path)!r}: pass a "
                             "`<workdir>/checkpoints` folder or one of its step folders.")
-  return os.path.join(path, str(steps[0]))
+  return path / str(steps[0])
 
 
 def read_params(path: str | os.PathLike) -> Params:
   """The parameters of a checkpoint as host numpy arrays, in the layout they were saved in.
 
   ``path``: a `<workdir>/checkpoints` folder (its newest step is read) or a step folder.
-  Only the parameters are read, not the optimizer state.
+  Only the parameters are read, not the optimizer state. In a multi-process run every
+  process must call it (Orbax's restore waits at a barrier for all of them); each gets
+  the whole arrays.
   """
-  path = os.path.abspath(os.fspath(path))
-  if not os.path.isdir(path):
-    raise FileNotFoundError(f"No Orbax checkpoint folder at {path!r}: check the path.")
-  state_dir = os.path.join(_step_dir(path), "state")
+  path = _absolute(path)
+  if not path.is_dir():
+    raise FileNotFoundError(f"No Orbax checkpoint folder at {str(path)!r}: check the path.")
+  state_dir = _step_dir(path) / "state"
   checkpointer = ocp.PyTreeCheckpointer()
   params_meta = checkpointer.metadata(state_dir).item_metadata.tree["params"]
   as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), params_meta)

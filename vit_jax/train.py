@@ -18,8 +18,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
+import tensorflow as tf
 from absl import logging
 from flax import struct
+from jax.experimental import multihost_utils
 
 from vit_jax import checkpoint
 from vit_jax import data
@@ -106,15 +108,18 @@ def _check_batch_sizes(config: ml_collections.ConfigDict, mesh: jax.sharding.Mes
 
 
 def _write_or_compare_config(config: ml_collections.ConfigDict, workdir: str) -> None:
-  """Writes config.json; on resume, a changed model is an error, a changed schedule a warning."""
+  """Writes config.json; on resume, a changed model is an error, a changed schedule a warning.
+
+  Every process checks; process 0 writes. Paths go through tf.io.gfile (gs:// works).
+  """
   path = os.path.join(workdir, "config.json")
   current = json.loads(config.to_json_best_effort())
-  if os.path.exists(path):
-    with open(path) as f:
+  if tf.io.gfile.exists(path):
+    with tf.io.gfile.GFile(path) as f:
       saved = json.load(f)
     model_keys = ("model", "num_classes", "pp")
     changed = [k for k in model_keys if saved.get(k) != current.get(k)]
-    if changed and os.path.isdir(os.path.join(workdir, "checkpoints")):
+    if changed and tf.io.gfile.isdir(os.path.join(workdir, "checkpoints")):
       raise ValueError(
           f"The config's {', '.join(changed)} differ from the run saved in {workdir}: its "
           "checkpoints would not fit. Use a new --workdir, or put the old values back.")
@@ -124,9 +129,9 @@ def _write_or_compare_config(config: ml_collections.ConfigDict, workdir: str) ->
         logging.warning("Resuming with a changed %s: %s -> %s.", k, saved.get(k), current.get(k))
   if jax.process_index() == 0:
     tmp = path + ".tmp"
-    with open(tmp, "w") as f:
+    with tf.io.gfile.GFile(tmp, "w") as f:
       json.dump(current, f, indent=2, sort_keys=True)
-    os.replace(tmp, path)
+    tf.io.gfile.rename(tmp, path, overwrite=True)
 
 
 def _global_array(value: np.ndarray, sharding: jax.sharding.NamedSharding) -> jax.Array:
@@ -178,7 +183,9 @@ class Trainer:
     source = self.config.get("pretrained")
     if not source:
       return state
-    init_params = jax.tree.map(np.asarray, jax.device_get(state.params))
+    # The whole fresh tree on every process (load_pretrained takes heads and position
+    # embeddings from it): device_get fails on arrays split over several processes.
+    init_params = multihost_utils.process_allgather(state.params, tiled=True)
     params = checkpoint.load_pretrained(
         source, init_params, self.config.model, reset_head=self.config.get("reset_head", False),
         posemb_resize_method=self.config.get("posemb_resize", "bilinear"),
@@ -197,7 +204,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   ``total_steps=0`` only evaluates the initial (e.g. pretrained) parameters.
   """
-  os.makedirs(workdir, exist_ok=True)
+  tf.io.gfile.makedirs(workdir)
   if config.get("loss", "softmax_xent") not in LOSSES:
     raise ValueError(f"Unknown loss {config.loss!r}; choose one of {LOSSES}.")
   info = data.dataset_info(config)
@@ -222,6 +229,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                jax.device_count(), dict(trainer.mesh.shape), config.partitioning)
 
   metrics: dict[str, float] = {}
+  train_iter = None
   try:
     train_iter = data.train_iterator(config, trainer.mesh, start_step=start_step)
     for step in range(start_step + 1, total_steps + 1):
@@ -240,6 +248,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     final = trainer.evaluate(state.params)
     progress.report_eval(total_steps, final)
   finally:
+    # Stop the input pipeline's threads: tf.data still running at interpreter exit can
+    # abort the process (status 134) after a successful run.
+    if hasattr(train_iter, "close"):
+      train_iter.close()
     # Whatever happened, the saves already started complete: no checkpoint is lost.
     manager.wait_until_finished()
     manager.close()

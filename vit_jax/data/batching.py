@@ -85,6 +85,7 @@ class _Failure:
 
 
 _END = object()
+_STOP_SECONDS = 10.0  # How long closing prefetch_to_device waits for its thread.
 
 
 def prefetch_to_device(batches: Iterator[dict[str, np.ndarray]], mesh: Mesh,
@@ -93,7 +94,9 @@ def prefetch_to_device(batches: Iterator[dict[str, np.ndarray]], mesh: Mesh,
 
   A daemon thread reads `batches` and starts the host-to-device copies, so input
   preparation overlaps the training step. size <= 0 disables the thread. Errors in
-  the thread are raised to the consumer; closing the generator stops the thread.
+  the thread are raised to the consumer. Closing the generator stops the thread and
+  closes `batches` (waiting up to _STOP_SECONDS): a tf.data pipeline left running
+  when the interpreter exits can abort it ("terminate called ...", status 134).
   """
   if size <= 0:
     for batch in batches:
@@ -120,6 +123,10 @@ def prefetch_to_device(batches: Iterator[dict[str, np.ndarray]], mesh: Mesh,
       put(_END)
     except BaseException as e:  # Handed to the consumer, which re-raises it.
       put(_Failure(e))
+    finally:
+      close = getattr(batches, 'close', None)
+      if close is not None:
+        close()
 
   thread = threading.Thread(target=work, name='vit_jax-device-prefetch', daemon=True)
   thread.start()
@@ -133,3 +140,4 @@ def prefetch_to_device(batches: Iterator[dict[str, np.ndarray]], mesh: Mesh,
       yield item
   finally:
     stop.set()
+    thread.join(_STOP_SECONDS)
