@@ -1,0 +1,227 @@
+"""Two processes x 2 fake CPU devices on 127.0.0.1 train, checkpoint, resume and fail
+like one process with 4 devices (issue 6).
+
+One module fixture runs everything, two launches at a time (2 cores):
+  1. `_multiprocess_worker train` in 2 processes (distributed settings from VIT_* env
+     vars) beside `_multiprocess_worker reference` in 1 process with 4 devices: each
+     partitioning strategy trains 4 steps on digits, evaluates on a split the processes
+     share unevenly, restores and gathers its checkpoint, and an FSDP run evaluates the
+     data-parallel checkpoint as `config.pretrained`.
+  2. The main job in 2 processes (distributed settings from flags) resumes a copy of the
+     2-process FSDP run to step 6, beside a 2-process run whose process 1 dies.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from typing import Optional
+
+import numpy as np
+import pytest
+
+from tests import _multiprocess_worker as worker
+from vit_jax import checkpoint, data, state_checkpoints
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAUNCH_TIMEOUT = 480  # Seconds for a pair of launches (2 shared cores: compiles are slow).
+HEARTBEAT = 10  # Seconds of silence after which a process counts as dead.
+DEATH_NOTICED_WITHIN = 90  # Seconds from the death to the survivor's exit (slack: load).
+ATOL = 1e-5
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _env(devices: int, **extra: str) -> dict[str, str]:
+  env = {k: v for k, v in os.environ.items() if not k.startswith("VIT_")}
+  env.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+             JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=REPO, **extra)
+  return env
+
+
+class _Launch:
+  """Processes started together. Output goes to files: a full pipe would block them."""
+
+  def __init__(self, name: str, log_dir: str, commands: list[tuple[list[str], dict]]):
+    self.name = name
+    self.start = time.monotonic()
+    self.logs = [os.path.join(log_dir, f"{name}.{i}.log") for i in range(len(commands))]
+    self.procs = []
+    for (cmd, env), log in zip(commands, self.logs):
+      with open(log, "w") as f:
+        self.procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=f,
+                                           stderr=subprocess.STDOUT))
+    self.ended: list[Optional[float]] = [None] * len(commands)  # Seconds after start.
+
+  def poll(self) -> bool:
+    """Notes exit times; True when every process has ended."""
+    for i, proc in enumerate(self.procs):
+      if self.ended[i] is None and proc.poll() is not None:
+        self.ended[i] = time.monotonic() - self.start
+    return all(t is not None for t in self.ended)
+
+  def kill(self) -> None:
+    for proc in self.procs:
+      if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+  @property
+  def returncodes(self) -> list[Optional[int]]:
+    """Exit statuses; None for a process killed at the deadline."""
+    return [p.returncode if t is not None else None for p, t in zip(self.procs, self.ended)]
+
+  def output(self, i: int, chars: int = 4000) -> str:
+    with open(self.logs[i], errors="replace") as f:
+      return f.read()[-chars:]
+
+  def check(self) -> None:
+    for i, rc in enumerate(self.returncodes):
+      assert rc == 0, f"{self.name} process {i}: exit status {rc}\n{self.output(i)}"
+
+
+def _wait(*launches: _Launch, timeout: float = LAUNCH_TIMEOUT) -> None:
+  """Waits for every process of the launches; kills what is left at the deadline."""
+  deadline = time.monotonic() + timeout
+  while not all([launch.poll() for launch in launches]) and time.monotonic() < deadline:
+    time.sleep(0.2)
+  for launch in launches:
+    launch.kill()
+
+
+def _worker(mode: str, out_dir: str, data_dir: str, *extra: str) -> list[str]:
+  return [sys.executable, "-m", "tests._multiprocess_worker", mode, out_dir, data_dir, *extra]
+
+
+def _two_processes(make_cmd, env_for) -> list[tuple[list[str], dict]]:
+  return [(make_cmd(i), env_for(i)) for i in range(2)]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, digits_dir):
+  root = str(tmp_path_factory.mktemp("multiprocess"))
+  two, one = os.path.join(root, "two"), os.path.join(root, "one")
+  os.makedirs(two)
+  os.makedirs(one)
+  config = worker.get_config()
+  config.data_dir = digits_dir
+  data.dataset_info(config)  # Builds digits once, before the processes read it.
+
+  port = _free_port()
+  train = _Launch("train", root, _two_processes(
+      lambda i: _worker("train", two, digits_dir),
+      lambda i: _env(2, VIT_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", VIT_NUM_PROCESSES="2",
+                     VIT_PROCESS_ID=str(i))))
+  reference = _Launch("reference", root, [(_worker("reference", one, digits_dir), _env(4))])
+  _wait(train, reference)
+  train.check()
+  reference.check()
+
+  # Resume a copy of the 2-process FSDP run (step 4) to step 6 through the main job.
+  resumed = os.path.join(root, "resumed")
+  shutil.copytree(os.path.join(two, worker.RESUME_STRATEGY), resumed)
+  port = _free_port()
+  resume = _Launch("resume", root, _two_processes(
+      lambda i: [sys.executable, "-m", "vit_jax.main",
+                 f"--config=tests/_multiprocess_worker.py:{worker.RESUME_STRATEGY}",
+                 f"--config.data_dir={digits_dir}",
+                 f"--config.total_steps={worker.RESUME_STEPS}", f"--workdir={resumed}",
+                 f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
+                 f"--process_id={i}", "--initialization_timeout=60"],
+      lambda i: _env(2)))
+  die_port = _free_port()
+  die = _Launch("die", root, _two_processes(
+      lambda i: _worker("die", os.path.join(root, "die"), digits_dir, str(HEARTBEAT)),
+      lambda i: _env(2, VIT_COORDINATOR_ADDRESS=f"127.0.0.1:{die_port}",
+                     VIT_NUM_PROCESSES="2", VIT_PROCESS_ID=str(i))))
+  _wait(resume, die)
+  resume.check()
+
+  def load(out_dir: str) -> tuple[dict, dict]:
+    with np.load(os.path.join(out_dir, "results.npz")) as f:
+      arrays = dict(f)
+    with open(os.path.join(out_dir, "metrics.json")) as f:
+      return arrays, json.load(f)
+
+  return dict(root=root, two=two, one=one, resumed=resumed, results=load(two),
+              reference=load(one), resume=resume, die=die)
+
+
+def _params(arrays: dict, run: str) -> dict[str, np.ndarray]:
+  prefix = f"{run}/params/"
+  return {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+
+
+def _max_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
+  assert sorted(a) == sorted(b)
+  return max(float(np.max(np.abs(np.asarray(a[k]) - np.asarray(b[k])))) for k in a)
+
+
+@pytest.mark.parametrize("strategy", list(worker.STRATEGIES))
+def test_two_processes_train_like_one(runs, strategy):
+  (arrays, info), (ref_arrays, ref_info) = runs["results"], runs["reference"]
+  assert (info["processes"], ref_info["processes"]) == (2, 1)
+  got, want = info["metrics"][strategy], ref_info["metrics"][strategy]
+  assert abs(got["train/loss"] - want["train/loss"]) <= ATOL
+  assert _max_diff(_params(arrays, strategy), _params(ref_arrays, strategy)) <= ATOL
+  # Evaluation: every example once although the processes hold 50 and 51 of the 101.
+  assert got["eval/examples"] == want["eval/examples"] == 101
+  assert got["eval/accuracy"] == want["eval/accuracy"]
+  assert abs(got["eval/loss"] - want["eval/loss"]) <= ATOL
+  # The final checkpoint, restored by both processes with the run's shardings, holds the
+  # trained step; read_params gave both processes those same arrays whole.
+  assert got["restored_step"] == worker.STEPS
+  assert got["read_params_max_diff"] == 0.0
+
+
+def test_a_checkpoint_of_two_processes_reads_in_one(runs):
+  arrays, _ = runs["results"]
+  for strategy in worker.STRATEGIES:
+    stored = checkpoint.flatten(state_checkpoints.read_params(
+        os.path.join(runs["two"], strategy, "checkpoints", str(worker.STEPS))))
+    assert _max_diff(stored, _params(arrays, strategy)) == 0.0
+
+
+def test_only_process_zero_writes_events_and_config(runs):
+  for strategy in worker.STRATEGIES:
+    workdir = os.path.join(runs["two"], strategy)
+    events = [f for f in os.listdir(os.path.join(workdir, "tensorboard"))
+              if f.startswith("events.out.tfevents")]
+    assert len(events) == 1, events
+    with open(os.path.join(workdir, "config.json")) as f:
+      assert json.load(f)["partitioning"] == strategy
+
+
+def test_pretrained_parameters_load_into_fsdp_over_processes(runs):
+  _, info = runs["results"]
+  loaded, trained = info["metrics"]["pretrained"], info["metrics"]["data_parallel"]
+  assert loaded["eval/accuracy"] == trained["eval/accuracy"]
+  assert abs(loaded["eval/loss"] - trained["eval/loss"]) <= ATOL
+
+
+def test_main_resumes_at_the_saved_step_like_an_uninterrupted_run(runs):
+  log = runs["resume"].output(0, chars=10**7)
+  assert f"from step {worker.STEPS} to {worker.RESUME_STEPS}" in log, log[-3000:]
+  resumed = checkpoint.flatten(state_checkpoints.read_params(
+      os.path.join(runs["resumed"], "checkpoints", str(worker.RESUME_STEPS))))
+  straight = _params(runs["reference"][0], f"{worker.RESUME_STRATEGY}_straight")
+  assert _max_diff(resumed, straight) <= ATOL
+
+
+def test_a_dead_process_ends_the_run_with_an_error(runs):
+  die = runs["die"]
+  rc_survivor, rc_dead = die.returncodes
+  assert rc_dead == 3, die.output(1)
+  assert rc_survivor is not None, f"process 0 was still running\n{die.output(0)}"
+  assert rc_survivor != 0
+  assert die.ended[0] - die.ended[1] < DEATH_NOTICED_WITHIN, die.ended
+  log = die.output(0, chars=10**6)
+  assert "another task died" in log or "stopped sending heartbeats" in log, log[-4000:]
