@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Mapping, Optional
+from typing import Mapping
 
 import jax
 from absl import logging
@@ -74,7 +74,6 @@ class Progress:
     # The time spent evaluating does not count towards training throughput.
     self._last_time = time.perf_counter()
 
-  def close(self, final: Optional[Mapping[str, float]] = None) -> None:
+  def close(self) -> None:
     if self._writer is not None:
       self._writer.close()
-    del final

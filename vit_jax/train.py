@@ -164,6 +164,7 @@ class Trainer:
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), nn.unbox(abstract),
         self.state_shardings)
     self._rng = rng
+    self._eval_batches: dict[Optional[str], Any] = {}
     self._init = jax.jit(lambda r: nn.unbox(init_boxed(r)), out_shardings=self.state_shardings)
     replicated = parallel.replicated(self.mesh)
     batch_sharding = parallel.batch_sharding(self.mesh)
@@ -195,8 +196,10 @@ class Trainer:
     return state.replace(params=params, opt_state=opt_init(params))
 
   def evaluate(self, params: Any, split: Optional[str] = None) -> dict[str, float]:
-    batches = data.eval_iterator(self.config, self.mesh, split=split)
-    return evaluate_lib.evaluate(self.eval_step, params, batches)
+    """Accuracy over the whole ``split`` (default: the config's test split)."""
+    if split not in self._eval_batches:  # built once: each iteration is a full pass
+      self._eval_batches[split] = data.eval_iterator(self.config, self.mesh, split=split)
+    return evaluate_lib.evaluate(self.eval_step, params, self._eval_batches[split])
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
@@ -231,7 +234,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   metrics: dict[str, float] = {}
   train_iter = None
   try:
-    train_iter = data.train_iterator(config, trainer.mesh, start_step=start_step)
+    if total_steps > start_step:
+      train_iter = data.train_iterator(config, trainer.mesh, start_step=start_step)
     for step in range(start_step + 1, total_steps + 1):
       state, step_metrics = trainer.train_step(state, next(train_iter))
       if step % config.log_every == 0 or step == total_steps:
