@@ -259,6 +259,141 @@ def _drop(got: dict[str, Any], module: str) -> None:
     del got[key]
 
 
+def _adapt_representation_and_head(got: dict[str, Any], want: Mapping[str, Any],
+                                   representation_size: Optional[int], reset_head: bool,
+                                   notes: list[str]) -> None:
+  """The representation-layer and head rules of `load_pretrained`, applied to ``got``."""
+  # Representation layer (before the head: a changed one makes the stored head meaningless).
+  stored_rep = got["pre_logits/kernel"].shape[-1] if "pre_logits/kernel" in got else None
+  pre_logits_changed = stored_rep != representation_size
+  if pre_logits_changed:
+    if representation_size is None:
+      _drop(got, "pre_logits")
+      notes.append(f"dropped the representation layer pre_logits (size {stored_rep}): the "
+                   "model has none")
+    else:
+      _use_fresh(got, want, "pre_logits")
+      notes.append(f"representation layer pre_logits: size {stored_rep} stored, "
+                   f"{representation_size} in the model; using the fresh one")
+
+  # Head.
+  if "head/kernel" not in want:
+    if "head/kernel" in got:
+      notes.append(f"dropped the stored head ({got['head/kernel'].shape[-1]} classes): the "
+                   "model has none")
+    _drop(got, "head")
+  else:
+    num_classes = want["head/kernel"].shape[-1]
+    stored_head = got.get("head/kernel")
+    reason = None
+    if reset_head:
+      reason = "reset_head=True"
+    elif stored_head is None:
+      reason = "the checkpoint has no head"
+    elif stored_head.shape[-1] != num_classes:
+      reason = f"{stored_head.shape[-1]} classes stored, {num_classes} in the model"
+    elif pre_logits_changed:
+      reason = "its input (the representation layer) changed"
+    elif np.shape(stored_head) != np.shape(want["head/kernel"]):
+      reason = f"input size {stored_head.shape[0]} stored, {want['head/kernel'].shape[0]} in the model"
+    if reason:
+      _use_fresh(got, want, "head")
+      notes.append(f"head: using the fresh one from init_params ({reason})")
+
+
+
+def _adapt_class_token(got: dict[str, Any], want: Mapping[str, Any], classifier: str,
+                       notes: list[str]) -> tuple[int, int]:
+  """Drops a surplus stored class token or takes a missing one fresh; (stored, new) prefix."""
+  # Class token.
+  stored_prefix = 1 if "cls" in got else 0
+  new_prefix = 1 if "cls" in want else 0
+  if stored_prefix and not new_prefix:
+    del got["cls"]
+    notes.append(f"dropped the stored class token: the model's classifier is {classifier!r}")
+  elif new_prefix and not stored_prefix:
+    got["cls"] = want["cls"]
+    notes.append("the checkpoint has no class token: using the fresh one")
+
+  return stored_prefix, new_prefix
+
+
+def _adapt_posemb(got: dict[str, Any], want: Mapping[str, Any], posemb_kind: str, method: str,
+                  stored_prefix: int, new_prefix: int,
+                  stored_grid_hw: Optional[tuple[int, int]],
+                  new_grid_hw: Optional[tuple[int, int]], where: str, notes: list[str]) -> None:
+  """Interpolates (or re-initialises) the stored position embeddings to the new grid."""
+  # Position embeddings.
+  if method == POSEMB_REINIT:
+    for key in (POSEMB_PATH, POSEMB_X_PATH, POSEMB_Y_PATH):
+      got.pop(key, None)
+      if key in want:
+        got[key] = want[key]
+    notes.append("position embeddings: the fresh ones of init_params (reinit)")
+  elif posemb_kind == "learn" and POSEMB_PATH in got and POSEMB_PATH in want:
+    stored, fresh = np.asarray(got[POSEMB_PATH]), np.asarray(want[POSEMB_PATH])
+    n_new = fresh.shape[1] - new_prefix
+    if new_grid_hw is None:
+      grid_hw = square_grid(n_new, "pass new_grid_hw=(height, width) of the model's grid")
+    elif new_grid_hw[0] * new_grid_hw[1] != n_new:
+      raise ValueError(f"new_grid_hw={tuple(new_grid_hw)} does not match init_params' "
+                       f"{n_new} grid tokens: pass the model's grid (image size / patch size).")
+    else:
+      grid_hw = tuple(new_grid_hw)
+    n_stored = stored.shape[1] - stored_prefix
+    try:
+      old_hw = tuple(stored_grid_hw) if stored_grid_hw is not None else square_grid(
+          n_stored, "pass stored_grid_hw=(height, width) of the stored grid")
+      resized = resize_posemb(stored, grid_hw, stored_prefix, old_hw, method)
+    except ValueError as e:
+      raise ValueError(f"Position embeddings of the {where}: {e}") from e
+    if old_hw != grid_hw:
+      notes.append(f"position embeddings: {method} interpolation of the "
+                   f"{old_hw[0]}x{old_hw[1]} grid to {grid_hw[0]}x{grid_hw[1]}")
+    if stored_prefix and not new_prefix:
+      resized = resized[:, 1:]
+      notes.append("dropped the class token's position-embedding row")
+    elif new_prefix and not stored_prefix:
+      resized = np.concatenate([fresh[:, :1].astype(resized.dtype), resized], axis=1)
+      notes.append("using the fresh class-token position-embedding row")
+    got[POSEMB_PATH] = resized
+  elif posemb_kind == "learn_2d" and all(k in got and k in want
+                                         for k in (POSEMB_X_PATH, POSEMB_Y_PATH)):
+    grid_hw = (want[POSEMB_Y_PATH].shape[1], want[POSEMB_X_PATH].shape[2])
+    old_hw = (got[POSEMB_Y_PATH].shape[1], got[POSEMB_X_PATH].shape[2])
+    if new_grid_hw is not None and tuple(new_grid_hw) != grid_hw:
+      raise ValueError(f"new_grid_hw={tuple(new_grid_hw)} does not match init_params' learn_2d "
+                       f"grid {grid_hw}: pass the model's grid or leave it out.")
+    try:
+      got[POSEMB_X_PATH], got[POSEMB_Y_PATH] = resize_posemb_2d(
+          got[POSEMB_X_PATH], got[POSEMB_Y_PATH], grid_hw, method)
+    except ValueError as e:
+      raise ValueError(f"Position embeddings of the {where}: {e}") from e
+    if old_hw != grid_hw:
+      notes.append(f"learn_2d position embeddings: {method} interpolation of "
+                   f"the {old_hw[0]}x{old_hw[1]} tables to {grid_hw[0]}x{grid_hw[1]}")
+
+
+
+def _fit_error(error: ValueError, got: Mapping[str, Any], want: Mapping[str, Any],
+               where: str) -> str:
+  """`check_tree`'s message with the architecture differences first and a fix last."""
+  stored_arch, new_arch = _architecture(got), _architecture(want)
+  diffs = [f"    {name}: checkpoint {stored_arch.get(name)} vs model {value}"
+           for name, value in new_arch.items() if stored_arch.get(name) != value]
+  details = str(error).split("\n")[1:]
+  if len(details) > _MAX_DETAIL_LINES:
+    details = details[:_MAX_DETAIL_LINES] + [
+        f"    ... and {len(details) - _MAX_DETAIL_LINES} more lines"]
+  lines = [f"The {where} does not fit the model:"]
+  if diffs:
+    lines += ["  architecture differences:", *diffs]
+  lines += details
+  lines.append("  Fix: build the model with the checkpoint's architecture (patch size, width, "
+               "depth, heads, MLP dim, posemb), or load a checkpoint of this model.")
+  return "\n".join(lines)
+
+
 def load_pretrained(source: str | os.PathLike, init_params: Params, model_config: Any, *,
                     reset_head: bool = False, posemb_resize_method: str = "bilinear",
                     stored_grid_hw: Optional[tuple[int, int]] = None,
@@ -309,121 +444,16 @@ def load_pretrained(source: str | os.PathLike, init_params: Params, model_config
   got = flatten(loaded)
   notes: list[str] = []
 
-  # Representation layer (before the head: a changed one makes the stored head meaningless).
-  stored_rep = got["pre_logits/kernel"].shape[-1] if "pre_logits/kernel" in got else None
-  pre_logits_changed = stored_rep != representation_size
-  if pre_logits_changed:
-    if representation_size is None:
-      _drop(got, "pre_logits")
-      notes.append(f"dropped the representation layer pre_logits (size {stored_rep}): the "
-                   "model has none")
-    else:
-      _use_fresh(got, want, "pre_logits")
-      notes.append(f"representation layer pre_logits: size {stored_rep} stored, "
-                   f"{representation_size} in the model; using the fresh one")
-
-  # Head.
-  if "head/kernel" not in want:
-    if "head/kernel" in got:
-      notes.append(f"dropped the stored head ({got['head/kernel'].shape[-1]} classes): the "
-                   "model has none")
-    _drop(got, "head")
-  else:
-    num_classes = want["head/kernel"].shape[-1]
-    stored_head = got.get("head/kernel")
-    reason = None
-    if reset_head:
-      reason = "reset_head=True"
-    elif stored_head is None:
-      reason = "the checkpoint has no head"
-    elif stored_head.shape[-1] != num_classes:
-      reason = f"{stored_head.shape[-1]} classes stored, {num_classes} in the model"
-    elif pre_logits_changed:
-      reason = "its input (the representation layer) changed"
-    elif np.shape(stored_head) != np.shape(want["head/kernel"]):
-      reason = f"input size {stored_head.shape[0]} stored, {want['head/kernel'].shape[0]} in the model"
-    if reason:
-      _use_fresh(got, want, "head")
-      notes.append(f"head: using the fresh one from init_params ({reason})")
-
-  # Class token.
-  stored_prefix = 1 if "cls" in got else 0
-  new_prefix = 1 if "cls" in want else 0
-  if stored_prefix and not new_prefix:
-    del got["cls"]
-    notes.append(f"dropped the stored class token: the model's classifier is {classifier!r}")
-  elif new_prefix and not stored_prefix:
-    got["cls"] = want["cls"]
-    notes.append("the checkpoint has no class token: using the fresh one")
-
-  # Position embeddings.
-  if posemb_resize_method == POSEMB_REINIT:
-    for key in (POSEMB_PATH, POSEMB_X_PATH, POSEMB_Y_PATH):
-      got.pop(key, None)
-      if key in want:
-        got[key] = want[key]
-    notes.append("position embeddings: the fresh ones of init_params (reinit)")
-  elif posemb_kind == "learn" and POSEMB_PATH in got and POSEMB_PATH in want:
-    stored, fresh = np.asarray(got[POSEMB_PATH]), np.asarray(want[POSEMB_PATH])
-    n_new = fresh.shape[1] - new_prefix
-    if new_grid_hw is None:
-      grid_hw = square_grid(n_new, "pass new_grid_hw=(height, width) of the model's grid")
-    elif new_grid_hw[0] * new_grid_hw[1] != n_new:
-      raise ValueError(f"new_grid_hw={tuple(new_grid_hw)} does not match init_params' "
-                       f"{n_new} grid tokens: pass the model's grid (image size / patch size).")
-    else:
-      grid_hw = tuple(new_grid_hw)
-    n_stored = stored.shape[1] - stored_prefix
-    try:
-      old_hw = tuple(stored_grid_hw) if stored_grid_hw is not None else square_grid(
-          n_stored, "pass stored_grid_hw=(height, width) of the stored grid")
-      resized = resize_posemb(stored, grid_hw, stored_prefix, old_hw, posemb_resize_method)
-    except ValueError as e:
-      raise ValueError(f"Position embeddings of the {where}: {e}") from e
-    if old_hw != grid_hw:
-      notes.append(f"position embeddings: {posemb_resize_method} interpolation of the "
-                   f"{old_hw[0]}x{old_hw[1]} grid to {grid_hw[0]}x{grid_hw[1]}")
-    if stored_prefix and not new_prefix:
-      resized = resized[:, 1:]
-      notes.append("dropped the class token's position-embedding row")
-    elif new_prefix and not stored_prefix:
-      resized = np.concatenate([fresh[:, :1].astype(resized.dtype), resized], axis=1)
-      notes.append("using the fresh class-token position-embedding row")
-    got[POSEMB_PATH] = resized
-  elif posemb_kind == "learn_2d" and all(k in got and k in want
-                                         for k in (POSEMB_X_PATH, POSEMB_Y_PATH)):
-    grid_hw = (want[POSEMB_Y_PATH].shape[1], want[POSEMB_X_PATH].shape[2])
-    old_hw = (got[POSEMB_Y_PATH].shape[1], got[POSEMB_X_PATH].shape[2])
-    if new_grid_hw is not None and tuple(new_grid_hw) != grid_hw:
-      raise ValueError(f"new_grid_hw={tuple(new_grid_hw)} does not match init_params' learn_2d "
-                       f"grid {grid_hw}: pass the model's grid or leave it out.")
-    try:
-      got[POSEMB_X_PATH], got[POSEMB_Y_PATH] = resize_posemb_2d(
-          got[POSEMB_X_PATH], got[POSEMB_Y_PATH], grid_hw, posemb_resize_method)
-    except ValueError as e:
-      raise ValueError(f"Position embeddings of the {where}: {e}") from e
-    if old_hw != grid_hw:
-      notes.append(f"learn_2d position embeddings: {posemb_resize_method} interpolation of "
-                   f"the {old_hw[0]}x{old_hw[1]} tables to {grid_hw[0]}x{grid_hw[1]}")
+  _adapt_representation_and_head(got, want, representation_size, reset_head, notes)
+  stored_prefix, new_prefix = _adapt_class_token(got, want, classifier, notes)
+  _adapt_posemb(got, want, posemb_kind, posemb_resize_method, stored_prefix, new_prefix,
+                stored_grid_hw, new_grid_hw, where, notes)
 
   # What remains must fit exactly.
   try:
     check_tree(got, want, source="checkpoint")
   except ValueError as e:
-    stored_arch, new_arch = _architecture(got), _architecture(want)
-    diffs = [f"    {name}: checkpoint {stored_arch.get(name)} vs model {value}"
-             for name, value in new_arch.items() if stored_arch.get(name) != value]
-    details = str(e).split("\n")[1:]
-    if len(details) > _MAX_DETAIL_LINES:
-      details = details[:_MAX_DETAIL_LINES] + [
-          f"    ... and {len(details) - _MAX_DETAIL_LINES} more lines"]
-    lines = [f"The {where} does not fit the model:"]
-    if diffs:
-      lines += ["  architecture differences:", *diffs]
-    lines += details
-    lines.append("  Fix: build the model with the checkpoint's architecture (patch size, width, "
-                 "depth, heads, MLP dim, posemb), or load a checkpoint of this model.")
-    raise ValueError("\n".join(lines)) from None
+    raise ValueError(_fit_error(e, got, want, where)) from None
 
   for note in notes:
     logging.info("load_pretrained(%s): %s.", source, note)
