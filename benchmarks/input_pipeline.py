@@ -90,8 +90,8 @@ def main() -> None:
     print(f'{args.images} train JPEGs of 500x375 (mean {kib:.0f} KiB), batch '
           f'{args.batch}, {args.steps} timed batches, {cores} CPU cores, '
           f'devices: {jax.device_count()} x {jax.devices()[0].platform}\n')
-    print(f'| pipeline | crop | images/s | images/s per core |')
-    print(f'|---|---|---|---|')
+    print('| pipeline | crop | images/s | images/s per core |')
+    print('|---|---|---|---|')
     for crop in args.crops:
       config = _config(root, crop, args.batch)
       for name, rate in (

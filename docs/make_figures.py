@@ -30,7 +30,6 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:  # run as a script from any folder
   sys.path.insert(0, str(REPO_ROOT))
 
-import jax  # noqa: E402
 import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 from PIL import Image  # noqa: E402

@@ -4,7 +4,6 @@
 `testing` model, a few steps. A cell error fails the test with the cell's traceback; each
 cell has a time limit. The notebooks are stored without outputs; this also checks that.
 """
-import os
 import pathlib
 import time
 
