@@ -135,7 +135,8 @@ def runs(tmp_path_factory, digits_dir):
                  f"--config.data_dir={digits_dir}",
                  f"--config.total_steps={worker.RESUME_STEPS}", f"--workdir={resumed}",
                  f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
-                 f"--process_id={i}", "--initialization_timeout=60"],
+                 f"--process_id={i}", "--initialization_timeout=60",
+                 "--heartbeat_timeout=60"],
       lambda i: _env(2)))
   die_port = _free_port()
   die = _Launch("die", root, _two_processes(
@@ -153,6 +154,27 @@ def runs(tmp_path_factory, digits_dir):
 
   return dict(root=root, two=two, one=one, resumed=resumed, results=load(two),
               reference=load(one), resume=resume, die=die)
+
+
+def test_global_train_batches_do_not_depend_on_the_process_count(digits_dir):
+  """Rows [p * b, (p + 1) * b) of process p of P, stacked: the same batches for any P,
+  also from a resume step; each process's first batch holds distinct examples."""
+  from vit_jax.data import dataset, pipeline  # pylint: disable=g-import-not-at-top
+  config = worker.get_config()
+  config.data_dir = digits_dir
+  ds = dataset.Dataset(dataset.Settings.from_config(config))
+
+  def global_batches(processes: int, start: int, count: int) -> list[np.ndarray]:
+    streams = [pipeline.local_train_batches(ds, config.batch // processes, start, p,
+                                            processes) for p in range(processes)]
+    return [np.concatenate([next(s)["image"] for s in streams]) for _ in range(count)]
+
+  one = global_batches(1, 0, 100)  # 100 steps of 16: past the end of an epoch (1437).
+  for processes in (2, 4):
+    assert all(np.array_equal(a, b) for a, b in zip(one, global_batches(processes, 0, 100)))
+    assert all(np.array_equal(a, b) for a, b in zip(one[91:], global_batches(processes, 91, 9)))
+  rows = one[0].reshape(16, -1)
+  assert len({r.tobytes() for r in rows}) == 16
 
 
 def _params(arrays: dict, run: str) -> dict[str, np.ndarray]:
