@@ -7,6 +7,7 @@ at that step, so a resumed run sees the batches an uninterrupted one would have.
 """
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import os
@@ -33,6 +34,9 @@ from vit_jax import state_checkpoints
 from vit_jax.models import create_model
 
 Batch = dict[str, jax.Array]
+# Train steps dispatched ahead of the oldest unfinished one: enough to keep an accelerator
+# busy. Unbounded, 2 CPU processes (gloo collectives) deadlocked at about 64 in flight.
+MAX_STEPS_IN_FLIGHT = 4
 LOSSES = ("softmax_xent", "sigmoid_xent")
 
 
@@ -236,8 +240,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   try:
     if total_steps > start_step:
       train_iter = data.train_iterator(config, trainer.mesh, start_step=start_step)
+    in_flight: collections.deque = collections.deque()
     for step in range(start_step + 1, total_steps + 1):
       state, step_metrics = trainer.train_step(state, next(train_iter))
+      in_flight.append(step_metrics)
+      if len(in_flight) > MAX_STEPS_IN_FLIGHT:
+        jax.block_until_ready(in_flight.popleft())
       if step % config.log_every == 0 or step == total_steps:
         metrics = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
         metrics["train/lr"] = float(trainer.schedule(step - 1))
