@@ -30,6 +30,9 @@ _ENV_NUM_PROCESSES = "VIT_NUM_PROCESSES"
 _ENV_PROCESS_ID = "VIT_PROCESS_ID"
 
 _initialized = False
+# Environment variables of the jobs in which JAX's auto-detection also limits each process
+# to one local device (SLURM, Open MPI).
+_LOCAL_DEVICE_CLUSTERS = ("SLURM_JOB_ID", "OMPI_MCA_orte_hnp_uri")
 
 
 def _env_int(name: str) -> Optional[int]:
@@ -144,6 +147,13 @@ def initialize_distributed(coordinator_address: Optional[str] = None,
     logging.info("initialize_distributed: explicit coordinator=%s num_processes=%s "
                  "process_id=%s%s.", coordinator_address, num_processes, process_id,
                  f" (rest from {cluster})" if cluster and None in explicit else "")
+    if None not in explicit and any(k in os.environ for k in _LOCAL_DEVICE_CLUSTERS):
+      # Complete explicit settings inside a SLURM step or an Open MPI job: JAX would still
+      # detect the job and keep one device per process (number SLURM_LOCALID / local
+      # rank), i.e. one GPU per node when the job runs one process per node. Explicit
+      # means all local devices (restrict with JAX_LOCAL_DEVICE_IDS or
+      # CUDA_VISIBLE_DEVICES).
+      kwargs["cluster_detection_method"] = "deactivate"
     jax.distributed.initialize(coordinator_address=coordinator_address,
                                num_processes=num_processes, process_id=process_id, **kwargs)
   else:
