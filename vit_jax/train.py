@@ -98,17 +98,18 @@ def train_step(state: TrainState, batch: Batch, *, model: nn.Module,
 
 
 def _check_batch_sizes(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> None:
-  data_size = mesh.shape["data"]
+  """Fails before compiling when a batch cannot be split as the run needs."""
+  # The pipeline's own rule: batches split over the processes and the 'data' devices.
+  data.batching.local_batch_size(config.batch, mesh)
+  data.batching.local_batch_size(config.get("batch_eval", config.batch), mesh, key="batch_eval")
   accum = config.get("accum_steps", 1)
   if accum < 1:
     raise ValueError(f"accum_steps={accum} must be >= 1.")
+  data_size = mesh.shape["data"]
   if config.batch % (accum * data_size):
     raise ValueError(
         f"batch={config.batch} is not divisible by accum_steps={accum} x {data_size} devices "
         f"on the 'data' mesh axis: choose a batch that is a multiple of {accum * data_size}.")
-  if config.batch_eval % data_size:
-    raise ValueError(f"batch_eval={config.batch_eval} is not divisible by the {data_size} "
-                     f"devices on the 'data' mesh axis: use a multiple of {data_size}.")
 
 
 def _write_or_compare_config(config: ml_collections.ConfigDict, workdir: str) -> None:
