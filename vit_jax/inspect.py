@@ -240,11 +240,7 @@ def posemb_similarity(params: Mapping[str, Any], model: VisionTransformer,
       num_prefix = 1 if model.classifier == "token" else 0
       table = pe["pos_embedding"][0, num_prefix:]  # [N, D]
       if grid_hw is None:
-        side = math.isqrt(table.shape[0])
-        if side * side != table.shape[0]:
-          raise ValueError(f"{table.shape[0]} position embeddings are not a square grid: "
-                           "pass image_hw=(H, W).")
-        grid_hw = (side, side)
+        grid_hw = checkpoint.square_grid(table.shape[0], "pass image_hw=(H, W)")
     elif kind == "learn_2d":
       pe_x, pe_y = pe["pos_embedding_x"][0, 0], pe["pos_embedding_y"][0, :, 0]  # [gw, D/2], [gh, D/2]
       found = (pe_y.shape[0], pe_x.shape[0])
