@@ -37,7 +37,7 @@ from PIL import Image  # noqa: E402
 from vit_jax import data  # noqa: E402
 from vit_jax import inspect as vit_inspect  # noqa: E402
 from vit_jax import parallel  # noqa: E402
-from vit_jax import state_checkpoints  # noqa: E402
+from vit_jax import run_checkpoints  # noqa: E402
 from vit_jax.models import create_model  # noqa: E402
 
 DPI = 80  # small PNGs for the repository
@@ -74,7 +74,7 @@ def make_figures(workdir: str, out: str, *, data_dir: str | None = None,
     config = ml_collections.ConfigDict(json.load(f))
   if data_dir is not None:
     config.data_dir = data_dir
-  params = state_checkpoints.read_params(os.path.join(workdir, "checkpoints"))
+  params = run_checkpoints.read_params(os.path.join(workdir, "checkpoints"))
   num_classes = int(np.shape(params["head"]["bias"])[0])
   model = create_model(config.model, num_classes=num_classes)
 

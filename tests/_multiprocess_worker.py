@@ -70,7 +70,7 @@ def _params_to_host(params) -> dict:
 def _run(mode: str, out_dir: str, data_dir: str) -> None:
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from vit_jax import checkpoint, data, state_checkpoints, train  # pylint: disable=g-import-not-at-top
+  from vit_jax import checkpoint, data, run_checkpoints, train  # pylint: disable=g-import-not-at-top
 
   assert jax.device_count() == 4, jax.devices()
 
@@ -105,16 +105,16 @@ def _run(mode: str, out_dir: str, data_dir: str) -> None:
     metrics[name] = train.train_and_evaluate(config, workdir)
     # Restore the final checkpoint with the run's shardings and gather it.
     trainer = train.Trainer(config, num_classes=10)
-    manager = state_checkpoints.make_manager(os.path.join(workdir, "checkpoints"))
+    manager = run_checkpoints.make_manager(os.path.join(workdir, "checkpoints"))
     try:
-      state = state_checkpoints.restore_latest(manager, trainer.abstract_state)
+      state = run_checkpoints.restore_latest(manager, trainer.abstract_state)
     finally:
       manager.close()
     metrics[name]["restored_step"] = int(jax.device_get(state.step))
     for key, value in _params_to_host(state.params).items():
       results[f"{name}/params/{key}"] = value
     # read_params, called by every process, gives every process the whole arrays.
-    stored = checkpoint.flatten(state_checkpoints.read_params(
+    stored = checkpoint.flatten(run_checkpoints.read_params(
         os.path.join(workdir, "checkpoints")))
     metrics[name]["read_params_max_diff"] = max(
         float(np.max(np.abs(stored[k] - results[f"{name}/params/{k}"]))) for k in stored)

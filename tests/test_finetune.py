@@ -12,7 +12,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from configs import models, pretrain, quickstart, vit
-from vit_jax import checkpoint, optim, state_checkpoints, train
+from vit_jax import checkpoint, optim, run_checkpoints, train
 from vit_jax.data import presets
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -121,7 +121,7 @@ def test_checkpoint_is_evaluated_without_training(source_run, tmp_path):
 
 def test_run_finetunes_at_2x_resolution_with_a_new_head(source_run, tmp_path, monkeypatch):
   _, workdir, _ = source_run
-  stored = checkpoint.flatten(state_checkpoints.read_params(os.path.join(workdir, "checkpoints")))
+  stored = checkpoint.flatten(run_checkpoints.read_params(os.path.join(workdir, "checkpoints")))
   config = vit.get_config("ti16,digits")  # the fine-tuning recipe (SGD), shrunk
   config.model = models.get_model_config("testing")
   config.data_dir = source_run[0].data_dir
@@ -154,7 +154,7 @@ def test_run_finetunes_at_2x_resolution_with_a_new_head(source_run, tmp_path, mo
     else:
       np.testing.assert_array_equal(loaded[key], value, err_msg=key)
   assert np.isfinite(result["train/loss"]) and 0.0 <= result["eval/accuracy"] <= 1.0
-  tuned = checkpoint.flatten(state_checkpoints.read_params(tmp_path / "ft" / "checkpoints" / "3"))
+  tuned = checkpoint.flatten(run_checkpoints.read_params(tmp_path / "ft" / "checkpoints" / "3"))
   assert tuned[POSEMB].shape == (1, 17, 32)
   assert not np.array_equal(tuned["head/kernel"], 0.0)  # the new head trained
 
@@ -162,7 +162,7 @@ def test_run_finetunes_at_2x_resolution_with_a_new_head(source_run, tmp_path, mo
 def test_reinit_takes_fresh_position_embeddings(source_run):
   config, workdir, _ = source_run
   source = os.path.join(workdir, "checkpoints")
-  stored = checkpoint.flatten(state_checkpoints.read_params(source))
+  stored = checkpoint.flatten(run_checkpoints.read_params(source))
   # The 2x model's fresh parameters: the stored tree with a new 4x4-grid table (no model
   # init needed; only shapes and the posemb values matter).
   fresh = {k: np.full_like(v, 7.0) for k, v in stored.items()}

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from vit_jax import checkpoint, data, state_checkpoints, train
+from vit_jax import checkpoint, data, run_checkpoints, train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -42,7 +42,7 @@ def test_main_trains_a_few_steps_and_writes_checkpoint_and_events(tmp_path, digi
   assert any(e.startswith("events.out.tfevents") for e in events)
   saved = json.loads((workdir / "config.json").read_text())
   assert saved["total_steps"] == 4 and saved["model"]["hidden_size"] == 32
-  params = state_checkpoints.read_params(workdir / "checkpoints")
+  params = run_checkpoints.read_params(workdir / "checkpoints")
   assert params["embedding"]["kernel"].shape == (4, 4, 3, 32)
 
 
@@ -77,8 +77,8 @@ def test_resumed_run_continues_at_the_saved_step_with_identical_parameters(
   resumed = train.train_and_evaluate(tiny_config, str(tmp_path / "resumed"))
   assert starts == [3]
   assert resumed["eval/accuracy"] == straight["eval/accuracy"]
-  a = state_checkpoints.read_params(tmp_path / "straight" / "checkpoints" / "6")
-  b = state_checkpoints.read_params(tmp_path / "resumed" / "checkpoints" / "6")
+  a = run_checkpoints.read_params(tmp_path / "straight" / "checkpoints" / "6")
+  b = run_checkpoints.read_params(tmp_path / "resumed" / "checkpoints" / "6")
   for k, v in checkpoint.flatten(a).items():
     np.testing.assert_array_equal(checkpoint.flatten(b)[k], v, err_msg=k)
 
@@ -98,7 +98,7 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, tiny
   workdir = tmp_path / "run"
   train.train_and_evaluate(tiny_config, str(workdir))  # saves steps 3 and 6
   trainer = train.Trainer(tiny_config, num_classes=10)
-  manager = state_checkpoints.make_manager(str(workdir / "checkpoints"))
+  manager = run_checkpoints.make_manager(str(workdir / "checkpoints"))
   # Flip bits in the newest step's stored arrays: Orbax alone would restore them silently.
   data_files = [os.path.join(root, f) for root, _, files in os.walk(workdir / "checkpoints" / "6"
                                                                     / "state")
@@ -109,7 +109,7 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, tiny
     blob[len(blob) // 2] ^= 0xFF
     open(path, "wb").write(bytes(blob))
   try:
-    state = state_checkpoints.restore_latest(manager, trainer.abstract_state)
+    state = run_checkpoints.restore_latest(manager, trainer.abstract_state)
   finally:
     manager.close()
   assert int(jax.device_get(state.step)) == 3

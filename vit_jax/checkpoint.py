@@ -217,8 +217,8 @@ def resize_posemb_2d(pe_x: np.ndarray, pe_y: np.ndarray, new_grid_hw: tuple[int,
 def _read_source(source: str) -> Params:
   """A nested tree of host arrays from an `.npz` file or an Orbax checkpoint folder."""
   if os.path.isdir(source):
-    from vit_jax import state_checkpoints  # Orbax is only needed for this case.
-    tree = state_checkpoints.read_params(source)
+    from vit_jax import run_checkpoints  # Orbax is only needed for this case.
+    tree = run_checkpoints.read_params(source)
   else:
     tree = load_npz(source)
   return unflatten(flatten(nn.unbox(dict(tree))))

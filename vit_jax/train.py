@@ -30,7 +30,7 @@ from vit_jax import evaluate as evaluate_lib
 from vit_jax import optim
 from vit_jax import parallel
 from vit_jax import progress as progress_lib
-from vit_jax import state_checkpoints
+from vit_jax import run_checkpoints
 from vit_jax.models import create_model
 
 Batch = dict[str, jax.Array]
@@ -223,9 +223,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   trainer = Trainer(config, num_classes)
   _write_or_compare_config(config, workdir)
 
-  manager = state_checkpoints.make_manager(os.path.join(workdir, "checkpoints"),
-                                           keep=config.get("keep_checkpoints", 3))
-  state = state_checkpoints.restore_latest(manager, trainer.abstract_state)
+  manager = run_checkpoints.make_manager(os.path.join(workdir, "checkpoints"),
+                                         keep=config.get("keep_checkpoints", 3))
+  state = run_checkpoints.restore_latest(manager, trainer.abstract_state)
   if state is None:
     state = trainer.init_state()
   start_step = int(jax.device_get(state.step))
@@ -254,10 +254,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       if step % config.eval_every == 0 and step != total_steps:
         progress.report_eval(step, trainer.evaluate(state.params))
       if step % config.checkpoint_every == 0 and step != total_steps:
-        state_checkpoints.save(manager, step, state)
+        run_checkpoints.save(manager, step, state)
 
     if total_steps > start_step:
-      state_checkpoints.save(manager, total_steps, state)
+      run_checkpoints.save(manager, total_steps, state)
     final = trainer.evaluate(state.params)
     progress.report_eval(total_steps, final)
   finally:

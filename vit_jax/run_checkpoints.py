@@ -1,4 +1,6 @@
-"""Orbax checkpoints of the training state: asynchronous saves, resume, integrity checks.
+"""Saves and restores a training run (Orbax): asynchronous saves, resume, integrity checks.
+
+Not the official ViT weights format: `vit_jax.checkpoint` reads and writes that `.npz`.
 
 Layout: `<workdir>/checkpoints/<step>/{state, meta}`. `state` is the train state
 (params, optimizer state, step, rng); `meta` is JSON with a fingerprint of every array.
