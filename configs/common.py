@@ -1,7 +1,7 @@
 """Defaults shared by every experiment config; each config file overrides what it needs."""
 import ml_collections
 
-from configs import models
+from vit_jax import models
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -22,7 +22,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.prefetch = 2
   config.skip_corrupt_images = False
 
-  # Model (configs/models.py) and its pre-trained weights.
+  # Model (vit_jax.models.MODEL_NAMES) and its pre-trained weights.
   config.model = models.get_model_config("ViT-B_16")
   config.pretrained = ml_collections.FieldReference(None, field_type=str)  # .npz or Orbax dir
   config.reset_head = False

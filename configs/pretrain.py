@@ -24,8 +24,8 @@ import math
 import ml_collections
 
 from configs import common
-from configs import models
 from configs import vit
+from vit_jax import models
 
 # Images in each preset's train split: ImageNet-21k (fall 2011 release, 14,197,122 images)
 # minus the 51,200 held out for evaluation; ImageNet train[:99%] of 1,281,167.

@@ -28,10 +28,10 @@ from __future__ import annotations
 import ml_collections
 
 from configs import common
-from configs import models
+from vit_jax import models
 from vit_jax.data import presets
 
-# Short name -> official name (configs/models.py).
+# Short name -> official name (vit_jax.models.MODEL_NAMES).
 MODELS: dict[str, str] = {
     "ti16": "ViT-Ti_16",
     "s16": "ViT-S_16",

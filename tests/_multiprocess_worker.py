@@ -37,10 +37,11 @@ def get_config(strategy: str = "data_parallel") -> ml_collections.ConfigDict:
   """The `testing` ViT at 8x8 on digits, SGD at a constant rate (no dependence on
   total_steps, so a resumed longer run equals a straight one)."""
   from configs import quickstart  # pylint: disable=g-import-not-at-top
+  from vit_jax.models import get_model_config  # pylint: disable=g-import-not-at-top
   if strategy not in STRATEGIES:
     raise ValueError(f"Unknown strategy {strategy!r}; use one of {list(STRATEGIES)}.")
   config = quickstart.get_config()
-  config.model = quickstart.models.get_model_config("testing")
+  config.model = get_model_config("testing")
   config.pp.crop = 8
   config.batch = 16
   config.batch_eval = 16

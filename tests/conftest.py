@@ -4,6 +4,7 @@ import os
 import pytest
 
 from configs import quickstart
+from vit_jax.models import get_model_config
 
 
 @pytest.fixture(scope="session")
@@ -17,7 +18,7 @@ def tiny_config(digits_dir):
   """Quickstart shrunk to seconds: the `testing` model at 8x8, a few steps."""
   config = quickstart.get_config()
   config.data_dir = digits_dir
-  config.model = quickstart.models.get_model_config("testing")
+  config.model = get_model_config("testing")
   config.pp.crop = 8
   config.batch = 16
   config.batch_eval = 64

@@ -7,13 +7,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import models as model_configs
 from vit_jax import checkpoint
-from vit_jax.models import create_model
+from vit_jax.models import create_model, get_model_config
 
 
 def tiny(**overrides):
-  return create_model(model_configs.get_model_config("testing"), num_classes=5, **overrides)
+  return create_model(get_model_config("testing"), num_classes=5, **overrides)
 
 
 def random_params(model, image_size=16, seed=0):

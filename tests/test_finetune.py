@@ -11,7 +11,8 @@ import pytest
 from absl import flags
 from ml_collections import config_flags
 
-from configs import models, pretrain, quickstart, vit
+from configs import pretrain, quickstart, vit
+from vit_jax import models
 from vit_jax import checkpoint, optim, run_checkpoints, train
 from vit_jax.data import presets
 
@@ -38,7 +39,7 @@ def test_vit_config_is_the_papers_finetuning_recipe():
   assert pets.lr.warmup_steps < pets.total_steps and pets.test_split == "test"
   optim.make_optimizer(pets)  # the schedule is valid for the short runs too
   assert {vit.get_config(f"{s},cifar10").model.name for s in vit.MODELS} <= set(
-      models.MODEL_CONFIGS)
+      models.MODEL_NAMES)
 
 
 @pytest.mark.parametrize("arg, expected", [

@@ -5,9 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import models as model_configs
 from vit_jax import checkpoint
-from vit_jax.models import create_model, sincos_2d
+from vit_jax.models import MODEL_NAMES, create_model, get_model_config, sincos_2d
 
 # Pinned with 1000 classes at 224x224 (B/16, L/16, H/14 equal the paper's exact counts).
 PARAM_COUNTS = {
@@ -27,7 +26,7 @@ PARAM_COUNTS = {
 
 
 def tiny(num_classes=10, **overrides):
-  return create_model(model_configs.get_model_config("testing"), num_classes=num_classes,
+  return create_model(get_model_config("testing"), num_classes=num_classes,
                       **overrides)
 
 
@@ -45,16 +44,16 @@ def abstract_params(model, image_size=224):
 
 
 def test_every_variant_has_its_pinned_parameter_count():
-  assert set(PARAM_COUNTS) == set(model_configs.MODEL_CONFIGS) - {"testing"}
+  assert set(PARAM_COUNTS) == set(MODEL_NAMES) - {"testing"}
   for name, expected in PARAM_COUNTS.items():
-    model = create_model(model_configs.get_model_config(name), num_classes=1000)
+    model = create_model(get_model_config(name), num_classes=1000)
     count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(abstract_params(model)))
     assert count == expected, name
 
 
 def test_unknown_model_name_lists_valid_names():
   with pytest.raises(ValueError, match="ViT-B_16.*R50\\+ViT-B_16"):
-    model_configs.get_model_config("ViT-X_16")
+    get_model_config("ViT-X_16")
 
 
 @pytest.mark.parametrize("classifier,expected_shape", [
@@ -123,7 +122,7 @@ def test_image_size_not_multiple_of_patch_names_both():
 
 
 def test_hybrid_image_size_error_names_the_total_stride():
-  model = create_model(model_configs.get_model_config("R+ViT-Ti_16"), num_classes=3)
+  model = create_model(get_model_config("R+ViT-Ti_16"), num_classes=3)
   with pytest.raises(ValueError, match="40x40.*32x32"):
     jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 40, 40, 3))))
 
@@ -171,13 +170,13 @@ def _tree_shapes(params):
 
 
 def test_b16_tree_equals_the_official_layout():
-  model = create_model(model_configs.get_model_config("ViT-B_16"), num_classes=1000)
+  model = create_model(get_model_config("ViT-B_16"), num_classes=1000)
   expected = _expected_vit_tree(768, 3072, 12, 12, 16, 1000, 197)
   assert _tree_shapes(abstract_params(model)) == expected
 
 
 def test_r50_b16_tree_equals_the_official_layout():
-  model = create_model(model_configs.get_model_config("R50+ViT-B_16"), num_classes=1000)
+  model = create_model(get_model_config("R50+ViT-B_16"), num_classes=1000)
   expected = _expected_vit_tree(768, 3072, 12, 12, 1, 1000, 197, channels=1024)
   expected["conv_root/kernel"] = (7, 7, 3, 64)
   expected["gn_root/scale"] = expected["gn_root/bias"] = (64,)

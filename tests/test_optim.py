@@ -11,9 +11,8 @@ import numpy as np
 import optax
 import pytest
 
-from configs.models import get_model_config
 from vit_jax import optim
-from vit_jax.models import create_model
+from vit_jax.models import create_model, get_model_config
 
 
 def _config(**optim_overrides) -> ml_collections.ConfigDict:

@@ -11,9 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import models as model_configs
 from vit_jax import checkpoint
-from vit_jax.models import create_model
+from vit_jax.models import create_model, get_model_config
 
 POSEMB = checkpoint.POSEMB_PATH
 
@@ -25,7 +24,7 @@ def make(image_hw: tuple[int, int] = (16, 16), num_classes: Optional[int] = 10, 
   Arrays are random (seeded; no zero heads that would hide a wrong copy, and quick: only
   the shapes are traced), or with ``real_init`` the model's own initialisation.
   """
-  cfg = model_configs.get_model_config("testing")
+  cfg = get_model_config("testing")
   for key, value in changes.items():
     if key == "patch":
       cfg.patches.size = (value, value)

@@ -6,10 +6,9 @@ import numpy as np
 import optax
 import pytest
 
-from configs import models as model_configs
 from tests import train_fixtures
 from vit_jax import train
-from vit_jax.models import create_model
+from vit_jax.models import create_model, get_model_config
 
 
 def make_state(model, tx, image_size=8, seed=0):
@@ -24,7 +23,7 @@ def fixed_batch(seed=0):
 
 
 def tiny(**overrides):
-  return create_model(model_configs.get_model_config("testing"), num_classes=10, **overrides)
+  return create_model(get_model_config("testing"), num_classes=10, **overrides)
 
 
 def test_loss_falls_on_a_fixed_batch():

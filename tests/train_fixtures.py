@@ -3,13 +3,14 @@ import ml_collections
 import numpy as np
 
 from configs import quickstart
+from vit_jax.models import get_model_config
 
 
 def step_config() -> ml_collections.ConfigDict:
   """The `testing` model at 8x8 with plain SGD: updates are linear in the gradient, so
   sharded and unsharded steps can be compared tightly."""
   config = quickstart.get_config()
-  config.model = quickstart.models.get_model_config("testing")
+  config.model = get_model_config("testing")
   config.pp.crop = 8
   config.batch = 16
   config.batch_eval = 16

@@ -7,12 +7,13 @@ import jax.numpy as jnp
 import ml_collections
 
 from vit_jax.models.posemb import POSEMB_KINDS, resize_grid, sincos_2d
+from vit_jax.models.variants import MODEL_NAMES, get_model_config
 from vit_jax.models.vit import CLASSIFIERS, VisionTransformer
 
 
 def create_model(model_config: ml_collections.ConfigDict, *, num_classes: Optional[int],
                  **overrides: Any) -> VisionTransformer:
-  """Builds a `VisionTransformer` from a config in the layout of `configs/models.py`.
+  """Builds a `VisionTransformer` from a config in the layout of `variants.py`.
 
   ``overrides`` replace module attributes (e.g. ``dropout_rate=0.1``, ``scan=True``).
   """
@@ -43,5 +44,5 @@ def create_model(model_config: ml_collections.ConfigDict, *, num_classes: Option
   return VisionTransformer(**kwargs)
 
 
-__all__ = ["CLASSIFIERS", "POSEMB_KINDS", "VisionTransformer", "create_model", "resize_grid",
-           "sincos_2d"]
+__all__ = ["CLASSIFIERS", "MODEL_NAMES", "POSEMB_KINDS", "VisionTransformer", "create_model",
+           "get_model_config", "resize_grid", "sincos_2d"]

@@ -1,7 +1,11 @@
 """Every ViT variant of the paper under its official name, in the official config layout.
 
-    from configs import models
-    cfg = models.get_model_config('ViT-B_16')   # an ml_collections.ConfigDict
+    from vit_jax import models
+    cfg = models.get_model_config("ViT-B_16")   # an ml_collections.ConfigDict
+    models.MODEL_NAMES                          # every valid name
+
+Part of the package (not of `configs/`) so that it works after ``pip install`` from any
+directory: notebooks and user code need the variants without the repository checkout.
 
 Fields: ``patches.size``, ``hidden_size``, ``transformer.{num_layers, mlp_dim, num_heads,
 dropout_rate, attention_dropout_rate}``, ``classifier``, ``representation_size``,
@@ -47,7 +51,7 @@ _B = dict(width=768, depth=12, mlp=3072, heads=12)
 _L = dict(width=1024, depth=24, mlp=4096, heads=16)
 _H = dict(width=1280, depth=32, mlp=5120, heads=16)
 
-MODEL_CONFIGS: dict[str, Callable[[], ml_collections.ConfigDict]] = {
+_MODEL_CONFIGS: dict[str, Callable[[], ml_collections.ConfigDict]] = {
     "ViT-Ti_16": lambda: _vit("ViT-Ti_16", 16, **_TI),
     "ViT-S_32": lambda: _vit("ViT-S_32", 32, **_S),
     "ViT-S_16": lambda: _vit("ViT-S_16", 16, **_S),
@@ -66,10 +70,11 @@ MODEL_CONFIGS: dict[str, Callable[[], ml_collections.ConfigDict]] = {
     # A tiny model for tests and the CPU quickstart.
     "testing": lambda: _vit("testing", 4, width=32, depth=2, mlp=64, heads=2),
 }
+MODEL_NAMES: tuple[str, ...] = tuple(_MODEL_CONFIGS)
 
 
 def get_model_config(name: str) -> ml_collections.ConfigDict:
   """The config of a named variant; an unknown name lists the valid ones."""
-  if name not in MODEL_CONFIGS:
-    raise ValueError(f"Unknown model {name!r}. Valid names: {', '.join(MODEL_CONFIGS)}.")
-  return MODEL_CONFIGS[name]()
+  if name not in _MODEL_CONFIGS:
+    raise ValueError(f"Unknown model {name!r}. Valid names: {', '.join(MODEL_NAMES)}.")
+  return _MODEL_CONFIGS[name]()
