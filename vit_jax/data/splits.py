@@ -84,3 +84,10 @@ class SplitSource(Protocol):
   def read(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
     """Examples [start, stop) as (values object [n], labels int64 [n])."""
     ...
+
+  def read_many(self, ranges: list[tuple[int, int]]
+                ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """read(start, stop) of each [start, stop) range, in order. Training reads the
+    windows a block of steps needs with one call: a source whose reads carry a setup
+    cost (tfds) reads them together; one that reads files by path can loop over read."""
+    ...
