@@ -1,4 +1,6 @@
-"""Batching and the train stream: exact resume, batch-size errors, prefetch."""
+"""Batching, readers and the train stream: exact resume, batch-size errors, prefetch."""
+import itertools
+
 import jax
 import ml_collections
 import numpy as np
@@ -124,3 +126,66 @@ def test_windowed_tfds_eval_equals_one_window(digits_config, monkeypatch):
   monkeypatch.setattr(pipeline, '_EVAL_WINDOW', 100)  # 360 examples in 4 reads.
   windowed = [np.asarray(b['image']) for b in data.eval_iterator(digits_config, _mesh())]
   np.testing.assert_array_equal(np.concatenate(whole), np.concatenate(windowed))
+
+
+class _ArraySource:
+  """An in-memory SplitSource that records its reads and fails on demand."""
+  name, kind, random_access = 'arrays', 'bytes', False
+
+  def __init__(self, n, fail_after=None):
+    self.num_examples = n
+    self.values = np.array([b'v%d' % i for i in range(n)], object)
+    self.calls = []  # ('read', lo, hi) or ('read_many', ranges).
+    self.fail_after = fail_after  # Raise on the call after this many.
+
+  def _record(self, call):
+    if self.fail_after is not None and len(self.calls) >= self.fail_after:
+      raise OSError('disk gone')
+    self.calls.append(call)
+
+  def read(self, start, stop):
+    self._record(('read', start, stop))
+    return self.values[start:stop], np.arange(start, stop, dtype=np.int64)
+
+  def read_many(self, ranges):
+    self._record(('read_many', ranges))
+    return [(self.values[lo:hi], np.arange(lo, hi, dtype=np.int64)) for lo, hi in ranges]
+
+
+def test_lane_reader_serves_each_lane_in_its_order_through_read_many():
+  from vit_jax.data import order, readers
+  n, lanes, first, local, window, seed = 40, 4, 1, 2, 3, 7
+  source = _ArraySource(n)
+  reader = readers.LaneReader(source, first, local, lanes, window, seed, start_step=5)
+  stream = reader()
+  chunks = [next(stream) for _ in range(3)]  # 3 blocks of 512 steps: many epochs.
+  positions, uids, values, labels = (np.concatenate(c) for c in zip(*chunks))
+  steps = len(positions) // local
+  np.testing.assert_array_equal(positions, 5 * local + np.arange(steps * local))
+  for j in range(local):
+    lo, hi = order.process_shard(n, first + j, lanes)
+    pieces = order.train_pieces(hi - lo, window, seed, first + j, 5)
+    expected = np.concatenate([lo + p.window[0] + p.offsets for p in
+                               itertools.islice(pieces, steps)])[:steps]
+    np.testing.assert_array_equal(labels[j::local], expected)
+    np.testing.assert_array_equal(values[j::local], source.values[expected])
+    epochs = (5 + np.arange(steps)) // (hi - lo)
+    np.testing.assert_array_equal(uids[j::local], epochs * n + expected)
+  assert {call[0] for call in source.calls} == {'read_many'}
+  value, label, index, uid = reader.locate(int(positions[777]))
+  assert (value, label, index, uid) == (values[777], labels[777], labels[777], uids[777])
+  assert reader.error is None
+
+
+@pytest.mark.parametrize('kind', ['shard', 'lane'])
+def test_reader_keeps_a_read_failure_for_the_consumer(kind):
+  from vit_jax.data import order, readers
+  source = _ArraySource(3000, fail_after=1)  # Lane blocks of 1024 need new windows.
+  if kind == 'shard':
+    reader = readers.ShardReader(source, 10, lambda p: order.eval_pieces(20, 4, p))
+  else:
+    reader = readers.LaneReader(source, 0, 1, 1, 3, 0, start_step=0)
+  chunks = list(reader())  # The stream ends quietly, as tf.data needs.
+  assert len(chunks) == 1 and isinstance(reader.error, OSError)
+  if kind == 'shard':
+    np.testing.assert_array_equal(chunks[0][3], np.arange(10, 14))

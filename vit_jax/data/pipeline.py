@@ -1,8 +1,8 @@
 """The train and eval input pipelines: ordered example indices -> global batches.
 
 Per process:
-  order.py positions -> (position, uid, encoded image or path, label) chunks, read
-  ahead in a thread -> tf.data: read file, decode + preprocess in parallel
+  order.py positions -> readers.py: (position, uid, encoded image or path, label)
+  chunks, read ahead in a thread -> tf.data: read file, decode + preprocess in parallel
   (deterministic order), drop examples whose image fails -> numpy batches realigned on
   positions, so a failed image is found by position and reported by name (or, with
   config.skip_corrupt_images, replaced) -> batching.prefetch_to_device.
@@ -25,9 +25,8 @@ later batch, and exact resume, unchanged; in evaluation the row gets mask 0.
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import logging
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import jax
 import numpy as np
@@ -36,192 +35,15 @@ import tensorflow as tf
 from vit_jax.data import batching
 from vit_jax.data import order
 from vit_jax.data import preprocess
+from vit_jax.data import readers
 from vit_jax.data.dataset import Dataset, Settings
-from vit_jax.data.splits import SplitSource
 
-_CHUNK = 1024  # Examples handed from Python to tf.data at a time.
 _EVAL_WINDOW = 10_000  # Examples an eval pass reads from a tfds split at a time.
 
 Batch = dict[str, np.ndarray]
 
 
-class _Reader:
-  """Turns order.Piece-s of one shard into chunks of examples (evaluation); remembers a
-  failure for later.
-
-  tf.data ends a generator's stream quietly when it raises under ignore_errors(), so
-  the exception is kept here and re-raised by the consumer.
-  """
-
-  def __init__(self, source: SplitSource, shard_start: int, start: int,
-               pieces_from: Callable[[int], Iterator[order.Piece]]):
-    """pieces_from(p): the shard's visiting order from stream position p on."""
-    self.source = source
-    self.shard_start = shard_start
-    self.start = start
-    self.pieces_from = pieces_from
-    self.error: BaseException | None = None
-
-  def _windows(self) -> Iterator[tuple[order.Piece, np.ndarray, np.ndarray]]:
-    """(piece, values, labels) of its window; the next window loads meanwhile."""
-    def read(piece: order.Piece):
-      lo, hi = piece.window
-      return self.source.read(self.shard_start + lo, self.shard_start + hi)
-
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-      pieces = self.pieces_from(self.start)
-      current = next(pieces, None)
-      pending = pool.submit(read, current) if current else None
-      while current is not None:
-        values, labels = pending.result()
-        following = next(pieces, None)
-        pending = pool.submit(read, following) if following else None
-        yield current, values, labels
-        current = following
-
-  def __call__(self) -> Iterator[tuple[np.ndarray, ...]]:
-    """(positions, uids, values, labels) chunks, each [k]; uid = epoch * N + index."""
-    try:
-      n = self.source.num_examples
-      for piece, values, labels in self._windows():
-        for c in range(0, len(piece.offsets), _CHUNK):
-          idx = piece.offsets[c:c + _CHUNK]
-          positions = piece.position + c + np.arange(len(idx), dtype=np.int64)
-          uids = piece.epoch * n + self.shard_start + piece.window[0] + idx
-          yield positions, uids, values[idx], labels[idx]
-    except Exception as e:  # Kept for the consumer; see the class docstring.
-      self.error = e
-
-  def locate(self, position: int) -> tuple[Any, int, int, int]:
-    """(value, label, index in the split, uid) of the example at a stream position."""
-    piece = next(self.pieces_from(position))
-    index = self.shard_start + piece.window[0] + int(piece.offsets[0])
-    values, labels = self.source.read(index, index + 1)
-    uid = piece.epoch * self.source.num_examples + index
-    return values[0], int(labels[0]), index, uid
-
-
-def _read_ranges(source: SplitSource, ranges: list[tuple[int, int]]
-                 ) -> list[tuple[np.ndarray, np.ndarray]]:
-  """(values, labels) of each [start, stop) range; one read when the source can."""
-  read_many = getattr(source, 'read_many', None)
-  if read_many is not None:
-    return read_many(ranges)
-  return [source.read(lo, hi) for lo, hi in ranges]
-
-
-class _LaneCursor:
-  """Walks one lane's endless stream of order.Piece-s, a few positions at a time."""
-
-  def __init__(self, pieces: Iterator[order.Piece]):
-    self._pieces = pieces
-    self._piece = next(pieces)
-    self._i = 0
-
-  def take(self, count: int) -> list[tuple[order.Piece, int, int]]:
-    """The next `count` positions as (piece, a, b): piece.offsets[a:b] in order."""
-    out = []
-    while count:
-      if self._i == len(self._piece.offsets):
-        self._piece, self._i = next(self._pieces), 0
-      k = min(count, len(self._piece.offsets) - self._i)
-      out.append((self._piece, self._i, self._i + k))
-      self._i += k
-      count -= k
-    return out
-
-
-class _LaneReader:
-  """Rows [first_lane, first_lane + k) of every global train batch of `num_lanes` rows.
-
-  Row j of step s is position s * k + j of this process's stream, served by lane
-  first_lane + j at lane position s. Lane r holds examples
-  order.process_shard(n, r, num_lanes) and visits them in windows of `window`
-  (order.train_pieces keyed by r), so the global batches are the same for any process
-  count and this process reads only its lanes. The windows a block of steps needs are
-  read together, the next block's in a thread meanwhile. Same interface as _Reader.
-  """
-
-  def __init__(self, source: SplitSource, first_lane: int, num_local: int,
-               num_lanes: int, window: int, seed: int, start_step: int):
-    self.source = source
-    self.num_local, self.start_step = num_local, start_step
-    self.lanes = range(first_lane, first_lane + num_local)
-    self.bounds = [order.process_shard(source.num_examples, r, num_lanes)
-                   for r in self.lanes]
-    self.window, self.seed = window, seed
-    self.block_steps = max(1, _CHUNK // num_local)
-    self.error: BaseException | None = None
-
-  def _pieces(self, j: int, lane_position: int) -> Iterator[order.Piece]:
-    lo, hi = self.bounds[j]
-    return order.train_pieces(hi - lo, self.window, self.seed, self.lanes[j],
-                              lane_position)
-
-  def _plans(self) -> Iterator[list[list[tuple[order.Piece, int, int]]]]:
-    """Per block of steps, per lane: the (piece, a, b) segments it serves."""
-    cursors = [_LaneCursor(self._pieces(j, self.start_step))
-               for j in range(self.num_local)]
-    while True:
-      yield [c.take(self.block_steps) for c in cursors]
-
-  @staticmethod
-  def _windows(plan) -> set[tuple[int, tuple[int, int]]]:
-    return {(j, piece.window) for j, segments in enumerate(plan)
-            for piece, _, _ in segments}
-
-  def _load(self, keys: list[tuple[int, tuple[int, int]]]) -> dict:
-    ranges = [(self.bounds[j][0] + lo, self.bounds[j][0] + hi) for j, (lo, hi) in keys]
-    return dict(zip(keys, _read_ranges(self.source, ranges)))
-
-  def _chunk(self, plan, cache: dict, step: int) -> tuple[np.ndarray, ...]:
-    """(positions, uids, values, labels) of one block, in position order."""
-    n, k, steps = self.source.num_examples, self.num_local, self.block_steps
-    index = np.zeros([k, steps], np.int64)  # Example index in the split, per lane/step.
-    uids = np.zeros([k, steps], np.int64)
-    values = np.empty([k, steps], object)
-    labels = np.zeros([k, steps], np.int64)
-    for j, segments in enumerate(plan):
-      t = 0
-      for piece, a, b in segments:
-        offsets = piece.offsets[a:b]
-        window_values, window_labels = cache[(j, piece.window)]
-        index[j, t:t + b - a] = self.bounds[j][0] + piece.window[0] + offsets
-        uids[j, t:t + b - a] = piece.epoch * n + index[j, t:t + b - a]
-        values[j, t:t + b - a] = window_values[offsets]
-        labels[j, t:t + b - a] = window_labels[offsets]
-        t += b - a
-    positions = step * k + np.arange(steps * k, dtype=np.int64)
-    return positions, uids.T.ravel(), values.T.ravel(), labels.T.ravel()
-
-  def __call__(self) -> Iterator[tuple[np.ndarray, ...]]:
-    try:
-      with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        plans = self._plans()
-        plan, cache = next(plans), {}
-        pending = pool.submit(self._load, sorted(self._windows(plan)))
-        step = self.start_step
-        while True:
-          cache.update(pending.result())
-          following = next(plans)
-          needed = self._windows(following)
-          pending = pool.submit(self._load, sorted(needed - set(cache)))
-          yield self._chunk(plan, cache, step)
-          cache = {key: v for key, v in cache.items() if key in needed}
-          plan, step = following, step + self.block_steps
-    except Exception as e:  # Kept for the consumer; see _Reader.
-      self.error = e
-
-  def locate(self, position: int) -> tuple[Any, int, int, int]:
-    """(value, label, index in the split, uid) of the example at a stream position."""
-    step, j = divmod(position, self.num_local)
-    piece = next(self._pieces(j, step))
-    index = self.bounds[j][0] + piece.window[0] + int(piece.offsets[0])
-    values, labels = self.source.read(index, index + 1)
-    return values[0], int(labels[0]), index, piece.epoch * self.source.num_examples + index
-
-
-def _dataset(reader: _Reader | _LaneReader, example_fn, local_batch: int) -> tf.data.Dataset:
+def _dataset(reader: readers.Reader, example_fn, local_batch: int) -> tf.data.Dataset:
   """tf.data: chunks -> examples -> preprocessed (failed ones dropped) -> batches."""
   spec = (tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.int64),
           tf.TensorSpec([None], tf.string), tf.TensorSpec([None], tf.int64))
@@ -295,7 +117,7 @@ def _realign(batches: Iterator[tuple[np.ndarray, ...]], first: int, size: int,
 class _Failures:
   """Reports images that could not be read or decoded: raise, or log and count."""
 
-  def __init__(self, reader: _Reader | _LaneReader, example_fn, skip: bool):
+  def __init__(self, reader: readers.Reader, example_fn, skip: bool):
     self.reader, self.example_fn, self.skip = reader, example_fn, skip
     self.count = 0
 
@@ -321,7 +143,7 @@ class _Failures:
                     reason, self.count)
 
 
-def _stream_failed(reader: _Reader | _LaneReader) -> BaseException:
+def _stream_failed(reader: readers.Reader) -> BaseException:
   return reader.error or RuntimeError(f'The input stream of {reader.source.name} ended.')
 
 
@@ -343,8 +165,8 @@ def local_train_batches(dataset: Dataset, local_batch: int, start_step: int,
         f'batch of {num_lanes}; use a larger split or a smaller config.batch.')
   window = (source.num_examples if source.random_access
             else max(1, settings.shuffle_buffer // num_lanes))
-  reader = _LaneReader(source, process * local_batch, local_batch, num_lanes, window,
-                       settings.seed, start_step)
+  reader = readers.LaneReader(source, process * local_batch, local_batch, num_lanes,
+                              window, settings.seed, start_step)
   example_fn = _example_fn(settings, source.kind, dataset.num_classes, train=True)
   failures = _Failures(reader, example_fn, settings.skip_corrupt_images)
   shape = (settings.crop, settings.crop, 3)
@@ -386,7 +208,7 @@ class EvalBatches:
     self.num_batches = -(-largest // local_batch)
     self._local_batch, self._size = local_batch, hi - lo
     window = hi - lo if self.source.random_access else _EVAL_WINDOW
-    self._reader = _Reader(self.source, lo, 0, lambda position: (
+    self._reader = readers.ShardReader(self.source, lo, lambda position: (
         order.eval_pieces(hi - lo, window, position)))
     self._example_fn = _example_fn(settings, self.source.kind, dataset.num_classes,
                                    train=False)

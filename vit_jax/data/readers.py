@@ -1,0 +1,216 @@
+"""Readers: the visiting order of order.py -> chunks of examples for tf.data.
+
+A reader is the generator function the pipeline hands to
+tf.data.Dataset.from_generator. Called, it streams (positions, uids, values, labels)
+chunks, each [k], in stream-position order; uid = epoch * num_examples + index in the
+split (it seeds the train augmentation). The next read runs in a thread while a chunk
+is consumed. tf.data ends a generator's stream quietly when it raises under
+ignore_errors(), so a reader keeps the exception in `error` for the consumer to raise.
+
+ShardReader serves one contiguous shard of the split (evaluation); LaneReader serves a
+block of rows of every global train batch (the lanes of pipeline.py's docstring).
+"""
+from __future__ import annotations
+
+import abc
+import concurrent.futures
+from typing import Any, Callable, Iterator, Protocol, TypeVar
+
+import numpy as np
+
+from vit_jax.data import order
+from vit_jax.data.splits import SplitSource
+
+CHUNK = 1024  # Examples handed from Python to tf.data at a time.
+
+Chunk = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # positions, uids, values, labels
+Example = tuple[Any, int, int, int]  # value, label, index in the split, uid
+Segment = tuple[order.Piece, int, int]  # piece.offsets[a:b], in visiting order
+WindowKey = tuple[int, tuple[int, int]]  # (local lane, window in the lane)
+Plan = list[list[Segment]]  # Per local lane: the segments it serves in a block of steps.
+Block = tuple[Plan, set[WindowKey], list[WindowKey]]
+
+_Item = TypeVar("_Item")
+_Loaded = TypeVar("_Loaded")
+
+
+class Reader(Protocol):
+  """What the pipeline needs of a reader."""
+
+  source: SplitSource
+  error: BaseException | None  # The failure that ended the last stream, if any.
+
+  def __call__(self) -> Iterator[Chunk]:
+    """The stream from the reader's start; a failure ends it and is kept in `error`."""
+    ...
+
+  def locate(self, position: int) -> Example:
+    """(value, label, index in the split, uid) of the example at a stream position."""
+    ...
+
+
+def _read_ahead(items: Iterator[_Item], load: Callable[[_Item], _Loaded]
+                ) -> Iterator[tuple[_Item, _Loaded]]:
+  """(item, load(item)) for each item; the next item loads in a thread meanwhile."""
+  with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    current = next(items, None)
+    pending = pool.submit(load, current) if current is not None else None
+    while current is not None:
+      loaded = pending.result()
+      following = next(items, None)
+      pending = pool.submit(load, following) if following is not None else None
+      yield current, loaded
+      current = following
+
+
+class _PieceReader(abc.ABC):
+  """What both readers share: error capture, and locating a position by its piece."""
+
+  def __init__(self, source: SplitSource):
+    self.source = source
+    self.error: BaseException | None = None
+
+  @abc.abstractmethod
+  def _chunks(self) -> Iterator[Chunk]:
+    """The stream of Reader.__call__, raising on failure."""
+
+  @abc.abstractmethod
+  def _piece_at(self, position: int) -> tuple[int, order.Piece]:
+    """(split index of the shard's first example, the shard's piece from `position`)."""
+
+  def __call__(self) -> Iterator[Chunk]:
+    try:
+      yield from self._chunks()
+    except Exception as e:  # Kept for the consumer; see the module docstring.
+      self.error = e
+
+  def locate(self, position: int) -> Example:
+    shard_start, piece = self._piece_at(position)
+    index = shard_start + piece.window[0] + int(piece.offsets[0])
+    values, labels = self.source.read(index, index + 1)
+    return values[0], int(labels[0]), index, piece.epoch * self.source.num_examples + index
+
+
+class ShardReader(_PieceReader):
+  """Examples of the shard starting at split index `shard_start`, in the order of
+  `pieces_from(p)`: the shard's order.Piece-s from stream position p on."""
+
+  def __init__(self, source: SplitSource, shard_start: int,
+               pieces_from: Callable[[int], Iterator[order.Piece]]):
+    super().__init__(source)
+    self.shard_start = shard_start
+    self.pieces_from = pieces_from
+
+  def _read(self, piece: order.Piece) -> tuple[np.ndarray, np.ndarray]:
+    lo, hi = piece.window
+    return self.source.read(self.shard_start + lo, self.shard_start + hi)
+
+  def _chunks(self) -> Iterator[Chunk]:
+    n = self.source.num_examples
+    for piece, (values, labels) in _read_ahead(self.pieces_from(0), self._read):
+      for c in range(0, len(piece.offsets), CHUNK):
+        idx = piece.offsets[c:c + CHUNK]
+        positions = piece.position + c + np.arange(len(idx), dtype=np.int64)
+        uids = piece.epoch * n + self.shard_start + piece.window[0] + idx
+        yield positions, uids, values[idx], labels[idx]
+
+  def _piece_at(self, position: int) -> tuple[int, order.Piece]:
+    return self.shard_start, next(self.pieces_from(position))
+
+
+class _LaneCursor:
+  """Walks one lane's endless stream of order.Piece-s, a few positions at a time."""
+
+  def __init__(self, pieces: Iterator[order.Piece]):
+    self._pieces = pieces
+    self._piece = next(pieces)
+    self._i = 0
+
+  def take(self, count: int) -> list[Segment]:
+    """The next `count` positions as (piece, a, b): piece.offsets[a:b] in order."""
+    out = []
+    while count:
+      if self._i == len(self._piece.offsets):
+        self._piece, self._i = next(self._pieces), 0
+      k = min(count, len(self._piece.offsets) - self._i)
+      out.append((self._piece, self._i, self._i + k))
+      self._i += k
+      count -= k
+    return out
+
+
+class LaneReader(_PieceReader):
+  """Rows [first_lane, first_lane + k) of every global train batch of `num_lanes` rows.
+
+  Row j of step s is position s * k + j of this process's stream, served by lane
+  first_lane + j at lane position s. Lane r holds examples
+  order.process_shard(n, r, num_lanes) and visits them in windows of `window`
+  (order.train_pieces keyed by r), so the global batches are the same for any process
+  count and this process reads only its lanes. The windows a block of steps needs are
+  read with one source.read_many, the next block's in a thread meanwhile.
+  """
+
+  def __init__(self, source: SplitSource, first_lane: int, num_local: int,
+               num_lanes: int, window: int, seed: int, start_step: int):
+    super().__init__(source)
+    self.num_local, self.start_step = num_local, start_step
+    self.lanes = range(first_lane, first_lane + num_local)
+    self.bounds = [order.process_shard(source.num_examples, r, num_lanes)
+                   for r in self.lanes]
+    self.window, self.seed = window, seed
+    self.block_steps = max(1, CHUNK // num_local)
+
+  def _pieces(self, j: int, lane_position: int) -> Iterator[order.Piece]:
+    lo, hi = self.bounds[j]
+    return order.train_pieces(hi - lo, self.window, self.seed, self.lanes[j],
+                              lane_position)
+
+  def _blocks(self) -> Iterator[Block]:
+    """Per block of steps: its plan, the windows it needs, and those of them the
+    previous block did not need (the ones to read)."""
+    cursors = [_LaneCursor(self._pieces(j, self.start_step))
+               for j in range(self.num_local)]
+    previous: set[WindowKey] = set()
+    while True:
+      plan = [c.take(self.block_steps) for c in cursors]
+      needed = {(j, piece.window) for j, segments in enumerate(plan)
+                for piece, _, _ in segments}
+      yield plan, needed, sorted(needed - previous)
+      previous = needed
+
+  def _load(self, block: Block) -> dict[WindowKey, tuple[np.ndarray, np.ndarray]]:
+    keys = block[2]
+    ranges = [(self.bounds[j][0] + lo, self.bounds[j][0] + hi) for j, (lo, hi) in keys]
+    return dict(zip(keys, self.source.read_many(ranges)))
+
+  def _chunk(self, plan: Plan, cache: dict, step: int) -> Chunk:
+    """(positions, uids, values, labels) of one block, in position order."""
+    n, k, steps = self.source.num_examples, self.num_local, self.block_steps
+    index = np.zeros([k, steps], np.int64)  # Example index in the split, per lane/step.
+    uids = np.zeros([k, steps], np.int64)
+    values = np.empty([k, steps], object)
+    labels = np.zeros([k, steps], np.int64)
+    for j, segments in enumerate(plan):
+      t = 0
+      for piece, a, b in segments:
+        offsets = piece.offsets[a:b]
+        window_values, window_labels = cache[(j, piece.window)]
+        index[j, t:t + b - a] = self.bounds[j][0] + piece.window[0] + offsets
+        uids[j, t:t + b - a] = piece.epoch * n + index[j, t:t + b - a]
+        values[j, t:t + b - a] = window_values[offsets]
+        labels[j, t:t + b - a] = window_labels[offsets]
+        t += b - a
+    positions = step * k + np.arange(steps * k, dtype=np.int64)
+    return positions, uids.T.ravel(), values.T.ravel(), labels.T.ravel()
+
+  def _chunks(self) -> Iterator[Chunk]:
+    cache, step = {}, self.start_step
+    for (plan, needed, _), loaded in _read_ahead(self._blocks(), self._load):
+      cache = {key: v for key, v in cache.items() if key in needed}
+      cache.update(loaded)
+      yield self._chunk(plan, cache, step)
+      step += self.block_steps
+
+  def _piece_at(self, position: int) -> tuple[int, order.Piece]:
+    step, j = divmod(position, self.num_local)
+    return self.bounds[j][0], next(self._pieces(j, step))
