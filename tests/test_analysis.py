@@ -1,5 +1,4 @@
-"""Known-answer tests of `vit_jax.inspect` (paper Fig. 6-7 analyses) on tiny models."""
-import io
+"""Known-answer tests of `vit_jax.analysis` (paper Fig. 6-7 analyses) on tiny models."""
 import itertools
 import math
 
@@ -7,16 +6,14 @@ import flax.linen as nn
 import jax
 import numpy as np
 import pytest
-from matplotlib.figure import Figure
 
-from configs import models as model_configs
+from vit_jax import analysis
 from vit_jax import checkpoint
-from vit_jax import inspect as vit_inspect
-from vit_jax.models import create_model
+from vit_jax.models import create_model, get_model_config
 
 
 def tiny(**overrides):
-  return create_model(model_configs.get_model_config("testing"), num_classes=10, **overrides)
+  return create_model(get_model_config("testing"), num_classes=10, **overrides)
 
 
 def init(model, image_hw=(16, 16), batch=2, seed=0):
@@ -38,8 +35,8 @@ def hybrid(**overrides):
 def test_attention_weights_scan_matches_per_layer(classifier):
   model = tiny(classifier=classifier)
   params, images = init(model, image_hw=(8, 12))
-  per_layer = vit_inspect.attention_weights(model, params, images)
-  scanned = vit_inspect.attention_weights(
+  per_layer = analysis.attention_weights(model, params, images)
+  scanned = analysis.attention_weights(
       tiny(classifier=classifier, scan=True), checkpoint.layers_to_scanned(params), images)
   n = 2 * 3 + (classifier == "token")
   assert per_layer.shape == (2, 2, 2, n, n)  # [L, B, H, N, N]
@@ -53,7 +50,7 @@ def test_attention_weights_rejects_bad_image_size():
   model = tiny()
   params, _ = init(model)
   with pytest.raises(ValueError, match="multiple of"):
-    vit_inspect.attention_weights(model, params, np.zeros((1, 10, 16, 3), np.float32))
+    analysis.attention_weights(model, params, np.zeros((1, 10, 16, 3), np.float32))
 
 
 # --------------------------------------------------------------------- attention rollout
@@ -61,7 +58,7 @@ def test_attention_weights_rejects_bad_image_size():
 
 def test_rollout_of_identity_attention_is_identity():
   weights = np.broadcast_to(np.eye(5), (3, 2, 4, 5, 5))  # [L, B, H, N, N]
-  np.testing.assert_allclose(vit_inspect.rollout_matrix(weights),
+  np.testing.assert_allclose(analysis.rollout_matrix(weights),
                              np.broadcast_to(np.eye(5), (2, 5, 5)), atol=1e-12)
 
 
@@ -73,33 +70,33 @@ def test_rollout_two_layers_by_hand():
   weights = np.stack([layer1, layer2])[:, None]  # [L=2, B=1, H=2, N=2, N=2]
   # R = A2 @ A1 = [[.75, .25], [.5, .5]]  (A1 @ A2 would give [[.875, .125], [.625, .375]]).
   expected = np.array([[0.75, 0.25], [0.5, 0.5]])
-  np.testing.assert_allclose(vit_inspect.rollout_matrix(weights)[0], expected, atol=1e-12)
+  np.testing.assert_allclose(analysis.rollout_matrix(weights)[0], expected, atol=1e-12)
 
 
 def test_attention_rollout_class_row_and_gap_mean():
   # One layer, one head, class token + a 1x2 grid: row 0 of (A + I)/2 is [.6, .1, .3].
   a = np.array([[0.2, 0.2, 0.6], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
-  rollout = vit_inspect.attention_rollout(a[None, None, None], num_prefix=1, grid_hw=(1, 2))
+  rollout = analysis.attention_rollout(a[None, None, None], num_prefix=1, grid_hw=(1, 2))
   np.testing.assert_allclose(rollout, [[[0.1, 0.3]]], atol=1e-12)
   # No class token: (A + I)/2 = [[.75, .25], [0, 1]]; mean over output rows [.375, .625].
   a = np.array([[0.5, 0.5], [0.0, 1.0]])
-  rollout = vit_inspect.attention_rollout(a[None, None, None], num_prefix=0, grid_hw=(2, 1))
+  rollout = analysis.attention_rollout(a[None, None, None], num_prefix=0, grid_hw=(2, 1))
   np.testing.assert_allclose(rollout, [[[0.375], [0.625]]], atol=1e-12)
 
 
 def test_attention_rollout_rejects_wrong_grid():
   with pytest.raises(ValueError, match="grid_hw"):
-    vit_inspect.attention_rollout(np.ones((1, 1, 1, 5, 5)) / 5, num_prefix=1, grid_hw=(2, 3))
+    analysis.attention_rollout(np.ones((1, 1, 1, 5, 5)) / 5, num_prefix=1, grid_hw=(2, 3))
 
 
 def test_resize_map_range_and_orientation():
   m = np.array([[0.0, 1.0], [2.0, 3.0]])
-  resized = vit_inspect.resize_map(m, (8, 6))
+  resized = analysis.resize_map(m, (8, 6))
   assert resized.shape == (8, 6)
   assert resized.min() == 0.0 and resized.max() == 1.0
   assert resized[0, 0] == 0.0 and resized[-1, -1] == 1.0  # corners keep their order
   assert resized[-1, 0] > resized[0, -1]  # rows (2, 3) outrank columns (1, 3)
-  np.testing.assert_array_equal(vit_inspect.resize_map(np.full((2, 2), 0.3), (4, 4)), 1.0)
+  np.testing.assert_array_equal(analysis.resize_map(np.full((2, 2), 0.3), (4, 4)), 1.0)
 
 
 # -------------------------------------------------------------- mean attention distance
@@ -116,8 +113,8 @@ def test_mean_attention_distance_uniform_attention(num_prefix):
   gh, gw, ph, pw = 2, 3, 16, 8
   n = gh * gw + num_prefix
   weights = np.full((2, 3, 4, n, n), 1.0 / n)  # [L, B, H, N, N]
-  dist = vit_inspect.mean_attention_distance(weights, grid_hw=(gh, gw), patch_px=(ph, pw),
-                                             num_prefix=num_prefix)
+  dist = analysis.mean_attention_distance(weights, grid_hw=(gh, gw), patch_px=(ph, pw),
+                                          num_prefix=num_prefix)
   assert dist.shape == (2, 4)
   np.testing.assert_allclose(dist, _mean_pairwise_centre_distance(gh, gw, ph, pw), rtol=1e-12)
 
@@ -125,8 +122,8 @@ def test_mean_attention_distance_uniform_attention(num_prefix):
 def test_mean_attention_distance_identity_is_zero_and_prefix_is_renormalised():
   n = 1 + 3 * 3
   weights = np.broadcast_to(np.eye(n), (2, 1, 2, n, n))
-  dist = vit_inspect.mean_attention_distance(weights, grid_hw=(3, 3), patch_px=(16, 16),
-                                             num_prefix=1)
+  dist = analysis.mean_attention_distance(weights, grid_hw=(3, 3), patch_px=(16, 16),
+                                          num_prefix=1)
   np.testing.assert_array_equal(dist, 0.0)
   # Half of every query's mass on the class token, half on its right neighbour (16 px)
   # or, in the last column, its left neighbour: the distance counts only patches -> 16.
@@ -135,17 +132,17 @@ def test_mean_attention_distance_identity_is_zero_and_prefix_is_renormalised():
   for q in range(9):
     r, c = divmod(q, 3)
     w[0, 0, 0, 1 + q, 1 + r * 3 + (c + 1 if c < 2 else c - 1)] = 0.5
-  dist = vit_inspect.mean_attention_distance(w, grid_hw=(3, 3), patch_px=(16, 16),
-                                             num_prefix=1)
+  dist = analysis.mean_attention_distance(w, grid_hw=(3, 3), patch_px=(16, 16),
+                                          num_prefix=1)
   np.testing.assert_allclose(dist, [[16.0]])
 
 
 def test_mean_attention_distance_of_a_model_is_bounded():
   model = tiny()
   params, images = init(model)
-  weights = vit_inspect.attention_weights(model, params, images)
-  dist = vit_inspect.mean_attention_distance(weights, grid_hw=model.grid_hw((16, 16)),
-                                             patch_px=model.input_stride, num_prefix=1)
+  weights = analysis.attention_weights(model, params, images)
+  dist = analysis.mean_attention_distance(weights, grid_hw=model.grid_hw((16, 16)),
+                                          patch_px=model.input_stride, num_prefix=1)
   assert dist.shape == (2, 2)
   assert np.all(dist > 0) and np.all(dist < math.hypot(12, 12))
 
@@ -156,7 +153,7 @@ def test_mean_attention_distance_of_a_model_is_bounded():
 def test_sincos_similarity_peaks_at_self_and_falls_off():
   model = tiny(posemb="sincos2d")
   params, _ = init(model)
-  sim = vit_inspect.posemb_similarity(params, model, image_hw=(32, 32))  # 8x8 grid
+  sim = analysis.posemb_similarity(params, model, image_hw=(32, 32))  # 8x8 grid
   assert sim.shape == (8, 8, 8, 8)
   for r, c in itertools.product(range(8), range(8)):
     np.testing.assert_allclose(sim[r, c, r, c], 1.0, atol=1e-6)
@@ -178,12 +175,12 @@ def test_learned_1d_similarity_drops_class_row(classifier):
   params, _ = init(model, image_hw=(8, 12))  # 2x3 grid
   table = np.asarray(params["Transformer"]["posembed_input"]["pos_embedding"])[0]
   patches = table[1:] if classifier == "token" else table  # [6, D]
-  sim = vit_inspect.posemb_similarity(params, model, image_hw=(8, 12))
+  sim = analysis.posemb_similarity(params, model, image_hw=(8, 12))
   assert sim.shape == (2, 3, 2, 3)
   np.testing.assert_allclose(sim[0, 2, 1, 0], _cos(patches[2], patches[3]), atol=1e-6)
   np.testing.assert_allclose(sim[1, 1, 0, 1], _cos(patches[4], patches[1]), atol=1e-6)
   with pytest.raises(ValueError, match="square"):
-    vit_inspect.posemb_similarity(params, model)  # 6 patches: needs image_hw
+    analysis.posemb_similarity(params, model)  # 6 patches: needs image_hw
 
 
 def test_learned_2d_similarity():
@@ -191,7 +188,7 @@ def test_learned_2d_similarity():
   params, _ = init(model, image_hw=(8, 12))
   pe = params["Transformer"]["posembed_input"]
   x, y = np.asarray(pe["pos_embedding_x"])[0, 0], np.asarray(pe["pos_embedding_y"])[0, :, 0]
-  sim = vit_inspect.posemb_similarity(params, model)
+  sim = analysis.posemb_similarity(params, model)
   assert sim.shape == (2, 3, 2, 3)
   emb = lambda r, c: np.concatenate([x[c], y[r]])
   np.testing.assert_allclose(sim[1, 0, 0, 2], _cos(emb(1, 0), emb(0, 2)), atol=1e-6)
@@ -200,13 +197,13 @@ def test_learned_2d_similarity():
 def test_hybrid_similarity_shape_and_none_error():
   model = hybrid()
   params, _ = init(model, image_hw=(16, 24))  # stride 8: 2x3 grid
-  assert vit_inspect.posemb_similarity(params, model, image_hw=(16, 24)).shape == (2, 3, 2, 3)
+  assert analysis.posemb_similarity(params, model, image_hw=(16, 24)).shape == (2, 3, 2, 3)
   with pytest.raises(ValueError, match="posemb='none'"):
     none = tiny(posemb="none")
-    vit_inspect.posemb_similarity(init(none)[0], none, image_hw=(16, 16))
+    analysis.posemb_similarity(init(none)[0], none, image_hw=(16, 16))
   with pytest.raises(ValueError, match="image_hw"):
     sincos = tiny(posemb="sincos2d")
-    vit_inspect.posemb_similarity(init(sincos)[0], sincos)
+    analysis.posemb_similarity(init(sincos)[0], sincos)
 
 
 # ------------------------------------------------------------- embedding filter components
@@ -217,18 +214,18 @@ def test_principal_components_orthonormal_and_find_planted_direction():
   direction = rng.normal(size=12)
   direction /= np.linalg.norm(direction)
   vectors = rng.normal(size=(50, 1)) * 10 * direction + 0.1 * rng.normal(size=(50, 12)) + 3.0
-  comps = vit_inspect.principal_components(vectors, 5)
+  comps = analysis.principal_components(vectors, 5)
   assert comps.shape == (5, 12)
   np.testing.assert_allclose(comps @ comps.T, np.eye(5), atol=1e-10)
   assert abs(comps[0] @ direction) > 0.999
   with pytest.raises(ValueError, match="num_components"):
-    vit_inspect.principal_components(vectors, 13)
+    analysis.principal_components(vectors, 13)
 
 
 def test_embedding_filter_components_shape_and_range():
   model = tiny()
   params, _ = init(model)
-  comps = vit_inspect.embedding_filter_components(params, num_components=6)
+  comps = analysis.embedding_filter_components(params, num_components=6)
   assert comps.shape == (6, 4, 4, 3)  # [K, P, P, C]
   np.testing.assert_allclose(comps.reshape(6, -1).min(1), 0.0, atol=1e-6)
   np.testing.assert_allclose(comps.reshape(6, -1).max(1), 1.0, atol=1e-6)
@@ -238,42 +235,4 @@ def test_embedding_filter_components_rejects_hybrid():
   model = hybrid()
   params, _ = init(model)
   with pytest.raises(ValueError, match="plain ViT"):
-    vit_inspect.embedding_filter_components(params)
-
-
-# ------------------------------------------------------------------------------- plots
-
-
-def _render(fig):
-  assert isinstance(fig, Figure)
-  fig.savefig(io.BytesIO(), format="png")
-
-
-def test_plot_attention_overlay():
-  image = np.linspace(-1, 1, 16 * 16 * 3).reshape(16, 16, 3)
-  fig = vit_inspect.plot_attention_overlay(image, np.arange(16.0).reshape(4, 4))
-  _render(fig)
-  assert sum(len(ax.images) for ax in fig.axes) == 3
-  with pytest.raises(ValueError, match=r"\[-1, 1\]"):
-    vit_inspect.plot_attention_overlay(image * 255, np.ones((4, 4)))
-
-
-def test_plot_mean_attention_distance():
-  fig = vit_inspect.plot_mean_attention_distance(np.arange(12.0).reshape(4, 3))
-  _render(fig)
-  (ax,) = fig.axes
-  assert sum(len(c.get_offsets()) for c in ax.collections) == 12  # one point per head/layer
-
-
-def test_plot_posemb_similarity():
-  sim = np.random.default_rng(0).uniform(-1, 1, (2, 3, 2, 3))
-  fig = vit_inspect.plot_posemb_similarity(sim)
-  _render(fig)
-  assert sum(len(ax.images) for ax in fig.axes) == 6
-
-
-def test_plot_embedding_filters():
-  comps = np.random.default_rng(0).uniform(0, 1, (10, 4, 4, 3))
-  fig = vit_inspect.plot_embedding_filters(comps)
-  _render(fig)
-  assert sum(len(ax.images) for ax in fig.axes) == 10
+    analysis.embedding_filter_components(params)

@@ -1,4 +1,4 @@
-"""Inspecting ViT (paper Sec. 4.5, Appendix D.7-D.8, Fig. 6-7): pure analysis functions.
+"""Inspecting ViT (paper Sec. 4.5, Appendix D.7-D.8, Fig. 6-7): the analyses.
 
 * `attention_weights`: every layer's and head's attention for a batch, [L, B, H, N, N].
 * `attention_rollout` / `rollout_matrix` / `resize_map`: Attention Rollout (Abnar &
@@ -8,26 +8,21 @@
 * `posemb_similarity`: cosine similarity between position embeddings (Fig. 7 centre).
 * `embedding_filter_components`: principal components of the RGB patch-embedding
   filters (Fig. 7 left).
-* ``plot_*``: matplotlib figures of the above. They draw on the Agg canvas through the
-  object-oriented API (no pyplot state, no ``plt.show``); a notebook displays the
-  returned `Figure`, a script calls ``fig.savefig``.
 
 Inputs and outputs are numpy arrays: these are analysis tools, not jitted training code.
+`vit_jax.plots` draws them; this module needs no matplotlib.
 """
 from __future__ import annotations
 
-import math
 import re
 from typing import Any, Mapping, Optional, Sequence
 
 import flax.linen as nn
 import jax
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
+from flax import traverse_util
 
-from vit_jax import checkpoint
-from vit_jax.models.posemb import sincos_2d
+from vit_jax.models.posemb import sincos_2d, square_grid
 from vit_jax.models.vit import VisionTransformer
 
 _ATTENTION = "MultiHeadDotProductAttention_1/attention_weights"
@@ -37,7 +32,8 @@ _LAYER_KEY = re.compile(r"^Transformer/encoderblock(?:_(\d+))?/" + re.escape(_AT
 # ----------------------------------------------------------------------------- checks
 
 
-def _check_ndim(name: str, x: np.ndarray, ndim: int, layout: str) -> np.ndarray:
+def check_ndim(name: str, x: np.ndarray, ndim: int, layout: str) -> np.ndarray:
+  """``x`` as an array with ``ndim`` axes (``layout`` names them in the error); also for plots."""
   x = np.asarray(x)
   if x.ndim != ndim:
     raise ValueError(f"{name} must be {layout} ({ndim} axes), got shape {x.shape}.")
@@ -52,7 +48,7 @@ def _check_hw(name: str, hw: Sequence[int]) -> tuple[int, int]:
 
 
 def _check_weights(weights: np.ndarray) -> np.ndarray:
-  weights = _check_ndim("weights", weights, 5, "[L, B, H, N, N]")
+  weights = check_ndim("weights", weights, 5, "[L, B, H, N, N]")
   if weights.shape[-1] != weights.shape[-2]:
     raise ValueError(f"weights must be square over tokens [L, B, H, N, N], got {weights.shape}.")
   return weights.astype(np.float64)
@@ -86,11 +82,11 @@ def attention_weights(model: VisionTransformer, params: Mapping[str, Any],
   per-layer and the scanned (``scan=True``) encoder; ``params`` must match the model's
   layout (`vit_jax.checkpoint.to_layout` converts).
   """
-  images = _check_ndim("images", images, 4, "[B, H, W, C] in [-1, 1]")
+  images = check_ndim("images", images, 4, "[B, H, W, C] in [-1, 1]")
   model.grid_hw(images.shape[1:3])  # a clear error if the size does not fit the patches
   _, state = model.apply({"params": _params_tree(params)}, images, train=False,
                          mutable=["intermediates"])
-  flat = checkpoint.flatten(state["intermediates"])
+  flat = traverse_util.flatten_dict(state["intermediates"], sep="/")
   layers: list[tuple[int, np.ndarray]] = []
   for key, value in flat.items():
     match = _LAYER_KEY.match(key)
@@ -152,7 +148,7 @@ def resize_map(attention_map: np.ndarray, image_hw: tuple[int, int]) -> np.ndarr
 
   A constant map (no preference) becomes all ones, so an overlay shows the whole image.
   """
-  attention_map = _check_ndim("attention_map", attention_map, 2, "[gh, gw]")
+  attention_map = check_ndim("attention_map", attention_map, 2, "[gh, gw]")
   image_hw = _check_hw("image_hw", image_hw)
   resized = np.asarray(jax.image.resize(attention_map.astype(np.float32), image_hw,
                                         method="bilinear"), np.float64)  # [H, W]
@@ -240,9 +236,10 @@ def posemb_similarity(params: Mapping[str, Any], model: VisionTransformer,
       num_prefix = 1 if model.classifier == "token" else 0
       table = pe["pos_embedding"][0, num_prefix:]  # [N, D]
       if grid_hw is None:
-        grid_hw = checkpoint.square_grid(table.shape[0], "pass image_hw=(H, W)")
+        grid_hw = square_grid(table.shape[0], "pass image_hw=(H, W)")
     elif kind == "learn_2d":
-      pe_x, pe_y = pe["pos_embedding_x"][0, 0], pe["pos_embedding_y"][0, :, 0]  # [gw, D/2], [gh, D/2]
+      pe_x = pe["pos_embedding_x"][0, 0]  # [gw, D/2]
+      pe_y = pe["pos_embedding_y"][0, :, 0]  # [gh, D/2]
       found = (pe_y.shape[0], pe_x.shape[0])
       if grid_hw is not None and grid_hw != found:
         raise ValueError(f"image_hw={image_hw} gives grid {grid_hw}, but the parameters "
@@ -270,7 +267,7 @@ def principal_components(vectors: np.ndarray, num_components: int) -> np.ndarray
   The vectors are centred (PCA of their spread, not of their mean); signs are fixed so
   that each component's largest-magnitude entry is positive (SVD signs are arbitrary).
   """
-  vectors = _check_ndim("vectors", vectors, 2, "[M, F]").astype(np.float64)
+  vectors = check_ndim("vectors", vectors, 2, "[M, F]").astype(np.float64)
   limit = min(vectors.shape)
   if not 1 <= num_components <= limit:
     raise ValueError(f"num_components={num_components} must be in 1..{limit} "
@@ -304,97 +301,3 @@ def embedding_filter_components(params: Mapping[str, Any],
   low, high = comps.min(axis=1, keepdims=True), comps.max(axis=1, keepdims=True)
   comps = (comps - low) / np.maximum(high - low, 1e-12)
   return comps.reshape(num_components, ph, pw, c).astype(np.float32)
-
-
-# ------------------------------------------------------------------------------- plots
-
-
-def _figure(width: float, height: float) -> Figure:
-  fig = Figure(figsize=(width, height))
-  FigureCanvasAgg(fig)  # Agg canvas: savefig works, no pyplot/global backend involved
-  return fig
-
-
-def _display_image(image: np.ndarray) -> np.ndarray:
-  """[H, W, 3] in [-1, 1] (the model's input) or uint8 -> float in [0, 1]."""
-  image = _check_ndim("image", image, 3, "[H, W, 3]")
-  if image.dtype == np.uint8:
-    return image.astype(np.float32) / 255.0
-  if image.min() < -1.001 or image.max() > 1.001:
-    raise ValueError(f"image values span [{image.min():.3g}, {image.max():.3g}]: pass the "
-                     "model input in [-1, 1] ((x - 127.5) / 127.5) or uint8 pixels.")
-  return np.clip((image.astype(np.float32) + 1.0) / 2.0, 0.0, 1.0)
-
-
-def plot_attention_overlay(image: np.ndarray, attention_map: np.ndarray) -> Figure:
-  """Image, its attention map, and the image weighted by the map (paper Fig. 6).
-
-  ``image`` is [H, W, 3] in [-1, 1] or uint8; ``attention_map`` is [gh, gw] (e.g. one
-  entry of `attention_rollout`) or already [H, W].
-  """
-  shown = _display_image(image)  # [H, W, 3]
-  mask = resize_map(attention_map, shown.shape[:2])  # [H, W]
-  fig = _figure(9, 3.2)
-  axes = fig.subplots(1, 3)
-  for ax, picture, title in zip(axes, (shown, mask, shown * mask[..., None]),
-                                ("image", "attention", "overlay")):
-    ax.imshow(picture, cmap="inferno" if picture.ndim == 2 else None, vmin=0, vmax=1)
-    ax.set_title(title)
-    ax.axis("off")
-  return fig
-
-
-def plot_mean_attention_distance(distances: np.ndarray) -> Figure:
-  """Mean attention distance [L, H] as one point per head against depth (Fig. 7 right)."""
-  distances = _check_ndim("distances", distances, 2, "[L, H]")
-  num_layers, num_heads = distances.shape
-  fig = _figure(4.5, 4)
-  ax = fig.subplots()
-  depth = np.arange(1, num_layers + 1)
-  for h in range(num_heads):
-    ax.scatter(depth, distances[:, h], s=14, label=f"head {h + 1}")
-  ax.set_xlabel("network depth (layer)")
-  ax.set_ylabel("mean attention distance (pixels)")
-  ax.set_xlim(0.5, num_layers + 0.5)
-  ax.set_ylim(bottom=0)
-  if num_heads <= 16:
-    ax.legend(fontsize="x-small", ncol=2)
-  return fig
-
-
-def plot_posemb_similarity(similarity: np.ndarray) -> Figure:
-  """One small cosine-similarity map per patch, laid out on the patch grid (Fig. 7 centre)."""
-  similarity = _check_ndim("similarity", similarity, 4, "[gh, gw, gh, gw]")
-  gh, gw = similarity.shape[:2]
-  if similarity.shape[2:] != (gh, gw):
-    raise ValueError(f"similarity must be [gh, gw, gh, gw], got {similarity.shape}.")
-  fig = _figure(0.6 * gw + 1.2, 0.6 * gh + 0.4)
-  axes = fig.subplots(gh, gw, squeeze=False)
-  image = None
-  for r in range(gh):
-    for c in range(gw):
-      image = axes[r, c].imshow(similarity[r, c], cmap="viridis", vmin=-1, vmax=1)
-      axes[r, c].set_xticks([])
-      axes[r, c].set_yticks([])
-  for c in range(gw):
-    axes[-1, c].set_xlabel(str(c + 1), fontsize="x-small")
-  for r in range(gh):
-    axes[r, 0].set_ylabel(str(r + 1), fontsize="x-small")
-  fig.colorbar(image, ax=axes, shrink=0.8, label="cosine similarity")
-  return fig
-
-
-def plot_embedding_filters(components: np.ndarray, columns: int = 7) -> Figure:
-  """The RGB embedding-filter components [K, P, P, 3] in [0, 1] as a grid (Fig. 7 left)."""
-  components = _check_ndim("components", components, 4, "[K, P, P, C]")
-  k = components.shape[0]
-  columns = max(1, min(columns, k))
-  rows = math.ceil(k / columns)
-  fig = _figure(1.0 * columns, 1.0 * rows + 0.3)
-  axes = fig.subplots(rows, columns, squeeze=False)
-  for i, ax in enumerate(axes.reshape(-1)):
-    ax.axis("off")
-    if i < k:
-      ax.imshow(np.clip(components[i], 0, 1))
-  fig.suptitle("principal components of the embedding filters", fontsize="small")
-  return fig
