@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import traverse_util
 
 from vit_jax import checkpoint
 from vit_jax.models import MODEL_NAMES, create_model, get_model_config, sincos_2d
@@ -165,8 +166,12 @@ def _expected_vit_tree(d, m, h, depth, patch, k, n, channels=3):
   return tree
 
 
+def _flat(tree):
+  return traverse_util.flatten_dict(tree, sep="/")
+
+
 def _tree_shapes(params):
-  return {k: tuple(v.shape) for k, v in checkpoint.flatten(params).items()}
+  return {k: tuple(v.shape) for k, v in _flat(params).items()}
 
 
 def test_b16_tree_equals_the_official_layout():
@@ -220,7 +225,7 @@ def test_intermediates_give_attention_and_tokens_per_layer():
     model = tiny(scan=scan)
     params, images = init(model)  # 16 tokens + cls
     _, state = model.apply({"params": params}, images, mutable=["intermediates"])
-    flat = checkpoint.flatten(state["intermediates"])
+    flat = _flat(state["intermediates"])
     if scan:
       att = flat["Transformer/encoderblock/MultiHeadDotProductAttention_1/attention_weights"][0]
       tokens = flat["Transformer/encoderblock/tokens"][0]
@@ -281,7 +286,7 @@ def test_bfloat16_forward_is_close_to_float32():
 def test_parameters_carry_logical_axis_names():
   model = tiny(scan=True)
   boxed = model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)))["params"]
-  specs = checkpoint.flatten(nn.get_partition_spec(boxed))
+  specs = _flat(nn.get_partition_spec(boxed))
   assert tuple(specs["Transformer/encoderblock/MlpBlock_3/Dense_0/kernel"]) == (
       "layers", "embed", "mlp")
   assert tuple(specs["Transformer/encoderblock/MultiHeadDotProductAttention_1/out/kernel"]) == (

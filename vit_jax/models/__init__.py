@@ -1,6 +1,7 @@
 """Flax models of the paper: `VisionTransformer` (plain and hybrid) and its builder."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Optional
 
 import jax.numpy as jnp
@@ -8,41 +9,48 @@ import ml_collections
 
 from vit_jax.models.posemb import POSEMB_KINDS, resize_grid, sincos_2d
 from vit_jax.models.variants import MODEL_NAMES, get_model_config
-from vit_jax.models.vit import CLASSIFIERS, VisionTransformer
+from vit_jax.models.vit import CLASSIFIERS, ExecutionOptions, VisionTransformer
+
+_EXECUTION_FIELDS = frozenset(f.name for f in dataclasses.fields(ExecutionOptions))
 
 
 def create_model(model_config: ml_collections.ConfigDict, *, num_classes: Optional[int],
                  **overrides: Any) -> VisionTransformer:
   """Builds a `VisionTransformer` from a config in the layout of `variants.py`.
 
-  ``overrides`` replace module attributes (e.g. ``dropout_rate=0.1``, ``scan=True``).
+  ``overrides`` replace module attributes (``classifier="gap"``) or fields of its
+  `ExecutionOptions` (``dropout_rate=0.1``, ``scan=True``, ``dtype=jnp.bfloat16``).
   """
   cfg = model_config
   t = cfg.transformer
-  resnet = cfg.get("resnet")
-  kwargs = dict(
+  execution = dict(
+      dropout_rate=t.dropout_rate,
+      attention_dropout_rate=t.attention_dropout_rate,
+      attention_impl=cfg.attention_impl,
+      scan=cfg.scan,
+      remat=cfg.remat,
+      remat_policy=cfg.remat_policy,
+      dtype=jnp.dtype(cfg.dtype),
+  )
+  for name in _EXECUTION_FIELDS & overrides.keys():
+    execution[name] = overrides.pop(name)
+  attributes = dict(
       num_classes=num_classes,
       patch_size=tuple(cfg.patches.size),
       hidden_size=cfg.hidden_size,
       num_layers=t.num_layers,
       mlp_dim=t.mlp_dim,
       num_heads=t.num_heads,
-      dropout_rate=t.get("dropout_rate", 0.0),
-      attention_dropout_rate=t.get("attention_dropout_rate", 0.0),
-      classifier=cfg.get("classifier", "token"),
-      posemb=cfg.get("posemb", "learn"),
-      representation_size=cfg.get("representation_size"),
-      resnet_units=None if resnet is None else tuple(resnet.num_layers),
-      resnet_width_factor=1.0 if resnet is None else resnet.width_factor,
-      scan=cfg.get("scan", False),
-      remat=cfg.get("remat", False),
-      remat_policy=cfg.get("remat_policy"),
-      attention_impl=cfg.get("attention_impl"),
-      dtype=jnp.dtype(cfg.get("dtype", "float32")),
+      classifier=cfg.classifier,
+      posemb=cfg.posemb,
+      representation_size=cfg.representation_size,
+      resnet_units=None if cfg.resnet is None else tuple(cfg.resnet.num_layers),
+      resnet_width_factor=1.0 if cfg.resnet is None else cfg.resnet.width_factor,
+      execution=ExecutionOptions(**execution),
   )
-  kwargs.update(overrides)
-  return VisionTransformer(**kwargs)
+  attributes.update(overrides)
+  return VisionTransformer(**attributes)
 
 
-__all__ = ["CLASSIFIERS", "MODEL_NAMES", "POSEMB_KINDS", "VisionTransformer", "create_model",
-           "get_model_config", "resize_grid", "sincos_2d"]
+__all__ = ["CLASSIFIERS", "ExecutionOptions", "MODEL_NAMES", "POSEMB_KINDS", "VisionTransformer",
+           "create_model", "get_model_config", "resize_grid", "sincos_2d"]

@@ -10,6 +10,7 @@ Inspection: apply with ``mutable=['intermediates']`` and every block sows
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Literal, Optional, Sequence
 
@@ -30,49 +31,64 @@ def _partitioned(init, names: tuple[Optional[str], ...]):
   return nn.with_logical_partitioning(init, names)
 
 
+@dataclasses.dataclass(frozen=True)
+class ExecutionOptions:
+  """How the model runs: declared once here and passed down the modules as one attribute.
+
+  None of them changes the parameters or the function computed in evaluation; ``scan``
+  stores the blocks' parameters stacked over a leading layer axis.
+  """
+  dropout_rate: float = 0.0  # on the embeddings, the attention output and the MLP
+  attention_dropout_rate: float = 0.0  # on the attention weights
+  attention_impl: Optional[str] = None  # for `jax.nn.dot_product_attention`, e.g. 'cudnn'
+  scan: bool = False  # the encoder blocks as one `nn.scan` (faster to compile)
+  remat: bool = False  # recompute each block's activations in the backward pass
+  remat_policy: Optional[str] = None  # a name in `jax.checkpoint_policies`
+  dtype: jnp.dtype = jnp.float32  # computation
+  param_dtype: jnp.dtype = jnp.float32  # storage
+
+
 class MultiHeadDotProductAttention(nn.Module):
   """Self-attention with the official `query/key/value/out` parameter layout.
 
-  The product goes through `jax.nn.dot_product_attention`, so ``implementation`` can pick
+  The product goes through `jax.nn.dot_product_attention`, so ``attention_impl`` can pick
   a fused kernel ('cudnn' on GPU) without changing any parameter. When the weights are
   needed (sown for inspection, or attention dropout in training) they are computed
   explicitly instead; both paths compute the same function.
   """
   num_heads: int
-  dropout_rate: float = 0.0
-  implementation: Optional[str] = None
-  dtype: jnp.dtype = jnp.float32
-  param_dtype: jnp.dtype = jnp.float32
+  execution: ExecutionOptions = ExecutionOptions()
 
   @nn.compact
   def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
+    ex = self.execution
     d = x.shape[-1]  # x: [B, N, D]
     if d % self.num_heads:
       raise ValueError(f"Width {d} is not divisible by num_heads={self.num_heads}.")
     dh = d // self.num_heads
     dense_in = functools.partial(
-        nn.DenseGeneral, features=(self.num_heads, dh), axis=-1, dtype=self.dtype,
-        param_dtype=self.param_dtype,
+        nn.DenseGeneral, features=(self.num_heads, dh), axis=-1, dtype=ex.dtype,
+        param_dtype=ex.param_dtype,
         kernel_init=_partitioned(nn.initializers.xavier_uniform(), ("embed", "heads", "kv")),
         bias_init=_partitioned(nn.initializers.zeros, ("heads", "kv")))
     q = dense_in(name="query")(x)  # [B, N, H, Dh]
     k = dense_in(name="key")(x)  # [B, N, H, Dh]
     v = dense_in(name="value")(x)  # [B, N, H, Dh]
 
-    use_dropout = not deterministic and self.dropout_rate > 0.0
+    use_dropout = not deterministic and ex.attention_dropout_rate > 0.0
     if use_dropout or self.is_mutable_collection("intermediates"):
-      logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(dh).astype(self.dtype)
+      logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(dh).astype(ex.dtype)
       weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)  # [B, H, N, N]
       self.sow("intermediates", "attention_weights", weights)
-      weights = weights.astype(self.dtype)
+      weights = weights.astype(ex.dtype)
       if use_dropout:
-        weights = nn.Dropout(self.dropout_rate)(weights, deterministic=False)
+        weights = nn.Dropout(ex.attention_dropout_rate)(weights, deterministic=False)
       y = jnp.einsum("bhqk,bkhd->bqhd", weights, v)  # [B, N, H, Dh]
     else:
-      y = jax.nn.dot_product_attention(q, k, v, implementation=self.implementation)
+      y = jax.nn.dot_product_attention(q, k, v, implementation=ex.attention_impl)
 
     return nn.DenseGeneral(
-        features=d, axis=(-2, -1), dtype=self.dtype, param_dtype=self.param_dtype,
+        features=d, axis=(-2, -1), dtype=ex.dtype, param_dtype=ex.param_dtype,
         kernel_init=_partitioned(nn.initializers.xavier_uniform(), ("heads", "kv", "embed")),
         bias_init=_partitioned(nn.initializers.zeros, ("embed",)), name="out")(y)  # [B, N, D]
 
@@ -80,27 +96,28 @@ class MultiHeadDotProductAttention(nn.Module):
 class MlpBlock(nn.Module):
   """Dense -> exact GELU -> dropout -> Dense -> dropout."""
   mlp_dim: int
-  dropout_rate: float = 0.0
-  dtype: jnp.dtype = jnp.float32
-  param_dtype: jnp.dtype = jnp.float32
+  execution: ExecutionOptions = ExecutionOptions()
 
   @nn.compact
   def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
     d = x.shape[-1]
-    dense = functools.partial(nn.Dense, dtype=self.dtype, param_dtype=self.param_dtype)
+    rate = self.execution.dropout_rate
+    dense = functools.partial(nn.Dense, dtype=self.execution.dtype,
+                              param_dtype=self.execution.param_dtype)
     x = dense(self.mlp_dim, name="Dense_0",
               kernel_init=_partitioned(nn.initializers.xavier_uniform(), ("embed", "mlp")),
               bias_init=_partitioned(_normal_init, ("mlp",)))(x)  # [B, N, M]
     x = nn.gelu(x, approximate=False)
-    x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
+    x = nn.Dropout(rate)(x, deterministic=deterministic)
     x = dense(d, name="Dense_1",
               kernel_init=_partitioned(nn.initializers.xavier_uniform(), ("mlp", "embed")),
               bias_init=_partitioned(_normal_init, ("embed",)))(x)  # [B, N, D]
-    return nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
+    return nn.Dropout(rate)(x, deterministic=deterministic)
 
 
-def _layer_norm(name: str, dtype, param_dtype) -> nn.LayerNorm:
-  return nn.LayerNorm(epsilon=1e-6, name=name, dtype=dtype, param_dtype=param_dtype,
+def _layer_norm(name: str, execution: ExecutionOptions) -> nn.LayerNorm:
+  return nn.LayerNorm(epsilon=1e-6, name=name, dtype=execution.dtype,
+                      param_dtype=execution.param_dtype,
                       scale_init=_partitioned(nn.initializers.ones, ("embed",)),
                       bias_init=_partitioned(nn.initializers.zeros, ("embed",)))
 
@@ -112,24 +129,18 @@ class Encoder1DBlock(nn.Module):
   """
   mlp_dim: int
   num_heads: int
-  dropout_rate: float = 0.0
-  attention_dropout_rate: float = 0.0
-  attention_impl: Optional[str] = None
-  dtype: jnp.dtype = jnp.float32
-  param_dtype: jnp.dtype = jnp.float32
+  execution: ExecutionOptions = ExecutionOptions()
 
   @nn.compact
   def __call__(self, x: jax.Array, deterministic: bool) -> tuple[jax.Array, None]:
-    y = _layer_norm("LayerNorm_0", self.dtype, self.param_dtype)(x)
-    y = MultiHeadDotProductAttention(
-        num_heads=self.num_heads, dropout_rate=self.attention_dropout_rate,
-        implementation=self.attention_impl, dtype=self.dtype, param_dtype=self.param_dtype,
-        name="MultiHeadDotProductAttention_1")(y, deterministic)
-    y = nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
+    ex = self.execution
+    y = _layer_norm("LayerNorm_0", ex)(x)
+    y = MultiHeadDotProductAttention(self.num_heads, ex, name="MultiHeadDotProductAttention_1")(
+        y, deterministic)
+    y = nn.Dropout(ex.dropout_rate)(y, deterministic=deterministic)
     x = x + y  # [B, N, D]
-    y = _layer_norm("LayerNorm_2", self.dtype, self.param_dtype)(x)
-    y = MlpBlock(self.mlp_dim, self.dropout_rate, dtype=self.dtype,
-                 param_dtype=self.param_dtype, name="MlpBlock_3")(y, deterministic)
+    y = _layer_norm("LayerNorm_2", ex)(x)
+    y = MlpBlock(self.mlp_dim, ex, name="MlpBlock_3")(y, deterministic)
     x = x + y
     self.sow("intermediates", "tokens", x)
     return x, None
@@ -143,39 +154,29 @@ class Encoder(nn.Module):
   grid_hw: tuple[int, int]
   num_prefix: int
   posemb: str = "learn"
-  dropout_rate: float = 0.0
-  attention_dropout_rate: float = 0.0
-  attention_impl: Optional[str] = None
-  scan: bool = False
-  remat: bool = False
-  remat_policy: Optional[str] = None
-  dtype: jnp.dtype = jnp.float32
-  param_dtype: jnp.dtype = jnp.float32
+  execution: ExecutionOptions = ExecutionOptions()
 
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
+    ex = self.execution
     deterministic = not train
     x = posemb_lib.AddPositionEmbs(self.posemb, self.grid_hw, self.num_prefix,
-                                   param_dtype=self.param_dtype, name="posembed_input")(x)
-    x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
+                                   param_dtype=ex.param_dtype, name="posembed_input")(x)
+    x = nn.Dropout(ex.dropout_rate)(x, deterministic=deterministic)
 
     block_cls = Encoder1DBlock
-    if self.remat:
+    if ex.remat:
       policy = None
-      if self.remat_policy:
-        if not hasattr(jax.checkpoint_policies, self.remat_policy):
-          raise ValueError(f"Unknown remat_policy {self.remat_policy!r}: use a name from "
+      if ex.remat_policy:
+        if not hasattr(jax.checkpoint_policies, ex.remat_policy):
+          raise ValueError(f"Unknown remat_policy {ex.remat_policy!r}: use a name from "
                            "jax.checkpoint_policies, e.g. 'nothing_saveable'.")
-        policy = getattr(jax.checkpoint_policies, self.remat_policy)
+        policy = getattr(jax.checkpoint_policies, ex.remat_policy)
       # Argument 2 (`deterministic`, counting self) is a Python bool: static.
-      block_cls = nn.remat(block_cls, prevent_cse=not self.scan, static_argnums=(2,),
+      block_cls = nn.remat(block_cls, prevent_cse=not ex.scan, static_argnums=(2,),
                            policy=policy)
-    block_kwargs = dict(mlp_dim=self.mlp_dim, num_heads=self.num_heads,
-                        dropout_rate=self.dropout_rate,
-                        attention_dropout_rate=self.attention_dropout_rate,
-                        attention_impl=self.attention_impl, dtype=self.dtype,
-                        param_dtype=self.param_dtype)
-    if self.scan:
+    block_kwargs = dict(mlp_dim=self.mlp_dim, num_heads=self.num_heads, execution=ex)
+    if ex.scan:
       scanned = nn.scan(block_cls, variable_axes={"params": 0, "intermediates": 0},
                         split_rngs={"params": True, "dropout": True}, in_axes=nn.broadcast,
                         length=self.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
@@ -183,7 +184,7 @@ class Encoder(nn.Module):
     else:
       for i in range(self.num_layers):
         x, _ = block_cls(name=f"encoderblock_{i}", **block_kwargs)(x, deterministic)
-    return _layer_norm("encoder_norm", self.dtype, self.param_dtype)(x)
+    return _layer_norm("encoder_norm", ex)(x)
 
 
 class VisionTransformer(nn.Module):
@@ -202,16 +203,9 @@ class VisionTransformer(nn.Module):
   posemb: str = "learn"
   representation_size: Optional[int] = None
   head_bias_init: float = 0.0
-  dropout_rate: float = 0.0
-  attention_dropout_rate: float = 0.0
   resnet_units: Optional[Sequence[int]] = None  # None: plain ViT; (): root only; (3, 4, 9): R50
   resnet_width_factor: float = 1.0
-  attention_impl: Optional[str] = None
-  scan: bool = False
-  remat: bool = False
-  remat_policy: Optional[str] = None
-  dtype: jnp.dtype = jnp.float32
-  param_dtype: jnp.dtype = jnp.float32
+  execution: ExecutionOptions = ExecutionOptions()
 
   @property
   def input_stride(self) -> tuple[int, int]:
@@ -233,13 +227,14 @@ class VisionTransformer(nn.Module):
   def __call__(self, images: jax.Array, *, train: bool = False) -> jax.Array:
     if self.classifier not in CLASSIFIERS:
       raise ValueError(f"Unknown classifier {self.classifier!r}; choose one of {CLASSIFIERS}.")
+    ex = self.execution
     grid_hw = self.grid_hw(images.shape[1:3])
-    x = images.astype(self.dtype)  # [B, H, W, C]
+    x = images.astype(ex.dtype)  # [B, H, W, C]
     if self.resnet_units is not None:
-      x = resnet_root(x, self.resnet_units, self.resnet_width_factor, dtype=self.dtype,
-                      param_dtype=self.param_dtype)  # [B, H/s, W/s, C']
+      x = resnet_root(x, self.resnet_units, self.resnet_width_factor, dtype=ex.dtype,
+                      param_dtype=ex.param_dtype)  # [B, H/s, W/s, C']
     x = nn.Conv(self.hidden_size, self.patch_size, strides=self.patch_size, padding="VALID",
-                dtype=self.dtype, param_dtype=self.param_dtype, name="embedding",
+                dtype=ex.dtype, param_dtype=ex.param_dtype, name="embedding",
                 kernel_init=_partitioned(nn.initializers.lecun_normal(),
                                          (None, None, None, "embed")),
                 bias_init=_partitioned(nn.initializers.zeros, ("embed",)))(x)
@@ -250,15 +245,12 @@ class VisionTransformer(nn.Module):
     num_prefix = 0
     if self.classifier == "token":
       cls = self.param("cls", _partitioned(nn.initializers.zeros, (None, None, "embed")),
-                       (1, 1, d), self.param_dtype)
+                       (1, 1, d), ex.param_dtype)
       x = jnp.concatenate([jnp.broadcast_to(cls.astype(x.dtype), (b, 1, d)), x], axis=1)
       num_prefix = 1
 
     x = Encoder(self.num_layers, self.mlp_dim, self.num_heads, grid_hw, num_prefix,
-                posemb=self.posemb, dropout_rate=self.dropout_rate,
-                attention_dropout_rate=self.attention_dropout_rate,
-                attention_impl=self.attention_impl, scan=self.scan, remat=self.remat,
-                remat_policy=self.remat_policy, dtype=self.dtype, param_dtype=self.param_dtype,
+                posemb=self.posemb, execution=ex,
                 name="Transformer")(x, train=train)  # [B, N(+1), D]
 
     if self.classifier == "token":
@@ -267,14 +259,14 @@ class VisionTransformer(nn.Module):
       x = jnp.mean(x, axis=1)  # [B, D]
 
     if self.representation_size is not None:
-      x = nn.Dense(self.representation_size, dtype=self.dtype, param_dtype=self.param_dtype,
+      x = nn.Dense(self.representation_size, dtype=ex.dtype, param_dtype=ex.param_dtype,
                    kernel_init=_partitioned(nn.initializers.lecun_normal(), ("embed", None)),
                    bias_init=_partitioned(nn.initializers.zeros, (None,)),
                    name="pre_logits")(x)
       x = jnp.tanh(x)
 
     if self.num_classes:
-      x = nn.Dense(self.num_classes, dtype=self.dtype, param_dtype=self.param_dtype,
+      x = nn.Dense(self.num_classes, dtype=ex.dtype, param_dtype=ex.param_dtype,
                    kernel_init=_partitioned(nn.initializers.zeros, ("embed", None)),
                    bias_init=_partitioned(nn.initializers.constant(self.head_bias_init),
                                           (None,)),
