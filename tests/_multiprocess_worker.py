@@ -64,14 +64,15 @@ def get_config(strategy: str = "data_parallel") -> ml_collections.ConfigDict:
 def _params_to_host(params) -> dict:
   """Flat {name: numpy} of the whole arrays, on every process."""
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-  from vit_jax import checkpoint  # pylint: disable=g-import-not-at-top
-  return checkpoint.flatten(multihost_utils.process_allgather(params, tiled=True))
+  from flax import traverse_util  # pylint: disable=g-import-not-at-top
+  return traverse_util.flatten_dict(multihost_utils.process_allgather(params, tiled=True), sep="/")
 
 
 def _run(mode: str, out_dir: str, data_dir: str) -> None:
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from vit_jax import checkpoint, data, run_checkpoints, train  # pylint: disable=g-import-not-at-top
+  from flax import traverse_util  # pylint: disable=g-import-not-at-top
+  from vit_jax import data, run_checkpoints, train  # pylint: disable=g-import-not-at-top
 
   assert jax.device_count() == 4, jax.devices()
 
@@ -115,8 +116,8 @@ def _run(mode: str, out_dir: str, data_dir: str) -> None:
     for key, value in _params_to_host(state.params).items():
       results[f"{name}/params/{key}"] = value
     # read_params, called by every process, gives every process the whole arrays.
-    stored = checkpoint.flatten(run_checkpoints.read_params(
-        os.path.join(workdir, "checkpoints")))
+    stored = traverse_util.flatten_dict(run_checkpoints.read_params(
+        os.path.join(workdir, "checkpoints")), sep="/")
     metrics[name]["read_params_max_diff"] = max(
         float(np.max(np.abs(stored[k] - results[f"{name}/params/{k}"]))) for k in stored)
 

@@ -10,9 +10,10 @@ os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 
 import jax  # pylint: disable=g-import-not-at-top
 import numpy as np
+from flax import traverse_util
 
 from tests import train_fixtures
-from vit_jax import checkpoint, parallel, train
+from vit_jax import parallel, train
 
 
 def main(out_path: str) -> None:
@@ -31,9 +32,9 @@ def main(out_path: str) -> None:
       state, metrics = trainer.train_step(state, batch)
       losses.append(float(metrics["train/loss"]))
     results[f"{strategy}/loss"] = np.array(losses)
-    for k, v in checkpoint.flatten(jax.device_get(state.params)).items():
+    for k, v in traverse_util.flatten_dict(jax.device_get(state.params), sep="/").items():
       results[f"{strategy}/params/{k}"] = np.asarray(v)
-    flat = checkpoint.flatten(state.params)
+    flat = traverse_util.flatten_dict(state.params, sep="/")
     for k in ("Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel",
               "Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/kernel"):
       results[f"{strategy}/spec/{k}"] = np.array(str(flat[k].sharding.spec))

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import traverse_util
 
 from vit_jax import checkpoint
 from vit_jax.models import create_model, get_model_config
@@ -25,8 +26,13 @@ def random_params(model, image_size=16, seed=0):
                                       for k, x in zip(keys, leaves)])
 
 
+def flat(tree) -> dict:
+  """{'a': {'b': x}} -> {'a/b': x}: the keys of an `.npz` file."""
+  return traverse_util.flatten_dict(tree, sep="/")
+
+
 def assert_trees_equal(a, b):
-  fa, fb = checkpoint.flatten(a), checkpoint.flatten(b)
+  fa, fb = flat(a), flat(b)
   assert fa.keys() == fb.keys()
   for k in fa:
     np.testing.assert_array_equal(np.asarray(fa[k]), np.asarray(fb[k]), err_msg=k)
@@ -50,7 +56,7 @@ def test_scanned_model_is_written_per_layer_and_reloads_into_either_layout(tmp_p
   params = random_params(per_layer_model)
   scanned = checkpoint.layers_to_scanned(params)
   checkpoint.check_tree(scanned, random_params(scanned_model))  # the layout a scan expects
-  assert checkpoint.flatten(scanned)["Transformer/encoderblock/LayerNorm_0/scale"].shape == (2, 32)
+  assert flat(scanned)["Transformer/encoderblock/LayerNorm_0/scale"].shape == (2, 32)
 
   # scanned <-> per-layer is exact, both ways.
   assert_trees_equal(checkpoint.scanned_to_layers(scanned), params)
@@ -72,7 +78,7 @@ def test_scanned_model_is_written_per_layer_and_reloads_into_either_layout(tmp_p
 
 def test_scanned_npz_file_is_read_as_scanned(tmp_path):
   scanned = checkpoint.layers_to_scanned(random_params(tiny()))
-  np.savez(tmp_path / "bv.npz", **checkpoint.flatten(jax.tree.map(np.asarray, scanned)))
+  np.savez(tmp_path / "bv.npz", **flat(jax.tree.map(np.asarray, scanned)))
   loaded = checkpoint.load_npz(tmp_path / "bv.npz")
   assert checkpoint.is_scanned(loaded)
   assert_trees_equal(loaded, scanned)
@@ -81,9 +87,9 @@ def test_scanned_npz_file_is_read_as_scanned(tmp_path):
 def test_old_groupnorm_shapes_are_squeezed(tmp_path):
   model = tiny(resnet_units=(1,), resnet_width_factor=0.5, patch_size=(1, 1))
   params = random_params(model, image_size=8)
-  flat = {k: np.asarray(v) for k, v in checkpoint.flatten(params).items()}
+  arrays = {k: np.asarray(v) for k, v in flat(params).items()}
   old = {k: (v.reshape(1, 1, 1, -1) if "/gn" in "/" + k and k.endswith(("scale", "bias"))
-             else v) for k, v in flat.items()}
+             else v) for k, v in arrays.items()}
   assert old["gn_root/scale"].shape == (1, 1, 1, 32)
   np.savez(tmp_path / "old.npz", **old)
   assert_trees_equal(checkpoint.load_npz(tmp_path / "old.npz"), params)
@@ -93,23 +99,24 @@ def test_bfloat16_params_are_written_as_float32(tmp_path):
   params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), random_params(tiny()))
   checkpoint.save_npz(tmp_path / "bf16.npz", params)
   loaded = checkpoint.load_npz(tmp_path / "bf16.npz")
-  for k, v in checkpoint.flatten(loaded).items():
+  for k, v in flat(loaded).items():
     assert v.dtype == np.float32, k
-    np.testing.assert_array_equal(v, np.asarray(checkpoint.flatten(params)[k], np.float32))
+    np.testing.assert_array_equal(v, np.asarray(flat(params)[k], np.float32))
 
 
 def test_check_tree_lists_every_difference_at_once():
   params = random_params(tiny())
   other = random_params(tiny(hidden_size=48, num_heads=2))
-  broken = checkpoint.flatten(other)
+  broken = flat(other)
   del broken["head/bias"]
   broken["extra/kernel"] = np.zeros(3)
   with pytest.raises(ValueError) as e:
-    checkpoint.check_tree(checkpoint.unflatten(broken), params, source="ckpt.npz")
+    checkpoint.check_tree(traverse_util.unflatten_dict(broken, sep="/"), params, source="ckpt.npz")
   msg = str(e.value)
   assert "missing keys (1)" in msg and "head/bias" in msg
   assert "unexpected keys (1)" in msg and "extra/kernel" in msg
-  assert "shape mismatches" in msg and "embedding/kernel: ckpt.npz (4, 4, 3, 48) vs model (4, 4, 3, 32)" in msg
+  assert "shape mismatches" in msg
+  assert "embedding/kernel: ckpt.npz (4, 4, 3, 48) vs model (4, 4, 3, 32)" in msg
   checkpoint.check_tree(params, params)  # equal trees pass
 
 

@@ -9,15 +9,17 @@ import ml_collections
 import numpy as np
 import pytest
 from absl import flags
+from flax import traverse_util
 from ml_collections import config_flags
 
 from configs import pretrain, quickstart, vit
 from vit_jax import models
-from vit_jax import checkpoint, optim, run_checkpoints, train
+from vit_jax import optim, pretrained, run_checkpoints, train
 from vit_jax.data import presets
+from vit_jax.models.posemb import resize_posemb
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-POSEMB = checkpoint.POSEMB_PATH
+POSEMB = pretrained.POSEMB_PATH
 
 
 # --- The recipe configs ---------------------------------------------------------------------
@@ -122,7 +124,8 @@ def test_checkpoint_is_evaluated_without_training(source_run, tmp_path):
 
 def test_run_finetunes_at_2x_resolution_with_a_new_head(source_run, tmp_path, monkeypatch):
   _, workdir, _ = source_run
-  stored = checkpoint.flatten(run_checkpoints.read_params(os.path.join(workdir, "checkpoints")))
+  stored = traverse_util.flatten_dict(
+      run_checkpoints.read_params(os.path.join(workdir, "checkpoints")), sep="/")
   config = vit.get_config("ti16,digits")  # the fine-tuning recipe (SGD), shrunk
   config.model = models.get_model_config("testing")
   config.data_dir = source_run[0].data_dir
@@ -134,13 +137,13 @@ def test_run_finetunes_at_2x_resolution_with_a_new_head(source_run, tmp_path, mo
   config.log_every, config.eval_every, config.checkpoint_every = 1, 100, 100
 
   loaded = {}
-  real_load = checkpoint.load_pretrained
+  real_load = pretrained.load_pretrained
 
   def spy(*args, **kwargs):
-    loaded.update(checkpoint.flatten(real_load(*args, **kwargs)))
-    return checkpoint.unflatten(dict(loaded))
+    loaded.update(traverse_util.flatten_dict(real_load(*args, **kwargs), sep="/"))
+    return traverse_util.unflatten_dict(dict(loaded), sep="/")
 
-  monkeypatch.setattr(checkpoint, "load_pretrained", spy)
+  monkeypatch.setattr(pretrained, "load_pretrained", spy)
   result = train.train_and_evaluate(config, str(tmp_path / "ft"))
 
   assert set(loaded) == set(stored)
@@ -150,12 +153,13 @@ def test_run_finetunes_at_2x_resolution_with_a_new_head(source_run, tmp_path, mo
     elif key == POSEMB:
       assert value.shape == (1, 1 + 2 * 2, 32) and loaded[key].shape == (1, 1 + 4 * 4, 32)
       np.testing.assert_allclose(
-          loaded[key], checkpoint.resize_posemb(value, (4, 4), num_prefix=1), rtol=1e-6)
+          loaded[key], resize_posemb(value, (4, 4), num_prefix=1), rtol=1e-6)
       np.testing.assert_array_equal(loaded[key][:, 0], value[:, 0])  # class token's row
     else:
       np.testing.assert_array_equal(loaded[key], value, err_msg=key)
   assert np.isfinite(result["train/loss"]) and 0.0 <= result["eval/accuracy"] <= 1.0
-  tuned = checkpoint.flatten(run_checkpoints.read_params(tmp_path / "ft" / "checkpoints" / "3"))
+  tuned = traverse_util.flatten_dict(
+      run_checkpoints.read_params(tmp_path / "ft" / "checkpoints" / "3"), sep="/")
   assert tuned[POSEMB].shape == (1, 17, 32)
   assert not np.array_equal(tuned["head/kernel"], 0.0)  # the new head trained
 
@@ -163,16 +167,16 @@ def test_run_finetunes_at_2x_resolution_with_a_new_head(source_run, tmp_path, mo
 def test_reinit_takes_fresh_position_embeddings(source_run):
   config, workdir, _ = source_run
   source = os.path.join(workdir, "checkpoints")
-  stored = checkpoint.flatten(run_checkpoints.read_params(source))
+  stored = traverse_util.flatten_dict(run_checkpoints.read_params(source), sep="/")
   # The 2x model's fresh parameters: the stored tree with a new 4x4-grid table (no model
   # init needed; only shapes and the posemb values matter).
   fresh = {k: np.full_like(v, 7.0) for k, v in stored.items()}
   fresh[POSEMB] = np.random.default_rng(0).standard_normal((1, 17, 32)).astype(np.float32)
-  result = checkpoint.flatten(checkpoint.load_pretrained(
-      source, checkpoint.unflatten(fresh), config.model, posemb_resize_method="reinit"))
+  fresh_tree = traverse_util.unflatten_dict(fresh, sep="/")
+  result = traverse_util.flatten_dict(pretrained.load_pretrained(
+      source, fresh_tree, config.model, posemb_resize_method="reinit"), sep="/")
   np.testing.assert_array_equal(result[POSEMB], fresh[POSEMB])
   for key in stored.keys() - {POSEMB}:  # the rest, head included (same classes), as stored
     np.testing.assert_array_equal(result[key], stored[key], err_msg=key)
   with pytest.raises(ValueError, match="'reinit'"):
-    checkpoint.load_pretrained(source, checkpoint.unflatten(fresh), config.model,
-                               posemb_resize_method="reinitt")
+    pretrained.load_pretrained(source, fresh_tree, config.model, posemb_resize_method="reinitt")

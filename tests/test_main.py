@@ -7,8 +7,9 @@ import sys
 import jax
 import numpy as np
 import pytest
+from flax import traverse_util
 
-from vit_jax import checkpoint, data, run_checkpoints, train
+from vit_jax import data, run_checkpoints, train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -79,8 +80,8 @@ def test_resumed_run_continues_at_the_saved_step_with_identical_parameters(
   assert resumed["eval/accuracy"] == straight["eval/accuracy"]
   a = run_checkpoints.read_params(tmp_path / "straight" / "checkpoints" / "6")
   b = run_checkpoints.read_params(tmp_path / "resumed" / "checkpoints" / "6")
-  for k, v in checkpoint.flatten(a).items():
-    np.testing.assert_array_equal(checkpoint.flatten(b)[k], v, err_msg=k)
+  for k, v in traverse_util.flatten_dict(a, sep="/").items():
+    np.testing.assert_array_equal(traverse_util.flatten_dict(b, sep="/")[k], v, err_msg=k)
 
 
 def test_resume_with_another_model_is_an_error_and_keeps_the_run(tmp_path, tiny_config):

@@ -166,12 +166,8 @@ def _expected_vit_tree(d, m, h, depth, patch, k, n, channels=3):
   return tree
 
 
-def _flat(tree):
-  return traverse_util.flatten_dict(tree, sep="/")
-
-
 def _tree_shapes(params):
-  return {k: tuple(v.shape) for k, v in _flat(params).items()}
+  return {k: tuple(v.shape) for k, v in traverse_util.flatten_dict(params, sep="/").items()}
 
 
 def test_b16_tree_equals_the_official_layout():
@@ -225,7 +221,7 @@ def test_intermediates_give_attention_and_tokens_per_layer():
     model = tiny(scan=scan)
     params, images = init(model)  # 16 tokens + cls
     _, state = model.apply({"params": params}, images, mutable=["intermediates"])
-    flat = _flat(state["intermediates"])
+    flat = traverse_util.flatten_dict(state["intermediates"], sep="/")
     if scan:
       att = flat["Transformer/encoderblock/MultiHeadDotProductAttention_1/attention_weights"][0]
       tokens = flat["Transformer/encoderblock/tokens"][0]
@@ -286,7 +282,7 @@ def test_bfloat16_forward_is_close_to_float32():
 def test_parameters_carry_logical_axis_names():
   model = tiny(scan=True)
   boxed = model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)))["params"]
-  specs = _flat(nn.get_partition_spec(boxed))
+  specs = traverse_util.flatten_dict(nn.get_partition_spec(boxed), sep="/")
   assert tuple(specs["Transformer/encoderblock/MlpBlock_3/Dense_0/kernel"]) == (
       "layers", "embed", "mlp")
   assert tuple(specs["Transformer/encoderblock/MultiHeadDotProductAttention_1/out/kernel"]) == (

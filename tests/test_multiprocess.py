@@ -23,9 +23,10 @@ from typing import Optional
 
 import numpy as np
 import pytest
+from flax import traverse_util
 
 from tests import _multiprocess_worker as worker
-from vit_jax import checkpoint, data, run_checkpoints
+from vit_jax import data, run_checkpoints
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH_TIMEOUT = 480  # Seconds for a pair of launches (2 shared cores: compiles are slow).
@@ -236,8 +237,8 @@ def test_two_processes_train_like_one(runs, strategy):
 def test_a_checkpoint_of_two_processes_reads_in_one(runs):
   arrays, _ = runs["results"]
   for strategy in worker.STRATEGIES:
-    stored = checkpoint.flatten(run_checkpoints.read_params(
-        os.path.join(runs["two"], strategy, "checkpoints", str(worker.STEPS))))
+    stored = traverse_util.flatten_dict(run_checkpoints.read_params(
+        os.path.join(runs["two"], strategy, "checkpoints", str(worker.STEPS))), sep="/")
     assert _max_diff(stored, _params(arrays, strategy)) == 0.0
 
 
@@ -261,8 +262,8 @@ def test_pretrained_parameters_load_into_fsdp_over_processes(runs):
 def test_main_resumes_at_the_saved_step_like_an_uninterrupted_run(runs):
   log = runs["resume"].output(0, chars=10**7)
   assert f"from step {worker.STEPS} to {worker.RESUME_STEPS}" in log, log[-3000:]
-  resumed = checkpoint.flatten(run_checkpoints.read_params(
-      os.path.join(runs["resumed"], "checkpoints", str(worker.RESUME_STEPS))))
+  resumed = traverse_util.flatten_dict(run_checkpoints.read_params(
+      os.path.join(runs["resumed"], "checkpoints", str(worker.RESUME_STEPS))), sep="/")
   straight = _params(runs["reference"][0], f"{worker.RESUME_STRATEGY}_straight")
   assert _max_diff(resumed, straight) <= ATOL
 

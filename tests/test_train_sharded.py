@@ -6,9 +6,10 @@ import sys
 import jax
 import numpy as np
 import pytest
+from flax import traverse_util
 
 from tests import train_fixtures
-from vit_jax import checkpoint, train
+from vit_jax import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -36,7 +37,7 @@ def single_device():
   for _ in range(2):
     state, metrics = trainer.train_step(state, batch)
     losses.append(float(metrics["train/loss"]))
-  return np.array(losses), checkpoint.flatten(jax.device_get(state.params))
+  return np.array(losses), traverse_util.flatten_dict(jax.device_get(state.params), sep="/")
 
 
 @pytest.mark.parametrize("strategy", ["data_parallel", "fsdp", "tensor_parallel"])

@@ -1,55 +1,26 @@
-"""Checkpoints: the official ViT `.npz` layout (read, write, scanned <-> per-layer).
+"""The official ViT weights format: `.npz` read and write, scanned <-> per-layer layouts.
 
 Official files are flat `np.savez` archives whose keys are Flax parameter paths joined by
-'/' (FORMATS.md). A scanned encoder (`nn.scan`) keeps every block's arrays once, under
-`Transformer/encoderblock/`, with a leading depth axis; the per-layer layout has
-`Transformer/encoderblock_{i}/`. Files are written per-layer, as the official ones.
-
-`load_pretrained` adapts a stored checkpoint (`.npz` or an Orbax run) to a new model for
-fine-tuning (paper Sec. 3.2): head and representation-layer rules, position-embedding
-interpolation to the new grid, layout conversion, one error for what does not fit.
+'/' (keys and shapes: docs/checkpoint_format.md). A scanned encoder (`nn.scan`) keeps every
+block's arrays once, under `Transformer/encoderblock/`, with a leading depth axis; the
+per-layer layout has `Transformer/encoderblock_{i}/`. Files are written per-layer, as the
+official ones. Adapting weights to a new model for fine-tuning is `vit_jax.pretrained`;
+saving a training run is `vit_jax.run_checkpoints`.
 """
 from __future__ import annotations
 
-import math
 import os
 import re
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping
 
 import flax.linen as nn
 import numpy as np
-from absl import logging
-
-from vit_jax.models.posemb import resize_grid
+from flax import traverse_util
 
 Params = dict[str, Any]  # a nested dict of arrays
 
 SCANNED_BLOCK = "encoderblock"
 _LAYER_BLOCK = re.compile(r"^encoderblock_(\d+)$")
-
-
-def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-  """{'a': {'b': x}} -> {'a/b': x}."""
-  flat = {}
-  for key, value in tree.items():
-    path = f"{prefix}{key}"
-    if isinstance(value, Mapping):
-      flat.update(flatten(value, path + "/"))
-    else:
-      flat[path] = value
-  return flat
-
-
-def unflatten(flat: Mapping[str, Any]) -> Params:
-  """{'a/b': x} -> {'a': {'b': x}}."""
-  tree: Params = {}
-  for path, value in flat.items():
-    *parents, leaf = path.split("/")
-    node = tree
-    for p in parents:
-      node = node.setdefault(p, {})
-    node[leaf] = value
-  return tree
 
 
 def is_scanned(params: Mapping[str, Any]) -> bool:
@@ -62,12 +33,13 @@ def scanned_to_layers(params: Params) -> Params:
   if not is_scanned(params):
     return params
   transformer = dict(params["Transformer"])
-  stacked = flatten(transformer.pop(SCANNED_BLOCK))
+  stacked = traverse_util.flatten_dict(transformer.pop(SCANNED_BLOCK))
   depth = {v.shape[0] for v in stacked.values()}
   if len(depth) != 1:
     raise ValueError(f"Scanned encoder arrays disagree on the depth axis: {sorted(depth)}.")
   for i in range(depth.pop()):
-    transformer[f"encoderblock_{i}"] = unflatten({k: v[i] for k, v in stacked.items()})
+    transformer[f"encoderblock_{i}"] = traverse_util.unflatten_dict(
+        {k: v[i] for k, v in stacked.items()})
   return {**params, "Transformer": transformer}
 
 
@@ -80,9 +52,9 @@ def layers_to_scanned(params: Params) -> Params:
                   if (m := _LAYER_BLOCK.match(k)))
   if [i for i, _ in layers] != list(range(len(layers))):
     raise ValueError(f"Encoder blocks are not numbered 0..L-1: {[k for _, k in layers]}.")
-  flats = [flatten(transformer.pop(k)) for _, k in layers]
+  flats = [traverse_util.flatten_dict(transformer.pop(k)) for _, k in layers]
   stacked = {k: np.stack([np.asarray(f[k]) for f in flats]) for k in flats[0]}
-  transformer[SCANNED_BLOCK] = unflatten(stacked)
+  transformer[SCANNED_BLOCK] = traverse_util.unflatten_dict(stacked)
   return {**params, "Transformer": transformer}
 
 
@@ -109,7 +81,7 @@ def load_npz(path: str | os.PathLike) -> Params:
       flat = {k: _squeeze_groupnorm(k, archive[k]) for k in archive.files}
   except ValueError as e:  # object arrays, or not an npz at all
     raise ValueError(f"{path!r} is not a plain-array .npz checkpoint: {e}") from e
-  return unflatten(flat)
+  return traverse_util.unflatten_dict(flat, sep="/")
 
 
 def save_npz(path: str | os.PathLike, params: Params) -> None:
@@ -118,7 +90,7 @@ def save_npz(path: str | os.PathLike, params: Params) -> None:
   The file appears atomically: a crash mid-write leaves any earlier file untouched.
   """
   path = os.fspath(path)
-  flat = flatten(scanned_to_layers(nn.unbox(dict(params))))
+  flat = traverse_util.flatten_dict(scanned_to_layers(nn.unbox(dict(params))), sep="/")
   arrays = {}
   for k, v in flat.items():
     v = np.asarray(v)
@@ -138,8 +110,11 @@ def save_npz(path: str | os.PathLike, params: Params) -> None:
 def check_tree(loaded: Mapping[str, Any], expected: Mapping[str, Any],
                source: str = "checkpoint") -> None:
   """Raises one ValueError listing missing keys, unexpected keys and shape mismatches."""
-  got = {k: tuple(np.shape(v)) for k, v in flatten(nn.unbox(dict(loaded))).items()}
-  want = {k: tuple(np.shape(v)) for k, v in flatten(nn.unbox(dict(expected))).items()}
+  def shapes(tree: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    flat = traverse_util.flatten_dict(nn.unbox(dict(tree)), sep="/")
+    return {k: tuple(np.shape(v)) for k, v in flat.items()}
+
+  got, want = shapes(loaded), shapes(expected)
   missing = sorted(want.keys() - got.keys())
   unexpected = sorted(got.keys() - want.keys())
   mismatched = sorted(f"{k}: {source} {got[k]} vs model {want[k]}"
@@ -152,315 +127,3 @@ def check_tree(loaded: Mapping[str, Any], expected: Mapping[str, Any],
         lines.append(f"  {title} ({len(items)}):")
         lines.extend(f"    {item}" for item in items)
     raise ValueError("\n".join(lines))
-
-
-# --- Loading pre-trained weights for fine-tuning (paper Sec. 3.2) -------------------------
-
-POSEMB_PATH = "Transformer/posembed_input/pos_embedding"
-POSEMB_X_PATH = "Transformer/posembed_input/pos_embedding_x"
-POSEMB_Y_PATH = "Transformer/posembed_input/pos_embedding_y"
-RESIZE_METHODS: tuple[str, ...] = ("bilinear", "bicubic", "nearest")
-POSEMB_REINIT = "reinit"  # load_pretrained: fresh position embeddings from init_params
-_MAX_DETAIL_LINES = 40  # of check_tree's list, in load_pretrained's error
-
-
-def square_grid(num_tokens: int, fix: str) -> tuple[int, int]:
-  """The (g, g) grid of ``num_tokens`` grid tokens; ``fix`` says what to pass otherwise."""
-  side = math.isqrt(num_tokens)
-  if side * side != num_tokens:
-    raise ValueError(f"{num_tokens} position-embedding grid tokens do not form a square grid: "
-                     f"{fix}.")
-  return side, side
-
-
-def resize_posemb(posemb: np.ndarray, new_grid_hw: tuple[int, int], num_prefix: int,
-                  stored_grid_hw: Optional[tuple[int, int]] = None,
-                  method: str = "bilinear") -> np.ndarray:
-  """Resizes a learned table [1, num_prefix + gh*gw, D] to [1, num_prefix + nh*nw, D].
-
-  The ``num_prefix`` leading rows (the class token's) are kept as they are; the grid rows
-  (row-major, ``stored_grid_hw`` or else square) are 2-D interpolated by `resize_grid`.
-  """
-  posemb = np.asarray(posemb)
-  if posemb.ndim != 3 or posemb.shape[0] != 1:
-    raise ValueError(f"Expected a position embedding of shape [1, N, D], got {posemb.shape}.")
-  if not 0 <= num_prefix <= posemb.shape[1]:
-    raise ValueError(f"num_prefix={num_prefix} does not fit {posemb.shape[1]} rows: use 1 with "
-                     "a class token, else 0.")
-  prefix, grid = posemb[:, :num_prefix], posemb[0, num_prefix:]  # [1, P, D], [N, D]
-  n, d = grid.shape
-  if stored_grid_hw is None:
-    stored_grid_hw = square_grid(n, "pass stored_grid_hw=(height, width) of the stored grid")
-  gh, gw = stored_grid_hw
-  if gh * gw != n:
-    raise ValueError(f"stored_grid_hw={tuple(stored_grid_hw)} has {gh * gw} cells, but the table "
-                     f"has {n} grid rows after {num_prefix} prefix rows: pass the grid it was "
-                     "trained on.")
-  resized = resize_grid(grid.reshape(gh, gw, d), tuple(new_grid_hw), method)  # [nh, nw, D]
-  return np.concatenate([prefix, resized.reshape(1, -1, d).astype(posemb.dtype)], axis=1)
-
-
-def resize_posemb_2d(pe_x: np.ndarray, pe_y: np.ndarray, new_grid_hw: tuple[int, int],
-                     method: str = "bilinear") -> tuple[np.ndarray, np.ndarray]:
-  """Resizes `learn_2d` tables: X [1, 1, gw, D/2] -> [1, 1, nw, D/2] and Y [1, gh, 1, D/2] ->
-  [1, nh, 1, D/2], each by 1-D interpolation along its own axis."""
-  pe_x, pe_y = np.asarray(pe_x), np.asarray(pe_y)
-  if pe_x.ndim != 4 or pe_x.shape[:2] != (1, 1) or pe_y.ndim != 4 or pe_y.shape[::2] != (1, 1):
-    raise ValueError(f"Expected learn_2d tables X [1, 1, gw, D/2] and Y [1, gh, 1, D/2], got "
-                     f"{pe_x.shape} and {pe_y.shape}.")
-  nh, nw = new_grid_hw
-  x = resize_grid(pe_x[0], (1, nw), method)[None].astype(pe_x.dtype)
-  y = resize_grid(pe_y[0], (nh, 1), method)[None].astype(pe_y.dtype)
-  return x, y
-
-
-def _read_source(source: str) -> Params:
-  """A nested tree of host arrays from an `.npz` file or an Orbax checkpoint folder."""
-  if os.path.isdir(source):
-    from vit_jax import run_checkpoints  # Orbax is only needed for this case.
-    tree = run_checkpoints.read_params(source)
-  else:
-    tree = load_npz(source)
-  return unflatten(flatten(nn.unbox(dict(tree))))
-
-
-def _architecture(flat: Mapping[str, Any]) -> dict[str, Any]:
-  """What a parameter tree says about its model: patch, width, depth, heads, MLP, posemb."""
-  def shape(key: str) -> Optional[tuple[int, ...]]:
-    return tuple(np.shape(flat[key])) if key in flat else None
-
-  arch: dict[str, Any] = {}
-  if (k := shape("embedding/kernel")) is not None:
-    arch["patch size"], arch["input channels"], arch["width"] = k[:2], k[2], k[3]
-  blocks = {m.group(1) for key in flat
-            if (m := re.match(r"Transformer/encoderblock_(\d+)/", key))}
-  scanned = shape(f"Transformer/{SCANNED_BLOCK}/LayerNorm_0/scale")
-  arch["depth"] = scanned[0] if scanned else len(blocks)
-  block = f"Transformer/{SCANNED_BLOCK}/" if scanned else "Transformer/encoderblock_0/"
-  if (q := shape(block + "MultiHeadDotProductAttention_1/query/kernel")) is not None:
-    arch["heads"] = q[-2]
-  if (m := shape(block + "MlpBlock_3/Dense_0/kernel")) is not None:
-    arch["MLP dim"] = m[-1]
-  arch["position embedding"] = ("learn" if POSEMB_PATH in flat else
-                                "learn_2d" if POSEMB_X_PATH in flat else "none/sincos2d")
-  arch["ResNet root"] = any(key.startswith("conv_root/") for key in flat)
-  return arch
-
-
-def _use_fresh(got: dict[str, Any], want: Mapping[str, Any], module: str) -> None:
-  """Replaces the top-level ``module``'s arrays in ``got`` by the fresh ones in ``want``."""
-  for key in [k for k in got if k.startswith(module + "/")]:
-    del got[key]
-  got.update({k: v for k, v in want.items() if k.startswith(module + "/")})
-
-
-def _drop(got: dict[str, Any], module: str) -> None:
-  for key in [k for k in got if k == module or k.startswith(module + "/")]:
-    del got[key]
-
-
-def _adapt_representation_and_head(got: dict[str, Any], want: Mapping[str, Any],
-                                   representation_size: Optional[int], reset_head: bool,
-                                   notes: list[str]) -> None:
-  """The representation-layer and head rules of `load_pretrained`, applied to ``got``."""
-  # Representation layer (before the head: a changed one makes the stored head meaningless).
-  stored_rep = got["pre_logits/kernel"].shape[-1] if "pre_logits/kernel" in got else None
-  pre_logits_changed = stored_rep != representation_size
-  if pre_logits_changed:
-    if representation_size is None:
-      _drop(got, "pre_logits")
-      notes.append(f"dropped the representation layer pre_logits (size {stored_rep}): the "
-                   "model has none")
-    else:
-      _use_fresh(got, want, "pre_logits")
-      notes.append(f"representation layer pre_logits: size {stored_rep} stored, "
-                   f"{representation_size} in the model; using the fresh one")
-
-  # Head.
-  if "head/kernel" not in want:
-    if "head/kernel" in got:
-      notes.append(f"dropped the stored head ({got['head/kernel'].shape[-1]} classes): the "
-                   "model has none")
-    _drop(got, "head")
-  else:
-    num_classes = want["head/kernel"].shape[-1]
-    stored_head = got.get("head/kernel")
-    reason = None
-    if reset_head:
-      reason = "reset_head=True"
-    elif stored_head is None:
-      reason = "the checkpoint has no head"
-    elif stored_head.shape[-1] != num_classes:
-      reason = f"{stored_head.shape[-1]} classes stored, {num_classes} in the model"
-    elif pre_logits_changed:
-      reason = "its input (the representation layer) changed"
-    elif np.shape(stored_head) != np.shape(want["head/kernel"]):
-      reason = f"input size {stored_head.shape[0]} stored, {want['head/kernel'].shape[0]} in the model"
-    if reason:
-      _use_fresh(got, want, "head")
-      notes.append(f"head: using the fresh one from init_params ({reason})")
-
-
-
-def _adapt_class_token(got: dict[str, Any], want: Mapping[str, Any], classifier: str,
-                       notes: list[str]) -> tuple[int, int]:
-  """Drops a surplus stored class token or takes a missing one fresh; (stored, new) prefix."""
-  # Class token.
-  stored_prefix = 1 if "cls" in got else 0
-  new_prefix = 1 if "cls" in want else 0
-  if stored_prefix and not new_prefix:
-    del got["cls"]
-    notes.append(f"dropped the stored class token: the model's classifier is {classifier!r}")
-  elif new_prefix and not stored_prefix:
-    got["cls"] = want["cls"]
-    notes.append("the checkpoint has no class token: using the fresh one")
-
-  return stored_prefix, new_prefix
-
-
-def _adapt_posemb(got: dict[str, Any], want: Mapping[str, Any], posemb_kind: str, method: str,
-                  stored_prefix: int, new_prefix: int,
-                  stored_grid_hw: Optional[tuple[int, int]],
-                  new_grid_hw: Optional[tuple[int, int]], where: str, notes: list[str]) -> None:
-  """Interpolates (or re-initialises) the stored position embeddings to the new grid."""
-  # Position embeddings.
-  if method == POSEMB_REINIT:
-    for key in (POSEMB_PATH, POSEMB_X_PATH, POSEMB_Y_PATH):
-      got.pop(key, None)
-      if key in want:
-        got[key] = want[key]
-    notes.append("position embeddings: the fresh ones of init_params (reinit)")
-  elif posemb_kind == "learn" and POSEMB_PATH in got and POSEMB_PATH in want:
-    stored, fresh = np.asarray(got[POSEMB_PATH]), np.asarray(want[POSEMB_PATH])
-    n_new = fresh.shape[1] - new_prefix
-    if new_grid_hw is None:
-      grid_hw = square_grid(n_new, "pass new_grid_hw=(height, width) of the model's grid")
-    elif new_grid_hw[0] * new_grid_hw[1] != n_new:
-      raise ValueError(f"new_grid_hw={tuple(new_grid_hw)} does not match init_params' "
-                       f"{n_new} grid tokens: pass the model's grid (image size / patch size).")
-    else:
-      grid_hw = tuple(new_grid_hw)
-    n_stored = stored.shape[1] - stored_prefix
-    try:
-      old_hw = tuple(stored_grid_hw) if stored_grid_hw is not None else square_grid(
-          n_stored, "pass stored_grid_hw=(height, width) of the stored grid")
-      resized = resize_posemb(stored, grid_hw, stored_prefix, old_hw, method)
-    except ValueError as e:
-      raise ValueError(f"Position embeddings of the {where}: {e}") from e
-    if old_hw != grid_hw:
-      notes.append(f"position embeddings: {method} interpolation of the "
-                   f"{old_hw[0]}x{old_hw[1]} grid to {grid_hw[0]}x{grid_hw[1]}")
-    if stored_prefix and not new_prefix:
-      resized = resized[:, 1:]
-      notes.append("dropped the class token's position-embedding row")
-    elif new_prefix and not stored_prefix:
-      resized = np.concatenate([fresh[:, :1].astype(resized.dtype), resized], axis=1)
-      notes.append("using the fresh class-token position-embedding row")
-    got[POSEMB_PATH] = resized
-  elif posemb_kind == "learn_2d" and all(k in got and k in want
-                                         for k in (POSEMB_X_PATH, POSEMB_Y_PATH)):
-    grid_hw = (want[POSEMB_Y_PATH].shape[1], want[POSEMB_X_PATH].shape[2])
-    old_hw = (got[POSEMB_Y_PATH].shape[1], got[POSEMB_X_PATH].shape[2])
-    if new_grid_hw is not None and tuple(new_grid_hw) != grid_hw:
-      raise ValueError(f"new_grid_hw={tuple(new_grid_hw)} does not match init_params' learn_2d "
-                       f"grid {grid_hw}: pass the model's grid or leave it out.")
-    try:
-      got[POSEMB_X_PATH], got[POSEMB_Y_PATH] = resize_posemb_2d(
-          got[POSEMB_X_PATH], got[POSEMB_Y_PATH], grid_hw, method)
-    except ValueError as e:
-      raise ValueError(f"Position embeddings of the {where}: {e}") from e
-    if old_hw != grid_hw:
-      notes.append(f"learn_2d position embeddings: {method} interpolation of "
-                   f"the {old_hw[0]}x{old_hw[1]} tables to {grid_hw[0]}x{grid_hw[1]}")
-
-
-
-def _fit_error(error: ValueError, got: Mapping[str, Any], want: Mapping[str, Any],
-               where: str) -> str:
-  """`check_tree`'s message with the architecture differences first and a fix last."""
-  stored_arch, new_arch = _architecture(got), _architecture(want)
-  diffs = [f"    {name}: checkpoint {stored_arch.get(name)} vs model {value}"
-           for name, value in new_arch.items() if stored_arch.get(name) != value]
-  details = str(error).split("\n")[1:]
-  if len(details) > _MAX_DETAIL_LINES:
-    details = details[:_MAX_DETAIL_LINES] + [
-        f"    ... and {len(details) - _MAX_DETAIL_LINES} more lines"]
-  lines = [f"The {where} does not fit the model:"]
-  if diffs:
-    lines += ["  architecture differences:", *diffs]
-  lines += details
-  lines.append("  Fix: build the model with the checkpoint's architecture (patch size, width, "
-               "depth, heads, MLP dim, posemb), or load a checkpoint of this model.")
-  return "\n".join(lines)
-
-
-def load_pretrained(source: str | os.PathLike, init_params: Params, model_config: Any, *,
-                    reset_head: bool = False, posemb_resize_method: str = "bilinear",
-                    stored_grid_hw: Optional[tuple[int, int]] = None,
-                    new_grid_hw: Optional[tuple[int, int]] = None) -> Params:
-  """Stored parameters adapted to a new model, with exactly ``init_params``' tree and shapes.
-
-  ``source``: an official-layout `.npz` (per-layer or scanned) or an Orbax checkpoint
-  folder of this project (a `<workdir>/checkpoints` root, whose newest step is read, or one
-  step folder). ``init_params``: the new model's fresh parameters (their layout, scanned or
-  per-layer, is the result's). ``model_config``: the new model's config (configs/models.py).
-
-  * head: kept when the class count and input are unchanged; otherwise, or with
-    ``reset_head``, the fresh (zero) head of ``init_params``; dropped when the model has none.
-  * ``pre_logits``: dropped when the config has no ``representation_size``, kept at the same
-    size, fresh at another size (the head is then fresh too).
-  * position embeddings: interpolated to the new grid (``posemb_resize_method``) with the
-    class-token row kept apart; a missing class token/row is taken fresh, a surplus one
-    dropped. The stored grid is square unless ``stored_grid_hw`` is given; the new grid is
-    read from ``init_params`` (pass ``new_grid_hw`` when it is not square).
-    ``posemb_resize_method='reinit'`` takes them all fresh from ``init_params`` instead.
-  Anything else that does not fit (patch, width, depth, heads, MLP) raises one ValueError.
-  """
-  source = os.fspath(source)
-  if posemb_resize_method not in (*RESIZE_METHODS, POSEMB_REINIT):
-    raise ValueError(f"Unknown posemb_resize_method {posemb_resize_method!r}; use one of "
-                     f"{(*RESIZE_METHODS, POSEMB_REINIT)}.")
-  init_tree = nn.unbox(dict(init_params))
-  want = flatten(init_tree)
-  where = f"checkpoint {source!r}"
-
-  # The config must describe the model that init_params came from.
-  classifier = model_config.get("classifier", "token")
-  representation_size = model_config.get("representation_size")
-  posemb_kind = model_config.get("posemb", "learn")
-  rep_in_init = want["pre_logits/kernel"].shape[-1] if "pre_logits/kernel" in want else None
-  if (classifier == "token") != ("cls" in want) or representation_size != rep_in_init:
-    raise ValueError(
-        f"model_config (classifier={classifier!r}, representation_size={representation_size}) "
-        f"does not describe init_params (class token: {'cls' in want}, representation size: "
-        f"{rep_in_init}): pass the config the model was built from.")
-
-  loaded = _read_source(source)
-  if "Transformer" in loaded and any(k.startswith("encoderblock") for k in loaded["Transformer"]):
-    try:
-      loaded = to_layout(loaded, is_scanned(init_tree))
-    except ValueError as e:
-      raise ValueError(f"The {where} has a malformed encoder: {e}") from e
-  got = flatten(loaded)
-  notes: list[str] = []
-
-  _adapt_representation_and_head(got, want, representation_size, reset_head, notes)
-  stored_prefix, new_prefix = _adapt_class_token(got, want, classifier, notes)
-  _adapt_posemb(got, want, posemb_kind, posemb_resize_method, stored_prefix, new_prefix,
-                stored_grid_hw, new_grid_hw, where, notes)
-
-  # What remains must fit exactly.
-  try:
-    check_tree(got, want, source="checkpoint")
-  except ValueError as e:
-    raise ValueError(_fit_error(e, got, want, where)) from None
-
-  for note in notes:
-    logging.info("load_pretrained(%s): %s.", source, note)
-  logging.info("load_pretrained: %d arrays from %s (%d adaptations).", len(want), source,
-               len(notes))
-  return unflatten({k: np.asarray(got[k], dtype=_dtype(v)) for k, v in want.items()})
-
-
-def _dtype(x: Any) -> np.dtype:
-  return np.dtype(x.dtype) if hasattr(x, "dtype") else np.asarray(x).dtype

@@ -24,10 +24,10 @@ from absl import logging
 from flax import struct
 from jax.experimental import multihost_utils
 
-from vit_jax import checkpoint
 from vit_jax import data
 from vit_jax import evaluate as evaluate_lib
 from vit_jax import optim
+from vit_jax import pretrained
 from vit_jax import parallel
 from vit_jax import progress as progress_lib
 from vit_jax import run_checkpoints
@@ -192,7 +192,7 @@ class Trainer:
     # The whole fresh tree on every process (load_pretrained takes heads and position
     # embeddings from it): device_get fails on arrays split over several processes.
     init_params = multihost_utils.process_allgather(state.params, tiled=True)
-    params = checkpoint.load_pretrained(
+    params = pretrained.load_pretrained(
         source, init_params, self.config.model, reset_head=self.config.get("reset_head", False),
         posemb_resize_method=self.config.get("posemb_resize", "bilinear"),
         new_grid_hw=self.model.grid_hw(self._dummy.shape[1:3]))

@@ -11,7 +11,8 @@ Kinds:
 """
 from __future__ import annotations
 
-from typing import Literal
+import math
+from typing import Literal, Optional
 
 import flax.linen as nn
 import jax
@@ -20,6 +21,7 @@ import numpy as np
 
 PosembKind = Literal["learn", "learn_2d", "sincos2d", "none"]
 POSEMB_KINDS: tuple[str, ...] = ("learn", "learn_2d", "sincos2d", "none")
+RESIZE_METHODS: tuple[str, ...] = ("bilinear", "bicubic", "nearest")  # jax.image.resize's
 
 
 def sincos_2d(grid_hw: tuple[int, int], width: int, temperature: float = 10_000.0) -> np.ndarray:
@@ -85,11 +87,61 @@ def resize_grid(grid: np.ndarray, new_hw: tuple[int, int], method: str = "biline
   Interpolation follows the patches' locations in the image (paper Sec. 3.2): pixel
   centres are aligned, as `jax.image.resize` does, and the arithmetic is float32.
   """
-  if method not in ("bilinear", "bicubic", "nearest"):
-    raise ValueError(f"Unknown resize method {method!r}; use 'bilinear', 'bicubic' or 'nearest'.")
+  if method not in RESIZE_METHODS:
+    raise ValueError(f"Unknown resize method {method!r}; use one of {RESIZE_METHODS}.")
   grid = np.asarray(grid, np.float32)
   if tuple(grid.shape[:2]) == tuple(new_hw):
     return grid
   resized = jax.image.resize(jnp.asarray(grid), (*new_hw, grid.shape[-1]), method=method,
                              antialias=False)
   return np.asarray(resized, np.float32)
+
+
+def square_grid(num_tokens: int, fix: str) -> tuple[int, int]:
+  """The (g, g) grid of ``num_tokens`` grid tokens; ``fix`` says what to pass otherwise."""
+  side = math.isqrt(num_tokens)
+  if side * side != num_tokens:
+    raise ValueError(f"{num_tokens} position-embedding grid tokens do not form a square grid: "
+                     f"{fix}.")
+  return side, side
+
+
+def resize_posemb(posemb: np.ndarray, new_grid_hw: tuple[int, int], num_prefix: int,
+                  stored_grid_hw: Optional[tuple[int, int]] = None,
+                  method: str = "bilinear") -> np.ndarray:
+  """Resizes a learned table [1, num_prefix + gh*gw, D] to [1, num_prefix + nh*nw, D].
+
+  The ``num_prefix`` leading rows (the class token's) are kept as they are; the grid rows
+  (row-major, ``stored_grid_hw`` or else square) are 2-D interpolated by `resize_grid`.
+  """
+  posemb = np.asarray(posemb)
+  if posemb.ndim != 3 or posemb.shape[0] != 1:
+    raise ValueError(f"Expected a position embedding of shape [1, N, D], got {posemb.shape}.")
+  if not 0 <= num_prefix <= posemb.shape[1]:
+    raise ValueError(f"num_prefix={num_prefix} does not fit {posemb.shape[1]} rows: use 1 with "
+                     "a class token, else 0.")
+  prefix, grid = posemb[:, :num_prefix], posemb[0, num_prefix:]  # [1, P, D], [N, D]
+  n, d = grid.shape
+  if stored_grid_hw is None:
+    stored_grid_hw = square_grid(n, "pass stored_grid_hw=(height, width) of the stored grid")
+  gh, gw = stored_grid_hw
+  if gh * gw != n:
+    raise ValueError(f"stored_grid_hw={tuple(stored_grid_hw)} has {gh * gw} cells, but the table "
+                     f"has {n} grid rows after {num_prefix} prefix rows: pass the grid it was "
+                     "trained on.")
+  resized = resize_grid(grid.reshape(gh, gw, d), tuple(new_grid_hw), method)  # [nh, nw, D]
+  return np.concatenate([prefix, resized.reshape(1, -1, d).astype(posemb.dtype)], axis=1)
+
+
+def resize_posemb_2d(pe_x: np.ndarray, pe_y: np.ndarray, new_grid_hw: tuple[int, int],
+                     method: str = "bilinear") -> tuple[np.ndarray, np.ndarray]:
+  """Resizes `learn_2d` tables: X [1, 1, gw, D/2] -> [1, 1, nw, D/2] and Y [1, gh, 1, D/2] ->
+  [1, nh, 1, D/2], each by 1-D interpolation along its own axis."""
+  pe_x, pe_y = np.asarray(pe_x), np.asarray(pe_y)
+  if pe_x.ndim != 4 or pe_x.shape[:2] != (1, 1) or pe_y.ndim != 4 or pe_y.shape[::2] != (1, 1):
+    raise ValueError(f"Expected learn_2d tables X [1, 1, gw, D/2] and Y [1, gh, 1, D/2], got "
+                     f"{pe_x.shape} and {pe_y.shape}.")
+  nh, nw = new_grid_hw
+  x = resize_grid(pe_x[0], (1, nw), method)[None].astype(pe_x.dtype)
+  y = resize_grid(pe_y[0], (nh, 1), method)[None].astype(pe_y.dtype)
+  return x, y
