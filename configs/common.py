@@ -38,7 +38,8 @@ def get_config() -> ml_collections.ConfigDict:
       name="sgd", momentum=0.9, momentum_dtype="float32", b1=0.9, b2=0.999, eps=1e-8,
       weight_decay=0.0, decay_all_params=False, grad_clip_norm=1.0))
 
-  # Devices (vit_jax.parallel): mesh axes and sizes (-1: all remaining devices).
+  # Devices (vit_jax.sharding): mesh axes and sizes (-1: all remaining devices). The names
+  # are vit_jax.sharding's DATA_AXIS and MODEL_AXIS, written out as a user gives them.
   config.mesh = (("data", -1), ("model", 1))
   config.partitioning = "data_parallel"  # or 'fsdp', 'tensor_parallel'
 

@@ -36,8 +36,8 @@ from PIL import Image  # noqa: E402
 
 from vit_jax import data  # noqa: E402
 from vit_jax import inspect as vit_inspect  # noqa: E402
-from vit_jax import parallel  # noqa: E402
 from vit_jax import run_checkpoints  # noqa: E402
+from vit_jax import sharding  # noqa: E402
 from vit_jax.models import create_model  # noqa: E402
 
 DPI = 80  # small PNGs for the repository
@@ -78,7 +78,7 @@ def make_figures(workdir: str, out: str, *, data_dir: str | None = None,
   num_classes = int(np.shape(params["head"]["bias"])[0])
   model = create_model(config.model, num_classes=num_classes)
 
-  mesh = parallel.make_mesh(tuple(tuple(axis) for axis in config.mesh))
+  mesh = sharding.make_mesh(tuple(tuple(axis) for axis in config.mesh))
   batch = next(iter(data.eval_iterator(config, mesh)))
   real = np.asarray(batch["mask"]) > 0
   images = np.asarray(batch["image"])[real]  # [B, H, W, 3] in [-1, 1]

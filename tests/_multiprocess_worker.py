@@ -139,9 +139,9 @@ def main(argv: list[str]) -> None:
   if mode not in ("train", "reference", "die"):
     raise ValueError(f"Unknown mode {mode!r}; use train, reference or die.")
   from absl import logging  # pylint: disable=g-import-not-at-top
-  from vit_jax import parallel  # pylint: disable=g-import-not-at-top
+  from vit_jax import distributed  # pylint: disable=g-import-not-at-top
   logging.set_verbosity(logging.INFO)  # Progress lines with times, for failure messages.
-  parallel.initialize_distributed(initialization_timeout=60, heartbeat_timeout=heartbeat)
+  distributed.initialize_distributed(initialization_timeout=60, heartbeat_timeout=heartbeat)
   _run(mode, out_dir, data_dir)
 
 

@@ -13,7 +13,7 @@ import numpy as np
 from flax import traverse_util
 
 from tests import train_fixtures
-from vit_jax import parallel, train
+from vit_jax import sharding, train
 
 
 def main(out_path: str) -> None:
@@ -26,7 +26,7 @@ def main(out_path: str) -> None:
     config.mesh, config.partitioning = mesh, strategy
     trainer = train.Trainer(config, num_classes=10)
     state = trainer.init_state()
-    batch = jax.device_put(train_fixtures.fixed_batch(), parallel.batch_sharding(trainer.mesh))
+    batch = jax.device_put(train_fixtures.fixed_batch(), sharding.batch_sharding(trainer.mesh))
     losses = []
     for _ in range(2):
       state, metrics = trainer.train_step(state, batch)

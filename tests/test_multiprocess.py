@@ -168,17 +168,17 @@ def test_explicit_settings_keep_all_local_devices_inside_a_job(monkeypatch, job_
   """Inside `srun`/`mpirun`, JAX's own detection would limit each process to the one
   device numbered by its local rank: one GPU per node for one process per node."""
   import jax  # pylint: disable=g-import-not-at-top
-  from vit_jax import parallel  # pylint: disable=g-import-not-at-top
+  from vit_jax import distributed  # pylint: disable=g-import-not-at-top
   for name in ("SLURM_JOB_ID", "OMPI_MCA_orte_hnp_uri", "VIT_COORDINATOR_ADDRESS",
                "VIT_NUM_PROCESSES", "VIT_PROCESS_ID"):
     monkeypatch.delenv(name, raising=False)
   for name, value in job_env.items():
     monkeypatch.setenv(name, value)
   calls = []
-  monkeypatch.setattr(parallel, "_initialized", False)
+  monkeypatch.setattr(distributed, "_initialized", False)
   monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
   monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: calls.append(kw))
-  parallel.initialize_distributed("10.0.0.1:1234", 2, 1, heartbeat_timeout=30)
+  distributed.initialize_distributed("10.0.0.1:1234", 2, 1, heartbeat_timeout=30)
   expected = dict(coordinator_address="10.0.0.1:1234", num_processes=2, process_id=1,
                   heartbeat_timeout_seconds=30)
   if deactivated:

@@ -1,7 +1,7 @@
 """The main job: `python -m vit_jax.main --config=configs/<file>.py[:arg] --workdir=DIR`.
 
 `--config.key=value` overrides any config field; an unknown key is an error. Distributed
-start-up comes first (see `vit_jax.parallel.initialize_distributed`).
+start-up comes first (see `vit_jax.distributed.initialize_distributed`).
 """
 import logging as std_logging
 
@@ -10,7 +10,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
-from vit_jax import parallel
+from vit_jax import distributed
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file, e.g. configs/quickstart.py or configs/vit.py:b16,cifar10.",
@@ -38,8 +38,9 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   logging.get_absl_handler().addFilter(_quiet_orbax)
-  parallel.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
-                                  _INIT_TIMEOUT.value, _HEARTBEAT_TIMEOUT.value)
+  distributed.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value,
+                                     _PROCESS_ID.value, _INIT_TIMEOUT.value,
+                                     _HEARTBEAT_TIMEOUT.value)
   # Imported after start-up: nothing may touch JAX's backends before it.
   from vit_jax import train  # pylint: disable=g-import-not-at-top
   metrics = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)

@@ -14,7 +14,7 @@ the learning-rate scaling, not after (after it would be added unscaled and with 
 sign).
 
 `tx.init` works on plain arrays and on `nn.LogicallyPartitioned` boxes: optax maps over the
-boxes' contents, so the moment buffers keep the boxes and `parallel.state_shardings` can
+boxes' contents, so the moment buffers keep the boxes and `sharding.state_shardings` can
 shard them like the parameters.
 """
 from __future__ import annotations

@@ -28,9 +28,9 @@ from vit_jax import data
 from vit_jax import evaluate as evaluate_lib
 from vit_jax import optim
 from vit_jax import pretrained
-from vit_jax import parallel
 from vit_jax import progress as progress_lib
 from vit_jax import run_checkpoints
+from vit_jax import sharding
 from vit_jax.models import create_model
 
 Batch = dict[str, jax.Array]
@@ -105,7 +105,7 @@ def _check_batch_sizes(config: ml_collections.ConfigDict, mesh: jax.sharding.Mes
   accum = config.get("accum_steps", 1)
   if accum < 1:
     raise ValueError(f"accum_steps={accum} must be >= 1.")
-  data_size = mesh.shape["data"]
+  data_size = mesh.shape[sharding.DATA_AXIS]
   if config.batch % (accum * data_size):
     raise ValueError(
         f"batch={config.batch} is not divisible by accum_steps={accum} x {data_size} devices "
@@ -150,7 +150,7 @@ class Trainer:
 
   def __init__(self, config: ml_collections.ConfigDict, num_classes: int):
     self.config = config
-    self.mesh = parallel.make_mesh(tuple(config.mesh))
+    self.mesh = sharding.make_mesh(tuple(config.mesh))
     _check_batch_sizes(config, self.mesh)
     self.model = create_model(config.model, num_classes=num_classes)
     self.tx, self.schedule = optim.make_optimizer(config)
@@ -164,15 +164,15 @@ class Trainer:
 
     rng = jax.random.PRNGKey(config.seed)
     abstract = jax.eval_shape(init_boxed, rng)
-    self.state_shardings = parallel.state_shardings(abstract, self.mesh, config.partitioning)
+    self.state_shardings = sharding.state_shardings(abstract, self.mesh, config.partitioning)
     self.abstract_state = jax.tree.map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), nn.unbox(abstract),
         self.state_shardings)
     self._rng = rng
     self._eval_batches: dict[Optional[str], Any] = {}
     self._init = jax.jit(lambda r: nn.unbox(init_boxed(r)), out_shardings=self.state_shardings)
-    replicated = parallel.replicated(self.mesh)
-    batch_sharding = parallel.batch_sharding(self.mesh)
+    replicated = sharding.replicated(self.mesh)
+    batch_sharding = sharding.batch_sharding(self.mesh)
     self.train_step = jax.jit(
         functools.partial(train_step, model=self.model, tx=self.tx,
                           loss=config.get("loss", "softmax_xent"),

@@ -13,9 +13,9 @@ from typing import Iterator
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
 
-DATA_AXIS = 'data'
+from vit_jax.sharding import DATA_AXIS, batch_sharding
 
 
 def local_batch_size(global_batch: int, mesh: Mesh, key: str = 'batch') -> int:
@@ -47,8 +47,7 @@ def process_row_block(global_batch: int, mesh: Mesh) -> tuple[int, int]:
   distinct contiguous block of the 'data' axis; otherwise a ValueError says so.
   Call local_batch_size first (it checks divisibility).
   """
-  sharding = NamedSharding(mesh, PartitionSpec(DATA_AXIS))
-  indices = sharding.addressable_devices_indices_map((global_batch,)).values()
+  indices = batch_sharding(mesh).addressable_devices_indices_map((global_batch,)).values()
   rows = sorted({(idx[0].start or 0, global_batch if idx[0].stop is None else idx[0].stop)
                  for idx in indices})
   count = jax.process_count()
@@ -61,7 +60,7 @@ def process_row_block(global_batch: int, mesh: Mesh) -> tuple[int, int]:
         f'{rows} of a global batch of {global_batch}, but each of the {count} '
         f'processes must hold one distinct contiguous block of {size} rows (a '
         f'contiguous 1/{count} of the {DATA_AXIS!r} mesh axis). Build the mesh with '
-        f'vit_jax.parallel.make_mesh and a {DATA_AXIS!r} axis whose size is a multiple '
+        f'vit_jax.sharding.make_mesh and a {DATA_AXIS!r} axis whose size is a multiple '
         f'of the process count.')
   return start // size, count
 
@@ -72,7 +71,7 @@ def make_global_batch(local_batch: dict[str, np.ndarray],
 
   Every array is sharded along its first axis over the 'data' mesh axis.
   """
-  sharding = NamedSharding(mesh, PartitionSpec(DATA_AXIS))
+  sharding = batch_sharding(mesh)
   return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
           for k, v in local_batch.items()}
 

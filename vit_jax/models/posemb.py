@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vit_jax.sharding import EMBED
+
 PosembKind = Literal["learn", "learn_2d", "sincos2d", "none"]
 POSEMB_KINDS: tuple[str, ...] = ("learn", "learn_2d", "sincos2d", "none")
 RESIZE_METHODS: tuple[str, ...] = ("bilinear", "bicubic", "nearest")  # jax.image.resize's
@@ -59,14 +61,14 @@ class AddPositionEmbs(nn.Module):
       return x
     if self.kind == "learn":
       init = nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02),
-                                          (None, None, "embed"))
+                                          (None, None, EMBED))
       posemb = self.param("pos_embedding", init, (1, n, d), self.param_dtype)
       return x + posemb.astype(x.dtype)
     if self.kind == "learn_2d":
       if d % 2:
         raise ValueError(f"learn_2d position embeddings need an even width, got {d}.")
       init = nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02),
-                                          (None, None, None, "embed"))
+                                          (None, None, None, EMBED))
       pe_x = self.param("pos_embedding_x", init, (1, 1, gw, d // 2), self.param_dtype)
       pe_y = self.param("pos_embedding_y", init, (1, gh, 1, d // 2), self.param_dtype)
       grid = jnp.concatenate([jnp.broadcast_to(pe_x, (1, gh, gw, d // 2)),

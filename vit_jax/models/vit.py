@@ -1,8 +1,8 @@
 """The Vision Transformer (Dosovitskiy et al., 2021), Flax linen.
 
 Parameter names equal the official checkpoints (see FORMATS.md), so an official `.npz`
-loads without renaming. Every parameter carries logical axis names ('embed', 'mlp',
-'heads', 'kv', 'layers') that `vit_jax.parallel` maps onto mesh axes.
+loads without renaming. Every parameter carries logical axis names (`EMBED`, `MLP`,
+`HEADS`, `KV`, `LAYERS` of `vit_jax.sharding`), which that module maps onto mesh axes.
 
 Inspection: apply with ``mutable=['intermediates']`` and every block sows
 ``attention_weights`` [B, H, N, N] and its output ``tokens`` [B, N, D]; with
@@ -20,6 +20,7 @@ import jax.numpy as jnp
 
 from vit_jax.models import posemb as posemb_lib
 from vit_jax.models.resnet import resnet_root
+from vit_jax.sharding import EMBED, HEADS, KV, LAYERS, MLP
 
 Classifier = Literal["token", "gap", "unpooled"]
 CLASSIFIERS: tuple[str, ...] = ("token", "gap", "unpooled")
@@ -69,8 +70,8 @@ class MultiHeadDotProductAttention(nn.Module):
     dense_in = functools.partial(
         nn.DenseGeneral, features=(self.num_heads, dh), axis=-1, dtype=ex.dtype,
         param_dtype=ex.param_dtype,
-        kernel_init=_partitioned(nn.initializers.xavier_uniform(), ("embed", "heads", "kv")),
-        bias_init=_partitioned(nn.initializers.zeros, ("heads", "kv")))
+        kernel_init=_partitioned(nn.initializers.xavier_uniform(), (EMBED, HEADS, KV)),
+        bias_init=_partitioned(nn.initializers.zeros, (HEADS, KV)))
     q = dense_in(name="query")(x)  # [B, N, H, Dh]
     k = dense_in(name="key")(x)  # [B, N, H, Dh]
     v = dense_in(name="value")(x)  # [B, N, H, Dh]
@@ -89,8 +90,8 @@ class MultiHeadDotProductAttention(nn.Module):
 
     return nn.DenseGeneral(
         features=d, axis=(-2, -1), dtype=ex.dtype, param_dtype=ex.param_dtype,
-        kernel_init=_partitioned(nn.initializers.xavier_uniform(), ("heads", "kv", "embed")),
-        bias_init=_partitioned(nn.initializers.zeros, ("embed",)), name="out")(y)  # [B, N, D]
+        kernel_init=_partitioned(nn.initializers.xavier_uniform(), (HEADS, KV, EMBED)),
+        bias_init=_partitioned(nn.initializers.zeros, (EMBED,)), name="out")(y)  # [B, N, D]
 
 
 class MlpBlock(nn.Module):
@@ -105,21 +106,21 @@ class MlpBlock(nn.Module):
     dense = functools.partial(nn.Dense, dtype=self.execution.dtype,
                               param_dtype=self.execution.param_dtype)
     x = dense(self.mlp_dim, name="Dense_0",
-              kernel_init=_partitioned(nn.initializers.xavier_uniform(), ("embed", "mlp")),
-              bias_init=_partitioned(_normal_init, ("mlp",)))(x)  # [B, N, M]
+              kernel_init=_partitioned(nn.initializers.xavier_uniform(), (EMBED, MLP)),
+              bias_init=_partitioned(_normal_init, (MLP,)))(x)  # [B, N, M]
     x = nn.gelu(x, approximate=False)
     x = nn.Dropout(rate)(x, deterministic=deterministic)
     x = dense(d, name="Dense_1",
-              kernel_init=_partitioned(nn.initializers.xavier_uniform(), ("mlp", "embed")),
-              bias_init=_partitioned(_normal_init, ("embed",)))(x)  # [B, N, D]
+              kernel_init=_partitioned(nn.initializers.xavier_uniform(), (MLP, EMBED)),
+              bias_init=_partitioned(_normal_init, (EMBED,)))(x)  # [B, N, D]
     return nn.Dropout(rate)(x, deterministic=deterministic)
 
 
 def _layer_norm(name: str, execution: ExecutionOptions) -> nn.LayerNorm:
   return nn.LayerNorm(epsilon=1e-6, name=name, dtype=execution.dtype,
                       param_dtype=execution.param_dtype,
-                      scale_init=_partitioned(nn.initializers.ones, ("embed",)),
-                      bias_init=_partitioned(nn.initializers.zeros, ("embed",)))
+                      scale_init=_partitioned(nn.initializers.ones, (EMBED,)),
+                      bias_init=_partitioned(nn.initializers.zeros, (EMBED,)))
 
 
 class Encoder1DBlock(nn.Module):
@@ -179,7 +180,7 @@ class Encoder(nn.Module):
     if ex.scan:
       scanned = nn.scan(block_cls, variable_axes={"params": 0, "intermediates": 0},
                         split_rngs={"params": True, "dropout": True}, in_axes=nn.broadcast,
-                        length=self.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
+                        length=self.num_layers, metadata_params={nn.PARTITION_NAME: LAYERS})
       x, _ = scanned(name="encoderblock", **block_kwargs)(x, deterministic)
     else:
       for i in range(self.num_layers):
@@ -236,15 +237,15 @@ class VisionTransformer(nn.Module):
     x = nn.Conv(self.hidden_size, self.patch_size, strides=self.patch_size, padding="VALID",
                 dtype=ex.dtype, param_dtype=ex.param_dtype, name="embedding",
                 kernel_init=_partitioned(nn.initializers.lecun_normal(),
-                                         (None, None, None, "embed")),
-                bias_init=_partitioned(nn.initializers.zeros, ("embed",)))(x)
+                                         (None, None, None, EMBED)),
+                bias_init=_partitioned(nn.initializers.zeros, (EMBED,)))(x)
     b, gh, gw, d = x.shape  # [B, gh, gw, D]
     assert (gh, gw) == grid_hw, ((gh, gw), grid_hw)
     x = x.reshape(b, gh * gw, d)  # [B, N, D]
 
     num_prefix = 0
     if self.classifier == "token":
-      cls = self.param("cls", _partitioned(nn.initializers.zeros, (None, None, "embed")),
+      cls = self.param("cls", _partitioned(nn.initializers.zeros, (None, None, EMBED)),
                        (1, 1, d), ex.param_dtype)
       x = jnp.concatenate([jnp.broadcast_to(cls.astype(x.dtype), (b, 1, d)), x], axis=1)
       num_prefix = 1
@@ -260,14 +261,14 @@ class VisionTransformer(nn.Module):
 
     if self.representation_size is not None:
       x = nn.Dense(self.representation_size, dtype=ex.dtype, param_dtype=ex.param_dtype,
-                   kernel_init=_partitioned(nn.initializers.lecun_normal(), ("embed", None)),
+                   kernel_init=_partitioned(nn.initializers.lecun_normal(), (EMBED, None)),
                    bias_init=_partitioned(nn.initializers.zeros, (None,)),
                    name="pre_logits")(x)
       x = jnp.tanh(x)
 
     if self.num_classes:
       x = nn.Dense(self.num_classes, dtype=ex.dtype, param_dtype=ex.param_dtype,
-                   kernel_init=_partitioned(nn.initializers.zeros, ("embed", None)),
+                   kernel_init=_partitioned(nn.initializers.zeros, (EMBED, None)),
                    bias_init=_partitioned(nn.initializers.constant(self.head_bias_init),
                                           (None,)),
                    name="head")(x)

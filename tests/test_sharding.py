@@ -1,16 +1,5 @@
-"""vit_jax.parallel: mesh, rules, state shardings (on 8 fake devices), distributed start-up.
-
-Anything needing several devices or a fresh JAX runs in a subprocess: this pytest process
-keeps its default single CPU device, which other tests rely on.
-"""
+"""vit_jax.sharding: the mesh, the logical rules, state shardings (also on 8 fake devices)."""
 from __future__ import annotations
-
-import json
-import os
-import socket
-import subprocess
-import sys
-import textwrap
 
 import flax.linen as nn
 import jax
@@ -19,42 +8,22 @@ import optax
 import pytest
 from jax.sharding import AxisType, PartitionSpec as P
 
-from configs.models import get_model_config
-from vit_jax import parallel
-from vit_jax.models import create_model
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_CLUSTER_ENV = ("VIT_COORDINATOR_ADDRESS", "VIT_NUM_PROCESSES", "VIT_PROCESS_ID",
-                "TPU_WORKER_HOSTNAMES", "CLOUD_TPU_TASK_ID", "MEGASCALE_COORDINATOR_ADDRESS",
-                "SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS",
-                "OMPI_COMM_WORLD_SIZE", "OMPI_MCA_orte_hnp_uri")
-
-
-def _clean_env(**extra: str) -> dict[str, str]:
-  env = {k: v for k, v in os.environ.items() if k not in _CLUSTER_ENV and k != "XLA_FLAGS"}
-  env.update(PYTHONPATH=REPO, JAX_PLATFORMS="cpu", **extra)
-  return env
-
-
-def _run(code: str, env: dict[str, str], timeout: int = 120) -> dict:
-  """Runs ``code`` in a fresh Python; its last stdout line is JSON."""
-  proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, env=env,
-                        capture_output=True, text=True, timeout=timeout)
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  return json.loads(proc.stdout.strip().splitlines()[-1])
+from tests import fresh_python
+from vit_jax import sharding
+from vit_jax.models import create_model, get_model_config
 
 
 # ----------------------------------------------------------------------------- mesh
 
 def test_make_mesh_single_device():
   for axes in ({"data": -1, "model": 1}, (("data", -1), ("model", 1)), [("data", 1)]):
-    mesh = parallel.make_mesh(axes)
+    mesh = sharding.make_mesh(axes)
     assert mesh.devices.size == 1
     assert all(t == AxisType.Auto for t in mesh.axis_types)
-  mesh = parallel.make_mesh({"data": -1, "model": 1})
+  mesh = sharding.make_mesh({"data": -1, "model": 1})
   assert dict(mesh.shape) == {"data": 1, "model": 1}
-  assert parallel.replicated(mesh).spec == P()
-  assert parallel.batch_sharding(mesh).spec == P("data")
+  assert sharding.replicated(mesh).spec == P()
+  assert sharding.batch_sharding(mesh).spec == P("data")
 
 
 @pytest.mark.parametrize("axes,match", [
@@ -66,19 +35,19 @@ def test_make_mesh_single_device():
 ])
 def test_make_mesh_errors(axes, match):
   with pytest.raises(ValueError, match=match):
-    parallel.make_mesh(axes)
+    sharding.make_mesh(axes)
 
 
 def test_batch_sharding_needs_a_data_axis():
   with pytest.raises(ValueError, match=r"'data' axis"):
-    parallel.batch_sharding(parallel.make_mesh({"batch": 1}))
+    sharding.batch_sharding(sharding.make_mesh({"batch": 1}))
 
 
 # ----------------------------------------------------------------------------- rules
 
 def test_rules_per_strategy():
-  assert parallel.STRATEGIES == ("data_parallel", "fsdp", "tensor_parallel")
-  dp, fsdp, tp = (dict(parallel.logical_rules(s)) for s in parallel.STRATEGIES)
+  assert sharding.STRATEGIES == ("data_parallel", "fsdp", "tensor_parallel")
+  dp, fsdp, tp = (dict(sharding.logical_rules(s)) for s in sharding.STRATEGIES)
   names = {"layers", "embed", "mlp", "heads", "kv"}
   assert set(dp) == set(fsdp) == set(tp) == names
   assert set(dp.values()) == {None}
@@ -86,16 +55,28 @@ def test_rules_per_strategy():
   assert tp["heads"] == tp["mlp"] == "model"
   assert tp["embed"] is tp["kv"] is tp["layers"] is None
   # As flax applies them (a mesh axis at most once per array; earlier rules win):
-  fsdp_rules, tp_rules = parallel.logical_rules("fsdp"), parallel.logical_rules("tensor_parallel")
+  fsdp_rules, tp_rules = sharding.logical_rules("fsdp"), sharding.logical_rules("tensor_parallel")
   assert nn.logical_to_mesh_axes(("layers", "mlp", "embed"), fsdp_rules) == P(None, None, "data")
   assert nn.logical_to_mesh_axes(("mlp",), fsdp_rules) == P("data")
   assert nn.logical_to_mesh_axes(("embed", "heads", "kv"), tp_rules) == P(None, "model", None)
   assert nn.logical_to_mesh_axes(("heads", "kv", "embed"), tp_rules) == P("model", None, None)
 
 
+def test_model_parameters_carry_only_the_rules_names():
+  """A logical name the rules lack would leave its dimension whole without a word."""
+  used = set()
+  for overrides in ({}, {"scan": True}):  # scanned: the stacked layers carry LAYERS
+    model = create_model(get_model_config("testing"), num_classes=10, **overrides)
+    boxed = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 3)))
+    for leaf in jax.tree.leaves(boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned)):
+      assert isinstance(leaf, nn.LogicallyPartitioned), leaf
+      used.update(name for name in leaf.names if name is not None)
+  assert used == {name for name, _ in sharding.logical_rules("fsdp")}
+
+
 def test_unknown_strategy():
   with pytest.raises(ValueError, match=r"'zero3'.*data_parallel.*fsdp.*tensor_parallel"):
-    parallel.logical_rules("zero3")
+    sharding.logical_rules("zero3")
 
 
 def _init_fn(model, tx):
@@ -110,9 +91,9 @@ def test_state_shardings_single_device_mesh():
   model = create_model(get_model_config("testing"), num_classes=10)
   init = _init_fn(model, optax.adamw(1e-3))
   abstract = jax.eval_shape(init, jax.random.PRNGKey(0))
-  mesh = parallel.make_mesh({"data": -1, "model": 1})
-  for strategy in parallel.STRATEGIES:
-    shardings = parallel.state_shardings(abstract, mesh, strategy)
+  mesh = sharding.make_mesh({"data": -1, "model": 1})
+  for strategy in sharding.STRATEGIES:
+    shardings = sharding.state_shardings(abstract, mesh, strategy)
     assert jax.tree.structure(shardings) == jax.tree.structure(nn.unbox(abstract))
   state = jax.jit(lambda r: nn.unbox(init(r)), out_shardings=shardings)(jax.random.PRNGKey(0))
   kernel = state["params"]["Transformer"]["encoderblock_0"]["MlpBlock_3"]["Dense_0"]["kernel"]
@@ -124,9 +105,9 @@ def test_missing_mesh_axis_is_replicated_and_logged_once(caplog):
   model = create_model(get_model_config("testing"), num_classes=10)
   abstract = jax.eval_shape(_init_fn(model, optax.sgd(0.1, momentum=0.9)),
                             jax.random.PRNGKey(0))
-  mesh = parallel.make_mesh({"data": -1})  # no 'model' axis for tensor_parallel
+  mesh = sharding.make_mesh({"data": -1})  # no 'model' axis for tensor_parallel
   with caplog.at_level("WARNING"):
-    shardings = parallel.state_shardings(abstract, mesh, "tensor_parallel")
+    shardings = sharding.state_shardings(abstract, mesh, "tensor_parallel")
   assert {s.spec for s in jax.tree.leaves(shardings)} == {P()}
   records = [r for r in caplog.records if "left whole" in r.getMessage()]
   assert len(records) == 1
@@ -139,9 +120,8 @@ _EIGHT_DEVICES = """
 import json
 import flax.linen as nn, jax, jax.numpy as jnp, optax
 from configs import common
-from configs.models import get_model_config
-from vit_jax import optim, parallel
-from vit_jax.models import create_model
+from vit_jax import optim, sharding
+from vit_jax.models import create_model, get_model_config
 
 def specs(tree):
   return {jax.tree_util.keystr(p): str(tuple(s.spec)) for p, s in
@@ -168,9 +148,9 @@ for name, (strategy, axes, overrides, run_jit) in cases.items():
     params = model.init({"params": rng}, jnp.zeros((1, 8, 8, 3)))["params"]
     return {"params": params, "opt_state": tx.init(params),
             "step": jnp.zeros((), jnp.int32), "rng": rng}
-  mesh = parallel.make_mesh(axes)
+  mesh = sharding.make_mesh(axes)
   abstract = jax.eval_shape(init, jax.random.PRNGKey(0))
-  shardings = parallel.state_shardings(abstract, mesh, strategy)
+  shardings = sharding.state_shardings(abstract, mesh, strategy)
   out[name] = {
       "mesh": dict(mesh.shape),
       "wanted": specs(shardings),
@@ -183,12 +163,12 @@ for name, (strategy, axes, overrides, run_jit) in cases.items():
     out[name]["shard_shapes"] = {
         jax.tree_util.keystr(p): list(x.addressable_shards[0].data.shape)
         for p, x in jax.tree_util.tree_flatten_with_path(state)[0]}
-mesh = parallel.make_mesh({"data": -1, "model": 2})
-batch = jax.device_put(jnp.zeros((16, 8, 8, 3)), parallel.batch_sharding(mesh))
+mesh = sharding.make_mesh({"data": -1, "model": 2})
+batch = jax.device_put(jnp.zeros((16, 8, 8, 3)), sharding.batch_sharding(mesh))
 out["batch_shard"] = list(batch.addressable_shards[0].data.shape)
 out["mesh_-1"] = dict(mesh.shape)
 try:
-  parallel.make_mesh({"data": 3, "model": -1})
+  sharding.make_mesh({"data": 3, "model": -1})
 except ValueError as e:
   out["mesh_error"] = str(e)
 print(json.dumps(out))
@@ -201,8 +181,8 @@ _ATT = "['params']['Transformer']['encoderblock_0']['MultiHeadDotProductAttentio
 
 @pytest.fixture(scope="module")
 def eight():
-  env = _clean_env(XLA_FLAGS="--xla_force_host_platform_device_count=8")
-  return _run(_EIGHT_DEVICES, env, timeout=240)
+  env = fresh_python.clean_env(XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  return fresh_python.run_json(_EIGHT_DEVICES, env, timeout=240)
 
 
 def test_eight_device_mesh(eight):
@@ -267,107 +247,3 @@ def test_non_divisible_dimension_falls_back_to_replicated(eight):
 
 def test_data_parallel_replicates_everything(eight):
   assert set(eight["data_parallel"]["wanted"].values()) == {"()"}
-
-
-# ----------------------------------------------------------------------------- start-up
-
-def test_initialize_distributed_without_settings_is_a_noop():
-  result = _run("""
-      import json
-      from vit_jax import parallel
-      parallel.initialize_distributed()
-      parallel.initialize_distributed()  # idempotent
-      import jax
-      print(json.dumps({"processes": jax.process_count(),
-                        "distributed": jax.distributed.is_initialized()}))
-      """, _clean_env())
-  assert result == {"processes": 1, "distributed": False}
-
-
-def test_initialize_distributed_two_processes_from_env():
-  """Two local processes joined through VIT_* env vars build one 2-device global mesh."""
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-  code = textwrap.dedent("""
-      import json
-      from vit_jax import parallel
-      parallel.initialize_distributed(initialization_timeout=60)
-      parallel.initialize_distributed()  # a second call is a no-op
-      import jax, jax.numpy as jnp, numpy as np
-      mesh = parallel.make_mesh({"data": -1})
-      local = np.full((2,), jax.process_index() + 1.0, np.float32)
-      x = jax.make_array_from_process_local_data(parallel.batch_sharding(mesh), local)
-      total = jax.jit(jnp.sum, out_shardings=parallel.replicated(mesh))(x)
-      print(json.dumps({"index": jax.process_index(), "processes": jax.process_count(),
-                        "devices": jax.device_count(), "mesh": dict(mesh.shape),
-                        "sum": float(total)}))
-      """)
-  procs = [subprocess.Popen(
-      [sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-      text=True, env=_clean_env(VIT_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
-                                VIT_NUM_PROCESSES="2", VIT_PROCESS_ID=str(i)))
-           for i in range(2)]
-  results = []
-  for proc in procs:
-    try:
-      stdout, stderr = proc.communicate(timeout=120)
-    finally:
-      proc.kill()
-    assert proc.returncode == 0, stderr[-4000:]
-    results.append(json.loads(stdout.strip().splitlines()[-1]))
-  for i, r in enumerate(results):
-    assert r == {"index": i, "processes": 2, "devices": 2, "mesh": {"data": 2},
-                 "sum": 6.0}  # 2 x 1.0 from process 0 + 2 x 2.0 from process 1
-
-
-@pytest.fixture
-def no_cluster(monkeypatch):
-  """A clean environment and a fake `jax.distributed.initialize` that records its call."""
-  for name in _CLUSTER_ENV:
-    monkeypatch.delenv(name, raising=False)
-  monkeypatch.setattr(parallel, "_initialized", False)
-  calls = []
-  monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: calls.append(kw))
-  monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
-  return calls
-
-
-@pytest.mark.parametrize("env,expected", [
-    ({}, None),
-    ({"TPU_WORKER_HOSTNAMES": "localhost"}, None),
-    ({"TPU_WORKER_HOSTNAMES": "10.0.0.2,10.0.0.3"}, {}),
-    ({"SLURM_JOB_ID": "7", "SLURM_NTASKS": "1", "SLURM_STEP_NODELIST": "n1"}, None),
-    ({"SLURM_JOB_ID": "7", "SLURM_NTASKS": "4"}, None),  # sbatch script, outside srun
-    ({"SLURM_JOB_ID": "7", "SLURM_NTASKS": "4", "SLURM_STEP_NODELIST": "n[1-2]"}, {}),
-    ({"OMPI_COMM_WORLD_SIZE": "1"}, None),
-    ({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_MCA_orte_hnp_uri": "x"}, {}),
-])
-def test_initialize_distributed_cluster_detection(no_cluster, monkeypatch, env, expected):
-  for k, v in env.items():
-    monkeypatch.setenv(k, v)
-  parallel.initialize_distributed()
-  assert no_cluster == ([] if expected is None else [expected])
-  parallel.initialize_distributed()  # idempotent
-  assert len(no_cluster) <= 1
-
-
-def test_initialize_distributed_explicit_settings(no_cluster, monkeypatch):
-  monkeypatch.setenv("VIT_NUM_PROCESSES", "4")  # arguments win over the environment
-  monkeypatch.setenv("VIT_PROCESS_ID", "3")
-  parallel.initialize_distributed("10.0.0.1:1234", 2, 1, initialization_timeout=30)
-  assert no_cluster == [dict(coordinator_address="10.0.0.1:1234", num_processes=2,
-                             process_id=1, initialization_timeout=30)]
-
-
-def test_initialize_distributed_errors(no_cluster, monkeypatch):
-  with pytest.raises(ValueError, match=r"missing: VIT_NUM_PROCESSES, VIT_PROCESS_ID"):
-    parallel.initialize_distributed("10.0.0.1:1234")
-  monkeypatch.setenv("VIT_NUM_PROCESSES", "two")
-  with pytest.raises(ValueError, match=r"VIT_NUM_PROCESSES='two' is not an integer"):
-    parallel.initialize_distributed()
-  monkeypatch.delenv("VIT_NUM_PROCESSES")
-  monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
-  with pytest.raises(ValueError, match=r"Open MPI 5.*VIT_COORDINATOR_ADDRESS"):
-    parallel.initialize_distributed()
-  assert no_cluster == []

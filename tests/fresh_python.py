@@ -1,0 +1,33 @@
+"""Runs test code in a fresh Python, for what needs several devices or a JAX not yet started.
+
+The pytest process keeps its default single CPU device, which other tests rely on.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The environment variables from which `vit_jax.distributed` finds a multi-process run.
+CLUSTER_ENV = ("VIT_COORDINATOR_ADDRESS", "VIT_NUM_PROCESSES", "VIT_PROCESS_ID",
+               "TPU_WORKER_HOSTNAMES", "CLOUD_TPU_TASK_ID", "MEGASCALE_COORDINATOR_ADDRESS",
+               "SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS",
+               "OMPI_COMM_WORLD_SIZE", "OMPI_MCA_orte_hnp_uri")
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+  """This environment on the CPU without cluster settings or XLA_FLAGS, plus ``extra``."""
+  env = {k: v for k, v in os.environ.items() if k not in CLUSTER_ENV and k != "XLA_FLAGS"}
+  env.update(PYTHONPATH=REPO, JAX_PLATFORMS="cpu", **extra)
+  return env
+
+
+def run_json(code: str, env: dict[str, str], timeout: int = 120) -> dict:
+  """Runs ``code`` in a fresh Python; its last stdout line is JSON."""
+  proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=timeout)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  return json.loads(proc.stdout.strip().splitlines()[-1])
