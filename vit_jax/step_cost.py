@@ -1,0 +1,140 @@
+"""What a compiled step costs and what the device can do: FLOPs, memory, peak, MFU.
+
+The benchmark (`benchmarks/throughput.py`), the training run's MFU and the memory-fitted
+accumulation (`vit_jax.memory_fit`) all read a step's cost from here:
+
+- `compiled_flops`: XLA's cost analysis of a compiled step, the FLOPs of one device's
+  program. XLA counts the body of a loop (a scanned encoder, gradient accumulation) once,
+  whatever its trip count; `has_loops` says when that happened.
+- `vit_flops_per_image`: the analytic count of a plain ViT's matrix products, a check on
+  the above and the count for programs with loops.
+- `peak_bytes`: the device memory a compiled step needs, from XLA's memory analysis.
+- `peak_flops`: the device's dense peak for a compute dtype (a table of published figures;
+  on a CPU, a measured f32 matrix product).
+"""
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+# Dense (no sparsity) peak TFLOP/s per chip from the vendors' data sheets, by compute dtype.
+# f32 matrix products run as TF32 on NVIDIA GPUs and as bf16 passes on TPUs at JAX's default
+# precision, so their f32 entries are those rates. Keys are matched as lower-case substrings
+# of `jax.Device.device_kind`, first match wins (so 'h100 pcie' precedes 'h100').
+PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
+    ("tpu v3", {"bfloat16": 123.0, "float32": 123.0}),
+    ("tpu v4", {"bfloat16": 275.0, "float32": 275.0}),
+    ("tpu v5 lite", {"bfloat16": 197.0, "float32": 197.0}),  # v5e
+    ("tpu v5e", {"bfloat16": 197.0, "float32": 197.0}),
+    ("tpu v5p", {"bfloat16": 459.0, "float32": 459.0}),
+    ("tpu v5", {"bfloat16": 459.0, "float32": 459.0}),  # v5p reports 'TPU v5'
+    ("tpu v6 lite", {"bfloat16": 918.0, "float32": 918.0}),  # v6e (Trillium)
+    ("tpu v6e", {"bfloat16": 918.0, "float32": 918.0}),
+    ("a100", {"bfloat16": 312.0, "float16": 312.0, "float32": 156.0}),
+    ("h100 pcie", {"bfloat16": 756.0, "float16": 756.0, "float32": 378.0}),
+    ("h100", {"bfloat16": 989.0, "float16": 989.0, "float32": 494.5}),  # SXM
+    ("h200", {"bfloat16": 989.0, "float16": 989.0, "float32": 494.5}),
+    ("l4", {"bfloat16": 121.0, "float16": 121.0, "float32": 60.0}),
+)
+# The CPU's peak is measured: an f32 product of two square matrices of this size.
+CPU_MATMUL_SIZE = 2048
+
+
+def compiled_flops(compiled: jax.stages.Compiled) -> float:
+  """FLOPs of one device's program, from XLA's cost analysis (0 when it gives none)."""
+  analysis = compiled.cost_analysis()
+  if isinstance(analysis, (list, tuple)):  # older JAX: one dict per program
+    analysis = analysis[0] if analysis else {}
+  return float((analysis or {}).get("flops", 0.0))
+
+
+def has_loops(compiled: jax.stages.Compiled) -> bool:
+  """Whether the program has a while loop, whose body XLA's cost analysis counts once."""
+  return " while(" in compiled.as_text()
+
+
+def peak_bytes(compiled: jax.stages.Compiled) -> int:
+  """Device memory one device needs for the step: arguments, outputs, temporaries, code."""
+  stats = compiled.memory_analysis()
+  if stats is None:
+    return 0
+  peak = getattr(stats, "peak_memory_in_bytes", 0)
+  if peak:
+    return int(peak)
+  return int(stats.argument_size_in_bytes + stats.output_size_in_bytes
+             - stats.alias_size_in_bytes + stats.temp_size_in_bytes
+             + stats.generated_code_size_in_bytes)
+
+
+def vit_flops_per_image(model_config: ml_collections.ConfigDict, image_size: int,
+                        num_classes: int, *, train: bool) -> Optional[float]:
+  """FLOPs of a plain ViT's matrix products for one image (None for a ResNet hybrid).
+
+  Counts 2 FLOPs per multiply-add of the patch embedding, the attention projections, the
+  two attention products, the MLP, the pre-logits and the head; a train step is 3x the
+  forward pass (the backward pass computes two products per forward one). Recomputation
+  (remat) is not counted: this is the model's count that MFU is defined on.
+  """
+  cfg = model_config
+  if cfg.get("resnet") is not None:
+    return None
+  ph, pw = cfg.patches.size
+  d, t = cfg.hidden_size, cfg.transformer
+  patches = (image_size // ph) * (image_size // pw)
+  n = patches + (1 if cfg.classifier == "token" else 0)
+  macs = patches * ph * pw * 3 * d  # patch embedding
+  per_layer = n * 4 * d * d + 2 * n * n * d + 2 * n * d * t.mlp_dim  # [N, D] tokens
+  macs += t.num_layers * per_layer
+  width = d
+  if cfg.get("representation_size"):
+    macs += d * cfg.representation_size
+    width = cfg.representation_size
+  macs += width * (num_classes or 0)
+  return 2.0 * macs * (3 if train else 1)
+
+
+@functools.cache
+def measured_cpu_peak_flops(size: int = CPU_MATMUL_SIZE, repeats: int = 5) -> float:
+  """FLOP/s of XLA's f32 [size, size] x [size, size] product on the CPU, best of ``repeats``."""
+  a = jax.device_put(np.ones((size, size), np.float32), jax.devices("cpu")[0])
+  matmul = jax.jit(jnp.matmul)
+  matmul(a, a).block_until_ready()
+  best = float("inf")
+  for _ in range(repeats):
+    start = time.perf_counter()
+    matmul(a, a).block_until_ready()
+    best = min(best, time.perf_counter() - start)
+  return 2.0 * size ** 3 / best
+
+
+def peak_flops(device: Any, dtype: Any = jnp.float32) -> Optional[float]:
+  """The dense peak FLOP/s of one ``device`` for ``dtype`` compute; None when unknown.
+
+  A CPU's is measured (f32, whatever ``dtype``: it has no faster matrix unit that XLA uses).
+  """
+  if device.platform == "cpu":
+    return measured_cpu_peak_flops()
+  kind = device.device_kind.lower()
+  name = np.dtype(dtype).name
+  for key, peaks in PEAK_TFLOPS:
+    if key in kind:
+      return peaks[name] * 1e12 if name in peaks else None
+  return None
+
+
+def step_flops(compiled: jax.stages.Compiled, num_devices: int,
+               analytic: Optional[float]) -> tuple[Optional[float], str]:
+  """FLOPs of one step over all devices and their source: 'xla', 'analytic' or 'none'.
+
+  XLA's count (one device's program times the devices) unless the program loops, where it
+  would count each loop body once; then the ``analytic`` count, when there is one.
+  """
+  if not has_loops(compiled):
+    return compiled_flops(compiled) * num_devices, "xla"
+  return analytic, "analytic" if analytic else "none"
