@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Literal, Optional, Sequence
+from typing import Callable, Literal, Optional, Sequence
 
 import flax.linen as nn
 import jax
@@ -193,6 +193,9 @@ class VisionTransformer(nn.Module):
 
   With ``classifier='unpooled'`` the output keeps every token, [B, N, K or D];
   with ``num_classes`` 0 or None there is no head and the output is the representation.
+  Masked patch prediction (`vit_jax.models.mpp`) passes ``corrupt``, applied to the patch
+  embeddings [B, N, D] before the class token and the position embeddings, and
+  ``pool=False``: the output is then every token after the encoder, [B, N(+1), D].
   """
   num_classes: Optional[int]
   patch_size: tuple[int, int]
@@ -225,7 +228,9 @@ class VisionTransformer(nn.Module):
     return h // sh, w // sw
 
   @nn.compact
-  def __call__(self, images: jax.Array, *, train: bool = False) -> jax.Array:
+  def __call__(self, images: jax.Array, *, train: bool = False,
+               corrupt: Optional[Callable[[jax.Array], jax.Array]] = None,
+               pool: bool = True) -> jax.Array:
     if self.classifier not in CLASSIFIERS:
       raise ValueError(f"Unknown classifier {self.classifier!r}; choose one of {CLASSIFIERS}.")
     ex = self.execution
@@ -242,6 +247,8 @@ class VisionTransformer(nn.Module):
     b, gh, gw, d = x.shape  # [B, gh, gw, D]
     assert (gh, gw) == grid_hw, ((gh, gw), grid_hw)
     x = x.reshape(b, gh * gw, d)  # [B, N, D]
+    if corrupt is not None:
+      x = corrupt(x)
 
     num_prefix = 0
     if self.classifier == "token":
@@ -253,6 +260,8 @@ class VisionTransformer(nn.Module):
     x = Encoder(self.num_layers, self.mlp_dim, self.num_heads, grid_hw, num_prefix,
                 posemb=self.posemb, execution=ex,
                 name="Transformer")(x, train=train)  # [B, N(+1), D]
+    if not pool:
+      return x.astype(jnp.float32)
 
     if self.classifier == "token":
       x = x[:, 0]  # [B, D]

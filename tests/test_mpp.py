@@ -1,0 +1,100 @@
+"""Masked patch prediction: corruption, targets, the loss, and runs through vit_jax.main."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+from flax import traverse_util
+import flax.linen as nn
+
+from vit_jax import models
+from vit_jax import mpp
+from vit_jax.models import mpp as mpp_model
+
+PAPER = mpp_model.Corruption(rate=0.5, mask=0.8, random=0.1)
+
+
+def test_corruption_statistics_and_untouched_patches():
+  b, n, d = 64, 256, 8
+  kind, source = mpp_model.corruption_plan(jax.random.PRNGKey(0), b, n, PAPER)
+  kind, source = np.asarray(kind), np.asarray(source)
+  np.testing.assert_array_equal((kind > 0).sum(1), np.full(b, n // 2))  # 50% of every image
+  shares = np.bincount(kind[kind > 0], minlength=4)[1:] / (b * n // 2)
+  # 8192 corrupted patches: one standard deviation of a 10% share is 0.0033.
+  np.testing.assert_allclose(shares, [0.8, 0.1, 0.1], atol=0.015)
+
+  tokens = jax.random.normal(jax.random.PRNGKey(1), (b, n, d))
+  mask = jnp.arange(d, dtype=jnp.float32) + 100.0
+  out = np.asarray(mpp_model.apply_corruption(tokens, kind, source, mask))
+  tokens = np.asarray(tokens)
+  same = (kind == 0) | (kind == mpp_model.KEPT)
+  np.testing.assert_array_equal(out[same], tokens[same])  # bit-identical
+  np.testing.assert_array_equal(out[kind == mpp_model.MASKED],
+                                np.broadcast_to(mask, out[kind == mpp_model.MASKED].shape))
+  rows, cols = np.nonzero(kind == mpp_model.RANDOM)
+  np.testing.assert_array_equal(out[rows, cols], tokens[(rows + 1) % b, source[rows, cols]])
+
+
+def test_corruption_rejects_impossible_shares():
+  with pytest.raises(ValueError, match="mask \\+ random <= 1"):
+    mpp_model.Corruption(rate=0.5, mask=0.8, random=0.3)
+
+
+def _numpy_color_classes(images: np.ndarray, patch: int, cells: int) -> np.ndarray:
+  """Loops over patches and cells: the mean of each channel, 3 bits each, r*64 + g*8 + b."""
+  b, h, w, _ = images.shape
+  step = patch // cells
+  out = np.zeros((b, (h // patch) * (w // patch), cells * cells), np.int64)
+  for i in range(b):
+    for n, (y, x) in enumerate((y, x) for y in range(0, h, patch) for x in range(0, w, patch)):
+      for c, (cy, cx) in enumerate((cy, cx) for cy in range(cells) for cx in range(cells)):
+        block = images[i, y + cy * step:y + (cy + 1) * step, x + cx * step:x + (cx + 1) * step]
+        mean = (block.reshape(-1, 3).astype(np.float64).mean(0) + 1) / 2
+        r, g, bl = (min(int(v * 8), 7) for v in mean)
+        out[i, n, c] = r * 64 + g * 8 + bl
+  return out
+
+
+@pytest.mark.parametrize("target, cells", [("mean_color", 1), ("downsampled", 4)])
+def test_color_targets_equal_a_numpy_computation(target, cells):
+  rng = np.random.default_rng(0)
+  # A random colour per 4x4 block plus noise: many classes, means near the bin edges.
+  colours = np.kron(rng.uniform(-1, 1, (3, 4, 6, 3)), np.ones((1, 4, 4, 1)))
+  images = np.clip(colours + rng.uniform(-0.2, 0.2, colours.shape), -1, 1).astype(np.float32)
+  images[0, :8, :8] = 1.0  # a white patch: class 511
+  images[0, :8, 8:16] = -1.0  # a black one: class 0
+  got = np.asarray(mpp.targets(jnp.asarray(images), (8, 8), target))
+  want = _numpy_color_classes(images, 8, cells)
+  np.testing.assert_array_equal(got, want)
+  assert got[0, 0, 0] == 511 and got[0, 1, 0] == 0
+  assert len(np.unique(got)) > 10  # the classes are spread, not collapsed
+
+
+def test_pixel_target_is_each_patch_row_major():
+  images = jnp.arange(2 * 8 * 8 * 3, dtype=jnp.float32).reshape(2, 8, 8, 3)
+  got = mpp.targets(images, (4, 4), "pixels")  # [2, 4, 48]
+  np.testing.assert_array_equal(got[1, 2], images[1, 4:8, 0:4].reshape(-1))
+
+
+def _objective(target: str = "mean_color") -> mpp.Objective:
+  config = ml_collections.ConfigDict(dict(
+      model=models.get_model_config("testing"),
+      mpp=dict(target=target, corrupt_rate=0.5, mask=0.8, random=0.1)))
+  return mpp.Objective(config)
+
+
+def test_encoder_parameters_have_the_supervised_models_names():
+  objective = _objective()
+  images = jnp.zeros((1, 8, 8, 3))
+  got = traverse_util.flatten_dict(nn.unbox(objective.init(jax.random.PRNGKey(0), images)),
+                                   sep="/")
+  supervised = models.create_model(models.get_model_config("testing"), num_classes=10)
+  want = traverse_util.flatten_dict(
+      nn.unbox(supervised.init(jax.random.PRNGKey(0), images)["params"]), sep="/")
+  encoder = {k for k in want if not k.startswith("head/")}
+  assert set(got) - encoder == {"mask_embedding", "mpp_head/kernel", "mpp_head/bias"}
+  assert encoder <= set(got) and "cls" in got
+  for k in encoder:
+    assert got[k].shape == want[k].shape, k
