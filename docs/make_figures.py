@@ -24,22 +24,19 @@ import argparse
 import json
 import os
 import pathlib
-import sys
+
+import ml_collections
+import numpy as np
+from PIL import Image
+
+from vit_jax import analysis
+from vit_jax import data
+from vit_jax import plots
+from vit_jax import run_checkpoints
+from vit_jax import sharding
+from vit_jax.models import create_model
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:  # run as a script from any folder
-  sys.path.insert(0, str(REPO_ROOT))
-
-import ml_collections  # noqa: E402
-import numpy as np  # noqa: E402
-from PIL import Image  # noqa: E402
-
-from vit_jax import data  # noqa: E402
-from vit_jax import inspect as vit_inspect  # noqa: E402
-from vit_jax import run_checkpoints  # noqa: E402
-from vit_jax import sharding  # noqa: E402
-from vit_jax.models import create_model  # noqa: E402
-
 DPI = 80  # small PNGs for the repository
 GREY_DATASETS = ("digits",)  # grey images decoded to RGB with R = G = B
 
@@ -88,15 +85,15 @@ def make_figures(workdir: str, out: str, *, data_dir: str | None = None,
 
   logits = np.asarray(model.apply({"params": params}, images, train=False))
   predicted = logits.argmax(-1)
-  weights = vit_inspect.attention_weights(model, params, images)  # [L, B, H, N, N]
-  rollout = vit_inspect.attention_rollout(weights, num_prefix=1, grid_hw=grid_hw)
-  distance = vit_inspect.mean_attention_distance(
+  weights = analysis.attention_weights(model, params, images)  # [L, B, H, N, N]
+  rollout = analysis.attention_rollout(weights, num_prefix=1, grid_hw=grid_hw)
+  distance = analysis.mean_attention_distance(
       weights, grid_hw=grid_hw, patch_px=model.input_stride, num_prefix=1)  # [L, H]
 
   os.makedirs(out, exist_ok=True)
   rows = []
   for i in _distinct_labels(labels, num_overlays):
-    fig = vit_inspect.plot_attention_overlay(images[i], rollout[i])
+    fig = plots.plot_attention_overlay(images[i], rollout[i])
     fig.suptitle(f"test image {i}: label {labels[i]}, predicted {predicted[i]}",
                  fontsize="medium")
     fig.set_dpi(DPI)
@@ -108,23 +105,23 @@ def make_figures(workdir: str, out: str, *, data_dir: str | None = None,
   Image.fromarray(np.concatenate(rows, axis=0)).save(path, optimize=True)
   print("wrote", path)
 
-  _save(vit_inspect.plot_embedding_filters(vit_inspect.embedding_filter_components(params)),
+  _save(plots.plot_embedding_filters(analysis.embedding_filter_components(params)),
         os.path.join(out, "embedding_filters.png"))
   if config.dataset in GREY_DATASETS:
     kernel = np.asarray(params["embedding"]["kernel"])  # [P, P, 3, D]
     grey_kernel = np.repeat(kernel.mean(axis=2, keepdims=True), kernel.shape[2], axis=2)
     grey = {**params, "embedding": {**params["embedding"], "kernel": grey_kernel}}
     ph, pw = kernel.shape[:2]  # a grey filter has only ph * pw independent entries
-    fig = vit_inspect.plot_embedding_filters(
-        vit_inspect.embedding_filter_components(grey, num_components=min(28, ph * pw)),
+    fig = plots.plot_embedding_filters(
+        analysis.embedding_filter_components(grey, num_components=min(28, ph * pw)),
         columns=8)
     fig.suptitle("principal components of the channel-averaged embedding filters",
                  fontsize="small")
     _save(fig, os.path.join(out, "embedding_filters_grey.png"))
-  _save(vit_inspect.plot_posemb_similarity(vit_inspect.posemb_similarity(params, model)),
+  _save(plots.plot_posemb_similarity(analysis.posemb_similarity(params, model)),
         os.path.join(out, "posemb_similarity.png"))
-  fig = vit_inspect.plot_mean_attention_distance(distance)
-  uniform = vit_inspect.patch_centre_distances(grid_hw, model.input_stride).mean()
+  fig = plots.plot_mean_attention_distance(distance)
+  uniform = analysis.patch_centre_distances(grid_hw, model.input_stride).mean()
   ax = fig.axes[0]
   ax.set_ylim(0, 1.15 * max(uniform, float(distance.max())))
   ax.axhline(uniform, color="grey", linestyle="--", linewidth=1)
@@ -133,7 +130,7 @@ def make_figures(workdir: str, out: str, *, data_dir: str | None = None,
   if ax.get_legend() is not None:
     ax.legend(loc="lower right", fontsize="x-small", ncol=2)  # clear of the points
   ax.set_title(f"{len(images)} test images, {image_hw[0]}x{image_hw[1]} px, "
-                        f"{model.input_stride[0]} px patches", fontsize="small")
+               f"{model.input_stride[0]} px patches", fontsize="small")
   _save(fig, os.path.join(out, "mean_attention_distance.png"))
 
   accuracy = float((predicted == labels).mean())
