@@ -1,4 +1,4 @@
-"""The pure train step: learning, gradient accumulation, losses."""
+"""The pure train step (learning, gradient accumulation) and the losses train and eval share."""
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -7,7 +7,7 @@ import optax
 import pytest
 
 from tests import train_fixtures
-from vit_jax import train
+from vit_jax import evaluate, losses, train
 from vit_jax.models import create_model, get_model_config
 
 
@@ -22,6 +22,11 @@ def fixed_batch(seed=0):
   return jax.tree.map(jnp.asarray, train_fixtures.fixed_batch(seed=seed))
 
 
+def step(state, batch, model, tx, accum_steps=1):
+  return train.train_step(state, batch, model=model, tx=tx, loss="softmax_xent",
+                          accum_steps=accum_steps)
+
+
 def tiny(**overrides):
   return create_model(get_model_config("testing"), num_classes=10, **overrides)
 
@@ -29,13 +34,13 @@ def tiny(**overrides):
 def test_loss_falls_on_a_fixed_batch():
   model, tx = tiny(), optax.adam(3e-3)
   state, batch = make_state(model, tx), fixed_batch()
-  step = jax.jit(lambda s, b: train.train_step(s, b, model=model, tx=tx))
-  losses = []
+  jitted = jax.jit(lambda s, b: step(s, b, model, tx))
+  values = []
   for _ in range(30):
-    state, metrics = step(state, batch)
-    losses.append(float(metrics["train/loss"]))
-  assert losses[0] == pytest.approx(np.log(10), rel=1e-3)  # zero head: uniform prediction
-  assert losses[-1] < 0.3 * losses[0]
+    state, metrics = jitted(state, batch)
+    values.append(float(metrics["train/loss"]))
+  assert values[0] == pytest.approx(np.log(10), rel=1e-3)  # zero head: uniform prediction
+  assert values[-1] < 0.3 * values[0]
   assert int(state.step) == 30
 
 
@@ -47,8 +52,8 @@ def test_accumulated_micro_batches_equal_one_big_batch():
   # Make the head non-zero so that every parameter gets a gradient.
   state = state.replace(params={**state.params, "head": jax.tree.map(
       lambda x: 0.1 * jnp.ones_like(x), state.params["head"])})
-  big, m_big = train.train_step(state, batch, model=model, tx=tx, accum_steps=1)
-  acc, m_acc = train.train_step(state, batch, model=model, tx=tx, accum_steps=4)
+  big, m_big = step(state, batch, model, tx, accum_steps=1)
+  acc, m_acc = step(state, batch, model, tx, accum_steps=4)
   np.testing.assert_allclose(m_acc["train/loss"], m_big["train/loss"], rtol=1e-6)
   for a, b in zip(jax.tree.leaves(acc.params), jax.tree.leaves(big.params)):
     np.testing.assert_allclose(a, b, atol=1e-6)
@@ -61,9 +66,9 @@ def test_dropout_rng_comes_from_the_step():
   state, batch = make_state(model, tx), fixed_batch()
   state = state.replace(params={**state.params, "head": jax.tree.map(
       lambda x: jax.random.normal(jax.random.key(7), x.shape), state.params["head"])})
-  _, m0 = train.train_step(state, batch, model=model, tx=tx)
-  _, m0_again = train.train_step(state, batch, model=model, tx=tx)
-  _, m1 = train.train_step(state.replace(step=state.step + 1), batch, model=model, tx=tx)
+  _, m0 = step(state, batch, model, tx)
+  _, m0_again = step(state, batch, model, tx)
+  _, m1 = step(state.replace(step=state.step + 1), batch, model, tx)
   assert float(m0["train/loss"]) == float(m0_again["train/loss"])
   assert float(m0["train/loss"]) != float(m1["train/loss"])
 
@@ -71,9 +76,30 @@ def test_dropout_rng_comes_from_the_step():
 def test_sigmoid_loss_and_unknown_loss():
   logits = jnp.array([[0.0, 0.0]])
   labels = jnp.array([[1.0, 0.0]])
-  assert float(train.compute_loss(logits, labels, "sigmoid_xent")) == pytest.approx(
-      2 * np.log(2), rel=1e-6)
-  assert float(train.compute_loss(logits, labels, "softmax_xent")) == pytest.approx(
-      np.log(2), rel=1e-6)
+  np.testing.assert_allclose(losses.per_example_loss(logits, labels, "sigmoid_xent"),
+                             [2 * np.log(2)], rtol=1e-6)
+  np.testing.assert_allclose(losses.per_example_loss(logits, labels, "softmax_xent"),
+                             [np.log(2)], rtol=1e-6)
   with pytest.raises(ValueError, match="hinge.*softmax_xent"):
-    train.compute_loss(logits, labels, "hinge")
+    losses.per_example_loss(logits, labels, "hinge")
+
+
+@pytest.mark.parametrize("loss", losses.LOSSES)
+def test_eval_loss_is_the_training_loss(loss):
+  """The eval step sums config.loss over the real examples (padding masked out)."""
+  model = tiny()
+  params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 8, 8, 3)))["params"])
+  # A random head: non-uniform logits, where the two losses differ.
+  params["head"] = jax.tree.map(
+      lambda x: jax.random.normal(jax.random.key(1), x.shape), params["head"])
+  batch = fixed_batch()
+  batch["mask"] = jnp.array([1.0] * 12 + [0.0] * 4)  # the last 4 rows are padding
+  sums = evaluate.eval_step(params, batch, model=model, loss=loss)
+  z = np.asarray(model.apply({"params": params}, batch["image"], train=False), np.float64)
+  y = np.asarray(batch["label"], np.float64)
+  if loss == "sigmoid_xent":  # sum over classes of -y log s(z) - (1 - y) log(1 - s(z))
+    per_example = np.sum(np.logaddexp(0, z) - y * z, axis=-1)
+  else:  # -log softmax(z)[label]
+    per_example = np.log(np.sum(np.exp(z), -1)) - np.sum(y * z, -1)
+  np.testing.assert_allclose(float(sums["loss_sum"]), per_example[:12].sum(), rtol=1e-5)
+  assert float(sums["count"]) == 12

@@ -6,19 +6,24 @@ from typing import Any, Callable, Iterable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import optax
+
+from vit_jax import losses
 
 Batch = dict[str, jax.Array]
 
 
-def eval_step(params: Any, batch: Batch, *, model: nn.Module) -> dict[str, jax.Array]:
-  """Sums of loss and correct predictions over the real (mask == 1) examples of a batch."""
+def eval_step(params: Any, batch: Batch, *, model: nn.Module,
+              loss: str) -> dict[str, jax.Array]:
+  """Sums of loss and correct predictions over the real (mask == 1) examples of a batch.
+
+  ``loss`` is the training objective's kind (`losses.LOSSES`): eval and train losses compare.
+  """
   logits = model.apply({"params": params}, batch["image"], train=False)  # [B, K]
   mask = batch["mask"]  # [B]
   labels = batch["label"]  # [B, K] one-hot
-  loss = optax.softmax_cross_entropy(logits, labels)  # [B]
+  per_example = losses.per_example_loss(logits, labels, loss)  # [B]
   correct = jnp.argmax(logits, -1) == jnp.argmax(labels, -1)  # [B]
-  return {"loss_sum": jnp.sum(loss * mask), "correct": jnp.sum(correct * mask),
+  return {"loss_sum": jnp.sum(per_example * mask), "correct": jnp.sum(correct * mask),
           "count": jnp.sum(mask)}
 
 

@@ -26,6 +26,7 @@ from jax.experimental import multihost_utils
 
 from vit_jax import data
 from vit_jax import evaluate as evaluate_lib
+from vit_jax import losses
 from vit_jax import optim
 from vit_jax import pretrained
 from vit_jax import progress as progress_lib
@@ -37,7 +38,6 @@ Batch = dict[str, jax.Array]
 # Train steps dispatched ahead of the oldest unfinished one: enough to keep an accelerator
 # busy. Unbounded, 2 CPU processes (gloo collectives) deadlocked at about 64 in flight.
 MAX_STEPS_IN_FLIGHT = 4
-LOSSES = ("softmax_xent", "sigmoid_xent")
 
 
 @struct.dataclass
@@ -48,19 +48,12 @@ class TrainState:
   rng: jax.Array  # uint32[2]: the run's base key; per-step keys are folded from it
 
 
-def compute_loss(logits: jax.Array, labels: jax.Array, kind: str) -> jax.Array:
-  """Mean loss over the batch. logits, labels: [B, K] (labels one-hot or multi-hot)."""
-  if kind == "softmax_xent":
-    return jnp.mean(optax.softmax_cross_entropy(logits, labels))
-  if kind == "sigmoid_xent":
-    return jnp.mean(jnp.sum(optax.sigmoid_binary_cross_entropy(logits, labels), axis=-1))
-  raise ValueError(f"Unknown loss {kind!r}; choose one of {LOSSES}.")
-
-
 def train_step(state: TrainState, batch: Batch, *, model: nn.Module,
-               tx: optax.GradientTransformation, loss: str = "softmax_xent",
-               accum_steps: int = 1) -> tuple[TrainState, dict[str, jax.Array]]:
-  """One optimizer update from a global batch, optionally in ``accum_steps`` micro-batches.
+               tx: optax.GradientTransformation, loss: str,
+               accum_steps: int) -> tuple[TrainState, dict[str, jax.Array]]:
+  """One optimizer update from a global batch, in ``accum_steps`` (1: one) micro-batches.
+
+  ``loss``: a `losses.LOSSES` kind, averaged over the batch.
 
   Micro-batch j takes examples j, j + A, j + 2A, ... so that each one is spread over all
   devices; the mean of the micro-batch gradients equals the full-batch gradient.
@@ -69,7 +62,7 @@ def train_step(state: TrainState, batch: Batch, *, model: nn.Module,
 
   def loss_fn(params, images, labels, rng):
     logits = model.apply({"params": params}, images, train=True, rngs={"dropout": rng})
-    return compute_loss(logits, labels, loss)
+    return jnp.mean(losses.per_example_loss(logits, labels, loss))
 
   grad_fn = jax.value_and_grad(loss_fn)
   if accum_steps == 1:
@@ -180,7 +173,7 @@ class Trainer:
         in_shardings=(self.state_shardings, batch_sharding),
         out_shardings=(self.state_shardings, replicated), donate_argnums=0)
     self.eval_step = jax.jit(
-        functools.partial(evaluate_lib.eval_step, model=self.model),
+        functools.partial(evaluate_lib.eval_step, model=self.model, loss=config.loss),
         in_shardings=(self.state_shardings.params, batch_sharding), out_shardings=replicated)
 
   def init_state(self) -> TrainState:
@@ -213,8 +206,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   ``total_steps=0`` only evaluates the initial (e.g. pretrained) parameters.
   """
   tf.io.gfile.makedirs(workdir)
-  if config.get("loss", "softmax_xent") not in LOSSES:
-    raise ValueError(f"Unknown loss {config.loss!r}; choose one of {LOSSES}.")
+  losses.check_loss(config.loss)
   info = data.dataset_info(config)
   num_classes = config.get("num_classes") or info.num_classes
   if config.get("num_classes") and info.num_classes and config.num_classes != info.num_classes:
