@@ -1,4 +1,10 @@
-"""Defaults shared by every experiment config; each config file overrides what it needs."""
+"""The one place of every run default; each experiment file overrides only what differs.
+
+The code reads these keys without fallback values of its own, so a config that is not
+built from this one fails on its first missing key, by name.
+"""
+from __future__ import annotations
+
 import ml_collections
 
 from vit_jax import models
@@ -25,11 +31,11 @@ def get_config() -> ml_collections.ConfigDict:
   # Model (vit_jax.models.MODEL_NAMES) and its pre-trained weights.
   config.model = models.get_model_config("ViT-B_16")
   config.pretrained = ml_collections.FieldReference(None, field_type=str)  # .npz or Orbax dir
-  config.reset_head = False
-  config.posemb_resize = "bilinear"
+  config.reset_head = False  # True: a fresh zero head even when the class count matches.
+  config.posemb_resize = "bilinear"  # or 'bicubic', 'nearest', 'reinit'
 
   # Optimization (vit_jax.optim).
-  config.loss = "softmax_xent"
+  config.loss = "softmax_xent"  # or 'sigmoid_xent' (vit_jax.losses)
   config.total_steps = 10_000
   config.accum_steps = 1
   config.lr = ml_collections.ConfigDict(dict(base=0.03, warmup_steps=500, decay="cosine",

@@ -52,7 +52,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.train_split = preset.train_split
   config.test_split = preset.test_split
   config.num_classes = preset.num_classes
-  config.pp = ml_collections.ConfigDict(dict(crop=CROP, min_area=0.05, flip=True))
+  config.pp.crop = CROP
   config.batch = BATCH
   config.batch_eval = 1024
 
@@ -61,11 +61,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model.transformer.dropout_rate = 0.1
 
   config.total_steps = steps_for(dataset)
-  config.lr = ml_collections.ConfigDict(dict(
-      base=LEARNING_RATES[dataset], warmup_steps=WARMUP_STEPS, decay="linear", end=0.0))
-  config.optim = ml_collections.ConfigDict(dict(
-      name="adamw", momentum=0.9, momentum_dtype="float32", b1=0.9, b2=0.999, eps=1e-8,
-      weight_decay=0.1, decay_all_params=False, grad_clip_norm=1.0))
+  config.lr.base = LEARNING_RATES[dataset]
+  config.lr.warmup_steps = WARMUP_STEPS
+  config.lr.decay = "linear"
+  config.optim.name = "adamw"
+  config.optim.weight_decay = 0.1
 
   config.log_every = 100
   config.eval_every = 10_000

@@ -27,17 +27,15 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.transformer.num_layers = 4
   config.model.transformer.mlp_dim = 128
   config.model.transformer.num_heads = 4
-  config.model.transformer.dropout_rate = 0.0
 
   config.batch = 128
   config.batch_eval = 256
   config.shuffle_buffer = 2_000
   config.total_steps = 2_000
-  config.lr = ml_collections.ConfigDict(dict(base=2e-3, warmup_steps=100, decay="cosine",
-                                             end=0.0))
+  config.lr.base = 2e-3
+  config.lr.warmup_steps = 100
   config.optim.name = "adamw"
   config.optim.weight_decay = 0.05
-  config.optim.grad_clip_norm = 1.0
 
   config.log_every = 100
   config.eval_every = 500

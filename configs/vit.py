@@ -79,22 +79,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.train_split = preset.train_split
   config.test_split = preset.test_split
   config.num_classes = preset.num_classes
-  config.pp = ml_collections.ConfigDict(dict(crop=preset.crop, min_area=0.05, flip=True))
-  config.batch = 512
-  config.batch_eval = 512
+  config.pp.crop = preset.crop
 
   config.model = models.get_model_config(model_name)
-  config.pretrained = None  # --config.pretrained=PATH: an official .npz or Orbax folder.
-  config.reset_head = False
-  config.posemb_resize = "bilinear"  # or 'bicubic', 'nearest', 'reinit'
 
   config.total_steps = preset.total_steps
-  config.lr = ml_collections.ConfigDict(dict(
-      base=0.03, warmup_steps=min(FINETUNE_WARMUP_STEPS, preset.total_steps // 10),
-      decay="cosine", end=0.0))
-  config.optim = ml_collections.ConfigDict(dict(
-      name="sgd", momentum=0.9, momentum_dtype="float32", b1=0.9, b2=0.999, eps=1e-8,
-      weight_decay=0.0, decay_all_params=False, grad_clip_norm=1.0))
+  config.lr.warmup_steps = min(FINETUNE_WARMUP_STEPS, preset.total_steps // 10)
 
   steps = preset.total_steps
   config.log_every = max(1, min(50, steps // 10))

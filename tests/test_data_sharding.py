@@ -6,10 +6,10 @@ import sys
 import textwrap
 
 import jax
-import ml_collections
 import numpy as np
 from PIL import Image
 
+from tests import train_fixtures
 from vit_jax import data
 
 _SCRIPT = textwrap.dedent('''
@@ -53,11 +53,12 @@ def test_global_batches_on_eight_devices(tmp_path):
       folder.mkdir(parents=True, exist_ok=True)
       Image.fromarray(rng.integers(0, 256, (6, 6, 3), dtype=np.uint8)).save(
           folder / f'{k}.png')
-  config = dict(dataset=f'folder:{tmp_path}', train_split='train', test_split='test',
-                pp=dict(crop=4), batch=16, batch_eval=16, seed=0)
+  config = train_fixtures.common_config(
+      dataset=f'folder:{tmp_path}', train_split='train', test_split='test', pp=dict(crop=4),
+      batch=16, batch_eval=16)
   env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
              JAX_PLATFORMS='cpu', TF_CPP_MIN_LOG_LEVEL='3')
-  proc = subprocess.run([sys.executable, '-c', _SCRIPT, json.dumps(config)], env=env,
+  proc = subprocess.run([sys.executable, '-c', _SCRIPT, config.to_json_best_effort()], env=env,
                         capture_output=True, text=True, timeout=300,
                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -65,8 +66,7 @@ def test_global_batches_on_eight_devices(tmp_path):
 
   # Same content as on this process's single device: sharding only places rows.
   mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(-1, 1), ('data', 'model'))
-  single = np.asarray(next(data.train_iterator(ml_collections.ConfigDict(config),
-                                               mesh))['image']).mean((1, 2, 3))
+  single = np.asarray(next(data.train_iterator(config, mesh))['image']).mean((1, 2, 3))
   np.testing.assert_allclose(out['train_8x1'], single, rtol=1e-6)
   np.testing.assert_allclose(out['train_4x2'], single, rtol=1e-6)
   for key in ('eval_8x1', 'eval_4x2'):

@@ -6,25 +6,21 @@ import functools
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 import pytest
 
+from tests import train_fixtures
 from vit_jax import optim
 from vit_jax.models import create_model, get_model_config
 
 
-def _config(**optim_overrides) -> ml_collections.ConfigDict:
-  config = ml_collections.ConfigDict()
-  config.total_steps = 110
-  config.lr = ml_collections.ConfigDict(dict(base=1.0, warmup_steps=10, decay="cosine",
-                                             end=0.1))
-  config.optim = ml_collections.ConfigDict(dict(
-      name="sgd", momentum=0.9, momentum_dtype="float32", b1=0.9, b2=0.999, eps=1e-8,
-      weight_decay=0.0, decay_all_params=False, grad_clip_norm=None))
-  config.optim.update(optim_overrides)
-  return config
+def _config(**optim_overrides):
+  """SGD momentum 0.9 (configs/common.py), no clipping; base 1.0 with 10 warm-up steps and
+  cosine decay to 0.1 over 110 steps, round values for hand computations."""
+  return train_fixtures.common_config(
+      total_steps=110, lr=dict(base=1.0, warmup_steps=10, decay="cosine", end=0.1),
+      optim={"grad_clip_norm": None, **optim_overrides})
 
 
 def _values(schedule, steps):

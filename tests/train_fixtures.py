@@ -2,8 +2,17 @@
 import ml_collections
 import numpy as np
 
+from configs import common
 from configs import quickstart
 from vit_jax.models import get_model_config
+
+
+def common_config(**overrides) -> ml_collections.ConfigDict:
+  """`configs/common.py` with ``overrides`` (nested dicts merge into its sections): the code
+  has no fallback values, so a test's hand-made config starts from every default."""
+  config = common.get_config()
+  config.update(overrides)
+  return config
 
 
 def step_config() -> ml_collections.ConfigDict:

@@ -4,7 +4,8 @@
 
 Reads ``config.total_steps``, ``config.lr.{base, warmup_steps, decay, end}`` and
 ``config.optim.{name, momentum, momentum_dtype, b1, b2, eps, weight_decay,
-decay_all_params, grad_clip_norm}`` (defaults in `configs/common.py`).
+decay_all_params, grad_clip_norm}``: every key is read as given, the defaults are
+`configs/common.py`'s alone.
 
 The chain is: clip the global gradient norm -> the optimizer's direction (SGD momentum, or
 Adam moments) -> add ``weight_decay * param`` on the masked leaves -> scale by ``-lr(step)``.
@@ -47,9 +48,9 @@ def make_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
   lr = config.lr
   total = int(config.total_steps)
   base = float(lr.base)
-  warmup = int(lr.get("warmup_steps", 0) or 0)
-  decay = lr.get("decay", "cosine")
-  end = float(lr.get("end", 0.0) or 0.0)
+  warmup = int(lr.warmup_steps)
+  decay = lr.decay
+  end = float(lr.end)
   if decay not in DECAYS:
     raise ValueError(f"Unknown config.lr.decay={decay!r}; choose one of {DECAYS}.")
   if warmup < 0:
@@ -117,12 +118,12 @@ def make_optimizer(
   (bfloat16 halves that memory); Adam's second moment stays in the parameter dtype.
   """
   o = config.optim
-  name = o.get("name", "sgd")
+  name = o.name
   schedule = make_schedule(config)
-  mu_dtype = _momentum_dtype(o.get("momentum_dtype", "float32"))
+  mu_dtype = _momentum_dtype(o.momentum_dtype)
 
   parts: list[optax.GradientTransformation] = []
-  clip = o.get("grad_clip_norm")
+  clip = o.grad_clip_norm
   if clip:
     if clip < 0:
       raise ValueError(f"config.optim.grad_clip_norm={clip} is negative; use a positive "
@@ -130,23 +131,22 @@ def make_optimizer(
     parts.append(optax.clip_by_global_norm(float(clip)))
 
   if name == "sgd":
-    momentum = o.get("momentum", 0.9)
-    if momentum:
-      parts.append(optax.trace(decay=float(momentum), accumulator_dtype=mu_dtype))
+    if o.momentum:
+      parts.append(optax.trace(decay=float(o.momentum), accumulator_dtype=mu_dtype))
       # trace returns its (possibly bfloat16) buffer as the update: compute on in the
       # parameters' dtype, so updates always match the parameters.
       parts.append(optax.stateless(_cast_like_params))
   elif name in ("adam", "adamw"):
-    parts.append(optax.scale_by_adam(b1=float(o.get("b1", 0.9)), b2=float(o.get("b2", 0.999)),
-                                     eps=float(o.get("eps", 1e-8)), mu_dtype=mu_dtype))
+    parts.append(optax.scale_by_adam(b1=float(o.b1), b2=float(o.b2), eps=float(o.eps),
+                                     mu_dtype=mu_dtype))
   else:
     raise ValueError(f"Unknown config.optim.name={name!r}; choose one of {OPTIMIZERS}.")
 
-  weight_decay = float(o.get("weight_decay", 0.0) or 0.0)
+  weight_decay = float(o.weight_decay)
   if weight_decay < 0:
     raise ValueError(f"config.optim.weight_decay={weight_decay} is negative; use >= 0.")
   if weight_decay:
-    mask = None if o.get("decay_all_params", False) else weight_decay_mask
+    mask = None if o.decay_all_params else weight_decay_mask
     parts.append(optax.add_decayed_weights(weight_decay, mask=mask))
 
   parts.append(optax.scale_by_learning_rate(schedule))

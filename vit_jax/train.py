@@ -93,9 +93,9 @@ def train_step(state: TrainState, batch: Batch, *, model: nn.Module,
 def _check_batch_sizes(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> None:
   """Fails before compiling when a batch cannot be split as the run needs."""
   # The pipeline's own rule: batches split over the processes and the 'data' devices.
-  data.batching.local_batch_size(config.batch, mesh)
-  data.batching.local_batch_size(config.get("batch_eval", config.batch), mesh, key="batch_eval")
-  accum = config.get("accum_steps", 1)
+  data.local_batch_size(config.batch, mesh)
+  data.local_batch_size(config.batch_eval, mesh, key="batch_eval")
+  accum = config.accum_steps
   if accum < 1:
     raise ValueError(f"accum_steps={accum} must be >= 1.")
   data_size = mesh.shape[sharding.DATA_AXIS]
@@ -168,8 +168,7 @@ class Trainer:
     batch_sharding = sharding.batch_sharding(self.mesh)
     self.train_step = jax.jit(
         functools.partial(train_step, model=self.model, tx=self.tx,
-                          loss=config.get("loss", "softmax_xent"),
-                          accum_steps=config.get("accum_steps", 1)),
+                          loss=config.loss, accum_steps=config.accum_steps),
         in_shardings=(self.state_shardings, batch_sharding),
         out_shardings=(self.state_shardings, replicated), donate_argnums=0)
     self.eval_step = jax.jit(
@@ -179,15 +178,15 @@ class Trainer:
   def init_state(self) -> TrainState:
     """A fresh state, with parameters from ``config.pretrained`` when it is set."""
     state = self._init(self._rng)
-    source = self.config.get("pretrained")
+    source = self.config.pretrained
     if not source:
       return state
     # The whole fresh tree on every process (load_pretrained takes heads and position
     # embeddings from it): device_get fails on arrays split over several processes.
     init_params = multihost_utils.process_allgather(state.params, tiled=True)
     params = pretrained.load_pretrained(
-        source, init_params, self.config.model, reset_head=self.config.get("reset_head", False),
-        posemb_resize_method=self.config.get("posemb_resize", "bilinear"),
+        source, init_params, self.config.model, reset_head=self.config.reset_head,
+        posemb_resize_method=self.config.posemb_resize,
         new_grid_hw=self.model.grid_hw(self._dummy.shape[1:3]))
     params = jax.tree.map(_global_array, params, self.state_shardings.params)
     opt_init = jax.jit(self.tx.init, out_shardings=self.state_shardings.opt_state)
@@ -207,16 +206,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   """
   tf.io.gfile.makedirs(workdir)
   losses.check_loss(config.loss)
+  # config.num_classes, or the data's count; the data rejects a config that contradicts it.
   info = data.dataset_info(config)
-  num_classes = config.get("num_classes") or info.num_classes
-  if config.get("num_classes") and info.num_classes and config.num_classes != info.num_classes:
-    raise ValueError(f"config.num_classes={config.num_classes} but the dataset "
-                     f"{config.dataset!r} has {info.num_classes} classes: fix num_classes.")
-  trainer = Trainer(config, num_classes)
+  trainer = Trainer(config, info.num_classes)
   _write_or_compare_config(config, workdir)
 
   manager = run_checkpoints.make_manager(os.path.join(workdir, "checkpoints"),
-                                         keep=config.get("keep_checkpoints", 3))
+                                         keep=config.keep_checkpoints)
   state = run_checkpoints.restore_latest(manager, trainer.abstract_state)
   if state is None:
     state = trainer.init_state()
@@ -225,7 +221,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   progress = progress_lib.Progress(workdir, total_steps=total_steps, global_batch=config.batch,
                                    start_step=start_step)
   logging.info("Training %s on %s from step %d to %d on %d devices (mesh %s, %s).",
-               config.model.get("name", "model"), config.dataset, start_step, total_steps,
+               config.model.name, config.dataset, start_step, total_steps,
                jax.device_count(), dict(trainer.mesh.shape), config.partitioning)
 
   metrics: dict[str, float] = {}

@@ -7,13 +7,15 @@ Every source yields the same global batches, sharded over the mesh axis 'data':
       'mask': f32[B] (1 real example, 0 padding)
   dataset_info(config) -> DatasetInfo(num_classes, num_train, num_test, class_names)
   make_global_batch(local_batch, mesh) -> global jax.Arrays
+  local_batch_size(global_batch, mesh, key) -> this process's rows; fails on a batch
+      that does not split over the processes and the 'data' devices
 Importing this package registers the `digits` tfds builder.
 """
 from vit_jax.data import digits  # Registers tfds.builder('digits').
-from vit_jax.data.batching import make_global_batch
+from vit_jax.data.batching import local_batch_size, make_global_batch
 from vit_jax.data.dataset import DatasetInfo, dataset_info
 from vit_jax.data.pipeline import eval_iterator, train_iterator
 from vit_jax.data.presets import PRESETS, Preset
 
-__all__ = ['DatasetInfo', 'PRESETS', 'Preset', 'dataset_info', 'digits',
-           'eval_iterator', 'make_global_batch', 'train_iterator']
+__all__ = ['DatasetInfo', 'PRESETS', 'Preset', 'dataset_info', 'digits', 'eval_iterator',
+           'local_batch_size', 'make_global_batch', 'train_iterator']

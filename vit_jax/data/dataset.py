@@ -13,12 +13,13 @@ from vit_jax.data import folder as folder_lib
 from vit_jax.data import splits as splits_lib
 from vit_jax.data import tfds_source
 
-DEFAULT_SHUFFLE_BUFFER = 50_000  # Examples per shuffle window of a tfds dataset.
+# Keys that may hold None: no local tfds dir, no manual-download dir, classes from the data.
+_OPTIONAL = ('data_dir', 'manual_dir', 'num_classes')
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-  """The data keys of a run config, validated. See `from_config` for the defaults."""
+  """The data keys of a run config, validated (their defaults: `configs/common.py`)."""
   dataset: str
   data_dir: str | None
   manual_dir: str | None
@@ -30,46 +31,39 @@ class Settings:
   flip: bool
   batch: int
   batch_eval: int
-  shuffle_buffer: int
+  shuffle_buffer: int  # examples per shuffle window of a tfds dataset
   prefetch: int
   seed: int
   skip_corrupt_images: bool
 
   @classmethod
   def from_config(cls, config: Any) -> 'Settings':
-    """Reads an ml_collections.ConfigDict (or any object with .get / attributes).
-
-    Required: dataset, train_split, test_split, pp.crop, batch. Defaults: data_dir and
-    manual_dir None, num_classes None (from the data), pp.min_area 0.05, pp.flip True,
-    batch_eval = batch, shuffle_buffer 50_000, prefetch 2, seed 0,
-    skip_corrupt_images False.
-    """
-    def get(key: str, default: Any = ..., node: Any = config, prefix: str = ''):
-      value = node.get(key, None) if hasattr(node, 'get') else getattr(node, key, None)
-      if value is None:
-        if default is ...:
-          raise ValueError(f'config.{prefix}{key} is required by the input pipeline; '
-                           f'set it (see vit_jax/data/presets.py for per-dataset values).')
-        return default
-      return value
+    """Reads an ml_collections.ConfigDict; a missing key, or None where a value is
+    needed, fails with the key's name."""
+    def get(key: str, node: Any = config, prefix: str = '') -> Any:
+      if key not in node or (node[key] is None and key not in _OPTIONAL):
+        raise ValueError(f'config.{prefix}{key} is required by the input pipeline; set it '
+                         f'(defaults: configs/common.py; per-dataset values: '
+                         f'vit_jax/data/presets.py).')
+      return node[key]
 
     pp = get('pp')
     settings = cls(
         dataset=str(get('dataset')),
-        data_dir=get('data_dir', None),
-        manual_dir=get('manual_dir', None),
+        data_dir=get('data_dir'),
+        manual_dir=get('manual_dir'),
         train_split=str(get('train_split')),
         test_split=str(get('test_split')),
-        num_classes=get('num_classes', None),
-        crop=int(get('crop', node=pp, prefix='pp.')),
-        min_area=float(get('min_area', 0.05, node=pp, prefix='pp.')),
-        flip=bool(get('flip', True, node=pp, prefix='pp.')),
+        num_classes=get('num_classes'),
+        crop=int(get('crop', pp, 'pp.')),
+        min_area=float(get('min_area', pp, 'pp.')),
+        flip=bool(get('flip', pp, 'pp.')),
         batch=int(get('batch')),
-        batch_eval=int(get('batch_eval', get('batch'))),
-        shuffle_buffer=int(get('shuffle_buffer', DEFAULT_SHUFFLE_BUFFER)),
-        prefetch=int(get('prefetch', 2)),
-        seed=int(get('seed', 0)),
-        skip_corrupt_images=bool(get('skip_corrupt_images', False)),
+        batch_eval=int(get('batch_eval')),
+        shuffle_buffer=int(get('shuffle_buffer')),
+        prefetch=int(get('prefetch')),
+        seed=int(get('seed')),
+        skip_corrupt_images=bool(get('skip_corrupt_images')),
     )
     for key in ('crop', 'batch', 'batch_eval', 'shuffle_buffer'):
       if getattr(settings, key) <= 0:
