@@ -1,6 +1,10 @@
 """Per-dataset defaults for fine-tuning and pre-training, as in the ViT paper.
 
 Plain values, read by the experiment configs; the pipeline itself never looks here.
+Why in the package and not in `configs/` (which holds this repository's experiment files):
+what a user of the installed package needs without the checkout belongs in the package,
+and a user's own config or notebook needs a dataset's class count, official splits and
+resolution as much as our experiment files do.
 
   * Splits: the official evaluation splits, with a small slice of train held out
     for model selection where the paper does (CIFAR 2%, ImageNet 1%, Pets 10%).
