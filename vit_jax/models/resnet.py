@@ -14,7 +14,11 @@ import jax.numpy as jnp
 
 
 class StdConv(nn.Conv):
-  """A convolution whose kernel is standardised over its receptive field (per output)."""
+  """A convolution whose kernel is standardised over its receptive field (per output).
+
+  As the official hybrids: ``(w - mean) / (std + 1e-5)``, the epsilon added to the
+  standard deviation (not to the variance under a square root).
+  """
 
   def param(self, name: str, *args, **kwargs):
     param = super().param(name, *args, **kwargs)
@@ -22,8 +26,8 @@ class StdConv(nn.Conv):
       # Statistics in float32 whatever the computation dtype.
       kernel = param.astype(jnp.float32)  # [kh, kw, Cin, Cout]
       mean = jnp.mean(kernel, axis=(0, 1, 2), keepdims=True)
-      var = jnp.var(kernel, axis=(0, 1, 2), keepdims=True)
-      param = ((kernel - mean) / jnp.sqrt(var + 1e-5)).astype(param.dtype)
+      std = jnp.std(kernel, axis=(0, 1, 2), keepdims=True)
+      param = ((kernel - mean) / (std + 1e-5)).astype(param.dtype)
     return param
 
 
