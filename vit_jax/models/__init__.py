@@ -43,6 +43,7 @@ def create_model(model_config: ml_collections.ConfigDict, *, num_classes: Option
       num_heads=t.num_heads,
       classifier=cfg.classifier,
       posemb=cfg.posemb,
+      gelu_approximate=cfg.gelu_approximate,
       representation_size=cfg.representation_size,
       resnet_units=None if cfg.resnet is None else tuple(cfg.resnet.num_layers),
       resnet_width_factor=1.0 if cfg.resnet is None else cfg.resnet.width_factor,

@@ -10,8 +10,8 @@ directory: notebooks and user code need the variants without the repository chec
 Fields: ``patches.size``, ``hidden_size``, ``transformer.{num_layers, mlp_dim, num_heads,
 dropout_rate, attention_dropout_rate}``, ``classifier``, ``representation_size``,
 ``resnet`` (None, or ``{num_layers: units per stage, width_factor}``), plus this project's
-``posemb`` and execution options (``scan``, ``remat``, ``remat_policy``,
-``attention_impl``, ``dtype``). `vit_jax.models.create_model` builds the module.
+``posemb``, ``gelu_approximate`` and execution options (``scan``, ``remat``,
+``remat_policy``, ``attention_impl``, ``dtype``). `vit_jax.models.create_model` builds the module.
 """
 from __future__ import annotations
 
@@ -32,6 +32,8 @@ def _vit(name: str, patch: int, width: int, depth: int, mlp: int, heads: int,
   config.classifier = "token"
   config.representation_size = ml_collections.FieldReference(None, field_type=int)
   config.posemb = "learn"
+  # The tanh approximation, as the official model and checkpoints; False: exact GELU.
+  config.gelu_approximate = True
   config.resnet = ml_collections.FieldReference(None, field_type=ml_collections.ConfigDict)
   if resnet_units is not None:
     config.resnet = ml_collections.ConfigDict(

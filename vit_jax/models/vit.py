@@ -95,8 +95,13 @@ class MultiHeadDotProductAttention(nn.Module):
 
 
 class MlpBlock(nn.Module):
-  """Dense -> exact GELU -> dropout -> Dense -> dropout."""
+  """Dense -> GELU -> dropout -> Dense -> dropout.
+
+  ``gelu_approximate``: the tanh approximation (Flax's default, what the official model
+  and its checkpoints use) or the exact erf GELU (what timm and Hugging Face compute).
+  """
   mlp_dim: int
+  gelu_approximate: bool
   execution: ExecutionOptions = ExecutionOptions()
 
   @nn.compact
@@ -108,7 +113,7 @@ class MlpBlock(nn.Module):
     x = dense(self.mlp_dim, name="Dense_0",
               kernel_init=_partitioned(nn.initializers.xavier_uniform(), (EMBED, MLP)),
               bias_init=_partitioned(_normal_init, (MLP,)))(x)  # [B, N, M]
-    x = nn.gelu(x, approximate=False)
+    x = nn.gelu(x, approximate=self.gelu_approximate)
     x = nn.Dropout(rate)(x, deterministic=deterministic)
     x = dense(d, name="Dense_1",
               kernel_init=_partitioned(nn.initializers.xavier_uniform(), (MLP, EMBED)),
@@ -130,6 +135,7 @@ class Encoder1DBlock(nn.Module):
   """
   mlp_dim: int
   num_heads: int
+  gelu_approximate: bool
   execution: ExecutionOptions = ExecutionOptions()
 
   @nn.compact
@@ -141,7 +147,7 @@ class Encoder1DBlock(nn.Module):
     y = nn.Dropout(ex.dropout_rate)(y, deterministic=deterministic)
     x = x + y  # [B, N, D]
     y = _layer_norm("LayerNorm_2", ex)(x)
-    y = MlpBlock(self.mlp_dim, ex, name="MlpBlock_3")(y, deterministic)
+    y = MlpBlock(self.mlp_dim, self.gelu_approximate, ex, name="MlpBlock_3")(y, deterministic)
     x = x + y
     self.sow("intermediates", "tokens", x)
     return x, None
@@ -154,6 +160,7 @@ class Encoder(nn.Module):
   num_heads: int
   grid_hw: tuple[int, int]
   num_prefix: int
+  gelu_approximate: bool
   posemb: str = "learn"
   execution: ExecutionOptions = ExecutionOptions()
 
@@ -176,7 +183,8 @@ class Encoder(nn.Module):
       # Argument 2 (`deterministic`, counting self) is a Python bool: static.
       block_cls = nn.remat(block_cls, prevent_cse=not ex.scan, static_argnums=(2,),
                            policy=policy)
-    block_kwargs = dict(mlp_dim=self.mlp_dim, num_heads=self.num_heads, execution=ex)
+    block_kwargs = dict(mlp_dim=self.mlp_dim, num_heads=self.num_heads,
+                        gelu_approximate=self.gelu_approximate, execution=ex)
     if ex.scan:
       scanned = nn.scan(block_cls, variable_axes={"params": 0, "intermediates": 0},
                         split_rngs={"params": True, "dropout": True}, in_axes=nn.broadcast,
@@ -207,6 +215,7 @@ class VisionTransformer(nn.Module):
   posemb: str = "learn"
   representation_size: Optional[int] = None
   head_bias_init: float = 0.0
+  gelu_approximate: bool = True  # tanh GELU as the official weights; False: exact (timm, HF)
   resnet_units: Optional[Sequence[int]] = None  # None: plain ViT; (): root only; (3, 4, 9): R50
   resnet_width_factor: float = 1.0
   execution: ExecutionOptions = ExecutionOptions()
@@ -258,7 +267,7 @@ class VisionTransformer(nn.Module):
       num_prefix = 1
 
     x = Encoder(self.num_layers, self.mlp_dim, self.num_heads, grid_hw, num_prefix,
-                posemb=self.posemb, execution=ex,
+                self.gelu_approximate, posemb=self.posemb, execution=ex,
                 name="Transformer")(x, train=train)  # [B, N(+1), D]
     if not pool:
       return x.astype(jnp.float32)
