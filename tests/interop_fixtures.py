@@ -1,0 +1,82 @@
+"""Small models with random weights, written as official `.npz` files, for the predict and
+export tests: a ViT-Ti/16-shaped ViT (2 layers), an R26+ViT-S/32-shaped hybrid and a
+root-only R+ViT-Ti/16 hybrid (1 layer each), all in the official layout."""
+from __future__ import annotations
+
+import functools
+
+import flax.linen as nn
+import jax
+import ml_collections
+import numpy as np
+
+from vit_jax import checkpoint, models
+
+NUM_CLASSES = 5
+
+
+def vit_ti16_config() -> ml_collections.ConfigDict:
+  config = models.get_model_config("ViT-Ti_16")
+  config.transformer.num_layers = 2
+  return config
+
+
+def r26_s32_config() -> ml_collections.ConfigDict:
+  config = models.get_model_config("R26+ViT-S_32")
+  config.transformer.num_layers = 1
+  return config
+
+
+def r_ti16_config() -> ml_collections.ConfigDict:
+  config = models.get_model_config("R+ViT-Ti_16")
+  config.transformer.num_layers = 1
+  return config
+
+
+# name -> (config, image size: a 2x2 token grid)
+CONFIGS = {"vit_ti16": (vit_ti16_config, 32), "r26_s32": (r26_s32_config, 64),
+           "r_ti16": (r_ti16_config, 64)}
+
+
+def _config(name: str, overrides: tuple) -> ml_collections.ConfigDict:
+  config = CONFIGS[name][0]()
+  for key, value in overrides:
+    config[key] = value
+  return config
+
+
+@functools.lru_cache(maxsize=None)
+def _random_params(name: str, num_classes: int, seed: int, overrides: tuple) -> dict:
+  size = CONFIGS[name][1]
+  model = models.create_model(_config(name, overrides), num_classes=num_classes)
+  dummy = jax.ShapeDtypeStruct((1, size, size, 3), np.float32)
+  shapes = nn.unbox(jax.eval_shape(model.init, jax.random.PRNGKey(0), dummy)["params"])
+  # Random values without running init (seconds for the hybrid): norms' scales near 1,
+  # everything else near 0 (LayerNorm/GroupNorm scales are the only leaves named 'scale').
+  rng = np.random.default_rng(seed)
+  return jax.tree_util.tree_map_with_path(
+      lambda path, s: ((path[-1].key == "scale") + rng.normal(0.0, 0.05, s.shape)).astype(
+          np.float32), shapes)
+
+
+def random_model(name: str, num_classes: int = NUM_CLASSES, seed: int = 0, **overrides):
+  """(config, params, image size) of a named test model; ``overrides`` set config fields.
+  The params are cached: do not change them."""
+  items = tuple(sorted(overrides.items()))
+  return (_config(name, items), _random_params(name, num_classes, seed, items),
+          CONFIGS[name][1])
+
+
+def write_npz(path, name: str, **overrides) -> tuple[ml_collections.ConfigDict, dict, int]:
+  config, params, size = random_model(name, **overrides)
+  checkpoint.save_npz(path, params)
+  return config, params, size
+
+
+def images(n: int, size: int, seed: int = 0) -> np.ndarray:
+  return np.random.default_rng(seed).uniform(-1, 1, (n, size, size, 3)).astype(np.float32)
+
+
+def relative_error(got: np.ndarray, want: np.ndarray) -> float:
+  """max |got - want| / max |want|."""
+  return float(np.max(np.abs(np.asarray(got) - want)) / np.max(np.abs(want)))

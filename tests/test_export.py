@@ -1,0 +1,191 @@
+"""Exports: logits of the written model equal ours in every format (Hugging Face and timm
+in PyTorch, a TF SavedModel, a `jax.export` artifact); an official .npz -> HF -> back is
+bit-exact; bad inputs give one clear error and leave --out untouched."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import jax
+import numpy as np
+import pytest
+from flax import traverse_util
+
+from tests import interop_fixtures as fx
+from vit_jax import checkpoint, export
+from vit_jax.interop import loader, serving
+
+# torch's CUDA wheels import triton on first use, and triton's library crashes (SIGSEGV) a
+# process that has already loaded TensorFlow, as the test session has. These tests run
+# torch on the CPU, where triton is unused: make its import fail as if it were absent.
+sys.modules.setdefault("triton", None)
+
+TOLERANCE = 1e-5  # relative logit difference, float32
+
+
+def _model(name: str, **overrides) -> loader.LoadedModel:
+  config, params, size = fx.random_model(name, **overrides)
+  return loader.LoadedModel(config, params, fx.NUM_CLASSES, (size, size), None, name)
+
+
+def _ours(model: loader.LoadedModel, images: np.ndarray, **overrides) -> np.ndarray:
+  module = model.module(**overrides)
+  return np.asarray(jax.jit(lambda p, x: module.apply({"params": p}, x))(model.params, images))
+
+
+def _nchw(images: np.ndarray):
+  import torch  # pylint: disable=g-import-not-at-top
+  return torch.from_numpy(np.ascontiguousarray(images.transpose(0, 3, 1, 2)))
+
+
+@pytest.mark.parametrize("gelu_approximate", [True, False])
+def test_hf_logits_equal_ours(tmp_path, gelu_approximate):
+  transformers = pytest.importorskip("transformers")
+  torch = pytest.importorskip("torch")
+  model = _model("vit_ti16")
+  model.config.gelu_approximate = gelu_approximate
+  export.export_model(model, "hf", str(tmp_path / "hf"))
+
+  hf = transformers.ViTForImageClassification.from_pretrained(tmp_path / "hf").eval()
+  images = fx.images(3, model.image_size[0])
+  with torch.no_grad():
+    got = hf(pixel_values=_nchw(images)).logits.numpy()
+  want = _ours(model, images)
+  assert fx.relative_error(got, want) <= TOLERANCE
+  # The other GELU is measurably different: the check above sees a wrong hidden_act.
+  other = _ours(model, images, gelu_approximate=not gelu_approximate)
+  assert fx.relative_error(other, want) > 20 * TOLERANCE
+
+  config = json.loads((tmp_path / "hf" / "config.json").read_text())
+  assert config["hidden_act"] == ("gelu_pytorch_tanh" if gelu_approximate else "gelu")
+  assert config["id2label"] == {str(i): str(i) for i in range(fx.NUM_CLASSES)}
+  pre = json.loads((tmp_path / "hf" / "preprocessor_config.json").read_text())
+  assert pre["image_mean"] == pre["image_std"] == [0.5] * 3
+  assert pre["size"] == {"height": 32, "width": 32}
+
+
+def test_official_npz_to_hf_and_back_is_bit_exact(tmp_path):
+  pytest.importorskip("safetensors")
+  npz = tmp_path / "ViT-Ti_16-like.npz"
+  config, params, size = fx.write_npz(npz, "vit_ti16")
+  export.export(str(npz), "hf", str(tmp_path / "hf"))
+
+  back = loader.load(tmp_path / "hf")
+  flat, original = (traverse_util.flatten_dict(t, sep="/") for t in (back.params, params))
+  assert flat.keys() == original.keys()
+  for key, value in original.items():
+    assert flat[key].dtype == np.float32
+    np.testing.assert_array_equal(flat[key], value, err_msg=key)
+  assert back.image_size == (size, size) and back.num_classes == fx.NUM_CLASSES
+  assert back.config.gelu_approximate is True and back.config.transformer == config.transformer
+
+  # ... and on to an official .npz again (the way into fine-tuning from an HF checkpoint).
+  export.export(str(tmp_path / "hf"), "npz", str(tmp_path / "npz"))
+  again = traverse_util.flatten_dict(checkpoint.load_npz(tmp_path / "npz" / "model.npz"),
+                                     sep="/")
+  for key, value in original.items():
+    np.testing.assert_array_equal(again[key], value, err_msg=key)
+
+
+# The random R26 stack amplifies float32 round-off: our own float32 logits differ from a
+# float64 run by 1.8e-5, and timm's GroupNorm epsilon is 1e-5 (ours, official: 1e-6).
+R26_TOLERANCE = 5e-5
+
+
+@pytest.mark.parametrize("name, overrides, tolerance", [
+    ("vit_ti16", {}, TOLERANCE),
+    ("vit_ti16", {"classifier": "gap", "gelu_approximate": False}, TOLERANCE),
+    ("r26_s32", {}, R26_TOLERANCE), ("r_ti16", {}, TOLERANCE)])
+def test_timm_logits_equal_ours(tmp_path, name, overrides, tolerance):
+  timm = pytest.importorskip("timm")
+  torch = pytest.importorskip("torch")
+  model = _model(name, **overrides)
+  export.export_model(model, "timm", str(tmp_path / "timm"))
+
+  spec = json.loads((tmp_path / "timm" / "timm_model.json").read_text())
+  net = timm.create_model(spec["model_name"], pretrained=True, pretrained_cfg_overlay=dict(
+      spec["pretrained_cfg_overlay"], file=str(tmp_path / "timm" / "model.safetensors")),
+      **spec["kwargs"]).eval()
+  images = fx.images(2, model.image_size[0])
+  with torch.no_grad():
+    got = net(_nchw(images)).numpy()
+  assert fx.relative_error(got, _ours(model, images)) <= tolerance
+  labels = (tmp_path / "timm" / "labels.txt").read_text().split()
+  assert labels == [str(i) for i in range(fx.NUM_CLASSES)]
+
+
+@pytest.mark.parametrize("name", ["vit_ti16", "r_ti16"])
+def test_saved_model_logits_equal_ours_for_any_batch(tmp_path, name):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  model = _model(name)
+  export.export_model(model, "saved_model", str(tmp_path / "sm"))
+  serve = tf.saved_model.load(str(tmp_path / "sm")).signatures["serving_default"]
+  for batch in (3, 1):
+    images = fx.images(batch, model.image_size[0], seed=batch)
+    got = next(iter(serve(images=tf.constant(images)).values())).numpy()
+    assert fx.relative_error(got, _ours(model, images)) <= TOLERANCE
+
+
+@pytest.mark.parametrize("name", ["vit_ti16", "r_ti16"])
+def test_jax_exported_logits_equal_ours_for_any_batch(tmp_path, name):
+  model = _model(name)
+  export.export_model(model, "stablehlo", str(tmp_path / "hlo"))
+  exported = jax.export.deserialize((tmp_path / "hlo" / serving.JAX_EXPORTED).read_bytes())
+  for batch in (2, 5):
+    images = fx.images(batch, model.image_size[0], seed=batch)
+    got = np.asarray(exported.call(images))
+    assert fx.relative_error(got, _ours(model, images)) <= TOLERANCE
+
+
+def _nothing_written(tmp_path, out, *, out_existed: bool) -> None:
+  """Only the inputs and, when it was there before, the empty ``out`` (no temp folders)."""
+  names = {p.name for p in tmp_path.iterdir()} - {"model.npz"}
+  assert names == ({out.name} if out_existed else set())
+  if out_existed:
+    assert not any(out.iterdir())
+
+
+@pytest.mark.parametrize("overrides, fmt, message", [
+    ({"classifier": "gap"}, "hf", r"classifier 'gap' \(HF's ViT classifies the class token"),
+    ({"posemb": "learn_2d"}, "hf", r"position embeddings 'learn_2d'"),
+    ({"classifier": "unpooled"}, "timm", r"classifier 'unpooled'"),
+])
+def test_unsupported_models_fail_before_writing(tmp_path, overrides, fmt, message):
+  out = tmp_path / "out"
+  out.mkdir()  # an empty folder may be the target; it stays as it was
+  with pytest.raises(ValueError, match=message):
+    export.export_model(_model("vit_ti16", **overrides), fmt, str(out))
+  _nothing_written(tmp_path, out, out_existed=True)
+
+
+def test_hybrid_to_hf_names_the_alternative(tmp_path):
+  model = _model("r_ti16")
+  with pytest.raises(ValueError, match="a ResNet hybrid .*export it to timm"):
+    export.export_model(model, "hf", str(tmp_path / "out"))
+  assert not (tmp_path / "out").exists()
+
+
+def test_missing_checkpoint_and_existing_out(tmp_path):
+  fx.write_npz(tmp_path / "model.npz", "vit_ti16")
+  with pytest.raises(FileNotFoundError, match="No checkpoint at .*nope.npz"):
+    export.export(str(tmp_path / "nope.npz"), "hf", str(tmp_path / "out"))
+  _nothing_written(tmp_path, tmp_path / "out", out_existed=False)
+  (tmp_path / "out").mkdir()
+  (tmp_path / "out" / "keep.txt").write_text("mine")
+  with pytest.raises(FileExistsError, match="not an empty folder"):
+    export.export(str(tmp_path / "model.npz"), "npz", str(tmp_path / "out"))
+  assert os.listdir(tmp_path / "out") == ["keep.txt"]
+
+
+def test_a_failure_mid_write_leaves_no_partial_output(tmp_path, monkeypatch):
+  fx.write_npz(tmp_path / "model.npz", "vit_ti16")
+
+  def fail_after_a_file(directory, *args):
+    (open(os.path.join(directory, serving.JAX_EXPORTED), "wb")).close()
+    raise OSError("disk full")
+
+  monkeypatch.setattr(serving, "write_jax_exported", fail_after_a_file)
+  with pytest.raises(OSError, match="disk full"):
+    export.export(str(tmp_path / "model.npz"), "stablehlo", str(tmp_path / "out"))
+  _nothing_written(tmp_path, tmp_path / "out", out_existed=False)

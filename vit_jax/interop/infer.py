@@ -1,0 +1,156 @@
+"""A model's architecture read off the shapes of an official-layout parameter tree.
+
+Official `.npz` files carry no config: everything but the GELU variant and the position
+embedding kind of a parameter-free table (``sincos2d`` / ``none``) is in the shapes:
+
+    embedding/kernel                     [ph, pw, C, D]  patch size, width
+    Transformer/encoderblock_{i}/...     depth (or the leading axis of a scanned encoder)
+    .../query/kernel                     [D, H, Dh]      heads
+    .../MlpBlock_3/Dense_0/kernel        [D, M]          MLP width
+    cls                                  present: classifier 'token', else 'gap'
+    pre_logits/kernel                    [D, R]          representation size
+    head/kernel                          [D or R, K]     classes
+    Transformer/posembed_input/...       'learn' [1, N, D] / 'learn_2d' tables: grid
+    conv_root/kernel                     [7, 7, C, 64 w] ResNet root, width factor w
+    block{s}/unit{u}/...                 ResNet stages and units per stage
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping, Optional
+
+import flax.linen as nn
+import ml_collections
+import numpy as np
+from flax import traverse_util
+
+from vit_jax import checkpoint
+from vit_jax import models
+from vit_jax.models import posemb as posemb_lib
+
+POSEMB = "Transformer/posembed_input/pos_embedding"
+POSEMB_X = "Transformer/posembed_input/pos_embedding_x"
+POSEMB_Y = "Transformer/posembed_input/pos_embedding_y"
+_BLOCK = re.compile(r"^Transformer/encoderblock_(\d+)/")
+_RESNET_UNIT = re.compile(r"^block(\d+)/unit(\d+)/")
+_ROOT_WIDTH = 64  # conv_root's output channels at width factor 1
+
+
+def _shapes(params: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+  flat = traverse_util.flatten_dict(nn.unbox(dict(params)), sep="/")
+  return {k: tuple(np.shape(v)) for k, v in flat.items()}
+
+
+def _block_shapes(shapes: Mapping[str, tuple[int, ...]]) -> tuple[int, dict[str, tuple]]:
+  """(depth, shapes of block 0 keyed by the path inside a block) for either layout."""
+  scanned = f"Transformer/{checkpoint.SCANNED_BLOCK}/"
+  inner = {k[len(scanned):]: s[1:] for k, s in shapes.items() if k.startswith(scanned)}
+  if inner:
+    return next(iter(shapes[scanned + k] for k in inner))[0], inner
+  layers = {int(m.group(1)) for k in shapes if (m := _BLOCK.match(k))}
+  first = "Transformer/encoderblock_0/"
+  return len(layers), {k[len(first):]: s for k, s in shapes.items() if k.startswith(first)}
+
+
+def _resnet(shapes: Mapping[str, tuple[int, ...]],
+            unknown: list[str]) -> Optional[ml_collections.ConfigDict]:
+  if "conv_root/kernel" not in shapes:
+    return None
+  units: dict[int, int] = {}
+  for key in shapes:
+    if m := _RESNET_UNIT.match(key):
+      stage, unit = int(m.group(1)), int(m.group(2))
+      units[stage] = max(units.get(stage, 0), unit)
+  if sorted(units) != list(range(1, len(units) + 1)):
+    unknown.append(f"ResNet stages (found block{sorted(units)}; expected block1..blockS)")
+  return ml_collections.ConfigDict({
+      "num_layers": tuple(units[s] for s in sorted(units)),
+      "width_factor": shapes["conv_root/kernel"][-1] / _ROOT_WIDTH})
+
+
+def _official_name(config: ml_collections.ConfigDict) -> Optional[str]:
+  """The registered variant with this architecture, if any."""
+  def arch(c: ml_collections.ConfigDict) -> tuple:
+    t, r = c.transformer, c.get("resnet")
+    return (tuple(c.patches.size), c.hidden_size, t.num_layers, t.mlp_dim, t.num_heads,
+            None if r is None else (tuple(r.num_layers), r.width_factor))
+  target = arch(config)
+  return next((n for n in models.MODEL_NAMES if arch(models.get_model_config(n)) == target),
+              None)
+
+
+def infer_model_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  """The model config (`vit_jax.models.variants` layout) that ``params`` were made for.
+
+  Its ``name`` is the official variant's when the architecture is one, else 'custom'.
+  Raises one ValueError naming everything that cannot be read from the shapes.
+  """
+  shapes = _shapes(params)
+  unknown: list[str] = []
+  patch = width = heads = mlp = None
+  if (k := shapes.get("embedding/kernel")) and len(k) == 4:
+    patch, width = k[:2], k[3]
+  else:
+    unknown.append("patch size and width (no embedding/kernel [ph, pw, C, D])")
+  depth, block = _block_shapes(shapes)
+  if not depth:
+    unknown.append("depth (no Transformer/encoderblock_{i} or scanned encoderblock arrays)")
+  if (q := block.get("MultiHeadDotProductAttention_1/query/kernel")) and len(q) == 3:
+    heads = q[1]
+  elif depth:
+    unknown.append("heads (no query/kernel [D, H, Dh] in the first encoder block)")
+  if m := block.get("MlpBlock_3/Dense_0/kernel"):
+    mlp = m[-1]
+  elif depth:
+    unknown.append("MLP width (no MlpBlock_3/Dense_0/kernel in the first encoder block)")
+  if POSEMB in shapes:
+    posemb = "learn"
+  elif POSEMB_X in shapes and POSEMB_Y in shapes:
+    posemb = "learn_2d"
+  else:
+    posemb = None
+    unknown.append("position embeddings (no learned table: 'sincos2d' and 'none' have no "
+                   "parameters to tell them apart)")
+  resnet = _resnet(shapes, unknown)
+  if unknown:
+    raise ValueError("Cannot infer the architecture from the checkpoint's arrays: "
+                     + "; ".join(unknown) + ". Pass the model explicitly (--model=NAME, "
+                     f"one of {', '.join(models.MODEL_NAMES)}).")
+
+  config = models.get_model_config("testing")  # every field, then overwritten
+  config.patches.size = tuple(patch)
+  config.hidden_size = width
+  config.transformer.num_layers = depth
+  config.transformer.mlp_dim = mlp
+  config.transformer.num_heads = heads
+  config.classifier = "token" if "cls" in shapes else "gap"
+  config.posemb = posemb
+  if "pre_logits/kernel" in shapes:
+    config.representation_size = shapes["pre_logits/kernel"][-1]
+  if resnet is not None:
+    config.resnet = resnet
+  config.name = _official_name(config) or "custom"
+  return config
+
+
+def num_classes(params: Mapping[str, Any]) -> Optional[int]:
+  """The head's class count; None for a checkpoint without a head."""
+  head = _shapes(params).get("head/kernel")
+  return head[-1] if head else None
+
+
+def trained_image_size(params: Mapping[str, Any],
+                       config: ml_collections.ConfigDict) -> Optional[tuple[int, int]]:
+  """The (height, width) the learned position embeddings were trained for; None without
+  a learned table. A 1-D table is taken to be a square grid."""
+  shapes = _shapes(params)
+  if POSEMB in shapes:
+    prefix = 1 if config.get("classifier", "token") == "token" else 0
+    grid = posemb_lib.square_grid(shapes[POSEMB][1] - prefix,
+                                  "pass the image size (--resolution)")
+  elif POSEMB_X in shapes and POSEMB_Y in shapes:
+    grid = shapes[POSEMB_Y][1], shapes[POSEMB_X][2]
+  else:
+    return None
+  stride = models.create_model(config, num_classes=None).input_stride
+  return grid[0] * stride[0], grid[1] * stride[1]

@@ -1,0 +1,173 @@
+"""Any trained model on disk -> one `LoadedModel` (config, parameters, classes, image size).
+
+Sources, told apart by what is on disk:
+  * an official-layout `.npz` (per-layer or scanned): the architecture from ``model_name``
+    or inferred from the array shapes (`vit_jax.interop.infer`);
+  * a training run of this package: its workdir, `<workdir>/checkpoints` or one step
+    folder; model, image size and class names come from the run's `config.json`;
+  * a Hugging Face `ViTForImageClassification` / `ViTModel` directory (`vit_jax.interop.hf`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.resources
+import json
+import os
+from typing import Any, Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+from absl import logging
+
+from vit_jax import checkpoint
+from vit_jax import models
+from vit_jax.interop import infer
+
+Params = dict[str, Any]
+IMAGENET2012 = "imagenet2012"  # --labels value of the class names shipped with the package
+_IMAGENET2012_FILE = "imagenet2012_labels.txt"  # in vit_jax/data, class-index order
+_RUN_CONFIG = "config.json"
+
+
+@dataclasses.dataclass
+class LoadedModel:
+  """A model ready to run: per-layer float parameters and what is known about them."""
+  config: ml_collections.ConfigDict  # model config (`vit_jax.models.variants` layout)
+  params: Params
+  num_classes: Optional[int]  # None: no head, the output is the representation
+  image_size: Optional[tuple[int, int]]  # what the position embeddings were trained for
+  class_names: Optional[list[str]]  # None when the source does not name its classes
+  source: str
+
+  def module(self, **overrides: Any) -> models.VisionTransformer:
+    return models.create_model(self.config, num_classes=self.num_classes, **overrides)
+
+
+def imagenet2012_class_names() -> list[str]:
+  """The 1,000 ImageNet-1k class names shipped with the package, in class-index order."""
+  text = importlib.resources.files("vit_jax.data").joinpath(_IMAGENET2012_FILE).read_text()
+  return text.splitlines()
+
+
+def class_names(labels: Optional[str], model: LoadedModel) -> list[str]:
+  """The class names to print: ``labels`` ('imagenet2012' or a file of one name per
+  line), else the source's own names, else ImageNet-1k's for a 1,000-class head, else
+  the class indices."""
+  k = model.num_classes or 0
+  if labels == IMAGENET2012:
+    names = imagenet2012_class_names()
+  elif labels:
+    if not os.path.isfile(labels):
+      raise FileNotFoundError(f"--labels={labels!r} is neither {IMAGENET2012!r} nor a file "
+                              "of class names (one per line).")
+    with open(labels) as f:
+      names = [line.rstrip("\n") for line in f if line.strip()]
+  elif model.class_names:
+    names = list(model.class_names)
+  elif k == 1000:
+    names = imagenet2012_class_names()
+  else:
+    return [str(i) for i in range(k)]
+  if len(names) != k:
+    raise ValueError(f"{len(names)} class names for a head of {k} classes: pass --labels "
+                     "with one name per class of the model.")
+  return names
+
+
+def load(path: str | os.PathLike, model_name: Optional[str] = None) -> LoadedModel:
+  """Reads a model from ``path`` (see the module docstring); ``model_name`` (an official
+  variant) overrides the architecture of an `.npz`. Raises FileNotFoundError when there
+  is nothing to read and ValueError when the arrays do not fit the architecture."""
+  path = os.fspath(path)
+  if os.path.isdir(path):
+    from vit_jax.interop import hf  # pylint: disable=g-import-not-at-top
+    if hf.is_hf_dir(path):
+      config, params, names, image_size = hf.read_dir(path)
+      loaded = LoadedModel(config, params, infer.num_classes(params), image_size, names, path)
+    else:
+      loaded = _load_run(path)
+  elif os.path.isfile(path):
+    loaded = _load_npz(path, model_name)
+  else:
+    raise FileNotFoundError(f"No checkpoint at {path!r}: pass an official-layout .npz, a "
+                            "training run's workdir (or its checkpoints/ or a step folder), "
+                            "or a Hugging Face ViT directory.")
+  _check_fits(loaded)
+  return loaded
+
+
+def _load_npz(path: str, model_name: Optional[str]) -> LoadedModel:
+  params = checkpoint.scanned_to_layers(checkpoint.load_npz(path))
+  if model_name:
+    config = models.get_model_config(model_name)
+    # The registry leaves it out; official ImageNet-21k files have one.
+    if "pre_logits" in params:
+      config.representation_size = params["pre_logits"]["kernel"].shape[-1]
+    config.classifier = "token" if "cls" in params else "gap"
+  else:
+    config = infer.infer_model_config(params)
+    logging.info("%s: inferred architecture %s.", path, config.name)
+  return LoadedModel(config, params, infer.num_classes(params),
+                     infer.trained_image_size(params, config), None, path)
+
+
+def _run_dirs(path: str) -> tuple[str, str]:
+  """(workdir, checkpoint path for run_checkpoints.read_params) of a run folder."""
+  candidates = [path, os.path.dirname(path), os.path.dirname(os.path.dirname(path))]
+  for workdir in candidates:
+    if os.path.isfile(os.path.join(workdir, _RUN_CONFIG)):
+      return workdir, path if workdir != path else os.path.join(path, "checkpoints")
+  raise FileNotFoundError(f"{path!r} is a folder but neither a training run (no "
+                          f"{_RUN_CONFIG} in it or up to two levels above) nor a Hugging Face "
+                          "ViT directory (config.json with model_type 'vit').")
+
+
+def _load_run(path: str) -> LoadedModel:
+  from vit_jax import data, run_checkpoints  # pylint: disable=g-import-not-at-top
+  workdir, ckpt = _run_dirs(os.path.abspath(path))
+  with open(os.path.join(workdir, _RUN_CONFIG)) as f:
+    run_config = ml_collections.ConfigDict(json.load(f))
+  params = checkpoint.scanned_to_layers(nn.unbox(dict(run_checkpoints.read_params(ckpt))))
+  config = run_config.model
+  config.scan = False  # the parameters are per-layer now
+  names = None
+  try:
+    names = data.dataset_info(run_config).class_names
+  except Exception as e:  # pylint: disable=broad-except
+    logging.warning("Class names of the run's dataset %r are not available (%s); printing "
+                    "class indices.", run_config.get("dataset"), e)
+  crop = run_config.pp.crop
+  return LoadedModel(config, params, infer.num_classes(params), (crop, crop), names, path)
+
+
+def _check_fits(loaded: LoadedModel) -> None:
+  """One ValueError listing every array that does not fit the architecture."""
+  size = loaded.image_size or loaded.module().input_stride
+  dummy = jax.ShapeDtypeStruct((1, *size, 3), jnp.float32)
+  expected = jax.eval_shape(lambda x: loaded.module().init(jax.random.PRNGKey(0), x), dummy)
+  try:
+    checkpoint.check_tree(loaded.params, nn.unbox(expected["params"]),
+                          source=f"checkpoint {loaded.source!r}")
+  except ValueError as e:
+    raise ValueError(f"{e}\n  Fix: pass the checkpoint's model (--model=NAME) or leave it out "
+                     "to infer it from the array shapes.") from None
+
+
+def image_size(model: LoadedModel, resolution: Optional[int]) -> tuple[int, int]:
+  """``resolution`` (square), else the size the model was trained for."""
+  trained = model.image_size
+  if resolution:
+    learned = model.config.get("posemb", "learn") in ("learn", "learn_2d")
+    if learned and trained and trained != (resolution, resolution):
+      raise ValueError(f"--resolution={resolution}, but {model.source!r} has position "
+                       f"embeddings for {trained[0]}x{trained[1]}: leave --resolution out, or "
+                       "fine-tune at the new size first (config.pretrained resizes them).")
+    return resolution, resolution
+  if trained is None:
+    raise ValueError(f"{model.source!r} does not say its image size (no learned position "
+                     "embeddings): pass --resolution.")
+  return trained
+
+

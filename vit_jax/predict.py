@@ -1,0 +1,164 @@
+r"""Classifies image files with a trained model.
+
+    python -m vit_jax.predict --checkpoint=PATH [--model=NAME] [--labels=imagenet2012|FILE] \
+        [--top_k=5] [--resolution=R] [--json] IMAGE_OR_FOLDER...
+
+PATH: an official-layout `.npz`, a training run (workdir, `checkpoints/` or a step
+folder) or a Hugging Face ViT directory (`vit_jax.interop.loader`). Images are prepared
+as the eval pipeline prepares them (`vit_jax.data.preprocess.eval_image`: the whole
+image resized bilinearly to the model's resolution, values in [-1, 1]) and classified in
+jitted batches. A file that cannot be decoded is reported on stderr and skipped.
+Output: one line per image, ``FILE<TAB>label:probability ...``, or JSON lines.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from typing import Iterable, Iterator, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tensorflow as tf
+from absl import app
+from absl import flags
+from absl import logging
+
+from vit_jax.data import preprocess
+from vit_jax.interop import loader
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp")  # what decode_rgb reads
+DEFAULT_BATCH = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+  path: str
+  top: list[tuple[str, float]]  # (label, probability), most probable first
+
+  def line(self) -> str:
+    return self.path + "\t" + " ".join(f"{label}:{p:.4f}" for label, p in self.top)
+
+  def json(self) -> str:
+    return json.dumps({"file": self.path,
+                       "top_k": [{"label": label, "probability": round(p, 6)}
+                                 for label, p in self.top]})
+
+
+def image_files(paths: Iterable[str]) -> list[str]:
+  """The files named, and the image files under each folder named (sorted, recursive)."""
+  files = []
+  for path in paths:
+    if os.path.isdir(path):
+      for root, dirs, names in os.walk(path):
+        dirs.sort()
+        files.extend(os.path.join(root, n) for n in sorted(names)
+                     if n.lower().endswith(IMAGE_EXTENSIONS))
+    else:
+      files.append(path)
+  return files
+
+
+class Classifier:
+  """A loaded model's probabilities for batches of files, one jitted function."""
+
+  def __init__(self, model: loader.LoadedModel, image_size: tuple[int, int],
+               batch: int = DEFAULT_BATCH):
+    if image_size[0] != image_size[1]:
+      raise ValueError(f"Image size {image_size} is not square; the eval pipeline resizes to "
+                       "a square: pass --resolution.")
+    self.image_size = image_size
+    self.batch = batch
+    module = model.module()
+    module.grid_hw(image_size)  # a size the model cannot take fails here, with the fix
+    self._params = jax.device_put(model.params)
+    self._probs = jax.jit(lambda p, x: jax.nn.softmax(module.apply({"params": p}, x)))
+    crop = image_size[0]
+    self._prepare = tf.function(lambda data: preprocess.eval_image(data, crop=crop),
+                                input_signature=[tf.TensorSpec([], tf.string)])
+
+  def prepare(self, path: str) -> Optional[np.ndarray]:
+    """float32 [H, W, 3] in [-1, 1], or None (logged) when the file cannot be read."""
+    try:
+      with open(path, "rb") as f:
+        return self._prepare(tf.constant(f.read())).numpy()
+    except (OSError, tf.errors.OpError) as e:
+      message = e.message if isinstance(e, tf.errors.OpError) else str(e)
+      logging.warning("Skipping %s: not a readable image (%s).", path, message.strip())
+      return None
+
+  def probabilities(self, images: np.ndarray) -> np.ndarray:
+    """[N, H, W, 3] -> [N, K]; every call runs full batches (one compilation)."""
+    n = len(images)
+    pad = -n % self.batch
+    images = np.concatenate([images, np.zeros((pad, *images.shape[1:]), images.dtype)])
+    out = [self._probs(self._params, jnp.asarray(images[i:i + self.batch]))
+           for i in range(0, len(images), self.batch)]
+    return np.asarray(jnp.concatenate(out))[:n]
+
+  def classify(self, paths: Sequence[str]) -> Iterator[tuple[str, np.ndarray]]:
+    """(path, probabilities [K]) of every readable file, in order, batch by batch."""
+    for start in range(0, len(paths), self.batch):
+      chunk = [(p, self.prepare(p)) for p in paths[start:start + self.batch]]
+      chunk = [(p, x) for p, x in chunk if x is not None]
+      if chunk:
+        probs = self.probabilities(np.stack([x for _, x in chunk]))
+        yield from zip([p for p, _ in chunk], probs)
+
+
+def top_k(probs: np.ndarray, names: Sequence[str], k: int) -> list[tuple[str, float]]:
+  order = np.argsort(-probs, kind="stable")[:k]
+  return [(names[i], float(probs[i])) for i in order]
+
+
+def predict(checkpoint: str, inputs: Sequence[str], *, model_name: Optional[str] = None,
+            labels: Optional[str] = None, k: int = 5, resolution: Optional[int] = None,
+            batch: int = DEFAULT_BATCH) -> Iterator[Prediction]:
+  """Top-``k`` predictions for every readable image among ``inputs`` (files, folders)."""
+  model = loader.load(checkpoint, model_name)
+  if not model.num_classes:
+    raise ValueError(f"{checkpoint!r} has no classification head: nothing to predict.")
+  names = loader.class_names(labels, model)
+  classifier = Classifier(model, loader.image_size(model, resolution), batch)
+  files = image_files(inputs)
+  if not files:
+    raise FileNotFoundError(f"No image files in {list(inputs)} (extensions "
+                            f"{', '.join(IMAGE_EXTENSIONS)}).")
+  for path, probs in classifier.classify(files):
+    yield Prediction(path, top_k(probs, names, k))
+
+
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
+  """The command's flags (defined only when run as a command: `vit_jax.export` has some of
+  the same names)."""
+  flags.DEFINE_string("checkpoint", None, "An official-layout .npz, a training run "
+                      "(workdir, checkpoints/ or step folder) or a Hugging Face ViT directory.",
+                      flag_values=values)
+  flags.DEFINE_string("model", None, "An official variant name (e.g. ViT-B_16) for an .npz; "
+                      "default: inferred from the array shapes.", flag_values=values)
+  flags.DEFINE_string("labels", None, "'imagenet2012' or a file of class names, one per line; "
+                      "default: the run's dataset names, ImageNet-1k's for a 1000-class head, "
+                      "else class indices.", flag_values=values)
+  flags.DEFINE_integer("top_k", 5, "Classes printed per image.", flag_values=values)
+  flags.DEFINE_integer("resolution", None, "Square input size; default: what the position "
+                       "embeddings were trained for.", flag_values=values)
+  flags.DEFINE_integer("batch", DEFAULT_BATCH, "Images per jitted batch.", flag_values=values)
+  flags.DEFINE_bool("json", False, "JSON lines instead of text lines.", flag_values=values)
+  flags.mark_flag_as_required("checkpoint", flag_values=values)
+
+
+def run(inputs: Sequence[str], values: flags.FlagValues = flags.FLAGS) -> None:
+  """Prints a line per image for the parsed flags ``values``."""
+  if not inputs:
+    raise app.UsageError("Name at least one image file or folder.")
+  for prediction in predict(values.checkpoint, inputs, model_name=values.model,
+                            labels=values.labels, k=values.top_k, resolution=values.resolution,
+                            batch=values.batch):
+    print(prediction.json() if values.json else prediction.line(), file=sys.stdout, flush=True)
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(lambda argv: run(argv[1:]))
