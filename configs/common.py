@@ -34,6 +34,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.reset_head = False  # True: a fresh zero head even when the class count matches.
   config.posemb_resize = "bilinear"  # or 'bicubic', 'nearest', 'reinit'
 
+  # What is trained (vit_jax.objectives): 'classification', or 'mpp' (configs/mpp.py).
+  config.objective = "classification"
+
   # Optimization (vit_jax.optim).
   config.loss = "softmax_xent"  # or 'sigmoid_xent' (vit_jax.losses)
   config.total_steps = 10_000

@@ -1,16 +1,20 @@
 """Masked patch prediction: corruption, targets, the loss, and runs through vit_jax.main."""
 from __future__ import annotations
 
+import functools
+
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 import pytest
 from flax import traverse_util
-import flax.linen as nn
 
-from vit_jax import models
-from vit_jax import mpp
+from configs import mpp as mpp_config
+from tests import train_fixtures
+from vit_jax import data, models, mpp, run_checkpoints, train
 from vit_jax.models import mpp as mpp_model
 
 PAPER = mpp_model.Corruption(rate=0.5, mask=0.8, random=0.1)
@@ -98,3 +102,74 @@ def test_encoder_parameters_have_the_supervised_models_names():
   assert encoder <= set(got) and "cls" in got
   for k in encoder:
     assert got[k].shape == want[k].shape, k
+
+
+# --- Runs through the training loop ------------------------------------------------------
+
+def _tiny_mpp_config(data_dir: str) -> ml_collections.ConfigDict:
+  """configs/mpp.py:digits shrunk to seconds: the `testing` model at 8x8."""
+  config = mpp_config.get_config("digits")
+  config.data_dir = data_dir
+  config.model = models.get_model_config("testing")
+  config.pp.crop = 8
+  config.batch, config.batch_eval, config.shuffle_buffer = 16, 64, 64
+  config.total_steps, config.lr.warmup_steps = 6, 2
+  config.log_every, config.eval_every, config.checkpoint_every = 2, 100, 3
+  return config
+
+
+def test_loss_falls_on_a_fixed_batch():
+  objective = _objective()
+  batch = jax.tree.map(jnp.asarray, train_fixtures.fixed_batch())
+  params = nn.unbox(objective.init(jax.random.PRNGKey(0), batch["image"]))
+  tx = optax.adam(3e-3)
+  state = train.TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                           opt_state=tx.init(params), rng=jax.random.PRNGKey(0))
+  step = jax.jit(functools.partial(train.train_step, loss_fn=objective.loss, tx=tx,
+                                   accum_steps=1))
+  values = []
+  for _ in range(40):
+    state, metrics = step(state, batch)
+    values.append(float(metrics["train/loss"]))
+  assert values[0] == pytest.approx(np.log(mpp.NUM_COLORS), rel=1e-3)  # the zero head
+  assert values[-1] < 0.5 * values[0], values
+
+
+def test_mpp_run_resumes_exactly_and_fine_tunes_through_pretrained(
+    tmp_path, digits_dir, tiny_config, monkeypatch):
+  config = _tiny_mpp_config(digits_dir)
+  straight = train.train_and_evaluate(config, str(tmp_path / "straight"))
+  assert 0.0 < straight["eval/loss"] < np.log(mpp.NUM_COLORS)
+
+  real_iterator = data.train_iterator
+
+  def preempted_after_4_steps(*args, **kwargs):
+    it = real_iterator(*args, **kwargs)
+    for _ in range(4):
+      yield next(it)
+    raise RuntimeError("preempted")
+
+  monkeypatch.setattr(data, "train_iterator", preempted_after_4_steps)
+  with pytest.raises(RuntimeError, match="preempted"):
+    train.train_and_evaluate(config, str(tmp_path / "resumed"))
+  monkeypatch.setattr(data, "train_iterator", real_iterator)
+  resumed = train.train_and_evaluate(config, str(tmp_path / "resumed"))
+  assert resumed["eval/loss"] == straight["eval/loss"]
+  a = run_checkpoints.read_params(tmp_path / "straight" / "checkpoints" / "6")
+  b = traverse_util.flatten_dict(
+      run_checkpoints.read_params(tmp_path / "resumed" / "checkpoints" / "6"), sep="/")
+  for k, v in traverse_util.flatten_dict(a, sep="/").items():
+    np.testing.assert_array_equal(b[k], v, err_msg=k)
+
+  # The supervised quickstart fine-tunes from it: the encoder loaded as it is, a zero head.
+  finetune = tiny_config
+  finetune.pretrained = str(tmp_path / "straight" / "checkpoints")
+  finetune.total_steps = 0
+  trainer = train.Trainer(finetune, num_classes=10)
+  params = traverse_util.flatten_dict(jax.device_get(trainer.init_state().params), sep="/")
+  for k, v in traverse_util.flatten_dict(a, sep="/").items():
+    if k.split("/")[0] in mpp_model.MPP_PARAMS:
+      assert k not in params
+    else:
+      np.testing.assert_array_equal(params[k], v, err_msg=k)
+  assert not params["head/kernel"].any() and params["head/kernel"].shape[-1] == 10

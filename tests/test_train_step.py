@@ -7,7 +7,7 @@ import optax
 import pytest
 
 from tests import train_fixtures
-from vit_jax import evaluate, losses, train
+from vit_jax import evaluate, losses, objectives, train
 from vit_jax.models import create_model, get_model_config
 
 
@@ -23,8 +23,8 @@ def fixed_batch(seed=0):
 
 
 def step(state, batch, model, tx, accum_steps=1):
-  return train.train_step(state, batch, model=model, tx=tx, loss="softmax_xent",
-                          accum_steps=accum_steps)
+  loss_fn = objectives.Classification(model, "softmax_xent").loss
+  return train.train_step(state, batch, loss_fn=loss_fn, tx=tx, accum_steps=accum_steps)
 
 
 def tiny(**overrides):

@@ -99,11 +99,11 @@ class Objective:
   def __init__(self, config: ml_collections.ConfigDict):
     mc = config.mpp
     _check_target(mc.target)
-    encoder = create_model(config.model, num_classes=None)
+    self.encoder = create_model(config.model, num_classes=None)
     self.target = mc.target
-    self.patch = encoder.input_stride
+    self.patch = self.encoder.input_stride
     self.model = mpp_model.MaskedPatchPredictor(
-        encoder=encoder, outputs=num_outputs(mc.target, self.patch),
+        encoder=self.encoder, outputs=num_outputs(mc.target, self.patch),
         corruption=mpp_model.Corruption(mc.corrupt_rate, mc.mask, mc.random))
 
   def init(self, rng: jax.Array, images: jax.Array) -> Any:

@@ -19,6 +19,7 @@ from flax import traverse_util
 
 from vit_jax import run_checkpoints
 from vit_jax.checkpoint import SCANNED_BLOCK, Params, check_tree, is_scanned, load_npz, to_layout
+from vit_jax.models.mpp import MPP_PARAMS
 from vit_jax.models.posemb import RESIZE_METHODS, resize_posemb, resize_posemb_2d, square_grid
 
 POSEMB_PATH = "Transformer/posembed_input/pos_embedding"
@@ -66,6 +67,20 @@ def _use_fresh(got: dict[str, Any], want: Mapping[str, Any], module: str) -> Non
 def _drop(got: dict[str, Any], module: str) -> None:
   for key in [k for k in got if k == module or k.startswith(module + "/")]:
     del got[key]
+
+
+def _adapt_objective_params(got: dict[str, Any], want: Mapping[str, Any],
+                            notes: list[str]) -> None:
+  """Masked patch prediction's own parameters: dropped, or fresh when the source lacks them."""
+  for module in MPP_PARAMS:
+    stored, wanted = ([k for k in tree if k == module or k.startswith(module + "/")]
+                      for tree in (got, want))
+    if stored and not wanted:
+      _drop(got, module)
+      notes.append(f"dropped {module} (masked patch prediction): the model has none")
+    elif wanted and not stored:
+      got.update({k: want[k] for k in wanted})
+      notes.append(f"the checkpoint has no {module}: using the fresh one")
 
 
 def _adapt_representation_and_head(got: dict[str, Any], want: Mapping[str, Any],
@@ -220,6 +235,8 @@ def load_pretrained(source: str | os.PathLike, init_params: Params, model_config
     dropped. The stored grid is square unless ``stored_grid_hw`` is given; the new grid is
     read from ``init_params`` (pass ``new_grid_hw`` when it is not square).
     ``posemb_resize_method='reinit'`` takes them all fresh from ``init_params`` instead.
+  * masked patch prediction's ``mask_embedding`` and ``mpp_head``: dropped when the model
+    has none (fine-tuning an MPP run), fresh when the checkpoint has none.
   Anything else that does not fit (patch, width, depth, heads, MLP) raises one ValueError.
   """
   source = os.fspath(source)
@@ -250,6 +267,7 @@ def load_pretrained(source: str | os.PathLike, init_params: Params, model_config
   got = traverse_util.flatten_dict(loaded, sep="/")
   notes: list[str] = []
 
+  _adapt_objective_params(got, want, notes)
   _adapt_representation_and_head(got, want, representation_size, reset_head, notes)
   stored_prefix, new_prefix = _adapt_class_token(got, want, classifier, notes)
   _adapt_posemb(got, want, posemb_kind, posemb_resize_method, stored_prefix, new_prefix,

@@ -11,7 +11,7 @@ import collections
 import functools
 import json
 import os
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import flax.linen as nn
 import jax
@@ -27,12 +27,12 @@ from jax.experimental import multihost_utils
 from vit_jax import data
 from vit_jax import evaluate as evaluate_lib
 from vit_jax import losses
+from vit_jax import objectives
 from vit_jax import optim
 from vit_jax import pretrained
 from vit_jax import progress as progress_lib
 from vit_jax import run_checkpoints
 from vit_jax import sharding
-from vit_jax.models import create_model
 
 Batch = dict[str, jax.Array]
 # Train steps dispatched ahead of the oldest unfinished one: enough to keep an accelerator
@@ -48,39 +48,36 @@ class TrainState:
   rng: jax.Array  # uint32[2]: the run's base key; per-step keys are folded from it
 
 
-def train_step(state: TrainState, batch: Batch, *, model: nn.Module,
-               tx: optax.GradientTransformation, loss: str,
+def train_step(state: TrainState, batch: Batch, *,
+               loss_fn: Callable[[Any, Batch, jax.Array], jax.Array],
+               tx: optax.GradientTransformation,
                accum_steps: int) -> tuple[TrainState, dict[str, jax.Array]]:
   """One optimizer update from a global batch, in ``accum_steps`` (1: one) micro-batches.
 
-  ``loss``: a `losses.LOSSES` kind, averaged over the batch.
+  ``loss_fn(params, batch, rng)``: the objective's mean loss over a (micro-)batch, e.g.
+  `objectives.Classification.loss`.
 
   Micro-batch j takes examples j, j + A, j + 2A, ... so that each one is spread over all
   devices; the mean of the micro-batch gradients equals the full-batch gradient.
   """
   step_rng = jax.random.fold_in(state.rng, state.step)
-
-  def loss_fn(params, images, labels, rng):
-    logits = model.apply({"params": params}, images, train=True, rngs={"dropout": rng})
-    return jnp.mean(losses.per_example_loss(logits, labels, loss))
-
   grad_fn = jax.value_and_grad(loss_fn)
   if accum_steps == 1:
-    loss_value, grads = grad_fn(state.params, batch["image"], batch["label"], step_rng)
+    loss_value, grads = grad_fn(state.params, batch, step_rng)
   else:
     def split(x):  # [B, ...] -> [A, B/A, ...]
       return jnp.swapaxes(x.reshape(x.shape[0] // accum_steps, accum_steps, *x.shape[1:]), 0, 1)
 
     def accumulate(carry, micro):
       loss_sum, grad_sum = carry
-      images, labels, j = micro
-      l, g = grad_fn(state.params, images, labels, jax.random.fold_in(step_rng, j))
+      micro_batch, j = micro
+      l, g = grad_fn(state.params, micro_batch, jax.random.fold_in(step_rng, j))
       return (loss_sum + l, jax.tree.map(jnp.add, grad_sum, g)), None
 
     zeros = jax.tree.map(jnp.zeros_like, state.params)
     (loss_sum, grad_sum), _ = jax.lax.scan(
         accumulate, (jnp.zeros((), jnp.float32), zeros),
-        (split(batch["image"]), split(batch["label"]), jnp.arange(accum_steps)))
+        (jax.tree.map(split, batch), jnp.arange(accum_steps)))
     loss_value = loss_sum / accum_steps
     grads = jax.tree.map(lambda g: g / accum_steps, grad_sum)
 
@@ -145,13 +142,14 @@ class Trainer:
     self.config = config
     self.mesh = sharding.make_mesh(tuple(config.mesh))
     _check_batch_sizes(config, self.mesh)
-    self.model = create_model(config.model, num_classes=num_classes)
+    self.objective = objectives.make(config, num_classes)
+    self.model = self.objective.model
     self.tx, self.schedule = optim.make_optimizer(config)
     crop = config.pp.crop
     self._dummy = jnp.zeros((1, crop, crop, 3), jnp.float32)
 
     def init_boxed(rng):
-      params = self.model.init({"params": rng}, self._dummy)["params"]
+      params = self.objective.init(rng, self._dummy)
       return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                         opt_state=self.tx.init(params), rng=rng)
 
@@ -167,12 +165,12 @@ class Trainer:
     replicated = sharding.replicated(self.mesh)
     batch_sharding = sharding.batch_sharding(self.mesh)
     self.train_step = jax.jit(
-        functools.partial(train_step, model=self.model, tx=self.tx,
-                          loss=config.loss, accum_steps=config.accum_steps),
+        functools.partial(train_step, loss_fn=self.objective.loss, tx=self.tx,
+                          accum_steps=config.accum_steps),
         in_shardings=(self.state_shardings, batch_sharding),
         out_shardings=(self.state_shardings, replicated), donate_argnums=0)
     self.eval_step = jax.jit(
-        functools.partial(evaluate_lib.eval_step, model=self.model, loss=config.loss),
+        self.objective.eval_step,
         in_shardings=(self.state_shardings.params, batch_sharding), out_shardings=replicated)
 
   def init_state(self) -> TrainState:
@@ -187,7 +185,7 @@ class Trainer:
     params = pretrained.load_pretrained(
         source, init_params, self.config.model, reset_head=self.config.reset_head,
         posemb_resize_method=self.config.posemb_resize,
-        new_grid_hw=self.model.grid_hw(self._dummy.shape[1:3]))
+        new_grid_hw=self.objective.encoder.grid_hw(self._dummy.shape[1:3]))
     params = jax.tree.map(_global_array, params, self.state_shardings.params)
     opt_init = jax.jit(self.tx.init, out_shardings=self.state_shardings.opt_state)
     return state.replace(params=params, opt_state=opt_init(params))
