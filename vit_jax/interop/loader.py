@@ -29,6 +29,7 @@ Params = dict[str, Any]
 IMAGENET2012 = "imagenet2012"  # --labels value of the class names shipped with the package
 _IMAGENET2012_FILE = "imagenet2012_labels.txt"  # in vit_jax/data, class-index order
 _RUN_CONFIG = "config.json"
+_MAX_ERROR_LINES = 20  # of check_tree's list of differences
 
 
 @dataclasses.dataclass
@@ -151,8 +152,11 @@ def _check_fits(loaded: LoadedModel) -> None:
     checkpoint.check_tree(loaded.params, nn.unbox(expected["params"]),
                           source=f"checkpoint {loaded.source!r}")
   except ValueError as e:
-    raise ValueError(f"{e}\n  Fix: pass the checkpoint's model (--model=NAME) or leave it out "
-                     "to infer it from the array shapes.") from None
+    lines = str(e).splitlines()
+    if len(lines) > _MAX_ERROR_LINES:
+      lines = lines[:_MAX_ERROR_LINES] + [f"  ... and {len(lines) - _MAX_ERROR_LINES} more"]
+    raise ValueError("\n".join(lines) + "\n  Fix: pass the checkpoint's model (--model=NAME) "
+                     "or leave it out to infer it from the array shapes.") from None
 
 
 def image_size(model: LoadedModel, resolution: Optional[int]) -> tuple[int, int]:

@@ -1,0 +1,164 @@
+"""`vit_jax.predict` and the architecture inference behind it: every official variant is
+recovered from its array shapes; a run's checkpoint predicts its test images with the
+accuracy the run reported; unreadable images are skipped."""
+from __future__ import annotations
+
+import io
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+from absl import flags
+from flax import traverse_util
+from PIL import Image
+
+from configs import quickstart
+from tests import interop_fixtures as fx
+from vit_jax import models, predict, train
+from vit_jax.data import digits
+from vit_jax.interop import infer, loader
+
+_ARCH_FIELDS = ("patches.size", "hidden_size", "transformer.num_layers", "transformer.mlp_dim",
+                "transformer.num_heads", "classifier", "posemb", "representation_size")
+
+
+def _arch(config) -> dict:
+  arch = {}
+  for field in _ARCH_FIELDS:
+    value = config
+    for part in field.split("."):
+      value = value[part]
+    arch[field] = tuple(value) if isinstance(value, (list, tuple)) else value
+  resnet = config.get("resnet")
+  arch["resnet"] = None if resnet is None else (tuple(resnet.num_layers), resnet.width_factor)
+  return arch
+
+
+def _param_shapes(config, num_classes: int, size: int):
+  model = models.create_model(config, num_classes=num_classes)
+  dummy = jax.ShapeDtypeStruct((1, size, size, 3), np.float32)
+  return jax.eval_shape(model.init, jax.random.PRNGKey(0), dummy)["params"]
+
+
+@pytest.mark.parametrize("name", models.MODEL_NAMES)
+def test_every_official_variant_is_recovered_from_its_shapes(name):
+  config = models.get_model_config(name)
+  shapes = _param_shapes(config, 1000, 224)
+  inferred = infer.infer_model_config(shapes)
+  assert inferred.name == name and _arch(inferred) == _arch(config)
+  assert infer.num_classes(shapes) == 1000
+  assert infer.trained_image_size(shapes, inferred) == (224, 224)
+
+
+@pytest.mark.parametrize("changes", [
+    dict(scan=True), dict(classifier="gap"), dict(representation_size=48),
+    dict(posemb="learn_2d")])
+def test_layout_and_options_are_recovered(changes):
+  config = models.get_model_config("testing")
+  config.update(changes)
+  shapes = _param_shapes(config, 7, 24)
+  inferred = infer.infer_model_config(shapes)
+  assert _arch(inferred) == _arch(config) and inferred.name == "testing"
+  assert infer.trained_image_size(shapes, inferred) == (24, 24)
+
+
+def test_a_written_npz_loads_with_its_inferred_architecture(tmp_path):
+  config, params, size = fx.write_npz(tmp_path / "m.npz", "r26_s32")
+  loaded = loader.load(tmp_path / "m.npz")
+  assert _arch(loaded.config) == _arch(config) and loaded.config.name == "custom"
+  assert loaded.image_size == (size, size) and loaded.num_classes == fx.NUM_CLASSES
+  with pytest.raises(ValueError, match=r"(?s)does not fit.*more\n.*pass the checkpoint's model"):
+    loader.load(tmp_path / "m.npz", model_name="R50+ViT-B_16")
+
+
+def test_what_cannot_be_inferred_is_listed_in_one_error():
+  flat = traverse_util.flatten_dict(fx.random_model("vit_ti16")[1], sep="/")
+  for key in ("embedding/kernel", infer.POSEMB):
+    del flat[key]
+  with pytest.raises(ValueError, match=r"patch size and width .*; position embeddings .*"
+                                       r"--model=NAME"):
+    infer.infer_model_config(traverse_util.unflatten_dict(flat, sep="/"))
+
+
+def test_class_names_default_to_imagenet_for_1000_classes(tmp_path):
+  model = loader.LoadedModel(models.get_model_config("testing"), {}, 1000, None, None, "x")
+  names = loader.class_names(None, model)
+  assert len(names) == 1000 and names[207] == "golden retriever" and names[0].startswith("tench")
+  (tmp_path / "three.txt").write_text("a\nb\nc\n")
+  with pytest.raises(ValueError, match="3 class names for a head of 1000 classes"):
+    loader.class_names(str(tmp_path / "three.txt"), model)
+
+
+def _png(array: np.ndarray) -> bytes:
+  buffer = io.BytesIO()
+  Image.fromarray(array).save(buffer, format="PNG")
+  return buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def digits_run(tmp_path_factory, digits_dir):
+  """(workdir, final metrics, folder of the test split as <label>/<index>.png) of a short
+  quickstart-style run on digits at 8x8."""
+  config = quickstart.get_config()
+  config.data_dir = digits_dir
+  config.model = models.get_model_config("testing")
+  config.pp.crop = 8
+  config.batch, config.batch_eval, config.shuffle_buffer = 32, 120, 256
+  config.total_steps, config.lr.warmup_steps = 60, 5
+  config.log_every, config.eval_every, config.checkpoint_every = 60, 1000, 1000
+  workdir = str(tmp_path_factory.mktemp("run"))
+  metrics = train.train_and_evaluate(config, workdir)
+  folder = tmp_path_factory.mktemp("test_images")
+  images, labels = digits.digits_arrays()
+  for i in digits.split_indices()["test"]:
+    os.makedirs(folder / str(labels[i]), exist_ok=True)
+    (folder / str(labels[i]) / f"{i}.png").write_bytes(_png(images[i][..., 0]))
+  return workdir, metrics, folder
+
+
+def test_a_run_predicts_its_test_images_with_the_reported_accuracy(digits_run):
+  workdir, metrics, folder = digits_run
+  predictions = list(predict.predict(os.path.join(workdir, "checkpoints"), [str(folder)], k=1))
+  assert len(predictions) == digits.NUM_TEST
+  correct = sum(p.top[0][0] == os.path.basename(os.path.dirname(p.path)) for p in predictions)
+  assert correct / digits.NUM_TEST == metrics["eval/accuracy"]
+  assert metrics["eval/accuracy"] > 0.3  # trained: far above chance (0.1)
+
+
+def test_corrupt_files_are_reported_and_skipped(tmp_path, caplog, capsys):
+  fx.write_npz(tmp_path / "m.npz", "vit_ti16")
+  rng = np.random.default_rng(0)
+  folder = tmp_path / "images"
+  folder.mkdir()
+  Image.fromarray(rng.integers(0, 256, (40, 50, 3), np.uint8)).save(folder / "a_rgb.jpg")
+  Image.fromarray(rng.integers(0, 256, (20, 20, 4), np.uint8)).save(folder / "b_rgba.png")
+  Image.fromarray(rng.integers(0, 256, (9, 30), np.uint8)).save(folder / "c_grey.jpg")
+  (folder / "d_corrupt.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
+  (folder / "notes.txt").write_text("not an image")
+  (tmp_path / "labels.txt").write_text("\n".join("abcde") + "\n")
+
+  values = flags.FlagValues()
+  predict.define_flags(values)
+  values(["predict", f"--checkpoint={tmp_path / 'm.npz'}", f"--labels={tmp_path / 'labels.txt'}",
+          "--top_k=2", "--json", "--batch=2"])
+  with caplog.at_level("WARNING"):
+    predict.run([str(folder)], values)
+  rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+  assert [os.path.basename(r["file"]) for r in rows] == ["a_rgb.jpg", "b_rgba.png", "c_grey.jpg"]
+  for row in rows:
+    probs = [t["probability"] for t in row["top_k"]]
+    assert len(probs) == 2 and probs[0] >= probs[1] and sum(probs) <= 1.0
+    assert {t["label"] for t in row["top_k"]} <= set("abcde")
+  assert "Skipping" in caplog.text and "d_corrupt.jpg" in caplog.text
+
+
+def test_batches_give_the_logits_of_one_call(tmp_path):
+  config, params, size = fx.random_model("vit_ti16")
+  model = loader.LoadedModel(config, params, fx.NUM_CLASSES, (size, size), None, "m")
+  images = fx.images(5, size)
+  classifier = predict.Classifier(model, (size, size), batch=2)
+  module = model.module()
+  want = jax.nn.softmax(module.apply({"params": params}, images))
+  np.testing.assert_allclose(classifier.probabilities(images), want, rtol=1e-5, atol=1e-6)
