@@ -15,6 +15,7 @@ INSTALL_REQUIRES = [
     "tensorboard>=2.15",
     "tensorflow-cpu>=2.16,<2.22",
     "tensorflow-datasets>=4.9.6,<4.10",
+    "safetensors>=0.4",  # the hf and timm exports, numpy API (no torch)
     "tqdm>=4.66",
 ]
 
@@ -22,6 +23,9 @@ EXTRAS_REQUIRE = {
     "test": ["pytest>=8", "nbclient>=0.10", "nbformat>=5.9", "ipykernel>=6.29",
              "matplotlib>=3.8", "scikit-image>=0.22"],
     "notebooks": ["matplotlib>=3.8", "scikit-image>=0.22", "jupyter"],
+    # Loading exports in PyTorch (README "Inference and export"). timm imports torchvision,
+    # which must be built for the same torch: a CUDA torchvision beside a CPU torch fails.
+    "interop": ["torch>=2.14", "torchvision>=0.29", "timm>=1.0.20", "transformers>=4.56"],
 }
 
 setuptools.setup(
@@ -30,6 +34,7 @@ setuptools.setup(
     description="Vision Transformer (Dosovitskiy et al., 2021) in JAX/Flax: models, "
                 "official checkpoints, sharded training and fine-tuning.",
     packages=setuptools.find_packages(include=["vit_jax", "vit_jax.*"]),
+    package_data={"vit_jax.data": ["imagenet2012_labels.txt"]},
     python_requires=">=3.10",
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS_REQUIRE,
