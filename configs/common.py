@@ -8,6 +8,8 @@ from __future__ import annotations
 import ml_collections
 
 from vit_jax import models
+from vit_jax.fewshot import evaluator as fewshot
+from vit_jax.fewshot import linear
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -57,4 +59,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval_every = 1000
   config.checkpoint_every = 1000
   config.keep_checkpoints = 3
+  # Few-shot linear evaluation of the frozen features every `every` steps, logged as
+  # fewshot/<dataset>_<shots>shot (vit_jax.fewshot); off while `datasets` is empty.
+  config.fewshot = ml_collections.ConfigDict(dict(
+      datasets=(), shots=fewshot.DEFAULT_SHOTS, seeds=fewshot.DEFAULT_SEEDS,
+      l2_reg=linear.DEFAULT_L2_REG, every=1000))
   return config

@@ -1,11 +1,19 @@
 """Few-shot linear evaluation: the closed-form solver, sampling, and a real model's features."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from sklearn import linear_model
 
-from vit_jax.fewshot import linear
+from configs import quickstart
+from vit_jax import checkpoint, models, run_checkpoints, sharding, train
+from vit_jax.fewshot import evaluator, linear
 
 
 @pytest.mark.parametrize("n, d", [(12, 40), (60, 8)], ids=["examples<features",
@@ -55,3 +63,64 @@ def test_sampling_is_class_balanced_and_deterministic_per_seed():
 def test_too_few_examples_of_a_class_is_an_error():
   with pytest.raises(ValueError, match="Class 1 has 2 examples.*shots=3"):
     linear.sample_per_class(np.array([0, 0, 0, 1, 1]), 3, seed=0)
+
+
+# --- A trained model's features -----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory, digits_dir):
+  """(config, workdir, final metrics) of the `testing` model trained briefly on digits, with
+  10-shot evaluation at its last step."""
+  config = quickstart.get_config()
+  config.data_dir = digits_dir
+  config.model = models.get_model_config("testing")
+  config.pp.crop = 8
+  config.batch, config.batch_eval, config.shuffle_buffer = 32, 128, 256
+  config.total_steps, config.lr.warmup_steps = 150, 10
+  config.log_every, config.eval_every, config.checkpoint_every = 50, 1000, 1000
+  config.fewshot.datasets = ("digits",)
+  config.fewshot.shots = (10,)
+  config.fewshot.every = 150
+  workdir = str(tmp_path_factory.mktemp("fewshot_run"))
+  return config, workdir, train.train_and_evaluate(config, workdir)
+
+
+def test_trained_features_beat_random_features(trained_run):
+  config, _, metrics = trained_run
+  mesh = sharding.make_mesh(((sharding.DATA_AXIS, -1),))
+  fewshot = evaluator.FewShotEvaluator(config, mesh, ["digits"], shots=[10])
+  init = fewshot.model.init(jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 3)))["params"]
+  (random_init,) = fewshot(nn.unbox(init))
+  assert random_init.examples == 1797  # every example of both splits once
+  assert len(random_init.accuracies) == evaluator.DEFAULT_SEEDS
+  trained = metrics["fewshot/digits_10shot"]
+  assert trained > 0.7 and trained > random_init.mean + 0.15, (trained, random_init)
+  assert "fewshot/digits_10shot_spread" in metrics
+
+
+def test_command_on_a_runs_checkpoints(trained_run, digits_dir):
+  config, workdir, metrics = trained_run
+  proc = subprocess.run(
+      [sys.executable, "-m", "vit_jax.fewshot", f"--checkpoint={workdir}/checkpoints",
+       "--dataset=digits", "--shots=1,10", f"--batch={config.batch_eval}",
+       f"--data_dir={digits_dir}"],
+      capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  rows = {int(line.split()[1]): line.split() for line in proc.stdout.splitlines()
+          if line.startswith("digits ")}
+  assert sorted(rows) == [1, 10]
+  # The same parameters, features and seeds as the run's own evaluation at its last step.
+  assert float(rows[10][2]) == pytest.approx(metrics["fewshot/digits_10shot"], abs=1e-4)
+  assert "features of 1797 images" in proc.stdout
+
+
+def test_command_on_an_npz_infers_the_model(trained_run, digits_dir, tmp_path):
+  _, workdir, _ = trained_run
+  params = run_checkpoints.read_params(f"{workdir}/checkpoints")
+  checkpoint.save_npz(tmp_path / "model.npz", params)
+  proc = subprocess.run(
+      [sys.executable, "-m", "vit_jax.fewshot", f"--checkpoint={tmp_path}/model.npz",
+       "--dataset=digits", "--shots=5", "--seeds=1", f"--data_dir={digits_dir}"],
+      capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert any(line.split()[:2] == ["digits", "5"] for line in proc.stdout.splitlines())

@@ -115,6 +115,7 @@ def _tiny_mpp_config(data_dir: str) -> ml_collections.ConfigDict:
   config.batch, config.batch_eval, config.shuffle_buffer = 16, 64, 64
   config.total_steps, config.lr.warmup_steps = 6, 2
   config.log_every, config.eval_every, config.checkpoint_every = 2, 100, 3
+  config.fewshot.datasets = ()
   return config
 
 

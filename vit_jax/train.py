@@ -33,6 +33,7 @@ from vit_jax import pretrained
 from vit_jax import progress as progress_lib
 from vit_jax import run_checkpoints
 from vit_jax import sharding
+from vit_jax.fewshot import evaluator as fewshot_lib
 
 Batch = dict[str, jax.Array]
 # Train steps dispatched ahead of the oldest unfinished one: enough to keep an accelerator
@@ -222,7 +223,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                config.model.name, config.dataset, start_step, total_steps,
                jax.device_count(), dict(trainer.mesh.shape), config.partitioning)
 
+  fewshot = fewshot_lib.from_config(config, trainer.mesh)
   metrics: dict[str, float] = {}
+  fewshot_metrics: dict[str, float] = {}
   train_iter = None
   try:
     if total_steps > start_step:
@@ -239,6 +242,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         metrics = progress.report_train(step, metrics)
       if step % config.eval_every == 0 and step != total_steps:
         progress.report_eval(step, trainer.evaluate(state.params))
+      if fewshot is not None and step % config.fewshot.every == 0:
+        fewshot_metrics = fewshot_lib.as_metrics(fewshot(state.params))
+        progress.report_eval(step, fewshot_metrics)
       if step % config.checkpoint_every == 0 and step != total_steps:
         run_checkpoints.save(manager, step, state)
 
@@ -255,5 +261,5 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     manager.wait_until_finished()
     manager.close()
     progress.close()
-  return {**metrics, **final}
+  return {**metrics, **fewshot_metrics, **final}
 

@@ -1,0 +1,164 @@
+"""Few-shot accuracy of a model's frozen features (paper Sec. 4.1), for training and the CLI.
+
+Features are the model's pre-logits representation (after the final LayerNorm, the
+pooling and, when the model has one, the tanh representation layer): the model applied
+without its head. They come from a jitted forward pass over every example of a split
+once (the eval pipeline's preprocessing and padded, masked last batch), the batch split
+over the mesh's 'data' axis. The classifier and the sampling are `linear`'s.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Any, Mapping, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import logging
+
+from vit_jax import data
+from vit_jax import sharding
+from vit_jax.fewshot import linear
+from vit_jax.models import create_model
+
+DEFAULT_SHOTS: tuple[int, ...] = (1, 5, 10, 25)
+DEFAULT_SEEDS = 3  # Class-balanced samples per shot count: seeds 0, 1, ...
+Params = Mapping[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+  """Accuracy on the test split over the seeds of one (dataset, shots) pair."""
+  dataset: str
+  shots: int
+  accuracies: tuple[float, ...]  # one per seed
+  seconds: float  # fitting and scoring, all seeds
+  examples: int  # features computed for the dataset (pool and test split)
+  feature_seconds: float  # computing them (shared by the dataset's results)
+
+  @property
+  def mean(self) -> float:
+    return float(np.mean(self.accuracies))
+
+  @property
+  def spread(self) -> float:
+    """The standard deviation over the seeds."""
+    return float(np.std(self.accuracies))
+
+  @property
+  def name(self) -> str:
+    return f"{self.dataset}_{self.shots}shot"
+
+
+def splits_of(dataset: str) -> tuple[str, str]:
+  """(pool to sample shots from, held-out split): the dataset's preset splits."""
+  preset = data.PRESETS.get(dataset)
+  return (preset.train_split, preset.test_split) if preset else ("train", "test")
+
+
+def features_step(params: Params, batch: Mapping[str, jax.Array], *,
+                  model: nn.Module) -> dict[str, jax.Array]:
+  """Representation [B, D], int label [B] and mask [B] of one eval batch."""
+  return {"features": model.apply({"params": params}, batch["image"], train=False),
+          "label": jnp.argmax(batch["label"], axis=-1), "mask": batch["mask"]}
+
+
+class FewShotEvaluator:
+  """Builds the feature model, its jitted step and the eval pipelines once; call per params.
+
+  ``config``: a run config (model, pp.crop, data_dir, batch_eval, ...); each few-shot
+  dataset is read with it, only dataset and splits replaced. ``train_split``/``test_split``
+  override `splits_of` for every dataset.
+  """
+
+  def __init__(self, config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
+               datasets: Sequence[str], *, shots: Sequence[int] = DEFAULT_SHOTS,
+               seeds: int = DEFAULT_SEEDS, l2_reg: float = linear.DEFAULT_L2_REG,
+               train_split: str | None = None, test_split: str | None = None):
+    if config.model.get("classifier", "token") == "unpooled":
+      raise ValueError("Few-shot evaluation needs one representation per image; the model "
+                       "has classifier='unpooled': use 'token' or 'gap'.")
+    self.shots, self.seeds, self.l2_reg = tuple(shots), seeds, l2_reg
+    self.model = create_model(config.model, num_classes=None)
+    crop = config.pp.crop
+    abstract = jax.eval_shape(
+        lambda: self.model.init(jax.random.PRNGKey(0), jnp.zeros((1, crop, crop, 3))))
+    self.param_names = frozenset(abstract["params"])
+    self._step = jax.jit(functools.partial(features_step, model=self.model),
+                         out_shardings=sharding.replicated(mesh))
+    self._splits: dict[str, tuple[Any, Any, int]] = {}
+    for dataset in datasets:
+      pool, held_out = splits_of(dataset)
+      data_config = ml_collections.ConfigDict(config.to_dict())
+      data_config.dataset = dataset
+      data_config.num_classes = None
+      data_config.train_split = train_split or pool
+      data_config.test_split = test_split or held_out
+      self._splits[dataset] = (
+          data.eval_iterator(data_config, mesh, split=data_config.train_split),
+          data.eval_iterator(data_config, mesh, split=data_config.test_split),
+          data.dataset_info(data_config).num_classes)
+
+  def feature_params(self, params: Params) -> dict[str, Any]:
+    """The parameters the head-less model uses: no head, nor anything of another objective."""
+    return {k: v for k, v in params.items() if k in self.param_names}
+
+  def features(self, params: Params, batches: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Features [N, D] and int labels [N] of every real example of one pass of ``batches``."""
+    feats, labels = [], []
+    for batch in batches:
+      out = jax.device_get(self._step(params, batch))
+      real = out["mask"] > 0
+      feats.append(out["features"][real])
+      labels.append(out["label"][real])
+    return np.concatenate(feats), np.concatenate(labels)
+
+  def __call__(self, params: Params) -> list[Result]:
+    """Every (dataset, shots) result for ``params`` (the full model's or the head-less one's)."""
+    params = self.feature_params(params)
+    results = []
+    for dataset, (pool_batches, test_batches, num_classes) in self._splits.items():
+      start = time.perf_counter()
+      pool_x, pool_y = self.features(params, pool_batches)
+      test_x, test_y = self.features(params, test_batches)
+      feature_seconds = time.perf_counter() - start
+      examples = len(pool_x) + len(test_x)
+      logging.info("fewshot %s: features of %d examples (width %d) in %.1fs (%.0f/s).",
+                   dataset, examples, pool_x.shape[1], feature_seconds,
+                   examples / feature_seconds)
+      for shots in self.shots:
+        start = time.perf_counter()
+        accuracies = []
+        for seed in range(self.seeds):
+          idx = linear.sample_per_class(pool_y, shots, seed)
+          classifier = linear.fit(pool_x[idx], pool_y[idx], num_classes, self.l2_reg)
+          accuracies.append(linear.accuracy(classifier, test_x, test_y))
+        results.append(Result(dataset, shots, tuple(accuracies), time.perf_counter() - start,
+                              examples, feature_seconds))
+    return results
+
+
+def as_metrics(results: Sequence[Result]) -> dict[str, float]:
+  """`fewshot/<dataset>_<shots>shot` (mean accuracy) and its `_spread`, for the run's log."""
+  metrics = {}
+  for r in results:
+    metrics[f"fewshot/{r.name}"] = r.mean
+    metrics[f"fewshot/{r.name}_spread"] = r.spread
+  return metrics
+
+
+def from_config(config: ml_collections.ConfigDict,
+                mesh: jax.sharding.Mesh) -> FewShotEvaluator | None:
+  """The evaluator that ``config.fewshot`` asks for, or None when it is off."""
+  fs = config.fewshot
+  if not fs.datasets:
+    return None
+  if fs.every <= 0:
+    raise ValueError(f"config.fewshot.every={fs.every} must be positive (steps between "
+                     "evaluations); an empty config.fewshot.datasets turns them off.")
+  return FewShotEvaluator(config, mesh, fs.datasets, shots=fs.shots, seeds=fs.seeds,
+                          l2_reg=fs.l2_reg)
