@@ -59,6 +59,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval_every = 1000
   config.checkpoint_every = 1000
   config.keep_checkpoints = 3
+  # Resuming with another seed changes the data order from the resumed step on: an error
+  # unless this is True.
+  config.allow_changed_seed = False
   # Few-shot linear evaluation of the frozen features every `every` steps, logged as
   # fewshot/<dataset>_<shots>shot (vit_jax.fewshot); off while `datasets` is empty.
   config.fewshot = ml_collections.ConfigDict(dict(

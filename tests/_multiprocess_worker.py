@@ -107,9 +107,9 @@ def _run(mode: str, out_dir: str, data_dir: str) -> None:
     metrics[name] = train.train_and_evaluate(config, workdir)
     # Restore the final checkpoint with the run's shardings and gather it.
     trainer = train.Trainer(config, num_classes=10)
-    manager = run_checkpoints.make_manager(os.path.join(workdir, "checkpoints"))
+    manager = run_checkpoints.RunCheckpoints(os.path.join(workdir, "checkpoints"))
     try:
-      state = run_checkpoints.restore_latest(manager, trainer.abstract_state)
+      state = manager.restore_latest(trainer.abstract_state)
     finally:
       manager.close()
     metrics[name]["restored_step"] = int(jax.device_get(state.step))

@@ -9,6 +9,9 @@ import tensorflow_datasets as tfds
 
 from vit_jax import data
 from vit_jax.data import digits
+from vit_jax.data import order
+from vit_jax.data import readers
+from vit_jax.data import tfds_source
 
 
 def _mesh():
@@ -89,3 +92,33 @@ def test_unknown_dataset_name(tmp_path):
 def test_bad_split_string(tmp_path):
   with pytest.raises(ValueError, match="'validation'.*'train'"):
     data.dataset_info(_config('digits', tmp_path, test_split='validation'))
+
+
+@pytest.mark.parametrize('window', [40, 97])  # 97: every fine-tuning preset's lane window
+def test_lane_windows_larger_than_tfds_blocks_resume_exactly_from_their_own_lanes(
+    digits_dir, window):
+  """tfds interleaves several read ranges in blocks of 16 unless told to read them in order."""
+  dataset = tfds_source.TfdsDataset('digits', digits_dir)
+  source = dataset.split('train')
+  stored_values, _ = dataset.load('train')  # one range: the stored order
+  n, lanes = source.num_examples, 8
+
+  def rows(start_step: int, stop_step: int) -> dict[int, tuple[int, bytes]]:
+    reader = readers.LaneReader(source, 0, lanes, lanes, window, 0, start_step)
+    out = {}
+    for positions, uids, values, _ in reader():
+      out.update((int(p), (int(u), v)) for p, u, v in zip(positions, uids, values)
+                 if p < stop_step * lanes)
+      if positions[-1] >= stop_step * lanes - 1:
+        break
+    assert reader.error is None
+    return out
+
+  straight = rows(0, 300)  # more than a block of read_many (128 steps) and a lane's examples
+  resumed = rows(150, 300)
+  assert len(resumed) == 150 * lanes
+  assert all(straight[p] == row for p, row in resumed.items())
+  for position, (uid, value) in straight.items():
+    index = uid % n
+    lo, hi = order.process_shard(n, position % lanes, lanes)
+    assert lo <= index < hi and value == stored_values[index], position

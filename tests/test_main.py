@@ -99,7 +99,7 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, tiny
   workdir = tmp_path / "run"
   train.train_and_evaluate(tiny_config, str(workdir))  # saves steps 3 and 6
   trainer = train.Trainer(tiny_config, num_classes=10)
-  manager = run_checkpoints.make_manager(str(workdir / "checkpoints"))
+  manager = run_checkpoints.RunCheckpoints(str(workdir / "checkpoints"))
   # Flip bits in the newest step's stored arrays: Orbax alone would restore them silently.
   data_files = [os.path.join(root, f) for root, _, files in os.walk(workdir / "checkpoints" / "6"
                                                                     / "state")
@@ -110,7 +110,7 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, tiny
     blob[len(blob) // 2] ^= 0xFF
     open(path, "wb").write(bytes(blob))
   try:
-    state = run_checkpoints.restore_latest(manager, trainer.abstract_state)
+    state = manager.restore_latest(trainer.abstract_state)
   finally:
     manager.close()
   assert int(jax.device_get(state.step)) == 3

@@ -1,32 +1,123 @@
 """The main job: `python -m vit_jax.main --config=configs/<file>.py[:arg] --workdir=DIR`.
 
-`--config.key=value` overrides any config field; an unknown key is an error. Distributed
-start-up comes first (see `vit_jax.distributed.initialize_distributed`).
-"""
-import logging as std_logging
+`--config.key=value` overrides any config field; an unknown key is an error listing the
+closest valid keys. Distributed start-up comes first (see
+`vit_jax.distributed.initialize_distributed`).
 
-from absl import app
+An error the user can cause (`vit_jax.errors.UserError`, a full disk, too little device
+memory) prints one message, without a traceback (it is logged with `--verbosity=1`), and
+exits with status 2. `run(argv)` is the whole job, callable in-process; it returns the
+exit status.
+"""
+from __future__ import annotations
+
+import difflib
+import logging as std_logging
+import os
+import sys
+from typing import Any, Optional, Sequence
+
+import ml_collections
 from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
 from vit_jax import distributed
+from vit_jax import errors
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Experiment config file, e.g. configs/quickstart.py or configs/vit.py:b16,cifar10.",
-    lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints, TensorBoard events and "
-                               "config.json go; an existing run there is resumed.")
-_COORDINATOR = flags.DEFINE_string("coordinator_address", None,
-                                   "host:port of process 0 for a multi-process run.")
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in a multi-process run.")
-_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index in the run.")
-_INIT_TIMEOUT = flags.DEFINE_integer("initialization_timeout", None,
-                                     "Seconds to wait for every process to join.")
-_HEARTBEAT_TIMEOUT = flags.DEFINE_integer(
-    "heartbeat_timeout", None, "Seconds after which a silent (dead) process ends the run "
-    "with an error on every other process (JAX's default: 100).")
-flags.mark_flags_as_required(["config", "workdir"])
+USER_ERROR_STATUS = 2
+
+
+def _define_flags(flag_values: flags.FlagValues, argv: Sequence[str]) -> dict[str, Any]:
+  """The job's flags, and absl's logging flags (--verbosity, --log_dir, ...), on ``flag_values``."""
+  holders = dict(
+      config=config_flags.DEFINE_config_file(
+          "config", None, "Experiment config file, e.g. configs/quickstart.py or "
+          "configs/vit.py:b16,cifar10.", flag_values=flag_values, lock_config=True,
+          sys_argv=list(argv)),
+      workdir=flags.DEFINE_string(
+          "workdir", None, "Where checkpoints, TensorBoard events and config.json go; an "
+          "existing run there is resumed.", flag_values=flag_values),
+      coordinator_address=flags.DEFINE_string(
+          "coordinator_address", None, "host:port of process 0 for a multi-process run.",
+          flag_values=flag_values),
+      num_processes=flags.DEFINE_integer(
+          "num_processes", None, "Processes in a multi-process run.", flag_values=flag_values),
+      process_id=flags.DEFINE_integer(
+          "process_id", None, "This process's index in the run.", flag_values=flag_values),
+      initialization_timeout=flags.DEFINE_integer(
+          "initialization_timeout", None, "Seconds to wait for every process to join.",
+          flag_values=flag_values),
+      heartbeat_timeout=flags.DEFINE_integer(
+          "heartbeat_timeout", None, "Seconds after which a silent (dead) process ends the "
+          "run with an error on every other process (JAX's default: 100).",
+          flag_values=flag_values),
+  )
+  for flag in flags.FLAGS.flags_by_module_dict().get(logging.__name__, []):
+    flags.DEFINE_flag(flag, flag_values)
+  return holders
+
+
+def _config_keys(config: Any, prefix: str = "") -> list[str]:
+  """Every field path of a config, e.g. ["lr", "lr.base", ...]."""
+  keys = []
+  for key, value in config.items():
+    keys.append(prefix + key)
+    if isinstance(value, ml_collections.ConfigDict):
+      keys.extend(_config_keys(value, f"{prefix}{key}."))
+  return keys
+
+
+def _unknown_key_message(argv: Sequence[str]) -> Optional[str]:
+  """The message for the first `--config.<key>` of ``argv`` the config has no field for."""
+  config_args = [a for a in argv if a.startswith("--config=")]
+  overrides = [a[len("--config."):].split("=")[0] for a in argv if a.startswith("--config.")]
+  flag_values = flags.FlagValues()
+  base = config_flags.DEFINE_config_file("config", None, "", flag_values=flag_values,
+                                         sys_argv=[argv[0], *config_args])
+  flag_values([argv[0], *config_args])
+  valid = _config_keys(base.value)
+  for key in overrides:
+    if key not in valid:
+      close = difflib.get_close_matches(key, valid, n=3, cutoff=0.5)
+      hint = (f"closest valid keys: {', '.join(close)}" if close else
+              f"valid top-level keys: {', '.join(k for k in valid if '.' not in k)}")
+      return f"Unknown config key {key!r} (--config.{key}); {hint}."
+  return None
+
+
+def _last_line(message: str) -> str:
+  """The error itself: config_flags puts the config file's traceback before it."""
+  lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+  return lines[-1] if "Traceback (most recent call last)" in message else " ".join(lines)
+
+
+def _parse(argv: Sequence[str]) -> tuple[dict[str, Any], Optional[str]]:
+  """(flag values, None), or (partial values, the message of a bad command line)."""
+  flag_values = flags.FlagValues()
+  holders = _define_flags(flag_values, argv)
+  if any(arg in ("-h", "--help", "--helpfull") for arg in argv[1:]):
+    return {}, flag_values.get_help()
+  try:
+    rest = flag_values(list(argv))
+  except (AttributeError, KeyError):  # ml_collections' error for an unknown --config.<key>
+    message = _unknown_key_message(argv)
+    if message is None:
+      raise
+    return {}, message
+  except (flags.Error, OSError, errors.UserError) as e:  # a bad value, a missing config file
+    return {}, _last_line(str(e))
+  if len(rest) > 1:
+    return {}, f"Unexpected arguments: {rest[1:]} (flags are --name=value)."
+  for name in ("config", "workdir"):
+    if holders[name].value is None:
+      return {}, f"--{name} is required."
+  if not isinstance(holders["config"].value, ml_collections.ConfigDict):
+    try:  # config_flags keeps a failed load for the first use of the config
+      holders["config"].value.to_dict()
+    except Exception as e:  # pylint: disable=broad-except
+      return {}, f"Cannot load the config file: {_last_line(str(e))}"
+  return {name: holder.value for name, holder in holders.items()}, None
 
 
 def _quiet_orbax(record) -> bool:
@@ -34,18 +125,50 @@ def _quiet_orbax(record) -> bool:
   return record.levelno >= std_logging.WARNING or "orbax" not in record.pathname
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  logging.get_absl_handler().addFilter(_quiet_orbax)
-  distributed.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value,
-                                     _PROCESS_ID.value, _INIT_TIMEOUT.value,
-                                     _HEARTBEAT_TIMEOUT.value)
-  # Imported after start-up: nothing may touch JAX's backends before it.
-  from vit_jax import train  # pylint: disable=g-import-not-at-top
-  metrics = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+def _report(message: str) -> int:
+  logging.flush()
+  sys.stderr.write(f"Error: {message}\n")
+  sys.stderr.flush()
+  return USER_ERROR_STATUS
+
+
+def run(argv: Sequence[str]) -> int:
+  """Parses ``argv`` (argv[0]: the program), trains and evaluates; the exit status."""
+  values, problem = _parse(argv)
+  if problem:
+    return _report(problem)
+  flags.FLAGS.mark_as_parsed()  # absl's logging flags were parsed with the job's
+  logging.use_absl_handler()
+  handler = logging.get_absl_handler()
+  handler.addFilter(_quiet_orbax)
+  config, workdir = values["config"], values["workdir"]
+  try:
+    distributed.initialize_distributed(
+        values["coordinator_address"], values["num_processes"], values["process_id"],
+        values["initialization_timeout"], values["heartbeat_timeout"])
+    # Imported after start-up: nothing may touch JAX's backends before it.
+    from vit_jax import train  # pylint: disable=g-import-not-at-top
+    metrics = train.train_and_evaluate(config, workdir)
+  except Exception as e:  # pylint: disable=broad-except
+    user_error = errors.as_user_error(e, workdir=workdir, config=config)
+    if user_error is None:
+      raise
+    logging.debug("The error's traceback:", exc_info=e)
+    return _report(str(user_error))
+  finally:
+    handler.removeFilter(_quiet_orbax)
   logging.info("Final metrics: %s", {k: round(v, 5) for k, v in metrics.items()})
+  return 0
+
+
+def main() -> None:
+  status = run(sys.argv)
+  if status:
+    # Leave at once: threads still running (input pipeline, checkpoint writers) would
+    # print their own errors at interpreter shutdown, after and around the message.
+    sys.stdout.flush()
+    os._exit(status)  # pylint: disable=protected-access
 
 
 if __name__ == "__main__":
-  app.run(main)
+  main()

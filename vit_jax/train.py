@@ -25,6 +25,8 @@ from flax import struct
 from jax.experimental import multihost_utils
 
 from vit_jax import data
+from vit_jax import divergence
+from vit_jax import errors
 from vit_jax import evaluate as evaluate_lib
 from vit_jax import losses
 from vit_jax import objectives
@@ -32,6 +34,7 @@ from vit_jax import optim
 from vit_jax import pretrained
 from vit_jax import progress as progress_lib
 from vit_jax import run_checkpoints
+from vit_jax import run_checks
 from vit_jax import sharding
 from vit_jax.fewshot import evaluator as fewshot_lib
 
@@ -95,10 +98,10 @@ def _check_batch_sizes(config: ml_collections.ConfigDict, mesh: jax.sharding.Mes
   data.local_batch_size(config.batch_eval, mesh, key="batch_eval")
   accum = config.accum_steps
   if accum < 1:
-    raise ValueError(f"accum_steps={accum} must be >= 1.")
+    raise errors.ConfigError(f"accum_steps={accum} must be >= 1.")
   data_size = mesh.shape[sharding.DATA_AXIS]
   if config.batch % (accum * data_size):
-    raise ValueError(
+    raise errors.ConfigError(
         f"batch={config.batch} is not divisible by accum_steps={accum} x {data_size} devices "
         f"on the 'data' mesh axis: choose a batch that is a multiple of {accum * data_size}.")
 
@@ -111,12 +114,11 @@ def _write_or_compare_config(config: ml_collections.ConfigDict, workdir: str) ->
   path = os.path.join(workdir, "config.json")
   current = json.loads(config.to_json_best_effort())
   if tf.io.gfile.exists(path):
-    with tf.io.gfile.GFile(path) as f:
-      saved = json.load(f)
+    saved = run_checks.read_run_config(path)
     model_keys = ("model", "num_classes", "pp")
     changed = [k for k in model_keys if saved.get(k) != current.get(k)]
     if changed and tf.io.gfile.isdir(os.path.join(workdir, "checkpoints")):
-      raise ValueError(
+      raise errors.ResumeError(
           f"The config's {', '.join(changed)} differ from the run saved in {workdir}: its "
           "checkpoints would not fit. Use a new --workdir, or put the old values back.")
     schedule_keys = ("total_steps", "lr", "optim", "batch", "accum_steps")
@@ -205,14 +207,24 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   """
   tf.io.gfile.makedirs(workdir)
   losses.check_loss(config.loss)
+  run_checks.check_loop(config)
   # config.num_classes, or the data's count; the data rejects a config that contradicts it.
   info = data.dataset_info(config)
   trainer = Trainer(config, info.num_classes)
+  checkpoint_dir = os.path.join(workdir, "checkpoints")
+  # What the run trains on, stored with each step: resuming on other data is an error.
+  run_data = dict(dataset=config.dataset, train_split=config.train_split,
+                  test_split=config.test_split, num_train=info.num_train, seed=config.seed)
+  resumable = run_checkpoints.check_resume(checkpoint_dir, run_data,
+                                           allow_changed_seed=config.allow_changed_seed)
+  run_checks.check_evaluate_only(config, resumable=resumable)
   _write_or_compare_config(config, workdir)
 
-  manager = run_checkpoints.make_manager(os.path.join(workdir, "checkpoints"),
-                                         keep=config.keep_checkpoints)
-  state = run_checkpoints.restore_latest(manager, trainer.abstract_state)
+  manager = run_checkpoints.RunCheckpoints(checkpoint_dir, keep=config.keep_checkpoints,
+                                           data=run_data)
+  state = manager.restore_latest(trainer.abstract_state)
+  guard = divergence.Guard(config, restored_step=None if state is None else int(
+      jax.device_get(state.step)))
   if state is None:
     state = trainer.init_state()
   start_step = int(jax.device_get(state.step))
@@ -238,6 +250,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         jax.block_until_ready(in_flight.popleft())
       if step % config.log_every == 0 or step == total_steps:
         metrics = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
+        guard.check(step, metrics)
         metrics["train/lr"] = float(trainer.schedule(step - 1))
         metrics = progress.report_train(step, metrics)
       if step % config.eval_every == 0 and step != total_steps:
@@ -246,10 +259,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         fewshot_metrics = fewshot_lib.as_metrics(fewshot(state.params))
         progress.report_eval(step, fewshot_metrics)
       if step % config.checkpoint_every == 0 and step != total_steps:
-        run_checkpoints.save(manager, step, state)
+        guard.check_before_save(step, step_metrics, state.params)
+        manager.save(step, state)
 
     if total_steps > start_step:
-      run_checkpoints.save(manager, total_steps, state)
+      guard.check_before_save(total_steps, step_metrics, state.params)
+      manager.save(total_steps, state)
     final = trainer.evaluate(state.params)
     progress.report_eval(total_steps, final)
   finally:
@@ -258,7 +273,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     if hasattr(train_iter, "close"):
       train_iter.close()
     # Whatever happened, the saves already started complete: no checkpoint is lost.
-    manager.wait_until_finished()
     manager.close()
     progress.close()
   return {**metrics, **fewshot_metrics, **final}

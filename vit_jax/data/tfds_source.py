@@ -103,7 +103,11 @@ class TfdsDataset:
     if set(self.builder.info.features) != {_IMAGE, _LABEL}:  # Skip the other features.
       decoders = tfds.decode.PartialDecoding({_IMAGE: True, _LABEL: True}, decoders)
     try:
-      ds = self.builder.as_dataset(split=split, decoders=decoders, shuffle_files=False)
+      # One file at a time: tfds' default interleaves the ranges of a multi-range read
+      # in blocks of 16 records, mixing lanes' windows.
+      ds = self.builder.as_dataset(
+          split=split, decoders=decoders, shuffle_files=False,
+          read_config=tfds.ReadConfig(interleave_cycle_length=1))
     except AssertionError as e:  # tfds' "could not find data in <data_dir>".
       raise self.not_prepared_error() from e
     ds = ds.map(lambda ex: (ex[_IMAGE], ex[_LABEL])).batch(_READ_BATCH).prefetch(1)
