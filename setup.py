@@ -1,41 +1,49 @@
 """Installs the vit_jax package: `pip install -e ".[test]"` is the whole set-up."""
+
 import setuptools
 
 INSTALL_REQUIRES = [
-    "absl-py>=1.4",
-    "chex>=0.1.87",
-    "flax>=0.10,<0.13",
-    "jax>=0.6,<0.11",
-    "ml-collections>=0.1.1",
-    "numpy>=1.26",
-    "optax>=0.2.4,<0.3",
-    "orbax-checkpoint>=0.11,<0.13",
-    "pillow>=10",
-    "scikit-learn>=1.3",
-    "tensorboard>=2.15",
-    "tensorflow-cpu>=2.16,<2.22",
-    "tensorflow-datasets>=4.9.6,<4.10",
-    "safetensors>=0.4",  # the hf and timm exports, numpy API (no torch)
-    "tqdm>=4.66",
+  "absl-py>=1.4",
+  "chex>=0.1.87",
+  "flax>=0.10,<0.13",
+  "jax>=0.6,<0.11",
+  "ml-collections>=0.1.1",
+  "numpy>=1.26",
+  "optax>=0.2.4,<0.3",
+  "orbax-checkpoint>=0.11,<0.13",
+  "pillow>=10",
+  "scikit-learn>=1.3",
+  "tensorboard>=2.15",
+  "tensorflow-cpu>=2.16,<2.22",
+  "tensorflow-datasets>=4.9.6,<4.10",
+  "safetensors>=0.4",  # the hf and timm exports, numpy API (no torch)
+  "tqdm>=4.66",
 ]
 
 EXTRAS_REQUIRE = {
-    "test": ["pytest>=8", "nbclient>=0.10", "nbformat>=5.9", "ipykernel>=6.29",
-             "matplotlib>=3.8", "scikit-image>=0.22"],
-    "notebooks": ["matplotlib>=3.8", "scikit-image>=0.22", "jupyter"],
-    # Loading exports in PyTorch (README "Inference and export"). timm imports torchvision,
-    # which must be built for the same torch: a CUDA torchvision beside a CPU torch fails.
-    "interop": ["torch>=2.14", "torchvision>=0.29", "timm>=1.0.20", "transformers>=4.56"],
+  "test": [
+    "pytest>=8",
+    "ruff>=0.6",  # the linter and formatter, configured in pyproject.toml
+    "nbclient>=0.10",
+    "nbformat>=5.9",
+    "ipykernel>=6.29",
+    "matplotlib>=3.8",
+    "scikit-image>=0.22",
+  ],
+  "notebooks": ["matplotlib>=3.8", "scikit-image>=0.22", "jupyter"],
+  # Loading exports in PyTorch (README "Inference and export"). timm imports torchvision,
+  # which must be built for the same torch: a CUDA torchvision beside a CPU torch fails.
+  "interop": ["torch>=2.14", "torchvision>=0.29", "timm>=1.0.20", "transformers>=4.56"],
 }
 
 setuptools.setup(
-    name="vit_jax",
-    version="0.1.0",
-    description="Vision Transformer (Dosovitskiy et al., 2021) in JAX/Flax: models, "
-                "official checkpoints, sharded training and fine-tuning.",
-    packages=setuptools.find_packages(include=["vit_jax", "vit_jax.*"]),
-    package_data={"vit_jax.data": ["imagenet2012_labels.txt"]},
-    python_requires=">=3.10",
-    install_requires=INSTALL_REQUIRES,
-    extras_require=EXTRAS_REQUIRE,
+  name="vit_jax",
+  version="0.1.0",
+  description="Vision Transformer (Dosovitskiy et al., 2021) in JAX/Flax: models, "
+  "official checkpoints, sharded training and fine-tuning.",
+  packages=setuptools.find_packages(include=["vit_jax", "vit_jax.*"]),
+  package_data={"vit_jax.data": ["imagenet2012_labels.txt"]},
+  python_requires=">=3.10",
+  install_requires=INSTALL_REQUIRES,
+  extras_require=EXTRAS_REQUIRE,
 )

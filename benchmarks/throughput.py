@@ -15,6 +15,7 @@ interleaved for ``--rounds`` rounds and each keeps its best round, so that load 
 processes on a shared machine hurts every row alike. ``--compare=timm`` adds timm's model
 (PyTorch, f32 or bf16 autocast) on the same batch in the same run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,26 +27,29 @@ import time
 from typing import Any, Callable, Optional
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 # `configs/` is a folder of the repository, not part of the installed package.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configs import common  # pylint: disable=g-import-not-at-top,wrong-import-position
-from vit_jax import sharding
-from vit_jax import step_cost
-from vit_jax import train
+from vit_jax import sharding, step_cost, train
 from vit_jax.models import get_model_config
 
 NUM_CLASSES = 1000
-TIMM_NAMES = {"ViT-Ti_16": "vit_tiny_patch16", "ViT-S_16": "vit_small_patch16",
-              "ViT-B_16": "vit_base_patch16", "ViT-B_32": "vit_base_patch32",
-              "ViT-L_16": "vit_large_patch16", "ViT-H_14": "vit_huge_patch14"}
+TIMM_NAMES = {
+  "ViT-Ti_16": "vit_tiny_patch16",
+  "ViT-S_16": "vit_small_patch16",
+  "ViT-B_16": "vit_base_patch16",
+  "ViT-B_32": "vit_base_patch32",
+  "ViT-L_16": "vit_large_patch16",
+  "ViT-H_14": "vit_huge_patch14",
+}
 
 
 @dataclasses.dataclass
 class Row:
   """One benchmarked combination; ``run`` does one blocked step and returns its seconds."""
+
   framework: str
   model: str
   mode: str
@@ -66,8 +70,15 @@ def _bool_list(text: str) -> list[bool]:
   return [v.strip().lower() in ("1", "true", "yes") for v in text.split(",")]
 
 
-def _config(model: str, batch: int, resolution: int, dtype: str, attention: Optional[str],
-            scan: bool, remat: bool):
+def _config(
+  model: str,
+  batch: int,
+  resolution: int,
+  dtype: str,
+  attention: Optional[str],
+  scan: bool,
+  remat: bool,
+):
   config = common.get_config()
   config.model = get_model_config(model)
   config.model.dtype = dtype
@@ -87,11 +98,20 @@ def _timed(fn: Callable[[], Any]) -> Callable[[], float]:
     start = time.perf_counter()
     jax.block_until_ready(fn())
     return time.perf_counter() - start
+
   return run
 
 
-def jax_row(model: str, mode: str, batch: int, resolution: int, dtype: str,
-            attention: Optional[str], scan: bool, remat: bool) -> Row:
+def jax_row(
+  model: str,
+  mode: str,
+  batch: int,
+  resolution: int,
+  dtype: str,
+  attention: Optional[str],
+  scan: bool,
+  remat: bool,
+) -> Row:
   """Compiles the project's train step or forward pass for one combination."""
   config = _config(model, batch, resolution, dtype, attention, scan, remat)
   trainer = train.Trainer(config, NUM_CLASSES)
@@ -99,9 +119,11 @@ def jax_row(model: str, mode: str, batch: int, resolution: int, dtype: str,
   batch_sharding = sharding.batch_sharding(trainer.mesh)
   rng = np.random.default_rng(0)
   images = jax.device_put(
-      rng.uniform(-1, 1, (batch, resolution, resolution, 3)).astype(np.float32), batch_sharding)
+    rng.uniform(-1, 1, (batch, resolution, resolution, 3)).astype(np.float32), batch_sharding
+  )
   labels = jax.device_put(
-      np.eye(NUM_CLASSES, dtype=np.float32)[rng.integers(0, NUM_CLASSES, batch)], batch_sharding)
+    np.eye(NUM_CLASSES, dtype=np.float32)[rng.integers(0, NUM_CLASSES, batch)], batch_sharding
+  )
   start = time.perf_counter()
   if mode == "train":
     compiled = trainer.train_step.lower(state, {"image": images, "label": labels}).compile()
@@ -116,26 +138,45 @@ def jax_row(model: str, mode: str, batch: int, resolution: int, dtype: str,
 
     def step():
       return compiled(state.params, images)
+
   compile_s = time.perf_counter() - start
   flops, _ = step_cost.step_flops(compiled, jax.device_count(), analytic=None)
-  analytic = step_cost.vit_flops_per_image(config.model, resolution, NUM_CLASSES,
-                                           train=mode == "train")
-  return Row("jax", model, mode, resolution, batch, dtype, attention or "xla",
-             f"{'scan' if scan else '-'}/{'remat' if remat else '-'}", _timed(step),
-             flops_xla=flops / batch if flops else None, flops_analytic=analytic,
-             compile_s=compile_s, peak_bytes=step_cost.peak_bytes(compiled))
+  analytic = step_cost.vit_flops_per_image(
+    config.model, resolution, NUM_CLASSES, train=mode == "train"
+  )
+  return Row(
+    "jax",
+    model,
+    mode,
+    resolution,
+    batch,
+    dtype,
+    attention or "xla",
+    f"{'scan' if scan else '-'}/{'remat' if remat else '-'}",
+    _timed(step),
+    flops_xla=flops / batch if flops else None,
+    flops_analytic=analytic,
+    compile_s=compile_s,
+    peak_bytes=step_cost.peak_bytes(compiled),
+  )
 
 
 def timm_row(model: str, mode: str, batch: int, resolution: int, dtype: str) -> Row:
   """timm's ViT of the same size on the same batch: SGD step or forward pass (PyTorch)."""
   import timm  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
+
   torch.set_num_threads(os.cpu_count() or 1)
-  net = timm.create_model(f"{TIMM_NAMES[model]}_{resolution}", pretrained=False,
-                          num_classes=NUM_CLASSES, img_size=resolution)
+  net = timm.create_model(
+    f"{TIMM_NAMES[model]}_{resolution}",
+    pretrained=False,
+    num_classes=NUM_CLASSES,
+    img_size=resolution,
+  )
   rng = np.random.default_rng(0)
   images = torch.from_numpy(
-      rng.uniform(-1, 1, (batch, 3, resolution, resolution)).astype(np.float32))
+    rng.uniform(-1, 1, (batch, 3, resolution, resolution)).astype(np.float32)
+  )
   labels = torch.from_numpy(rng.integers(0, NUM_CLASSES, batch))
   autocast = lambda: torch.autocast("cpu", torch.bfloat16, enabled=dtype == "bfloat16")
   if mode == "train":
@@ -159,6 +200,7 @@ def timm_row(model: str, mode: str, batch: int, resolution: int, dtype: str) -> 
     start = time.perf_counter()
     step()
     return time.perf_counter() - start
+
   return Row("timm", model, mode, resolution, batch, dtype, "torch", "-/-", run)
 
 
@@ -179,11 +221,28 @@ def _fmt(value: Optional[float], spec: str) -> str:
 
 def print_table(rows: list[Row], device: Any, num_devices: int) -> None:
   peaks = {row.dtype: step_cost.peak_flops(device, row.dtype) for row in rows}
-  print(f"\nDevice: {num_devices} x {device.device_kind} ({device.platform}); peak TFLOP/s: "
-        + ", ".join(f"{k} {_fmt(v and v / 1e12, '.3g')}" for k, v in peaks.items()))
-  header = ("framework", "device", "model", "mode", "res", "batch", "dtype", "attention",
-            "scan/remat", "img/s", "GFLOP/img xla", "GFLOP/img analytic", "TFLOP/s", "MFU",
-            "compile s", "peak mem GiB")
+  print(
+    f"\nDevice: {num_devices} x {device.device_kind} ({device.platform}); peak TFLOP/s: "
+    + ", ".join(f"{k} {_fmt(v and v / 1e12, '.3g')}" for k, v in peaks.items())
+  )
+  header = (
+    "framework",
+    "device",
+    "model",
+    "mode",
+    "res",
+    "batch",
+    "dtype",
+    "attention",
+    "scan/remat",
+    "img/s",
+    "GFLOP/img xla",
+    "GFLOP/img analytic",
+    "TFLOP/s",
+    "MFU",
+    "compile s",
+    "peak mem GiB",
+  )
   print("| " + " | ".join(header) + " |")
   print("|" + "---|" * len(header))
   first = {}
@@ -194,19 +253,35 @@ def print_table(rows: list[Row], device: Any, num_devices: int) -> None:
     mfu = tflops * 1e12 / (peak * num_devices) if tflops and peak else None
     key = (row.model, row.mode, row.dtype)
     first.setdefault(key, row.best_img_s)
-    cells = (row.framework, f"{num_devices}x {device.device_kind}", row.model, row.mode,
-             str(row.resolution), str(row.batch), row.dtype, row.attention, row.scan_remat,
-             f"{row.best_img_s:.2f}", _fmt(row.flops_xla and row.flops_xla / 1e9, ".4g"),
-             _fmt(row.flops_analytic and row.flops_analytic / 1e9, ".4g"),
-             _fmt(tflops, ".3g"), _fmt(mfu and 100 * mfu, ".1f") + ("%" if mfu else ""),
-             _fmt(row.compile_s, ".1f"),
-             _fmt(row.peak_bytes and row.peak_bytes / 2**30, ".3g"))
+    cells = (
+      row.framework,
+      f"{num_devices}x {device.device_kind}",
+      row.model,
+      row.mode,
+      str(row.resolution),
+      str(row.batch),
+      row.dtype,
+      row.attention,
+      row.scan_remat,
+      f"{row.best_img_s:.2f}",
+      _fmt(row.flops_xla and row.flops_xla / 1e9, ".4g"),
+      _fmt(row.flops_analytic and row.flops_analytic / 1e9, ".4g"),
+      _fmt(tflops, ".3g"),
+      _fmt(mfu and 100 * mfu, ".1f") + ("%" if mfu else ""),
+      _fmt(row.compile_s, ".1f"),
+      _fmt(row.peak_bytes and row.peak_bytes / 2**30, ".3g"),
+    )
     print("| " + " | ".join(cells) + " |")
-  ratios = [(r, r.best_img_s / first[(r.model, r.mode, r.dtype)]) for r in rows
-            if first[(r.model, r.mode, r.dtype)] != r.best_img_s]
+  ratios = [
+    (r, r.best_img_s / first[(r.model, r.mode, r.dtype)])
+    for r in rows
+    if first[(r.model, r.mode, r.dtype)] != r.best_img_s
+  ]
   for row, ratio in ratios:
-    print(f"{row.framework} {row.model} {row.mode} {row.dtype} {row.attention} "
-          f"{row.scan_remat}: {ratio:.2f}x the first row of its model/mode/dtype")
+    print(
+      f"{row.framework} {row.model} {row.mode} {row.dtype} {row.attention} "
+      f"{row.scan_remat}: {ratio:.2f}x the first row of its model/mode/dtype"
+    )
 
 
 def main() -> None:
@@ -216,8 +291,11 @@ def main() -> None:
   parser.add_argument("--resolution", type=int, default=224)
   parser.add_argument("--dtype", default="float32")
   parser.add_argument("--mode", default="train,infer")
-  parser.add_argument("--attention", default="xla",
-                      help="'xla' (jax.nn.dot_product_attention's default) or e.g. 'cudnn'")
+  parser.add_argument(
+    "--attention",
+    default="xla",
+    help="'xla' (jax.nn.dot_product_attention's default) or e.g. 'cudnn'",
+  )
   parser.add_argument("--scan", default="false")
   parser.add_argument("--remat", default="false")
   parser.add_argument("--steps", type=int, default=5, help="timed steps per round")
@@ -235,8 +313,18 @@ def main() -> None:
         for attention in args.attention.split(","):
           for scan in _bool_list(args.scan):
             for remat in _bool_list(args.remat):
-              rows.append(jax_row(model, mode, batch, args.resolution, dtype,
-                                  None if attention == "xla" else attention, scan, remat))
+              rows.append(
+                jax_row(
+                  model,
+                  mode,
+                  batch,
+                  args.resolution,
+                  dtype,
+                  None if attention == "xla" else attention,
+                  scan,
+                  remat,
+                )
+              )
         if args.compare == "timm":
           rows.append(timm_row(model, mode, batch, args.resolution, dtype))
   measure(rows, args.steps, args.warmup, args.rounds)

@@ -20,14 +20,12 @@ supervised pre-training's epochs (`pretrain.steps_for`; ``--config.total_steps``
 digits, a few minutes on a CPU; `configs/quickstart.py` fine-tunes it as it stands, and
 few-shot accuracy of its features is logged during pre-training.
 """
+
 from __future__ import annotations
 
 import ml_collections
 
-from configs import common
-from configs import pretrain
-from configs import quickstart
-from configs import vit
+from configs import common, pretrain, quickstart, vit
 from vit_jax import models
 
 
@@ -36,8 +34,9 @@ def _objective(config: ml_collections.ConfigDict) -> None:
   config.objective = "mpp"
   config.optim.name = "adam"
   config.optim.weight_decay = 0.0
-  config.mpp = ml_collections.ConfigDict(dict(
-      target="mean_color", corrupt_rate=0.5, mask=0.8, random=0.1))
+  config.mpp = ml_collections.ConfigDict(
+    dict(target="mean_color", corrupt_rate=0.5, mask=0.8, random=0.1)
+  )
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -46,8 +45,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config = quickstart.get_config()
     _objective(config)
     config.total_steps = 1_000
-    config.lr = ml_collections.ConfigDict(dict(base=1e-3, warmup_steps=100, decay="cosine",
-                                               end=0.0))
+    config.lr = ml_collections.ConfigDict(
+      dict(base=1e-3, warmup_steps=100, decay="cosine", end=0.0)
+    )
     config.fewshot.datasets = ("digits",)
     config.fewshot.every = 500
     return config
@@ -64,8 +64,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model = models.get_model_config(model_name)
 
   config.total_steps = pretrain.steps_for(dataset)
-  config.lr = ml_collections.ConfigDict(dict(base=2e-4, warmup_steps=pretrain.WARMUP_STEPS,
-                                             decay="cosine", end=0.0))
+  config.lr = ml_collections.ConfigDict(
+    dict(base=2e-4, warmup_steps=pretrain.WARMUP_STEPS, decay="cosine", end=0.0)
+  )
 
   config.log_every = 100
   config.eval_every = 10_000

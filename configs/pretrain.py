@@ -17,20 +17,19 @@ as we read the paper's Table 3 for ViT-B (``--config.lr.base`` to change it). Fi
 the result with `configs/vit.py`
 (``--config.pretrained=<workdir>/checkpoints``); its representation layer is dropped there.
 """
+
 from __future__ import annotations
 
 import math
 
 import ml_collections
 
-from configs import common
-from configs import vit
+from configs import common, vit
 from vit_jax import models
 
 # Images in each preset's train split: ImageNet-21k (fall 2011 release, 14,197,122 images)
 # minus the 51,200 held out for evaluation; ImageNet train[:99%] of 1,281,167.
-TRAIN_IMAGES: dict[str, int] = {"imagenet21k": 14_197_122 - 51_200,
-                                "imagenet2012": 1_268_355}
+TRAIN_IMAGES: dict[str, int] = {"imagenet21k": 14_197_122 - 51_200, "imagenet2012": 1_268_355}
 EPOCHS: dict[str, int] = {"imagenet21k": 90, "imagenet2012": 300}
 LEARNING_RATES: dict[str, float] = {"imagenet21k": 1e-3, "imagenet2012": 3e-3}
 BATCH = 4096

@@ -18,6 +18,7 @@ step of ``<workdir>/checkpoints``, runs the model on the first test batch and wr
 * ``mean_attention_distance.png``: attention-weighted pixel distance per head and layer,
   averaged over the test batch; the dashed line is the distance of uniform attention.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,11 +30,7 @@ import ml_collections
 import numpy as np
 from PIL import Image
 
-from vit_jax import analysis
-from vit_jax import data
-from vit_jax import plots
-from vit_jax import run_checkpoints
-from vit_jax import sharding
+from vit_jax import analysis, data, plots, run_checkpoints, sharding
 from vit_jax.models import create_model
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -64,8 +61,9 @@ def _distinct_labels(labels: np.ndarray, count: int) -> list[int]:
   return chosen
 
 
-def make_figures(workdir: str, out: str, *, data_dir: str | None = None,
-                 num_overlays: int = 4) -> dict[str, float]:
+def make_figures(
+  workdir: str, out: str, *, data_dir: str | None = None, num_overlays: int = 4
+) -> dict[str, float]:
   """Writes the four PNGs into ``out``; returns a few numbers the figures show."""
   with open(os.path.join(workdir, "config.json")) as f:
     config = ml_collections.ConfigDict(json.load(f))
@@ -88,49 +86,60 @@ def make_figures(workdir: str, out: str, *, data_dir: str | None = None,
   weights = analysis.attention_weights(model, params, images)  # [L, B, H, N, N]
   rollout = analysis.attention_rollout(weights, num_prefix=1, grid_hw=grid_hw)
   distance = analysis.mean_attention_distance(
-      weights, grid_hw=grid_hw, patch_px=model.input_stride, num_prefix=1)  # [L, H]
+    weights, grid_hw=grid_hw, patch_px=model.input_stride, num_prefix=1
+  )  # [L, H]
 
   os.makedirs(out, exist_ok=True)
   rows = []
   for i in _distinct_labels(labels, num_overlays):
     fig = plots.plot_attention_overlay(images[i], rollout[i])
-    fig.suptitle(f"test image {i}: label {labels[i]}, predicted {predicted[i]}",
-                 fontsize="medium")
+    fig.suptitle(f"test image {i}: label {labels[i]}, predicted {predicted[i]}", fontsize="medium")
     fig.set_dpi(DPI)
     rows.append(_pixels(fig))
   width = max(r.shape[1] for r in rows)
-  rows = [np.pad(r, ((0, 0), (0, width - r.shape[1]), (0, 0)), constant_values=255)
-          for r in rows]
+  rows = [np.pad(r, ((0, 0), (0, width - r.shape[1]), (0, 0)), constant_values=255) for r in rows]
   path = os.path.join(out, "rollout_digits.png")
   Image.fromarray(np.concatenate(rows, axis=0)).save(path, optimize=True)
   print("wrote", path)
 
-  _save(plots.plot_embedding_filters(analysis.embedding_filter_components(params)),
-        os.path.join(out, "embedding_filters.png"))
+  _save(
+    plots.plot_embedding_filters(analysis.embedding_filter_components(params)),
+    os.path.join(out, "embedding_filters.png"),
+  )
   if config.dataset in GREY_DATASETS:
     kernel = np.asarray(params["embedding"]["kernel"])  # [P, P, 3, D]
     grey_kernel = np.repeat(kernel.mean(axis=2, keepdims=True), kernel.shape[2], axis=2)
     grey = {**params, "embedding": {**params["embedding"], "kernel": grey_kernel}}
     ph, pw = kernel.shape[:2]  # a grey filter has only ph * pw independent entries
     fig = plots.plot_embedding_filters(
-        analysis.embedding_filter_components(grey, num_components=min(28, ph * pw)),
-        columns=8)
-    fig.suptitle("principal components of the channel-averaged embedding filters",
-                 fontsize="small")
+      analysis.embedding_filter_components(grey, num_components=min(28, ph * pw)), columns=8
+    )
+    fig.suptitle("principal components of the channel-averaged embedding filters", fontsize="small")
     _save(fig, os.path.join(out, "embedding_filters_grey.png"))
-  _save(plots.plot_posemb_similarity(analysis.posemb_similarity(params, model)),
-        os.path.join(out, "posemb_similarity.png"))
+  _save(
+    plots.plot_posemb_similarity(analysis.posemb_similarity(params, model)),
+    os.path.join(out, "posemb_similarity.png"),
+  )
   fig = plots.plot_mean_attention_distance(distance)
   uniform = analysis.patch_centre_distances(grid_hw, model.input_stride).mean()
   ax = fig.axes[0]
   ax.set_ylim(0, 1.15 * max(uniform, float(distance.max())))
   ax.axhline(uniform, color="grey", linestyle="--", linewidth=1)
-  ax.annotate("uniform attention", (0.6, uniform), xytext=(0, 3), textcoords="offset points",
-              color="grey", fontsize="x-small")
+  ax.annotate(
+    "uniform attention",
+    (0.6, uniform),
+    xytext=(0, 3),
+    textcoords="offset points",
+    color="grey",
+    fontsize="x-small",
+  )
   if ax.get_legend() is not None:
     ax.legend(loc="lower right", fontsize="x-small", ncol=2)  # clear of the points
-  ax.set_title(f"{len(images)} test images, {image_hw[0]}x{image_hw[1]} px, "
-               f"{model.input_stride[0]} px patches", fontsize="small")
+  ax.set_title(
+    f"{len(images)} test images, {image_hw[0]}x{image_hw[1]} px, "
+    f"{model.input_stride[0]} px patches",
+    fontsize="small",
+  )
   _save(fig, os.path.join(out, "mean_attention_distance.png"))
 
   accuracy = float((predicted == labels).mean())
@@ -142,8 +151,9 @@ def make_figures(workdir: str, out: str, *, data_dir: str | None = None,
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--workdir", required=True,
-                      help="a train_and_evaluate workdir (config.json + checkpoints/)")
+  parser.add_argument(
+    "--workdir", required=True, help="a train_and_evaluate workdir (config.json + checkpoints/)"
+  )
   parser.add_argument("--out", default=str(REPO_ROOT / "docs" / "figures"))
   parser.add_argument("--data_dir", default=None, help="tfds data_dir override")
   parser.add_argument("--num_overlays", type=int, default=4)

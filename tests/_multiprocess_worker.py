@@ -15,6 +15,7 @@ MODE:
 `get_config` makes this file a config for the main job as well:
 `python -m vit_jax.main --config=tests/_multiprocess_worker.py:fsdp ...`.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,9 +25,9 @@ import sys
 import ml_collections
 
 STRATEGIES = {  # partitioning -> mesh over 4 devices (2 processes x 2, or 1 x 4)
-    "data_parallel": (("data", 4), ("model", 1)),
-    "fsdp": (("data", 4), ("model", 1)),
-    "tensor_parallel": (("data", 2), ("model", 2)),
+  "data_parallel": (("data", 4), ("model", 1)),
+  "fsdp": (("data", 4), ("model", 1)),
+  "tensor_parallel": (("data", 2), ("model", 2)),
 }
 STEPS = 4  # Steps of the first runs; their last checkpoint is resumed to RESUME_STEPS.
 RESUME_STEPS = 6
@@ -38,6 +39,7 @@ def get_config(strategy: str = "data_parallel") -> ml_collections.ConfigDict:
   total_steps, so a resumed longer run equals a straight one)."""
   from configs import quickstart  # pylint: disable=g-import-not-at-top
   from vit_jax.models import get_model_config  # pylint: disable=g-import-not-at-top
+
   if strategy not in STRATEGIES:
     raise ValueError(f"Unknown strategy {strategy!r}; use one of {list(STRATEGIES)}.")
   config = quickstart.get_config()
@@ -63,8 +65,9 @@ def get_config(strategy: str = "data_parallel") -> ml_collections.ConfigDict:
 
 def _params_to_host(params) -> dict:
   """Flat {name: numpy} of the whole arrays, on every process."""
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   from flax import traverse_util  # pylint: disable=g-import-not-at-top
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
   return traverse_util.flatten_dict(multihost_utils.process_allgather(params, tiled=True), sep="/")
 
 
@@ -72,6 +75,7 @@ def _run(mode: str, out_dir: str, data_dir: str) -> None:
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from flax import traverse_util  # pylint: disable=g-import-not-at-top
+
   from vit_jax import data, run_checkpoints, train  # pylint: disable=g-import-not-at-top
 
   assert jax.device_count() == 4, jax.devices()
@@ -100,8 +104,9 @@ def _run(mode: str, out_dir: str, data_dir: str) -> None:
   results, metrics = {}, {}
   runs = [(s, config_for(s)) for s in STRATEGIES]
   if mode == "reference":
-    runs.append((f"{RESUME_STRATEGY}_straight",
-                 config_for(RESUME_STRATEGY, total_steps=RESUME_STEPS)))
+    runs.append(
+      (f"{RESUME_STRATEGY}_straight", config_for(RESUME_STRATEGY, total_steps=RESUME_STEPS))
+    )
   for name, config in runs:
     workdir = os.path.join(out_dir, name)
     metrics[name] = train.train_and_evaluate(config, workdir)
@@ -116,16 +121,21 @@ def _run(mode: str, out_dir: str, data_dir: str) -> None:
     for key, value in _params_to_host(state.params).items():
       results[f"{name}/params/{key}"] = value
     # read_params, called by every process, gives every process the whole arrays.
-    stored = traverse_util.flatten_dict(run_checkpoints.read_params(
-        os.path.join(workdir, "checkpoints")), sep="/")
+    stored = traverse_util.flatten_dict(
+      run_checkpoints.read_params(os.path.join(workdir, "checkpoints")), sep="/"
+    )
     metrics[name]["read_params_max_diff"] = max(
-        float(np.max(np.abs(stored[k] - results[f"{name}/params/{k}"]))) for k in stored)
+      float(np.max(np.abs(stored[k] - results[f"{name}/params/{k}"]))) for k in stored
+    )
 
   # The data-parallel result as `config.pretrained` of an FSDP run (parameters split over
   # the processes): evaluating it must give the data-parallel run's final evaluation.
   metrics["pretrained"] = train.train_and_evaluate(
-      config_for("fsdp", pretrained=os.path.join(out_dir, "data_parallel", "checkpoints"),
-                 total_steps=0), os.path.join(out_dir, "pretrained"))
+    config_for(
+      "fsdp", pretrained=os.path.join(out_dir, "data_parallel", "checkpoints"), total_steps=0
+    ),
+    os.path.join(out_dir, "pretrained"),
+  )
 
   if jax.process_index() == 0:
     np.savez(os.path.join(out_dir, "results.npz"), **results)
@@ -139,7 +149,9 @@ def main(argv: list[str]) -> None:
   if mode not in ("train", "reference", "die"):
     raise ValueError(f"Unknown mode {mode!r}; use train, reference or die.")
   from absl import logging  # pylint: disable=g-import-not-at-top
+
   from vit_jax import distributed  # pylint: disable=g-import-not-at-top
+
   logging.set_verbosity(logging.INFO)  # Progress lines with times, for failure messages.
   distributed.initialize_distributed(initialization_timeout=60, heartbeat_timeout=heartbeat)
   _run(mode, out_dir, data_dir)

@@ -1,4 +1,5 @@
 """Known-answer tests of `vit_jax.analysis` (paper Fig. 6-7 analyses) on tiny models."""
+
 import itertools
 import math
 
@@ -7,8 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from vit_jax import analysis
-from vit_jax import checkpoint
+from vit_jax import analysis, checkpoint
 from vit_jax.models import create_model, get_model_config
 
 
@@ -17,8 +17,7 @@ def tiny(**overrides):
 
 
 def init(model, image_hw=(16, 16), batch=2, seed=0):
-  images = jax.random.uniform(jax.random.key(seed + 1), (batch, *image_hw, 3),
-                              minval=-1, maxval=1)
+  images = jax.random.uniform(jax.random.key(seed + 1), (batch, *image_hw, 3), minval=-1, maxval=1)
   params = nn.unbox(model.init(jax.random.key(seed), images)["params"])
   return params, np.asarray(images)
 
@@ -37,7 +36,8 @@ def test_attention_weights_scan_matches_per_layer(classifier):
   params, images = init(model, image_hw=(8, 12))
   per_layer = analysis.attention_weights(model, params, images)
   scanned = analysis.attention_weights(
-      tiny(classifier=classifier, scan=True), checkpoint.layers_to_scanned(params), images)
+    tiny(classifier=classifier, scan=True), checkpoint.layers_to_scanned(params), images
+  )
   n = 2 * 3 + (classifier == "token")
   assert per_layer.shape == (2, 2, 2, n, n)  # [L, B, H, N, N]
   np.testing.assert_allclose(per_layer.sum(-1), 1.0, atol=1e-5)
@@ -58,8 +58,9 @@ def test_attention_weights_rejects_bad_image_size():
 
 def test_rollout_of_identity_attention_is_identity():
   weights = np.broadcast_to(np.eye(5), (3, 2, 4, 5, 5))  # [L, B, H, N, N]
-  np.testing.assert_allclose(analysis.rollout_matrix(weights),
-                             np.broadcast_to(np.eye(5), (2, 5, 5)), atol=1e-12)
+  np.testing.assert_allclose(
+    analysis.rollout_matrix(weights), np.broadcast_to(np.eye(5), (2, 5, 5)), atol=1e-12
+  )
 
 
 def test_rollout_two_layers_by_hand():
@@ -113,8 +114,9 @@ def test_mean_attention_distance_uniform_attention(num_prefix):
   gh, gw, ph, pw = 2, 3, 16, 8
   n = gh * gw + num_prefix
   weights = np.full((2, 3, 4, n, n), 1.0 / n)  # [L, B, H, N, N]
-  dist = analysis.mean_attention_distance(weights, grid_hw=(gh, gw), patch_px=(ph, pw),
-                                          num_prefix=num_prefix)
+  dist = analysis.mean_attention_distance(
+    weights, grid_hw=(gh, gw), patch_px=(ph, pw), num_prefix=num_prefix
+  )
   assert dist.shape == (2, 4)
   np.testing.assert_allclose(dist, _mean_pairwise_centre_distance(gh, gw, ph, pw), rtol=1e-12)
 
@@ -122,8 +124,7 @@ def test_mean_attention_distance_uniform_attention(num_prefix):
 def test_mean_attention_distance_identity_is_zero_and_prefix_is_renormalised():
   n = 1 + 3 * 3
   weights = np.broadcast_to(np.eye(n), (2, 1, 2, n, n))
-  dist = analysis.mean_attention_distance(weights, grid_hw=(3, 3), patch_px=(16, 16),
-                                          num_prefix=1)
+  dist = analysis.mean_attention_distance(weights, grid_hw=(3, 3), patch_px=(16, 16), num_prefix=1)
   np.testing.assert_array_equal(dist, 0.0)
   # Half of every query's mass on the class token, half on its right neighbour (16 px)
   # or, in the last column, its left neighbour: the distance counts only patches -> 16.
@@ -132,8 +133,7 @@ def test_mean_attention_distance_identity_is_zero_and_prefix_is_renormalised():
   for q in range(9):
     r, c = divmod(q, 3)
     w[0, 0, 0, 1 + q, 1 + r * 3 + (c + 1 if c < 2 else c - 1)] = 0.5
-  dist = analysis.mean_attention_distance(w, grid_hw=(3, 3), patch_px=(16, 16),
-                                          num_prefix=1)
+  dist = analysis.mean_attention_distance(w, grid_hw=(3, 3), patch_px=(16, 16), num_prefix=1)
   np.testing.assert_allclose(dist, [[16.0]])
 
 
@@ -141,8 +141,9 @@ def test_mean_attention_distance_of_a_model_is_bounded():
   model = tiny()
   params, images = init(model)
   weights = analysis.attention_weights(model, params, images)
-  dist = analysis.mean_attention_distance(weights, grid_hw=model.grid_hw((16, 16)),
-                                          patch_px=model.input_stride, num_prefix=1)
+  dist = analysis.mean_attention_distance(
+    weights, grid_hw=model.grid_hw((16, 16)), patch_px=model.input_stride, num_prefix=1
+  )
   assert dist.shape == (2, 2)
   assert np.all(dist > 0) and np.all(dist < math.hypot(12, 12))
 

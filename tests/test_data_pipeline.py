@@ -1,4 +1,5 @@
 """Batching, readers and the train stream: exact resume, batch-size errors, prefetch."""
+
 import itertools
 
 import jax
@@ -12,17 +13,29 @@ from vit_jax.data import batching
 
 
 def _mesh():
-  return jax.sharding.Mesh(np.array(jax.devices()).reshape(-1, 1), ('data', 'model'))
+  return jax.sharding.Mesh(np.array(jax.devices()).reshape(-1, 1), ("data", "model"))
 
 
-@pytest.fixture(scope='module')
+@pytest.fixture(scope="module")
 def digits_config(tmp_path_factory):
   # shuffle_buffer < split size: the tfds path shuffles in 3 windows of <= 500.
-  return ml_collections.ConfigDict(dict(
-      dataset='digits', data_dir=str(tmp_path_factory.mktemp('tfds')),
-      manual_dir=None, train_split='train', test_split='test', num_classes=None,
-      pp=dict(crop=8, min_area=0.05, flip=True), batch=128, batch_eval=128,
-      shuffle_buffer=500, prefetch=2, seed=3, skip_corrupt_images=False))
+  return ml_collections.ConfigDict(
+    dict(
+      dataset="digits",
+      data_dir=str(tmp_path_factory.mktemp("tfds")),
+      manual_dir=None,
+      train_split="train",
+      test_split="test",
+      num_classes=None,
+      pp=dict(crop=8, min_area=0.05, flip=True),
+      batch=128,
+      batch_eval=128,
+      shuffle_buffer=500,
+      prefetch=2,
+      seed=3,
+      skip_corrupt_images=False,
+    )
+  )
 
 
 def _take(iterator, count):
@@ -34,79 +47,92 @@ def test_start_step_equals_running_that_many_steps(digits_config):
   from_zero = _take(data.train_iterator(digits_config, _mesh()), 14)
   for k in (1, 10, 12):
     resumed = _take(data.train_iterator(digits_config, _mesh(), start_step=k), 2)
-    for a, b in zip(from_zero[k:k + 2], resumed):
-      np.testing.assert_array_equal(a['image'], b['image'])
-      np.testing.assert_array_equal(a['label'], b['label'])
-  assert not np.array_equal(from_zero[0]['image'], from_zero[1]['image'])
+    for a, b in zip(from_zero[k : k + 2], resumed):
+      np.testing.assert_array_equal(a["image"], b["image"])
+      np.testing.assert_array_equal(a["label"], b["label"])
+  assert not np.array_equal(from_zero[0]["image"], from_zero[1]["image"])
   other = digits_config.copy_and_resolve_references()
   other.seed = 4
-  assert not np.array_equal(_take(data.train_iterator(other, _mesh()), 1)[0]['image'],
-                            from_zero[0]['image'])
+  assert not np.array_equal(
+    _take(data.train_iterator(other, _mesh()), 1)[0]["image"], from_zero[0]["image"]
+  )
 
 
 def test_train_batches_are_global_arrays_without_mask(digits_config):
   batch = next(data.train_iterator(digits_config, _mesh()))
-  assert set(batch) == {'image', 'label'}
-  assert isinstance(batch['image'], jax.Array)
-  assert batch['image'].sharding == NamedSharding(_mesh(), PartitionSpec('data'))
-  assert batch['image'].shape == (128, 8, 8, 3) and batch['label'].shape == (128, 10)
+  assert set(batch) == {"image", "label"}
+  assert isinstance(batch["image"], jax.Array)
+  assert batch["image"].sharding == NamedSharding(_mesh(), PartitionSpec("data"))
+  assert batch["image"].shape == (128, 8, 8, 3) and batch["label"].shape == (128, 10)
 
 
 def test_eval_on_digits_counts_each_example_once(digits_config):
   evaluation = data.eval_iterator(digits_config, _mesh())
-  masks = [np.asarray(b['mask']) for b in evaluation]
+  masks = [np.asarray(b["mask"]) for b in evaluation]
   assert len(masks) == len(evaluation) == 3  # 360 = 2 * 128 + 104.
   assert sum(m.sum() for m in masks) == 360 and masks[-1].sum() == 104
-  train_masks = [np.asarray(b['mask']) for b in
-                 data.eval_iterator(digits_config, _mesh(), split='train[:300]')]
+  train_masks = [
+    np.asarray(b["mask"]) for b in data.eval_iterator(digits_config, _mesh(), split="train[:300]")
+  ]
   assert sum(m.sum() for m in train_masks) == 300
 
 
 def test_batch_not_divisible_is_a_clear_error(digits_config, monkeypatch):
-  monkeypatch.setattr(jax, 'process_count', lambda: 2)
-  with pytest.raises(ValueError, match=r'config.batch=5 .*2 process.*multiple of 2.*'
-                                       r'batch=6 or 4'):
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  with pytest.raises(
+    ValueError,
+    match=r"config.batch=5 .*2 process.*multiple of 2.*"
+    r"batch=6 or 4",
+  ):
     batching.local_batch_size(5, _mesh())
   assert batching.local_batch_size(6, _mesh()) == 3
   with pytest.raises(ValueError, match="axis named 'data'"):
-    batching.local_batch_size(4, jax.sharding.Mesh(np.array(jax.devices()), ('batch',)))
+    batching.local_batch_size(4, jax.sharding.Mesh(np.array(jax.devices()), ("batch",)))
 
 
 def test_make_global_batch_and_prefetch():
-  local = {'x': np.arange(6, dtype=np.float32).reshape(3, 2)}
+  local = {"x": np.arange(6, dtype=np.float32).reshape(3, 2)}
   out = batching.make_global_batch(local, _mesh())
-  np.testing.assert_array_equal(np.asarray(out['x']), local['x'])
+  np.testing.assert_array_equal(np.asarray(out["x"]), local["x"])
 
   def failing():
     yield local
-    raise OSError('disk gone')
+    raise OSError("disk gone")
+
   stream = batching.prefetch_to_device(failing(), _mesh(), size=2)
-  np.testing.assert_array_equal(np.asarray(next(stream)['x']), local['x'])
-  with pytest.raises(OSError, match='disk gone'):
+  np.testing.assert_array_equal(np.asarray(next(stream)["x"]), local["x"])
+  with pytest.raises(OSError, match="disk gone"):
     next(stream)
   assert len(list(batching.prefetch_to_device(iter([local] * 5), _mesh(), 2))) == 5
   assert len(list(batching.prefetch_to_device(iter([local] * 5), _mesh(), 0))) == 5
 
 
 def test_missing_config_key_is_named():
-  config = ml_collections.ConfigDict(dict(dataset='digits', train_split='train',
-                                          test_split='test', batch=8))
-  with pytest.raises(ValueError, match='config.pp is required'):
+  config = ml_collections.ConfigDict(
+    dict(dataset="digits", train_split="train", test_split="test", batch=8)
+  )
+  with pytest.raises(ValueError, match="config.pp is required"):
     data.dataset_info(config)
 
 
 def test_realign_restores_positions_after_dropped_examples():
   """tf.data drops failed images; batches are cut back on positions, holes marked."""
   from vit_jax.data.pipeline import _realign
+
   rng = np.random.default_rng(0)
   for _ in range(100):
     n, size, first = int(rng.integers(1, 40)), int(rng.integers(1, 9)), int(rng.integers(5))
-    kept = np.sort(rng.choice(np.arange(first, first + n), int(rng.integers(n + 1)),
-                              replace=False))
+    kept = np.sort(rng.choice(np.arange(first, first + n), int(rng.integers(n + 1)), replace=False))
     stop = first + -(-n // size) * size
-    incoming = [kept[i:i + size] for i in range(0, len(kept), size)]
-    batches = [(p, np.ones((len(p), 2, 3), np.float32) * p[:, None, None],
-                np.ones((len(p), 4), np.float32) * p[:, None]) for p in incoming]
+    incoming = [kept[i : i + size] for i in range(0, len(kept), size)]
+    batches = [
+      (
+        p,
+        np.ones((len(p), 2, 3), np.float32) * p[:, None, None],
+        np.ones((len(p), 4), np.float32) * p[:, None],
+      )
+      for p in incoming
+    ]
     out = list(_realign(iter(batches), first, size, (2, 3), 4, stop=stop))
     assert [q for q, *_ in out] == list(range(first, stop, size))
     seen = []
@@ -122,38 +148,41 @@ def test_realign_restores_positions_after_dropped_examples():
 
 def test_windowed_tfds_eval_equals_one_window(digits_config, monkeypatch):
   from vit_jax.data import pipeline
-  whole = [np.asarray(b['image']) for b in data.eval_iterator(digits_config, _mesh())]
-  monkeypatch.setattr(pipeline, '_EVAL_WINDOW', 100)  # 360 examples in 4 reads.
-  windowed = [np.asarray(b['image']) for b in data.eval_iterator(digits_config, _mesh())]
+
+  whole = [np.asarray(b["image"]) for b in data.eval_iterator(digits_config, _mesh())]
+  monkeypatch.setattr(pipeline, "_EVAL_WINDOW", 100)  # 360 examples in 4 reads.
+  windowed = [np.asarray(b["image"]) for b in data.eval_iterator(digits_config, _mesh())]
   np.testing.assert_array_equal(np.concatenate(whole), np.concatenate(windowed))
 
 
 class _ArraySource:
   """An in-memory SplitSource that records its reads and fails on demand."""
-  name, kind, random_access = 'arrays', 'bytes', False
+
+  name, kind, random_access = "arrays", "bytes", False
 
   def __init__(self, n, fail_after=None):
     self.num_examples = n
-    self.values = np.array([b'v%d' % i for i in range(n)], object)
+    self.values = np.array([b"v%d" % i for i in range(n)], object)
     self.calls = []  # ('read', lo, hi) or ('read_many', ranges).
     self.fail_after = fail_after  # Raise on the call after this many.
 
   def _record(self, call):
     if self.fail_after is not None and len(self.calls) >= self.fail_after:
-      raise OSError('disk gone')
+      raise OSError("disk gone")
     self.calls.append(call)
 
   def read(self, start, stop):
-    self._record(('read', start, stop))
+    self._record(("read", start, stop))
     return self.values[start:stop], np.arange(start, stop, dtype=np.int64)
 
   def read_many(self, ranges):
-    self._record(('read_many', ranges))
+    self._record(("read_many", ranges))
     return [(self.values[lo:hi], np.arange(lo, hi, dtype=np.int64)) for lo, hi in ranges]
 
 
 def test_lane_reader_serves_each_lane_in_its_order_through_read_many():
   from vit_jax.data import order, readers
+
   n, lanes, first, local, window, seed = 40, 4, 1, 2, 3, 7
   source = _ArraySource(n)
   reader = readers.LaneReader(source, first, local, lanes, window, seed, start_step=5)
@@ -165,27 +194,29 @@ def test_lane_reader_serves_each_lane_in_its_order_through_read_many():
   for j in range(local):
     lo, hi = order.process_shard(n, first + j, lanes)
     pieces = order.train_pieces(hi - lo, window, seed, first + j, 5)
-    expected = np.concatenate([lo + p.window[0] + p.offsets for p in
-                               itertools.islice(pieces, steps)])[:steps]
+    expected = np.concatenate(
+      [lo + p.window[0] + p.offsets for p in itertools.islice(pieces, steps)]
+    )[:steps]
     np.testing.assert_array_equal(labels[j::local], expected)
     np.testing.assert_array_equal(values[j::local], source.values[expected])
     epochs = (5 + np.arange(steps)) // (hi - lo)
     np.testing.assert_array_equal(uids[j::local], epochs * n + expected)
-  assert {call[0] for call in source.calls} == {'read_many'}
+  assert {call[0] for call in source.calls} == {"read_many"}
   value, label, index, uid = reader.locate(int(positions[777]))
   assert (value, label, index, uid) == (values[777], labels[777], labels[777], uids[777])
   assert reader.error is None
 
 
-@pytest.mark.parametrize('kind', ['shard', 'lane'])
+@pytest.mark.parametrize("kind", ["shard", "lane"])
 def test_reader_keeps_a_read_failure_for_the_consumer(kind):
   from vit_jax.data import order, readers
+
   source = _ArraySource(3000, fail_after=1)  # Lane blocks of 1024 need new windows.
-  if kind == 'shard':
+  if kind == "shard":
     reader = readers.ShardReader(source, 10, lambda p: order.eval_pieces(20, 4, p))
   else:
     reader = readers.LaneReader(source, 0, 1, 1, 3, 0, start_step=0)
   chunks = list(reader())  # The stream ends quietly, as tf.data needs.
   assert len(chunks) == 1 and isinstance(reader.error, OSError)
-  if kind == 'shard':
+  if kind == "shard":
     np.testing.assert_array_equal(chunks[0][3], np.arange(10, 14))

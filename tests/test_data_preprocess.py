@@ -1,4 +1,5 @@
 """Preprocessing: pure TF functions, tested on encoded images made here (no tfds)."""
+
 import io
 
 import numpy as np
@@ -22,14 +23,14 @@ def _seed(uid: int) -> tf.Tensor:
 NOISE = np.random.default_rng(0).integers(0, 256, (75, 100, 3), dtype=np.uint8)
 
 
-@pytest.mark.parametrize('fmt', ['PNG', 'JPEG'])
-@pytest.mark.parametrize('value', [0, 255, None])
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG"])
+@pytest.mark.parametrize("value", [0, 255, None])
 def test_output_within_minus_one_one_exactly(fmt, value):
   array = NOISE if value is None else np.full((75, 100, 3), value, np.uint8)
   data = _encode(array, fmt)
   outputs = [preprocess.eval_image(data, crop=32)] + [
-      preprocess.train_image(data, _seed(u), crop=32, min_area=0.05, flip=True)
-      for u in range(4)]
+    preprocess.train_image(data, _seed(u), crop=32, min_area=0.05, flip=True) for u in range(4)
+  ]
   for out in outputs:
     out = out.numpy()
     assert out.shape == (32, 32, 3) and out.dtype == np.float32
@@ -40,30 +41,30 @@ def test_output_within_minus_one_one_exactly(fmt, value):
       assert np.all(out == 1.0)
 
 
-@pytest.mark.parametrize('mode,shape', [('L', (20, 30)), ('RGBA', (20, 30, 4)),
-                                        ('RGB', (20, 30, 3))])
+@pytest.mark.parametrize(
+  "mode,shape", [("L", (20, 30)), ("RGBA", (20, 30, 4)), ("RGB", (20, 30, 3))]
+)
 def test_grey_and_rgba_become_rgb(mode, shape):
   array = np.random.default_rng(1).integers(0, 256, shape, dtype=np.uint8)
-  image = preprocess.decode_rgb(_encode(array, 'PNG'))
+  image = preprocess.decode_rgb(_encode(array, "PNG"))
   assert image.shape == (20, 30, 3)
-  rgb = np.asarray(Image.fromarray(array).convert('RGB'))  # Grey repeated, alpha dropped.
+  rgb = np.asarray(Image.fromarray(array).convert("RGB"))  # Grey repeated, alpha dropped.
   np.testing.assert_array_equal(image.numpy(), rgb)
 
 
 def test_augmentation_is_a_function_of_the_seed():
-  data = _encode(NOISE, 'JPEG')
-  aug = lambda u: preprocess.train_image(data, _seed(u), crop=16, min_area=0.05,
-                                         flip=True).numpy()
+  data = _encode(NOISE, "JPEG")
+  aug = lambda u: preprocess.train_image(data, _seed(u), crop=16, min_area=0.05, flip=True).numpy()
   np.testing.assert_array_equal(aug(3), aug(3))
   assert not np.array_equal(aug(3), aug(4))
 
 
 def test_jpeg_fused_crop_equals_decode_then_crop():
-  data_jpeg = _encode(NOISE, 'JPEG')
+  data_jpeg = _encode(NOISE, "JPEG")
   window = preprocess.inception_crop_window(tf.constant([75, 100, 3]), _seed(5), 0.05)
   y, x, h, w = window.numpy()
   fused = preprocess.decode_inception_crop(data_jpeg, _seed(5), 0.05).numpy()
-  whole = tf.io.decode_jpeg(data_jpeg, channels=3).numpy()[y:y + h, x:x + w]
+  whole = tf.io.decode_jpeg(data_jpeg, channels=3).numpy()[y : y + h, x : x + w]
   assert fused.shape == whole.shape
   # Same window; only chroma upsampling at the window's edge columns may differ.
   assert np.mean(np.abs(fused.astype(int) - whole)) < 1.0
@@ -85,12 +86,13 @@ def test_inception_crop_window_respects_area_and_aspect():
 
 def test_flip_off_keeps_orientation():
   ramp = np.tile(np.arange(0, 256, 8, dtype=np.uint8)[None, :, None], (32, 1, 3))
-  data = _encode(ramp, 'PNG')
+  data = _encode(ramp, "PNG")
   for u in range(6):  # With min_area=1 the crop is the whole image.
     out = preprocess.train_image(data, _seed(u), crop=32, min_area=1.0, flip=False)
     assert out.numpy()[0, 0, 0] < out.numpy()[0, -1, 0]
 
 
 def test_one_hot():
-  np.testing.assert_array_equal(preprocess.one_hot(tf.constant(2), 4).numpy(),
-                                np.array([0, 0, 1, 0], np.float32))
+  np.testing.assert_array_equal(
+    preprocess.one_hot(tf.constant(2), 4).numpy(), np.array([0, 0, 1, 0], np.float32)
+  )

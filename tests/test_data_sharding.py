@@ -1,4 +1,5 @@
 """On 8 fake CPU devices (a subprocess: this process must keep its single device)."""
+
 import json
 import os
 import subprocess
@@ -12,7 +13,7 @@ from PIL import Image
 from tests import train_fixtures
 from vit_jax import data
 
-_SCRIPT = textwrap.dedent('''
+_SCRIPT = textwrap.dedent("""
     import json, sys
     import jax, ml_collections, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -42,33 +43,46 @@ _SCRIPT = textwrap.dedent('''
     except ValueError as e:
       out['error'] = str(e)
     print('RESULT' + json.dumps(out))
-''')
+""")
 
 
 def test_global_batches_on_eight_devices(tmp_path):
   rng = np.random.default_rng(0)
-  for split, n in (('train', 20), ('test', 21)):
+  for split, n in (("train", 20), ("test", 21)):
     for k in range(n):
-      folder = tmp_path / split / f'c{k % 3}'
+      folder = tmp_path / split / f"c{k % 3}"
       folder.mkdir(parents=True, exist_ok=True)
-      Image.fromarray(rng.integers(0, 256, (6, 6, 3), dtype=np.uint8)).save(
-          folder / f'{k}.png')
+      Image.fromarray(rng.integers(0, 256, (6, 6, 3), dtype=np.uint8)).save(folder / f"{k}.png")
   config = train_fixtures.common_config(
-      dataset=f'folder:{tmp_path}', train_split='train', test_split='test', pp=dict(crop=4),
-      batch=16, batch_eval=16)
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
-             JAX_PLATFORMS='cpu', TF_CPP_MIN_LOG_LEVEL='3')
-  proc = subprocess.run([sys.executable, '-c', _SCRIPT, config.to_json_best_effort()], env=env,
-                        capture_output=True, text=True, timeout=300,
-                        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    dataset=f"folder:{tmp_path}",
+    train_split="train",
+    test_split="test",
+    pp=dict(crop=4),
+    batch=16,
+    batch_eval=16,
+  )
+  env = dict(
+    os.environ,
+    XLA_FLAGS="--xla_force_host_platform_device_count=8",
+    JAX_PLATFORMS="cpu",
+    TF_CPP_MIN_LOG_LEVEL="3",
+  )
+  proc = subprocess.run(
+    [sys.executable, "-c", _SCRIPT, config.to_json_best_effort()],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
-  out = json.loads(proc.stdout.split('RESULT')[-1])
+  out = json.loads(proc.stdout.split("RESULT")[-1])
 
   # Same content as on this process's single device: sharding only places rows.
-  mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(-1, 1), ('data', 'model'))
-  single = np.asarray(next(data.train_iterator(config, mesh))['image']).mean((1, 2, 3))
-  np.testing.assert_allclose(out['train_8x1'], single, rtol=1e-6)
-  np.testing.assert_allclose(out['train_4x2'], single, rtol=1e-6)
-  for key in ('eval_8x1', 'eval_4x2'):
+  mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(-1, 1), ("data", "model"))
+  single = np.asarray(next(data.train_iterator(config, mesh))["image"]).mean((1, 2, 3))
+  np.testing.assert_allclose(out["train_8x1"], single, rtol=1e-6)
+  np.testing.assert_allclose(out["train_4x2"], single, rtol=1e-6)
+  for key in ("eval_8x1", "eval_4x2"):
     assert [sum(m) for m in out[key]] == [16, 5]
-  assert 'config.batch=12' in out['error'] and 'multiple of 8' in out['error']
+  assert "config.batch=12" in out["error"] and "multiple of 8" in out["error"]

@@ -1,5 +1,6 @@
 """Fine-tuning from checkpoints: the recipe configs, an Orbax run fine-tuned at 2x resolution,
 position-embedding re-initialisation, and evaluating a checkpoint without training."""
+
 from __future__ import annotations
 
 import math
@@ -13,8 +14,7 @@ from flax import traverse_util
 from ml_collections import config_flags
 
 from configs import pretrain, quickstart, vit
-from vit_jax import models
-from vit_jax import optim, pretrained, run_checkpoints, train
+from vit_jax import models, optim, pretrained, run_checkpoints, train
 from vit_jax.data import presets
 from vit_jax.models.posemb import resize_posemb
 
@@ -24,6 +24,7 @@ POSEMB = pretrained.POSEMB_PATH
 
 # --- The recipe configs ---------------------------------------------------------------------
 
+
 def test_vit_config_is_the_papers_finetuning_recipe():
   config = vit.get_config("b16,cifar10")
   assert config.model.name == "ViT-B_16" and config.model.representation_size is None
@@ -32,23 +33,31 @@ def test_vit_config_is_the_papers_finetuning_recipe():
   assert (config.lr.base, config.lr.decay, config.lr.warmup_steps) == (0.03, "cosine", 500)
   assert config.batch == 512 and config.pp.crop == 384 and config.num_classes == 10
   assert config.pretrained is None and config.posemb_resize == "bilinear"
-  steps = {name: vit.get_config(f"b16,{name}").total_steps
-           for name in ("imagenet2012", "cifar10", "cifar100", "oxford_iiit_pet",
-                        "oxford_flowers102")}
-  assert steps == {"imagenet2012": 20_000, "cifar10": 10_000, "cifar100": 10_000,
-                   "oxford_iiit_pet": 500, "oxford_flowers102": 500}
+  steps = {
+    name: vit.get_config(f"b16,{name}").total_steps
+    for name in ("imagenet2012", "cifar10", "cifar100", "oxford_iiit_pet", "oxford_flowers102")
+  }
+  assert steps == {
+    "imagenet2012": 20_000,
+    "cifar10": 10_000,
+    "cifar100": 10_000,
+    "oxford_iiit_pet": 500,
+    "oxford_flowers102": 500,
+  }
   pets = vit.get_config("s32,oxford_iiit_pet")
   assert pets.lr.warmup_steps < pets.total_steps and pets.test_split == "test"
   optim.make_optimizer(pets)  # the schedule is valid for the short runs too
-  assert {vit.get_config(f"{s},cifar10").model.name for s in vit.MODELS} <= set(
-      models.MODEL_NAMES)
+  assert {vit.get_config(f"{s},cifar10").model.name for s in vit.MODELS} <= set(models.MODEL_NAMES)
 
 
-@pytest.mark.parametrize("arg, expected", [
+@pytest.mark.parametrize(
+  "arg, expected",
+  [
     ("b17,cifar10", r"unknown model 'b17' \(valid: ti16, .*r_ti16\)"),
     ("b16,cifar11", r"unknown dataset 'cifar11' \(valid: cifar10, .*digits\)"),
     ("b16", r"'<model>,<dataset>'.*Models: ti16.*Datasets: cifar10"),
-])
+  ],
+)
 def test_vit_config_errors_list_the_valid_names(arg, expected):
   with pytest.raises(ValueError, match=expected):
     vit.get_config(arg)
@@ -72,12 +81,17 @@ def test_pretrain_config_is_the_papers_upstream_recipe():
 
 
 def test_the_official_command_line_syntax():
-  argv = ["prog", f"--config={REPO}/configs/vit.py:r50_b16,cifar100",
-          "--config.pretrained=/ckpt/R50+ViT-B_16.npz", "--config.posemb_resize=reinit",
-          "--config.lr.base=0.01"]
+  argv = [
+    "prog",
+    f"--config={REPO}/configs/vit.py:r50_b16,cifar100",
+    "--config.pretrained=/ckpt/R50+ViT-B_16.npz",
+    "--config.posemb_resize=reinit",
+    "--config.lr.base=0.01",
+  ]
   flag_values = flags.FlagValues()
-  config_flags.DEFINE_config_file("config", None, flag_values=flag_values, lock_config=True,
-                                  sys_argv=argv)  # as vit_jax.main, which reads sys.argv
+  config_flags.DEFINE_config_file(
+    "config", None, flag_values=flag_values, lock_config=True, sys_argv=argv
+  )  # as vit_jax.main, which reads sys.argv
   flag_values(argv)
   config = flag_values.config
   assert config.model.name == "R50+ViT-B_16" and config.num_classes == 100
@@ -86,6 +100,7 @@ def test_the_official_command_line_syntax():
 
 
 # --- Checkpoints of a run ------------------------------------------------------------------
+
 
 def _tiny_run_config(data_dir: str) -> ml_collections.ConfigDict:
   """The quickstart shrunk as tests/conftest.py's tiny_config: `testing` model at 8x8."""
@@ -125,7 +140,8 @@ def test_checkpoint_is_evaluated_without_training(source_run, tmp_path):
 def test_run_finetunes_at_2x_resolution_with_a_new_head(source_run, tmp_path, monkeypatch):
   _, workdir, _ = source_run
   stored = traverse_util.flatten_dict(
-      run_checkpoints.read_params(os.path.join(workdir, "checkpoints")), sep="/")
+    run_checkpoints.read_params(os.path.join(workdir, "checkpoints")), sep="/"
+  )
   config = vit.get_config("ti16,digits")  # the fine-tuning recipe (SGD), shrunk
   config.model = models.get_model_config("testing")
   config.data_dir = source_run[0].data_dir
@@ -152,14 +168,14 @@ def test_run_finetunes_at_2x_resolution_with_a_new_head(source_run, tmp_path, mo
       np.testing.assert_array_equal(loaded[key], 0.0, err_msg=key)  # the fresh zero head
     elif key == POSEMB:
       assert value.shape == (1, 1 + 2 * 2, 32) and loaded[key].shape == (1, 1 + 4 * 4, 32)
-      np.testing.assert_allclose(
-          loaded[key], resize_posemb(value, (4, 4), num_prefix=1), rtol=1e-6)
+      np.testing.assert_allclose(loaded[key], resize_posemb(value, (4, 4), num_prefix=1), rtol=1e-6)
       np.testing.assert_array_equal(loaded[key][:, 0], value[:, 0])  # class token's row
     else:
       np.testing.assert_array_equal(loaded[key], value, err_msg=key)
   assert np.isfinite(result["train/loss"]) and 0.0 <= result["eval/accuracy"] <= 1.0
   tuned = traverse_util.flatten_dict(
-      run_checkpoints.read_params(tmp_path / "ft" / "checkpoints" / "3"), sep="/")
+    run_checkpoints.read_params(tmp_path / "ft" / "checkpoints" / "3"), sep="/"
+  )
   assert tuned[POSEMB].shape == (1, 17, 32)
   assert not np.array_equal(tuned["head/kernel"], 0.0)  # the new head trained
 
@@ -173,8 +189,10 @@ def test_reinit_takes_fresh_position_embeddings(source_run):
   fresh = {k: np.full_like(v, 7.0) for k, v in stored.items()}
   fresh[POSEMB] = np.random.default_rng(0).standard_normal((1, 17, 32)).astype(np.float32)
   fresh_tree = traverse_util.unflatten_dict(fresh, sep="/")
-  result = traverse_util.flatten_dict(pretrained.load_pretrained(
-      source, fresh_tree, config.model, posemb_resize_method="reinit"), sep="/")
+  result = traverse_util.flatten_dict(
+    pretrained.load_pretrained(source, fresh_tree, config.model, posemb_resize_method="reinit"),
+    sep="/",
+  )
   np.testing.assert_array_equal(result[POSEMB], fresh[POSEMB])
   for key in stored.keys() - {POSEMB}:  # the rest, head included (same classes), as stored
     np.testing.assert_array_equal(result[key], stored[key], err_msg=key)

@@ -1,4 +1,5 @@
 """The main job end to end: a tiny config trains, saves, resumes exactly, fails clearly."""
+
 import json
 import os
 import subprocess
@@ -17,24 +18,45 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def failure_report(stderr: str) -> str:
   """The useful part of a failed run's stderr: a crash's header and stacks, else the end."""
   crash = stderr.find("Fatal Python error")
-  return stderr[crash:crash + 6000] if crash >= 0 else stderr[-3000:]
+  return stderr[crash : crash + 6000] if crash >= 0 else stderr[-3000:]
 
 
 def run_main(workdir, *overrides, timeout=300):
-  cmd = [sys.executable, "-m", "vit_jax.main", "--config=configs/quickstart.py",
-         f"--workdir={workdir}", *overrides]
-  return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                        env={**os.environ, "PYTHONPATH": REPO})
+  cmd = [
+    sys.executable,
+    "-m",
+    "vit_jax.main",
+    "--config=configs/quickstart.py",
+    f"--workdir={workdir}",
+    *overrides,
+  ]
+  return subprocess.run(
+    cmd,
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+    env={**os.environ, "PYTHONPATH": REPO},
+  )
 
 
 def test_main_trains_a_few_steps_and_writes_checkpoint_and_events(tmp_path, digits_dir):
   workdir = tmp_path / "run"
-  proc = run_main(workdir, f"--config.data_dir={digits_dir}", "--config.total_steps=4",
-                  "--config.model.hidden_size=32", "--config.model.transformer.num_layers=1",
-                  "--config.model.transformer.mlp_dim=32", "--config.model.transformer.num_heads=2",
-                  "--config.pp.crop=8", "--config.batch=32", "--config.lr.warmup_steps=1",
-                  "--config.log_every=2",
-                  "--config.checkpoint_every=2", "--config.eval_every=100")
+  proc = run_main(
+    workdir,
+    f"--config.data_dir={digits_dir}",
+    "--config.total_steps=4",
+    "--config.model.hidden_size=32",
+    "--config.model.transformer.num_layers=1",
+    "--config.model.transformer.mlp_dim=32",
+    "--config.model.transformer.num_heads=2",
+    "--config.pp.crop=8",
+    "--config.batch=32",
+    "--config.lr.warmup_steps=1",
+    "--config.log_every=2",
+    "--config.checkpoint_every=2",
+    "--config.eval_every=100",
+  )
   assert proc.returncode == 0, failure_report(proc.stderr)
   assert "step 4/4 | loss" in proc.stderr and "img/s" in proc.stderr and "ETA" in proc.stderr
   assert "eval/accuracy" in proc.stderr
@@ -54,7 +76,8 @@ def test_unknown_config_key_fails_with_its_name(tmp_path):
 
 
 def test_resumed_run_continues_at_the_saved_step_with_identical_parameters(
-    tmp_path, tiny_config, monkeypatch):
+  tmp_path, tiny_config, monkeypatch
+):
   straight = train.train_and_evaluate(tiny_config, str(tmp_path / "straight"))
 
   real_iterator = data.train_iterator
@@ -73,8 +96,11 @@ def test_resumed_run_continues_at_the_saved_step_with_identical_parameters(
 
   monkeypatch.setattr(data, "train_iterator", real_iterator)
   starts = []
-  monkeypatch.setattr(data, "train_iterator", lambda *a, **kw: (
-      starts.append(kw.get("start_step")), real_iterator(*a, **kw))[1])
+  monkeypatch.setattr(
+    data,
+    "train_iterator",
+    lambda *a, **kw: (starts.append(kw.get("start_step")), real_iterator(*a, **kw))[1],
+  )
   resumed = train.train_and_evaluate(tiny_config, str(tmp_path / "resumed"))
   assert starts == [3]
   assert resumed["eval/accuracy"] == straight["eval/accuracy"]
@@ -101,9 +127,12 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, tiny
   trainer = train.Trainer(tiny_config, num_classes=10)
   manager = run_checkpoints.RunCheckpoints(str(workdir / "checkpoints"))
   # Flip bits in the newest step's stored arrays: Orbax alone would restore them silently.
-  data_files = [os.path.join(root, f) for root, _, files in os.walk(workdir / "checkpoints" / "6"
-                                                                    / "state")
-                for f in files if root.endswith("d")]
+  data_files = [
+    os.path.join(root, f)
+    for root, _, files in os.walk(workdir / "checkpoints" / "6" / "state")
+    for f in files
+    if root.endswith("d")
+  ]
   assert data_files
   for path in data_files:
     blob = bytearray(open(path, "rb").read())

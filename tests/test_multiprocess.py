@@ -10,6 +10,7 @@ One module fixture runs everything, two launches at a time (2 cores):
   2. The main job in 2 processes (distributed settings from flags) resumes a copy of the
      2-process FSDP run to step 6, beside a 2-process run whose process 1 dies.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,13 @@ def _free_port() -> int:
 
 def _env(devices: int, **extra: str) -> dict[str, str]:
   env = {k: v for k, v in os.environ.items() if not k.startswith("VIT_")}
-  env.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-             JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=REPO, **extra)
+  env.update(
+    XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+    JAX_PLATFORMS="cpu",
+    TF_CPP_MIN_LOG_LEVEL="3",
+    PYTHONPATH=REPO,
+    **extra,
+  )
   return env
 
 
@@ -58,8 +64,9 @@ class _Launch:
     self.procs = []
     for (cmd, env), log in zip(commands, self.logs):
       with open(log, "w") as f:
-        self.procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=f,
-                                           stderr=subprocess.STDOUT))
+        self.procs.append(
+          subprocess.Popen(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT)
+        )
     self.ended: list[Optional[float]] = [None] * len(commands)  # Seconds after start.
 
   def poll(self) -> bool:
@@ -117,10 +124,16 @@ def runs(tmp_path_factory, digits_dir):
   data.dataset_info(config)  # Builds digits once, before the processes read it.
 
   port = _free_port()
-  train = _Launch("train", root, _two_processes(
+  train = _Launch(
+    "train",
+    root,
+    _two_processes(
       lambda i: _worker("train", two, digits_dir),
-      lambda i: _env(2, VIT_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", VIT_NUM_PROCESSES="2",
-                     VIT_PROCESS_ID=str(i))))
+      lambda i: _env(
+        2, VIT_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", VIT_NUM_PROCESSES="2", VIT_PROCESS_ID=str(i)
+      ),
+    ),
+  )
   reference = _Launch("reference", root, [(_worker("reference", one, digits_dir), _env(4))])
   _wait(train, reference)
   train.check()
@@ -130,20 +143,41 @@ def runs(tmp_path_factory, digits_dir):
   resumed = os.path.join(root, "resumed")
   shutil.copytree(os.path.join(two, worker.RESUME_STRATEGY), resumed)
   port = _free_port()
-  resume = _Launch("resume", root, _two_processes(
-      lambda i: [sys.executable, "-m", "vit_jax.main",
-                 f"--config=tests/_multiprocess_worker.py:{worker.RESUME_STRATEGY}",
-                 f"--config.data_dir={digits_dir}",
-                 f"--config.total_steps={worker.RESUME_STEPS}", f"--workdir={resumed}",
-                 f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
-                 f"--process_id={i}", "--initialization_timeout=60",
-                 "--heartbeat_timeout=60"],
-      lambda i: _env(2)))
+  resume = _Launch(
+    "resume",
+    root,
+    _two_processes(
+      lambda i: [
+        sys.executable,
+        "-m",
+        "vit_jax.main",
+        f"--config=tests/_multiprocess_worker.py:{worker.RESUME_STRATEGY}",
+        f"--config.data_dir={digits_dir}",
+        f"--config.total_steps={worker.RESUME_STEPS}",
+        f"--workdir={resumed}",
+        f"--coordinator_address=127.0.0.1:{port}",
+        "--num_processes=2",
+        f"--process_id={i}",
+        "--initialization_timeout=60",
+        "--heartbeat_timeout=60",
+      ],
+      lambda i: _env(2),
+    ),
+  )
   die_port = _free_port()
-  die = _Launch("die", root, _two_processes(
+  die = _Launch(
+    "die",
+    root,
+    _two_processes(
       lambda i: _worker("die", os.path.join(root, "die"), digits_dir, str(HEARTBEAT)),
-      lambda i: _env(2, VIT_COORDINATOR_ADDRESS=f"127.0.0.1:{die_port}",
-                     VIT_NUM_PROCESSES="2", VIT_PROCESS_ID=str(i))))
+      lambda i: _env(
+        2,
+        VIT_COORDINATOR_ADDRESS=f"127.0.0.1:{die_port}",
+        VIT_NUM_PROCESSES="2",
+        VIT_PROCESS_ID=str(i),
+      ),
+    ),
+  )
   _wait(resume, die)
   resume.check()
 
@@ -153,24 +187,40 @@ def runs(tmp_path_factory, digits_dir):
     with open(os.path.join(out_dir, "metrics.json")) as f:
       return arrays, json.load(f)
 
-  return dict(root=root, two=two, one=one, resumed=resumed, results=load(two),
-              reference=load(one), resume=resume, die=die)
+  return dict(
+    root=root,
+    two=two,
+    one=one,
+    resumed=resumed,
+    results=load(two),
+    reference=load(one),
+    resume=resume,
+    die=die,
+  )
 
 
-@pytest.mark.parametrize("job_env,deactivated", [
+@pytest.mark.parametrize(
+  "job_env,deactivated",
+  [
     ({}, False),
     ({"SLURM_JOB_ID": "7", "SLURM_LOCALID": "0"}, True),
-    ({"OMPI_MCA_orte_hnp_uri": "1.0;tcp://10.0.0.1:1", "OMPI_COMM_WORLD_LOCAL_RANK": "0"},
-     True),
-])
-def test_explicit_settings_keep_all_local_devices_inside_a_job(monkeypatch, job_env,
-                                                               deactivated):
+    ({"OMPI_MCA_orte_hnp_uri": "1.0;tcp://10.0.0.1:1", "OMPI_COMM_WORLD_LOCAL_RANK": "0"}, True),
+  ],
+)
+def test_explicit_settings_keep_all_local_devices_inside_a_job(monkeypatch, job_env, deactivated):
   """Inside `srun`/`mpirun`, JAX's own detection would limit each process to the one
   device numbered by its local rank: one GPU per node for one process per node."""
   import jax  # pylint: disable=g-import-not-at-top
+
   from vit_jax import distributed  # pylint: disable=g-import-not-at-top
-  for name in ("SLURM_JOB_ID", "OMPI_MCA_orte_hnp_uri", "VIT_COORDINATOR_ADDRESS",
-               "VIT_NUM_PROCESSES", "VIT_PROCESS_ID"):
+
+  for name in (
+    "SLURM_JOB_ID",
+    "OMPI_MCA_orte_hnp_uri",
+    "VIT_COORDINATOR_ADDRESS",
+    "VIT_NUM_PROCESSES",
+    "VIT_PROCESS_ID",
+  ):
     monkeypatch.delenv(name, raising=False)
   for name, value in job_env.items():
     monkeypatch.setenv(name, value)
@@ -179,8 +229,9 @@ def test_explicit_settings_keep_all_local_devices_inside_a_job(monkeypatch, job_
   monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
   monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: calls.append(kw))
   distributed.initialize_distributed("10.0.0.1:1234", 2, 1, heartbeat_timeout=30)
-  expected = dict(coordinator_address="10.0.0.1:1234", num_processes=2, process_id=1,
-                  heartbeat_timeout_seconds=30)
+  expected = dict(
+    coordinator_address="10.0.0.1:1234", num_processes=2, process_id=1, heartbeat_timeout_seconds=30
+  )
   if deactivated:
     expected["cluster_detection_method"] = "deactivate"
   assert calls == [expected]
@@ -190,13 +241,16 @@ def test_global_train_batches_do_not_depend_on_the_process_count(digits_dir):
   """Rows [p * b, (p + 1) * b) of process p of P, stacked: the same batches for any P,
   also from a resume step; each process's first batch holds distinct examples."""
   from vit_jax.data import dataset, pipeline  # pylint: disable=g-import-not-at-top
+
   config = worker.get_config()
   config.data_dir = digits_dir
   ds = dataset.Dataset(dataset.Settings.from_config(config))
 
   def global_batches(processes: int, start: int, count: int) -> list[np.ndarray]:
-    streams = [pipeline.local_train_batches(ds, config.batch // processes, start, p,
-                                            processes) for p in range(processes)]
+    streams = [
+      pipeline.local_train_batches(ds, config.batch // processes, start, p, processes)
+      for p in range(processes)
+    ]
     return [np.concatenate([next(s)["image"] for s in streams]) for _ in range(count)]
 
   one = global_batches(1, 0, 100)  # 100 steps of 16: past the end of an epoch (1437).
@@ -209,7 +263,7 @@ def test_global_train_batches_do_not_depend_on_the_process_count(digits_dir):
 
 def _params(arrays: dict, run: str) -> dict[str, np.ndarray]:
   prefix = f"{run}/params/"
-  return {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+  return {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
 
 
 def _max_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
@@ -237,16 +291,23 @@ def test_two_processes_train_like_one(runs, strategy):
 def test_a_checkpoint_of_two_processes_reads_in_one(runs):
   arrays, _ = runs["results"]
   for strategy in worker.STRATEGIES:
-    stored = traverse_util.flatten_dict(run_checkpoints.read_params(
-        os.path.join(runs["two"], strategy, "checkpoints", str(worker.STEPS))), sep="/")
+    stored = traverse_util.flatten_dict(
+      run_checkpoints.read_params(
+        os.path.join(runs["two"], strategy, "checkpoints", str(worker.STEPS))
+      ),
+      sep="/",
+    )
     assert _max_diff(stored, _params(arrays, strategy)) == 0.0
 
 
 def test_only_process_zero_writes_events_and_config(runs):
   for strategy in worker.STRATEGIES:
     workdir = os.path.join(runs["two"], strategy)
-    events = [f for f in os.listdir(os.path.join(workdir, "tensorboard"))
-              if f.startswith("events.out.tfevents")]
+    events = [
+      f
+      for f in os.listdir(os.path.join(workdir, "tensorboard"))
+      if f.startswith("events.out.tfevents")
+    ]
     assert len(events) == 1, events
     with open(os.path.join(workdir, "config.json")) as f:
       assert json.load(f)["partitioning"] == strategy
@@ -262,8 +323,12 @@ def test_pretrained_parameters_load_into_fsdp_over_processes(runs):
 def test_main_resumes_at_the_saved_step_like_an_uninterrupted_run(runs):
   log = runs["resume"].output(0, chars=10**7)
   assert f"from step {worker.STEPS} to {worker.RESUME_STEPS}" in log, log[-3000:]
-  resumed = traverse_util.flatten_dict(run_checkpoints.read_params(
-      os.path.join(runs["resumed"], "checkpoints", str(worker.RESUME_STEPS))), sep="/")
+  resumed = traverse_util.flatten_dict(
+    run_checkpoints.read_params(
+      os.path.join(runs["resumed"], "checkpoints", str(worker.RESUME_STEPS))
+    ),
+    sep="/",
+  )
   straight = _params(runs["reference"][0], f"{worker.RESUME_STRATEGY}_straight")
   assert _max_diff(resumed, straight) <= ATOL
 

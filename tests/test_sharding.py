@@ -1,4 +1,5 @@
 """vit_jax.sharding: the mesh, the logical rules, state shardings (also on 8 fake devices)."""
+
 from __future__ import annotations
 
 import flax.linen as nn
@@ -6,14 +7,15 @@ import jax
 import jax.numpy as jnp
 import optax
 import pytest
-from jax.sharding import AxisType, PartitionSpec as P
+from jax.sharding import AxisType
+from jax.sharding import PartitionSpec as P
 
 from tests import fresh_python
 from vit_jax import sharding
 from vit_jax.models import create_model, get_model_config
 
-
 # ----------------------------------------------------------------------------- mesh
+
 
 def test_make_mesh_single_device():
   for axes in ({"data": -1, "model": 1}, (("data", -1), ("model", 1)), [("data", 1)]):
@@ -26,13 +28,16 @@ def test_make_mesh_single_device():
   assert sharding.batch_sharding(mesh).spec == P("data")
 
 
-@pytest.mark.parametrize("axes,match", [
+@pytest.mark.parametrize(
+  "axes,match",
+  [
     ({"data": 2, "model": 1}, r"multiply to 2 but there are 1 devices"),
     ({"data": -1, "model": 3}, r"multiply to 3.*1 devices"),
     ({"data": -1, "model": -1}, r"at most one -1"),
     ({"data": 0}, r"positive"),
     ([("data", 1), ("data", 1)], r"repeat a name"),
-])
+  ],
+)
 def test_make_mesh_errors(axes, match):
   with pytest.raises(ValueError, match=match):
     sharding.make_mesh(axes)
@@ -44,6 +49,7 @@ def test_batch_sharding_needs_a_data_axis():
 
 
 # ----------------------------------------------------------------------------- rules
+
 
 def test_rules_per_strategy():
   assert sharding.STRATEGIES == ("data_parallel", "fsdp", "tensor_parallel")
@@ -82,8 +88,13 @@ def test_unknown_strategy():
 def _init_fn(model, tx):
   def init(rng):
     params = model.init({"params": rng}, jnp.zeros((1, 8, 8, 3)))["params"]
-    return {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32),
-            "rng": rng}
+    return {
+      "params": params,
+      "opt_state": tx.init(params),
+      "step": jnp.zeros((), jnp.int32),
+      "rng": rng,
+    }
+
   return init
 
 
@@ -103,8 +114,7 @@ def test_state_shardings_single_device_mesh():
 
 def test_missing_mesh_axis_is_replicated_and_logged_once(caplog):
   model = create_model(get_model_config("testing"), num_classes=10)
-  abstract = jax.eval_shape(_init_fn(model, optax.sgd(0.1, momentum=0.9)),
-                            jax.random.PRNGKey(0))
+  abstract = jax.eval_shape(_init_fn(model, optax.sgd(0.1, momentum=0.9)), jax.random.PRNGKey(0))
   mesh = sharding.make_mesh({"data": -1})  # no 'model' axis for tensor_parallel
   with caplog.at_level("WARNING"):
     shardings = sharding.state_shardings(abstract, mesh, "tensor_parallel")
@@ -192,8 +202,9 @@ def test_eight_device_mesh(eight):
   assert "multiply to 3" in eight["mesh_error"] and "8 devices" in eight["mesh_error"]
 
 
-@pytest.mark.parametrize("case", ["fsdp", "fsdp_2d", "tensor_parallel",
-                                  "tensor_parallel_3heads", "data_parallel"])
+@pytest.mark.parametrize(
+  "case", ["fsdp", "fsdp_2d", "tensor_parallel", "tensor_parallel_3heads", "data_parallel"]
+)
 def test_state_shardings_and_jit(eight, case):
   result = eight[case]
   if "actual" in result:  # jax.jit(init, out_shardings=...) produced exactly these

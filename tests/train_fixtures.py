@@ -1,9 +1,9 @@
 """Configs and batches shared by the training tests and their subprocess scripts."""
+
 import ml_collections
 import numpy as np
 
-from configs import common
-from configs import quickstart
+from configs import common, quickstart
 from vit_jax.models import get_model_config
 
 
@@ -31,8 +31,9 @@ def step_config() -> ml_collections.ConfigDict:
   return config
 
 
-def fixed_batch(n: int = 16, image_size: int = 8, num_classes: int = 10,
-                seed: int = 0) -> dict[str, np.ndarray]:
+def fixed_batch(
+  n: int = 16, image_size: int = 8, num_classes: int = 10, seed: int = 0
+) -> dict[str, np.ndarray]:
   rng = np.random.default_rng(seed)
   images = rng.uniform(-1, 1, (n, image_size, image_size, 3)).astype(np.float32)
   labels = np.eye(num_classes, dtype=np.float32)[rng.integers(0, num_classes, n)]

@@ -6,14 +6,15 @@ step, Open MPI) and starts `jax.distributed`; in a single process it does nothin
 run before anything else touches a JAX backend (any device query starts one), which is why
 `vit_jax.main` calls it first and why `vit_jax.sharding` queries no device at import time.
 """
+
 from __future__ import annotations
 
 import inspect
 import os
 from typing import Any, Optional
 
-from absl import logging
 import jax
+from absl import logging
 
 _ENV_COORDINATOR = "VIT_COORDINATOR_ADDRESS"
 _ENV_NUM_PROCESSES = "VIT_NUM_PROCESSES"
@@ -32,8 +33,10 @@ def _env_int(name: str) -> Optional[int]:
   try:
     return int(value)
   except ValueError:
-    raise ValueError(f"Environment variable {name}={value!r} is not an integer: set it to "
-                     "a whole number or unset it.") from None
+    raise ValueError(
+      f"Environment variable {name}={value!r} is not an integer: set it to "
+      "a whole number or unset it."
+    ) from None
 
 
 def _on_cloud_tpu_vm() -> bool:
@@ -46,8 +49,10 @@ def _on_cloud_tpu_vm() -> bool:
     from jax._src import cloud_tpu_init  # pylint: disable=g-import-not-at-top
   except ImportError:
     return False
-  return (bool(getattr(cloud_tpu_init, "running_in_cloud_tpu_vm", False))
-          and "TPU_SKIP_MDS_QUERY" not in os.environ)
+  return (
+    bool(getattr(cloud_tpu_init, "running_in_cloud_tpu_vm", False))
+    and "TPU_SKIP_MDS_QUERY" not in os.environ
+  )
 
 
 def _detect_cluster() -> Optional[str]:
@@ -65,25 +70,27 @@ def _detect_cluster() -> Optional[str]:
     # JAX reads the workers from the metadata server (one worker: a 1-process run).
     return "Cloud TPU VM"
   # SLURM_STEP_NODELIST exists only inside an `srun` step, which is what JAX reads.
-  if ("SLURM_JOB_ID" in env and "SLURM_STEP_NODELIST" in env
-      and (_env_int("SLURM_NTASKS") or 1) > 1):
+  if "SLURM_JOB_ID" in env and "SLURM_STEP_NODELIST" in env and (_env_int("SLURM_NTASKS") or 1) > 1:
     return "SLURM"
   if (_env_int("OMPI_COMM_WORLD_SIZE") or 1) > 1:
     if "OMPI_MCA_orte_hnp_uri" not in env:
       raise ValueError(
-          f"Open MPI launch with OMPI_COMM_WORLD_SIZE={env['OMPI_COMM_WORLD_SIZE']} but no "
-          "OMPI_MCA_orte_hnp_uri (Open MPI 5 / PRRTE), which JAX cannot auto-detect: set "
-          f"{_ENV_COORDINATOR}, {_ENV_NUM_PROCESSES} and {_ENV_PROCESS_ID} (or pass "
-          "--coordinator_address, --num_processes, --process_id).")
+        f"Open MPI launch with OMPI_COMM_WORLD_SIZE={env['OMPI_COMM_WORLD_SIZE']} but no "
+        "OMPI_MCA_orte_hnp_uri (Open MPI 5 / PRRTE), which JAX cannot auto-detect: set "
+        f"{_ENV_COORDINATOR}, {_ENV_NUM_PROCESSES} and {_ENV_PROCESS_ID} (or pass "
+        "--coordinator_address, --num_processes, --process_id)."
+      )
     return "Open MPI"
   return None
 
 
-def initialize_distributed(coordinator_address: Optional[str] = None,
-                           num_processes: Optional[int] = None,
-                           process_id: Optional[int] = None,
-                           initialization_timeout: Optional[int] = None,
-                           heartbeat_timeout: Optional[int] = None) -> None:
+def initialize_distributed(
+  coordinator_address: Optional[str] = None,
+  num_processes: Optional[int] = None,
+  process_id: Optional[int] = None,
+  initialization_timeout: Optional[int] = None,
+  heartbeat_timeout: Optional[int] = None,
+) -> None:
   """Starts `jax.distributed` when this is a multi-process run; otherwise does nothing.
 
   Order of precedence: the arguments; else the env vars `VIT_COORDINATOR_ADDRESS`,
@@ -116,27 +123,38 @@ def initialize_distributed(coordinator_address: Optional[str] = None,
     kwargs["initialization_timeout"] = int(initialization_timeout)
   if heartbeat_timeout is not None:
     params = inspect.signature(jax.distributed.initialize).parameters
-    if ("heartbeat_timeout_seconds" not in params
-        and not any(p.kind is p.VAR_KEYWORD for p in params.values())):
-      raise ValueError(f"heartbeat_timeout={heartbeat_timeout}: this JAX "
-                       f"({jax.__version__}) has no heartbeat_timeout_seconds; upgrade JAX "
-                       "or leave it unset.")
+    if "heartbeat_timeout_seconds" not in params and not any(
+      p.kind is p.VAR_KEYWORD for p in params.values()
+    ):
+      raise ValueError(
+        f"heartbeat_timeout={heartbeat_timeout}: this JAX "
+        f"({jax.__version__}) has no heartbeat_timeout_seconds; upgrade JAX "
+        "or leave it unset."
+      )
     kwargs["heartbeat_timeout_seconds"] = int(heartbeat_timeout)
 
   explicit = (coordinator_address, num_processes, process_id)
   if any(v is not None for v in explicit):
     cluster = None if None not in explicit else _detect_cluster()
     if cluster is None and None in explicit:
-      missing = [name for name, v in zip((_ENV_COORDINATOR, _ENV_NUM_PROCESSES,
-                                          _ENV_PROCESS_ID), explicit) if v is None]
+      missing = [
+        name
+        for name, v in zip((_ENV_COORDINATOR, _ENV_NUM_PROCESSES, _ENV_PROCESS_ID), explicit)
+        if v is None
+      ]
       raise ValueError(
-          f"Incomplete multi-process settings: coordinator_address={coordinator_address!r}, "
-          f"num_processes={num_processes!r}, process_id={process_id!r}. Outside a cluster "
-          f"JAX can detect, give all three (missing: {', '.join(missing)}; or the "
-          "--coordinator_address/--num_processes/--process_id flags).")
-    logging.info("initialize_distributed: explicit coordinator=%s num_processes=%s "
-                 "process_id=%s%s.", coordinator_address, num_processes, process_id,
-                 f" (rest from {cluster})" if cluster and None in explicit else "")
+        f"Incomplete multi-process settings: coordinator_address={coordinator_address!r}, "
+        f"num_processes={num_processes!r}, process_id={process_id!r}. Outside a cluster "
+        f"JAX can detect, give all three (missing: {', '.join(missing)}; or the "
+        "--coordinator_address/--num_processes/--process_id flags)."
+      )
+    logging.info(
+      "initialize_distributed: explicit coordinator=%s num_processes=%s process_id=%s%s.",
+      coordinator_address,
+      num_processes,
+      process_id,
+      f" (rest from {cluster})" if cluster and None in explicit else "",
+    )
     if None not in explicit and any(k in os.environ for k in _LOCAL_DEVICE_CLUSTERS):
       # Complete explicit settings inside a SLURM step or an Open MPI job: JAX would still
       # detect the job and keep one device per process (number SLURM_LOCALID / local
@@ -144,18 +162,25 @@ def initialize_distributed(coordinator_address: Optional[str] = None,
       # means all local devices (restrict with JAX_LOCAL_DEVICE_IDS or
       # CUDA_VISIBLE_DEVICES).
       kwargs["cluster_detection_method"] = "deactivate"
-    jax.distributed.initialize(coordinator_address=coordinator_address,
-                               num_processes=num_processes, process_id=process_id, **kwargs)
+    jax.distributed.initialize(
+      coordinator_address=coordinator_address,
+      num_processes=num_processes,
+      process_id=process_id,
+      **kwargs,
+    )
   else:
     cluster = _detect_cluster()
     if cluster is None:
       logging.info("initialize_distributed: no multi-process settings; single process.")
       _initialized = True
       return
-    logging.info("initialize_distributed: %s detected; JAX auto-detects the processes.",
-                 cluster)
+    logging.info("initialize_distributed: %s detected; JAX auto-detects the processes.", cluster)
     jax.distributed.initialize(**kwargs)
   _initialized = True
-  logging.info("initialize_distributed: process %d of %d, %d local / %d global devices.",
-               jax.process_index(), jax.process_count(), jax.local_device_count(),
-               jax.device_count())
+  logging.info(
+    "initialize_distributed: process %d of %d, %d local / %d global devices.",
+    jax.process_index(),
+    jax.process_count(),
+    jax.local_device_count(),
+    jax.device_count(),
+  )

@@ -6,6 +6,7 @@ read per save, none on other steps). A non-finite value stops the run with one
 `DivergenceError` before anything non-finite is saved, so the saved steps stay the last
 good ones and retention keeps them.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,8 +41,9 @@ class Guard:
         raise self._error(step, f"{key}={metrics[key]}")
     self.last_good = step
 
-  def check_before_save(self, step: int, step_metrics: Mapping[str, jax.Array],
-                        params: Any) -> None:
+  def check_before_save(
+    self, step: int, step_metrics: Mapping[str, jax.Array], params: Any
+  ) -> None:
     """``check`` of the step's device metrics, and every parameter finite; then it may save."""
     values, finite = jax.device_get(({k: step_metrics[k] for k in CHECKED}, _all_finite(params)))
     self.check(step, {k: float(v) for k, v in values.items()})
@@ -51,14 +53,21 @@ class Guard:
 
   def _error(self, step: int, what: str) -> errors.DivergenceError:
     c = self._config
-    good = (f"the last step checked finite is {self.last_good}" if self.last_good is not None
-            else "no step was checked finite")
-    saved = (f"the last saved step is {self.last_saved} (kept; the run resumes from it)"
-             if self.last_saved is not None else "no step was saved")
+    good = (
+      f"the last step checked finite is {self.last_good}"
+      if self.last_good is not None
+      else "no step was checked finite"
+    )
+    saved = (
+      f"the last saved step is {self.last_saved} (kept; the run resumes from it)"
+      if self.last_saved is not None
+      else "no step was saved"
+    )
     return errors.DivergenceError(
-        f"Training diverged at step {step}: {what}; {good}, {saved}. Nothing non-finite was "
-        f"saved. Try a lower config.lr.base (now {c.lr.base}) or more "
-        f"config.lr.warmup_steps (now {c.lr.warmup_steps}), a smaller "
-        f"config.optim.grad_clip_norm (now {c.optim.grad_clip_norm}), or float32 for "
-        f"config.model.dtype (now {c.model.dtype!r}) and config.optim.momentum_dtype "
-        f"(now {c.optim.momentum_dtype!r}).")
+      f"Training diverged at step {step}: {what}; {good}, {saved}. Nothing non-finite was "
+      f"saved. Try a lower config.lr.base (now {c.lr.base}) or more "
+      f"config.lr.warmup_steps (now {c.lr.warmup_steps}), a smaller "
+      f"config.optim.grad_clip_norm (now {c.optim.grad_clip_norm}), or float32 for "
+      f"config.model.dtype (now {c.model.dtype!r}) and config.optim.momentum_dtype "
+      f"(now {c.optim.momentum_dtype!r})."
+    )

@@ -4,6 +4,7 @@
 `--verbosity=1`) and exits with status 2. Each subclass also derives from the built-in
 type that callers caught before (ValueError, FileNotFoundError), so they keep working.
 """
+
 from __future__ import annotations
 
 import errno
@@ -45,16 +46,29 @@ class OutOfMemoryError(UserError):
 
 
 _BYTES = re.compile(r"allocat\w*\s+(\d[\d.]*)\s*([KMGT]i?B|bytes|B)\b", re.IGNORECASE)
-_UNITS = {"b": 1, "bytes": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10,
-          "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_UNITS = {
+  "b": 1,
+  "bytes": 1,
+  "kb": 1e3,
+  "mb": 1e6,
+  "gb": 1e9,
+  "tb": 1e12,
+  "kib": 2**10,
+  "mib": 2**20,
+  "gib": 2**30,
+  "tib": 2**40,
+}
 
 
 def is_out_of_disk(e: BaseException) -> bool:
   """Whether ``e`` (or what it wraps) is a write that failed for lack of disk space."""
   while e is not None:
     text = str(e)
-    if (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left" in text or (
-        "RESOURCE_EXHAUSTED" in text and "writ" in text.lower()):
+    if (
+      (isinstance(e, OSError) and e.errno == errno.ENOSPC)
+      or "No space left" in text
+      or ("RESOURCE_EXHAUSTED" in text and "writ" in text.lower())
+    ):
       return True
     e = e.__cause__ or e.__context__
   return False
@@ -63,8 +77,11 @@ def is_out_of_disk(e: BaseException) -> bool:
 def is_out_of_memory(e: BaseException) -> bool:
   """Whether ``e`` is XLA's failure to allocate device memory."""
   text = str(e)
-  return "RESOURCE_EXHAUSTED" in text and not is_out_of_disk(e) and (
-      "memory" in text.lower() or "allocat" in text.lower())
+  return (
+    "RESOURCE_EXHAUSTED" in text
+    and not is_out_of_disk(e)
+    and ("memory" in text.lower() or "allocat" in text.lower())
+  )
 
 
 def out_of_disk(directory: str, needed_bytes: Optional[int] = None) -> OutOfDiskError:
@@ -75,9 +92,10 @@ def out_of_disk(directory: str, needed_bytes: Optional[int] = None) -> OutOfDisk
     free = "free space unknown"
   need = f"needs about {needed_bytes:,} bytes" if needed_bytes else "needs more space"
   return OutOfDiskError(
-      f"Out of disk space writing to {directory} ({free}; a checkpoint step of this run "
-      f"{need}). Free space there or use a --workdir on a larger disk, then run the same "
-      "command again: it resumes from the last complete step.")
+    f"Out of disk space writing to {directory} ({free}; a checkpoint step of this run "
+    f"{need}). Free space there or use a --workdir on a larger disk, then run the same "
+    "command again: it resumes from the last complete step."
+  )
 
 
 def out_of_memory(e: BaseException, config: Any) -> OutOfMemoryError:
@@ -87,13 +105,16 @@ def out_of_memory(e: BaseException, config: Any) -> OutOfMemoryError:
   if match:
     size = float(match.group(1)) * _UNITS[match.group(2).lower()]
     need = f"{size / 2**30:.2f} GiB ({int(size):,} bytes) in one allocation, which did not fit"
-  first = next((line for line in str(e).splitlines() if "RESOURCE_EXHAUSTED" in line),
-               str(e).splitlines()[0] if str(e) else "")
+  first = next(
+    (line for line in str(e).splitlines() if "RESOURCE_EXHAUSTED" in line),
+    str(e).splitlines()[0] if str(e) else "",
+  )
   return OutOfMemoryError(
-      f"Out of device memory: the step needs {need} (XLA: {first.strip()[:200]}). Lower "
-      f"config.batch (now {config.batch}), raise config.accum_steps (now "
-      f"{config.accum_steps}; 'auto' picks one that fits), or set config.model.remat=True "
-      f"(now {config.model.remat}).")
+    f"Out of device memory: the step needs {need} (XLA: {first.strip()[:200]}). Lower "
+    f"config.batch (now {config.batch}), raise config.accum_steps (now "
+    f"{config.accum_steps}; 'auto' picks one that fits), or set config.model.remat=True "
+    f"(now {config.model.remat})."
+  )
 
 
 def as_user_error(e: BaseException, *, workdir: str, config: Any) -> Optional[UserError]:

@@ -16,6 +16,7 @@ Every format but hf also gets labels.txt (one class name per line). The files ar
 written into a new folder beside DIR that is renamed to DIR at the end: a failure leaves
 nothing in DIR. DIR must not exist or be empty. No torch is needed (safetensors' numpy API).
 """
+
 from __future__ import annotations
 
 import os
@@ -24,14 +25,11 @@ import tempfile
 from typing import Callable, Optional, Sequence
 
 import jax.numpy as jnp
-from absl import app
-from absl import flags
-from absl import logging
+from absl import app, flags, logging
 
 from vit_jax import checkpoint
 from vit_jax.interop import hf as hf_lib
-from vit_jax.interop import loader
-from vit_jax.interop import serving
+from vit_jax.interop import loader, serving
 from vit_jax.interop import timm as timm_lib
 
 FORMATS = ("hf", "timm", "saved_model", "stablehlo", "npz")
@@ -39,20 +37,30 @@ LABELS_FILE = "labels.txt"
 NPZ_FILE = "model.npz"
 
 
-def _writer(model: loader.LoadedModel, fmt: str, labels: Optional[str],
-            resolution: Optional[int]) -> Callable[[str], None]:
+def _writer(
+  model: loader.LoadedModel, fmt: str, labels: Optional[str], resolution: Optional[int]
+) -> Callable[[str], None]:
   """Checks that ``model`` can be written as ``fmt``; returns what writes it into a folder."""
   module = model.module(dtype=jnp.float32)
   params = model.params
   names = loader.class_names(labels, model)
   size = loader.image_size(model, resolution)
   if fmt == "hf":
-    files = hf_lib.to_hf(params, model.config, gelu_approximate=module.gelu_approximate,
-                         image_size=size, class_names=names)
+    files = hf_lib.to_hf(
+      params,
+      model.config,
+      gelu_approximate=module.gelu_approximate,
+      image_size=size,
+      class_names=names,
+    )
     return lambda d: hf_lib.write_dir(d, *files)
   if fmt == "timm":
-    spec = timm_lib.model_spec(model.config, num_classes=model.num_classes,
-                               gelu_approximate=module.gelu_approximate, image_size=size)
+    spec = timm_lib.model_spec(
+      model.config,
+      num_classes=model.num_classes,
+      gelu_approximate=module.gelu_approximate,
+      image_size=size,
+    )
     tensors = timm_lib.to_timm(params, model.config)
     write = lambda d: timm_lib.write_dir(d, tensors, spec)
   elif fmt == "saved_model":
@@ -69,25 +77,42 @@ def _writer(model: loader.LoadedModel, fmt: str, labels: Optional[str],
     if names:
       with open(os.path.join(directory, LABELS_FILE), "w") as f:
         f.write("\n".join(names) + "\n")
+
   return write_with_labels
 
 
-def export(checkpoint_path: str, fmt: str, out: str, *, model_name: Optional[str] = None,
-           labels: Optional[str] = None, resolution: Optional[int] = None) -> None:
+def export(
+  checkpoint_path: str,
+  fmt: str,
+  out: str,
+  *,
+  model_name: Optional[str] = None,
+  labels: Optional[str] = None,
+  resolution: Optional[int] = None,
+) -> None:
   """Writes the model at ``checkpoint_path`` as ``fmt`` into the new folder ``out``."""
   _check_out(out)
-  export_model(loader.load(checkpoint_path, model_name), fmt, out, labels=labels,
-               resolution=resolution)
+  export_model(
+    loader.load(checkpoint_path, model_name), fmt, out, labels=labels, resolution=resolution
+  )
 
 
 def _check_out(out: str) -> None:
   if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
-    raise FileExistsError(f"--out={out!r} exists and is not an empty folder: choose a new "
-                          "path (nothing is overwritten).")
+    raise FileExistsError(
+      f"--out={out!r} exists and is not an empty folder: choose a new "
+      "path (nothing is overwritten)."
+    )
 
 
-def export_model(model: loader.LoadedModel, fmt: str, out: str, *,
-                 labels: Optional[str] = None, resolution: Optional[int] = None) -> None:
+def export_model(
+  model: loader.LoadedModel,
+  fmt: str,
+  out: str,
+  *,
+  labels: Optional[str] = None,
+  resolution: Optional[int] = None,
+) -> None:
   """Writes a loaded model as ``fmt`` into the new folder ``out``."""
   out = os.path.abspath(out)
   _check_out(out)
@@ -108,16 +133,32 @@ def export_model(model: loader.LoadedModel, fmt: str, out: str, *,
 def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
   """The command's flags (defined only when run as a command: `vit_jax.predict` has some
   of the same names)."""
-  flags.DEFINE_string("checkpoint", None, "An official-layout .npz, a training run or a "
-                      "Hugging Face ViT directory.", flag_values=values)
+  flags.DEFINE_string(
+    "checkpoint",
+    None,
+    "An official-layout .npz, a training run or a Hugging Face ViT directory.",
+    flag_values=values,
+  )
   flags.DEFINE_enum("format", None, FORMATS, "What to write.", flag_values=values)
   flags.DEFINE_string("out", None, "A new (or empty) folder for the files.", flag_values=values)
-  flags.DEFINE_string("model", None, "An official variant name for an .npz; default: "
-                      "inferred from the array shapes.", flag_values=values)
-  flags.DEFINE_string("labels", None, "'imagenet2012' or a file of class names; default as "
-                      "in vit_jax.predict.", flag_values=values)
-  flags.DEFINE_integer("resolution", None, "Input size, for models without learned position "
-                       "embeddings.", flag_values=values)
+  flags.DEFINE_string(
+    "model",
+    None,
+    "An official variant name for an .npz; default: inferred from the array shapes.",
+    flag_values=values,
+  )
+  flags.DEFINE_string(
+    "labels",
+    None,
+    "'imagenet2012' or a file of class names; default as in vit_jax.predict.",
+    flag_values=values,
+  )
+  flags.DEFINE_integer(
+    "resolution",
+    None,
+    "Input size, for models without learned position embeddings.",
+    flag_values=values,
+  )
   flags.mark_flags_as_required(["checkpoint", "format", "out"], flag_values=values)
 
 
@@ -125,8 +166,14 @@ def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   values = flags.FLAGS
-  export(values.checkpoint, values.format, values.out, model_name=values.model,
-         labels=values.labels, resolution=values.resolution)
+  export(
+    values.checkpoint,
+    values.format,
+    values.out,
+    model_name=values.model,
+    labels=values.labels,
+    resolution=values.resolution,
+  )
 
 
 if __name__ == "__main__":

@@ -9,21 +9,20 @@ memory) prints one message, without a traceback (it is logged with `--verbosity=
 exits with status 2. `run(argv)` is the whole job, callable in-process; it returns the
 exit status.
 """
+
 from __future__ import annotations
 
 import difflib
-import logging as std_logging
+import logging as std_logging  # noqa: TID251 (filters the std records absl forwards)
 import os
 import sys
 from typing import Any, Optional, Sequence
 
 import ml_collections
-from absl import flags
-from absl import logging
+from absl import flags, logging
 from ml_collections import config_flags
 
-from vit_jax import distributed
-from vit_jax import errors
+from vit_jax import distributed, errors
 
 USER_ERROR_STATUS = 2
 
@@ -31,27 +30,45 @@ USER_ERROR_STATUS = 2
 def _define_flags(flag_values: flags.FlagValues, argv: Sequence[str]) -> dict[str, Any]:
   """The job's flags, and absl's logging flags (--verbosity, --log_dir, ...), on ``flag_values``."""
   holders = dict(
-      config=config_flags.DEFINE_config_file(
-          "config", None, "Experiment config file, e.g. configs/quickstart.py or "
-          "configs/vit.py:b16,cifar10.", flag_values=flag_values, lock_config=True,
-          sys_argv=list(argv)),
-      workdir=flags.DEFINE_string(
-          "workdir", None, "Where checkpoints, TensorBoard events and config.json go; an "
-          "existing run there is resumed.", flag_values=flag_values),
-      coordinator_address=flags.DEFINE_string(
-          "coordinator_address", None, "host:port of process 0 for a multi-process run.",
-          flag_values=flag_values),
-      num_processes=flags.DEFINE_integer(
-          "num_processes", None, "Processes in a multi-process run.", flag_values=flag_values),
-      process_id=flags.DEFINE_integer(
-          "process_id", None, "This process's index in the run.", flag_values=flag_values),
-      initialization_timeout=flags.DEFINE_integer(
-          "initialization_timeout", None, "Seconds to wait for every process to join.",
-          flag_values=flag_values),
-      heartbeat_timeout=flags.DEFINE_integer(
-          "heartbeat_timeout", None, "Seconds after which a silent (dead) process ends the "
-          "run with an error on every other process (JAX's default: 100).",
-          flag_values=flag_values),
+    config=config_flags.DEFINE_config_file(
+      "config",
+      None,
+      "Experiment config file, e.g. configs/quickstart.py or configs/vit.py:b16,cifar10.",
+      flag_values=flag_values,
+      lock_config=True,
+      sys_argv=list(argv),
+    ),
+    workdir=flags.DEFINE_string(
+      "workdir",
+      None,
+      "Where checkpoints, TensorBoard events and config.json go; an existing run there is resumed.",
+      flag_values=flag_values,
+    ),
+    coordinator_address=flags.DEFINE_string(
+      "coordinator_address",
+      None,
+      "host:port of process 0 for a multi-process run.",
+      flag_values=flag_values,
+    ),
+    num_processes=flags.DEFINE_integer(
+      "num_processes", None, "Processes in a multi-process run.", flag_values=flag_values
+    ),
+    process_id=flags.DEFINE_integer(
+      "process_id", None, "This process's index in the run.", flag_values=flag_values
+    ),
+    initialization_timeout=flags.DEFINE_integer(
+      "initialization_timeout",
+      None,
+      "Seconds to wait for every process to join.",
+      flag_values=flag_values,
+    ),
+    heartbeat_timeout=flags.DEFINE_integer(
+      "heartbeat_timeout",
+      None,
+      "Seconds after which a silent (dead) process ends the "
+      "run with an error on every other process (JAX's default: 100).",
+      flag_values=flag_values,
+    ),
   )
   for flag in flags.FLAGS.flags_by_module_dict().get(logging.__name__, []):
     flags.DEFINE_flag(flag, flag_values)
@@ -71,17 +88,21 @@ def _config_keys(config: Any, prefix: str = "") -> list[str]:
 def _unknown_key_message(argv: Sequence[str]) -> Optional[str]:
   """The message for the first `--config.<key>` of ``argv`` the config has no field for."""
   config_args = [a for a in argv if a.startswith("--config=")]
-  overrides = [a[len("--config."):].split("=")[0] for a in argv if a.startswith("--config.")]
+  overrides = [a[len("--config.") :].split("=")[0] for a in argv if a.startswith("--config.")]
   flag_values = flags.FlagValues()
-  base = config_flags.DEFINE_config_file("config", None, "", flag_values=flag_values,
-                                         sys_argv=[argv[0], *config_args])
+  base = config_flags.DEFINE_config_file(
+    "config", None, "", flag_values=flag_values, sys_argv=[argv[0], *config_args]
+  )
   flag_values([argv[0], *config_args])
   valid = _config_keys(base.value)
   for key in overrides:
     if key not in valid:
       close = difflib.get_close_matches(key, valid, n=3, cutoff=0.5)
-      hint = (f"closest valid keys: {', '.join(close)}" if close else
-              f"valid top-level keys: {', '.join(k for k in valid if '.' not in k)}")
+      hint = (
+        f"closest valid keys: {', '.join(close)}"
+        if close
+        else f"valid top-level keys: {', '.join(k for k in valid if '.' not in k)}"
+      )
       return f"Unknown config key {key!r} (--config.{key}); {hint}."
   return None
 
@@ -144,10 +165,15 @@ def run(argv: Sequence[str]) -> int:
   config, workdir = values["config"], values["workdir"]
   try:
     distributed.initialize_distributed(
-        values["coordinator_address"], values["num_processes"], values["process_id"],
-        values["initialization_timeout"], values["heartbeat_timeout"])
+      values["coordinator_address"],
+      values["num_processes"],
+      values["process_id"],
+      values["initialization_timeout"],
+      values["heartbeat_timeout"],
+    )
     # Imported after start-up: nothing may touch JAX's backends before it.
     from vit_jax import train  # pylint: disable=g-import-not-at-top
+
     metrics = train.train_and_evaluate(config, workdir)
   except Exception as e:  # pylint: disable=broad-except
     user_error = errors.as_user_error(e, workdir=workdir, config=config)

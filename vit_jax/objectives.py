@@ -7,6 +7,7 @@ Each objective has ``model``, ``encoder`` (the `VisionTransformer` whose paramet
 trains), ``init(rng, images)``, ``loss(params, batch, rng)`` (the mean over the batch, for
 `train.train_step`) and ``eval_step(params, batch)`` (sums for `evaluate.evaluate`).
 """
+
 from __future__ import annotations
 
 from typing import Any, Union
@@ -15,9 +16,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from vit_jax import evaluate
-from vit_jax import losses
-from vit_jax import mpp
+from vit_jax import evaluate, losses, mpp
 from vit_jax.models import VisionTransformer, create_model
 
 OBJECTIVES: tuple[str, ...] = ("classification", "mpp")
@@ -37,8 +36,7 @@ class Classification:
     return self.model.init({"params": rng}, images)["params"]
 
   def loss(self, params: Any, batch: Batch, rng: jax.Array) -> jax.Array:
-    logits = self.model.apply({"params": params}, batch["image"], train=True,
-                              rngs={"dropout": rng})
+    logits = self.model.apply({"params": params}, batch["image"], train=True, rngs={"dropout": rng})
     return jnp.mean(losses.per_example_loss(logits, batch["label"], self.loss_kind))
 
   def eval_step(self, params: Any, batch: Batch) -> dict[str, jax.Array]:
@@ -54,5 +52,4 @@ def make(config: ml_collections.ConfigDict, num_classes: int) -> Objective:
     return Classification(create_model(config.model, num_classes=num_classes), config.loss)
   if config.objective == "mpp":
     return mpp.Objective(config)
-  raise ValueError(f"Unknown config.objective={config.objective!r}; choose one of "
-                   f"{OBJECTIVES}.")
+  raise ValueError(f"Unknown config.objective={config.objective!r}; choose one of {OBJECTIVES}.")

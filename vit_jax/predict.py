@@ -10,6 +10,7 @@ image resized bilinearly to the model's resolution, values in [-1, 1]) and class
 jitted batches. A file that cannot be decoded is reported on stderr and skipped.
 Output: one line per image, ``FILE<TAB>label:probability ...``, or JSON lines.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,9 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import tensorflow as tf
-from absl import app
-from absl import flags
-from absl import logging
+from absl import app, flags, logging
 
 from vit_jax.data import preprocess
 from vit_jax.interop import loader
@@ -42,9 +41,12 @@ class Prediction:
     return self.path + "\t" + " ".join(f"{label}:{p:.4f}" for label, p in self.top)
 
   def json(self) -> str:
-    return json.dumps({"file": self.path,
-                       "top_k": [{"label": label, "probability": round(p, 6)}
-                                 for label, p in self.top]})
+    return json.dumps(
+      {
+        "file": self.path,
+        "top_k": [{"label": label, "probability": round(p, 6)} for label, p in self.top],
+      }
+    )
 
 
 def image_files(paths: Iterable[str]) -> list[str]:
@@ -54,8 +56,9 @@ def image_files(paths: Iterable[str]) -> list[str]:
     if os.path.isdir(path):
       for root, dirs, names in os.walk(path):
         dirs.sort()
-        files.extend(os.path.join(root, n) for n in sorted(names)
-                     if n.lower().endswith(IMAGE_EXTENSIONS))
+        files.extend(
+          os.path.join(root, n) for n in sorted(names) if n.lower().endswith(IMAGE_EXTENSIONS)
+        )
     else:
       files.append(path)
   return files
@@ -64,11 +67,14 @@ def image_files(paths: Iterable[str]) -> list[str]:
 class Classifier:
   """A loaded model's probabilities for batches of files, one jitted function."""
 
-  def __init__(self, model: loader.LoadedModel, image_size: tuple[int, int],
-               batch: int = DEFAULT_BATCH):
+  def __init__(
+    self, model: loader.LoadedModel, image_size: tuple[int, int], batch: int = DEFAULT_BATCH
+  ):
     if image_size[0] != image_size[1]:
-      raise ValueError(f"Image size {image_size} is not square; the eval pipeline resizes to "
-                       "a square: pass --resolution.")
+      raise ValueError(
+        f"Image size {image_size} is not square; the eval pipeline resizes to "
+        "a square: pass --resolution."
+      )
     self.image_size = image_size
     self.batch = batch
     module = model.module()
@@ -76,8 +82,10 @@ class Classifier:
     self._params = jax.device_put(model.params)
     self._probs = jax.jit(lambda p, x: jax.nn.softmax(module.apply({"params": p}, x)))
     crop = image_size[0]
-    self._prepare = tf.function(lambda data: preprocess.eval_image(data, crop=crop),
-                                input_signature=[tf.TensorSpec([], tf.string)])
+    self._prepare = tf.function(
+      lambda data: preprocess.eval_image(data, crop=crop),
+      input_signature=[tf.TensorSpec([], tf.string)],
+    )
 
   def prepare(self, path: str) -> Optional[np.ndarray]:
     """float32 [H, W, 3] in [-1, 1], or None (logged) when the file cannot be read."""
@@ -94,14 +102,16 @@ class Classifier:
     n = len(images)
     pad = -n % self.batch
     images = np.concatenate([images, np.zeros((pad, *images.shape[1:]), images.dtype)])
-    out = [self._probs(self._params, jnp.asarray(images[i:i + self.batch]))
-           for i in range(0, len(images), self.batch)]
+    out = [
+      self._probs(self._params, jnp.asarray(images[i : i + self.batch]))
+      for i in range(0, len(images), self.batch)
+    ]
     return np.asarray(jnp.concatenate(out))[:n]
 
   def classify(self, paths: Sequence[str]) -> Iterator[tuple[str, np.ndarray]]:
     """(path, probabilities [K]) of every readable file, in order, batch by batch."""
     for start in range(0, len(paths), self.batch):
-      chunk = [(p, self.prepare(p)) for p in paths[start:start + self.batch]]
+      chunk = [(p, self.prepare(p)) for p in paths[start : start + self.batch]]
       chunk = [(p, x) for p, x in chunk if x is not None]
       if chunk:
         probs = self.probabilities(np.stack([x for _, x in chunk]))
@@ -113,9 +123,16 @@ def top_k(probs: np.ndarray, names: Sequence[str], k: int) -> list[tuple[str, fl
   return [(names[i], float(probs[i])) for i in order]
 
 
-def predict(checkpoint: str, inputs: Sequence[str], *, model_name: Optional[str] = None,
-            labels: Optional[str] = None, k: int = 5, resolution: Optional[int] = None,
-            batch: int = DEFAULT_BATCH) -> Iterator[Prediction]:
+def predict(
+  checkpoint: str,
+  inputs: Sequence[str],
+  *,
+  model_name: Optional[str] = None,
+  labels: Optional[str] = None,
+  k: int = 5,
+  resolution: Optional[int] = None,
+  batch: int = DEFAULT_BATCH,
+) -> Iterator[Prediction]:
   """Top-``k`` predictions for every readable image among ``inputs`` (files, folders)."""
   model = loader.load(checkpoint, model_name)
   if not model.num_classes:
@@ -124,8 +141,9 @@ def predict(checkpoint: str, inputs: Sequence[str], *, model_name: Optional[str]
   classifier = Classifier(model, loader.image_size(model, resolution), batch)
   files = image_files(inputs)
   if not files:
-    raise FileNotFoundError(f"No image files in {list(inputs)} (extensions "
-                            f"{', '.join(IMAGE_EXTENSIONS)}).")
+    raise FileNotFoundError(
+      f"No image files in {list(inputs)} (extensions {', '.join(IMAGE_EXTENSIONS)})."
+    )
   for path, probs in classifier.classify(files):
     yield Prediction(path, top_k(probs, names, k))
 
@@ -133,17 +151,35 @@ def predict(checkpoint: str, inputs: Sequence[str], *, model_name: Optional[str]
 def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
   """The command's flags (defined only when run as a command: `vit_jax.export` has some of
   the same names)."""
-  flags.DEFINE_string("checkpoint", None, "An official-layout .npz, a training run "
-                      "(workdir, checkpoints/ or step folder) or a Hugging Face ViT directory.",
-                      flag_values=values)
-  flags.DEFINE_string("model", None, "An official variant name (e.g. ViT-B_16) for an .npz; "
-                      "default: inferred from the array shapes.", flag_values=values)
-  flags.DEFINE_string("labels", None, "'imagenet2012' or a file of class names, one per line; "
-                      "default: the run's dataset names, ImageNet-1k's for a 1000-class head, "
-                      "else class indices.", flag_values=values)
+  flags.DEFINE_string(
+    "checkpoint",
+    None,
+    "An official-layout .npz, a training run "
+    "(workdir, checkpoints/ or step folder) or a Hugging Face ViT directory.",
+    flag_values=values,
+  )
+  flags.DEFINE_string(
+    "model",
+    None,
+    "An official variant name (e.g. ViT-B_16) for an .npz; "
+    "default: inferred from the array shapes.",
+    flag_values=values,
+  )
+  flags.DEFINE_string(
+    "labels",
+    None,
+    "'imagenet2012' or a file of class names, one per line; "
+    "default: the run's dataset names, ImageNet-1k's for a 1000-class head, "
+    "else class indices.",
+    flag_values=values,
+  )
   flags.DEFINE_integer("top_k", 5, "Classes printed per image.", flag_values=values)
-  flags.DEFINE_integer("resolution", None, "Square input size; default: what the position "
-                       "embeddings were trained for.", flag_values=values)
+  flags.DEFINE_integer(
+    "resolution",
+    None,
+    "Square input size; default: what the position embeddings were trained for.",
+    flag_values=values,
+  )
   flags.DEFINE_integer("batch", DEFAULT_BATCH, "Images per jitted batch.", flag_values=values)
   flags.DEFINE_bool("json", False, "JSON lines instead of text lines.", flag_values=values)
   flags.mark_flag_as_required("checkpoint", flag_values=values)
@@ -153,9 +189,15 @@ def run(inputs: Sequence[str], values: flags.FlagValues = flags.FLAGS) -> None:
   """Prints a line per image for the parsed flags ``values``."""
   if not inputs:
     raise app.UsageError("Name at least one image file or folder.")
-  for prediction in predict(values.checkpoint, inputs, model_name=values.model,
-                            labels=values.labels, k=values.top_k, resolution=values.resolution,
-                            batch=values.batch):
+  for prediction in predict(
+    values.checkpoint,
+    inputs,
+    model_name=values.model,
+    labels=values.labels,
+    k=values.top_k,
+    resolution=values.resolution,
+    batch=values.batch,
+  ):
     print(prediction.json() if values.json else prediction.line(), file=sys.stdout, flush=True)
 
 

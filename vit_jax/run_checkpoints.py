@@ -18,6 +18,7 @@ intact (restored, or read back and matched) while the steps after it are unverif
 newest step is read back first. A step killed mid-save is an ignored
 `*.orbax-checkpoint-tmp*` folder. All processes call save and restore together.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -54,6 +55,7 @@ def _first_line(e: BaseException) -> str:
 @jax.jit
 def _leaf_sums(leaves: list[Any]) -> list[jax.Array]:
   """A wrapping uint32 sum of each leaf's bits: any single flipped bit changes it."""
+
   def leaf_sum(x):
     x = jnp.asarray(x)
     if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
@@ -65,13 +67,16 @@ def _leaf_sums(leaves: list[Any]) -> list[jax.Array]:
     else:
       bits = x.astype(jnp.uint32)
     return jnp.sum(bits, dtype=jnp.uint32)
+
   return [leaf_sum(x) for x in leaves]
 
 
 def fingerprint_keys(tree: Any) -> list[str]:
   """The key `fingerprint` gives each leaf of ``tree``: its path, e.g. "params/head/kernel"."""
-  return [jax.tree_util.keystr(path, simple=True, separator="/")
-          for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+  return [
+    jax.tree_util.keystr(path, simple=True, separator="/")
+    for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]
+  ]
 
 
 def fingerprint(tree: Any) -> dict[str, int]:
@@ -90,18 +95,18 @@ def fingerprint(tree: Any) -> dict[str, int]:
 
 
 def _corrupt(step_dir: epath.Path, problem: str) -> errors.CheckpointError:
-  return errors.CheckpointError(f"Checkpoint step {step_dir.name} in {step_dir.parent} "
-                                f"{problem}.")
+  return errors.CheckpointError(f"Checkpoint step {step_dir.name} in {step_dir.parent} {problem}.")
 
 
 def _read_meta(step_dir: epath.Path) -> dict[str, Any]:
   """The step's meta JSON, with its fingerprints; CheckpointError when it is unreadable."""
   try:
-    meta = ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(
-        step_dir / _META, args=ocp.args.JsonRestore())
+    with ocp.Checkpointer(ocp.JsonCheckpointHandler()) as checkpointer:
+      meta = checkpointer.restore(step_dir / _META, args=ocp.args.JsonRestore())
   except Exception as e:  # pylint: disable=broad-except
-    raise _corrupt(step_dir, f"has no readable {_META} (the arrays' fingerprints): "
-                   f"{_first_line(e)}") from e
+    raise _corrupt(
+      step_dir, f"has no readable {_META} (the arrays' fingerprints): {_first_line(e)}"
+    ) from e
   if not isinstance(meta, dict) or not isinstance(meta.get("fingerprint"), dict):
     raise _corrupt(step_dir, f"has no per-array fingerprints in {step_dir / _META}")
   return meta
@@ -112,28 +117,36 @@ def _check(step_dir: epath.Path, saved: Mapping[str, int], tree: Any) -> None:
   got = fingerprint(tree)
   bad = sorted(k for k, v in got.items() if saved.get(k) != v)
   if bad:
-    raise _corrupt(step_dir, f"is corrupt: {len(bad)} of its {len(got)} arrays differ from "
-                   f"the fingerprints saved with them (first: {bad[0]}); the files changed "
-                   "after saving")
+    raise _corrupt(
+      step_dir,
+      f"is corrupt: {len(bad)} of its {len(got)} arrays differ from "
+      f"the fingerprints saved with them (first: {bad[0]}); the files changed "
+      "after saving",
+    )
 
 
 def _read_host(step_dir: epath.Path, subtree: Optional[str] = None) -> Any:
   """The step's state (or its ``subtree``) as host numpy arrays, verified."""
   meta = _read_meta(step_dir)
   state_dir = step_dir / _STATE
-  checkpointer = ocp.PyTreeCheckpointer()
   try:
-    stored = checkpointer.metadata(state_dir)
-    if stored is None or stored.item_metadata is None:
-      raise FileNotFoundError(f"{state_dir / '_METADATA'} is missing")
-    tree = stored.item_metadata.tree
-    item = {subtree: tree[subtree]} if subtree else tree
-    as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
-    restored = checkpointer.restore(state_dir, args=ocp.args.PyTreeRestore(
-        item=item, restore_args=as_numpy, partial_restore=subtree is not None))
+    with ocp.PyTreeCheckpointer() as checkpointer:
+      stored = checkpointer.metadata(state_dir)
+      if stored is None or stored.item_metadata is None:
+        raise FileNotFoundError(f"{state_dir / '_METADATA'} is missing")
+      tree = stored.item_metadata.tree
+      item = {subtree: tree[subtree]} if subtree else tree
+      as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
+      restored = checkpointer.restore(
+        state_dir,
+        args=ocp.args.PyTreeRestore(
+          item=item, restore_args=as_numpy, partial_restore=subtree is not None
+        ),
+      )
   except Exception as e:  # pylint: disable=broad-except
-    raise _corrupt(step_dir, f"cannot be read (an incomplete or damaged save): "
-                   f"{_first_line(e)}") from e
+    raise _corrupt(
+      step_dir, f"cannot be read (an incomplete or damaged save): {_first_line(e)}"
+    ) from e
   _check(step_dir, meta["fingerprint"], restored)
   return restored[subtree] if subtree else restored
 
@@ -143,8 +156,7 @@ def finalized_steps(directory: str | os.PathLike) -> list[int]:
   path = _absolute(directory)
   if not path.is_dir():
     return []
-  return sorted(int(p.name) for p in path.iterdir()
-                if p.name.isdigit() and (p / _STATE).is_dir())
+  return sorted(int(p.name) for p in path.iterdir() if p.name.isdigit() and (p / _STATE).is_dir())
 
 
 def read_params(path: str | os.PathLike) -> Params:
@@ -165,21 +177,23 @@ def read_params(path: str | os.PathLike) -> Params:
     steps = finalized_steps(path)
     if not steps:
       raise errors.MissingError(
-          f"No finalized Orbax checkpoint step in {str(path)!r}: pass a "
-          "`<workdir>/checkpoints` folder or one of its step folders.")
+        f"No finalized Orbax checkpoint step in {str(path)!r}: pass a "
+        "`<workdir>/checkpoints` folder or one of its step folders."
+      )
     step_dir = path / str(steps[-1])
   try:
     return _read_host(step_dir, _PARAMS)
   except errors.CheckpointError as e:
     older = [s for s in finalized_steps(step_dir.parent) if s < int(step_dir.name)]
-    hint = (f" Read an older step instead (e.g. {step_dir.parent / str(older[-1])})"
-            if older else "")
-    raise errors.CheckpointError(f"{e}{hint}; resuming the run moves the damaged step "
-                                 "aside and writes it again.") from e
+    hint = f" Read an older step instead (e.g. {step_dir.parent / str(older[-1])})" if older else ""
+    raise errors.CheckpointError(
+      f"{e}{hint}; resuming the run moves the damaged step aside and writes it again."
+    ) from e
 
 
-def check_resume(directory: str | os.PathLike, data: Mapping[str, Any], *,
-                 allow_changed_seed: bool) -> bool:
+def check_resume(
+  directory: str | os.PathLike, data: Mapping[str, Any], *, allow_changed_seed: bool
+) -> bool:
   """Raises ResumeError when the run in ``directory`` trained on other data than ``data``.
 
   ``data``: {"dataset", "train_split", "test_split", "num_train", "seed"} of this config.
@@ -195,16 +209,23 @@ def check_resume(directory: str | os.PathLike, data: Mapping[str, Any], *,
       continue  # restore_latest deals with it
     if not stored:
       break
-    changed = [k for k in data if k in stored and stored[k] != data[k]
-               and not (k == "seed" and allow_changed_seed)]
+    changed = [
+      k
+      for k in data
+      if k in stored and stored[k] != data[k] and not (k == "seed" and allow_changed_seed)
+    ]
     if changed:
       what = "; ".join(f"{k}: {stored[k]!r} -> {data[k]!r}" for k in changed)
-      fix = (" (or set config.allow_changed_seed=True to go on with the new seed's data "
-             "order)" if "seed" in changed else "")
+      fix = (
+        " (or set config.allow_changed_seed=True to go on with the new seed's data order)"
+        if "seed" in changed
+        else ""
+      )
       raise errors.ResumeError(
-          f"The run in {directory} (step {step}) trained on other data than this config "
-          f"({what}). Put the old values back{fix}, or use a new --workdir to start a new "
-          "run; nothing was changed.")
+        f"The run in {directory} (step {step}) trained on other data than this config "
+        f"({what}). Put the old values back{fix}, or use a new --workdir to start a new "
+        "run; nothing was changed."
+      )
     break
   return bool(steps)
 
@@ -212,8 +233,14 @@ def check_resume(directory: str | os.PathLike, data: Mapping[str, Any], *,
 class RunCheckpoints:
   """The checkpoints of one run: asynchronous saves, verified resume, retention."""
 
-  def __init__(self, directory: str | os.PathLike, *, keep: int = 3,
-               data: Optional[Mapping[str, Any]] = None, async_save: bool = True):
+  def __init__(
+    self,
+    directory: str | os.PathLike,
+    *,
+    keep: int = 3,
+    data: Optional[Mapping[str, Any]] = None,
+    async_save: bool = True,
+  ):
     """``keep``: newest steps kept; ``data``: recorded with each step (`check_resume`)."""
     if keep < 1:
       raise errors.ConfigError(f"config.keep_checkpoints={keep} must be >= 1.")
@@ -222,13 +249,15 @@ class RunCheckpoints:
     self._data = dict(data or {})
     self._verified: Optional[int] = None  # newest step known intact
     self._state_bytes: Optional[int] = None
-    options = ocp.CheckpointManagerOptions(max_to_keep=None, create=True,
-                                           enable_async_checkpointing=async_save)
+    options = ocp.CheckpointManagerOptions(
+      max_to_keep=None, create=True, enable_async_checkpointing=async_save
+    )
     # Explicit handlers: a manager built without them cannot read an empty step folder.
     self._manager = ocp.CheckpointManager(
-        self.directory, options=options,
-        item_handlers={_STATE: ocp.StandardCheckpointHandler(),
-                       _META: ocp.JsonCheckpointHandler()})
+      self.directory,
+      options=options,
+      item_handlers={_STATE: ocp.StandardCheckpointHandler(), _META: ocp.JsonCheckpointHandler()},
+    )
 
   def all_steps(self) -> list[int]:
     return sorted(self._manager.all_steps())
@@ -240,8 +269,12 @@ class RunCheckpoints:
     self._state_bytes = sum(x.nbytes for x in jax.tree.leaves(state))
     meta = {"step": int(step), "fingerprint": fingerprint(state), "data": self._data}
     with self._disk_errors():
-      self._manager.save(step, args=ocp.args.Composite(
-          **{_STATE: ocp.args.StandardSave(state), _META: ocp.args.JsonSave(meta)}))
+      self._manager.save(
+        step,
+        args=ocp.args.Composite(
+          **{_STATE: ocp.args.StandardSave(state), _META: ocp.args.JsonSave(meta)}
+        ),
+      )
 
   def restore_latest(self, abstract_state: Any) -> Optional[Any]:
     """The newest intact step, restored into ``abstract_state``'s structure and shardings.
@@ -279,18 +312,22 @@ class RunCheckpoints:
     if set(saved) != set(wanted):
       missing, unexpected = sorted(set(wanted) - set(saved)), sorted(set(saved) - set(wanted))
       raise errors.ResumeError(
-          f"Checkpoint step {step_dir.name} in {self.directory} holds other arrays than this "
-          f"config's train state (missing {len(missing)}, e.g. {missing[:2]}; unexpected "
-          f"{len(unexpected)}, e.g. {unexpected[:2]}): config.optim or the model changed. "
-          "Put the old values back or use a new --workdir; nothing was changed.")
+        f"Checkpoint step {step_dir.name} in {self.directory} holds other arrays than this "
+        f"config's train state (missing {len(missing)}, e.g. {missing[:2]}; unexpected "
+        f"{len(unexpected)}, e.g. {unexpected[:2]}): config.optim or the model changed. "
+        "Put the old values back or use a new --workdir; nothing was changed."
+      )
     try:
-      restored = self._manager.restore(int(step_dir.name), args=ocp.args.Composite(
-          **{_STATE: ocp.args.StandardRestore(abstract_state)}))
+      restored = self._manager.restore(
+        int(step_dir.name),
+        args=ocp.args.Composite(**{_STATE: ocp.args.StandardRestore(abstract_state)}),
+      )
     except Exception as e:  # pylint: disable=broad-except
       if errors.is_out_of_memory(e):
         raise
-      raise _corrupt(step_dir, f"cannot be read (an incomplete or damaged save): "
-                     f"{_first_line(e)}") from e
+      raise _corrupt(
+        step_dir, f"cannot be read (an incomplete or damaged save): {_first_line(e)}"
+      ) from e
     _check(step_dir, saved, restored[_STATE])
     return restored[_STATE]
 
@@ -300,13 +337,18 @@ class RunCheckpoints:
       step_dir.rename(target)
     multihost_utils.sync_global_devices(f"run_checkpoints:moved {step_dir}")
     self._manager.reload()
-    logging.warning("%s Moved it aside to %s (not deleted); resuming from an older step, "
-                    "and this run writes step %s again.", problem, target, step_dir.name)
+    logging.warning(
+      "%s Moved it aside to %s (not deleted); resuming from an older step, "
+      "and this run writes step %s again.",
+      problem,
+      target,
+      step_dir.name,
+    )
 
   def _prune(self) -> None:
     """Deletes steps older than the newest ``keep``, keeping the newest one known intact."""
     steps = self.all_steps()
-    old, kept = steps[:-self.keep], steps[-self.keep:]
+    old, kept = steps[: -self.keep], steps[-self.keep :]
     if not old:
       return
     if self._verified not in kept:

@@ -1,4 +1,6 @@
-"""Checks of a run's loop settings and of the workdir's `config.json`, before anything is written."""
+"""Checks of a run's loop settings and of the workdir's `config.json`, before anything is
+written."""
+
 from __future__ import annotations
 
 import json
@@ -10,8 +12,13 @@ import tensorflow as tf
 from vit_jax import errors
 
 # Loop settings: the smallest value each may take.
-_MINIMUM = {"total_steps": 0, "log_every": 1, "eval_every": 1, "checkpoint_every": 1,
-            "keep_checkpoints": 1}
+_MINIMUM = {
+  "total_steps": 0,
+  "log_every": 1,
+  "eval_every": 1,
+  "checkpoint_every": 1,
+  "keep_checkpoints": 1,
+}
 
 
 def check_loop(config: ml_collections.ConfigDict) -> None:
@@ -27,10 +34,11 @@ def check_evaluate_only(config: ml_collections.ConfigDict, *, resumable: bool) -
   step of the run in the workdir (``resumable``)."""
   if config.total_steps == 0 and not config.pretrained and not resumable:
     raise errors.ConfigError(
-        "config.total_steps=0 only evaluates, but there is nothing to evaluate: no "
-        "config.pretrained and no checkpoint in the workdir (it would evaluate a random "
-        "initialization). Set config.pretrained=<.npz or <workdir>/checkpoints>, or "
-        "config.total_steps > 0 to train.")
+      "config.total_steps=0 only evaluates, but there is nothing to evaluate: no "
+      "config.pretrained and no checkpoint in the workdir (it would evaluate a random "
+      "initialization). Set config.pretrained=<.npz or <workdir>/checkpoints>, or "
+      "config.total_steps > 0 to train."
+    )
 
 
 def read_run_config(path: str) -> dict[str, Any]:
@@ -40,10 +48,12 @@ def read_run_config(path: str) -> dict[str, Any]:
       saved = json.load(f)
   except (ValueError, UnicodeDecodeError, tf.errors.OpError) as e:
     raise errors.ResumeError(
-        f"{path} is not a readable run config ({type(e).__name__}: {e}). Fix it, or move it "
-        "away to resume with this config (the checkpoints stay).") from e
+      f"{path} is not a readable run config ({type(e).__name__}: {e}). Fix it, or move it "
+      "away to resume with this config (the checkpoints stay)."
+    ) from e
   if not isinstance(saved, dict):
     raise errors.ResumeError(
-        f"{path} holds a JSON {type(saved).__name__}, not a run config (an object). Fix it, "
-        "or move it away to resume with this config (the checkpoints stay).")
+      f"{path} holds a JSON {type(saved).__name__}, not a run config (an object). Fix it, "
+      "or move it away to resume with this config (the checkpoints stay)."
+    )
   return saved

@@ -11,16 +11,18 @@ This module defines those names; `vit_jax.models` and `vit_jax.data` import them
 imports nothing from `vit_jax`. It queries no device at import time:
 `vit_jax.distributed.initialize_distributed` must be able to run after it is imported.
 """
+
 from __future__ import annotations
 
 import math
 from typing import Any, Mapping, Optional, Sequence, Union
 
-from absl import logging
 import flax.linen as nn
 import jax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import numpy as np
+from absl import logging
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 # Mesh axes.
 DATA_AXIS = "data"  # the batch (and the parameters under FSDP)
@@ -40,31 +42,38 @@ def _resolve_axes(axes: MeshAxes, num_devices: int) -> tuple[tuple[str, ...], tu
   """Axis names and sizes with the one -1 resolved; raises when they cannot fit."""
   pairs = list(axes.items()) if isinstance(axes, Mapping) else [tuple(a) for a in axes]
   if not pairs or any(len(p) != 2 for p in pairs):
-    raise ValueError(f"Mesh axes {axes!r} must be name -> size pairs, e.g. "
-                     f"{{{DATA_AXIS!r}: -1, {MODEL_AXIS!r}: 1}}.")
+    raise ValueError(
+      f"Mesh axes {axes!r} must be name -> size pairs, e.g. "
+      f"{{{DATA_AXIS!r}: -1, {MODEL_AXIS!r}: 1}}."
+    )
   names = tuple(str(n) for n, _ in pairs)
   if len(set(names)) != len(names):
     raise ValueError(f"Mesh axes {axes!r} repeat a name; give each axis a unique name.")
   try:
     sizes = [int(s) for _, s in pairs]
   except (TypeError, ValueError):
-    raise ValueError(f"Mesh axes {axes!r}: every size must be an integer (-1: the "
-                     "remaining devices).") from None
+    raise ValueError(
+      f"Mesh axes {axes!r}: every size must be an integer (-1: the remaining devices)."
+    ) from None
   if any(s == 0 or s < -1 for s in sizes) or sizes.count(-1) > 1:
-    raise ValueError(f"Mesh axes {dict(zip(names, sizes))}: sizes must be positive, with at "
-                     "most one -1 (the remaining devices).")
+    raise ValueError(
+      f"Mesh axes {dict(zip(names, sizes))}: sizes must be positive, with at "
+      "most one -1 (the remaining devices)."
+    )
   fixed = math.prod(s for s in sizes if s != -1)
   if -1 in sizes:
     if num_devices % fixed:
       raise ValueError(
-          f"Mesh axes {dict(zip(names, sizes))}: the fixed sizes multiply to {fixed}, which "
-          f"does not divide the {num_devices} devices; choose sizes whose product divides "
-          f"{num_devices}.")
+        f"Mesh axes {dict(zip(names, sizes))}: the fixed sizes multiply to {fixed}, which "
+        f"does not divide the {num_devices} devices; choose sizes whose product divides "
+        f"{num_devices}."
+      )
     sizes[sizes.index(-1)] = num_devices // fixed
   elif fixed != num_devices:
     raise ValueError(
-        f"Mesh axes {dict(zip(names, sizes))} multiply to {fixed} but there are {num_devices} "
-        f"devices; make the product {num_devices}, or set one size to -1 to take the rest.")
+      f"Mesh axes {dict(zip(names, sizes))} multiply to {fixed} but there are {num_devices} "
+      f"devices; make the product {num_devices}, or set one size to -1 to take the rest."
+    )
   return names, tuple(sizes)
 
 
@@ -79,6 +88,7 @@ def make_mesh(axes: MeshAxes, devices: Optional[Sequence[Any]] = None) -> Mesh:
   names, sizes = _resolve_axes(axes, len(devices))
   try:
     from jax.experimental import mesh_utils  # pylint: disable=g-import-not-at-top
+
     device_array = mesh_utils.create_device_mesh(sizes, devices)
   except Exception as e:  # pylint: disable=broad-except
     logging.info("make_mesh: create_device_mesh failed (%s); plain reshape instead.", e)
@@ -101,9 +111,11 @@ def replicated(mesh: Mesh) -> NamedSharding:
 def batch_sharding(mesh: Mesh) -> NamedSharding:
   """The leading (batch) dimension split over the `DATA_AXIS` axis, the rest whole."""
   if DATA_AXIS not in mesh.axis_names:
-    raise ValueError(f"The mesh has axes {mesh.axis_names} but batches are split over a "
-                     f"{DATA_AXIS!r} axis; add one, e.g. "
-                     f"make_mesh({{{DATA_AXIS!r}: -1, {MODEL_AXIS!r}: 1}}).")
+    raise ValueError(
+      f"The mesh has axes {mesh.axis_names} but batches are split over a "
+      f"{DATA_AXIS!r} axis; add one, e.g. "
+      f"make_mesh({{{DATA_AXIS!r}: -1, {MODEL_AXIS!r}: 1}})."
+    )
   return NamedSharding(mesh, P(DATA_AXIS))
 
 
@@ -124,18 +136,25 @@ STRATEGIES: tuple[str, ...] = ("data_parallel", "fsdp", "tensor_parallel")
 #     parallel), all over 'model'; one all-reduce after attention and one after the MLP.
 #     Everything else replicated; the batch is split over 'data'.
 LOGICAL_RULES: dict[str, tuple[tuple[str, Optional[str]], ...]] = {
-    "data_parallel": tuple((name, None) for name in (LAYERS, EMBED, MLP, HEADS, KV)),
-    "fsdp": ((LAYERS, None), (EMBED, DATA_AXIS), (MLP, DATA_AXIS), (HEADS, None), (KV, None)),
-    "tensor_parallel": ((LAYERS, None), (HEADS, MODEL_AXIS), (MLP, MODEL_AXIS), (EMBED, None),
-                        (KV, None)),
+  "data_parallel": tuple((name, None) for name in (LAYERS, EMBED, MLP, HEADS, KV)),
+  "fsdp": ((LAYERS, None), (EMBED, DATA_AXIS), (MLP, DATA_AXIS), (HEADS, None), (KV, None)),
+  "tensor_parallel": (
+    (LAYERS, None),
+    (HEADS, MODEL_AXIS),
+    (MLP, MODEL_AXIS),
+    (EMBED, None),
+    (KV, None),
+  ),
 }
 
 
 def logical_rules(strategy: str) -> tuple[tuple[str, Optional[str]], ...]:
   """The (logical name, mesh axis or None) rules of one strategy in `STRATEGIES`."""
   if strategy not in LOGICAL_RULES:
-    raise ValueError(f"Unknown partitioning strategy {strategy!r}; choose one of "
-                     f"{STRATEGIES} (config.partitioning).")
+    raise ValueError(
+      f"Unknown partitioning strategy {strategy!r}; choose one of "
+      f"{STRATEGIES} (config.partitioning)."
+    )
   return LOGICAL_RULES[strategy]
 
 
@@ -173,12 +192,14 @@ def state_shardings(abstract_tree: Any, mesh: Mesh, strategy: str) -> Any:
     for i, axis in enumerate(axes):
       if axis is None:
         continue
-      missing = [a for a in ((axis,) if isinstance(axis, str) else axis)
-                 if a not in mesh.shape]
+      missing = [a for a in ((axis,) if isinstance(axis, str) else axis) if a not in mesh.shape]
       size = 1 if missing else _axis_size(mesh, axis)
       if missing or value.shape[i] % size:
-        why = (f"no mesh axis {missing}" if missing
-               else f"{value.shape[i]} not divisible by {axis}={size}")
+        why = (
+          f"no mesh axis {missing}"
+          if missing
+          else f"{value.shape[i]} not divisible by {axis}={size}"
+        )
         fallbacks.append(f"{jax.tree_util.keystr(path)} dim {i} ({why})")
         axes[i] = None
     while axes and axes[-1] is None:
@@ -187,7 +208,10 @@ def state_shardings(abstract_tree: Any, mesh: Mesh, strategy: str) -> Any:
 
   shardings = jax.tree_util.tree_map_with_path(leaf_sharding, abstract_tree, is_leaf=_is_box)
   if fallbacks:
-    logging.warning("state_shardings(%s): %d dimension(s) left whole: %s", strategy,
-                    len(fallbacks), "; ".join(fallbacks[:20]) +
-                    (" ..." if len(fallbacks) > 20 else ""))
+    logging.warning(
+      "state_shardings(%s): %d dimension(s) left whole: %s",
+      strategy,
+      len(fallbacks),
+      "; ".join(fallbacks[:20]) + (" ..." if len(fallbacks) > 20 else ""),
+    )
   return shardings

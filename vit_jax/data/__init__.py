@@ -11,11 +11,21 @@ Every source yields the same global batches, sharded over the mesh axis 'data':
       that does not split over the processes and the 'data' devices
 Importing this package registers the `digits` tfds builder.
 """
+
 from vit_jax.data import digits  # Registers tfds.builder('digits').
 from vit_jax.data.batching import local_batch_size, make_global_batch
 from vit_jax.data.dataset import DatasetInfo, dataset_info
 from vit_jax.data.pipeline import eval_iterator, train_iterator
 from vit_jax.data.presets import PRESETS, Preset
 
-__all__ = ['DatasetInfo', 'PRESETS', 'Preset', 'dataset_info', 'digits', 'eval_iterator',
-           'local_batch_size', 'make_global_batch', 'train_iterator']
+__all__ = [
+  "DatasetInfo",
+  "PRESETS",
+  "Preset",
+  "dataset_info",
+  "digits",
+  "eval_iterator",
+  "local_batch_size",
+  "make_global_batch",
+  "train_iterator",
+]

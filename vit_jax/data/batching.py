@@ -2,8 +2,10 @@
 
 Each process holds global_batch / process_count examples of every batch, the block of
 rows its devices hold (process_row_block); the global array's rows are split over the
-devices of the 'data' axis (replicated over the other mesh axes). A background thread keeps a few batches already on the devices.
+devices of the 'data' axis (replicated over the other mesh axes). A background thread keeps a
+few batches already on the devices.
 """
+
 from __future__ import annotations
 
 import math
@@ -18,23 +20,26 @@ from jax.sharding import Mesh
 from vit_jax.sharding import DATA_AXIS, batch_sharding
 
 
-def local_batch_size(global_batch: int, mesh: Mesh, key: str = 'batch') -> int:
+def local_batch_size(global_batch: int, mesh: Mesh, key: str = "batch") -> int:
   """The rows of a global batch that this process supplies.
 
   The global batch must split evenly over the processes and over the devices of the
   'data' axis; otherwise a ValueError names the numbers and the nearest valid sizes.
   """
   if DATA_AXIS not in mesh.shape:
-    raise ValueError(f'The mesh has axes {dict(mesh.shape)}; the input pipeline shards '
-                     f'batches over an axis named {DATA_AXIS!r}. Build the mesh with it.')
+    raise ValueError(
+      f"The mesh has axes {dict(mesh.shape)}; the input pipeline shards "
+      f"batches over an axis named {DATA_AXIS!r}. Build the mesh with it."
+    )
   processes, devices = jax.process_count(), mesh.shape[DATA_AXIS]
   unit = math.lcm(processes, devices)
   if global_batch % unit:
     lower, upper = global_batch // unit * unit, (global_batch // unit + 1) * unit
     raise ValueError(
-        f'config.{key}={global_batch} does not split over {processes} process(es) and '
-        f'the {devices} devices of the {DATA_AXIS!r} mesh axis: it must be a multiple '
-        f'of {unit}. Use {key}={upper}' + (f' or {lower}.' if lower else '.'))
+      f"config.{key}={global_batch} does not split over {processes} process(es) and "
+      f"the {devices} devices of the {DATA_AXIS!r} mesh axis: it must be a multiple "
+      f"of {unit}. Use {key}={upper}" + (f" or {lower}." if lower else ".")
+    )
   return global_batch // processes
 
 
@@ -48,32 +53,35 @@ def process_row_block(global_batch: int, mesh: Mesh) -> tuple[int, int]:
   Call local_batch_size first (it checks divisibility).
   """
   indices = batch_sharding(mesh).addressable_devices_indices_map((global_batch,)).values()
-  rows = sorted({(idx[0].start or 0, global_batch if idx[0].stop is None else idx[0].stop)
-                 for idx in indices})
+  rows = sorted(
+    {(idx[0].start or 0, global_batch if idx[0].stop is None else idx[0].stop) for idx in indices}
+  )
   count = jax.process_count()
   size = global_batch // count
   start, stop = rows[0][0], rows[-1][1]
   contiguous = all(a[1] == b[0] for a, b in zip(rows, rows[1:]))
   if not contiguous or stop - start != size or start % size:
     raise ValueError(
-        f'The mesh {dict(mesh.shape)} gives process {jax.process_index()} the rows '
-        f'{rows} of a global batch of {global_batch}, but each of the {count} '
-        f'processes must hold one distinct contiguous block of {size} rows (a '
-        f'contiguous 1/{count} of the {DATA_AXIS!r} mesh axis). Build the mesh with '
-        f'vit_jax.sharding.make_mesh and a {DATA_AXIS!r} axis whose size is a multiple '
-        f'of the process count.')
+      f"The mesh {dict(mesh.shape)} gives process {jax.process_index()} the rows "
+      f"{rows} of a global batch of {global_batch}, but each of the {count} "
+      f"processes must hold one distinct contiguous block of {size} rows (a "
+      f"contiguous 1/{count} of the {DATA_AXIS!r} mesh axis). Build the mesh with "
+      f"vit_jax.sharding.make_mesh and a {DATA_AXIS!r} axis whose size is a multiple "
+      f"of the process count."
+    )
   return start // size, count
 
 
-def make_global_batch(local_batch: dict[str, np.ndarray],
-                      mesh: Mesh) -> dict[str, jax.Array]:
+def make_global_batch(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
   """{key: [b, ...] host-local rows} -> {key: [b * process_count, ...] global array}.
 
   Every array is sharded along its first axis over the 'data' mesh axis.
   """
   sharding = batch_sharding(mesh)
-  return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
-          for k, v in local_batch.items()}
+  return {
+    k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
+    for k, v in local_batch.items()
+  }
 
 
 class _Failure:
@@ -87,8 +95,9 @@ _END = object()
 _STOP_SECONDS = 10.0  # How long closing prefetch_to_device waits for its thread.
 
 
-def prefetch_to_device(batches: Iterator[dict[str, np.ndarray]], mesh: Mesh,
-                       size: int) -> Iterator[dict[str, jax.Array]]:
+def prefetch_to_device(
+  batches: Iterator[dict[str, np.ndarray]], mesh: Mesh, size: int
+) -> Iterator[dict[str, jax.Array]]:
   """Yields make_global_batch(b) for each b, keeping `size` batches ready ahead.
 
   A daemon thread reads `batches` and starts the host-to-device copies, so input
@@ -123,11 +132,11 @@ def prefetch_to_device(batches: Iterator[dict[str, np.ndarray]], mesh: Mesh,
     except BaseException as e:  # Handed to the consumer, which re-raises it.
       put(_Failure(e))
     finally:
-      close = getattr(batches, 'close', None)
+      close = getattr(batches, "close", None)
       if close is not None:
         close()
 
-  thread = threading.Thread(target=work, name='vit_jax-device-prefetch', daemon=True)
+  thread = threading.Thread(target=work, name="vit_jax-device-prefetch", daemon=True)
   thread.start()
   try:
     while True:

@@ -4,6 +4,7 @@
 This module is the only place that reads the data keys of the config, so a missing or
 wrong key fails here, once, with the key's name.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,12 +15,13 @@ from vit_jax.data import splits as splits_lib
 from vit_jax.data import tfds_source
 
 # Keys that may hold None: no local tfds dir, no manual-download dir, classes from the data.
-_OPTIONAL = ('data_dir', 'manual_dir', 'num_classes')
+_OPTIONAL = ("data_dir", "manual_dir", "num_classes")
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
   """The data keys of a run config, validated (their defaults: `configs/common.py`)."""
+
   dataset: str
   data_dir: str | None
   manual_dir: str | None
@@ -37,42 +39,48 @@ class Settings:
   skip_corrupt_images: bool
 
   @classmethod
-  def from_config(cls, config: Any) -> 'Settings':
+  def from_config(cls, config: Any) -> "Settings":
     """Reads an ml_collections.ConfigDict; a missing key, or None where a value is
     needed, fails with the key's name."""
-    def get(key: str, node: Any = config, prefix: str = '') -> Any:
+
+    def get(key: str, node: Any = config, prefix: str = "") -> Any:
       if key not in node or (node[key] is None and key not in _OPTIONAL):
-        raise ValueError(f'config.{prefix}{key} is required by the input pipeline; set it '
-                         f'(defaults: configs/common.py; per-dataset values: '
-                         f'vit_jax/data/presets.py).')
+        raise ValueError(
+          f"config.{prefix}{key} is required by the input pipeline; set it "
+          f"(defaults: configs/common.py; per-dataset values: "
+          f"vit_jax/data/presets.py)."
+        )
       return node[key]
 
-    pp = get('pp')
+    pp = get("pp")
     settings = cls(
-        dataset=str(get('dataset')),
-        data_dir=get('data_dir'),
-        manual_dir=get('manual_dir'),
-        train_split=str(get('train_split')),
-        test_split=str(get('test_split')),
-        num_classes=get('num_classes'),
-        crop=int(get('crop', pp, 'pp.')),
-        min_area=float(get('min_area', pp, 'pp.')),
-        flip=bool(get('flip', pp, 'pp.')),
-        batch=int(get('batch')),
-        batch_eval=int(get('batch_eval')),
-        shuffle_buffer=int(get('shuffle_buffer')),
-        prefetch=int(get('prefetch')),
-        seed=int(get('seed')),
-        skip_corrupt_images=bool(get('skip_corrupt_images')),
+      dataset=str(get("dataset")),
+      data_dir=get("data_dir"),
+      manual_dir=get("manual_dir"),
+      train_split=str(get("train_split")),
+      test_split=str(get("test_split")),
+      num_classes=get("num_classes"),
+      crop=int(get("crop", pp, "pp.")),
+      min_area=float(get("min_area", pp, "pp.")),
+      flip=bool(get("flip", pp, "pp.")),
+      batch=int(get("batch")),
+      batch_eval=int(get("batch_eval")),
+      shuffle_buffer=int(get("shuffle_buffer")),
+      prefetch=int(get("prefetch")),
+      seed=int(get("seed")),
+      skip_corrupt_images=bool(get("skip_corrupt_images")),
     )
-    for key in ('crop', 'batch', 'batch_eval', 'shuffle_buffer'):
+    for key in ("crop", "batch", "batch_eval", "shuffle_buffer"):
       if getattr(settings, key) <= 0:
-        raise ValueError(f'config.{"pp." if key == "crop" else ""}{key}='
-                         f'{getattr(settings, key)} must be positive.')
+        raise ValueError(
+          f"config.{'pp.' if key == 'crop' else ''}{key}={getattr(settings, key)} must be positive."
+        )
     if not 0.0 < settings.min_area <= 1.0:
-      raise ValueError(f'config.pp.min_area={settings.min_area} must be in (0, 1] '
-                       f'(the smallest crop area as a fraction of the image; 0.05 is '
-                       f'the usual value).')
+      raise ValueError(
+        f"config.pp.min_area={settings.min_area} must be in (0, 1] "
+        f"(the smallest crop area as a fraction of the image; 0.05 is "
+        f"the usual value)."
+      )
     return settings
 
 
@@ -83,6 +91,7 @@ class DatasetInfo:
   num_train / num_test: sizes of config.train_split / config.test_split (all
   processes together). class_names: None when the dataset does not name its classes.
   """
+
   num_classes: int
   num_train: int
   num_test: int
@@ -96,21 +105,25 @@ class Dataset:
     self.settings = settings
     if settings.dataset.startswith(folder_lib.PREFIX):
       self._source = folder_lib.ImageFolder(
-          settings.dataset[len(folder_lib.PREFIX):], settings.train_split)
+        settings.dataset[len(folder_lib.PREFIX) :], settings.train_split
+      )
     else:
       self._source = tfds_source.TfdsDataset(
-          settings.dataset, settings.data_dir, settings.manual_dir)
+        settings.dataset, settings.data_dir, settings.manual_dir
+      )
     self.class_names = self._source.class_names
     found = len(self.class_names) if self.class_names else None
     if settings.num_classes is not None and found and settings.num_classes != found:
       raise ValueError(
-          f'config.num_classes={settings.num_classes} but {settings.dataset!r} has '
-          f'{found} classes. Set config.num_classes={found} (or None to take it from '
-          f'the data).')
+        f"config.num_classes={settings.num_classes} but {settings.dataset!r} has "
+        f"{found} classes. Set config.num_classes={found} (or None to take it from "
+        f"the data)."
+      )
     self.num_classes = settings.num_classes or found
     if not self.num_classes:
-      raise ValueError(f'{settings.dataset!r} does not say how many classes it has; '
-                       f'set config.num_classes.')
+      raise ValueError(
+        f"{settings.dataset!r} does not say how many classes it has; set config.num_classes."
+      )
 
   def split(self, spec: str) -> splits_lib.SplitSource:
     return self._source.split(spec)
@@ -120,7 +133,8 @@ def dataset_info(config: Any) -> DatasetInfo:
   """Number of classes, sizes of the train and test splits, and class names."""
   dataset = Dataset(Settings.from_config(config))
   return DatasetInfo(
-      num_classes=dataset.num_classes,
-      num_train=dataset.split(dataset.settings.train_split).num_examples,
-      num_test=dataset.split(dataset.settings.test_split).num_examples,
-      class_names=dataset.class_names)
+    num_classes=dataset.num_classes,
+    num_train=dataset.split(dataset.settings.train_split).num_examples,
+    num_test=dataset.split(dataset.settings.test_split).num_examples,
+    class_names=dataset.class_names,
+  )

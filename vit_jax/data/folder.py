@@ -7,6 +7,7 @@ pseudo-random order (sorted paths permuted with seed 0), so slices such as
 `train[:90%]` and per-process shards mix all classes. Paths may be local or any
 filesystem `tf.io.gfile` reads (gs://...).
 """
+
 from __future__ import annotations
 
 import os
@@ -16,16 +17,17 @@ import tensorflow as tf
 
 from vit_jax.data import splits as splits_lib
 
-IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png')  # Matched case-insensitively.
-PREFIX = 'folder:'  # config.dataset = 'folder:/path/to/root'
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")  # Matched case-insensitively.
+PREFIX = "folder:"  # config.dataset = 'folder:/path/to/root'
 _LISTING_SEED = 0  # Seed of the fixed file order within a split; never change it.
 
 
 def _subdirs(path: str) -> list[str]:
   """Sorted names of the visible sub-folders of `path`."""
-  names = [n.rstrip('/') for n in tf.io.gfile.listdir(path)]
-  return sorted(n for n in names if not n.startswith('.')
-                and tf.io.gfile.isdir(os.path.join(path, n)))
+  names = [n.rstrip("/") for n in tf.io.gfile.listdir(path)]
+  return sorted(
+    n for n in names if not n.startswith(".") and tf.io.gfile.isdir(os.path.join(path, n))
+  )
 
 
 class ImageFolder:
@@ -35,8 +37,9 @@ class ImageFolder:
     """`train_split`: the split string whose folder defines the class names."""
     if not tf.io.gfile.isdir(root):
       raise FileNotFoundError(
-          f'Image folder {root!r} does not exist. config.dataset = '
-          f'"{PREFIX}<root>" needs <root>/<split>/<class>/*.jpg|jpeg|png.')
+        f"Image folder {root!r} does not exist. config.dataset = "
+        f'"{PREFIX}<root>" needs <root>/<split>/<class>/*.jpg|jpeg|png.'
+      )
     self.root = root
     self.available_splits = _subdirs(root)
     self.class_names = self._class_dirs(self._names(train_split)[0])
@@ -44,21 +47,23 @@ class ImageFolder:
 
   def _names(self, spec: str) -> list[str]:
     """The split folders a split string names; error if one is missing."""
-    names = [part.split('[')[0].strip() for part in spec.split('+')]
+    names = [part.split("[")[0].strip() for part in spec.split("+")]
     for name in names:
       if name not in self.available_splits:
         raise FileNotFoundError(
-            f'Split folder {os.path.join(self.root, name)!r} (from split {spec!r}) '
-            f'does not exist; {self.root!r} has {self.available_splits}. Create it '
-            f'or set config.train_split / config.test_split to one of those.')
+          f"Split folder {os.path.join(self.root, name)!r} (from split {spec!r}) "
+          f"does not exist; {self.root!r} has {self.available_splits}. Create it "
+          f"or set config.train_split / config.test_split to one of those."
+        )
     return names
 
   def _class_dirs(self, split: str) -> list[str]:
     classes = _subdirs(os.path.join(self.root, split))
     if not classes:
       raise FileNotFoundError(
-          f'{os.path.join(self.root, split)!r} has no class folders; put the images '
-          f'of each class in {os.path.join(self.root, split, "<class_name>")}/.')
+        f"{os.path.join(self.root, split)!r} has no class folders; put the images "
+        f"of each class in {os.path.join(self.root, split, '<class_name>')}/."
+      )
     return classes
 
   def files(self, split: str) -> tuple[np.ndarray, np.ndarray]:
@@ -71,23 +76,28 @@ class ImageFolder:
         folder = os.path.join(self.root, split, name)
         if name not in index:
           raise ValueError(
-              f'Class folder {folder!r} is not a class of the train split '
-              f'({len(self.class_names)} classes: {self.class_names[:10]}...). Rename '
-              f'or remove it, or add it to the train split.')
-        found = sorted(f for f in tf.io.gfile.listdir(folder)
-                       if f.lower().endswith(IMAGE_EXTENSIONS))
+            f"Class folder {folder!r} is not a class of the train split "
+            f"({len(self.class_names)} classes: {self.class_names[:10]}...). Rename "
+            f"or remove it, or add it to the train split."
+          )
+        found = sorted(
+          f for f in tf.io.gfile.listdir(folder) if f.lower().endswith(IMAGE_EXTENSIONS)
+        )
         if not found:
           raise ValueError(
-              f'Class folder {folder!r} holds no {"/".join(IMAGE_EXTENSIONS)} '
-              f'images. Add images or remove the folder.')
+            f"Class folder {folder!r} holds no {'/'.join(IMAGE_EXTENSIONS)} "
+            f"images. Add images or remove the folder."
+          )
         paths += [os.path.join(folder, f) for f in found]
         labels += [index[name]] * len(found)
       order = np.random.RandomState(_LISTING_SEED).permutation(len(paths))
-      self._files[split] = (np.array(paths, dtype=object)[order],
-                            np.array(labels, dtype=np.int64)[order])
+      self._files[split] = (
+        np.array(paths, dtype=object)[order],
+        np.array(labels, dtype=np.int64)[order],
+      )
     return self._files[split]
 
-  def split(self, spec: str) -> 'FolderSplit':
+  def split(self, spec: str) -> "FolderSplit":
     """The examples a split string selects (e.g. 'train[:90%]')."""
     sizes = {name: len(self.files(name)[0]) for name in self._names(spec)}
     return FolderSplit(self, spec, splits_lib.resolve(spec, sizes))
@@ -96,25 +106,25 @@ class ImageFolder:
 class FolderSplit:
   """A configured split of an ImageFolder; values are file paths."""
 
-  kind = 'path'
+  kind = "path"
   random_access = True
 
   def __init__(self, folder: ImageFolder, spec: str, ranges: list[splits_lib.Range]):
-    self.name = f'{folder.root}:{spec}'
+    self.name = f"{folder.root}:{spec}"
     self._folder = folder
     self._ranges = ranges
     self.num_examples = sum(len(r) for r in ranges)
 
   def read(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
     """Paths and labels of examples [start, stop)."""
-    parts = [tuple(a[r.start:r.stop] for a in self._folder.files(r.split))
-             for r in splits_lib.select(self._ranges, start, stop)]
+    parts = [
+      tuple(a[r.start : r.stop] for a in self._folder.files(r.split))
+      for r in splits_lib.select(self._ranges, start, stop)
+    ]
     if not parts:
       return np.zeros([0], object), np.zeros([0], np.int64)
-    return (np.concatenate([p for p, _ in parts]),
-            np.concatenate([labels for _, labels in parts]))
+    return (np.concatenate([p for p, _ in parts]), np.concatenate([labels for _, labels in parts]))
 
-  def read_many(self, ranges: list[tuple[int, int]]
-                ) -> list[tuple[np.ndarray, np.ndarray]]:
+  def read_many(self, ranges: list[tuple[int, int]]) -> list[tuple[np.ndarray, np.ndarray]]:
     """read(start, stop) of each range: slices of the listed paths, cheap one by one."""
     return [self.read(lo, hi) for lo, hi in ranges]

@@ -16,6 +16,7 @@ A stream can start at any position: only the permutations of the first epoch and
 window are computed, nothing is read or decoded for the skipped positions. Seeds go
 through numpy's RandomState, whose streams are frozen across numpy versions.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,6 +38,7 @@ class Piece:
   offsets: int64 [k], indices into the window, in visiting order.
   position: stream position of offsets[0].
   """
+
   epoch: int
   window: tuple[int, int]
   offsets: np.ndarray
@@ -53,11 +55,10 @@ def _windows(n: int, window: int) -> list[tuple[int, int]]:
   return [(lo, min(lo + window, n)) for lo in range(0, n, window)]
 
 
-def train_pieces(n: int, window: int, seed: int, process: int,
-                 start: int = 0) -> Iterator[Piece]:
+def train_pieces(n: int, window: int, seed: int, process: int, start: int = 0) -> Iterator[Piece]:
   """The endless shuffled stream of a shard of n examples, from position `start`."""
   if n <= 0:
-    raise ValueError(f'A process shard has {n} examples; it needs at least one.')
+    raise ValueError(f"A process shard has {n} examples; it needs at least one.")
   windows = _windows(n, max(1, min(window, n)))
   epoch, skip = divmod(start, n)
   while True:

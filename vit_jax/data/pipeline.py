@@ -22,20 +22,18 @@ message. With config.skip_corrupt_images=True it is logged and counted instead: 
 training the row is filled with another example of the same batch, which keeps every
 later batch, and exact resume, unchanged; in evaluation the row gets mask 0.
 """
+
 from __future__ import annotations
 
 import collections
-import logging
 from typing import Any, Iterator
 
 import jax
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
-from vit_jax.data import batching
-from vit_jax.data import order
-from vit_jax.data import preprocess
-from vit_jax.data import readers
+from vit_jax.data import batching, order, preprocess, readers
 from vit_jax.data.dataset import Dataset, Settings
 
 _EVAL_WINDOW = 10_000  # Examples an eval pass reads from a tfds split at a time.
@@ -45,8 +43,12 @@ Batch = dict[str, np.ndarray]
 
 def _dataset(reader: readers.Reader, example_fn, local_batch: int) -> tf.data.Dataset:
   """tf.data: chunks -> examples -> preprocessed (failed ones dropped) -> batches."""
-  spec = (tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.int64),
-          tf.TensorSpec([None], tf.string), tf.TensorSpec([None], tf.int64))
+  spec = (
+    tf.TensorSpec([None], tf.int64),
+    tf.TensorSpec([None], tf.int64),
+    tf.TensorSpec([None], tf.string),
+    tf.TensorSpec([None], tf.int64),
+  )
   ds = tf.data.Dataset.from_generator(reader, output_signature=spec).unbatch()
   ds = ds.map(example_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   ds = ds.ignore_errors()  # Missing positions are found and reported by _realign.
@@ -58,11 +60,15 @@ def _example_fn(settings: Settings, kind: str, num_classes: int, train: bool):
   seed = tf.constant(settings.seed, tf.int64)
 
   def fn(position, uid, value, label):
-    data = tf.io.read_file(value) if kind == 'path' else value
+    data = tf.io.read_file(value) if kind == "path" else value
     if train:
       image = preprocess.train_image(
-          data, tf.stack([seed, uid]), crop=settings.crop,
-          min_area=settings.min_area, flip=settings.flip)
+        data,
+        tf.stack([seed, uid]),
+        crop=settings.crop,
+        min_area=settings.min_area,
+        flip=settings.flip,
+      )
     else:
       image = preprocess.eval_image(data, crop=settings.crop)
     return position, image, preprocess.one_hot(label, num_classes)
@@ -70,9 +76,14 @@ def _example_fn(settings: Settings, kind: str, num_classes: int, train: bool):
   return fn
 
 
-def _realign(batches: Iterator[tuple[np.ndarray, ...]], first: int, size: int,
-             image_shape: tuple[int, ...], num_classes: int, stop: int | None = None
-             ) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
+def _realign(
+  batches: Iterator[tuple[np.ndarray, ...]],
+  first: int,
+  size: int,
+  image_shape: tuple[int, ...],
+  num_classes: int,
+  stop: int | None = None,
+) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
   """Batches with possibly missing positions -> batches of positions [q, q + size).
 
   Yields (q, images [size, ...], labels [size, K], present bool [size]); absent rows
@@ -98,8 +109,7 @@ def _realign(batches: Iterator[tuple[np.ndarray, ...]], first: int, size: int,
     return images, labels, present
 
   for pos, img, lab in batches:
-    if (not pending and len(pos) == size and pos[0] == q
-        and pos[-1] == q + size - 1):
+    if not pending and len(pos) == size and pos[0] == q and pos[-1] == q + size - 1:
       yield q, img, lab, np.ones([size], bool)
       q, last = q + size, pos[-1]
       continue
@@ -124,31 +134,38 @@ class _Failures:
   def report(self, position: int) -> None:
     value, label, index, uid = self.reader.locate(position)
     source = self.reader.source
-    if source.kind == 'path':
+    if source.kind == "path":
       name = value.decode() if isinstance(value, bytes) else str(value)
     else:
-      name = f'example {index} of {source.name}'
+      name = f"example {index} of {source.name}"
     try:  # Run the same function again, eagerly, to recover the decoder's message.
-      self.example_fn(tf.constant(position, tf.int64), tf.constant(uid, tf.int64),
-                      tf.constant(value), tf.constant(label, tf.int64))
-      reason = 'it failed inside the input pipeline'
+      self.example_fn(
+        tf.constant(position, tf.int64),
+        tf.constant(uid, tf.int64),
+        tf.constant(value),
+        tf.constant(label, tf.int64),
+      )
+      reason = "it failed inside the input pipeline"
     except (tf.errors.OpError, ValueError) as e:
-      reason = getattr(e, 'message', str(e)).strip().splitlines()[0]
+      reason = getattr(e, "message", str(e)).strip().splitlines()[0]
     if not self.skip:
       raise ValueError(
-          f'Cannot read image {name!r}: {reason}. Remove or replace the file, or set '
-          f'config.skip_corrupt_images=True to skip such images (logged and counted).')
+        f"Cannot read image {name!r}: {reason}. Remove or replace the file, or set "
+        f"config.skip_corrupt_images=True to skip such images (logged and counted)."
+      )
     self.count += 1
-    logging.warning('Skipped unreadable image %r (%s); %d skipped so far.', name,
-                    reason, self.count)
+    logging.warning(
+      "Skipped unreadable image %r (%s); %d skipped so far.", name, reason, self.count
+    )
 
 
 def _stream_failed(reader: readers.Reader) -> BaseException:
-  return reader.error or RuntimeError(f'The input stream of {reader.source.name} ended.')
+  return reader.error or RuntimeError(f"The input stream of {reader.source.name} ended.")
 
 
-def local_train_batches(dataset: Dataset, local_batch: int, start_step: int,
-                        process: int, process_count: int) -> Iterator[Batch]:
+def local_train_batches(
+  dataset: Dataset, local_batch: int, start_step: int, process: int, process_count: int
+) -> Iterator[Batch]:
   """Endless host-local train batches of one process, from `start_step` on.
 
   They are rows [process * local_batch, (process + 1) * local_batch) of the global
@@ -161,12 +178,15 @@ def local_train_batches(dataset: Dataset, local_batch: int, start_step: int,
   num_lanes = local_batch * process_count
   if source.num_examples < num_lanes:
     raise ValueError(
-        f'Split {source.name} has {source.num_examples} examples, fewer than the global '
-        f'batch of {num_lanes}; use a larger split or a smaller config.batch.')
-  window = (source.num_examples if source.random_access
-            else max(1, settings.shuffle_buffer // num_lanes))
-  reader = readers.LaneReader(source, process * local_batch, local_batch, num_lanes,
-                              window, settings.seed, start_step)
+      f"Split {source.name} has {source.num_examples} examples, fewer than the global "
+      f"batch of {num_lanes}; use a larger split or a smaller config.batch."
+    )
+  window = (
+    source.num_examples if source.random_access else max(1, settings.shuffle_buffer // num_lanes)
+  )
+  reader = readers.LaneReader(
+    source, process * local_batch, local_batch, num_lanes, window, settings.seed, start_step
+  )
   example_fn = _example_fn(settings, source.kind, dataset.num_classes, train=True)
   failures = _Failures(reader, example_fn, settings.skip_corrupt_images)
   shape = (settings.crop, settings.crop, 3)
@@ -174,22 +194,24 @@ def local_train_batches(dataset: Dataset, local_batch: int, start_step: int,
   def batches() -> Iterator[Batch]:
     ds = _dataset(reader, example_fn, local_batch)
     for q, images, labels, present in _realign(
-        ds.as_numpy_iterator(), start_step * local_batch, local_batch, shape,
-        dataset.num_classes):
+      ds.as_numpy_iterator(), start_step * local_batch, local_batch, shape, dataset.num_classes
+    ):
       if reader.error is not None:
         raise reader.error
       if not present.all():
         for row in np.flatnonzero(~present):
           failures.report(q + int(row))
         if not present.any():
-          raise ValueError(f'No image of a whole batch of {source.name} could be read '
-                           f'(positions {q}..{q + local_batch - 1}); check the data.')
+          raise ValueError(
+            f"No image of a whole batch of {source.name} could be read "
+            f"(positions {q}..{q + local_batch - 1}); check the data."
+          )
         # Fill each failed row with the nearest readable row of the same batch.
         ok = np.flatnonzero(present)
         for row in np.flatnonzero(~present):
           src = ok[np.argmin(np.abs(ok - row))]
           images[row], labels[row] = images[src], labels[src]
-      yield {'image': images, 'label': labels}
+      yield {"image": images, "label": labels}
     raise _stream_failed(reader)
 
   return batches()
@@ -198,8 +220,9 @@ def local_train_batches(dataset: Dataset, local_batch: int, start_step: int,
 class EvalBatches:
   """One pass over a split in host-local batches with 'mask'; iterable many times."""
 
-  def __init__(self, dataset: Dataset, split: str, local_batch: int, process: int,
-               process_count: int):
+  def __init__(
+    self, dataset: Dataset, split: str, local_batch: int, process: int, process_count: int
+  ):
     settings = dataset.settings
     self.source = dataset.split(split)
     n = self.source.num_examples
@@ -208,12 +231,11 @@ class EvalBatches:
     self.num_batches = -(-largest // local_batch)
     self._local_batch, self._size = local_batch, hi - lo
     window = hi - lo if self.source.random_access else _EVAL_WINDOW
-    self._reader = readers.ShardReader(self.source, lo, lambda position: (
-        order.eval_pieces(hi - lo, window, position)))
-    self._example_fn = _example_fn(settings, self.source.kind, dataset.num_classes,
-                                   train=False)
-    self._failures = _Failures(self._reader, self._example_fn,
-                               settings.skip_corrupt_images)
+    self._reader = readers.ShardReader(
+      self.source, lo, lambda position: order.eval_pieces(hi - lo, window, position)
+    )
+    self._example_fn = _example_fn(settings, self.source.kind, dataset.num_classes, train=False)
+    self._failures = _Failures(self._reader, self._example_fn, settings.skip_corrupt_images)
     # Built once: each iteration re-runs the reader from position 0 (a fresh pass).
     self._ds = _dataset(self._reader, self._example_fn, local_batch)
     self._shape = (settings.crop, settings.crop, 3)
@@ -226,21 +248,21 @@ class EvalBatches:
     self._reader.error = None
     stop = self.num_batches * self._local_batch
     for q, images, labels, present in _realign(
-        self._ds.as_numpy_iterator(), 0, self._local_batch, self._shape, self._num_classes,
-        stop=stop):
+      self._ds.as_numpy_iterator(), 0, self._local_batch, self._shape, self._num_classes, stop=stop
+    ):
       if self._reader.error is not None:
         raise self._reader.error
       real = q + np.arange(self._local_batch) < self._size
       for row in np.flatnonzero(real & ~present):
         self._failures.report(q + int(row))
-      yield {'image': images, 'label': labels,
-             'mask': (real & present).astype(np.float32)}
+      yield {"image": images, "label": labels, "mask": (real & present).astype(np.float32)}
     if self._reader.error is not None:
       raise self._reader.error
 
 
-def train_iterator(config: Any, mesh: jax.sharding.Mesh, *,
-                   start_step: int = 0) -> Iterator[dict[str, jax.Array]]:
+def train_iterator(
+  config: Any, mesh: jax.sharding.Mesh, *, start_step: int = 0
+) -> Iterator[dict[str, jax.Array]]:
   """Endless global train batches, sharded over the 'data' mesh axis.
 
   Yields {'image': f32[B, crop, crop, 3] in [-1, 1], 'label': f32[B, K] one-hot}
@@ -249,8 +271,8 @@ def train_iterator(config: Any, mesh: jax.sharding.Mesh, *,
   """
   settings = Settings.from_config(config)
   if start_step < 0:
-    raise ValueError(f'start_step={start_step} must be >= 0 (the step to resume at).')
-  local_batch = batching.local_batch_size(settings.batch, mesh, 'batch')
+    raise ValueError(f"start_step={start_step} must be >= 0 (the step to resume at).")
+  local_batch = batching.local_batch_size(settings.batch, mesh, "batch")
   block, blocks = batching.process_row_block(settings.batch, mesh)
   batches = local_train_batches(Dataset(settings), local_batch, start_step, block, blocks)
   return batching.prefetch_to_device(batches, mesh, settings.prefetch)
@@ -269,8 +291,9 @@ class EvalIterator:
     return batching.prefetch_to_device(iter(self._batches), self._mesh, self._prefetch)
 
 
-def eval_iterator(config: Any, mesh: jax.sharding.Mesh, *,
-                  split: str | None = None) -> EvalIterator:
+def eval_iterator(
+  config: Any, mesh: jax.sharding.Mesh, *, split: str | None = None
+) -> EvalIterator:
   """Global eval batches over `split or config.test_split`, every example once.
 
   Yields {'image': f32[B, crop, crop, 3], 'label': f32[B, K], 'mask': f32[B]} with
@@ -278,8 +301,7 @@ def eval_iterator(config: Any, mesh: jax.sharding.Mesh, *,
   another pass.
   """
   settings = Settings.from_config(config)
-  local_batch = batching.local_batch_size(settings.batch_eval, mesh, 'batch_eval')
+  local_batch = batching.local_batch_size(settings.batch_eval, mesh, "batch_eval")
   block, blocks = batching.process_row_block(settings.batch_eval, mesh)
-  batches = EvalBatches(Dataset(settings), split or settings.test_split, local_batch,
-                        block, blocks)
+  batches = EvalBatches(Dataset(settings), split or settings.test_split, local_batch, block, blocks)
   return EvalIterator(batches, mesh, settings.prefetch)

@@ -9,6 +9,7 @@ the run was resumed at.
 Output convention (shared with the official checkpoints): float32 [crop, crop, 3] with
 values (x - 127.5) / 127.5, clipped so they lie within [-1, 1] exactly.
 """
+
 from __future__ import annotations
 
 import tensorflow as tf
@@ -28,32 +29,32 @@ def decode_rgb(data: tf.Tensor) -> tf.Tensor:
   return image
 
 
-def inception_crop_window(image_shape: tf.Tensor, seed: tf.Tensor,
-                          min_area: float) -> tf.Tensor:
+def inception_crop_window(image_shape: tf.Tensor, seed: tf.Tensor, min_area: float) -> tf.Tensor:
   """A random crop window [y, x, h, w] (int32 [4]) for an image of shape [H, W, C].
 
   The window covers `min_area`..100% of the image area with aspect ratio in
   CROP_ASPECT_RANGE; when no proposal fits it is the whole image.
   """
   begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
-      image_shape,
-      bounding_boxes=tf.zeros([0, 0, 4], tf.float32),
-      seed=seed,
-      min_object_covered=0.0,
-      aspect_ratio_range=CROP_ASPECT_RANGE,
-      area_range=(min_area, 1.0),
-      max_attempts=_CROP_ATTEMPTS,
-      use_image_if_no_bounding_boxes=True)
+    image_shape,
+    bounding_boxes=tf.zeros([0, 0, 4], tf.float32),
+    seed=seed,
+    min_object_covered=0.0,
+    aspect_ratio_range=CROP_ASPECT_RANGE,
+    area_range=(min_area, 1.0),
+    max_attempts=_CROP_ATTEMPTS,
+    use_image_if_no_bounding_boxes=True,
+  )
   return tf.stack([begin[0], begin[1], size[0], size[1]])
 
 
-def decode_inception_crop(data: tf.Tensor, seed: tf.Tensor,
-                          min_area: float) -> tf.Tensor:
+def decode_inception_crop(data: tf.Tensor, seed: tf.Tensor, min_area: float) -> tf.Tensor:
   """Encoded bytes -> uint8 [h, w, 3], a random inception crop of the image.
 
   JPEGs are cropped while decoding (only the window's blocks are decoded, the main
   cost of the train pipeline); other formats are decoded whole, then cropped.
   """
+
   def jpeg() -> tf.Tensor:
     window = inception_crop_window(tf.image.extract_jpeg_shape(data), seed, min_area)
     return tf.image.decode_and_crop_jpeg(data, window, channels=3)
@@ -61,7 +62,7 @@ def decode_inception_crop(data: tf.Tensor, seed: tf.Tensor,
   def other() -> tf.Tensor:
     image = decode_rgb(data)
     y, x, h, w = tf.unstack(inception_crop_window(tf.shape(image), seed, min_area))
-    return image[y:y + h, x:x + w]
+    return image[y : y + h, x : x + w]
 
   image = tf.cond(tf.io.is_jpeg(data), jpeg, other)
   image.set_shape([None, None, 3])
@@ -73,7 +74,7 @@ def resize(image: tf.Tensor, crop: int) -> tf.Tensor:
 
   Float round-off may step a hair outside 0..255; normalize() clips.
   """
-  return tf.image.resize(image, [crop, crop], method='bilinear')
+  return tf.image.resize(image, [crop, crop], method="bilinear")
 
 
 def normalize(image: tf.Tensor) -> tf.Tensor:
@@ -82,8 +83,9 @@ def normalize(image: tf.Tensor) -> tf.Tensor:
   return tf.clip_by_value(image, -1.0, 1.0)
 
 
-def train_image(data: tf.Tensor, seed: tf.Tensor, *, crop: int, min_area: float,
-                flip: bool) -> tf.Tensor:
+def train_image(
+  data: tf.Tensor, seed: tf.Tensor, *, crop: int, min_area: float, flip: bool
+) -> tf.Tensor:
   """Encoded bytes -> float32 [crop, crop, 3] in [-1, 1], randomly augmented.
 
   Inception crop (area min_area..1, aspect 3/4..4/3), optional horizontal flip,
@@ -91,7 +93,8 @@ def train_image(data: tf.Tensor, seed: tf.Tensor, *, crop: int, min_area: float,
   independent seeds derived from it.
   """
   crop_seed, flip_seed = tf.unstack(
-      tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), num=2))
+    tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), num=2)
+  )
   image = decode_inception_crop(data, crop_seed, min_area)  # [h, w, 3]
   if flip:
     image = tf.image.stateless_random_flip_left_right(image, flip_seed)

@@ -17,6 +17,7 @@ resolution as much as our experiment files do.
     'imagenet21k' with one 'full' split (the first 51,200 examples are held out for
     evaluation, as in big_vision), or an image folder with the same slicing.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,11 +33,11 @@ class Preset:
 
 
 PRESETS: dict[str, Preset] = {
-    'cifar10': Preset(10, 'train[:98%]', 'test', 384, 10_000),
-    'cifar100': Preset(100, 'train[:98%]', 'test', 384, 10_000),
-    'imagenet2012': Preset(1000, 'train[:99%]', 'validation', 384, 20_000),
-    'imagenet21k': Preset(21843, 'full[51200:]', 'full[:51200]', 224, 310_000),
-    'oxford_iiit_pet': Preset(37, 'train[:90%]', 'test', 384, 500),
-    'oxford_flowers102': Preset(102, 'train', 'test', 384, 500),
-    'digits': Preset(10, 'train', 'test', 32, 1_000),
+  "cifar10": Preset(10, "train[:98%]", "test", 384, 10_000),
+  "cifar100": Preset(100, "train[:98%]", "test", 384, 10_000),
+  "imagenet2012": Preset(1000, "train[:99%]", "validation", 384, 20_000),
+  "imagenet21k": Preset(21843, "full[51200:]", "full[:51200]", 224, 310_000),
+  "oxford_iiit_pet": Preset(37, "train[:90%]", "test", 384, 500),
+  "oxford_flowers102": Preset(102, "train", "test", 384, 500),
+  "digits": Preset(10, "train", "test", 32, 1_000),
 }

@@ -5,6 +5,7 @@ A split string uses tfds syntax for every kind of dataset, folders included:
 absolute ranges of the named splits; the configured split is their concatenation,
 and its examples are numbered 0..num_examples-1 in that order.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,6 +18,7 @@ import tensorflow_datasets as tfds
 @dataclasses.dataclass(frozen=True)
 class Range:
   """Examples [start, stop) of the named split."""
+
   split: str
   start: int
   stop: int
@@ -28,6 +30,7 @@ class Range:
 @dataclasses.dataclass(frozen=True)
 class _SplitSize:
   """The two fields tfds reads when it resolves a split string."""
+
   num_examples: int
   shard_lengths: tuple[int, ...]
 
@@ -42,17 +45,19 @@ def resolve(spec: str, sizes: Mapping[str, int]) -> list[Range]:
     instructions = tfds.core.ReadInstruction.from_spec(spec).to_absolute(infos)
   except (ValueError, AssertionError) as e:
     raise ValueError(
-        f'Split {spec!r} does not match the available splits '
-        f'{dict(sizes)} ({e}). Use a name from that list, optionally sliced as in '
-        f'"train[:98%]" or "train[1000:]".') from None
+      f"Split {spec!r} does not match the available splits "
+      f"{dict(sizes)} ({e}). Use a name from that list, optionally sliced as in "
+      f'"train[:98%]" or "train[1000:]".'
+    ) from None
   ranges = []
   for ins in instructions:
     start = 0 if ins.from_ is None else ins.from_
     stop = sizes[ins.splitname] if ins.to is None else ins.to
     ranges.append(Range(ins.splitname, start, stop))
   if sum(len(r) for r in ranges) == 0:
-    raise ValueError(f'Split {spec!r} selects no examples (split sizes: '
-                     f'{dict(sizes)}). Widen the slice.')
+    raise ValueError(
+      f"Split {spec!r} selects no examples (split sizes: {dict(sizes)}). Widen the slice."
+    )
   return ranges
 
 
@@ -76,6 +81,7 @@ class SplitSource(Protocol):
     whole split can be shuffled at once; False for sequential storage (tfds records),
     which is shuffled in windows of config.shuffle_buffer consecutive examples.
   """
+
   name: str
   kind: str
   random_access: bool
@@ -85,8 +91,7 @@ class SplitSource(Protocol):
     """Examples [start, stop) as (values object [n], labels int64 [n])."""
     ...
 
-  def read_many(self, ranges: list[tuple[int, int]]
-                ) -> list[tuple[np.ndarray, np.ndarray]]:
+  def read_many(self, ranges: list[tuple[int, int]]) -> list[tuple[np.ndarray, np.ndarray]]:
     """read(start, stop) of each [start, stop) range, in order. Training reads the
     windows a block of steps needs with one call: a source whose reads carry a setup
     cost (tfds) reads them together; one that reads files by path can loop over read."""

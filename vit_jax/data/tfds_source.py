@@ -6,36 +6,37 @@ the pipeline); only the `image` and `label` features are read. The one exception
 few seconds the first time it is used; and a dataset whose archives the user placed in
 `manual_dir` is prepared from there by a single-process run.
 """
+
 from __future__ import annotations
 
 import functools
-import logging
 import operator
 
 import jax
 import numpy as np
 import tensorflow_datasets as tfds
+from absl import logging
 
 from vit_jax.data import digits  # Registers the `digits` builder with tfds.
 from vit_jax.data import splits as splits_lib
 
-_IMAGE, _LABEL = 'image', 'label'  # Feature keys every supported dataset has.
+_IMAGE, _LABEL = "image", "label"  # Feature keys every supported dataset has.
 _READ_BATCH = 1024  # Records converted to numpy at a time.
 
 
 class TfdsDataset:
   """A prepared tfds dataset: its builder, class names and splits."""
 
-  def __init__(self, name: str, data_dir: str | None = None,
-               manual_dir: str | None = None):
+  def __init__(self, name: str, data_dir: str | None = None, manual_dir: str | None = None):
     self.name = name
     try:
       self.builder = tfds.builder(name, data_dir=data_dir)
     except tfds.core.registered.DatasetNotFoundError:
       raise ValueError(
-          f'config.dataset={name!r} is neither a tfds dataset nor a folder. Use a tfds '
-          f'name (e.g. "cifar10", "imagenet2012", the built-in offline "digits"), or '
-          f'"folder:/path/to/root" for <root>/<split>/<class>/*.jpg.') from None
+        f"config.dataset={name!r} is neither a tfds dataset nor a folder. Use a tfds "
+        f'name (e.g. "cifar10", "imagenet2012", the built-in offline "digits"), or '
+        f'"folder:/path/to/root" for <root>/<split>/<class>/*.jpg.'
+      ) from None
     self._data_dir = data_dir
     self._manual_dir = manual_dir
     self._prepare_if_possible()
@@ -43,11 +44,12 @@ class TfdsDataset:
     missing = [k for k in (_IMAGE, _LABEL) if k not in features]
     if missing:
       raise ValueError(
-          f'tfds dataset {name!r} has no {missing} feature (it has {list(features)}); '
-          f'the pipeline reads "{_IMAGE}" and "{_LABEL}". Use an image classification '
-          f'dataset, or export it as an image folder.')
+        f"tfds dataset {name!r} has no {missing} feature (it has {list(features)}); "
+        f'the pipeline reads "{_IMAGE}" and "{_LABEL}". Use an image classification '
+        f"dataset, or export it as an image folder."
+      )
     label = features[_LABEL]
-    self.num_classes = getattr(label, 'num_classes', None)
+    self.num_classes = getattr(label, "num_classes", None)
     self.class_names = list(label.names) if self.num_classes else None
 
   def _prepare_if_possible(self) -> None:
@@ -64,31 +66,36 @@ class TfdsDataset:
           raise
         self.builder = tfds.builder(self.name, data_dir=self._data_dir)
     elif self._manual_dir and jax.process_count() == 1:
-      logging.info('Preparing %s from manual_dir %s', self.name, self._manual_dir)
+      logging.info("Preparing %s from manual_dir %s", self.name, self._manual_dir)
       try:
-        self.builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
-            manual_dir=self._manual_dir))
+        self.builder.download_and_prepare(
+          download_config=tfds.download.DownloadConfig(manual_dir=self._manual_dir)
+        )
       except Exception as e:  # Offline: a needed download fails somewhere inside tfds.
         raise FileNotFoundError(
-            f'Preparing tfds dataset {self.name!r} from manual_dir '
-            f'{self._manual_dir!r} into {self._data_dir_text()} failed: {e!r}. Check '
-            f'that the archives tfds expects are in manual_dir, or prepare it where a '
-            f'network is available: `tfds build {self.name} --data_dir=<dir> '
-            f'--manual_dir=<dir>`.') from e
+          f"Preparing tfds dataset {self.name!r} from manual_dir "
+          f"{self._manual_dir!r} into {self._data_dir_text()} failed: {e!r}. Check "
+          f"that the archives tfds expects are in manual_dir, or prepare it where a "
+          f"network is available: `tfds build {self.name} --data_dir=<dir> "
+          f"--manual_dir=<dir>`."
+        ) from e
 
   def _data_dir_text(self) -> str:
-    return (repr(self._data_dir) if self._data_dir else
-            f'the tfds default data_dir ({tfds.core.constants.DATA_DIR!r} or '
-            f'$TFDS_DATA_DIR)')
+    return (
+      repr(self._data_dir)
+      if self._data_dir
+      else f"the tfds default data_dir ({tfds.core.constants.DATA_DIR!r} or $TFDS_DATA_DIR)"
+    )
 
   def not_prepared_error(self) -> FileNotFoundError:
     return FileNotFoundError(
-        f'tfds dataset {self.name!r} is not prepared in {self._data_dir_text()} '
-        f'(looked for {self.builder.data_dir!r}), and this pipeline does not download. '
-        f'Prepare it once: `tfds build {self.name} --data_dir=<dir>` (add '
-        f'`--manual_dir=<dir>` for datasets such as imagenet2012 whose archives you '
-        f'download yourself, or set config.manual_dir to prepare from there), then set '
-        f'config.data_dir=<dir>.')
+      f"tfds dataset {self.name!r} is not prepared in {self._data_dir_text()} "
+      f"(looked for {self.builder.data_dir!r}), and this pipeline does not download. "
+      f"Prepare it once: `tfds build {self.name} --data_dir=<dir>` (add "
+      f"`--manual_dir=<dir>` for datasets such as imagenet2012 whose archives you "
+      f"download yourself, or set config.manual_dir to prepare from there), then set "
+      f"config.data_dir=<dir>."
+    )
 
   def split_sizes(self) -> dict[str, int]:
     """{split name: number of examples}; empty when tfds has no metadata (mock data)."""
@@ -106,18 +113,21 @@ class TfdsDataset:
       # One file at a time: tfds' default interleaves the ranges of a multi-range read
       # in blocks of 16 records, mixing lanes' windows.
       ds = self.builder.as_dataset(
-          split=split, decoders=decoders, shuffle_files=False,
-          read_config=tfds.ReadConfig(interleave_cycle_length=1))
+        split=split,
+        decoders=decoders,
+        shuffle_files=False,
+        read_config=tfds.ReadConfig(interleave_cycle_length=1),
+      )
     except AssertionError as e:  # tfds' "could not find data in <data_dir>".
       raise self.not_prepared_error() from e
     ds = ds.map(lambda ex: (ex[_IMAGE], ex[_LABEL])).batch(_READ_BATCH).prefetch(1)
     values, labels = [np.zeros([0], object)], [np.zeros([0], np.int64)]
-    for v, l in ds.as_numpy_iterator():
-      values.append(v.astype(object))
-      labels.append(l.astype(np.int64))
+    for value, label in ds.as_numpy_iterator():
+      values.append(value.astype(object))
+      labels.append(label.astype(np.int64))
     return np.concatenate(values), np.concatenate(labels)
 
-  def split(self, spec: str) -> 'TfdsSplit':
+  def split(self, spec: str) -> "TfdsSplit":
     return TfdsSplit(self, spec)
 
 
@@ -129,11 +139,11 @@ class TfdsSplit:
   split is read once and kept in memory; slicing is then up to tfds.
   """
 
-  kind = 'bytes'
+  kind = "bytes"
   random_access = False
 
   def __init__(self, dataset: TfdsDataset, spec: str):
-    self.name = f'{dataset.name}:{spec}'
+    self.name = f"{dataset.name}:{spec}"
     self._dataset = dataset
     sizes = dataset.split_sizes()
     self._in_memory = None
@@ -141,33 +151,38 @@ class TfdsSplit:
       self._ranges = splits_lib.resolve(spec, sizes)
       self.num_examples = sum(len(r) for r in self._ranges)
     else:
-      logging.warning('tfds has no split sizes for %s; reading the whole split into '
-                      'memory to count it.', self.name)
+      logging.warning(
+        "tfds has no split sizes for %s; reading the whole split into memory to count it.",
+        self.name,
+      )
       self._in_memory = dataset.load(spec)
       self.num_examples = len(self._in_memory[1])
       if not self.num_examples:
-        raise ValueError(f'Split {spec!r} of {dataset.name!r} is empty.')
+        raise ValueError(f"Split {spec!r} of {dataset.name!r} is empty.")
 
   def read(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
     """Encoded images and labels of examples [start, stop)."""
     return self.read_many([(start, stop)])[0]
 
-  def read_many(self, ranges: list[tuple[int, int]]
-                ) -> list[tuple[np.ndarray, np.ndarray]]:
+  def read_many(self, ranges: list[tuple[int, int]]) -> list[tuple[np.ndarray, np.ndarray]]:
     """read(start, stop) of each range, through one tfds read (much faster than one
     read per range: each read sets up a tf.data pipeline)."""
     if self._in_memory is not None:
       return [tuple(a[lo:hi] for a in self._in_memory) for lo, hi in ranges]
-    instructions = [tfds.core.ReadInstruction(r.split, from_=r.start, to=r.stop,
-                                              unit='abs')
-                    for lo, hi in ranges for r in splits_lib.select(self._ranges, lo, hi)]
+    instructions = [
+      tfds.core.ReadInstruction(r.split, from_=r.start, to=r.stop, unit="abs")
+      for lo, hi in ranges
+      for r in splits_lib.select(self._ranges, lo, hi)
+    ]
     if not instructions:
       values, labels = np.zeros([0], object), np.zeros([0], np.int64)
     else:
       values, labels = self._dataset.load(functools.reduce(operator.add, instructions))
     ends = np.cumsum([max(hi - lo, 0) for lo, hi in ranges])
     if len(values) != (ends[-1] if len(ends) else 0):
-      raise RuntimeError(f'{self.name}: read {len(values)} examples for ranges {ranges}, '
-                         f'expected {ends[-1]}; the prepared dataset may be incomplete.')
+      raise RuntimeError(
+        f"{self.name}: read {len(values)} examples for ranges {ranges}, "
+        f"expected {ends[-1]}; the prepared dataset may be incomplete."
+      )
     starts = ends - [max(hi - lo, 0) for lo, hi in ranges]
     return [(values[a:b], labels[a:b]) for a, b in zip(starts, ends)]

@@ -9,6 +9,7 @@ the run's `config.json` (a masked-patch-prediction run's too); an official `.npz
 --model, or its architecture and resolution are inferred from the array shapes. --crop
 changes the resolution (position embeddings are interpolated as for fine-tuning).
 """
+
 from __future__ import annotations
 
 import json
@@ -17,34 +18,49 @@ import os
 import jax
 import jax.numpy as jnp
 import ml_collections
-from absl import app
-from absl import flags
+from absl import app, flags
 
-from vit_jax import models
-from vit_jax import pretrained
-from vit_jax import sharding
+from vit_jax import models, pretrained, sharding
 from vit_jax.fewshot import evaluator as evaluator_lib
 from vit_jax.fewshot import linear
 from vit_jax.interop import loader
 
-_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "An official-layout .npz, or a run's "
-                                  "<workdir>/checkpoints folder (or one of its step folders).")
-_MODEL = flags.DEFINE_enum("model", None, models.MODEL_NAMES,
-                           "The model of an .npz checkpoint (default: inferred from the shapes; a "
-                           "run's comes from its config.json).")
+_CHECKPOINT = flags.DEFINE_string(
+  "checkpoint",
+  None,
+  "An official-layout .npz, or a run's <workdir>/checkpoints folder (or one of its step folders).",
+)
+_MODEL = flags.DEFINE_enum(
+  "model",
+  None,
+  models.MODEL_NAMES,
+  "The model of an .npz checkpoint (default: inferred from the shapes; a "
+  "run's comes from its config.json).",
+)
 _DATASETS = flags.DEFINE_list("dataset", ["digits"], "tfds names or folder:/path, comma-separated.")
-_SHOTS = flags.DEFINE_list("shots", [str(s) for s in evaluator_lib.DEFAULT_SHOTS],
-                           "Examples per class in the few-shot train set.")
-_SEEDS = flags.DEFINE_integer("seeds", evaluator_lib.DEFAULT_SEEDS,
-                              "Class-balanced samples per shot count.")
+_SHOTS = flags.DEFINE_list(
+  "shots",
+  [str(s) for s in evaluator_lib.DEFAULT_SHOTS],
+  "Examples per class in the few-shot train set.",
+)
+_SEEDS = flags.DEFINE_integer(
+  "seeds", evaluator_lib.DEFAULT_SEEDS, "Class-balanced samples per shot count."
+)
 _L2_REG = flags.DEFINE_float("l2_reg", linear.DEFAULT_L2_REG, "The ridge term lambda.")
-_TRAIN_SPLIT = flags.DEFINE_string("train_split", None,
-                                   "The split to sample shots from (default: the dataset's "
-                                   "preset train split, else 'train').")
-_TEST_SPLIT = flags.DEFINE_string("test_split", None, "The held-out split (default: the "
-                                  "dataset's preset test split, else 'test').")
-_CROP = flags.DEFINE_integer("crop", None, "Image size (default: the run's pp.crop, or "
-                             "what an .npz's position embeddings were trained for).")
+_TRAIN_SPLIT = flags.DEFINE_string(
+  "train_split",
+  None,
+  "The split to sample shots from (default: the dataset's preset train split, else 'train').",
+)
+_TEST_SPLIT = flags.DEFINE_string(
+  "test_split", None, "The held-out split (default: the dataset's preset test split, else 'test')."
+)
+_CROP = flags.DEFINE_integer(
+  "crop",
+  None,
+  "Image size (default: the run's pp.crop, or "
+  "what an .npz's position embeddings were trained for).",
+)
 _BATCH = flags.DEFINE_integer("batch", 256, "Images per forward pass (all devices).")
 _DATA_DIR = flags.DEFINE_string("data_dir", None, "tfds data_dir (default: the run's, or tfds').")
 flags.mark_flag_as_required("checkpoint")
@@ -65,23 +81,37 @@ def _config(checkpoint: str) -> ml_collections.ConfigDict:
   if os.path.isdir(checkpoint):
     path = _run_config_path(checkpoint)
     if path is None:
-      raise app.UsageError(f"No config.json next to {checkpoint!r}: pass a run's "
-                           "<workdir>/checkpoints folder (or a step folder inside it).")
+      raise app.UsageError(
+        f"No config.json next to {checkpoint!r}: pass a run's "
+        "<workdir>/checkpoints folder (or a step folder inside it)."
+      )
     with open(path) as f:
       config = ml_collections.ConfigDict(json.load(f))
     if _MODEL.value:
-      raise app.UsageError(f"--model={_MODEL.value} would replace the model of the run in "
-                           f"{path}: leave --model out for a run's checkpoints.")
+      raise app.UsageError(
+        f"--model={_MODEL.value} would replace the model of the run in "
+        f"{path}: leave --model out for a run's checkpoints."
+      )
   else:
     loaded = loader.load(checkpoint, _MODEL.value)
     if not (_CROP.value or loaded.image_size):
-      raise app.UsageError(f"{checkpoint!r} does not say its image size (no learned position "
-                           "embeddings): pass --crop.")
+      raise app.UsageError(
+        f"{checkpoint!r} does not say its image size (no learned position embeddings): pass --crop."
+      )
     crop = loaded.image_size[0] if loaded.image_size else None
     # The data keys for evaluation only: no augmentation, no shuffling, no skipped images.
-    config = ml_collections.ConfigDict(dict(
-        model=loaded.config, pp=dict(crop=crop, min_area=1.0, flip=False), data_dir=None,
-        manual_dir=None, shuffle_buffer=1, prefetch=2, seed=0, skip_corrupt_images=False))
+    config = ml_collections.ConfigDict(
+      dict(
+        model=loaded.config,
+        pp=dict(crop=crop, min_area=1.0, flip=False),
+        data_dir=None,
+        manual_dir=None,
+        shuffle_buffer=1,
+        prefetch=2,
+        seed=0,
+        skip_corrupt_images=False,
+      )
+    )
   config.pp.crop = _CROP.value or config.pp.crop
   config.batch = config.batch_eval = _BATCH.value
   config.data_dir = _DATA_DIR.value or config.get("data_dir")
@@ -95,14 +125,24 @@ def main(argv):
   config = _config(checkpoint)
   mesh = sharding.make_mesh(((sharding.DATA_AXIS, -1),))
   evaluator = evaluator_lib.FewShotEvaluator(
-      config, mesh, _DATASETS.value, shots=[int(s) for s in _SHOTS.value], seeds=_SEEDS.value,
-      l2_reg=_L2_REG.value, train_split=_TRAIN_SPLIT.value, test_split=_TEST_SPLIT.value)
+    config,
+    mesh,
+    _DATASETS.value,
+    shots=[int(s) for s in _SHOTS.value],
+    seeds=_SEEDS.value,
+    l2_reg=_L2_REG.value,
+    train_split=_TRAIN_SPLIT.value,
+    test_split=_TEST_SPLIT.value,
+  )
   crop = config.pp.crop
   image = jnp.zeros((1, crop, crop, 3))
   init_params = jax.jit(evaluator.model.init)(jax.random.PRNGKey(0), image)["params"]
   params = pretrained.load_pretrained(
-      checkpoint, jax.device_get(init_params), config.model,
-      new_grid_hw=evaluator.model.grid_hw((crop, crop)))
+    checkpoint,
+    jax.device_get(init_params),
+    config.model,
+    new_grid_hw=evaluator.model.grid_hw((crop, crop)),
+  )
   params = jax.device_put(params, sharding.replicated(mesh))
 
   results = evaluator(params)
@@ -110,8 +150,10 @@ def main(argv):
   for r in results:
     print(f"{r.dataset:<20} {r.shots:>5} {r.mean:>9.4f} {r.spread:>7.4f} {r.seconds:>8.2f}")
   for r in {r.dataset: r for r in results}.values():
-    print(f"{r.dataset}: features of {r.examples} images in {r.feature_seconds:.1f}s "
-          f"({r.examples / r.feature_seconds:.0f}/s), {_SEEDS.value} seeds per row.")
+    print(
+      f"{r.dataset}: features of {r.examples} images in {r.feature_seconds:.1f}s "
+      f"({r.examples / r.feature_seconds:.0f}/s), {_SEEDS.value} seeds per row."
+    )
 
 
 if __name__ == "__main__":

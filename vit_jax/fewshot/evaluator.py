@@ -6,6 +6,7 @@ without its head. They come from a jitted forward pass over every example of a s
 once (the eval pipeline's preprocessing and padded, masked last batch), the batch split
 over the mesh's 'data' axis. The classifier and the sampling are `linear`'s.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,8 +21,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from vit_jax import data
-from vit_jax import sharding
+from vit_jax import data, sharding
 from vit_jax.fewshot import linear
 from vit_jax.models import create_model
 
@@ -33,6 +33,7 @@ Params = Mapping[str, Any]
 @dataclasses.dataclass(frozen=True)
 class Result:
   """Accuracy on the test split over the seeds of one (dataset, shots) pair."""
+
   dataset: str
   shots: int
   accuracies: tuple[float, ...]  # one per seed
@@ -60,11 +61,15 @@ def splits_of(dataset: str) -> tuple[str, str]:
   return (preset.train_split, preset.test_split) if preset else ("train", "test")
 
 
-def features_step(params: Params, batch: Mapping[str, jax.Array], *,
-                  model: nn.Module) -> dict[str, jax.Array]:
+def features_step(
+  params: Params, batch: Mapping[str, jax.Array], *, model: nn.Module
+) -> dict[str, jax.Array]:
   """Representation [B, D], int label [B] and mask [B] of one eval batch."""
-  return {"features": model.apply({"params": params}, batch["image"], train=False),
-          "label": jnp.argmax(batch["label"], axis=-1), "mask": batch["mask"]}
+  return {
+    "features": model.apply({"params": params}, batch["image"], train=False),
+    "label": jnp.argmax(batch["label"], axis=-1),
+    "mask": batch["mask"],
+  }
 
 
 class FewShotEvaluator:
@@ -75,21 +80,33 @@ class FewShotEvaluator:
   override `splits_of` for every dataset.
   """
 
-  def __init__(self, config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
-               datasets: Sequence[str], *, shots: Sequence[int] = DEFAULT_SHOTS,
-               seeds: int = DEFAULT_SEEDS, l2_reg: float = linear.DEFAULT_L2_REG,
-               train_split: str | None = None, test_split: str | None = None):
+  def __init__(
+    self,
+    config: ml_collections.ConfigDict,
+    mesh: jax.sharding.Mesh,
+    datasets: Sequence[str],
+    *,
+    shots: Sequence[int] = DEFAULT_SHOTS,
+    seeds: int = DEFAULT_SEEDS,
+    l2_reg: float = linear.DEFAULT_L2_REG,
+    train_split: str | None = None,
+    test_split: str | None = None,
+  ):
     if config.model.get("classifier", "token") == "unpooled":
-      raise ValueError("Few-shot evaluation needs one representation per image; the model "
-                       "has classifier='unpooled': use 'token' or 'gap'.")
+      raise ValueError(
+        "Few-shot evaluation needs one representation per image; the model "
+        "has classifier='unpooled': use 'token' or 'gap'."
+      )
     self.shots, self.seeds, self.l2_reg = tuple(shots), seeds, l2_reg
     self.model = create_model(config.model, num_classes=None)
     crop = config.pp.crop
     abstract = jax.eval_shape(
-        lambda: self.model.init(jax.random.PRNGKey(0), jnp.zeros((1, crop, crop, 3))))
+      lambda: self.model.init(jax.random.PRNGKey(0), jnp.zeros((1, crop, crop, 3)))
+    )
     self.param_names = frozenset(abstract["params"])
-    self._step = jax.jit(functools.partial(features_step, model=self.model),
-                         out_shardings=sharding.replicated(mesh))
+    self._step = jax.jit(
+      functools.partial(features_step, model=self.model), out_shardings=sharding.replicated(mesh)
+    )
     self._splits: dict[str, tuple[Any, Any, int]] = {}
     for dataset in datasets:
       pool, held_out = splits_of(dataset)
@@ -99,9 +116,10 @@ class FewShotEvaluator:
       data_config.train_split = train_split or pool
       data_config.test_split = test_split or held_out
       self._splits[dataset] = (
-          data.eval_iterator(data_config, mesh, split=data_config.train_split),
-          data.eval_iterator(data_config, mesh, split=data_config.test_split),
-          data.dataset_info(data_config).num_classes)
+        data.eval_iterator(data_config, mesh, split=data_config.train_split),
+        data.eval_iterator(data_config, mesh, split=data_config.test_split),
+        data.dataset_info(data_config).num_classes,
+      )
 
   def feature_params(self, params: Params) -> dict[str, Any]:
     """The parameters the head-less model uses: no head, nor anything of another objective."""
@@ -127,9 +145,14 @@ class FewShotEvaluator:
       test_x, test_y = self.features(params, test_batches)
       feature_seconds = time.perf_counter() - start
       examples = len(pool_x) + len(test_x)
-      logging.info("fewshot %s: features of %d examples (width %d) in %.1fs (%.0f/s).",
-                   dataset, examples, pool_x.shape[1], feature_seconds,
-                   examples / feature_seconds)
+      logging.info(
+        "fewshot %s: features of %d examples (width %d) in %.1fs (%.0f/s).",
+        dataset,
+        examples,
+        pool_x.shape[1],
+        feature_seconds,
+        examples / feature_seconds,
+      )
       for shots in self.shots:
         start = time.perf_counter()
         accuracies = []
@@ -137,8 +160,16 @@ class FewShotEvaluator:
           idx = linear.sample_per_class(pool_y, shots, seed)
           classifier = linear.fit(pool_x[idx], pool_y[idx], num_classes, self.l2_reg)
           accuracies.append(linear.accuracy(classifier, test_x, test_y))
-        results.append(Result(dataset, shots, tuple(accuracies), time.perf_counter() - start,
-                              examples, feature_seconds))
+        results.append(
+          Result(
+            dataset,
+            shots,
+            tuple(accuracies),
+            time.perf_counter() - start,
+            examples,
+            feature_seconds,
+          )
+        )
     return results
 
 
@@ -151,14 +182,18 @@ def as_metrics(results: Sequence[Result]) -> dict[str, float]:
   return metrics
 
 
-def from_config(config: ml_collections.ConfigDict,
-                mesh: jax.sharding.Mesh) -> FewShotEvaluator | None:
+def from_config(
+  config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh
+) -> FewShotEvaluator | None:
   """The evaluator that ``config.fewshot`` asks for, or None when it is off."""
   fs = config.fewshot
   if not fs.datasets:
     return None
   if fs.every <= 0:
-    raise ValueError(f"config.fewshot.every={fs.every} must be positive (steps between "
-                     "evaluations); an empty config.fewshot.datasets turns them off.")
-  return FewShotEvaluator(config, mesh, fs.datasets, shots=fs.shots, seeds=fs.seeds,
-                          l2_reg=fs.l2_reg)
+    raise ValueError(
+      f"config.fewshot.every={fs.every} must be positive (steps between "
+      "evaluations); an empty config.fewshot.datasets turns them off."
+    )
+  return FewShotEvaluator(
+    config, mesh, fs.datasets, shots=fs.shots, seeds=fs.seeds, l2_reg=fs.l2_reg
+  )

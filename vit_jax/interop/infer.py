@@ -14,6 +14,7 @@ embedding kind of a parameter-free table (``sincos2d`` / ``none``) is in the sha
     conv_root/kernel                     [7, 7, C, 64 w] ResNet root, width factor w
     block{s}/unit{u}/...                 ResNet stages and units per stage
 """
+
 from __future__ import annotations
 
 import re
@@ -24,8 +25,7 @@ import ml_collections
 import numpy as np
 from flax import traverse_util
 
-from vit_jax import checkpoint
-from vit_jax import models
+from vit_jax import checkpoint, models
 from vit_jax.models import posemb as posemb_lib
 
 POSEMB = "Transformer/posembed_input/pos_embedding"
@@ -44,16 +44,17 @@ def _shapes(params: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
 def _block_shapes(shapes: Mapping[str, tuple[int, ...]]) -> tuple[int, dict[str, tuple]]:
   """(depth, shapes of block 0 keyed by the path inside a block) for either layout."""
   scanned = f"Transformer/{checkpoint.SCANNED_BLOCK}/"
-  inner = {k[len(scanned):]: s[1:] for k, s in shapes.items() if k.startswith(scanned)}
+  inner = {k[len(scanned) :]: s[1:] for k, s in shapes.items() if k.startswith(scanned)}
   if inner:
     return next(iter(shapes[scanned + k] for k in inner))[0], inner
   layers = {int(m.group(1)) for k in shapes if (m := _BLOCK.match(k))}
   first = "Transformer/encoderblock_0/"
-  return len(layers), {k[len(first):]: s for k, s in shapes.items() if k.startswith(first)}
+  return len(layers), {k[len(first) :]: s for k, s in shapes.items() if k.startswith(first)}
 
 
-def _resnet(shapes: Mapping[str, tuple[int, ...]],
-            unknown: list[str]) -> Optional[ml_collections.ConfigDict]:
+def _resnet(
+  shapes: Mapping[str, tuple[int, ...]], unknown: list[str]
+) -> Optional[ml_collections.ConfigDict]:
   if "conv_root/kernel" not in shapes:
     return None
   units: dict[int, int] = {}
@@ -63,20 +64,30 @@ def _resnet(shapes: Mapping[str, tuple[int, ...]],
       units[stage] = max(units.get(stage, 0), unit)
   if sorted(units) != list(range(1, len(units) + 1)):
     unknown.append(f"ResNet stages (found block{sorted(units)}; expected block1..blockS)")
-  return ml_collections.ConfigDict({
+  return ml_collections.ConfigDict(
+    {
       "num_layers": tuple(units[s] for s in sorted(units)),
-      "width_factor": shapes["conv_root/kernel"][-1] / _ROOT_WIDTH})
+      "width_factor": shapes["conv_root/kernel"][-1] / _ROOT_WIDTH,
+    }
+  )
 
 
 def _official_name(config: ml_collections.ConfigDict) -> Optional[str]:
   """The registered variant with this architecture, if any."""
+
   def arch(c: ml_collections.ConfigDict) -> tuple:
     t, r = c.transformer, c.get("resnet")
-    return (tuple(c.patches.size), c.hidden_size, t.num_layers, t.mlp_dim, t.num_heads,
-            None if r is None else (tuple(r.num_layers), r.width_factor))
+    return (
+      tuple(c.patches.size),
+      c.hidden_size,
+      t.num_layers,
+      t.mlp_dim,
+      t.num_heads,
+      None if r is None else (tuple(r.num_layers), r.width_factor),
+    )
+
   target = arch(config)
-  return next((n for n in models.MODEL_NAMES if arch(models.get_model_config(n)) == target),
-              None)
+  return next((n for n in models.MODEL_NAMES if arch(models.get_model_config(n)) == target), None)
 
 
 def infer_model_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
@@ -109,13 +120,18 @@ def infer_model_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
     posemb = "learn_2d"
   else:
     posemb = None
-    unknown.append("position embeddings (no learned table: 'sincos2d' and 'none' have no "
-                   "parameters to tell them apart)")
+    unknown.append(
+      "position embeddings (no learned table: 'sincos2d' and 'none' have no "
+      "parameters to tell them apart)"
+    )
   resnet = _resnet(shapes, unknown)
   if unknown:
-    raise ValueError("Cannot infer the architecture from the checkpoint's arrays: "
-                     + "; ".join(unknown) + ". Pass the model explicitly (--model=NAME, "
-                     f"one of {', '.join(models.MODEL_NAMES)}).")
+    raise ValueError(
+      "Cannot infer the architecture from the checkpoint's arrays: "
+      + "; ".join(unknown)
+      + ". Pass the model explicitly (--model=NAME, "
+      f"one of {', '.join(models.MODEL_NAMES)})."
+    )
 
   config = models.get_model_config("testing")  # every field, then overwritten
   config.patches.size = tuple(patch)
@@ -139,15 +155,15 @@ def num_classes(params: Mapping[str, Any]) -> Optional[int]:
   return head[-1] if head else None
 
 
-def trained_image_size(params: Mapping[str, Any],
-                       config: ml_collections.ConfigDict) -> Optional[tuple[int, int]]:
+def trained_image_size(
+  params: Mapping[str, Any], config: ml_collections.ConfigDict
+) -> Optional[tuple[int, int]]:
   """The (height, width) the learned position embeddings were trained for; None without
   a learned table. A 1-D table is taken to be a square grid."""
   shapes = _shapes(params)
   if POSEMB in shapes:
     prefix = 1 if config.get("classifier", "token") == "token" else 0
-    grid = posemb_lib.square_grid(shapes[POSEMB][1] - prefix,
-                                  "pass the image size (--resolution)")
+    grid = posemb_lib.square_grid(shapes[POSEMB][1] - prefix, "pass the image size (--resolution)")
   elif POSEMB_X in shapes and POSEMB_Y in shapes:
     grid = shapes[POSEMB_Y][1], shapes[POSEMB_X][2]
   else:

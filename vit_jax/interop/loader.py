@@ -7,6 +7,7 @@ Sources, told apart by what is on disk:
     folder; model, image size and class names come from the run's `config.json`;
   * a Hugging Face `ViTForImageClassification` / `ViTModel` directory (`vit_jax.interop.hf`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,8 +22,7 @@ import jax.numpy as jnp
 import ml_collections
 from absl import logging
 
-from vit_jax import checkpoint
-from vit_jax import models
+from vit_jax import checkpoint, models
 from vit_jax.interop import infer
 
 Params = dict[str, Any]
@@ -35,6 +35,7 @@ _MAX_ERROR_LINES = 20  # of check_tree's list of differences
 @dataclasses.dataclass
 class LoadedModel:
   """A model ready to run: per-layer float parameters and what is known about them."""
+
   config: ml_collections.ConfigDict  # model config (`vit_jax.models.variants` layout)
   params: Params
   num_classes: Optional[int]  # None: no head, the output is the representation
@@ -61,8 +62,9 @@ def class_names(labels: Optional[str], model: LoadedModel) -> list[str]:
     names = imagenet2012_class_names()
   elif labels:
     if not os.path.isfile(labels):
-      raise FileNotFoundError(f"--labels={labels!r} is neither {IMAGENET2012!r} nor a file "
-                              "of class names (one per line).")
+      raise FileNotFoundError(
+        f"--labels={labels!r} is neither {IMAGENET2012!r} nor a file of class names (one per line)."
+      )
     with open(labels) as f:
       names = [line.rstrip("\n") for line in f if line.strip()]
   elif model.class_names:
@@ -72,8 +74,10 @@ def class_names(labels: Optional[str], model: LoadedModel) -> list[str]:
   else:
     return [str(i) for i in range(k)]
   if len(names) != k:
-    raise ValueError(f"{len(names)} class names for a head of {k} classes: pass --labels "
-                     "with one name per class of the model.")
+    raise ValueError(
+      f"{len(names)} class names for a head of {k} classes: pass --labels "
+      "with one name per class of the model."
+    )
   return names
 
 
@@ -84,6 +88,7 @@ def load(path: str | os.PathLike, model_name: Optional[str] = None) -> LoadedMod
   path = os.fspath(path)
   if os.path.isdir(path):
     from vit_jax.interop import hf  # pylint: disable=g-import-not-at-top
+
     if hf.is_hf_dir(path):
       config, params, names, image_size = hf.read_dir(path)
       loaded = LoadedModel(config, params, infer.num_classes(params), image_size, names, path)
@@ -92,9 +97,11 @@ def load(path: str | os.PathLike, model_name: Optional[str] = None) -> LoadedMod
   elif os.path.isfile(path):
     loaded = _load_npz(path, model_name)
   else:
-    raise FileNotFoundError(f"No checkpoint at {path!r}: pass an official-layout .npz, a "
-                            "training run's workdir (or its checkpoints/ or a step folder), "
-                            "or a Hugging Face ViT directory.")
+    raise FileNotFoundError(
+      f"No checkpoint at {path!r}: pass an official-layout .npz, a "
+      "training run's workdir (or its checkpoints/ or a step folder), "
+      "or a Hugging Face ViT directory."
+    )
   _check_fits(loaded)
   return loaded
 
@@ -110,8 +117,9 @@ def _load_npz(path: str, model_name: Optional[str]) -> LoadedModel:
   else:
     config = infer.infer_model_config(params)
     logging.info("%s: inferred architecture %s.", path, config.name)
-  return LoadedModel(config, params, infer.num_classes(params),
-                     infer.trained_image_size(params, config), None, path)
+  return LoadedModel(
+    config, params, infer.num_classes(params), infer.trained_image_size(params, config), None, path
+  )
 
 
 def _run_dirs(path: str) -> tuple[str, str]:
@@ -120,13 +128,16 @@ def _run_dirs(path: str) -> tuple[str, str]:
   for workdir in candidates:
     if os.path.isfile(os.path.join(workdir, _RUN_CONFIG)):
       return workdir, path if workdir != path else os.path.join(path, "checkpoints")
-  raise FileNotFoundError(f"{path!r} is a folder but neither a training run (no "
-                          f"{_RUN_CONFIG} in it or up to two levels above) nor a Hugging Face "
-                          "ViT directory (config.json with model_type 'vit').")
+  raise FileNotFoundError(
+    f"{path!r} is a folder but neither a training run (no "
+    f"{_RUN_CONFIG} in it or up to two levels above) nor a Hugging Face "
+    "ViT directory (config.json with model_type 'vit')."
+  )
 
 
 def _load_run(path: str) -> LoadedModel:
   from vit_jax import data, run_checkpoints  # pylint: disable=g-import-not-at-top
+
   workdir, ckpt = _run_dirs(os.path.abspath(path))
   with open(os.path.join(workdir, _RUN_CONFIG)) as f:
     run_config = ml_collections.ConfigDict(json.load(f))
@@ -137,8 +148,11 @@ def _load_run(path: str) -> LoadedModel:
   try:
     names = data.dataset_info(run_config).class_names
   except Exception as e:  # pylint: disable=broad-except
-    logging.warning("Class names of the run's dataset %r are not available (%s); printing "
-                    "class indices.", run_config.get("dataset"), e)
+    logging.warning(
+      "Class names of the run's dataset %r are not available (%s); printing class indices.",
+      run_config.get("dataset"),
+      e,
+    )
   crop = run_config.pp.crop
   return LoadedModel(config, params, infer.num_classes(params), (crop, crop), names, path)
 
@@ -149,14 +163,17 @@ def _check_fits(loaded: LoadedModel) -> None:
   dummy = jax.ShapeDtypeStruct((1, *size, 3), jnp.float32)
   expected = jax.eval_shape(lambda x: loaded.module().init(jax.random.PRNGKey(0), x), dummy)
   try:
-    checkpoint.check_tree(loaded.params, nn.unbox(expected["params"]),
-                          source=f"checkpoint {loaded.source!r}")
+    checkpoint.check_tree(
+      loaded.params, nn.unbox(expected["params"]), source=f"checkpoint {loaded.source!r}"
+    )
   except ValueError as e:
     lines = str(e).splitlines()
     if len(lines) > _MAX_ERROR_LINES:
       lines = lines[:_MAX_ERROR_LINES] + [f"  ... and {len(lines) - _MAX_ERROR_LINES} more"]
-    raise ValueError("\n".join(lines) + "\n  Fix: pass the checkpoint's model (--model=NAME) "
-                     "or leave it out to infer it from the array shapes.") from None
+    raise ValueError(
+      "\n".join(lines) + "\n  Fix: pass the checkpoint's model (--model=NAME) "
+      "or leave it out to infer it from the array shapes."
+    ) from None
 
 
 def image_size(model: LoadedModel, resolution: Optional[int]) -> tuple[int, int]:
@@ -165,13 +182,15 @@ def image_size(model: LoadedModel, resolution: Optional[int]) -> tuple[int, int]
   if resolution:
     learned = model.config.get("posemb", "learn") in ("learn", "learn_2d")
     if learned and trained and trained != (resolution, resolution):
-      raise ValueError(f"--resolution={resolution}, but {model.source!r} has position "
-                       f"embeddings for {trained[0]}x{trained[1]}: leave --resolution out, or "
-                       "fine-tune at the new size first (config.pretrained resizes them).")
+      raise ValueError(
+        f"--resolution={resolution}, but {model.source!r} has position "
+        f"embeddings for {trained[0]}x{trained[1]}: leave --resolution out, or "
+        "fine-tune at the new size first (config.pretrained resizes them)."
+      )
     return resolution, resolution
   if trained is None:
-    raise ValueError(f"{model.source!r} does not say its image size (no learned position "
-                     "embeddings): pass --resolution.")
+    raise ValueError(
+      f"{model.source!r} does not say its image size (no learned position "
+      "embeddings): pass --resolution."
+    )
   return trained
-
-

@@ -11,6 +11,7 @@ timm's fused attention input ``qkv`` is our query, key and value stacked; classi
 'gap' is ``global_pool='avg'`` with the final norm before pooling (``fc_norm=False``).
 Hybrids map onto timm's R50 (3, 4, 9), R26 (2, 2, 2, 2) and root-only models.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,21 +22,28 @@ import ml_collections
 import numpy as np
 from flax import traverse_util
 
-
 Params = dict[str, Any]
 WEIGHTS = "model.safetensors"
 SPEC = "timm_model.json"
 # Official architectures -> timm names (any other plain ViT uses the generic name below,
 # with every dimension given as a keyword argument).
 _VIT_NAMES = {
-    (16, 192, 12): "vit_tiny_patch16_224", (32, 384, 12): "vit_small_patch32_224",
-    (16, 384, 12): "vit_small_patch16_224", (32, 768, 12): "vit_base_patch32_224",
-    (16, 768, 12): "vit_base_patch16_224", (8, 768, 12): "vit_base_patch8_224",
-    (32, 1024, 24): "vit_large_patch32_224", (16, 1024, 24): "vit_large_patch16_224",
-    (14, 1280, 32): "vit_huge_patch14_224"}
+  (16, 192, 12): "vit_tiny_patch16_224",
+  (32, 384, 12): "vit_small_patch32_224",
+  (16, 384, 12): "vit_small_patch16_224",
+  (32, 768, 12): "vit_base_patch32_224",
+  (16, 768, 12): "vit_base_patch16_224",
+  (8, 768, 12): "vit_base_patch8_224",
+  (32, 1024, 24): "vit_large_patch32_224",
+  (16, 1024, 24): "vit_large_patch16_224",
+  (14, 1280, 32): "vit_huge_patch14_224",
+}
 _GENERIC_VIT = "vit_base_patch16_224"
-_HYBRID_NAMES = {(3, 4, 9): "vit_base_r50_s16_224", (2, 2, 2, 2): "vit_small_r26_s32_224",
-                 (): "vit_tiny_r_s16_p8_224"}
+_HYBRID_NAMES = {
+  (3, 4, 9): "vit_base_r50_s16_224",
+  (2, 2, 2, 2): "vit_small_r26_s32_224",
+  (): "vit_tiny_r_s16_p8_224",
+}
 _ACT_LAYER = {True: "gelu_tanh", False: "gelu"}  # our gelu_approximate -> timm act_layer
 # timm's hybrid kernels standardise as (w - mean) / sqrt(var + 1e-8); ours (official) as
 # (w - mean) / (std + 1e-5). The export scales each kernel so timm computes ours.
@@ -53,18 +61,26 @@ def check_exportable(config: ml_collections.ConfigDict, num_classes: Optional[in
   if config.get("representation_size") is not None:
     problems.append("a representation layer (pre_logits), which timm's ViT no longer has")
   resnet = config.get("resnet")
-  if resnet is not None and (tuple(resnet.num_layers) not in _HYBRID_NAMES
-                             or resnet.width_factor != 1):
-    problems.append(f"ResNet stages {tuple(resnet.num_layers)} at width factor "
-                    f"{resnet.width_factor} (timm has {sorted(_HYBRID_NAMES)} at 1)")
+  if resnet is not None and (
+    tuple(resnet.num_layers) not in _HYBRID_NAMES or resnet.width_factor != 1
+  ):
+    problems.append(
+      f"ResNet stages {tuple(resnet.num_layers)} at width factor "
+      f"{resnet.width_factor} (timm has {sorted(_HYBRID_NAMES)} at 1)"
+    )
   if not num_classes:
     problems.append("no classification head")
   if problems:
     raise ValueError("This model cannot be exported to timm: " + "; ".join(problems) + ".")
 
 
-def model_spec(config: ml_collections.ConfigDict, *, num_classes: int, gelu_approximate: bool,
-               image_size: tuple[int, int]) -> dict[str, Any]:
+def model_spec(
+  config: ml_collections.ConfigDict,
+  *,
+  num_classes: int,
+  gelu_approximate: bool,
+  image_size: tuple[int, int],
+) -> dict[str, Any]:
   """{'model_name', 'kwargs', 'pretrained_cfg_overlay'} for `timm.create_model`."""
   check_exportable(config, num_classes)
   t, resnet = config.transformer, config.get("resnet")
@@ -74,14 +90,25 @@ def model_spec(config: ml_collections.ConfigDict, *, num_classes: int, gelu_appr
   else:
     name = _VIT_NAMES.get((patch[0], config.hidden_size, t.num_layers), _GENERIC_VIT)
   token = config.get("classifier", "token") == "token"
-  kwargs = dict(img_size=list(image_size), patch_size=patch[0] if patch[0] == patch[1]
-                else list(patch), embed_dim=config.hidden_size, depth=t.num_layers,
-                num_heads=t.num_heads, mlp_ratio=t.mlp_dim / config.hidden_size,
-                class_token=token, global_pool="token" if token else "avg", fc_norm=False,
-                act_layer=_ACT_LAYER[gelu_approximate], num_classes=num_classes)
+  kwargs = dict(
+    img_size=list(image_size),
+    patch_size=patch[0] if patch[0] == patch[1] else list(patch),
+    embed_dim=config.hidden_size,
+    depth=t.num_layers,
+    num_heads=t.num_heads,
+    mlp_ratio=t.mlp_dim / config.hidden_size,
+    class_token=token,
+    global_pool="token" if token else "avg",
+    fc_norm=False,
+    act_layer=_ACT_LAYER[gelu_approximate],
+    num_classes=num_classes,
+  )
   # timm drops a stored head whose class count differs from the pretrained config's.
-  return {"model_name": name, "kwargs": kwargs,
-          "pretrained_cfg_overlay": {"num_classes": num_classes}}
+  return {
+    "model_name": name,
+    "kwargs": kwargs,
+    "pretrained_cfg_overlay": {"num_classes": num_classes},
+  }
 
 
 def _conv(kernel: np.ndarray) -> np.ndarray:  # [kh, kw, Cin, Cout] -> [Cout, Cin, kh, kw]
@@ -105,11 +132,13 @@ def _t(x: np.ndarray) -> np.ndarray:
   return np.ascontiguousarray(x.T)
 
 
-def _resnet_tensors(flat: dict[str, np.ndarray],
-                    units: tuple[int, ...]) -> dict[str, np.ndarray]:
+def _resnet_tensors(flat: dict[str, np.ndarray], units: tuple[int, ...]) -> dict[str, np.ndarray]:
   root = "patch_embed.backbone." if not units else "patch_embed.backbone.stem."
-  out = {root + "conv.weight": _std_conv(flat["conv_root/kernel"]),
-         root + "norm.weight": flat["gn_root/scale"], root + "norm.bias": flat["gn_root/bias"]}
+  out = {
+    root + "conv.weight": _std_conv(flat["conv_root/kernel"]),
+    root + "norm.weight": flat["gn_root/scale"],
+    root + "norm.bias": flat["gn_root/bias"],
+  }
   for s, n in enumerate(units):
     for u in range(n):
       ours, theirs = f"block{s + 1}/unit{u + 1}/", f"patch_embed.backbone.stages.{s}.blocks.{u}."
@@ -126,23 +155,30 @@ def _resnet_tensors(flat: dict[str, np.ndarray],
 
 def to_timm(params: Params, config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
   """timm's state dict (numpy, float32) of a per-layer parameter tree."""
-  flat = {k: np.asarray(v, np.float32) for k, v in traverse_util.flatten_dict(params, sep="/").items()}
+  flat = {
+    k: np.asarray(v, np.float32) for k, v in traverse_util.flatten_dict(params, sep="/").items()
+  }
   width = config.hidden_size
-  out = {"patch_embed.proj.weight": _conv(flat["embedding/kernel"]),
-         "patch_embed.proj.bias": flat["embedding/bias"],
-         "pos_embed": flat["Transformer/posembed_input/pos_embedding"],
-         "norm.weight": flat["Transformer/encoder_norm/scale"],
-         "norm.bias": flat["Transformer/encoder_norm/bias"],
-         "head.weight": _t(flat["head/kernel"]), "head.bias": flat["head/bias"]}
+  out = {
+    "patch_embed.proj.weight": _conv(flat["embedding/kernel"]),
+    "patch_embed.proj.bias": flat["embedding/bias"],
+    "pos_embed": flat["Transformer/posembed_input/pos_embedding"],
+    "norm.weight": flat["Transformer/encoder_norm/scale"],
+    "norm.bias": flat["Transformer/encoder_norm/bias"],
+    "head.weight": _t(flat["head/kernel"]),
+    "head.bias": flat["head/bias"],
+  }
   if "cls" in flat:
     out["cls_token"] = flat["cls"]
   for i in range(config.transformer.num_layers):
     ours, theirs = f"Transformer/encoderblock_{i}/", f"blocks.{i}."
     att = ours + "MultiHeadDotProductAttention_1/"
     out[theirs + "attn.qkv.weight"] = np.concatenate(
-        [_t(flat[f"{att}{n}/kernel"].reshape(width, width)) for n in ("query", "key", "value")])
+      [_t(flat[f"{att}{n}/kernel"].reshape(width, width)) for n in ("query", "key", "value")]
+    )
     out[theirs + "attn.qkv.bias"] = np.concatenate(
-        [flat[f"{att}{n}/bias"].reshape(width) for n in ("query", "key", "value")])
+      [flat[f"{att}{n}/bias"].reshape(width) for n in ("query", "key", "value")]
+    )
     out[theirs + "attn.proj.weight"] = _t(flat[f"{att}out/kernel"].reshape(width, width))
     out[theirs + "attn.proj.bias"] = flat[f"{att}out/bias"]
     for ln, norm in (("LayerNorm_0", "norm1"), ("LayerNorm_2", "norm2")):
@@ -158,6 +194,7 @@ def to_timm(params: Params, config: ml_collections.ConfigDict) -> dict[str, np.n
 
 def write_dir(directory: str, tensors: dict[str, np.ndarray], spec: dict[str, Any]) -> None:
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+
   save_file(tensors, os.path.join(directory, WEIGHTS))
   with open(os.path.join(directory, SPEC), "w") as f:
     json.dump(spec, f, indent=2)
