@@ -42,7 +42,9 @@ def get_config() -> ml_collections.ConfigDict:
   # Optimization (vit_jax.optim).
   config.loss = "softmax_xent"  # or 'sigmoid_xent' (vit_jax.losses)
   config.total_steps = 10_000
-  config.accum_steps = 1
+  # Micro-batches per step (an int), or 'auto': the fewest whose compiled step fits the
+  # device memory, then model.remat if none does (vit_jax.memory_fit).
+  config.accum_steps = ml_collections.FieldReference(1, field_type=object)
   config.lr = ml_collections.ConfigDict(dict(base=0.03, warmup_steps=500, decay="cosine",
                                              end=0.0))
   config.optim = ml_collections.ConfigDict(dict(

@@ -1,15 +1,20 @@
 """The training loop's outputs: a progress line and TensorBoard scalars in the workdir.
 
-Only process 0 writes; every process may call these.
+Only process 0 writes; every process may call these. Beside img/s the line shows MFU, the
+model FLOPs achieved as a share of the devices' dense peak (`vit_jax.step_cost`), once
+`start` has been given the FLOPs of one step.
 """
+
 from __future__ import annotations
 
 import os
 import time
-from typing import Mapping
+from typing import Any, Mapping, Optional
 
 import jax
 from absl import logging
+
+from vit_jax import step_cost
 
 
 def _format_duration(seconds: float) -> str:
@@ -29,47 +34,78 @@ class Progress:
     self.is_writer = jax.process_index() == 0
     self._last_step = start_step
     self._last_time = time.perf_counter()
+    self._step_flops: Optional[float] = None
+    self._compute_dtype: Any = None
+    self._peak_flops: Optional[float] = None  # per device; measured at the first report on CPU
     self._writer = None
     if self.is_writer:
       import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
       self._writer = tf.summary.create_file_writer(os.path.join(workdir, "tensorboard"))
+
+  def start(self, step_flops: Optional[float], compute_dtype: Any) -> None:
+    """Starts the clock (after compilation) with the FLOPs of one step over all devices."""
+    self._step_flops, self._compute_dtype = step_flops, compute_dtype
+    self._last_time = time.perf_counter()
+
+  def _mfu(self, steps_per_sec: float) -> Optional[float]:
+    if not self._step_flops or not self._peak_flops:
+      return None
+    return steps_per_sec * self._step_flops / (self._peak_flops * self.num_devices)
 
   def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
     if self._writer is None:
       return
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
     with self._writer.as_default():
       for name, value in scalars.items():
         tf.summary.scalar(name, float(value), step=step)
     self._writer.flush()
 
   def report_train(self, step: int, metrics: Mapping[str, float]) -> dict[str, float]:
-    """Logs `step, loss, lr, img/s, img/s per device, ETA`; returns what it logged."""
+    """Logs `step, loss, lr, img/s, img/s per device, MFU, ETA`; returns what it logged."""
     now = time.perf_counter()
     steps = step - self._last_step
     seconds = now - self._last_time
     self._last_step, self._last_time = step, now
+    if self._step_flops and self._peak_flops is None:  # once, outside the timed windows
+      self._peak_flops = step_cost.peak_flops(jax.devices()[0], self._compute_dtype) or 0.0
+      self._last_time = time.perf_counter()
     scalars = dict(metrics)
     if steps > 0 and seconds > 0:
       img_s = steps * self.global_batch / seconds
       scalars["img_per_sec"] = img_s
       scalars["img_per_sec_per_device"] = img_s / self.num_devices
+      mfu = self._mfu(steps / seconds)
+      if mfu is not None:
+        scalars["mfu"] = mfu
       eta = _format_duration((self.total_steps - step) * seconds / steps)
     else:
       eta = "?"
     if self.is_writer:
       logging.info(
-          "step %d/%d | loss %.4f | lr %.3g | %.0f img/s (%.0f per device) | ETA %s", step,
-          self.total_steps, scalars.get("train/loss", float("nan")),
-          scalars.get("train/lr", float("nan")), scalars.get("img_per_sec", 0.0),
-          scalars.get("img_per_sec_per_device", 0.0), eta)
+        "step %d/%d | loss %.4f | lr %.3g | %.0f img/s (%.0f per device) | MFU %s | ETA %s",
+        step,
+        self.total_steps,
+        scalars.get("train/loss", float("nan")),
+        scalars.get("train/lr", float("nan")),
+        scalars.get("img_per_sec", 0.0),
+        scalars.get("img_per_sec_per_device", 0.0),
+        f"{100 * scalars['mfu']:.1f}%" if "mfu" in scalars else "?",
+        eta,
+      )
     self.write_scalars(step, scalars)
     return scalars
 
   def report_eval(self, step: int, metrics: Mapping[str, float]) -> None:
     if self.is_writer:
-      logging.info("step %d/%d | %s", step, self.total_steps,
-                   " | ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items())))
+      logging.info(
+        "step %d/%d | %s",
+        step,
+        self.total_steps,
+        " | ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items())),
+      )
     self.write_scalars(step, metrics)
     # The time spent evaluating does not count towards training throughput.
     self._last_time = time.perf_counter()

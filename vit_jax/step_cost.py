@@ -12,6 +12,7 @@ accumulation (`vit_jax.memory_fit`) all read a step's cost from here:
 - `peak_flops`: the device's dense peak for a compute dtype (a table of published figures;
   on a CPU, a measured f32 matrix product).
 """
+
 from __future__ import annotations
 
 import functools
@@ -28,19 +29,19 @@ import numpy as np
 # precision, so their f32 entries are those rates. Keys are matched as lower-case substrings
 # of `jax.Device.device_kind`, first match wins (so 'h100 pcie' precedes 'h100').
 PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
-    ("tpu v3", {"bfloat16": 123.0, "float32": 123.0}),
-    ("tpu v4", {"bfloat16": 275.0, "float32": 275.0}),
-    ("tpu v5 lite", {"bfloat16": 197.0, "float32": 197.0}),  # v5e
-    ("tpu v5e", {"bfloat16": 197.0, "float32": 197.0}),
-    ("tpu v5p", {"bfloat16": 459.0, "float32": 459.0}),
-    ("tpu v5", {"bfloat16": 459.0, "float32": 459.0}),  # v5p reports 'TPU v5'
-    ("tpu v6 lite", {"bfloat16": 918.0, "float32": 918.0}),  # v6e (Trillium)
-    ("tpu v6e", {"bfloat16": 918.0, "float32": 918.0}),
-    ("a100", {"bfloat16": 312.0, "float16": 312.0, "float32": 156.0}),
-    ("h100 pcie", {"bfloat16": 756.0, "float16": 756.0, "float32": 378.0}),
-    ("h100", {"bfloat16": 989.0, "float16": 989.0, "float32": 494.5}),  # SXM
-    ("h200", {"bfloat16": 989.0, "float16": 989.0, "float32": 494.5}),
-    ("l4", {"bfloat16": 121.0, "float16": 121.0, "float32": 60.0}),
+  ("tpu v3", {"bfloat16": 123.0, "float32": 123.0}),
+  ("tpu v4", {"bfloat16": 275.0, "float32": 275.0}),
+  ("tpu v5 lite", {"bfloat16": 197.0, "float32": 197.0}),  # v5e
+  ("tpu v5e", {"bfloat16": 197.0, "float32": 197.0}),
+  ("tpu v5p", {"bfloat16": 459.0, "float32": 459.0}),
+  ("tpu v5", {"bfloat16": 459.0, "float32": 459.0}),  # v5p reports 'TPU v5'
+  ("tpu v6 lite", {"bfloat16": 918.0, "float32": 918.0}),  # v6e (Trillium)
+  ("tpu v6e", {"bfloat16": 918.0, "float32": 918.0}),
+  ("a100", {"bfloat16": 312.0, "float16": 312.0, "float32": 156.0}),
+  ("h100 pcie", {"bfloat16": 756.0, "float16": 756.0, "float32": 378.0}),
+  ("h100", {"bfloat16": 989.0, "float16": 989.0, "float32": 494.5}),  # SXM
+  ("h200", {"bfloat16": 989.0, "float16": 989.0, "float32": 494.5}),
+  ("l4", {"bfloat16": 121.0, "float16": 121.0, "float32": 60.0}),
 )
 # The CPU's peak is measured: an f32 product of two square matrices of this size.
 CPU_MATMUL_SIZE = 2048
@@ -60,20 +61,27 @@ def has_loops(compiled: jax.stages.Compiled) -> bool:
 
 
 def peak_bytes(compiled: jax.stages.Compiled) -> int:
-  """Device memory one device needs for the step: arguments, outputs, temporaries, code."""
+  """Device memory one device needs for the step: arguments, outputs, temporaries, code.
+
+  XLA's temporaries are one allocation sized for their peak; donated arguments (aliases)
+  are not counted twice. (The analysis's own `peak_memory_in_bytes` leaves temporaries
+  out on the CPU.)
+  """
   stats = compiled.memory_analysis()
   if stats is None:
     return 0
-  peak = getattr(stats, "peak_memory_in_bytes", 0)
-  if peak:
-    return int(peak)
-  return int(stats.argument_size_in_bytes + stats.output_size_in_bytes
-             - stats.alias_size_in_bytes + stats.temp_size_in_bytes
-             + stats.generated_code_size_in_bytes)
+  return int(
+    stats.argument_size_in_bytes
+    + stats.output_size_in_bytes
+    - stats.alias_size_in_bytes
+    + stats.temp_size_in_bytes
+    + stats.generated_code_size_in_bytes
+  )
 
 
-def vit_flops_per_image(model_config: ml_collections.ConfigDict, image_size: int,
-                        num_classes: int, *, train: bool) -> Optional[float]:
+def vit_flops_per_image(
+  model_config: ml_collections.ConfigDict, image_size: int, num_classes: int, *, train: bool
+) -> Optional[float]:
   """FLOPs of a plain ViT's matrix products for one image (None for a ResNet hybrid).
 
   Counts 2 FLOPs per multiply-add of the patch embedding, the attention projections, the
@@ -110,7 +118,7 @@ def measured_cpu_peak_flops(size: int = CPU_MATMUL_SIZE, repeats: int = 5) -> fl
     start = time.perf_counter()
     matmul(a, a).block_until_ready()
     best = min(best, time.perf_counter() - start)
-  return 2.0 * size ** 3 / best
+  return 2.0 * size**3 / best
 
 
 def peak_flops(device: Any, dtype: Any = jnp.float32) -> Optional[float]:
@@ -128,8 +136,9 @@ def peak_flops(device: Any, dtype: Any = jnp.float32) -> Optional[float]:
   return None
 
 
-def step_flops(compiled: jax.stages.Compiled, num_devices: int,
-               analytic: Optional[float]) -> tuple[Optional[float], str]:
+def step_flops(
+  compiled: jax.stages.Compiled, num_devices: int, analytic: Optional[float]
+) -> tuple[Optional[float], str]:
   """FLOPs of one step over all devices and their source: 'xla', 'analytic' or 'none'.
 
   XLA's count (one device's program times the devices) unless the program loops, where it

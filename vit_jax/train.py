@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import collections
 import functools
+import itertools
 import json
 import os
+import time
 from typing import Any, Callable, Optional
 
 import flax.linen as nn
@@ -29,6 +31,7 @@ from vit_jax import divergence
 from vit_jax import errors
 from vit_jax import evaluate as evaluate_lib
 from vit_jax import losses
+from vit_jax import memory_fit
 from vit_jax import objectives
 from vit_jax import optim
 from vit_jax import pretrained
@@ -36,12 +39,17 @@ from vit_jax import progress as progress_lib
 from vit_jax import run_checkpoints
 from vit_jax import run_checks
 from vit_jax import sharding
+from vit_jax import step_cost
 from vit_jax.fewshot import evaluator as fewshot_lib
 
 Batch = dict[str, jax.Array]
 # Train steps dispatched ahead of the oldest unfinished one: enough to keep an accelerator
 # busy. Unbounded, 2 CPU processes (gloo collectives) deadlocked at about 64 in flight.
 MAX_STEPS_IN_FLIGHT = 4
+# XLA options for programs that run once (initialization) on a CPU: without backend
+# optimization the quickstart's init (dozens of random-initializer loops) compiles ~2.5x
+# faster, and running it takes milliseconds either way.
+RUN_ONCE_CPU_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
 
 
 @struct.dataclass
@@ -97,8 +105,10 @@ def _check_batch_sizes(config: ml_collections.ConfigDict, mesh: jax.sharding.Mes
   data.local_batch_size(config.batch, mesh)
   data.local_batch_size(config.batch_eval, mesh, key="batch_eval")
   accum = config.accum_steps
-  if accum < 1:
-    raise errors.ConfigError(f"accum_steps={accum} must be >= 1.")
+  if accum == memory_fit.AUTO:
+    return  # memory_fit chooses among the counts that divide the batch
+  if not isinstance(accum, int) or accum < 1:
+    raise errors.ConfigError(f"accum_steps={accum!r} must be an integer >= 1 or 'auto'.")
   data_size = mesh.shape[sharding.DATA_AXIS]
   if config.batch % (accum * data_size):
     raise errors.ConfigError(
@@ -164,14 +174,16 @@ class Trainer:
         self.state_shardings)
     self._rng = rng
     self._eval_batches: dict[Optional[str], Any] = {}
-    self._init = jax.jit(lambda r: nn.unbox(init_boxed(r)), out_shardings=self.state_shardings)
+    on_cpu = self.mesh.devices.flat[0].platform == "cpu"
+    self._init = jax.jit(lambda r: nn.unbox(init_boxed(r)), out_shardings=self.state_shardings,
+                         compiler_options=RUN_ONCE_CPU_COMPILER_OPTIONS if on_cpu else None)
+    self._num_classes = num_classes
     replicated = sharding.replicated(self.mesh)
     batch_sharding = sharding.batch_sharding(self.mesh)
-    self.train_step = jax.jit(
-        functools.partial(train_step, loss_fn=self.objective.loss, tx=self.tx,
-                          accum_steps=config.accum_steps),
-        in_shardings=(self.state_shardings, batch_sharding),
-        out_shardings=(self.state_shardings, replicated), donate_argnums=0)
+    # accum_steps='auto': None until `compile_train_step` has fitted it.
+    self.train_step = (None if config.accum_steps == memory_fit.AUTO
+                       else self._jit_train_step(self.objective, config.accum_steps))
+    self.step_flops: Optional[float] = None  # one step over all devices; see compile_train_step
     self.eval_step = jax.jit(
         self.objective.eval_step,
         in_shardings=(self.state_shardings.params, batch_sharding), out_shardings=replicated)
@@ -192,6 +204,47 @@ class Trainer:
     params = jax.tree.map(_global_array, params, self.state_shardings.params)
     opt_init = jax.jit(self.tx.init, out_shardings=self.state_shardings.opt_state)
     return state.replace(params=params, opt_state=opt_init(params))
+
+  def _jit_train_step(self, objective: objectives.Objective, accum_steps: int) -> Any:
+    return jax.jit(
+        functools.partial(train_step, loss_fn=objective.loss, tx=self.tx,
+                          accum_steps=accum_steps),
+        in_shardings=(self.state_shardings, sharding.batch_sharding(self.mesh)),
+        out_shardings=(self.state_shardings, sharding.replicated(self.mesh)), donate_argnums=0)
+
+  def compile_train_step(self, state: TrainState, batch: Batch) -> jax.stages.Compiled:
+    """The train step compiled once for these shapes; sets `step_flops` for MFU.
+
+    ``accum_steps='auto'`` fits the accumulation (and remat) to the device memory first
+    (`memory_fit`). The FLOPs come from XLA's cost analysis of the compiled step, or from
+    the analytic ViT count where the step loops (scan, accumulation).
+    """
+    start = time.perf_counter()
+    if self.config.accum_steps == memory_fit.AUTO:
+      def compile_candidate(accum_steps: int, remat: bool) -> jax.stages.Compiled:
+        objective = self.objective
+        if remat != self.config.model.remat:
+          config = ml_collections.ConfigDict(self.config.to_dict())
+          config.model.remat = remat
+          objective = objectives.make(config, self._num_classes)
+        return self._jit_train_step(objective, accum_steps).lower(state, batch).compile()
+      chosen = memory_fit.fit(
+          compile_candidate, batch=self.config.batch,
+          data_size=self.mesh.shape[sharding.DATA_AXIS],
+          limit_bytes=memory_fit.device_memory_limit(self.mesh.devices.flat[0]),
+          remat=self.config.model.remat)
+      compiled = chosen.compiled
+    else:
+      compiled = self.train_step.lower(state, batch).compile()
+    per_image = step_cost.vit_flops_per_image(self.config.model, self.config.pp.crop,
+                                              self._num_classes, train=True)
+    self.step_flops, source = step_cost.step_flops(
+        compiled, self.mesh.size, per_image and per_image * self.config.batch)
+    logging.info("Compiled the train step in %.1f s: %s GFLOPs per step (%s count), "
+                 "%.2f GiB peak memory per device.", time.perf_counter() - start,
+                 f"{self.step_flops / 1e9:.4g}" if self.step_flops else "?", source,
+                 step_cost.peak_bytes(compiled) / 2**30)
+    return compiled
 
   def evaluate(self, params: Any, split: Optional[str] = None) -> dict[str, float]:
     """Accuracy over the whole ``split`` (default: the config's test split)."""
@@ -242,9 +295,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   try:
     if total_steps > start_step:
       train_iter = data.train_iterator(config, trainer.mesh, start_step=start_step)
+      first_batch = next(train_iter)
+      # Compiled once here (not on the first call) to read its FLOPs for MFU.
+      compiled_step = trainer.compile_train_step(state, first_batch)
+      progress.start(trainer.step_flops, config.model.dtype)
+      batches = itertools.chain([first_batch], train_iter)
     in_flight: collections.deque = collections.deque()
     for step in range(start_step + 1, total_steps + 1):
-      state, step_metrics = trainer.train_step(state, next(train_iter))
+      state, step_metrics = compiled_step(state, next(batches))
       in_flight.append(step_metrics)
       if len(in_flight) > MAX_STEPS_IN_FLIGHT:
         jax.block_until_ready(in_flight.popleft())

@@ -1,0 +1,99 @@
+"""step_cost: XLA's FLOP and memory counts of compiled steps, the analytic ViT count, peaks,
+and the MFU the progress line shows."""
+
+import types
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from vit_jax import progress as progress_lib
+from vit_jax import step_cost
+from vit_jax.models import create_model, get_model_config
+
+
+def _compiled(fn, *shapes):
+  return jax.jit(fn).lower(*[jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes]).compile()
+
+
+def test_matmul_flops_and_loops():
+  compiled = _compiled(jnp.matmul, (64, 128), (128, 32))
+  assert step_cost.compiled_flops(compiled) == 2 * 64 * 128 * 32
+  assert not step_cost.has_loops(compiled)
+  assert step_cost.step_flops(compiled, 2, analytic=None) == (2 * 2 * 64 * 128 * 32, "xla")
+
+
+def test_loops_fall_back_to_the_analytic_count():
+  def repeated(a, b):  # XLA counts the body once, whatever the 4 iterations
+    return jax.lax.scan(lambda c, _: (c @ b, None), a, None, length=4)[0]
+
+  compiled = _compiled(repeated, (64, 64), (64, 64))
+  assert 2 * 64**3 <= step_cost.compiled_flops(compiled) < 2 * 2 * 64**3
+  assert step_cost.has_loops(compiled)
+  assert step_cost.step_flops(compiled, 1, analytic=123.0) == (123.0, "analytic")
+  assert step_cost.step_flops(compiled, 1, analytic=None) == (None, "none")
+
+
+def _small_vit() -> ml_collections.ConfigDict:
+  config = get_model_config("testing")
+  config.hidden_size, config.transformer.mlp_dim, config.transformer.num_heads = 64, 256, 4
+  return config
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_analytic_vit_count_matches_xla(train):
+  config = _small_vit()
+  model = create_model(config, num_classes=10)
+  images = jnp.zeros((2, 32, 32, 3))
+  params = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), images))["params"]
+  forward = lambda p, x: model.apply({"params": p}, x).sum()
+  fn = jax.grad(forward) if train else forward
+  xla = jax.jit(fn).lower(params, images).compile()
+  analytic = step_cost.vit_flops_per_image(config, 32, 10, train=train)
+  # XLA also counts the elementwise work (softmax, LayerNorm, GELU): a little more.
+  assert 1.0 <= step_cost.compiled_flops(xla) / 2 / analytic < 1.25
+
+
+def test_peak_bytes_grows_with_the_batch():
+  small = step_cost.peak_bytes(_compiled(lambda x: jnp.tanh(x) @ x.T, (64, 256)))
+  large = step_cost.peak_bytes(_compiled(lambda x: jnp.tanh(x) @ x.T, (512, 256)))
+  assert 64 * 256 * 4 < small < large
+
+
+@pytest.mark.parametrize(
+  "kind,dtype,tflops",
+  [
+    ("NVIDIA H100 80GB HBM3", "bfloat16", 989.0),
+    ("NVIDIA H100 PCIe", "bfloat16", 756.0),
+    ("NVIDIA A100-SXM4-40GB", "float32", 156.0),
+    ("TPU v5 lite", "bfloat16", 197.0),
+    ("TPU v4", "float32", 275.0),
+    ("NVIDIA L4", "bfloat16", 121.0),
+  ],
+)
+def test_peak_table(kind, dtype, tflops):
+  device = types.SimpleNamespace(platform="gpu", device_kind=kind)
+  assert step_cost.peak_flops(device, jnp.dtype(dtype)) == tflops * 1e12
+
+
+def test_unknown_device_has_no_peak_and_cpu_is_measured():
+  assert step_cost.peak_flops(types.SimpleNamespace(platform="gpu", device_kind="GTX 480")) is None
+  measured = step_cost.measured_cpu_peak_flops(256, repeats=2)
+  assert 1e8 < measured < 1e14  # a real FLOP/s figure, not a placeholder
+
+
+def test_progress_reports_mfu(tmp_path, monkeypatch):
+  clock = iter([0.0, 0.0, 10.0, 10.0, 20.0])  # init, start, report, peak, report
+  monkeypatch.setattr(progress_lib.time, "perf_counter", lambda: next(clock))
+  monkeypatch.setattr(step_cost, "peak_flops", lambda device, dtype: 1e9)
+  progress = progress_lib.Progress(str(tmp_path), total_steps=20, global_batch=8, start_step=0)
+  progress.start(step_flops=2e9, compute_dtype=np.float32)  # clock 0
+  first = progress.report_train(5, {"train/loss": 1.0})  # 5 steps in 10 s, peak measured
+  second = progress.report_train(15, {"train/loss": 1.0})  # 10 steps in 10 s
+  progress.close()
+  n = jax.device_count()
+  assert first["mfu"] == pytest.approx(0.5 * 2e9 / (1e9 * n))
+  assert second["mfu"] == pytest.approx(1.0 * 2e9 / (1e9 * n))
+  assert second["img_per_sec"] == pytest.approx(8.0)
