@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import sys
 from typing import Iterable, Iterator, Optional, Sequence
 
@@ -94,7 +95,8 @@ class Classifier:
         return self._prepare(tf.constant(f.read())).numpy()
     except (OSError, tf.errors.OpError) as e:
       message = e.message if isinstance(e, tf.errors.OpError) else str(e)
-      logging.warning("Skipping %s: not a readable image (%s).", path, message.strip())
+      message = re.sub(r"\{\{.*?\}\}\s*", "", message).strip().splitlines()[0]  # TF's node names
+      logging.warning("Skipping %s: not a readable image (%s).", path, message)
       return None
 
   def probabilities(self, images: np.ndarray) -> np.ndarray:
