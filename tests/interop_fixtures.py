@@ -1,6 +1,7 @@
 """Small models with random weights, written as official `.npz` files, for the predict and
 export tests: a ViT-Ti/16-shaped ViT (2 layers), an R26+ViT-S/32-shaped hybrid and a
 root-only R+ViT-Ti/16 hybrid (1 layer each), all in the official layout."""
+
 from __future__ import annotations
 
 import functools
@@ -34,8 +35,11 @@ def r_ti16_config() -> ml_collections.ConfigDict:
 
 
 # name -> (config, image size: a 2x2 token grid)
-CONFIGS = {"vit_ti16": (vit_ti16_config, 32), "r26_s32": (r26_s32_config, 64),
-           "r_ti16": (r_ti16_config, 64)}
+CONFIGS = {
+  "vit_ti16": (vit_ti16_config, 32),
+  "r26_s32": (r26_s32_config, 64),
+  "r_ti16": (r_ti16_config, 64),
+}
 
 
 def _config(name: str, overrides: tuple) -> ml_collections.ConfigDict:
@@ -55,16 +59,16 @@ def _random_params(name: str, num_classes: int, seed: int, overrides: tuple) -> 
   # everything else near 0 (LayerNorm/GroupNorm scales are the only leaves named 'scale').
   rng = np.random.default_rng(seed)
   return jax.tree_util.tree_map_with_path(
-      lambda path, s: ((path[-1].key == "scale") + rng.normal(0.0, 0.05, s.shape)).astype(
-          np.float32), shapes)
+    lambda path, s: ((path[-1].key == "scale") + rng.normal(0.0, 0.05, s.shape)).astype(np.float32),
+    shapes,
+  )
 
 
 def random_model(name: str, num_classes: int = NUM_CLASSES, seed: int = 0, **overrides):
   """(config, params, image size) of a named test model; ``overrides`` set config fields.
   The params are cached: do not change them."""
   items = tuple(sorted(overrides.items()))
-  return (_config(name, items), _random_params(name, num_classes, seed, items),
-          CONFIGS[name][1])
+  return (_config(name, items), _random_params(name, num_classes, seed, items), CONFIGS[name][1])
 
 
 def write_npz(path, name: str, **overrides) -> tuple[ml_collections.ConfigDict, dict, int]:

@@ -1,6 +1,7 @@
 """Exports: logits of the written model equal ours in every format (Hugging Face and timm
 in PyTorch, a TF SavedModel, a `jax.export` artifact); an official .npz -> HF -> back is
 bit-exact; bad inputs give one clear error and leave --out untouched."""
+
 from __future__ import annotations
 
 import json
@@ -36,6 +37,7 @@ def _ours(model: loader.LoadedModel, images: np.ndarray, **overrides) -> np.ndar
 
 def _nchw(images: np.ndarray):
   import torch  # pylint: disable=g-import-not-at-top
+
   return torch.from_numpy(np.ascontiguousarray(images.transpose(0, 3, 1, 2)))
 
 
@@ -82,8 +84,7 @@ def test_official_npz_to_hf_and_back_is_bit_exact(tmp_path):
 
   # ... and on to an official .npz again (the way into fine-tuning from an HF checkpoint).
   export.export(str(tmp_path / "hf"), "npz", str(tmp_path / "npz"))
-  again = traverse_util.flatten_dict(checkpoint.load_npz(tmp_path / "npz" / "model.npz"),
-                                     sep="/")
+  again = traverse_util.flatten_dict(checkpoint.load_npz(tmp_path / "npz" / "model.npz"), sep="/")
   for key, value in original.items():
     np.testing.assert_array_equal(again[key], value, err_msg=key)
 
@@ -93,10 +94,15 @@ def test_official_npz_to_hf_and_back_is_bit_exact(tmp_path):
 R26_TOLERANCE = 5e-5
 
 
-@pytest.mark.parametrize("name, overrides, tolerance", [
+@pytest.mark.parametrize(
+  "name, overrides, tolerance",
+  [
     ("vit_ti16", {}, TOLERANCE),
     ("vit_ti16", {"classifier": "gap", "gelu_approximate": False}, TOLERANCE),
-    ("r26_s32", {}, R26_TOLERANCE), ("r_ti16", {}, TOLERANCE)])
+    ("r26_s32", {}, R26_TOLERANCE),
+    ("r_ti16", {}, TOLERANCE),
+  ],
+)
 def test_timm_logits_equal_ours(tmp_path, name, overrides, tolerance):
   timm = pytest.importorskip("timm")
   torch = pytest.importorskip("torch")
@@ -104,9 +110,14 @@ def test_timm_logits_equal_ours(tmp_path, name, overrides, tolerance):
   export.export_model(model, "timm", str(tmp_path / "timm"))
 
   spec = json.loads((tmp_path / "timm" / "timm_model.json").read_text())
-  net = timm.create_model(spec["model_name"], pretrained=True, pretrained_cfg_overlay=dict(
-      spec["pretrained_cfg_overlay"], file=str(tmp_path / "timm" / "model.safetensors")),
-      **spec["kwargs"]).eval()
+  net = timm.create_model(
+    spec["model_name"],
+    pretrained=True,
+    pretrained_cfg_overlay=dict(
+      spec["pretrained_cfg_overlay"], file=str(tmp_path / "timm" / "model.safetensors")
+    ),
+    **spec["kwargs"],
+  ).eval()
   images = fx.images(2, model.image_size[0])
   with torch.no_grad():
     got = net(_nchw(images)).numpy()
@@ -118,6 +129,7 @@ def test_timm_logits_equal_ours(tmp_path, name, overrides, tolerance):
 @pytest.mark.parametrize("name", ["vit_ti16", "r_ti16"])
 def test_saved_model_logits_equal_ours_for_any_batch(tmp_path, name):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   model = _model(name)
   export.export_model(model, "saved_model", str(tmp_path / "sm"))
   serve = tf.saved_model.load(str(tmp_path / "sm")).signatures["serving_default"]
@@ -146,11 +158,14 @@ def _nothing_written(tmp_path, out, *, out_existed: bool) -> None:
     assert not any(out.iterdir())
 
 
-@pytest.mark.parametrize("overrides, fmt, message", [
+@pytest.mark.parametrize(
+  "overrides, fmt, message",
+  [
     ({"classifier": "gap"}, "hf", r"classifier 'gap' \(HF's ViT classifies the class token"),
     ({"posemb": "learn_2d"}, "hf", r"position embeddings 'learn_2d'"),
     ({"classifier": "unpooled"}, "timm", r"classifier 'unpooled'"),
-])
+  ],
+)
 def test_unsupported_models_fail_before_writing(tmp_path, overrides, fmt, message):
   out = tmp_path / "out"
   out.mkdir()  # an empty folder may be the target; it stays as it was

@@ -1,6 +1,7 @@
 """`vit_jax.predict` and the architecture inference behind it: every official variant is
 recovered from its array shapes; a run's checkpoint predicts its test images with the
 accuracy the run reported; unreadable images are skipped."""
+
 from __future__ import annotations
 
 import io
@@ -20,8 +21,16 @@ from vit_jax import models, predict, train
 from vit_jax.data import digits
 from vit_jax.interop import infer, loader
 
-_ARCH_FIELDS = ("patches.size", "hidden_size", "transformer.num_layers", "transformer.mlp_dim",
-                "transformer.num_heads", "classifier", "posemb", "representation_size")
+_ARCH_FIELDS = (
+  "patches.size",
+  "hidden_size",
+  "transformer.num_layers",
+  "transformer.mlp_dim",
+  "transformer.num_heads",
+  "classifier",
+  "posemb",
+  "representation_size",
+)
 
 
 def _arch(config) -> dict:
@@ -52,9 +61,10 @@ def test_every_official_variant_is_recovered_from_its_shapes(name):
   assert infer.trained_image_size(shapes, inferred) == (224, 224)
 
 
-@pytest.mark.parametrize("changes", [
-    dict(scan=True), dict(classifier="gap"), dict(representation_size=48),
-    dict(posemb="learn_2d")])
+@pytest.mark.parametrize(
+  "changes",
+  [dict(scan=True), dict(classifier="gap"), dict(representation_size=48), dict(posemb="learn_2d")],
+)
 def test_layout_and_options_are_recovered(changes):
   config = models.get_model_config("testing")
   config.update(changes)
@@ -77,8 +87,11 @@ def test_what_cannot_be_inferred_is_listed_in_one_error():
   flat = traverse_util.flatten_dict(fx.random_model("vit_ti16")[1], sep="/")
   for key in ("embedding/kernel", infer.POSEMB):
     del flat[key]
-  with pytest.raises(ValueError, match=r"patch size and width .*; position embeddings .*"
-                                       r"--model=NAME"):
+  with pytest.raises(
+    ValueError,
+    match=r"patch size and width .*; position embeddings .*"
+    r"--model=NAME",
+  ):
     infer.infer_model_config(traverse_util.unflatten_dict(flat, sep="/"))
 
 
@@ -141,8 +154,16 @@ def test_corrupt_files_are_reported_and_skipped(tmp_path, caplog, capsys):
 
   values = flags.FlagValues()
   predict.define_flags(values)
-  values(["predict", f"--checkpoint={tmp_path / 'm.npz'}", f"--labels={tmp_path / 'labels.txt'}",
-          "--top_k=2", "--json", "--batch=2"])
+  values(
+    [
+      "predict",
+      f"--checkpoint={tmp_path / 'm.npz'}",
+      f"--labels={tmp_path / 'labels.txt'}",
+      "--top_k=2",
+      "--json",
+      "--batch=2",
+    ]
+  )
   with caplog.at_level("WARNING"):
     predict.run([str(folder)], values)
   rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]

@@ -10,6 +10,7 @@ query/key/value [D, H, Dh] -> [H*Dh, D] and out [H, Dh, D] -> [D, H*Dh]; the pat
 convolution [ph, pw, C, D] -> [D, C, ph, pw]. Every mapping is a transpose or a
 reshape, so a round trip is bit-exact.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,38 +49,48 @@ def _t(x: np.ndarray) -> np.ndarray:
 def _mappings(depth: int, width: int, heads: int, pre_logits: bool) -> list[Mapping]:
   """(our path, HF key without 'vit.', ours -> HF, HF -> ours) for every array."""
   dh = width // heads
-  conv = (lambda k: np.ascontiguousarray(k.transpose(3, 2, 0, 1)),
-          lambda w: np.ascontiguousarray(w.transpose(2, 3, 1, 0)))
+  conv = (
+    lambda k: np.ascontiguousarray(k.transpose(3, 2, 0, 1)),
+    lambda w: np.ascontiguousarray(w.transpose(2, 3, 1, 0)),
+  )
   qkv_w = (lambda k: _t(k.reshape(width, width)), lambda w: _t(w).reshape(width, heads, dh))
   qkv_b = (lambda b: b.reshape(width), lambda b: b.reshape(heads, dh))
   out_w = (lambda k: _t(k.reshape(width, width)), lambda w: _t(w).reshape(heads, dh, width))
   dense = (_t, _t)
   same = (_same, _same)
-  maps = [("cls", "embeddings.cls_token", *same),
-          ("Transformer/posembed_input/pos_embedding", "embeddings.position_embeddings", *same),
-          ("embedding/kernel", "embeddings.patch_embeddings.projection.weight", *conv),
-          ("embedding/bias", "embeddings.patch_embeddings.projection.bias", *same),
-          ("Transformer/encoder_norm/scale", "layernorm.weight", *same),
-          ("Transformer/encoder_norm/bias", "layernorm.bias", *same)]
+  maps = [
+    ("cls", "embeddings.cls_token", *same),
+    ("Transformer/posembed_input/pos_embedding", "embeddings.position_embeddings", *same),
+    ("embedding/kernel", "embeddings.patch_embeddings.projection.weight", *conv),
+    ("embedding/bias", "embeddings.patch_embeddings.projection.bias", *same),
+    ("Transformer/encoder_norm/scale", "layernorm.weight", *same),
+    ("Transformer/encoder_norm/bias", "layernorm.bias", *same),
+  ]
   if pre_logits:
-    maps += [("pre_logits/kernel", "pooler.dense.weight", *dense),
-             ("pre_logits/bias", "pooler.dense.bias", *same)]
+    maps += [
+      ("pre_logits/kernel", "pooler.dense.weight", *dense),
+      ("pre_logits/bias", "pooler.dense.bias", *same),
+    ]
   for i in range(depth):
     ours, hf = f"Transformer/encoderblock_{i}/", f"encoder.layer.{i}."
     att = ours + "MultiHeadDotProductAttention_1/"
     for name in ("query", "key", "value"):
-      maps += [(f"{att}{name}/kernel", f"{hf}attention.attention.{name}.weight", *qkv_w),
-               (f"{att}{name}/bias", f"{hf}attention.attention.{name}.bias", *qkv_b)]
-    maps += [(f"{att}out/kernel", f"{hf}attention.output.dense.weight", *out_w),
-             (f"{att}out/bias", f"{hf}attention.output.dense.bias", *same),
-             (f"{ours}LayerNorm_0/scale", f"{hf}layernorm_before.weight", *same),
-             (f"{ours}LayerNorm_0/bias", f"{hf}layernorm_before.bias", *same),
-             (f"{ours}LayerNorm_2/scale", f"{hf}layernorm_after.weight", *same),
-             (f"{ours}LayerNorm_2/bias", f"{hf}layernorm_after.bias", *same),
-             (f"{ours}MlpBlock_3/Dense_0/kernel", f"{hf}intermediate.dense.weight", *dense),
-             (f"{ours}MlpBlock_3/Dense_0/bias", f"{hf}intermediate.dense.bias", *same),
-             (f"{ours}MlpBlock_3/Dense_1/kernel", f"{hf}output.dense.weight", *dense),
-             (f"{ours}MlpBlock_3/Dense_1/bias", f"{hf}output.dense.bias", *same)]
+      maps += [
+        (f"{att}{name}/kernel", f"{hf}attention.attention.{name}.weight", *qkv_w),
+        (f"{att}{name}/bias", f"{hf}attention.attention.{name}.bias", *qkv_b),
+      ]
+    maps += [
+      (f"{att}out/kernel", f"{hf}attention.output.dense.weight", *out_w),
+      (f"{att}out/bias", f"{hf}attention.output.dense.bias", *same),
+      (f"{ours}LayerNorm_0/scale", f"{hf}layernorm_before.weight", *same),
+      (f"{ours}LayerNorm_0/bias", f"{hf}layernorm_before.bias", *same),
+      (f"{ours}LayerNorm_2/scale", f"{hf}layernorm_after.weight", *same),
+      (f"{ours}LayerNorm_2/bias", f"{hf}layernorm_after.bias", *same),
+      (f"{ours}MlpBlock_3/Dense_0/kernel", f"{hf}intermediate.dense.weight", *dense),
+      (f"{ours}MlpBlock_3/Dense_0/bias", f"{hf}intermediate.dense.bias", *same),
+      (f"{ours}MlpBlock_3/Dense_1/kernel", f"{hf}output.dense.weight", *dense),
+      (f"{ours}MlpBlock_3/Dense_1/bias", f"{hf}output.dense.bias", *same),
+    ]
   return maps
 
 
@@ -89,58 +100,93 @@ def check_exportable(config: ml_collections.ConfigDict, num_classes: Optional[in
   if config.get("resnet") is not None:
     problems.append("a ResNet hybrid (transformers has no hybrid ViT; export it to timm)")
   if config.get("classifier", "token") != "token":
-    problems.append(f"classifier {config.classifier!r} (HF's ViT classifies the class token; "
-                    "classifier='token' models only)")
+    problems.append(
+      f"classifier {config.classifier!r} (HF's ViT classifies the class token; "
+      "classifier='token' models only)"
+    )
   if config.get("posemb", "learn") != "learn":
-    problems.append(f"position embeddings {config.posemb!r} (HF's ViT has a learned 1-D "
-                    "table, posemb='learn')")
+    problems.append(
+      f"position embeddings {config.posemb!r} (HF's ViT has a learned 1-D table, posemb='learn')"
+    )
   if config.get("representation_size") is not None:
-    problems.append("a representation layer (pre_logits) before the head, which "
-                    "ViTForImageClassification does not have")
+    problems.append(
+      "a representation layer (pre_logits) before the head, which "
+      "ViTForImageClassification does not have"
+    )
   if not num_classes:
     problems.append("no classification head")
   if problems:
-    raise ValueError("This model cannot be exported as a Hugging Face "
-                     "ViTForImageClassification: " + "; ".join(problems) + ".")
+    raise ValueError(
+      "This model cannot be exported as a Hugging Face "
+      "ViTForImageClassification: " + "; ".join(problems) + "."
+    )
 
 
-def to_hf(params: Params, config: ml_collections.ConfigDict, *, gelu_approximate: bool,
-          image_size: tuple[int, int],
-          class_names: list[str]) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, Any]]:
+def to_hf(
+  params: Params,
+  config: ml_collections.ConfigDict,
+  *,
+  gelu_approximate: bool,
+  image_size: tuple[int, int],
+  class_names: list[str],
+) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, Any]]:
   """(safetensors arrays, config.json, preprocessor_config.json) of a per-layer tree."""
   num_classes = len(class_names)
   check_exportable(config, num_classes)
   flat = traverse_util.flatten_dict(params, sep="/")
   t = config.transformer
-  tensors = {_BASE + hf: np.asarray(to(np.asarray(flat[ours], np.float32)))
-             for ours, hf, to, _ in _mappings(t.num_layers, config.hidden_size, t.num_heads,
-                                              pre_logits=False)}
+  tensors = {
+    _BASE + hf: np.asarray(to(np.asarray(flat[ours], np.float32)))
+    for ours, hf, to, _ in _mappings(
+      t.num_layers, config.hidden_size, t.num_heads, pre_logits=False
+    )
+  }
   tensors["classifier.weight"] = _t(np.asarray(flat["head/kernel"], np.float32))
   tensors["classifier.bias"] = np.asarray(flat["head/bias"], np.float32)
   square = lambda hw: hw[0] if hw[0] == hw[1] else list(hw)
   patch = tuple(config.patches.size)
   hf_config = {
-      "architectures": ["ViTForImageClassification"], "model_type": "vit",
-      "hidden_size": config.hidden_size, "num_hidden_layers": t.num_layers,
-      "num_attention_heads": t.num_heads, "intermediate_size": t.mlp_dim,
-      "hidden_act": _HIDDEN_ACT[gelu_approximate], "layer_norm_eps": _LAYER_NORM_EPS,
-      "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
-      "image_size": square(image_size), "patch_size": square(patch), "num_channels": 3,
-      "qkv_bias": True, "encoder_stride": patch[0], "torch_dtype": "float32",
-      "id2label": {str(i): n for i, n in enumerate(class_names)},
-      "label2id": {n: i for i, n in enumerate(class_names)},
+    "architectures": ["ViTForImageClassification"],
+    "model_type": "vit",
+    "hidden_size": config.hidden_size,
+    "num_hidden_layers": t.num_layers,
+    "num_attention_heads": t.num_heads,
+    "intermediate_size": t.mlp_dim,
+    "hidden_act": _HIDDEN_ACT[gelu_approximate],
+    "layer_norm_eps": _LAYER_NORM_EPS,
+    "hidden_dropout_prob": 0.0,
+    "attention_probs_dropout_prob": 0.0,
+    "image_size": square(image_size),
+    "patch_size": square(patch),
+    "num_channels": 3,
+    "qkv_bias": True,
+    "encoder_stride": patch[0],
+    "torch_dtype": "float32",
+    "id2label": {str(i): n for i, n in enumerate(class_names)},
+    "label2id": {n: i for i, n in enumerate(class_names)},
   }
   preprocessor = {  # the [-1, 1] inputs: (x / 255 - 0.5) / 0.5
-      "image_processor_type": "ViTImageProcessor", "do_resize": True,
-      "size": {"height": image_size[0], "width": image_size[1]}, "resample": 2,
-      "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
-      "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
+    "image_processor_type": "ViTImageProcessor",
+    "do_resize": True,
+    "size": {"height": image_size[0], "width": image_size[1]},
+    "resample": 2,
+    "do_rescale": True,
+    "rescale_factor": 1 / 255,
+    "do_normalize": True,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+  }
   return tensors, hf_config, preprocessor
 
 
-def write_dir(directory: str, tensors: dict[str, np.ndarray], hf_config: dict[str, Any],
-              preprocessor: dict[str, Any]) -> None:
+def write_dir(
+  directory: str,
+  tensors: dict[str, np.ndarray],
+  hf_config: dict[str, Any],
+  preprocessor: dict[str, Any],
+) -> None:
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+
   save_file(tensors, os.path.join(directory, WEIGHTS), metadata={"format": "pt"})
   for name, content in ((CONFIG, hf_config), (PREPROCESSOR, preprocessor)):
     with open(os.path.join(directory, name), "w") as f:
@@ -157,6 +203,7 @@ def is_hf_dir(path: str) -> bool:
 
 def _read_tensors(directory: str) -> dict[str, np.ndarray]:
   from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+
   index = os.path.join(directory, WEIGHTS + ".index.json")
   if os.path.isfile(index):
     with open(index) as f:
@@ -164,34 +211,46 @@ def _read_tensors(directory: str) -> dict[str, np.ndarray]:
   elif os.path.isfile(os.path.join(directory, WEIGHTS)):
     files = [WEIGHTS]
   else:
-    raise FileNotFoundError(f"No {WEIGHTS} in {directory!r} (pytorch_model.bin is not read: "
-                            "save the model with safe_serialization=True).")
+    raise FileNotFoundError(
+      f"No {WEIGHTS} in {directory!r} (pytorch_model.bin is not read: "
+      "save the model with safe_serialization=True)."
+    )
   tensors = {}
   for name in files:
     tensors.update(load_file(os.path.join(directory, name)))
   return tensors
 
 
-def read_dir(directory: str) -> tuple[ml_collections.ConfigDict, Params,
-                                      Optional[list[str]], tuple[int, int]]:
+def read_dir(
+  directory: str,
+) -> tuple[ml_collections.ConfigDict, Params, Optional[list[str]], tuple[int, int]]:
   """(model config, per-layer params, class names or None, image size) of an HF ViT dir."""
   with open(os.path.join(directory, CONFIG)) as f:
     hf_config = json.load(f)
   act = hf_config.get("hidden_act", "gelu")
   if act not in _APPROXIMATE:
-    raise ValueError(f"{directory!r}: hidden_act {act!r} is not a GELU this model has "
-                     f"({', '.join(_APPROXIMATE)}).")
+    raise ValueError(
+      f"{directory!r}: hidden_act {act!r} is not a GELU this model has ({', '.join(_APPROXIMATE)})."
+    )
   eps = hf_config.get("layer_norm_eps", 1e-12)
   if eps != _LAYER_NORM_EPS:
-    logging.warning("%s: layer_norm_eps %g; this model uses %g (logits differ slightly).",
-                    directory, eps, _LAYER_NORM_EPS)
-  tensors = {k[len(_BASE):] if k.startswith(_BASE) else k: v
-             for k, v in _read_tensors(directory).items()}
+    logging.warning(
+      "%s: layer_norm_eps %g; this model uses %g (logits differ slightly).",
+      directory,
+      eps,
+      _LAYER_NORM_EPS,
+    )
+  tensors = {
+    k[len(_BASE) :] if k.startswith(_BASE) else k: v for k, v in _read_tensors(directory).items()
+  }
   depth, width = hf_config["num_hidden_layers"], hf_config["hidden_size"]
-  maps = _mappings(depth, width, hf_config["num_attention_heads"],
-                   pre_logits="pooler.dense.weight" in tensors)
-  maps += [("head/kernel", "classifier.weight", _t, _t),
-           ("head/bias", "classifier.bias", _same, _same)]
+  maps = _mappings(
+    depth, width, hf_config["num_attention_heads"], pre_logits="pooler.dense.weight" in tensors
+  )
+  maps += [
+    ("head/kernel", "classifier.weight", _t, _t),
+    ("head/bias", "classifier.bias", _same, _same),
+  ]
   missing = [hf for _, hf, _, _ in maps[:-2] if hf not in tensors]
   if missing:
     raise ValueError(f"{directory!r} is missing {len(missing)} ViT arrays: {missing[:5]}...")
@@ -199,8 +258,13 @@ def read_dir(directory: str) -> tuple[ml_collections.ConfigDict, Params,
   if unused:
     logging.warning("%s: ignoring %d arrays: %s", directory, len(unused), sorted(unused)[:5])
   params = traverse_util.unflatten_dict(
-      {ours: from_hf(np.asarray(tensors[hf], np.float32))
-       for ours, hf, _, from_hf in maps if hf in tensors}, sep="/")
+    {
+      ours: from_hf(np.asarray(tensors[hf], np.float32))
+      for ours, hf, _, from_hf in maps
+      if hf in tensors
+    },
+    sep="/",
+  )
   config = infer.infer_model_config(params)
   config.gelu_approximate = _APPROXIMATE[act]
   size = hf_config.get("image_size", 224)

@@ -8,6 +8,7 @@ with a symbolic batch dimension:
         exported = jax.export.deserialize(open(path, "rb").read())
         logits = exported.call(images)
 """
+
 from __future__ import annotations
 
 import os
@@ -26,32 +27,39 @@ def _apply(module: nn.Module):
   return lambda params, images: module.apply({"params": params}, images)
 
 
-def write_saved_model(directory: str, module: nn.Module, params: Params,
-                      image_size: tuple[int, int]) -> None:
+def write_saved_model(
+  directory: str, module: nn.Module, params: Params, image_size: tuple[int, int]
+) -> None:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from jax.experimental import jax2tf  # pylint: disable=g-import-not-at-top
+
   h, w = image_size
-  tf_apply = jax2tf.convert(_apply(module), polymorphic_shapes=[None, f"(b, {h}, {w}, 3)"],
-                            with_gradient=False)
+  tf_apply = jax2tf.convert(
+    _apply(module), polymorphic_shapes=[None, f"(b, {h}, {w}, 3)"], with_gradient=False
+  )
   holder = tf.Module()
-  holder.params = tf.nest.map_structure(lambda v: tf.Variable(np.asarray(v), trainable=False),
-                                        params)
-  holder.serve = tf.function(lambda images: tf_apply(holder.params, images), autograph=False,
-                             input_signature=[tf.TensorSpec([None, h, w, 3], tf.float32,
-                                                            name="images")])
+  holder.params = tf.nest.map_structure(
+    lambda v: tf.Variable(np.asarray(v), trainable=False), params
+  )
+  holder.serve = tf.function(
+    lambda images: tf_apply(holder.params, images),
+    autograph=False,
+    input_signature=[tf.TensorSpec([None, h, w, 3], tf.float32, name="images")],
+  )
   tf.saved_model.save(holder, directory, signatures={"serving_default": holder.serve})
 
 
 def jax_exported(module: nn.Module, params: Params, image_size: tuple[int, int]) -> bytes:
   """The serialised `jax.export.Exported` of the logits for a symbolic batch."""
-  batch, = jax.export.symbolic_shape("b")
+  (batch,) = jax.export.symbolic_shape("b")
   images = jax.ShapeDtypeStruct((batch, *image_size, 3), jnp.float32)
   params = jax.tree.map(jnp.asarray, params)
   exported = jax.export.export(jax.jit(lambda x: _apply(module)(params, x)))(images)
   return exported.serialize()
 
 
-def write_jax_exported(directory: str, module: nn.Module, params: Params,
-                       image_size: tuple[int, int]) -> None:
+def write_jax_exported(
+  directory: str, module: nn.Module, params: Params, image_size: tuple[int, int]
+) -> None:
   with open(os.path.join(directory, JAX_EXPORTED), "wb") as f:
     f.write(jax_exported(module, params, image_size))
