@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import os
 import re
+import zipfile
+import zlib
 from typing import Any, Mapping
 
 import flax.linen as nn
 import numpy as np
 from flax import traverse_util
+
+from vit_jax import errors
 
 Params = dict[str, Any]  # a nested dict of arrays
 
@@ -72,15 +76,40 @@ def _squeeze_groupnorm(path: str, value: np.ndarray) -> np.ndarray:
 
 
 def load_npz(path: str | os.PathLike) -> Params:
-  """Reads an official-layout `.npz` (per-layer or scanned) into a nested parameter tree."""
+  """Reads an official-layout `.npz` (per-layer or scanned) into a nested parameter tree.
+
+  A file that is not such an archive is one `errors.CheckpointError` naming the path and
+  the cause (not a zip, a single `.npy`, truncated or damaged, empty, pickled objects).
+  """
   path = os.fspath(path)
   if not os.path.isfile(path):
-    raise FileNotFoundError(f"No checkpoint file at {path!r}: check the path.")
+    raise errors.MissingError(f"No checkpoint file at {path!r}: check the path.")
+
+  def fail(cause: str) -> errors.CheckpointError:
+    return errors.CheckpointError(f"Cannot read checkpoint {path!r}: {cause}.")
+
+  if not os.path.getsize(path):
+    raise fail("the file is empty (0 bytes)")
   try:
-    with np.load(path, allow_pickle=False) as archive:
+    archive = np.load(path, allow_pickle=False)
+  except ValueError as e:  # numpy tries pickle for anything without .npy/.npz magic
+    raise fail("it is not a .npz archive (it starts neither like a zip nor like a .npy "
+               "file)") from e
+  except (OSError, EOFError, zipfile.BadZipFile) as e:
+    raise fail(f"it is truncated or damaged ({e})") from e
+  if not isinstance(archive, np.lib.npyio.NpzFile):
+    raise fail("it is a single .npy array, not a .npz archive of named parameters (write "
+               "one with np.savez or vit_jax.checkpoint.save_npz)")
+  with archive:
+    try:
       flat = {k: _squeeze_groupnorm(k, archive[k]) for k in archive.files}
-  except ValueError as e:  # object arrays, or not an npz at all
-    raise ValueError(f"{path!r} is not a plain-array .npz checkpoint: {e}") from e
+    except ValueError as e:  # object arrays: numpy would have to unpickle them
+      raise fail(f"it is not a plain-array .npz: it holds pickled objects, which are not "
+                 f"loaded ({e})") from e
+    except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+      raise fail(f"it is truncated or damaged ({type(e).__name__}: {e})") from e
+  if not flat:
+    raise fail("the archive is empty (no arrays)")
   return traverse_util.unflatten_dict(flat, sep="/")
 
 

@@ -16,6 +16,8 @@ from typing import Any, Optional
 import jax
 from absl import logging
 
+from vit_jax import errors
+
 _ENV_COORDINATOR = "VIT_COORDINATOR_ADDRESS"
 _ENV_NUM_PROCESSES = "VIT_NUM_PROCESSES"
 _ENV_PROCESS_ID = "VIT_PROCESS_ID"
@@ -33,7 +35,7 @@ def _env_int(name: str) -> Optional[int]:
   try:
     return int(value)
   except ValueError:
-    raise ValueError(
+    raise errors.ConfigError(
       f"Environment variable {name}={value!r} is not an integer: set it to "
       "a whole number or unset it."
     ) from None
@@ -74,7 +76,7 @@ def _detect_cluster() -> Optional[str]:
     return "SLURM"
   if (_env_int("OMPI_COMM_WORLD_SIZE") or 1) > 1:
     if "OMPI_MCA_orte_hnp_uri" not in env:
-      raise ValueError(
+      raise errors.ConfigError(
         f"Open MPI launch with OMPI_COMM_WORLD_SIZE={env['OMPI_COMM_WORLD_SIZE']} but no "
         "OMPI_MCA_orte_hnp_uri (Open MPI 5 / PRRTE), which JAX cannot auto-detect: set "
         f"{_ENV_COORDINATOR}, {_ENV_NUM_PROCESSES} and {_ENV_PROCESS_ID} (or pass "
@@ -126,7 +128,7 @@ def initialize_distributed(
     if "heartbeat_timeout_seconds" not in params and not any(
       p.kind is p.VAR_KEYWORD for p in params.values()
     ):
-      raise ValueError(
+      raise errors.ConfigError(
         f"heartbeat_timeout={heartbeat_timeout}: this JAX "
         f"({jax.__version__}) has no heartbeat_timeout_seconds; upgrade JAX "
         "or leave it unset."
@@ -142,7 +144,7 @@ def initialize_distributed(
         for name, v in zip((_ENV_COORDINATOR, _ENV_NUM_PROCESSES, _ENV_PROCESS_ID), explicit)
         if v is None
       ]
-      raise ValueError(
+      raise errors.ConfigError(
         f"Incomplete multi-process settings: coordinator_address={coordinator_address!r}, "
         f"num_processes={num_processes!r}, process_id={process_id!r}. Outside a cluster "
         f"JAX can detect, give all three (missing: {', '.join(missing)}; or the "

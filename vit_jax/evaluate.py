@@ -7,6 +7,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from vit_jax import errors
 from vit_jax import losses
 
 Batch = dict[str, jax.Array]
@@ -35,7 +36,7 @@ def evaluate(step_fn: Callable[[Any, Batch], dict[str, jax.Array]], params: Any,
     sums = step_fn(params, batch)
     totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
   if totals is None:
-    raise ValueError("The evaluation split is empty: check the test split string.")
+    raise errors.ConfigError("The evaluation split is empty: check the test split string.")
   totals = jax.device_get(totals)
   count = float(totals["count"])
   return {f"{prefix}/accuracy": float(totals["correct"]) / count,

@@ -11,13 +11,15 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from vit_jax import errors
+
 LOSSES: tuple[str, ...] = ("softmax_xent", "sigmoid_xent")
 
 
 def check_loss(kind: str) -> None:
   """Fails with the valid names when ``kind`` is not one of `LOSSES`."""
   if kind not in LOSSES:
-    raise ValueError(f"Unknown config.loss={kind!r}; choose one of {LOSSES}.")
+    raise errors.ConfigError(f"Unknown config.loss={kind!r}; choose one of {LOSSES}.")
 
 
 def per_example_loss(logits: jax.Array, labels: jax.Array, kind: str) -> jax.Array:

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
+from vit_jax import errors
 from vit_jax.models import create_model
 from vit_jax.models import mpp as mpp_model
 
@@ -29,7 +30,7 @@ Batch = dict[str, jax.Array]
 
 def _check_target(target: str) -> None:
   if target not in TARGETS:
-    raise ValueError(f"Unknown config.mpp.target={target!r}; choose one of {TARGETS}.")
+    raise errors.ConfigError(f"Unknown config.mpp.target={target!r}; choose one of {TARGETS}.")
 
 
 def _patches(images: jax.Array, patch: tuple[int, int], cells: int) -> jax.Array:
@@ -37,7 +38,7 @@ def _patches(images: jax.Array, patch: tuple[int, int], cells: int) -> jax.Array
   b, h, w, c = images.shape
   ph, pw = patch
   if ph % cells or pw % cells:
-    raise ValueError(f"The patch {ph}x{pw} cannot be split into {cells}x{cells} cells: use "
+    raise errors.ConfigError(f"The patch {ph}x{pw} cannot be split into {cells}x{cells} cells: use "
                      f"config.mpp.target='mean_color' or a patch size divisible by {cells}.")
   x = images.reshape(b, h // ph, cells, ph // cells, w // pw, cells, pw // cells, c)
   x = x.transpose(0, 1, 4, 2, 5, 3, 6, 7)  # [B, gh, gw, cells, cells, ph/cells, pw/cells, C]

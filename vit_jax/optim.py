@@ -28,6 +28,8 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
+from vit_jax import errors
+
 OPTIMIZERS: tuple[str, ...] = ("sgd", "adam", "adamw")
 DECAYS: tuple[str, ...] = ("cosine", "linear", "constant")
 MOMENTUM_DTYPES: tuple[str, ...] = ("float32", "bfloat16")
@@ -52,11 +54,11 @@ def make_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
   decay = lr.decay
   end = float(lr.end)
   if decay not in DECAYS:
-    raise ValueError(f"Unknown config.lr.decay={decay!r}; choose one of {DECAYS}.")
+    raise errors.ConfigError(f"Unknown config.lr.decay={decay!r}; choose one of {DECAYS}.")
   if warmup < 0:
-    raise ValueError(f"config.lr.warmup_steps={warmup} is negative; use 0 for no warm-up.")
+    raise errors.ConfigError(f"config.lr.warmup_steps={warmup} is negative; use 0 for no warm-up.")
   if total > 0 and warmup >= total:
-    raise ValueError(f"config.lr.warmup_steps={warmup} must be smaller than "
+    raise errors.ConfigError(f"config.lr.warmup_steps={warmup} must be smaller than "
                      f"config.total_steps={total}: lower the warm-up or train longer.")
 
   decay_steps = max(total - warmup, 1)
@@ -99,7 +101,7 @@ def weight_decay_mask(params: Any) -> Any:
 
 def _momentum_dtype(name: str) -> jnp.dtype:
   if name not in MOMENTUM_DTYPES:
-    raise ValueError(f"Unknown config.optim.momentum_dtype={name!r}; choose one of "
+    raise errors.ConfigError(f"Unknown config.optim.momentum_dtype={name!r}; choose one of "
                      f"{MOMENTUM_DTYPES}.")
   return jnp.dtype(name)
 
@@ -126,7 +128,7 @@ def make_optimizer(
   clip = o.grad_clip_norm
   if clip:
     if clip < 0:
-      raise ValueError(f"config.optim.grad_clip_norm={clip} is negative; use a positive "
+      raise errors.ConfigError(f"config.optim.grad_clip_norm={clip} is negative; use a positive "
                        "norm, or 0 / None for no clipping.")
     parts.append(optax.clip_by_global_norm(float(clip)))
 
@@ -140,11 +142,11 @@ def make_optimizer(
     parts.append(optax.scale_by_adam(b1=float(o.b1), b2=float(o.b2), eps=float(o.eps),
                                      mu_dtype=mu_dtype))
   else:
-    raise ValueError(f"Unknown config.optim.name={name!r}; choose one of {OPTIMIZERS}.")
+    raise errors.ConfigError(f"Unknown config.optim.name={name!r}; choose one of {OPTIMIZERS}.")
 
   weight_decay = float(o.weight_decay)
   if weight_decay < 0:
-    raise ValueError(f"config.optim.weight_decay={weight_decay} is negative; use >= 0.")
+    raise errors.ConfigError(f"config.optim.weight_decay={weight_decay} is negative; use >= 0.")
   if weight_decay:
     mask = None if o.decay_all_params else weight_decay_mask
     parts.append(optax.add_decayed_weights(weight_decay, mask=mask))

@@ -17,6 +17,7 @@ import numpy as np
 from absl import logging
 from flax import traverse_util
 
+from vit_jax import errors
 from vit_jax import run_checkpoints
 from vit_jax.checkpoint import SCANNED_BLOCK, Params, check_tree, is_scanned, load_npz, to_layout
 from vit_jax.models.mpp import MPP_PARAMS
@@ -157,7 +158,7 @@ def _adapt_posemb(got: dict[str, Any], want: Mapping[str, Any], posemb_kind: str
     if new_grid_hw is None:
       grid_hw = square_grid(n_new, "pass new_grid_hw=(height, width) of the model's grid")
     elif new_grid_hw[0] * new_grid_hw[1] != n_new:
-      raise ValueError(f"new_grid_hw={tuple(new_grid_hw)} does not match init_params' "
+      raise errors.CheckpointError(f"new_grid_hw={tuple(new_grid_hw)} does not match init_params' "
                        f"{n_new} grid tokens: pass the model's grid (image size / patch size).")
     else:
       grid_hw = tuple(new_grid_hw)
@@ -167,7 +168,7 @@ def _adapt_posemb(got: dict[str, Any], want: Mapping[str, Any], posemb_kind: str
           n_stored, "pass stored_grid_hw=(height, width) of the stored grid")
       resized = resize_posemb(stored, grid_hw, stored_prefix, old_hw, method)
     except ValueError as e:
-      raise ValueError(f"Position embeddings of the {where}: {e}") from e
+      raise errors.CheckpointError(f"Position embeddings of the {where}: {e}") from e
     if old_hw != grid_hw:
       notes.append(f"position embeddings: {method} interpolation of the "
                    f"{old_hw[0]}x{old_hw[1]} grid to {grid_hw[0]}x{grid_hw[1]}")
@@ -183,13 +184,13 @@ def _adapt_posemb(got: dict[str, Any], want: Mapping[str, Any], posemb_kind: str
     grid_hw = (want[POSEMB_Y_PATH].shape[1], want[POSEMB_X_PATH].shape[2])
     old_hw = (got[POSEMB_Y_PATH].shape[1], got[POSEMB_X_PATH].shape[2])
     if new_grid_hw is not None and tuple(new_grid_hw) != grid_hw:
-      raise ValueError(f"new_grid_hw={tuple(new_grid_hw)} does not match init_params' learn_2d "
+      raise errors.CheckpointError(f"new_grid_hw={tuple(new_grid_hw)} does not match init_params' learn_2d "
                        f"grid {grid_hw}: pass the model's grid or leave it out.")
     try:
       got[POSEMB_X_PATH], got[POSEMB_Y_PATH] = resize_posemb_2d(
           got[POSEMB_X_PATH], got[POSEMB_Y_PATH], grid_hw, method)
     except ValueError as e:
-      raise ValueError(f"Position embeddings of the {where}: {e}") from e
+      raise errors.CheckpointError(f"Position embeddings of the {where}: {e}") from e
     if old_hw != grid_hw:
       notes.append(f"learn_2d position embeddings: {method} interpolation of "
                    f"the {old_hw[0]}x{old_hw[1]} tables to {grid_hw[0]}x{grid_hw[1]}")
@@ -241,7 +242,7 @@ def load_pretrained(source: str | os.PathLike, init_params: Params, model_config
   """
   source = os.fspath(source)
   if posemb_resize_method not in (*RESIZE_METHODS, POSEMB_REINIT):
-    raise ValueError(f"Unknown posemb_resize_method {posemb_resize_method!r}; use one of "
+    raise errors.CheckpointError(f"Unknown posemb_resize_method {posemb_resize_method!r}; use one of "
                      f"{(*RESIZE_METHODS, POSEMB_REINIT)}.")
   init_tree = nn.unbox(dict(init_params))
   want = traverse_util.flatten_dict(init_tree, sep="/")
@@ -253,7 +254,7 @@ def load_pretrained(source: str | os.PathLike, init_params: Params, model_config
   posemb_kind = model_config.get("posemb", "learn")
   rep_in_init = want["pre_logits/kernel"].shape[-1] if "pre_logits/kernel" in want else None
   if (classifier == "token") != ("cls" in want) or representation_size != rep_in_init:
-    raise ValueError(
+    raise errors.CheckpointError(
         f"model_config (classifier={classifier!r}, representation_size={representation_size}) "
         f"does not describe init_params (class token: {'cls' in want}, representation size: "
         f"{rep_in_init}): pass the config the model was built from.")
@@ -263,7 +264,7 @@ def load_pretrained(source: str | os.PathLike, init_params: Params, model_config
     try:
       loaded = to_layout(loaded, is_scanned(init_tree))
     except ValueError as e:
-      raise ValueError(f"The {where} has a malformed encoder: {e}") from e
+      raise errors.CheckpointError(f"The {where} has a malformed encoder: {e}") from e
   got = traverse_util.flatten_dict(loaded, sep="/")
   notes: list[str] = []
 
@@ -277,7 +278,7 @@ def load_pretrained(source: str | os.PathLike, init_params: Params, model_config
   try:
     check_tree(got, want, source="checkpoint")
   except ValueError as e:
-    raise ValueError(_fit_error(e, got, want, where)) from None
+    raise errors.CheckpointError(_fit_error(e, got, want, where)) from None
 
   for note in notes:
     logging.info("load_pretrained(%s): %s.", source, note)

@@ -133,7 +133,7 @@ def _read_host(step_dir: epath.Path, subtree: Optional[str] = None) -> Any:
     with ocp.PyTreeCheckpointer() as checkpointer:
       stored = checkpointer.metadata(state_dir)
       if stored is None or stored.item_metadata is None:
-        raise FileNotFoundError(f"{state_dir / '_METADATA'} is missing")
+        raise FileNotFoundError(f"{state_dir / '_METADATA'} is missing or unreadable")
       tree = stored.item_metadata.tree
       item = {subtree: tree[subtree]} if subtree else tree
       as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
@@ -192,21 +192,36 @@ def read_params(path: str | os.PathLike) -> Params:
 
 
 def check_resume(
-  directory: str | os.PathLike, data: Mapping[str, Any], *, allow_changed_seed: bool
+  directory: str | os.PathLike,
+  data: Mapping[str, Any],
+  abstract_state: Any,
+  *,
+  allow_changed_seed: bool,
 ) -> bool:
-  """Raises ResumeError when the run in ``directory`` trained on other data than ``data``.
+  """Raises ResumeError when the run in ``directory`` does not fit this config.
 
-  ``data``: {"dataset", "train_split", "test_split", "num_train", "seed"} of this config.
-  A changed seed changes the data order from the resumed step on: an error unless
-  ``allow_changed_seed``. Reads only the newest step's meta; changes nothing. Returns
-  whether there is a step to resume.
+  ``data``: {"dataset", "train_split", "test_split", "num_train", "seed"} of this config;
+  ``abstract_state``: the train state it builds. Another optimizer (other arrays) or other
+  data is an error; a changed seed changes the data order from the resumed step on: an
+  error unless ``allow_changed_seed``. Reads only the newest readable step's meta and
+  changes nothing. Returns whether there is a step to resume.
   """
   steps = finalized_steps(directory)
   for step in reversed(steps):
     try:
-      stored = _read_meta(_absolute(directory) / str(step)).get("data")
+      meta = _read_meta(_absolute(directory) / str(step))
     except errors.CheckpointError:
-      continue  # restore_latest deals with it
+      continue  # restore_latest moves it aside
+    saved, wanted = set(meta["fingerprint"]), set(fingerprint_keys(abstract_state))
+    if saved != wanted:
+      missing, unexpected = sorted(wanted - saved), sorted(saved - wanted)
+      raise errors.ResumeError(
+        f"Checkpoint step {step} in {directory} holds other arrays than this config's train "
+        f"state (missing {len(missing)}, e.g. {missing[:2]}; unexpected {len(unexpected)}, "
+        f"e.g. {unexpected[:2]}): config.optim or the model changed. Put the old values "
+        "back or use a new --workdir; nothing was changed."
+      )
+    stored = meta.get("data")
     if not stored:
       break
     changed = [
@@ -308,15 +323,6 @@ class RunCheckpoints:
 
   def _restore_verified(self, step_dir: epath.Path, abstract_state: Any) -> Any:
     saved = _read_meta(step_dir)["fingerprint"]
-    wanted = fingerprint_keys(abstract_state)
-    if set(saved) != set(wanted):
-      missing, unexpected = sorted(set(wanted) - set(saved)), sorted(set(saved) - set(wanted))
-      raise errors.ResumeError(
-        f"Checkpoint step {step_dir.name} in {self.directory} holds other arrays than this "
-        f"config's train state (missing {len(missing)}, e.g. {missing[:2]}; unexpected "
-        f"{len(unexpected)}, e.g. {unexpected[:2]}): config.optim or the model changed. "
-        "Put the old values back or use a new --workdir; nothing was changed."
-      )
     try:
       restored = self._manager.restore(
         int(step_dir.name),

@@ -22,11 +22,16 @@ _MINIMUM = {
 
 
 def check_loop(config: ml_collections.ConfigDict) -> None:
-  """Step counts and intervals are whole numbers in range."""
+  """Step counts and intervals are whole numbers in range; config.pretrained exists."""
   for key, low in _MINIMUM.items():
     value = config[key]
     if not isinstance(value, int) or value < low:
       raise errors.ConfigError(f"config.{key}={value!r} must be an integer >= {low}.")
+  if config.pretrained and not tf.io.gfile.exists(config.pretrained):
+    raise errors.MissingError(
+      f"config.pretrained={config.pretrained!r} does not exist: give an official .npz file "
+      "or a run's <workdir>/checkpoints folder."
+    )
 
 
 def check_evaluate_only(config: ml_collections.ConfigDict, *, resumable: bool) -> None:

@@ -24,6 +24,8 @@ from absl import logging
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from vit_jax import errors
+
 # Mesh axes.
 DATA_AXIS = "data"  # the batch (and the parameters under FSDP)
 MODEL_AXIS = "model"  # tensor parallelism
@@ -42,35 +44,35 @@ def _resolve_axes(axes: MeshAxes, num_devices: int) -> tuple[tuple[str, ...], tu
   """Axis names and sizes with the one -1 resolved; raises when they cannot fit."""
   pairs = list(axes.items()) if isinstance(axes, Mapping) else [tuple(a) for a in axes]
   if not pairs or any(len(p) != 2 for p in pairs):
-    raise ValueError(
+    raise errors.ConfigError(
       f"Mesh axes {axes!r} must be name -> size pairs, e.g. "
       f"{{{DATA_AXIS!r}: -1, {MODEL_AXIS!r}: 1}}."
     )
   names = tuple(str(n) for n, _ in pairs)
   if len(set(names)) != len(names):
-    raise ValueError(f"Mesh axes {axes!r} repeat a name; give each axis a unique name.")
+    raise errors.ConfigError(f"Mesh axes {axes!r} repeat a name; give each axis a unique name.")
   try:
     sizes = [int(s) for _, s in pairs]
   except (TypeError, ValueError):
-    raise ValueError(
+    raise errors.ConfigError(
       f"Mesh axes {axes!r}: every size must be an integer (-1: the remaining devices)."
     ) from None
   if any(s == 0 or s < -1 for s in sizes) or sizes.count(-1) > 1:
-    raise ValueError(
+    raise errors.ConfigError(
       f"Mesh axes {dict(zip(names, sizes))}: sizes must be positive, with at "
       "most one -1 (the remaining devices)."
     )
   fixed = math.prod(s for s in sizes if s != -1)
   if -1 in sizes:
     if num_devices % fixed:
-      raise ValueError(
+      raise errors.ConfigError(
         f"Mesh axes {dict(zip(names, sizes))}: the fixed sizes multiply to {fixed}, which "
         f"does not divide the {num_devices} devices; choose sizes whose product divides "
         f"{num_devices}."
       )
     sizes[sizes.index(-1)] = num_devices // fixed
   elif fixed != num_devices:
-    raise ValueError(
+    raise errors.ConfigError(
       f"Mesh axes {dict(zip(names, sizes))} multiply to {fixed} but there are {num_devices} "
       f"devices; make the product {num_devices}, or set one size to -1 to take the rest."
     )
@@ -111,7 +113,7 @@ def replicated(mesh: Mesh) -> NamedSharding:
 def batch_sharding(mesh: Mesh) -> NamedSharding:
   """The leading (batch) dimension split over the `DATA_AXIS` axis, the rest whole."""
   if DATA_AXIS not in mesh.axis_names:
-    raise ValueError(
+    raise errors.ConfigError(
       f"The mesh has axes {mesh.axis_names} but batches are split over a "
       f"{DATA_AXIS!r} axis; add one, e.g. "
       f"make_mesh({{{DATA_AXIS!r}: -1, {MODEL_AXIS!r}: 1}})."
@@ -151,7 +153,7 @@ LOGICAL_RULES: dict[str, tuple[tuple[str, Optional[str]], ...]] = {
 def logical_rules(strategy: str) -> tuple[tuple[str, Optional[str]], ...]:
   """The (logical name, mesh axis or None) rules of one strategy in `STRATEGIES`."""
   if strategy not in LOGICAL_RULES:
-    raise ValueError(
+    raise errors.ConfigError(
       f"Unknown partitioning strategy {strategy!r}; choose one of "
       f"{STRATEGIES} (config.partitioning)."
     )

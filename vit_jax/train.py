@@ -268,7 +268,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   # What the run trains on, stored with each step: resuming on other data is an error.
   run_data = dict(dataset=config.dataset, train_split=config.train_split,
                   test_split=config.test_split, num_train=info.num_train, seed=config.seed)
-  resumable = run_checkpoints.check_resume(checkpoint_dir, run_data,
+  resumable = run_checkpoints.check_resume(checkpoint_dir, run_data, trainer.abstract_state,
                                            allow_changed_seed=config.allow_changed_seed)
   run_checks.check_evaluate_only(config, resumable=resumable)
   _write_or_compare_config(config, workdir)

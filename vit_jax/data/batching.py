@@ -17,6 +17,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
+from vit_jax import errors
 from vit_jax.sharding import DATA_AXIS, batch_sharding
 
 
@@ -27,7 +28,7 @@ def local_batch_size(global_batch: int, mesh: Mesh, key: str = "batch") -> int:
   'data' axis; otherwise a ValueError names the numbers and the nearest valid sizes.
   """
   if DATA_AXIS not in mesh.shape:
-    raise ValueError(
+    raise errors.ConfigError(
       f"The mesh has axes {dict(mesh.shape)}; the input pipeline shards "
       f"batches over an axis named {DATA_AXIS!r}. Build the mesh with it."
     )
@@ -35,7 +36,7 @@ def local_batch_size(global_batch: int, mesh: Mesh, key: str = "batch") -> int:
   unit = math.lcm(processes, devices)
   if global_batch % unit:
     lower, upper = global_batch // unit * unit, (global_batch // unit + 1) * unit
-    raise ValueError(
+    raise errors.ConfigError(
       f"config.{key}={global_batch} does not split over {processes} process(es) and "
       f"the {devices} devices of the {DATA_AXIS!r} mesh axis: it must be a multiple "
       f"of {unit}. Use {key}={upper}" + (f" or {lower}." if lower else ".")
@@ -61,7 +62,7 @@ def process_row_block(global_batch: int, mesh: Mesh) -> tuple[int, int]:
   start, stop = rows[0][0], rows[-1][1]
   contiguous = all(a[1] == b[0] for a, b in zip(rows, rows[1:]))
   if not contiguous or stop - start != size or start % size:
-    raise ValueError(
+    raise errors.ConfigError(
       f"The mesh {dict(mesh.shape)} gives process {jax.process_index()} the rows "
       f"{rows} of a global batch of {global_batch}, but each of the {count} "
       f"processes must hold one distinct contiguous block of {size} rows (a "

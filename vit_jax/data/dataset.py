@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from vit_jax import errors
 from vit_jax.data import folder as folder_lib
 from vit_jax.data import splits as splits_lib
 from vit_jax.data import tfds_source
@@ -45,7 +46,7 @@ class Settings:
 
     def get(key: str, node: Any = config, prefix: str = "") -> Any:
       if key not in node or (node[key] is None and key not in _OPTIONAL):
-        raise ValueError(
+        raise errors.ConfigError(
           f"config.{prefix}{key} is required by the input pipeline; set it "
           f"(defaults: configs/common.py; per-dataset values: "
           f"vit_jax/data/presets.py)."
@@ -72,11 +73,11 @@ class Settings:
     )
     for key in ("crop", "batch", "batch_eval", "shuffle_buffer"):
       if getattr(settings, key) <= 0:
-        raise ValueError(
+        raise errors.ConfigError(
           f"config.{'pp.' if key == 'crop' else ''}{key}={getattr(settings, key)} must be positive."
         )
     if not 0.0 < settings.min_area <= 1.0:
-      raise ValueError(
+      raise errors.ConfigError(
         f"config.pp.min_area={settings.min_area} must be in (0, 1] "
         f"(the smallest crop area as a fraction of the image; 0.05 is "
         f"the usual value)."
@@ -114,14 +115,14 @@ class Dataset:
     self.class_names = self._source.class_names
     found = len(self.class_names) if self.class_names else None
     if settings.num_classes is not None and found and settings.num_classes != found:
-      raise ValueError(
+      raise errors.ConfigError(
         f"config.num_classes={settings.num_classes} but {settings.dataset!r} has "
         f"{found} classes. Set config.num_classes={found} (or None to take it from "
         f"the data)."
       )
     self.num_classes = settings.num_classes or found
     if not self.num_classes:
-      raise ValueError(
+      raise errors.ConfigError(
         f"{settings.dataset!r} does not say how many classes it has; set config.num_classes."
       )
 

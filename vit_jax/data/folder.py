@@ -15,6 +15,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from vit_jax import errors
 from vit_jax.data import splits as splits_lib
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")  # Matched case-insensitively.
@@ -36,7 +37,7 @@ class ImageFolder:
   def __init__(self, root: str, train_split: str):
     """`train_split`: the split string whose folder defines the class names."""
     if not tf.io.gfile.isdir(root):
-      raise FileNotFoundError(
+      raise errors.MissingError(
         f"Image folder {root!r} does not exist. config.dataset = "
         f'"{PREFIX}<root>" needs <root>/<split>/<class>/*.jpg|jpeg|png.'
       )
@@ -50,7 +51,7 @@ class ImageFolder:
     names = [part.split("[")[0].strip() for part in spec.split("+")]
     for name in names:
       if name not in self.available_splits:
-        raise FileNotFoundError(
+        raise errors.MissingError(
           f"Split folder {os.path.join(self.root, name)!r} (from split {spec!r}) "
           f"does not exist; {self.root!r} has {self.available_splits}. Create it "
           f"or set config.train_split / config.test_split to one of those."
@@ -60,7 +61,7 @@ class ImageFolder:
   def _class_dirs(self, split: str) -> list[str]:
     classes = _subdirs(os.path.join(self.root, split))
     if not classes:
-      raise FileNotFoundError(
+      raise errors.MissingError(
         f"{os.path.join(self.root, split)!r} has no class folders; put the images "
         f"of each class in {os.path.join(self.root, split, '<class_name>')}/."
       )
@@ -75,7 +76,7 @@ class ImageFolder:
       for name in self._class_dirs(split):
         folder = os.path.join(self.root, split, name)
         if name not in index:
-          raise ValueError(
+          raise errors.ConfigError(
             f"Class folder {folder!r} is not a class of the train split "
             f"({len(self.class_names)} classes: {self.class_names[:10]}...). Rename "
             f"or remove it, or add it to the train split."
@@ -84,7 +85,7 @@ class ImageFolder:
           f for f in tf.io.gfile.listdir(folder) if f.lower().endswith(IMAGE_EXTENSIONS)
         )
         if not found:
-          raise ValueError(
+          raise errors.ConfigError(
             f"Class folder {folder!r} holds no {'/'.join(IMAGE_EXTENSIONS)} "
             f"images. Add images or remove the folder."
           )

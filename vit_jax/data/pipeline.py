@@ -33,6 +33,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from vit_jax import errors
 from vit_jax.data import batching, order, preprocess, readers
 from vit_jax.data.dataset import Dataset, Settings
 
@@ -149,7 +150,7 @@ class _Failures:
     except (tf.errors.OpError, ValueError) as e:
       reason = getattr(e, "message", str(e)).strip().splitlines()[0]
     if not self.skip:
-      raise ValueError(
+      raise errors.ConfigError(
         f"Cannot read image {name!r}: {reason}. Remove or replace the file, or set "
         f"config.skip_corrupt_images=True to skip such images (logged and counted)."
       )
@@ -177,7 +178,7 @@ def local_train_batches(
   source = dataset.split(settings.train_split)
   num_lanes = local_batch * process_count
   if source.num_examples < num_lanes:
-    raise ValueError(
+    raise errors.ConfigError(
       f"Split {source.name} has {source.num_examples} examples, fewer than the global "
       f"batch of {num_lanes}; use a larger split or a smaller config.batch."
     )
@@ -202,7 +203,7 @@ def local_train_batches(
         for row in np.flatnonzero(~present):
           failures.report(q + int(row))
         if not present.any():
-          raise ValueError(
+          raise errors.ConfigError(
             f"No image of a whole batch of {source.name} could be read "
             f"(positions {q}..{q + local_batch - 1}); check the data."
           )

@@ -14,6 +14,8 @@ from typing import Mapping, Protocol
 import numpy as np
 import tensorflow_datasets as tfds
 
+from vit_jax import errors
+
 
 @dataclasses.dataclass(frozen=True)
 class Range:
@@ -44,7 +46,7 @@ def resolve(spec: str, sizes: Mapping[str, int]) -> list[Range]:
   try:
     instructions = tfds.core.ReadInstruction.from_spec(spec).to_absolute(infos)
   except (ValueError, AssertionError) as e:
-    raise ValueError(
+    raise errors.ConfigError(
       f"Split {spec!r} does not match the available splits "
       f"{dict(sizes)} ({e}). Use a name from that list, optionally sliced as in "
       f'"train[:98%]" or "train[1000:]".'
@@ -55,7 +57,7 @@ def resolve(spec: str, sizes: Mapping[str, int]) -> list[Range]:
     stop = sizes[ins.splitname] if ins.to is None else ins.to
     ranges.append(Range(ins.splitname, start, stop))
   if sum(len(r) for r in ranges) == 0:
-    raise ValueError(
+    raise errors.ConfigError(
       f"Split {spec!r} selects no examples (split sizes: {dict(sizes)}). Widen the slice."
     )
   return ranges

@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 from absl import logging
 
+from vit_jax import errors
 from vit_jax.data import digits  # Registers the `digits` builder with tfds.
 from vit_jax.data import splits as splits_lib
 
@@ -32,7 +33,7 @@ class TfdsDataset:
     try:
       self.builder = tfds.builder(name, data_dir=data_dir)
     except tfds.core.registered.DatasetNotFoundError:
-      raise ValueError(
+      raise errors.ConfigError(
         f"config.dataset={name!r} is neither a tfds dataset nor a folder. Use a tfds "
         f'name (e.g. "cifar10", "imagenet2012", the built-in offline "digits"), or '
         f'"folder:/path/to/root" for <root>/<split>/<class>/*.jpg.'
@@ -43,7 +44,7 @@ class TfdsDataset:
     features = self.builder.info.features
     missing = [k for k in (_IMAGE, _LABEL) if k not in features]
     if missing:
-      raise ValueError(
+      raise errors.ConfigError(
         f"tfds dataset {name!r} has no {missing} feature (it has {list(features)}); "
         f'the pipeline reads "{_IMAGE}" and "{_LABEL}". Use an image classification '
         f"dataset, or export it as an image folder."
@@ -72,7 +73,7 @@ class TfdsDataset:
           download_config=tfds.download.DownloadConfig(manual_dir=self._manual_dir)
         )
       except Exception as e:  # Offline: a needed download fails somewhere inside tfds.
-        raise FileNotFoundError(
+        raise errors.MissingError(
           f"Preparing tfds dataset {self.name!r} from manual_dir "
           f"{self._manual_dir!r} into {self._data_dir_text()} failed: {e!r}. Check "
           f"that the archives tfds expects are in manual_dir, or prepare it where a "
@@ -87,8 +88,8 @@ class TfdsDataset:
       else f"the tfds default data_dir ({tfds.core.constants.DATA_DIR!r} or $TFDS_DATA_DIR)"
     )
 
-  def not_prepared_error(self) -> FileNotFoundError:
-    return FileNotFoundError(
+  def not_prepared_error(self) -> errors.MissingError:
+    return errors.MissingError(
       f"tfds dataset {self.name!r} is not prepared in {self._data_dir_text()} "
       f"(looked for {self.builder.data_dir!r}), and this pipeline does not download. "
       f"Prepare it once: `tfds build {self.name} --data_dir=<dir>` (add "
@@ -158,7 +159,7 @@ class TfdsSplit:
       self._in_memory = dataset.load(spec)
       self.num_examples = len(self._in_memory[1])
       if not self.num_examples:
-        raise ValueError(f"Split {spec!r} of {dataset.name!r} is empty.")
+        raise errors.ConfigError(f"Split {spec!r} of {dataset.name!r} is empty.")
 
   def read(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
     """Encoded images and labels of examples [start, stop)."""

@@ -22,6 +22,7 @@ import numpy as np
 from absl import logging
 
 from vit_jax import data, sharding
+from vit_jax import errors
 from vit_jax.fewshot import linear
 from vit_jax.models import create_model
 
@@ -93,7 +94,7 @@ class FewShotEvaluator:
     test_split: str | None = None,
   ):
     if config.model.get("classifier", "token") == "unpooled":
-      raise ValueError(
+      raise errors.ConfigError(
         "Few-shot evaluation needs one representation per image; the model "
         "has classifier='unpooled': use 'token' or 'gap'."
       )
@@ -190,7 +191,7 @@ def from_config(
   if not fs.datasets:
     return None
   if fs.every <= 0:
-    raise ValueError(
+    raise errors.ConfigError(
       f"config.fewshot.every={fs.every} must be positive (steps between "
       "evaluations); an empty config.fewshot.datasets turns them off."
     )

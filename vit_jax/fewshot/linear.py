@@ -10,6 +10,8 @@ import dataclasses
 
 import numpy as np
 
+from vit_jax import errors
+
 DEFAULT_L2_REG = 2.0 ** 10  # The ridge term lambda.
 # The bias feature's value: large, so that the ridge term barely shrinks the bias.
 BIAS_FEATURE = 100.0
@@ -23,13 +25,13 @@ def sample_per_class(labels: np.ndarray, shots: int, seed: int) -> np.ndarray:
   """
   labels = np.asarray(labels)
   if shots < 1:
-    raise ValueError(f"shots={shots} must be >= 1.")
+    raise errors.ConfigError(f"shots={shots} must be >= 1.")
   rng = np.random.default_rng(seed)
   chosen = []
   for c in np.unique(labels):
     members = np.flatnonzero(labels == c)
     if len(members) < shots:
-      raise ValueError(f"Class {int(c)} has {len(members)} examples in the few-shot train "
+      raise errors.ConfigError(f"Class {int(c)} has {len(members)} examples in the few-shot train "
                        f"split, fewer than shots={shots}: use fewer shots or a larger split.")
     chosen.append(rng.choice(members, size=shots, replace=False))
   return np.sort(np.concatenate(chosen))

@@ -17,6 +17,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from vit_jax import errors
 from vit_jax.models.vit import VisionTransformer
 from vit_jax.sharding import EMBED
 
@@ -42,7 +43,7 @@ class Corruption:
   def __post_init__(self):
     if not (0.0 < self.rate <= 1.0 and self.mask >= 0 and self.random >= 0
             and self.mask + self.random <= 1.0):
-      raise ValueError(f"{self} must have 0 < rate <= 1 and mask + random <= 1 (both >= 0).")
+      raise errors.ConfigError(f"{self} must have 0 < rate <= 1 and mask + random <= 1 (both >= 0).")
 
 
 def corruption_plan(rng: jax.Array, batch: int, num_patches: int,

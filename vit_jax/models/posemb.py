@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vit_jax import errors
 from vit_jax.sharding import EMBED
 
 PosembKind = Literal["learn", "learn_2d", "sincos2d", "none"]
@@ -29,7 +30,7 @@ RESIZE_METHODS: tuple[str, ...] = ("bilinear", "bicubic", "nearest")  # jax.imag
 def sincos_2d(grid_hw: tuple[int, int], width: int, temperature: float = 10_000.0) -> np.ndarray:
   """Fixed 2-D sine-cosine position features, [gh * gw, D] (row-major patch order)."""
   if width % 4:
-    raise ValueError(f"sincos2d position embeddings need a width divisible by 4, got {width}.")
+    raise errors.ConfigError(f"sincos2d position embeddings need a width divisible by 4, got {width}.")
   gh, gw = grid_hw
   y, x = np.meshgrid(np.arange(gh, dtype=np.float64), np.arange(gw, dtype=np.float64),
                      indexing="ij")
@@ -56,7 +57,7 @@ class AddPositionEmbs(nn.Module):
     _, n, d = x.shape  # [B, N(+1), D]
     gh, gw = self.grid_hw
     if n != gh * gw + self.num_prefix:
-      raise ValueError(f"{n} tokens do not match a {gh}x{gw} grid plus {self.num_prefix} prefix.")
+      raise errors.ConfigError(f"{n} tokens do not match a {gh}x{gw} grid plus {self.num_prefix} prefix.")
     if self.kind == "none":
       return x
     if self.kind == "learn":
@@ -66,7 +67,7 @@ class AddPositionEmbs(nn.Module):
       return x + posemb.astype(x.dtype)
     if self.kind == "learn_2d":
       if d % 2:
-        raise ValueError(f"learn_2d position embeddings need an even width, got {d}.")
+        raise errors.ConfigError(f"learn_2d position embeddings need an even width, got {d}.")
       init = nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02),
                                           (None, None, None, EMBED))
       pe_x = self.param("pos_embedding_x", init, (1, 1, gw, d // 2), self.param_dtype)
@@ -77,7 +78,7 @@ class AddPositionEmbs(nn.Module):
     elif self.kind == "sincos2d":
       posemb = jnp.asarray(sincos_2d(self.grid_hw, d))[None]  # [1, N, D]
     else:
-      raise ValueError(f"Unknown position embedding kind {self.kind!r}; "
+      raise errors.ConfigError(f"Unknown position embedding kind {self.kind!r}; "
                        f"choose one of {POSEMB_KINDS}.")
     posemb = jnp.pad(posemb, ((0, 0), (self.num_prefix, 0), (0, 0)))  # no embedding for cls
     return x + posemb.astype(x.dtype)
@@ -90,7 +91,7 @@ def resize_grid(grid: np.ndarray, new_hw: tuple[int, int], method: str = "biline
   centres are aligned, as `jax.image.resize` does, and the arithmetic is float32.
   """
   if method not in RESIZE_METHODS:
-    raise ValueError(f"Unknown resize method {method!r}; use one of {RESIZE_METHODS}.")
+    raise errors.ConfigError(f"Unknown resize method {method!r}; use one of {RESIZE_METHODS}.")
   grid = np.asarray(grid, np.float32)
   if tuple(grid.shape[:2]) == tuple(new_hw):
     return grid
@@ -103,7 +104,7 @@ def square_grid(num_tokens: int, fix: str) -> tuple[int, int]:
   """The (g, g) grid of ``num_tokens`` grid tokens; ``fix`` says what to pass otherwise."""
   side = math.isqrt(num_tokens)
   if side * side != num_tokens:
-    raise ValueError(f"{num_tokens} position-embedding grid tokens do not form a square grid: "
+    raise errors.ConfigError(f"{num_tokens} position-embedding grid tokens do not form a square grid: "
                      f"{fix}.")
   return side, side
 
@@ -118,9 +119,9 @@ def resize_posemb(posemb: np.ndarray, new_grid_hw: tuple[int, int], num_prefix: 
   """
   posemb = np.asarray(posemb)
   if posemb.ndim != 3 or posemb.shape[0] != 1:
-    raise ValueError(f"Expected a position embedding of shape [1, N, D], got {posemb.shape}.")
+    raise errors.ConfigError(f"Expected a position embedding of shape [1, N, D], got {posemb.shape}.")
   if not 0 <= num_prefix <= posemb.shape[1]:
-    raise ValueError(f"num_prefix={num_prefix} does not fit {posemb.shape[1]} rows: use 1 with "
+    raise errors.ConfigError(f"num_prefix={num_prefix} does not fit {posemb.shape[1]} rows: use 1 with "
                      "a class token, else 0.")
   prefix, grid = posemb[:, :num_prefix], posemb[0, num_prefix:]  # [1, P, D], [N, D]
   n, d = grid.shape
@@ -128,7 +129,7 @@ def resize_posemb(posemb: np.ndarray, new_grid_hw: tuple[int, int], num_prefix: 
     stored_grid_hw = square_grid(n, "pass stored_grid_hw=(height, width) of the stored grid")
   gh, gw = stored_grid_hw
   if gh * gw != n:
-    raise ValueError(f"stored_grid_hw={tuple(stored_grid_hw)} has {gh * gw} cells, but the table "
+    raise errors.ConfigError(f"stored_grid_hw={tuple(stored_grid_hw)} has {gh * gw} cells, but the table "
                      f"has {n} grid rows after {num_prefix} prefix rows: pass the grid it was "
                      "trained on.")
   resized = resize_grid(grid.reshape(gh, gw, d), tuple(new_grid_hw), method)  # [nh, nw, D]
@@ -141,7 +142,7 @@ def resize_posemb_2d(pe_x: np.ndarray, pe_y: np.ndarray, new_grid_hw: tuple[int,
   [1, nh, 1, D/2], each by 1-D interpolation along its own axis."""
   pe_x, pe_y = np.asarray(pe_x), np.asarray(pe_y)
   if pe_x.ndim != 4 or pe_x.shape[:2] != (1, 1) or pe_y.ndim != 4 or pe_y.shape[::2] != (1, 1):
-    raise ValueError(f"Expected learn_2d tables X [1, 1, gw, D/2] and Y [1, gh, 1, D/2], got "
+    raise errors.ConfigError(f"Expected learn_2d tables X [1, 1, gw, D/2] and Y [1, gh, 1, D/2], got "
                      f"{pe_x.shape} and {pe_y.shape}.")
   nh, nw = new_grid_hw
   x = resize_grid(pe_x[0], (1, nw), method)[None].astype(pe_x.dtype)

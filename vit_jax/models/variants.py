@@ -19,6 +19,8 @@ from typing import Callable, Optional, Sequence
 
 import ml_collections
 
+from vit_jax import errors
+
 
 def _vit(name: str, patch: int, width: int, depth: int, mlp: int, heads: int,
          resnet_units: Optional[Sequence[int]] = None) -> ml_collections.ConfigDict:
@@ -78,5 +80,5 @@ MODEL_NAMES: tuple[str, ...] = tuple(_MODEL_CONFIGS)
 def get_model_config(name: str) -> ml_collections.ConfigDict:
   """The config of a named variant; an unknown name lists the valid ones."""
   if name not in _MODEL_CONFIGS:
-    raise ValueError(f"Unknown model {name!r}. Valid names: {', '.join(MODEL_NAMES)}.")
+    raise errors.ConfigError(f"Unknown model {name!r}. Valid names: {', '.join(MODEL_NAMES)}.")
   return _MODEL_CONFIGS[name]()

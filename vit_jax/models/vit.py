@@ -18,6 +18,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from vit_jax import errors
 from vit_jax.models import posemb as posemb_lib
 from vit_jax.models.resnet import resnet_root
 from vit_jax.sharding import EMBED, HEADS, KV, LAYERS, MLP
@@ -65,7 +66,7 @@ class MultiHeadDotProductAttention(nn.Module):
     ex = self.execution
     d = x.shape[-1]  # x: [B, N, D]
     if d % self.num_heads:
-      raise ValueError(f"Width {d} is not divisible by num_heads={self.num_heads}.")
+      raise errors.ConfigError(f"Width {d} is not divisible by num_heads={self.num_heads}.")
     dh = d // self.num_heads
     dense_in = functools.partial(
         nn.DenseGeneral, features=(self.num_heads, dh), axis=-1, dtype=ex.dtype,
@@ -177,7 +178,7 @@ class Encoder(nn.Module):
       policy = None
       if ex.remat_policy:
         if not hasattr(jax.checkpoint_policies, ex.remat_policy):
-          raise ValueError(f"Unknown remat_policy {ex.remat_policy!r}: use a name from "
+          raise errors.ConfigError(f"Unknown remat_policy {ex.remat_policy!r}: use a name from "
                            "jax.checkpoint_policies, e.g. 'nothing_saveable'.")
         policy = getattr(jax.checkpoint_policies, ex.remat_policy)
       # Argument 2 (`deterministic`, counting self) is a Python bool: static.
@@ -232,7 +233,7 @@ class VisionTransformer(nn.Module):
     h, w = image_hw
     if h % sh or w % sw:
       what = "patch size" if self.resnet_units is None else "patch size times the ResNet stride"
-      raise ValueError(f"Image size {h}x{w} is not a multiple of the {what} {sh}x{sw}: "
+      raise errors.ConfigError(f"Image size {h}x{w} is not a multiple of the {what} {sh}x{sw}: "
                        f"resize the images to a multiple of {sh}x{sw}.")
     return h // sh, w // sw
 
@@ -241,7 +242,7 @@ class VisionTransformer(nn.Module):
                corrupt: Optional[Callable[[jax.Array], jax.Array]] = None,
                pool: bool = True) -> jax.Array:
     if self.classifier not in CLASSIFIERS:
-      raise ValueError(f"Unknown classifier {self.classifier!r}; choose one of {CLASSIFIERS}.")
+      raise errors.ConfigError(f"Unknown classifier {self.classifier!r}; choose one of {CLASSIFIERS}.")
     ex = self.execution
     grid_hw = self.grid_hw(images.shape[1:3])
     x = images.astype(ex.dtype)  # [B, H, W, C]
