@@ -159,6 +159,8 @@ def run(argv: Sequence[str]) -> int:
   if problem:
     return _report(problem)
   flags.FLAGS.mark_as_parsed()  # absl's logging flags were parsed with the job's
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.INFO)  # absl.app's default: progress lines at INFO
   logging.use_absl_handler()
   handler = logging.get_absl_handler()
   handler.addFilter(_quiet_orbax)

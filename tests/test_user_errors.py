@@ -1,0 +1,156 @@
+"""One user-error path: a bad input prints one line, exits 2 and changes nothing.
+
+The table runs `vit_jax.main.run` in-process (tests/test_main.py runs one real subprocess
+for the exit status and the stderr without traceback).
+"""
+
+import errno
+import os
+
+import ml_collections
+import orbax.checkpoint as ocp
+import pytest
+
+from tests.finished_run import copy_run, snapshot, tiny_flags
+from vit_jax import errors, main
+
+pytest_plugins = ["tests.finished_run"]  # the finished_run fixture
+
+# (id, extra command-line arguments, expected fragment of the one-line message, workdir):
+# "run": a copy of the finished tiny run (resumed); "fresh": an empty folder. `{tmp}` is
+# the test's tmp_path. A "--config=" argument replaces the tiny run's config file.
+CASES = [
+  # The command line.
+  ("unknown key", ["--config.no_such_key=3"], "Unknown config key 'no_such_key'", "fresh"),
+  ("misspelt key", ["--config.lr.bse=0.1"], "closest valid keys: lr.base", "fresh"),
+  ("not an int", ["--config.total_steps=abc"], "invalid literal for int()", "fresh"),
+  ("unknown flag", ["--workdirr=x"], "Unknown command line flag 'workdirr'", "fresh"),
+  ("positional", ["extra"], "Unexpected arguments: ['extra']", "fresh"),
+  ("no config file", ["--config=configs/nope.py"], "configs/nope.py", "fresh"),
+  ("bad config arg", ["--config=configs/vit.py:b16"], "must be '<model>,<dataset>'", "fresh"),
+  # Loop settings.
+  ("negative steps", ["--config.total_steps=-5"], "config.total_steps=-5 must be", "fresh"),
+  ("log_every 0", ["--config.log_every=0"], "config.log_every=0 must be", "fresh"),
+  ("checkpoint_every<0", ["--config.checkpoint_every=-1"], "checkpoint_every=-1", "fresh"),
+  ("eval_every 0", ["--config.eval_every=0"], "config.eval_every=0 must be", "fresh"),
+  ("keep 0", ["--config.keep_checkpoints=0"], "keep_checkpoints=0 must be", "fresh"),
+  ("evaluate nothing", ["--config.total_steps=0"], "nothing to evaluate", "fresh"),
+  ("warmup too long", ["--config.lr.warmup_steps=10"], "must be smaller than", "fresh"),
+  # Weights.
+  ("no pretrained", ["--config.pretrained={tmp}/none.npz"], "none.npz' does not exist", "fresh"),
+  (
+    "text as npz",
+    ["--config.pretrained={tmp}/text.npz", "--config.total_steps=0"],
+    "text.npz': it is not a .npz archive",
+    "fresh",
+  ),
+  (
+    "empty npz",
+    ["--config.pretrained={tmp}/empty.npz", "--config.total_steps=0"],
+    "empty.npz': the file is empty",
+    "fresh",
+  ),
+  # Data.
+  ("unknown dataset", ["--config.dataset=no_such_set"], "neither a tfds dataset", "fresh"),
+  ("no folder", ["--config.dataset=folder:/no/such/dir"], "does not exist", "fresh"),
+  ("unknown split", ["--config.test_split=validation"], "'validation'", "fresh"),
+  ("empty split", ["--config.train_split=train[:0]"], "selects no examples", "fresh"),
+  ("class count", ["--config.num_classes=3"], "config.num_classes=3 but", "fresh"),
+  ("crop 0", ["--config.pp.crop=0"], "config.pp.crop=0 must be positive", "fresh"),
+  ("min_area", ["--config.pp.min_area=2.0"], "min_area=2.0 must be in (0, 1]", "fresh"),
+  # Model and optimization.
+  ("heads", ["--config.model.transformer.num_heads=3"], "num_heads=3", "fresh"),
+  ("unknown loss", ["--config.loss=foo"], "Unknown config.loss='foo'", "fresh"),
+  ("unknown optimizer", ["--config.optim.name=foo"], "config.optim.name='foo'", "fresh"),
+  ("unknown decay", ["--config.lr.decay=foo"], "config.lr.decay='foo'", "fresh"),
+  ("weight decay<0", ["--config.optim.weight_decay=-1.0"], "weight_decay=-1.0", "fresh"),
+  ("clip<0", ["--config.optim.grad_clip_norm=-1.0"], "grad_clip_norm=-1.0", "fresh"),
+  ("partitioning", ["--config.partitioning=foo"], "partitioning strategy 'foo'", "fresh"),
+  ("objective", ["--config.objective=foo"], "config.objective='foo'", "fresh"),
+  # Resuming the run in the workdir.
+  ("changed seed", ["--config.seed=7"], "seed: 0 -> 7", "run"),
+  (
+    "changed train split",
+    ["--config.train_split=train[:90%]"],
+    "train_split: 'train' -> 'train[:90%]'; num_train: 1437 -> 1293",
+    "run",
+  ),
+  ("changed test split", ["--config.test_split=test[:50%]"], "test_split: 'test' ->", "run"),
+  ("changed model", ["--config.model.hidden_size=32"], "model differ", "run"),
+  ("changed optimizer", ["--config.optim.name=sgd"], "holds other arrays", "run"),
+  ("corrupt config.json", [], "config.json is not a readable run config", "run:{"),
+  ("config.json a list", [], "config.json holds a JSON list", "run:[]"),
+]
+
+
+@pytest.mark.parametrize(
+  "args, fragment, workdir_kind", [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_bad_input_is_one_line_exit_2_and_changes_nothing(
+  args, fragment, workdir_kind, finished_run, digits_dir, tmp_path, capsys
+):
+  (tmp_path / "text.npz").write_text("not an archive\n")
+  (tmp_path / "empty.npz").write_bytes(b"")
+  workdir = str(tmp_path / "run")
+  if workdir_kind.startswith("run"):
+    copy_run(finished_run, workdir)
+    if ":" in workdir_kind:
+      with open(os.path.join(workdir, "config.json"), "w") as f:
+        f.write(workdir_kind.split(":", 1)[1])
+  else:
+    os.makedirs(workdir)
+  before = snapshot(workdir)
+  flags = tiny_flags(digits_dir)
+  args = [a.format(tmp=tmp_path) for a in args]
+  if any(a.startswith("--config=") for a in args):
+    flags = [f for f in flags if not f.startswith("--config")]
+  capsys.readouterr()
+
+  assert main.run(["main", *flags, f"--workdir={workdir}", *args]) == 2
+
+  err = capsys.readouterr().err
+  message = [line for line in err.splitlines() if line.startswith("Error: ")]
+  assert len(message) == 1 and fragment in message[0], err[-2000:]
+  assert "Traceback" not in err
+  after = snapshot(workdir)
+  assert {k: after[k] for k in before} == before  # nothing that was there changed
+  new = set(after) - set(before)
+  assert not new or (workdir_kind == "fresh" and new == {"config.json"}), new
+
+
+def test_case_table_has_at_least_30_inputs():
+  assert len(CASES) >= 30 and len({c[0] for c in CASES}) == len(CASES)
+
+
+def test_out_of_disk_is_one_error_naming_the_workdir_and_bytes(
+  tmp_path, digits_dir, capsys, monkeypatch
+):
+  def full_disk(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  monkeypatch.setattr(ocp.CheckpointManager, "save", full_disk)
+  workdir = str(tmp_path / "run")
+  assert main.run(["main", *tiny_flags(digits_dir), f"--workdir={workdir}"]) == 2
+  err = capsys.readouterr().err
+  assert f"Error: Out of disk space writing to {workdir}/checkpoints" in err
+  assert "bytes free; a checkpoint step of this run needs about" in err
+  assert "Traceback" not in err
+
+
+def test_out_of_device_memory_names_the_settings_and_the_need():
+  xla = RuntimeError(
+    "RESOURCE_EXHAUSTED: Out of memory while trying to allocate "
+    "3221225472 bytes.\nBufferAssignment OOM Debugging."
+  )
+  config = ml_collections.ConfigDict(dict(batch=4096, accum_steps=1, model=dict(remat=False)))
+  error = errors.as_user_error(xla, workdir="/w", config=config)
+  assert isinstance(error, errors.OutOfMemoryError)
+  message = str(error)
+  assert "3.00 GiB (3,221,225,472 bytes)" in message
+  for setting in (
+    "config.batch (now 4096)",
+    "config.accum_steps (now 1",
+    "config.model.remat=True (now False)",
+  ):
+    assert setting in message
+  assert errors.as_user_error(RuntimeError("INTERNAL: a bug"), workdir="/w", config=config) is None
