@@ -1,4 +1,5 @@
 """Few-shot linear evaluation: the closed-form solver, sampling, and a real model's features."""
+
 from __future__ import annotations
 
 import subprocess
@@ -16,8 +17,9 @@ from vit_jax import checkpoint, models, run_checkpoints, sharding, train
 from vit_jax.fewshot import evaluator, linear
 
 
-@pytest.mark.parametrize("n, d", [(12, 40), (60, 8)], ids=["examples<features",
-                                                             "examples>features"])
+@pytest.mark.parametrize(
+  "n, d", [(12, 40), (60, 8)], ids=["examples<features", "examples>features"]
+)
 def test_closed_form_equals_independent_solvers(n, d):
   rng = np.random.default_rng(0)
   features = rng.normal(size=(n, d)) * rng.uniform(0.1, 5, d) + rng.normal(size=d)
@@ -67,6 +69,7 @@ def test_too_few_examples_of_a_class_is_an_error():
 
 # --- A trained model's features -----------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory, digits_dir):
   """(config, workdir, final metrics) of the `testing` model trained briefly on digits, with
@@ -101,13 +104,26 @@ def test_trained_features_beat_random_features(trained_run):
 def test_command_on_a_runs_checkpoints(trained_run, digits_dir):
   config, workdir, metrics = trained_run
   proc = subprocess.run(
-      [sys.executable, "-m", "vit_jax.fewshot", f"--checkpoint={workdir}/checkpoints",
-       "--dataset=digits", "--shots=1,10", f"--batch={config.batch_eval}",
-       f"--data_dir={digits_dir}"],
-      capture_output=True, text=True, timeout=300)
+    [
+      sys.executable,
+      "-m",
+      "vit_jax.fewshot",
+      f"--checkpoint={workdir}/checkpoints",
+      "--dataset=digits",
+      "--shots=1,10",
+      f"--batch={config.batch_eval}",
+      f"--data_dir={digits_dir}",
+    ],
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
-  rows = {int(line.split()[1]): line.split() for line in proc.stdout.splitlines()
-          if line.startswith("digits ")}
+  rows = {
+    int(line.split()[1]): line.split()
+    for line in proc.stdout.splitlines()
+    if line.startswith("digits ")
+  }
   assert sorted(rows) == [1, 10]
   # The same parameters, features and seeds as the run's own evaluation at its last step.
   assert float(rows[10][2]) == pytest.approx(metrics["fewshot/digits_10shot"], abs=1e-4)
@@ -119,8 +135,19 @@ def test_command_on_an_npz_infers_the_model(trained_run, digits_dir, tmp_path):
   params = run_checkpoints.read_params(f"{workdir}/checkpoints")
   checkpoint.save_npz(tmp_path / "model.npz", params)
   proc = subprocess.run(
-      [sys.executable, "-m", "vit_jax.fewshot", f"--checkpoint={tmp_path}/model.npz",
-       "--dataset=digits", "--shots=5", "--seeds=1", f"--data_dir={digits_dir}"],
-      capture_output=True, text=True, timeout=300)
+    [
+      sys.executable,
+      "-m",
+      "vit_jax.fewshot",
+      f"--checkpoint={tmp_path}/model.npz",
+      "--dataset=digits",
+      "--shots=5",
+      "--seeds=1",
+      f"--data_dir={digits_dir}",
+    ],
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert any(line.split()[:2] == ["digits", "5"] for line in proc.stdout.splitlines())

@@ -1,4 +1,5 @@
 """Masked patch prediction: corruption, targets, the loss, and runs through vit_jax.main."""
+
 from __future__ import annotations
 
 import functools
@@ -35,8 +36,9 @@ def test_corruption_statistics_and_untouched_patches():
   tokens = np.asarray(tokens)
   same = (kind == 0) | (kind == mpp_model.KEPT)
   np.testing.assert_array_equal(out[same], tokens[same])  # bit-identical
-  np.testing.assert_array_equal(out[kind == mpp_model.MASKED],
-                                np.broadcast_to(mask, out[kind == mpp_model.MASKED].shape))
+  np.testing.assert_array_equal(
+    out[kind == mpp_model.MASKED], np.broadcast_to(mask, out[kind == mpp_model.MASKED].shape)
+  )
   rows, cols = np.nonzero(kind == mpp_model.RANDOM)
   np.testing.assert_array_equal(out[rows, cols], tokens[(rows + 1) % b, source[rows, cols]])
 
@@ -54,7 +56,7 @@ def _numpy_color_classes(images: np.ndarray, patch: int, cells: int) -> np.ndarr
   for i in range(b):
     for n, (y, x) in enumerate((y, x) for y in range(0, h, patch) for x in range(0, w, patch)):
       for c, (cy, cx) in enumerate((cy, cx) for cy in range(cells) for cx in range(cells)):
-        block = images[i, y + cy * step:y + (cy + 1) * step, x + cx * step:x + (cx + 1) * step]
+        block = images[i, y + cy * step : y + (cy + 1) * step, x + cx * step : x + (cx + 1) * step]
         mean = (block.reshape(-1, 3).astype(np.float64).mean(0) + 1) / 2
         r, g, bl = (min(int(v * 8), 7) for v in mean)
         out[i, n, c] = r * 64 + g * 8 + bl
@@ -83,20 +85,23 @@ def test_pixel_target_is_each_patch_row_major():
 
 
 def _objective(target: str = "mean_color") -> mpp.Objective:
-  config = ml_collections.ConfigDict(dict(
+  config = ml_collections.ConfigDict(
+    dict(
       model=models.get_model_config("testing"),
-      mpp=dict(target=target, corrupt_rate=0.5, mask=0.8, random=0.1)))
+      mpp=dict(target=target, corrupt_rate=0.5, mask=0.8, random=0.1),
+    )
+  )
   return mpp.Objective(config)
 
 
 def test_encoder_parameters_have_the_supervised_models_names():
   objective = _objective()
   images = jnp.zeros((1, 8, 8, 3))
-  got = traverse_util.flatten_dict(nn.unbox(objective.init(jax.random.PRNGKey(0), images)),
-                                   sep="/")
+  got = traverse_util.flatten_dict(nn.unbox(objective.init(jax.random.PRNGKey(0), images)), sep="/")
   supervised = models.create_model(models.get_model_config("testing"), num_classes=10)
   want = traverse_util.flatten_dict(
-      nn.unbox(supervised.init(jax.random.PRNGKey(0), images)["params"]), sep="/")
+    nn.unbox(supervised.init(jax.random.PRNGKey(0), images)["params"]), sep="/"
+  )
   encoder = {k for k in want if not k.startswith("head/")}
   assert set(got) - encoder == {"mask_embedding", "mpp_head/kernel", "mpp_head/bias"}
   assert encoder <= set(got) and "cls" in got
@@ -105,6 +110,7 @@ def test_encoder_parameters_have_the_supervised_models_names():
 
 
 # --- Runs through the training loop ------------------------------------------------------
+
 
 def _tiny_mpp_config(data_dir: str) -> ml_collections.ConfigDict:
   """configs/mpp.py:digits shrunk to seconds: the `testing` model at 8x8."""
@@ -124,10 +130,13 @@ def test_loss_falls_on_a_fixed_batch():
   batch = jax.tree.map(jnp.asarray, train_fixtures.fixed_batch())
   params = nn.unbox(objective.init(jax.random.PRNGKey(0), batch["image"]))
   tx = optax.adam(3e-3)
-  state = train.TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                           opt_state=tx.init(params), rng=jax.random.PRNGKey(0))
-  step = jax.jit(functools.partial(train.train_step, loss_fn=objective.loss, tx=tx,
-                                   accum_steps=1))
+  state = train.TrainState(
+    step=jnp.zeros((), jnp.int32),
+    params=params,
+    opt_state=tx.init(params),
+    rng=jax.random.PRNGKey(0),
+  )
+  step = jax.jit(functools.partial(train.train_step, loss_fn=objective.loss, tx=tx, accum_steps=1))
   values = []
   for _ in range(40):
     state, metrics = step(state, batch)
@@ -137,7 +146,8 @@ def test_loss_falls_on_a_fixed_batch():
 
 
 def test_mpp_run_resumes_exactly_and_fine_tunes_through_pretrained(
-    tmp_path, digits_dir, tiny_config, monkeypatch):
+  tmp_path, digits_dir, tiny_config, monkeypatch
+):
   config = _tiny_mpp_config(digits_dir)
   straight = train.train_and_evaluate(config, str(tmp_path / "straight"))
   assert 0.0 < straight["eval/loss"] < np.log(mpp.NUM_COLORS)
@@ -158,7 +168,8 @@ def test_mpp_run_resumes_exactly_and_fine_tunes_through_pretrained(
   assert resumed["eval/loss"] == straight["eval/loss"]
   a = run_checkpoints.read_params(tmp_path / "straight" / "checkpoints" / "6")
   b = traverse_util.flatten_dict(
-      run_checkpoints.read_params(tmp_path / "resumed" / "checkpoints" / "6"), sep="/")
+    run_checkpoints.read_params(tmp_path / "resumed" / "checkpoints" / "6"), sep="/"
+  )
   for k, v in traverse_util.flatten_dict(a, sep="/").items():
     np.testing.assert_array_equal(b[k], v, err_msg=k)
 

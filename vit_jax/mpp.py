@@ -8,6 +8,7 @@ Targets of each patch the model sees (paper Appendix B.1.2; the first is its cho
   pixels: the patch's values in [-1, 1], regressed with the squared error.
 The loss averages over the corrupted patches only.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -38,8 +39,10 @@ def _patches(images: jax.Array, patch: tuple[int, int], cells: int) -> jax.Array
   b, h, w, c = images.shape
   ph, pw = patch
   if ph % cells or pw % cells:
-    raise errors.ConfigError(f"The patch {ph}x{pw} cannot be split into {cells}x{cells} cells: use "
-                     f"config.mpp.target='mean_color' or a patch size divisible by {cells}.")
+    raise errors.ConfigError(
+      f"The patch {ph}x{pw} cannot be split into {cells}x{cells} cells: use "
+      f"config.mpp.target='mean_color' or a patch size divisible by {cells}."
+    )
   x = images.reshape(b, h // ph, cells, ph // cells, w // pw, cells, pw // cells, c)
   x = x.transpose(0, 1, 4, 2, 5, 3, 6, 7)  # [B, gh, gw, cells, cells, ph/cells, pw/cells, C]
   return x.reshape(b, (h // ph) * (w // pw), cells * cells, -1, c)
@@ -51,7 +54,7 @@ def color_classes(images: jax.Array, patch: tuple[int, int], cells: int = 1) -> 
   images in [-1, 1]; a cell's mean channel value v in [0, 1] goes to bin floor(8 v)
   (1.0 to bin 7); the class is (r * 8 + g) * 8 + b.
   """
-  levels = 2 ** COLOR_BITS
+  levels = 2**COLOR_BITS
   means = jnp.mean(_patches((images + 1.0) / 2.0, patch, cells), axis=3)  # [B, N, cells^2, 3]
   bins = jnp.clip(jnp.floor(means * levels), 0, levels - 1).astype(jnp.int32)
   return (bins[..., 0] * levels + bins[..., 1]) * levels + bins[..., 2]
@@ -74,8 +77,9 @@ def num_outputs(target: str, patch: tuple[int, int], channels: int = 3) -> int:
   return _CELLS[target] ** 2 * NUM_COLORS
 
 
-def per_image(predictions: jax.Array, kind: jax.Array, images: jax.Array,
-              patch: tuple[int, int], target: str) -> tuple[jax.Array, jax.Array]:
+def per_image(
+  predictions: jax.Array, kind: jax.Array, images: jax.Array, patch: tuple[int, int], target: str
+) -> tuple[jax.Array, jax.Array]:
   """(loss [B], accuracy [B]) over each image's corrupted patches (accuracy 0 for 'pixels').
 
   predictions: [B, N, outputs] from `MaskedPatchPredictor`; kind: its corruption [B, N].
@@ -90,8 +94,10 @@ def per_image(predictions: jax.Array, kind: jax.Array, images: jax.Array,
     per_patch = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, want), -1)
     correct = jnp.mean(jnp.argmax(logits, -1) == want, axis=-1)  # [B, N]
   count = jnp.maximum(jnp.sum(corrupted, axis=1), 1.0)
-  return (jnp.sum(per_patch * corrupted, axis=1) / count,
-          jnp.sum(correct * corrupted, axis=1) / count)
+  return (
+    jnp.sum(per_patch * corrupted, axis=1) / count,
+    jnp.sum(correct * corrupted, axis=1) / count,
+  )
 
 
 class Objective:
@@ -104,21 +110,27 @@ class Objective:
     self.target = mc.target
     self.patch = self.encoder.input_stride
     self.model = mpp_model.MaskedPatchPredictor(
-        encoder=self.encoder, outputs=num_outputs(mc.target, self.patch),
-        corruption=mpp_model.Corruption(mc.corrupt_rate, mc.mask, mc.random))
+      encoder=self.encoder,
+      outputs=num_outputs(mc.target, self.patch),
+      corruption=mpp_model.Corruption(mc.corrupt_rate, mc.mask, mc.random),
+    )
 
   def init(self, rng: jax.Array, images: jax.Array) -> Any:
     """Boxed parameters (with their logical axis names)."""
     params_rng, corrupt_rng = jax.random.split(rng)
-    return self.model.init({"params": params_rng, mpp_model.CORRUPT_RNG: corrupt_rng},
-                           images)["params"]
+    return self.model.init({"params": params_rng, mpp_model.CORRUPT_RNG: corrupt_rng}, images)[
+      "params"
+    ]
 
   def loss(self, params: Any, batch: Batch, rng: jax.Array) -> jax.Array:
     """The mean over the batch of each image's loss on its corrupted patches."""
     dropout_rng, corrupt_rng = jax.random.split(rng)
     predictions, kind = self.model.apply(
-        {"params": params}, batch["image"], train=True,
-        rngs={"dropout": dropout_rng, mpp_model.CORRUPT_RNG: corrupt_rng})
+      {"params": params},
+      batch["image"],
+      train=True,
+      rngs={"dropout": dropout_rng, mpp_model.CORRUPT_RNG: corrupt_rng},
+    )
     loss, _ = per_image(predictions, kind, batch["image"], self.patch, self.target)
     return jnp.mean(loss)
 
@@ -129,9 +141,15 @@ class Objective:
     same number corrupted in every image, correct / count is the patch accuracy.
     """
     predictions, kind = self.model.apply(
-        {"params": params}, batch["image"], train=False,
-        rngs={mpp_model.CORRUPT_RNG: jax.random.PRNGKey(0)})
+      {"params": params},
+      batch["image"],
+      train=False,
+      rngs={mpp_model.CORRUPT_RNG: jax.random.PRNGKey(0)},
+    )
     loss, accuracy = per_image(predictions, kind, batch["image"], self.patch, self.target)
     mask = batch["mask"]
-    return {"loss_sum": jnp.sum(loss * mask), "correct": jnp.sum(accuracy * mask),
-            "count": jnp.sum(mask)}
+    return {
+      "loss_sum": jnp.sum(loss * mask),
+      "correct": jnp.sum(accuracy * mask),
+      "count": jnp.sum(mask),
+    }

@@ -16,8 +16,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from vit_jax import errors
-from vit_jax import evaluate, losses, mpp
+from vit_jax import errors, evaluate, losses, mpp
 from vit_jax.models import VisionTransformer, create_model
 
 OBJECTIVES: tuple[str, ...] = ("classification", "mpp")
@@ -53,4 +52,6 @@ def make(config: ml_collections.ConfigDict, num_classes: int) -> Objective:
     return Classification(create_model(config.model, num_classes=num_classes), config.loss)
   if config.objective == "mpp":
     return mpp.Objective(config)
-  raise errors.ConfigError(f"Unknown config.objective={config.objective!r}; choose one of {OBJECTIVES}.")
+  raise errors.ConfigError(
+    f"Unknown config.objective={config.objective!r}; choose one of {OBJECTIVES}."
+  )

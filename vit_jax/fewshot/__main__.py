@@ -4,10 +4,11 @@ r"""Few-shot linear evaluation of a checkpoint: prints accuracy per dataset and 
         --dataset=digits --shots=1,5,10,25
     python -m vit_jax.fewshot --checkpoint=ViT-B_16.npz --model=ViT-B_16 --dataset=cifar10
 
-A run's `checkpoints/` folder (or one step folder) brings its model and preprocessing in
-the run's `config.json` (a masked-patch-prediction run's too); an official `.npz` takes
---model, or its architecture and resolution are inferred from the array shapes. --crop
-changes the resolution (position embeddings are interpolated as for fine-tuning).
+A training run (its workdir, `checkpoints/` or one step folder) brings its model and
+preprocessing in its `config.json` (a masked-patch-prediction run's too); an official
+`.npz` takes --model, or its architecture and resolution are inferred from the array
+shapes. --crop changes the resolution (position embeddings are interpolated as for
+fine-tuning).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from vit_jax.interop import loader
 _CHECKPOINT = flags.DEFINE_string(
   "checkpoint",
   None,
-  "An official-layout .npz, or a run's <workdir>/checkpoints folder (or one of its step folders).",
+  "An official-layout .npz, or a training run: its workdir, checkpoints/ or a step folder.",
 )
 _MODEL = flags.DEFINE_enum(
   "model",
@@ -66,25 +67,26 @@ _DATA_DIR = flags.DEFINE_string("data_dir", None, "tfds data_dir (default: the r
 flags.mark_flag_as_required("checkpoint")
 
 
-def _run_config_path(checkpoint: str) -> str | None:
-  """`<workdir>/config.json` of a `<workdir>/checkpoints[/<step>]` folder, if there is one."""
+def _run_paths(checkpoint: str) -> tuple[str, str] | None:
+  """(config.json, checkpoints to read) of a run's workdir, `checkpoints/` or step folder."""
   folder = os.path.abspath(checkpoint)
-  for candidate in (os.path.dirname(folder), os.path.dirname(os.path.dirname(folder))):
-    path = os.path.join(candidate, "config.json")
+  for workdir in (folder, os.path.dirname(folder), os.path.dirname(os.path.dirname(folder))):
+    path = os.path.join(workdir, "config.json")
     if os.path.isfile(path):
-      return path
+      return path, os.path.join(folder, "checkpoints") if workdir == folder else folder
   return None
 
 
-def _config(checkpoint: str) -> ml_collections.ConfigDict:
-  """Model, preprocessing and data keys for the evaluator, from the run or the flags."""
+def _config(checkpoint: str) -> tuple[ml_collections.ConfigDict, str]:
+  """Model, preprocessing and data keys for the evaluator, and the parameters' source."""
   if os.path.isdir(checkpoint):
-    path = _run_config_path(checkpoint)
-    if path is None:
+    paths = _run_paths(checkpoint)
+    if paths is None:
       raise app.UsageError(
-        f"No config.json next to {checkpoint!r}: pass a run's "
-        "<workdir>/checkpoints folder (or a step folder inside it)."
+        f"No config.json in or above {checkpoint!r}: pass a run's workdir, its "
+        "checkpoints/ folder or a step folder inside it."
       )
+    path, checkpoint = paths
     with open(path) as f:
       config = ml_collections.ConfigDict(json.load(f))
     if _MODEL.value:
@@ -115,14 +117,13 @@ def _config(checkpoint: str) -> ml_collections.ConfigDict:
   config.pp.crop = _CROP.value or config.pp.crop
   config.batch = config.batch_eval = _BATCH.value
   config.data_dir = _DATA_DIR.value or config.get("data_dir")
-  return config
+  return config, checkpoint
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  checkpoint = _CHECKPOINT.value
-  config = _config(checkpoint)
+  config, checkpoint = _config(_CHECKPOINT.value)
   mesh = sharding.make_mesh(((sharding.DATA_AXIS, -1),))
   evaluator = evaluator_lib.FewShotEvaluator(
     config,

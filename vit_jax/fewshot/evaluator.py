@@ -21,8 +21,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from vit_jax import data, sharding
-from vit_jax import errors
+from vit_jax import data, errors, sharding
 from vit_jax.fewshot import linear
 from vit_jax.models import create_model
 

@@ -4,6 +4,7 @@ Pure numpy (float64), independent of the model: features in, accuracy out. The p
 (Sec. 4.1) fits a regularised least-squares map from frozen features to {-1, 1}^K
 targets; this module solves it exactly, through whichever Gram matrix is smaller.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -12,7 +13,7 @@ import numpy as np
 
 from vit_jax import errors
 
-DEFAULT_L2_REG = 2.0 ** 10  # The ridge term lambda.
+DEFAULT_L2_REG = 2.0**10  # The ridge term lambda.
 # The bias feature's value: large, so that the ridge term barely shrinks the bias.
 BIAS_FEATURE = 100.0
 _STD_EPS = 1e-5  # Keeps constant feature dimensions finite after standardisation.
@@ -31,8 +32,10 @@ def sample_per_class(labels: np.ndarray, shots: int, seed: int) -> np.ndarray:
   for c in np.unique(labels):
     members = np.flatnonzero(labels == c)
     if len(members) < shots:
-      raise errors.ConfigError(f"Class {int(c)} has {len(members)} examples in the few-shot train "
-                       f"split, fewer than shots={shots}: use fewer shots or a larger split.")
+      raise errors.ConfigError(
+        f"Class {int(c)} has {len(members)} examples in the few-shot train "
+        f"split, fewer than shots={shots}: use fewer shots or a larger split."
+      )
     chosen.append(rng.choice(members, size=shots, replace=False))
   return np.sort(np.concatenate(chosen))
 
@@ -40,6 +43,7 @@ def sample_per_class(labels: np.ndarray, shots: int, seed: int) -> np.ndarray:
 @dataclasses.dataclass(frozen=True)
 class RidgeClassifier:
   """A fitted classifier: standardisation statistics and weights [D + 1, K]."""
+
   mean: np.ndarray  # [D]
   std: np.ndarray  # [D]
   weights: np.ndarray  # [D + 1, K]; the last row multiplies the bias feature
@@ -72,8 +76,9 @@ def solve_ridge(x: np.ndarray, y: np.ndarray, l2_reg: float) -> np.ndarray:
   return x.T @ np.linalg.solve(x @ x.T + l2_reg * np.eye(n), y)
 
 
-def fit(features: np.ndarray, labels: np.ndarray, num_classes: int,
-        l2_reg: float = DEFAULT_L2_REG) -> RidgeClassifier:
+def fit(
+  features: np.ndarray, labels: np.ndarray, num_classes: int, l2_reg: float = DEFAULT_L2_REG
+) -> RidgeClassifier:
   """Fits the classifier on few-shot features [N, D] with int labels [N]."""
   features = np.asarray(features, np.float64)
   mean = features.mean(axis=0)

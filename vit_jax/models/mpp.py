@@ -9,6 +9,7 @@ The encoder is a `VisionTransformer` sharing this module's scope, so its paramet
 (`embedding`, `cls`, `Transformer/...`) have exactly the supervised model's names and
 an MPP checkpoint fine-tunes as it is; only `MPP_PARAMS` are the objective's own.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,18 +37,26 @@ class Corruption:
 
   The paper's values (50%; 80/10/10) are configs/mpp.py's defaults.
   """
+
   rate: float  # of each image's patches (rounded to a whole number, the same for all)
   mask: float  # of the corrupted ones: the [mask] embedding
   random: float  # another patch embedding of the batch; the rest are kept as they are
 
   def __post_init__(self):
-    if not (0.0 < self.rate <= 1.0 and self.mask >= 0 and self.random >= 0
-            and self.mask + self.random <= 1.0):
-      raise errors.ConfigError(f"{self} must have 0 < rate <= 1 and mask + random <= 1 (both >= 0).")
+    if not (
+      0.0 < self.rate <= 1.0
+      and self.mask >= 0
+      and self.random >= 0
+      and self.mask + self.random <= 1.0
+    ):
+      raise errors.ConfigError(
+        f"{self} must have 0 < rate <= 1 and mask + random <= 1 (both >= 0)."
+      )
 
 
-def corruption_plan(rng: jax.Array, batch: int, num_patches: int,
-                    corruption: Corruption) -> tuple[jax.Array, jax.Array]:
+def corruption_plan(
+  rng: jax.Array, batch: int, num_patches: int, corruption: Corruption
+) -> tuple[jax.Array, jax.Array]:
   """What happens to each patch: kind int32 [B, N] (0, MASKED, RANDOM or KEPT), source [B, N].
 
   Exactly round(rate * N) patches of every image are corrupted, chosen uniformly; each
@@ -62,15 +71,17 @@ def corruption_plan(rng: jax.Array, batch: int, num_patches: int,
   rank = jnp.argsort(order, axis=1)  # Each patch's place in a random order.
   corrupted = rank < count  # [B, N]
   u = jax.random.uniform(kind_rng, (batch, num_patches))
-  kind = jnp.where(u < corruption.mask, MASKED,
-                   jnp.where(u < corruption.mask + corruption.random, RANDOM, KEPT))
+  kind = jnp.where(
+    u < corruption.mask, MASKED, jnp.where(u < corruption.mask + corruption.random, RANDOM, KEPT)
+  )
   kind = jnp.where(corrupted, kind, 0).astype(jnp.int32)
   source = jax.random.randint(source_rng, (batch, num_patches), 0, num_patches)
   return kind, source
 
 
-def apply_corruption(tokens: jax.Array, kind: jax.Array, source: jax.Array,
-                     mask_embedding: jax.Array) -> jax.Array:
+def apply_corruption(
+  tokens: jax.Array, kind: jax.Array, source: jax.Array, mask_embedding: jax.Array
+) -> jax.Array:
   """Patch embeddings [B, N, D] corrupted as `corruption_plan` says; the rest bit-identical."""
   neighbour = jnp.roll(tokens, -1, axis=0)  # [B, N, D]: image b + 1's patches at row b
   other = jnp.take_along_axis(neighbour, source[..., None], axis=1)  # [B, N, D]
@@ -84,6 +95,7 @@ class MaskedPatchPredictor(nn.Module):
   ``encoder``: the supervised model (its head, pooling and representation layer unused).
   ``outputs``: the head's width per patch (set by the target, see `vit_jax.mpp`).
   """
+
   encoder: VisionTransformer
   outputs: int
   corruption: Corruption
@@ -93,19 +105,31 @@ class MaskedPatchPredictor(nn.Module):
     nn.share_scope(self, self.vit)  # The encoder's parameters at the top level.
     ex = self.encoder.execution
     self.mask_embedding = self.param(
-        MASK_EMBEDDING, nn.with_logical_partitioning(nn.initializers.normal(0.02), (EMBED,)),
-        (self.encoder.hidden_size,), ex.param_dtype)
+      MASK_EMBEDDING,
+      nn.with_logical_partitioning(nn.initializers.normal(0.02), (EMBED,)),
+      (self.encoder.hidden_size,),
+      ex.param_dtype,
+    )
     self.head = nn.Dense(
-        self.outputs, dtype=ex.dtype, param_dtype=ex.param_dtype, name=HEAD,
-        kernel_init=nn.with_logical_partitioning(nn.initializers.zeros, (EMBED, None)),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (None,)))
+      self.outputs,
+      dtype=ex.dtype,
+      param_dtype=ex.param_dtype,
+      name=HEAD,
+      kernel_init=nn.with_logical_partitioning(nn.initializers.zeros, (EMBED, None)),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (None,)),
+    )
 
   def __call__(self, images: jax.Array, *, train: bool = False) -> tuple[jax.Array, jax.Array]:
     gh, gw = self.vit.grid_hw(images.shape[1:3])
-    kind, source = corruption_plan(self.make_rng(CORRUPT_RNG), images.shape[0], gh * gw,
-                                   self.corruption)
-    tokens = self.vit(images, train=train, pool=False,
-                      corrupt=lambda x: apply_corruption(x, kind, source, self.mask_embedding))
+    kind, source = corruption_plan(
+      self.make_rng(CORRUPT_RNG), images.shape[0], gh * gw, self.corruption
+    )
+    tokens = self.vit(
+      images,
+      train=train,
+      pool=False,
+      corrupt=lambda x: apply_corruption(x, kind, source, self.mask_embedding),
+    )
     num_prefix = tokens.shape[1] - gh * gw  # The class token, when the model has one.
     predictions = self.head(tokens[:, num_prefix:])  # [B, N, outputs]
     return predictions.astype(jnp.float32), kind
