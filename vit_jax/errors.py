@@ -60,15 +60,15 @@ _UNITS = {
 }
 
 
+def says_out_of_disk(text: str) -> bool:
+  """Whether an error message reports a write that failed for lack of disk space."""
+  return "No space left" in text or ("RESOURCE_EXHAUSTED" in text and "writ" in text.lower())
+
+
 def is_out_of_disk(e: BaseException) -> bool:
   """Whether ``e`` (or what it wraps) is a write that failed for lack of disk space."""
   while e is not None:
-    text = str(e)
-    if (
-      (isinstance(e, OSError) and e.errno == errno.ENOSPC)
-      or "No space left" in text
-      or ("RESOURCE_EXHAUSTED" in text and "writ" in text.lower())
-    ):
+    if (isinstance(e, OSError) and e.errno == errno.ENOSPC) or says_out_of_disk(str(e)):
       return True
     e = e.__cause__ or e.__context__
   return False

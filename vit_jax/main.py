@@ -142,8 +142,16 @@ def _parse(argv: Sequence[str]) -> tuple[dict[str, Any], Optional[str]]:
 
 
 def _quiet_orbax(record) -> bool:
-  """Keeps Orbax's per-save INFO chatter out of the progress lines (warnings still show)."""
-  return record.levelno >= std_logging.WARNING or "orbax" not in record.pathname
+  """Keeps Orbax's per-save INFO chatter out of the progress lines (warnings still show),
+  and its background threads' tracebacks of a full disk: the run ends with one
+  OutOfDiskError for it."""
+  if "orbax" not in record.pathname:
+    return True
+  failure = record.exc_info[1] if record.exc_info else None
+  disk_full = errors.says_out_of_disk(record.getMessage()) or (
+    failure is not None and errors.is_out_of_disk(failure)
+  )
+  return record.levelno >= std_logging.WARNING and not disk_full
 
 
 def _report(message: str) -> int:
