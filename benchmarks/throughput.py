@@ -26,6 +26,12 @@ import sys
 import time
 from typing import Any, Callable, Optional
 
+# PyTorch must load before TensorFlow (which the package imports): importing timm after it
+# crashes the process (a segfault in triton's import with the CUDA wheels of torch).
+if any(arg.startswith("--compare") and "timm" in arg for arg in sys.argv):
+  import timm  # noqa: F401
+  import torch  # noqa: F401
+
 import jax
 import numpy as np
 
@@ -126,7 +132,7 @@ def jax_row(
   )
   start = time.perf_counter()
   if mode == "train":
-    compiled = trainer.train_step.lower(state, {"image": images, "label": labels}).compile()
+    compiled = trainer.compile_train_step(state, {"image": images, "label": labels})
     holder = {"state": state}
 
     def step():
