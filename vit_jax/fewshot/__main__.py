@@ -116,7 +116,7 @@ def _config(checkpoint: str) -> tuple[ml_collections.ConfigDict, str]:
     )
   config.pp.crop = _CROP.value or config.pp.crop
   config.batch = config.batch_eval = _BATCH.value
-  config.data_dir = _DATA_DIR.value or config.get("data_dir")
+  config.data_dir = _DATA_DIR.value or config.data_dir
   return config, checkpoint
 
 

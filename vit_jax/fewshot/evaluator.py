@@ -92,7 +92,7 @@ class FewShotEvaluator:
     train_split: str | None = None,
     test_split: str | None = None,
   ):
-    if config.model.get("classifier", "token") == "unpooled":
+    if config.model.classifier == "unpooled":
       raise errors.ConfigError(
         "Few-shot evaluation needs one representation per image; the model "
         "has classifier='unpooled': use 'token' or 'gap'."
