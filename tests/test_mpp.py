@@ -185,3 +185,15 @@ def test_mpp_run_resumes_exactly_and_fine_tunes_through_pretrained(
     else:
       np.testing.assert_array_equal(params[k], v, err_msg=k)
   assert not params["head/kernel"].any() and params["head/kernel"].shape[-1] == 10
+
+
+@pytest.mark.parametrize("target", mpp.TARGETS)
+def test_every_target_gives_a_finite_loss_and_eval_sums(target):
+  objective = _objective(target)
+  batch = jax.tree.map(jnp.asarray, train_fixtures.fixed_batch(n=4))
+  params = nn.unbox(objective.init(jax.random.PRNGKey(0), batch["image"]))
+  head = params["mpp_head"]["kernel"].shape[-1]
+  assert head == {"mean_color": 512, "downsampled": 16 * 512, "pixels": 4 * 4 * 3}[target]
+  assert np.isfinite(float(objective.loss(params, batch, jax.random.PRNGKey(1))))
+  sums = objective.eval_step(params, {**batch, "mask": jnp.array([1.0, 1.0, 1.0, 0.0])})
+  assert float(sums["count"]) == 3.0 and np.isfinite(float(sums["loss_sum"]))
