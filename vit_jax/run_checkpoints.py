@@ -294,8 +294,8 @@ class RunCheckpoints:
   def restore_latest(self, abstract_state: Any) -> Optional[Any]:
     """The newest intact step, restored into ``abstract_state``'s structure and shardings.
 
-    Returns None when there is no step. A corrupt step is moved aside with a warning. A
-    step whose arrays are not those of ``abstract_state`` (another optimizer) is an error.
+    Returns None when there is no step. A corrupt step is moved aside with a warning;
+    `check_resume` has checked before that the steps fit this config.
     """
     for step in reversed(self.all_steps()):
       step_dir = self.directory / str(step)
