@@ -3,6 +3,7 @@
 The code reads these keys without fallback values of its own, so a config that is not
 built from this one fails on its first missing key, by name.
 """
+
 from __future__ import annotations
 
 import ml_collections
@@ -45,11 +46,20 @@ def get_config() -> ml_collections.ConfigDict:
   # Micro-batches per step (an int), or 'auto': the fewest whose compiled step fits the
   # device memory, then model.remat if none does (vit_jax.memory_fit).
   config.accum_steps = ml_collections.FieldReference(1, field_type=object)
-  config.lr = ml_collections.ConfigDict(dict(base=0.03, warmup_steps=500, decay="cosine",
-                                             end=0.0))
-  config.optim = ml_collections.ConfigDict(dict(
-      name="sgd", momentum=0.9, momentum_dtype="float32", b1=0.9, b2=0.999, eps=1e-8,
-      weight_decay=0.0, decay_all_params=False, grad_clip_norm=1.0))
+  config.lr = ml_collections.ConfigDict(dict(base=0.03, warmup_steps=500, decay="cosine", end=0.0))
+  config.optim = ml_collections.ConfigDict(
+    dict(
+      name="sgd",
+      momentum=0.9,
+      momentum_dtype="float32",
+      b1=0.9,
+      b2=0.999,
+      eps=1e-8,
+      weight_decay=0.0,
+      decay_all_params=False,
+      grad_clip_norm=1.0,
+    )
+  )
 
   # Devices (vit_jax.sharding): mesh axes and sizes (-1: all remaining devices). The names
   # are vit_jax.sharding's DATA_AXIS and MODEL_AXIS, written out as a user gives them.
@@ -66,7 +76,13 @@ def get_config() -> ml_collections.ConfigDict:
   config.allow_changed_seed = False
   # Few-shot linear evaluation of the frozen features every `every` steps, logged as
   # fewshot/<dataset>_<shots>shot (vit_jax.fewshot); off while `datasets` is empty.
-  config.fewshot = ml_collections.ConfigDict(dict(
-      datasets=(), shots=fewshot.DEFAULT_SHOTS, seeds=fewshot.DEFAULT_SEEDS,
-      l2_reg=linear.DEFAULT_L2_REG, every=1000))
+  config.fewshot = ml_collections.ConfigDict(
+    dict(
+      datasets=(),
+      shots=fewshot.DEFAULT_SHOTS,
+      seeds=fewshot.DEFAULT_SEEDS,
+      l2_reg=linear.DEFAULT_L2_REG,
+      every=1000,
+    )
+  )
   return config

@@ -23,6 +23,7 @@ Flowers 500. Learning rate 0.03; the paper picks it from {0.001, 0.003, 0.01, 0.
 Expected (the official repository's table, ViT-B/16 pre-trained on ImageNet-21k, at 384):
 CIFAR-10 99.02%, CIFAR-100 92.06%, ImageNet 84.53% top-1 accuracy.
 """
+
 from __future__ import annotations
 
 import ml_collections
@@ -33,32 +34,35 @@ from vit_jax.data import presets
 
 # Short name -> official name (vit_jax.models.MODEL_NAMES).
 MODELS: dict[str, str] = {
-    "ti16": "ViT-Ti_16",
-    "s16": "ViT-S_16",
-    "s32": "ViT-S_32",
-    "b16": "ViT-B_16",
-    "b32": "ViT-B_32",
-    "b8": "ViT-B_8",
-    "l16": "ViT-L_16",
-    "l32": "ViT-L_32",
-    "h14": "ViT-H_14",
-    "r50_b16": "R50+ViT-B_16",
-    "r26_s32": "R26+ViT-S_32",
-    "r_ti16": "R+ViT-Ti_16",
+  "ti16": "ViT-Ti_16",
+  "s16": "ViT-S_16",
+  "s32": "ViT-S_32",
+  "b16": "ViT-B_16",
+  "b32": "ViT-B_32",
+  "b8": "ViT-B_8",
+  "l16": "ViT-L_16",
+  "l32": "ViT-L_32",
+  "h14": "ViT-H_14",
+  "r50_b16": "R50+ViT-B_16",
+  "r26_s32": "R26+ViT-S_32",
+  "r_ti16": "R+ViT-Ti_16",
 }
 
 FINETUNE_WARMUP_STEPS = 500  # The official repository's fine-tuning warm-up.
 LEARNING_RATES: tuple[float, ...] = (0.001, 0.003, 0.01, 0.03)  # the paper's grid
 
 
-def parse_arg(arg: str | None, valid_datasets: list[str],
-              example: str) -> tuple[str, str, presets.Preset]:
+def parse_arg(
+  arg: str | None, valid_datasets: list[str], example: str
+) -> tuple[str, str, presets.Preset]:
   """``'b16,cifar10'`` -> (official model name, dataset, its preset); one error otherwise."""
   parts = [p.strip() for p in (arg or "").split(",")]
   if len(parts) != 2 or not all(parts):
-    raise ValueError(f"Config argument {arg!r} must be '<model>,<dataset>', e.g. "
-                     f"--config=...py:{example}. Models: {', '.join(MODELS)}. Datasets: "
-                     f"{', '.join(valid_datasets)}.")
+    raise ValueError(
+      f"Config argument {arg!r} must be '<model>,<dataset>', e.g. "
+      f"--config=...py:{example}. Models: {', '.join(MODELS)}. Datasets: "
+      f"{', '.join(valid_datasets)}."
+    )
   short, dataset = parts[0].lower(), parts[1].lower()
   problems = []
   if short not in MODELS:

@@ -3,6 +3,7 @@
 Two train steps with each partitioning strategy; writes losses, parameters and the
 sharding of a few kernels to the .npz given as argv[1].
 """
+
 import os
 import sys
 
@@ -19,9 +20,11 @@ from vit_jax import sharding, train
 def main(out_path: str) -> None:
   assert jax.device_count() == 8, jax.devices()
   results = {}
-  for strategy, mesh in (("data_parallel", (("data", 8), ("model", 1))),
-                         ("fsdp", (("data", 8), ("model", 1))),
-                         ("tensor_parallel", (("data", 4), ("model", 2)))):
+  for strategy, mesh in (
+    ("data_parallel", (("data", 8), ("model", 1))),
+    ("fsdp", (("data", 8), ("model", 1))),
+    ("tensor_parallel", (("data", 4), ("model", 2))),
+  ):
     config = train_fixtures.step_config()
     config.mesh, config.partitioning = mesh, strategy
     trainer = train.Trainer(config, num_classes=10)
@@ -35,8 +38,10 @@ def main(out_path: str) -> None:
     for k, v in traverse_util.flatten_dict(jax.device_get(state.params), sep="/").items():
       results[f"{strategy}/params/{k}"] = np.asarray(v)
     flat = traverse_util.flatten_dict(state.params, sep="/")
-    for k in ("Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel",
-              "Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/kernel"):
+    for k in (
+      "Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel",
+      "Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/kernel",
+    ):
       results[f"{strategy}/spec/{k}"] = np.array(str(flat[k].sharding.spec))
   config = train_fixtures.step_config()
   config.batch = 12

@@ -1,4 +1,5 @@
 """Shared fixtures: a tiny run config on the built-in digits dataset."""
+
 import os
 
 import pytest

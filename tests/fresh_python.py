@@ -2,6 +2,7 @@
 
 The pytest process keeps its default single CPU device, which other tests rely on.
 """
+
 from __future__ import annotations
 
 import json
@@ -12,10 +13,19 @@ import textwrap
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The environment variables from which `vit_jax.distributed` finds a multi-process run.
-CLUSTER_ENV = ("VIT_COORDINATOR_ADDRESS", "VIT_NUM_PROCESSES", "VIT_PROCESS_ID",
-               "TPU_WORKER_HOSTNAMES", "CLOUD_TPU_TASK_ID", "MEGASCALE_COORDINATOR_ADDRESS",
-               "SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS",
-               "OMPI_COMM_WORLD_SIZE", "OMPI_MCA_orte_hnp_uri")
+CLUSTER_ENV = (
+  "VIT_COORDINATOR_ADDRESS",
+  "VIT_NUM_PROCESSES",
+  "VIT_PROCESS_ID",
+  "TPU_WORKER_HOSTNAMES",
+  "CLOUD_TPU_TASK_ID",
+  "MEGASCALE_COORDINATOR_ADDRESS",
+  "SLURM_JOB_ID",
+  "SLURM_STEP_NODELIST",
+  "SLURM_NTASKS",
+  "OMPI_COMM_WORLD_SIZE",
+  "OMPI_MCA_orte_hnp_uri",
+)
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -27,7 +37,13 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 def run_json(code: str, env: dict[str, str], timeout: int = 120) -> dict:
   """Runs ``code`` in a fresh Python; its last stdout line is JSON."""
-  proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, env=env,
-                        capture_output=True, text=True, timeout=timeout)
+  proc = subprocess.run(
+    [sys.executable, "-c", textwrap.dedent(code)],
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
   assert proc.returncode == 0, proc.stderr[-4000:]
   return json.loads(proc.stdout.strip().splitlines()[-1])

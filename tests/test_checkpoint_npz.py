@@ -1,4 +1,5 @@
 """Official `.npz` layout: write -> read, scanned <-> per-layer, tree checks."""
+
 import os
 
 import flax.linen as nn
@@ -18,12 +19,14 @@ def tiny(**overrides):
 
 def random_params(model, image_size=16, seed=0):
   """Parameters with no zero tensors (zero heads would hide layout mistakes)."""
-  shapes = nn.unbox(model.init(jax.random.key(seed), jnp.zeros((1, image_size, image_size, 3)))
-                    ["params"])
+  shapes = nn.unbox(
+    model.init(jax.random.key(seed), jnp.zeros((1, image_size, image_size, 3)))["params"]
+  )
   leaves, treedef = jax.tree.flatten(shapes)
   keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
-  return jax.tree.unflatten(treedef, [0.1 * jax.random.normal(k, x.shape)
-                                      for k, x in zip(keys, leaves)])
+  return jax.tree.unflatten(
+    treedef, [0.1 * jax.random.normal(k, x.shape) for k, x in zip(keys, leaves)]
+  )
 
 
 def flat(tree) -> dict:
@@ -70,8 +73,7 @@ def test_scanned_model_is_written_per_layer_and_reloads_into_either_layout(tmp_p
 
   images = jax.random.uniform(jax.random.key(3), (2, 16, 16, 3), minval=-1, maxval=1)
   logits_layers = per_layer_model.apply({"params": loaded}, images)
-  logits_scan = scanned_model.apply({"params": checkpoint.to_layout(loaded, scanned=True)},
-                                    images)
+  logits_scan = scanned_model.apply({"params": checkpoint.to_layout(loaded, scanned=True)}, images)
   np.testing.assert_allclose(logits_scan, logits_layers, atol=1e-6)
   assert np.abs(logits_layers).max() > 0
 
@@ -88,8 +90,10 @@ def test_old_groupnorm_shapes_are_squeezed(tmp_path):
   model = tiny(resnet_units=(1,), resnet_width_factor=0.5, patch_size=(1, 1))
   params = random_params(model, image_size=8)
   arrays = {k: np.asarray(v) for k, v in flat(params).items()}
-  old = {k: (v.reshape(1, 1, 1, -1) if "/gn" in "/" + k and k.endswith(("scale", "bias"))
-             else v) for k, v in arrays.items()}
+  old = {
+    k: (v.reshape(1, 1, 1, -1) if "/gn" in "/" + k and k.endswith(("scale", "bias")) else v)
+    for k, v in arrays.items()
+  }
   assert old["gn_root/scale"].shape == (1, 1, 1, 32)
   np.savez(tmp_path / "old.npz", **old)
   assert_trees_equal(checkpoint.load_npz(tmp_path / "old.npz"), params)
@@ -139,6 +143,7 @@ def test_failed_write_keeps_the_earlier_file(tmp_path, monkeypatch):
 
   def broken_savez(*args, **kwargs):
     raise OSError("disk full")
+
   monkeypatch.setattr(np, "savez", broken_savez)
   with pytest.raises(OSError, match="disk full"):
     checkpoint.save_npz(path, params)

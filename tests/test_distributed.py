@@ -3,6 +3,7 @@
 `jax.distributed` starts in fresh Pythons (it can start once per process and must come
 before any backend); detection and the settings handed to JAX use a fake initializer here.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,7 +20,8 @@ from vit_jax import distributed
 
 
 def test_initialize_distributed_without_settings_is_a_noop():
-  result = fresh_python.run_json("""
+  result = fresh_python.run_json(
+    """
       import json
       from vit_jax import distributed
       distributed.initialize_distributed()
@@ -27,7 +29,9 @@ def test_initialize_distributed_without_settings_is_a_noop():
       import jax
       print(json.dumps({"processes": jax.process_count(),
                         "distributed": jax.distributed.is_initialized()}))
-      """, fresh_python.clean_env())
+      """,
+    fresh_python.clean_env(),
+  )
   assert result == {"processes": 1, "distributed": False}
 
 
@@ -50,12 +54,19 @@ def test_initialize_distributed_two_processes_from_env():
                         "devices": jax.device_count(), "mesh": dict(mesh.shape),
                         "sum": float(total)}))
       """)
-  procs = [subprocess.Popen(
-      [sys.executable, "-c", code], cwd=fresh_python.REPO, stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE, text=True,
-      env=fresh_python.clean_env(VIT_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
-                                 VIT_NUM_PROCESSES="2", VIT_PROCESS_ID=str(i)))
-           for i in range(2)]
+  procs = [
+    subprocess.Popen(
+      [sys.executable, "-c", code],
+      cwd=fresh_python.REPO,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+      env=fresh_python.clean_env(
+        VIT_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", VIT_NUM_PROCESSES="2", VIT_PROCESS_ID=str(i)
+      ),
+    )
+    for i in range(2)
+  ]
   results = []
   for proc in procs:
     try:
@@ -65,8 +76,13 @@ def test_initialize_distributed_two_processes_from_env():
     assert proc.returncode == 0, stderr[-4000:]
     results.append(json.loads(stdout.strip().splitlines()[-1]))
   for i, r in enumerate(results):
-    assert r == {"index": i, "processes": 2, "devices": 2, "mesh": {"data": 2},
-                 "sum": 6.0}  # 2 x 1.0 from process 0 + 2 x 2.0 from process 1
+    assert r == {
+      "index": i,
+      "processes": 2,
+      "devices": 2,
+      "mesh": {"data": 2},
+      "sum": 6.0,
+    }  # 2 x 1.0 from process 0 + 2 x 2.0 from process 1
 
 
 @pytest.fixture
@@ -81,7 +97,9 @@ def no_cluster(monkeypatch):
   return calls
 
 
-@pytest.mark.parametrize("env,expected", [
+@pytest.mark.parametrize(
+  "env,expected",
+  [
     ({}, None),
     ({"TPU_WORKER_HOSTNAMES": "localhost"}, None),
     ({"TPU_WORKER_HOSTNAMES": "10.0.0.2,10.0.0.3"}, {}),
@@ -90,7 +108,8 @@ def no_cluster(monkeypatch):
     ({"SLURM_JOB_ID": "7", "SLURM_NTASKS": "4", "SLURM_STEP_NODELIST": "n[1-2]"}, {}),
     ({"OMPI_COMM_WORLD_SIZE": "1"}, None),
     ({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_MCA_orte_hnp_uri": "x"}, {}),
-])
+  ],
+)
 def test_initialize_distributed_cluster_detection(no_cluster, monkeypatch, env, expected):
   for k, v in env.items():
     monkeypatch.setenv(k, v)
@@ -104,8 +123,11 @@ def test_initialize_distributed_explicit_settings(no_cluster, monkeypatch):
   monkeypatch.setenv("VIT_NUM_PROCESSES", "4")  # arguments win over the environment
   monkeypatch.setenv("VIT_PROCESS_ID", "3")
   distributed.initialize_distributed("10.0.0.1:1234", 2, 1, initialization_timeout=30)
-  assert no_cluster == [dict(coordinator_address="10.0.0.1:1234", num_processes=2,
-                             process_id=1, initialization_timeout=30)]
+  assert no_cluster == [
+    dict(
+      coordinator_address="10.0.0.1:1234", num_processes=2, process_id=1, initialization_timeout=30
+    )
+  ]
 
 
 def test_initialize_distributed_errors(no_cluster, monkeypatch):

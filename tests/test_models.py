@@ -1,4 +1,5 @@
 """Model structure and numerics: shapes, parameter counts, the official tree, options."""
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -11,36 +12,37 @@ from vit_jax.models import MODEL_NAMES, create_model, get_model_config, sincos_2
 
 # Pinned with 1000 classes at 224x224 (B/16, L/16, H/14 equal the paper's exact counts).
 PARAM_COUNTS = {
-    "ViT-Ti_16": 5_717_416,
-    "ViT-S_32": 22_878_952,
-    "ViT-S_16": 22_050_664,
-    "ViT-B_32": 88_224_232,
-    "ViT-B_16": 86_567_656,
-    "ViT-B_8": 86_576_872,
-    "ViT-L_32": 306_535_400,
-    "ViT-L_16": 304_326_632,
-    "ViT-H_14": 632_045_800,
-    "R50+ViT-B_16": 98_659_112,
-    "R26+ViT-S_32": 36_431_912,
-    "R+ViT-Ti_16": 6_337_704,
+  "ViT-Ti_16": 5_717_416,
+  "ViT-S_32": 22_878_952,
+  "ViT-S_16": 22_050_664,
+  "ViT-B_32": 88_224_232,
+  "ViT-B_16": 86_567_656,
+  "ViT-B_8": 86_576_872,
+  "ViT-L_32": 306_535_400,
+  "ViT-L_16": 304_326_632,
+  "ViT-H_14": 632_045_800,
+  "R50+ViT-B_16": 98_659_112,
+  "R26+ViT-S_32": 36_431_912,
+  "R+ViT-Ti_16": 6_337_704,
 }
 
 
 def tiny(num_classes=10, **overrides):
-  return create_model(get_model_config("testing"), num_classes=num_classes,
-                      **overrides)
+  return create_model(get_model_config("testing"), num_classes=num_classes, **overrides)
 
 
 def init(model, image_size=16, batch=2, seed=0):
-  images = jax.random.uniform(jax.random.key(seed + 1), (batch, image_size, image_size, 3),
-                              minval=-1, maxval=1)
+  images = jax.random.uniform(
+    jax.random.key(seed + 1), (batch, image_size, image_size, 3), minval=-1, maxval=1
+  )
   params = nn.unbox(model.init(jax.random.key(seed), images)["params"])
   return params, images
 
 
 def abstract_params(model, image_size=224):
-  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0),
-                                             jnp.zeros((1, image_size, image_size, 3))))
+  shapes = jax.eval_shape(
+    lambda: model.init(jax.random.key(0), jnp.zeros((1, image_size, image_size, 3)))
+  )
   return nn.unbox(shapes["params"])
 
 
@@ -57,8 +59,9 @@ def test_unknown_model_name_lists_valid_names():
     get_model_config("ViT-X_16")
 
 
-@pytest.mark.parametrize("classifier,expected_shape", [
-    ("token", (2, 10)), ("gap", (2, 10)), ("unpooled", (2, 16, 10))])
+@pytest.mark.parametrize(
+  "classifier,expected_shape", [("token", (2, 10)), ("gap", (2, 10)), ("unpooled", (2, 16, 10))]
+)
 def test_classifier_output_shapes(classifier, expected_shape):
   model = tiny(classifier=classifier)
   params, images = init(model)
@@ -85,9 +88,11 @@ def test_position_embedding_kinds(posemb, classifier):
   pe_params = params["Transformer"].get("posembed_input", {})
   shapes = {k: v.shape for k, v in pe_params.items()}
   expected = {
-      "learn": {"pos_embedding": (1, 36 + (classifier == "token"), 32)},
-      "learn_2d": {"pos_embedding_x": (1, 1, 6, 16), "pos_embedding_y": (1, 6, 1, 16)},
-      "sincos2d": {}, "none": {}}[posemb]
+    "learn": {"pos_embedding": (1, 36 + (classifier == "token"), 32)},
+    "learn_2d": {"pos_embedding_x": (1, 1, 6, 16), "pos_embedding_y": (1, 6, 1, 16)},
+    "sincos2d": {},
+    "none": {},
+  }[posemb]
   assert shapes == expected
 
 
@@ -111,8 +116,9 @@ def test_sincos_features_match_their_formula():
   assert table.shape == (12, 8)
   row, col = 2, 3
   omega = np.array([1.0, 1.0 / 100.0])
-  want = np.concatenate([np.sin(col * omega), np.cos(col * omega),
-                         np.sin(row * omega), np.cos(row * omega)])
+  want = np.concatenate(
+    [np.sin(col * omega), np.cos(col * omega), np.sin(row * omega), np.cos(row * omega)]
+  )
   np.testing.assert_allclose(table[row * 4 + col], want, rtol=1e-6)
 
 
@@ -130,24 +136,33 @@ def test_hybrid_image_size_error_names_the_total_stride():
 
 @pytest.mark.parametrize("units,image_size,grid", [((), 32, 4), ((1, 1), 32, 2), ((2,), 16, 2)])
 def test_hybrid_forward_shapes(units, image_size, grid):
-  model = tiny(resnet_units=units, resnet_width_factor=0.5, patch_size=(2, 2),
-               classifier="unpooled", num_classes=None)
+  model = tiny(
+    resnet_units=units,
+    resnet_width_factor=0.5,
+    patch_size=(2, 2),
+    classifier="unpooled",
+    num_classes=None,
+  )
   params, images = init(model, image_size=image_size)
   assert model.apply({"params": params}, images).shape == (2, grid * grid, 32)
   assert "conv_root" in params and "gn_root" in params
-  assert [k for k in params if k.startswith("block")] == [f"block{i + 1}"
-                                                          for i in range(len(units))]
+  assert [k for k in params if k.startswith("block")] == [
+    f"block{i + 1}" for i in range(len(units))
+  ]
 
 
 def _expected_vit_tree(d, m, h, depth, patch, k, n, channels=3):
-  """The official layout of FORMATS.md, written out independently of the model code."""
+  """The official layout (docs/checkpoint_format.md), written out apart from the model code."""
   dh = d // h
   tree = {
-      "embedding/kernel": (patch, patch, channels, d), "embedding/bias": (d,),
-      "cls": (1, 1, d),
-      "Transformer/posembed_input/pos_embedding": (1, n, d),
-      "Transformer/encoder_norm/scale": (d,), "Transformer/encoder_norm/bias": (d,),
-      "head/kernel": (d, k), "head/bias": (k,),
+    "embedding/kernel": (patch, patch, channels, d),
+    "embedding/bias": (d,),
+    "cls": (1, 1, d),
+    "Transformer/posembed_input/pos_embedding": (1, n, d),
+    "Transformer/encoder_norm/scale": (d,),
+    "Transformer/encoder_norm/bias": (d,),
+    "head/kernel": (d, k),
+    "head/bias": (k,),
   }
   for i in range(depth):
     p = f"Transformer/encoderblock_{i}/"
@@ -238,8 +253,11 @@ def test_scan_and_remat_compute_the_same_function():
   params, images = init(base)
   want = base.apply({"params": params}, images)
   scanned = checkpoint.layers_to_scanned(params)
-  for kw in (dict(scan=True), dict(scan=True, remat=True, remat_policy="nothing_saveable"),
-             dict(remat=True)):
+  for kw in (
+    dict(scan=True),
+    dict(scan=True, remat=True, remat_policy="nothing_saveable"),
+    dict(remat=True),
+  ):
     model = tiny(num_classes=0, **kw)
     p = scanned if kw.get("scan") else params
     np.testing.assert_allclose(model.apply({"params": p}, images), want, atol=1e-5)
@@ -260,8 +278,9 @@ def test_dropout_is_active_only_in_training():
   eval_a = model.apply({"params": params}, images)
   eval_b = model.apply({"params": params}, images)
   np.testing.assert_array_equal(eval_a, eval_b)
-  train = lambda s: model.apply({"params": params}, images, train=True,
-                                rngs={"dropout": jax.random.key(s)})
+  train = lambda s: model.apply(
+    {"params": params}, images, train=True, rngs={"dropout": jax.random.key(s)}
+  )
   assert not np.allclose(train(0), train(1))
 
 
@@ -284,6 +303,13 @@ def test_parameters_carry_logical_axis_names():
   boxed = model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)))["params"]
   specs = traverse_util.flatten_dict(nn.get_partition_spec(boxed), sep="/")
   assert tuple(specs["Transformer/encoderblock/MlpBlock_3/Dense_0/kernel"]) == (
-      "layers", "embed", "mlp")
+    "layers",
+    "embed",
+    "mlp",
+  )
   assert tuple(specs["Transformer/encoderblock/MultiHeadDotProductAttention_1/out/kernel"]) == (
-      "layers", "heads", "kv", "embed")
+    "layers",
+    "heads",
+    "kv",
+    "embed",
+  )

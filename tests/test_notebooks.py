@@ -4,6 +4,7 @@
 `testing` model, a few steps. A cell error fails the test with the cell's traceback; each
 cell has a time limit. The notebooks are stored without outputs; this also checks that.
 """
+
 import pathlib
 import time
 
@@ -23,13 +24,13 @@ def notebook_env(tmp_path_factory):
   """One WORKDIR for the module: fine_tune.ipynb reuses the digits model vit_jax.ipynb trained."""
   workdir = tmp_path_factory.mktemp("notebooks")
   return {
-      "VIT_NOTEBOOK_SMALL": "1",
-      "VIT_NOTEBOOK_WORKDIR": str(workdir),
-      "TFDS_DATA_DIR": str(workdir / "tensorflow_datasets"),  # digits builds here
-      "CUDA_VISIBLE_DEVICES": "",
-      "JAX_PLATFORMS": "cpu",
-      "TF_CPP_MIN_LOG_LEVEL": "2",
-      "MPLBACKEND": "Agg",
+    "VIT_NOTEBOOK_SMALL": "1",
+    "VIT_NOTEBOOK_WORKDIR": str(workdir),
+    "TFDS_DATA_DIR": str(workdir / "tensorflow_datasets"),  # digits builds here
+    "CUDA_VISIBLE_DEVICES": "",
+    "JAX_PLATFORMS": "cpu",
+    "TF_CPP_MIN_LOG_LEVEL": "2",
+    "MPLBACKEND": "Agg",
   }
 
 
@@ -37,15 +38,21 @@ def _execute(name: str, cwd: pathlib.Path, env: dict, monkeypatch) -> nbformat.N
   for key, value in env.items():
     monkeypatch.setenv(key, value)  # the kernel inherits this process's environment
   nb = nbformat.read(NOTEBOOKS / name, as_version=4)
-  client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=CELL_TIMEOUT_S,
-                                   resources={"metadata": {"path": str(cwd)}})
+  client = nbclient.NotebookClient(
+    nb, kernel_name="python3", timeout=CELL_TIMEOUT_S, resources={"metadata": {"path": str(cwd)}}
+  )
   client.execute()  # raises CellExecutionError naming the failing cell
   return nb
 
 
 def _outputs(nb, output_type=None):
-  return [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
-          if output_type is None or o.get("output_type") == output_type]
+  return [
+    o
+    for c in nb.cells
+    if c.cell_type == "code"
+    for o in c.get("outputs", [])
+    if output_type is None or o.get("output_type") == output_type
+  ]
 
 
 def _text(nb) -> str:
@@ -61,8 +68,9 @@ def test_stored_without_outputs(name):
   nb = nbformat.read(NOTEBOOKS / name, as_version=4)
   nbformat.validate(nb)
   code = [c for c in nb.cells if c.cell_type == "code"]
-  assert all(not c.outputs and c.execution_count is None for c in code), \
-      f"{name} has outputs: clear them (e.g. jupyter nbconvert --clear-output --inplace)."
+  assert all(not c.outputs and c.execution_count is None for c in code), (
+    f"{name} has outputs: clear them (e.g. jupyter nbconvert --clear-output --inplace)."
+  )
   tagged = [c for c in code if "parameters" in c.metadata.get("tags", [])]
   assert len(tagged) == 1, f"{name} needs exactly one cell tagged 'parameters'."
 

@@ -1,4 +1,5 @@
 """vit_jax.optim: schedule values, a hand-computed SGD step, masked decoupled weight decay."""
+
 from __future__ import annotations
 
 import functools
@@ -19,8 +20,10 @@ def _config(**optim_overrides):
   """SGD momentum 0.9 (configs/common.py), no clipping; base 1.0 with 10 warm-up steps and
   cosine decay to 0.1 over 110 steps, round values for hand computations."""
   return train_fixtures.common_config(
-      total_steps=110, lr=dict(base=1.0, warmup_steps=10, decay="cosine", end=0.1),
-      optim={"grad_clip_norm": None, **optim_overrides})
+    total_steps=110,
+    lr=dict(base=1.0, warmup_steps=10, decay="cosine", end=0.1),
+    optim={"grad_clip_norm": None, **optim_overrides},
+  )
 
 
 def _values(schedule, steps):
@@ -29,11 +32,13 @@ def _values(schedule, steps):
 
 # ----------------------------------------------------------------------------- schedule
 
+
 def test_cosine_schedule_warmup_midpoint_and_end():
   schedule = optim.make_schedule(_config())
   # Warm-up start, middle, end; cosine midpoint (base + end) / 2; end at and after total.
-  np.testing.assert_allclose(_values(schedule, [0, 5, 10, 60, 110, 500]),
-                             [0.0, 0.5, 1.0, 0.55, 0.1, 0.1], atol=1e-6)
+  np.testing.assert_allclose(
+    _values(schedule, [0, 5, 10, 60, 110, 500]), [0.0, 0.5, 1.0, 0.55, 0.1, 0.1], atol=1e-6
+  )
   # A quarter of the way through the decay: end + (base - end) * (1 + cos(pi/4)) / 2.
   quarter = 0.1 + 0.9 * (1 + np.cos(np.pi / 4)) / 2
   np.testing.assert_allclose(float(schedule(35)), quarter, atol=1e-6)
@@ -44,11 +49,15 @@ def test_cosine_schedule_warmup_midpoint_and_end():
 def test_linear_and_constant_schedules():
   config = _config()
   config.lr.decay = "linear"
-  np.testing.assert_allclose(_values(optim.make_schedule(config), [0, 5, 10, 35, 60, 110, 200]),
-                             [0.0, 0.5, 1.0, 0.775, 0.55, 0.1, 0.1], atol=1e-6)
+  np.testing.assert_allclose(
+    _values(optim.make_schedule(config), [0, 5, 10, 35, 60, 110, 200]),
+    [0.0, 0.5, 1.0, 0.775, 0.55, 0.1, 0.1],
+    atol=1e-6,
+  )
   config.lr.decay = "constant"
-  np.testing.assert_allclose(_values(optim.make_schedule(config), [0, 5, 10, 60, 110]),
-                             [0.0, 0.5, 1.0, 1.0, 1.0], atol=1e-6)
+  np.testing.assert_allclose(
+    _values(optim.make_schedule(config), [0, 5, 10, 60, 110]), [0.0, 0.5, 1.0, 1.0, 1.0], atol=1e-6
+  )
   config.lr.warmup_steps = 0
   np.testing.assert_allclose(_values(optim.make_schedule(config), [0, 1, 110]), [1.0] * 3)
 
@@ -60,11 +69,14 @@ def test_schedule_without_training_steps_is_defined():
   assert float(optim.make_schedule(config)(0)) == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("field,value,match", [
+@pytest.mark.parametrize(
+  "field,value,match",
+  [
     ("warmup_steps", 110, r"warmup_steps=110.*total_steps=110"),
     ("warmup_steps", -1, "negative"),
     ("decay", "exponential", r"'exponential'.*cosine"),
-])
+  ],
+)
 def test_schedule_errors(field, value, match):
   config = _config()
   config.lr[field] = value
@@ -72,11 +84,14 @@ def test_schedule_errors(field, value, match):
     optim.make_schedule(config)
 
 
-@pytest.mark.parametrize("field,value,match", [
+@pytest.mark.parametrize(
+  "field,value,match",
+  [
     ("name", "lamb", r"'lamb'.*sgd.*adam.*adamw"),
     ("momentum_dtype", "float16", r"'float16'.*bfloat16"),
     ("weight_decay", -0.1, "negative"),
-])
+  ],
+)
 def test_optimizer_errors(field, value, match):
   with pytest.raises(ValueError, match=match):
     optim.make_optimizer(_config(**{field: value}))
@@ -84,15 +99,18 @@ def test_optimizer_errors(field, value, match):
 
 # ----------------------------------------------------------------------------- SGD
 
+
 def test_sgd_momentum_clip_and_decay_match_hand_computation():
   config = _config(momentum=0.9, grad_clip_norm=1.0, weight_decay=0.01)
   config.lr.decay = "constant"
   config.lr.warmup_steps = 4
   tx, schedule = optim.make_optimizer(config)
   params = {"w": jnp.array([1.0, -2.0]), "bias": jnp.array([0.5])}
-  grads = [{"w": jnp.array([3.0, 4.0]), "bias": jnp.array([0.0])},     # norm 5: clipped
-           {"w": jnp.array([0.1, -0.2]), "bias": jnp.array([0.2])},    # norm 0.3: kept
-           {"w": jnp.array([-1.0, 1.0]), "bias": jnp.array([1.0])}]    # norm sqrt(3)
+  grads = [
+    {"w": jnp.array([3.0, 4.0]), "bias": jnp.array([0.0])},  # norm 5: clipped
+    {"w": jnp.array([0.1, -0.2]), "bias": jnp.array([0.2])},  # norm 0.3: kept
+    {"w": jnp.array([-1.0, 1.0]), "bias": jnp.array([1.0])},
+  ]  # norm sqrt(3)
   state = tx.init(params)
   update = jax.jit(tx.update)
 
@@ -103,7 +121,7 @@ def test_sgd_momentum_clip_and_decay_match_hand_computation():
     params = optax.apply_updates(params, updates)
     # By hand: clip by global norm, momentum, decoupled decay (kernels only), times -lr.
     g = {k: np.asarray(v, np.float64) for k, v in g.items()}
-    norm = np.sqrt(sum(np.sum(v ** 2) for v in g.values()))
+    norm = np.sqrt(sum(np.sum(v**2) for v in g.values()))
     scale = min(1.0, 1.0 / norm)
     lr = [0.0, 0.25, 0.5][step]  # warm-up over 4 steps to base 1.0
     assert float(schedule(step)) == pytest.approx(lr)
@@ -143,6 +161,7 @@ def test_bfloat16_momentum_dtype(name):
 
 # ----------------------------------------------------------------------------- weight decay
 
+
 @functools.lru_cache(maxsize=None)
 def _model_params(scan: bool):
   """The `testing` model's boxed parameter tree, filled with distinct non-zero values.
@@ -151,16 +170,20 @@ def _model_params(scan: bool):
   deterministic ramp instead of a random init, which is slow eagerly on CPU.
   """
   model = create_model(get_model_config("testing"), num_classes=10, scan=scan)
-  abstract = jax.eval_shape(model.init, {"params": jax.random.PRNGKey(0)},
-                            jnp.zeros((1, 8, 8, 3)))["params"]
+  abstract = jax.eval_shape(model.init, {"params": jax.random.PRNGKey(0)}, jnp.zeros((1, 8, 8, 3)))[
+    "params"
+  ]
   return jax.tree.map(
-      lambda s: jnp.linspace(0.1, 1.0, int(np.prod(s.shape)), dtype=s.dtype).reshape(s.shape),
-      abstract)
+    lambda s: jnp.linspace(0.1, 1.0, int(np.prod(s.shape)), dtype=s.dtype).reshape(s.shape),
+    abstract,
+  )
 
 
 def _flat(tree) -> dict[str, object]:
-  return {"/".join(str(k.key) for k in path): leaf
-          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+  return {
+    "/".join(str(k.key) for k in path): leaf
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+  }
 
 
 def _expected_decay(path: str) -> bool:
@@ -178,8 +201,12 @@ def test_weight_decay_mask_on_model_tree(scan):
   assert all(isinstance(v, bool) for v in mask.values())
   assert all(p.endswith("kernel") for p in decayed), decayed
   assert "embedding/kernel" in decayed and "head/kernel" in decayed
-  for name in ("cls", "Transformer/posembed_input/pos_embedding", "embedding/bias",
-               "Transformer/encoder_norm/scale"):
+  for name in (
+    "cls",
+    "Transformer/posembed_input/pos_embedding",
+    "embedding/bias",
+    "Transformer/encoder_norm/scale",
+  ):
     assert mask[name] is False, name
   block = "Transformer/encoderblock" + ("" if scan else "_0")
   assert mask[f"{block}/LayerNorm_0/scale"] is False
@@ -194,8 +221,7 @@ def test_weight_decay_mask_on_model_tree(scan):
 @pytest.mark.parametrize("scan,decay_all", [(False, False), (True, False), (True, True)])
 def test_adamw_decoupled_decay_on_model_tree(scan, decay_all):
   lr, wd = 0.5, 0.1
-  config = _config(name="adamw", weight_decay=wd, decay_all_params=decay_all,
-                   grad_clip_norm=1.0)
+  config = _config(name="adamw", weight_decay=wd, decay_all_params=decay_all, grad_clip_norm=1.0)
   config.lr.decay = "constant"
   config.lr.warmup_steps = 0
   config.lr.base = lr

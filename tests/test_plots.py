@@ -1,4 +1,5 @@
 """Tests of `vit_jax.plots` (Fig. 6-7 figures) and of matplotlib staying optional."""
+
 import io
 import sys
 
@@ -57,7 +58,8 @@ def test_every_module_imports_without_matplotlib():
   # (this process has it loaded). Every vit_jax module must import there, and none may try
   # to import matplotlib: the attempts are recorded by importing module (TensorFlow's keras
   # tries one and copes with its absence).
-  result = fresh_python.run_json("""
+  result = fresh_python.run_json(
+    """
       import importlib, json, pkgutil, sys
 
       attempts = set()
@@ -80,7 +82,10 @@ def test_every_module_imports_without_matplotlib():
         importlib.import_module(name)
       print(json.dumps({"modules": names, "attempts": sorted(attempts),
                         "loaded": "matplotlib" in sys.modules}))
-      """, fresh_python.clean_env(), timeout=300)
+      """,
+    fresh_python.clean_env(),
+    timeout=300,
+  )
   assert {"vit_jax.analysis", "vit_jax.plots", "vit_jax.main"} <= set(result["modules"])
   ours = [m for m in result["attempts"] if m.split(".")[0] == "vit_jax"]
   assert not ours, f"these vit_jax modules import matplotlib: {ours}"

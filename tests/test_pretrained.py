@@ -1,4 +1,5 @@
 """`pretrained.load_pretrained`: head/pre_logits rules, position-embedding resizing, layouts."""
+
 from __future__ import annotations
 
 import logging
@@ -19,8 +20,15 @@ from vit_jax.models.posemb import resize_posemb, resize_posemb_2d
 POSEMB = pretrained.POSEMB_PATH
 
 
-def make(image_hw: tuple[int, int] = (16, 16), num_classes: Optional[int] = 10, *,
-         real_init: bool = False, scan: bool = False, seed: int = 0, **changes: Any):
+def make(
+  image_hw: tuple[int, int] = (16, 16),
+  num_classes: Optional[int] = 10,
+  *,
+  real_init: bool = False,
+  scan: bool = False,
+  seed: int = 0,
+  **changes: Any,
+):
   """(config, numpy params) of the `testing` model with config ``changes``.
 
   Arrays are random (seeded; no zero heads that would hide a wrong copy, and quick: only
@@ -80,6 +88,7 @@ def np_bilinear(grid: np.ndarray, new_hw: tuple[int, int]) -> np.ndarray:
 
 # --- Position embeddings -------------------------------------------------------------------
 
+
 def test_2x_resolution_interpolates_the_grid_and_keeps_the_class_token(tmp_path, caplog):
   cfg, stored = make((16, 16))  # 4x4 grid
   path = save(tmp_path, stored)
@@ -112,15 +121,18 @@ def test_resize_posemb_on_its_own():
   out = resize_posemb(table, (3, 8), num_prefix=1, stored_grid_hw=(6, 4))
   assert out.shape == (1, 1 + 24, 8) and out.dtype == np.float32
   np.testing.assert_array_equal(out[0, 0], table[0, 0])
-  np.testing.assert_allclose(out[0, 1:], np_bilinear(table[0, 1:].reshape(6, 4, 8), (3, 8))
-                             .reshape(24, 8), rtol=0, atol=1e-6)
+  np.testing.assert_allclose(
+    out[0, 1:], np_bilinear(table[0, 1:].reshape(6, 4, 8), (3, 8)).reshape(24, 8), rtol=0, atol=1e-6
+  )
   # Same grid: unchanged; no prefix: every row is grid.
-  np.testing.assert_array_equal(
-      resize_posemb(table, (6, 4), 1, stored_grid_hw=(6, 4)), table)
+  np.testing.assert_array_equal(resize_posemb(table, (6, 4), 1, stored_grid_hw=(6, 4)), table)
   square = table[:, :16]
-  np.testing.assert_allclose(resize_posemb(square, (2, 2), 0)[0],
-                             np_bilinear(square[0].reshape(4, 4, 8), (2, 2)).reshape(4, 8),
-                             rtol=0, atol=1e-6)
+  np.testing.assert_allclose(
+    resize_posemb(square, (2, 2), 0)[0],
+    np_bilinear(square[0].reshape(4, 4, 8), (2, 2)).reshape(4, 8),
+    rtol=0,
+    atol=1e-6,
+  )
   with pytest.raises(ValueError, match="not form a square grid.*stored_grid_hw"):
     resize_posemb(table, (4, 4), num_prefix=1)  # 24 tokens, no grid given
   with pytest.raises(ValueError, match=r"stored_grid_hw=\(5, 5\) has 25 cells"):
@@ -133,10 +145,12 @@ def test_resize_posemb_2d_interpolates_each_table_along_its_axis():
   pe_y = rng.standard_normal((1, 4, 1, 6)).astype(np.float32)
   x, y = resize_posemb_2d(pe_x, pe_y, (8, 2))
   assert x.shape == (1, 1, 2, 6) and y.shape == (1, 8, 1, 6)
-  np.testing.assert_allclose(x[0, 0], np_linear_1d(pe_x[0, 0].astype(np.float64), 2, 0),
-                             rtol=0, atol=1e-6)
-  np.testing.assert_allclose(y[0, :, 0], np_linear_1d(pe_y[0, :, 0].astype(np.float64), 8, 0),
-                             rtol=0, atol=1e-6)
+  np.testing.assert_allclose(
+    x[0, 0], np_linear_1d(pe_x[0, 0].astype(np.float64), 2, 0), rtol=0, atol=1e-6
+  )
+  np.testing.assert_allclose(
+    y[0, :, 0], np_linear_1d(pe_y[0, :, 0].astype(np.float64), 8, 0), rtol=0, atol=1e-6
+  )
 
 
 def test_non_square_target_grid(tmp_path):
@@ -148,20 +162,25 @@ def test_non_square_target_grid(tmp_path):
   loaded = flat(pretrained.load_pretrained(path, init, cfg, new_grid_hw=(8, 4)))
   pe_stored = flat(stored)[POSEMB]
   np.testing.assert_array_equal(loaded[POSEMB][0, 0], pe_stored[0, 0])
-  np.testing.assert_allclose(loaded[POSEMB][0, 1:],
-                             np_bilinear(pe_stored[0, 1:].reshape(4, 4, 32), (8, 4))
-                             .reshape(32, 32), rtol=0, atol=1e-6)
+  np.testing.assert_allclose(
+    loaded[POSEMB][0, 1:],
+    np_bilinear(pe_stored[0, 1:].reshape(4, 4, 32), (8, 4)).reshape(32, 32),
+    rtol=0,
+    atol=1e-6,
+  )
 
   # A non-square stored grid back to a square one needs stored_grid_hw.
   cfg_ns, stored_ns = make((32, 16))
   path_ns = save(tmp_path, stored_ns, "non_square.npz")
   with pytest.raises(ValueError, match=f"{path_ns}.*stored_grid_hw"):
     pretrained.load_pretrained(path_ns, make((16, 16))[1], cfg_ns)
-  back = flat(pretrained.load_pretrained(path_ns, make((16, 16))[1], cfg_ns,
-                                         stored_grid_hw=(8, 4)))
+  back = flat(pretrained.load_pretrained(path_ns, make((16, 16))[1], cfg_ns, stored_grid_hw=(8, 4)))
   np.testing.assert_allclose(
-      back[POSEMB][0, 1:], np_bilinear(flat(stored_ns)[POSEMB][0, 1:].reshape(8, 4, 32),
-                                       (4, 4)).reshape(16, 32), rtol=0, atol=1e-6)
+    back[POSEMB][0, 1:],
+    np_bilinear(flat(stored_ns)[POSEMB][0, 1:].reshape(8, 4, 32), (4, 4)).reshape(16, 32),
+    rtol=0,
+    atol=1e-6,
+  )
 
 
 def test_gap_models_and_class_token_conversions(tmp_path, caplog):
@@ -175,24 +194,35 @@ def test_gap_models_and_class_token_conversions(tmp_path, caplog):
   # gap -> gap: all 16 rows are grid.
   loaded = flat(pretrained.load_pretrained(path_gap, init_gap, cfg_gap))
   assert loaded[POSEMB].shape == (1, 64, 32) and "cls" not in loaded
-  np.testing.assert_allclose(loaded[POSEMB][0], np_bilinear(
-      flat(stored_gap)[POSEMB][0].reshape(4, 4, 32), (8, 8)).reshape(64, 32), rtol=0, atol=1e-6)
+  np.testing.assert_allclose(
+    loaded[POSEMB][0],
+    np_bilinear(flat(stored_gap)[POSEMB][0].reshape(4, 4, 32), (8, 8)).reshape(64, 32),
+    rtol=0,
+    atol=1e-6,
+  )
 
   # token -> gap: class token and its row dropped, the grid interpolated.
   with caplog.at_level(logging.INFO):
     loaded = pretrained.load_pretrained(path_tok, init_gap, cfg_gap)
   assert_same_tree_and_shapes(loaded, init_gap)
-  np.testing.assert_allclose(flat(loaded)[POSEMB][0], np_bilinear(
-      flat(stored_tok)[POSEMB][0, 1:].reshape(4, 4, 32), (8, 8)).reshape(64, 32),
-      rtol=0, atol=1e-6)
+  np.testing.assert_allclose(
+    flat(loaded)[POSEMB][0],
+    np_bilinear(flat(stored_tok)[POSEMB][0, 1:].reshape(4, 4, 32), (8, 8)).reshape(64, 32),
+    rtol=0,
+    atol=1e-6,
+  )
   assert "dropped the stored class token" in caplog.text
 
   # gap -> token: the fresh class token and class-token row, the grid interpolated.
   loaded = flat(pretrained.load_pretrained(path_gap, init_tok, cfg_tok))
   np.testing.assert_array_equal(loaded["cls"], flat(init_tok)["cls"])
   np.testing.assert_array_equal(loaded[POSEMB][0, 0], flat(init_tok)[POSEMB][0, 0])
-  np.testing.assert_allclose(loaded[POSEMB][0, 1:], np_bilinear(
-      flat(stored_gap)[POSEMB][0].reshape(4, 4, 32), (8, 8)).reshape(64, 32), rtol=0, atol=1e-6)
+  np.testing.assert_allclose(
+    loaded[POSEMB][0, 1:],
+    np_bilinear(flat(stored_gap)[POSEMB][0].reshape(4, 4, 32), (8, 8)).reshape(64, 32),
+    rtol=0,
+    atol=1e-6,
+  )
 
 
 def test_learn_2d_tables_are_resized_in_1d(tmp_path):
@@ -203,11 +233,16 @@ def test_learn_2d_tables_are_resized_in_1d(tmp_path):
   assert_same_tree_and_shapes(traverse_util.unflatten_dict(loaded, sep="/"), init)
   s = flat(stored)
   np.testing.assert_array_equal(loaded[pretrained.POSEMB_X_PATH], s[pretrained.POSEMB_X_PATH])
-  np.testing.assert_allclose(loaded[pretrained.POSEMB_Y_PATH][0, :, 0], np_linear_1d(
-      s[pretrained.POSEMB_Y_PATH][0, :, 0].astype(np.float64), 8, 0), rtol=0, atol=1e-6)
+  np.testing.assert_allclose(
+    loaded[pretrained.POSEMB_Y_PATH][0, :, 0],
+    np_linear_1d(s[pretrained.POSEMB_Y_PATH][0, :, 0].astype(np.float64), 8, 0),
+    rtol=0,
+    atol=1e-6,
+  )
 
 
 # --- Head and representation layer ---------------------------------------------------------
+
 
 def test_head_rules(tmp_path):
   cfg, stored = make()
@@ -267,6 +302,7 @@ def test_representation_rules(tmp_path, caplog):
 
 # --- Layouts and errors --------------------------------------------------------------------
 
+
 def test_scanned_npz_into_per_layer_model_and_back(tmp_path):
   cfg, stored = make()  # per-layer
   scanned_tree = checkpoint.layers_to_scanned(stored)
@@ -290,8 +326,9 @@ def test_scanned_npz_into_per_layer_model_and_back(tmp_path):
 def test_mismatched_architecture_is_one_error_listing_each_difference(tmp_path):
   cfg, stored = make()
   path = save(tmp_path, stored)
-  cfg_big, init_big = make((32, 32), hidden_size=48, patch=8, num_layers=3, num_heads=4,
-                          mlp_dim=96, seed=1)
+  cfg_big, init_big = make(
+    (32, 32), hidden_size=48, patch=8, num_layers=3, num_heads=4, mlp_dim=96, seed=1
+  )
   with pytest.raises(ValueError) as info:
     pretrained.load_pretrained(path, init_big, cfg_big)
   msg = str(info.value)

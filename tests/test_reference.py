@@ -8,6 +8,7 @@ for the hybrids a ResNet root of weight-standardised convolutions ``(w - mean) /
 a 3x3 stride-2 max-pool (both SAME), and bottleneck units whose first unit in each stage
 projects the shortcut (stage strides 1, 2, 2, ...). It reads only the parameter tree.
 """
+
 import flax.linen as nn
 import jax
 import numpy as np
@@ -42,7 +43,7 @@ def _conv(x, w, stride, same):
   out = 0.0
   for i in range(kh):
     for j in range(kw):
-      window = x[:, i:i + stride * oh:stride, j:j + stride * ow:stride]  # [B, oh, ow, Cin]
+      window = x[:, i : i + stride * oh : stride, j : j + stride * ow : stride]  # [B, oh, ow, Cin]
       out = out + window @ w[i, j]
   return out
 
@@ -50,8 +51,9 @@ def _conv(x, w, stride, same):
 def _max_pool_3x3_s2_same(x):
   x = _pad_same(x, 3, 2, value=-np.inf)
   oh, ow = (x.shape[1] - 3) // 2 + 1, (x.shape[2] - 3) // 2 + 1
-  return np.max([x[:, i:i + 2 * oh:2, j:j + 2 * ow:2] for i in range(3) for j in range(3)],
-                axis=0)
+  return np.max(
+    [x[:, i : i + 2 * oh : 2, j : j + 2 * ow : 2] for i in range(3) for j in range(3)], axis=0
+  )
 
 
 def _std_conv(x, w, stride):
@@ -87,8 +89,9 @@ def _resnet_root(x, p, units_per_stage):
   x = _max_pool_3x3_s2_same(x)
   for s, units in enumerate(units_per_stage):
     for u in range(units):
-      x = _bottleneck(x, p[f"block{s + 1}"][f"unit{u + 1}"], stride=2 if s and not u else 1,
-                      project=u == 0)
+      x = _bottleneck(
+        x, p[f"block{s + 1}"][f"unit{u + 1}"], stride=2 if s and not u else 1, project=u == 0
+      )
   return x
 
 
@@ -105,8 +108,9 @@ def _gelu(x, approximate):
 
 
 def _attention(x, p):
-  q, k, v = (np.einsum("bnd,dhk->bnhk", x, p[n]["kernel"]) + p[n]["bias"]
-             for n in ("query", "key", "value"))  # [B, N, H, Dh]
+  q, k, v = (
+    np.einsum("bnd,dhk->bnhk", x, p[n]["kernel"]) + p[n]["bias"] for n in ("query", "key", "value")
+  )  # [B, N, H, Dh]
   logits = np.einsum("bqhk,bnhk->bhqn", q, k) / np.sqrt(q.shape[-1])  # [B, H, N, N]
   weights = np.exp(logits - logits.max(-1, keepdims=True))
   weights /= weights.sum(-1, keepdims=True)
@@ -152,8 +156,9 @@ def _random_params(model, image_size, seed=0):
   so that residual branches stay small as in a trained ResNet: with unit scales a deep
   random stack amplifies float32 rounding alone past 1e-6.
   """
-  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0),
-                                             np.zeros((1, image_size, image_size, 3))))
+  shapes = jax.eval_shape(
+    lambda: model.init(jax.random.key(0), np.zeros((1, image_size, image_size, 3)))
+  )
   flat = traverse_util.flatten_dict(nn.unbox(shapes["params"]))
   rng = np.random.default_rng(seed)
   params = {}
@@ -164,8 +169,7 @@ def _random_params(model, image_size, seed=0):
     elif path[-1] == "scale":
       value = 1.0 + 0.2 * noise
     elif path[-1] == "kernel":
-      fan_in = leaf.shape[0] if path[-2] in ("query", "key", "value") else np.prod(
-          leaf.shape[:-1])
+      fan_in = leaf.shape[0] if path[-2] in ("query", "key", "value") else np.prod(leaf.shape[:-1])
       value = noise / np.sqrt(fan_in)
     else:  # biases, class token, position embeddings
       value = 0.2 * noise
@@ -192,10 +196,13 @@ def test_plain_vit_equals_the_official_formulas(gelu_approximate):
   assert _relative_difference(model, 16, gelu_approximate=not gelu_approximate) > 1e-5
 
 
-@pytest.mark.parametrize("name,units,image_size", [
+@pytest.mark.parametrize(
+  "name,units,image_size",
+  [
     ("R50+ViT-B_16", (3, 4, 9), 32),  # stride 16: a 2x2 grid
     ("R26+ViT-S_32", (2, 2, 2, 2), 64),  # stride 32: a 2x2 grid
-])
+  ],
+)
 def test_hybrid_equals_the_official_formulas(name, units, image_size):
   # Width factor 0.5: 32 root channels, the fewest GroupNorm(32) allows.
   model = create_model(get_model_config(name), **_TINY, resnet_width_factor=0.5)

@@ -1,4 +1,5 @@
 """On 8 fake CPU devices every partitioning strategy computes the 1-device step."""
+
 import os
 import subprocess
 import sys
@@ -17,10 +18,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope="module")
 def sharded_results(tmp_path_factory):
   out = tmp_path_factory.mktemp("sharded") / "results.npz"
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-         "PYTHONPATH": REPO}
-  proc = subprocess.run([sys.executable, "-m", "tests._strategy_step", str(out)], cwd=REPO,
-                        env=env, capture_output=True, text=True, timeout=300)
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "PYTHONPATH": REPO}
+  proc = subprocess.run(
+    [sys.executable, "-m", "tests._strategy_step", str(out)],
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   with np.load(out) as f:
     return dict(f)
@@ -46,8 +52,7 @@ def test_strategy_matches_single_device(strategy, sharded_results, single_device
   np.testing.assert_allclose(sharded_results[f"{strategy}/loss"], losses, atol=1e-5)
   assert losses[1] < losses[0]  # the second step learned something
   for k, v in params.items():
-    np.testing.assert_allclose(sharded_results[f"{strategy}/params/{k}"], v, atol=1e-5,
-                               err_msg=k)
+    np.testing.assert_allclose(sharded_results[f"{strategy}/params/{k}"], v, atol=1e-5, err_msg=k)
 
 
 def test_strategies_really_shard(sharded_results):

@@ -1,4 +1,5 @@
 """The pure train step (learning, gradient accumulation) and the losses train and eval share."""
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -12,10 +13,15 @@ from vit_jax.models import create_model, get_model_config
 
 
 def make_state(model, tx, image_size=8, seed=0):
-  params = nn.unbox(model.init(jax.random.key(seed), jnp.zeros((1, image_size, image_size, 3)))
-                    ["params"])
-  return train.TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                          opt_state=tx.init(params), rng=jax.random.PRNGKey(seed))
+  params = nn.unbox(
+    model.init(jax.random.key(seed), jnp.zeros((1, image_size, image_size, 3)))["params"]
+  )
+  return train.TrainState(
+    step=jnp.zeros((), jnp.int32),
+    params=params,
+    opt_state=tx.init(params),
+    rng=jax.random.PRNGKey(seed),
+  )
 
 
 def fixed_batch(seed=0):
@@ -50,8 +56,12 @@ def test_accumulated_micro_batches_equal_one_big_batch():
   tx = optax.sgd(0.1)
   state, batch = make_state(model, tx), fixed_batch(seed=1)
   # Make the head non-zero so that every parameter gets a gradient.
-  state = state.replace(params={**state.params, "head": jax.tree.map(
-      lambda x: 0.1 * jnp.ones_like(x), state.params["head"])})
+  state = state.replace(
+    params={
+      **state.params,
+      "head": jax.tree.map(lambda x: 0.1 * jnp.ones_like(x), state.params["head"]),
+    }
+  )
   big, m_big = step(state, batch, model, tx, accum_steps=1)
   acc, m_acc = step(state, batch, model, tx, accum_steps=4)
   np.testing.assert_allclose(m_acc["train/loss"], m_big["train/loss"], rtol=1e-6)
@@ -64,8 +74,14 @@ def test_dropout_rng_comes_from_the_step():
   model = tiny(dropout_rate=0.3)
   tx = optax.sgd(0.0)  # parameters stay put: only the dropout mask can change the loss
   state, batch = make_state(model, tx), fixed_batch()
-  state = state.replace(params={**state.params, "head": jax.tree.map(
-      lambda x: jax.random.normal(jax.random.key(7), x.shape), state.params["head"])})
+  state = state.replace(
+    params={
+      **state.params,
+      "head": jax.tree.map(
+        lambda x: jax.random.normal(jax.random.key(7), x.shape), state.params["head"]
+      ),
+    }
+  )
   _, m0 = step(state, batch, model, tx)
   _, m0_again = step(state, batch, model, tx)
   _, m1 = step(state.replace(step=state.step + 1), batch, model, tx)
@@ -76,10 +92,12 @@ def test_dropout_rng_comes_from_the_step():
 def test_sigmoid_loss_and_unknown_loss():
   logits = jnp.array([[0.0, 0.0]])
   labels = jnp.array([[1.0, 0.0]])
-  np.testing.assert_allclose(losses.per_example_loss(logits, labels, "sigmoid_xent"),
-                             [2 * np.log(2)], rtol=1e-6)
-  np.testing.assert_allclose(losses.per_example_loss(logits, labels, "softmax_xent"),
-                             [np.log(2)], rtol=1e-6)
+  np.testing.assert_allclose(
+    losses.per_example_loss(logits, labels, "sigmoid_xent"), [2 * np.log(2)], rtol=1e-6
+  )
+  np.testing.assert_allclose(
+    losses.per_example_loss(logits, labels, "softmax_xent"), [np.log(2)], rtol=1e-6
+  )
   with pytest.raises(ValueError, match="hinge.*softmax_xent"):
     losses.per_example_loss(logits, labels, "hinge")
 
@@ -91,7 +109,8 @@ def test_eval_loss_is_the_training_loss(loss):
   params = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 8, 8, 3)))["params"])
   # A random head: non-uniform logits, where the two losses differ.
   params["head"] = jax.tree.map(
-      lambda x: jax.random.normal(jax.random.key(1), x.shape), params["head"])
+    lambda x: jax.random.normal(jax.random.key(1), x.shape), params["head"]
+  )
   batch = fixed_batch()
   batch["mask"] = jnp.array([1.0] * 12 + [0.0] * 4)  # the last 4 rows are padding
   sums = evaluate.eval_step(params, batch, model=model, loss=loss)

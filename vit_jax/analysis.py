@@ -12,6 +12,7 @@
 Inputs and outputs are numpy arrays: these are analysis tools, not jitted training code.
 `vit_jax.plots` draws them; this module needs no matplotlib.
 """
+
 from __future__ import annotations
 
 import re
@@ -58,9 +59,10 @@ def _check_grid(n: int, grid_hw: tuple[int, int], num_prefix: int) -> None:
   gh, gw = grid_hw
   if n != gh * gw + num_prefix:
     raise ValueError(
-        f"{n} tokens do not match grid_hw={grid_hw} plus num_prefix={num_prefix} "
-        f"({gh * gw + num_prefix} tokens): pass model.grid_hw(image_hw) and num_prefix=1 "
-        "for a class-token model, 0 otherwise.")
+      f"{n} tokens do not match grid_hw={grid_hw} plus num_prefix={num_prefix} "
+      f"({gh * gw + num_prefix} tokens): pass model.grid_hw(image_hw) and num_prefix=1 "
+      "for a class-token model, 0 otherwise."
+    )
 
 
 def _params_tree(params: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -74,8 +76,9 @@ def _params_tree(params: Mapping[str, Any]) -> Mapping[str, Any]:
 # ------------------------------------------------------------------- attention weights
 
 
-def attention_weights(model: VisionTransformer, params: Mapping[str, Any],
-                      images: np.ndarray) -> np.ndarray:
+def attention_weights(
+  model: VisionTransformer, params: Mapping[str, Any], images: np.ndarray
+) -> np.ndarray:
   """Attention probabilities of every layer and head for a batch, [L, B, H, N, N].
 
   N counts the class token (first) when ``model.classifier == 'token'``. Works with the
@@ -84,8 +87,9 @@ def attention_weights(model: VisionTransformer, params: Mapping[str, Any],
   """
   images = check_ndim("images", images, 4, "[B, H, W, C] in [-1, 1]")
   model.grid_hw(images.shape[1:3])  # a clear error if the size does not fit the patches
-  _, state = model.apply({"params": _params_tree(params)}, images, train=False,
-                         mutable=["intermediates"])
+  _, state = model.apply(
+    {"params": _params_tree(params)}, images, train=False, mutable=["intermediates"]
+  )
   flat = traverse_util.flatten_dict(state["intermediates"], sep="/")
   layers: list[tuple[int, np.ndarray]] = []
   for key, value in flat.items():
@@ -99,8 +103,10 @@ def attention_weights(model: VisionTransformer, params: Mapping[str, Any],
     else:
       layers.append((int(match.group(1)), array))  # [B, H, N, N]
   if not layers:
-    raise ValueError("The model sowed no attention weights: is it a vit_jax "
-                     "VisionTransformer with an encoder of at least one block?")
+    raise ValueError(
+      "The model sowed no attention weights: is it a vit_jax "
+      "VisionTransformer with an encoder of at least one block?"
+    )
   layers.sort(key=lambda item: item[0])
   return np.stack([a for _, a in layers])  # [L, B, H, N, N]
 
@@ -126,8 +132,9 @@ def rollout_matrix(weights: np.ndarray) -> np.ndarray:
   return rollout
 
 
-def attention_rollout(weights: np.ndarray, *, num_prefix: int = 1,
-                      grid_hw: tuple[int, int]) -> np.ndarray:
+def attention_rollout(
+  weights: np.ndarray, *, num_prefix: int = 1, grid_hw: tuple[int, int]
+) -> np.ndarray:
   """The rollout map from the output token to the input patches, [B, gh, gw].
 
   With a class token (``num_prefix >= 1``, class token first) the map is the class
@@ -150,8 +157,9 @@ def resize_map(attention_map: np.ndarray, image_hw: tuple[int, int]) -> np.ndarr
   """
   attention_map = check_ndim("attention_map", attention_map, 2, "[gh, gw]")
   image_hw = _check_hw("image_hw", image_hw)
-  resized = np.asarray(jax.image.resize(attention_map.astype(np.float32), image_hw,
-                                        method="bilinear"), np.float64)  # [H, W]
+  resized = np.asarray(
+    jax.image.resize(attention_map.astype(np.float32), image_hw, method="bilinear"), np.float64
+  )  # [H, W]
   low, high = resized.min(), resized.max()
   if high - low <= 1e-12 * max(abs(high), 1.0):
     return np.ones(image_hw, np.float32)
@@ -170,8 +178,9 @@ def patch_centre_distances(grid_hw: tuple[int, int], patch_px: tuple[int, int]) 
   return np.hypot(y[:, None] - y[None, :], x[:, None] - x[None, :])  # [N, N]
 
 
-def mean_attention_distance(weights: np.ndarray, *, grid_hw: tuple[int, int],
-                            patch_px: tuple[int, int], num_prefix: int) -> np.ndarray:
+def mean_attention_distance(
+  weights: np.ndarray, *, grid_hw: tuple[int, int], patch_px: tuple[int, int], num_prefix: int
+) -> np.ndarray:
   """Mean attention distance in pixels per layer and head, [L, H] (paper Fig. 7 right).
 
   For each query patch: the sum over key patches of attention weight times the pixel
@@ -187,9 +196,11 @@ def mean_attention_distance(weights: np.ndarray, *, grid_hw: tuple[int, int],
   w = weights[..., num_prefix:, num_prefix:]  # [L, B, H, P, P]
   mass = w.sum(axis=-1)  # [L, B, H, P]
   if np.any(mass <= 0):
-    raise ValueError("Some query patch puts no attention on any patch; the mean distance "
-                     "is undefined for it. Pass softmax attention (e.g. from "
-                     "attention_weights).")
+    raise ValueError(
+      "Some query patch puts no attention on any patch; the mean distance "
+      "is undefined for it. Pass softmax attention (e.g. from "
+      "attention_weights)."
+    )
   dist = patch_centre_distances(grid_hw, patch_px)  # [P, P]
   per_query = np.einsum("lbhqk,qk->lbhq", w, dist) / mass  # [L, B, H, P]
   return per_query.mean(axis=(1, 3))  # [L, H]
@@ -206,8 +217,9 @@ def _cosine_similarity(vectors: np.ndarray) -> np.ndarray:
   return unit @ unit.T
 
 
-def posemb_similarity(params: Mapping[str, Any], model: VisionTransformer,
-                      image_hw: Optional[tuple[int, int]] = None) -> np.ndarray:
+def posemb_similarity(
+  params: Mapping[str, Any], model: VisionTransformer, image_hw: Optional[tuple[int, int]] = None
+) -> np.ndarray:
   """Cosine similarity of each patch's position embedding with every other, [gh, gw, gh, gw].
 
   ``sim[r, c]`` is the map of Fig. 7 (centre) for the patch in row r, column c. The grid
@@ -219,19 +231,25 @@ def posemb_similarity(params: Mapping[str, Any], model: VisionTransformer,
   grid_hw = None if image_hw is None else model.grid_hw(_check_hw("image_hw", image_hw))
   tree = _params_tree(params)
   if kind == "none":
-    raise ValueError("posemb='none' has no position embeddings to compare: use a model "
-                     "with posemb 'learn', 'learn_2d' or 'sincos2d'.")
+    raise ValueError(
+      "posemb='none' has no position embeddings to compare: use a model "
+      "with posemb 'learn', 'learn_2d' or 'sincos2d'."
+    )
   if kind == "sincos2d":
     if grid_hw is None:
-      raise ValueError("posemb='sincos2d' has no parameters to read the grid from: pass "
-                       "image_hw=(H, W), the image size the model sees.")
+      raise ValueError(
+        "posemb='sincos2d' has no parameters to read the grid from: pass "
+        "image_hw=(H, W), the image size the model sees."
+      )
     table = sincos_2d(grid_hw, model.hidden_size)  # [N, D]
   else:
     try:
       pe = {k: np.asarray(v) for k, v in tree["Transformer"]["posembed_input"].items()}
     except KeyError as e:
-      raise ValueError(f"params have no Transformer/posembed_input for posemb={kind!r}: "
-                       "pass the parameters of this model.") from e
+      raise ValueError(
+        f"params have no Transformer/posembed_input for posemb={kind!r}: "
+        "pass the parameters of this model."
+      ) from e
     if kind == "learn":
       num_prefix = 1 if model.classifier == "token" else 0
       table = pe["pos_embedding"][0, num_prefix:]  # [N, D]
@@ -242,19 +260,27 @@ def posemb_similarity(params: Mapping[str, Any], model: VisionTransformer,
       pe_y = pe["pos_embedding_y"][0, :, 0]  # [gh, D/2]
       found = (pe_y.shape[0], pe_x.shape[0])
       if grid_hw is not None and grid_hw != found:
-        raise ValueError(f"image_hw={image_hw} gives grid {grid_hw}, but the parameters "
-                         f"hold a {found} grid: pass the image size they were trained at.")
+        raise ValueError(
+          f"image_hw={image_hw} gives grid {grid_hw}, but the parameters "
+          f"hold a {found} grid: pass the image size they were trained at."
+        )
       grid_hw = found
       gh, gw = grid_hw
-      table = np.concatenate([np.broadcast_to(pe_x[None], (gh, gw, pe_x.shape[-1])),
-                              np.broadcast_to(pe_y[:, None], (gh, gw, pe_y.shape[-1]))],
-                             axis=-1).reshape(gh * gw, -1)  # [N, D]
+      table = np.concatenate(
+        [
+          np.broadcast_to(pe_x[None], (gh, gw, pe_x.shape[-1])),
+          np.broadcast_to(pe_y[:, None], (gh, gw, pe_y.shape[-1])),
+        ],
+        axis=-1,
+      ).reshape(gh * gw, -1)  # [N, D]
     else:
       raise ValueError(f"Unknown posemb kind {kind!r}.")
   gh, gw = grid_hw
   if table.shape[0] != gh * gw:
-    raise ValueError(f"{table.shape[0]} position embeddings do not match the {gh}x{gw} grid "
-                     f"of image_hw={image_hw}: pass the image size the parameters fit.")
+    raise ValueError(
+      f"{table.shape[0]} position embeddings do not match the {gh}x{gw} grid "
+      f"of image_hw={image_hw}: pass the image size the parameters fit."
+    )
   return _cosine_similarity(table).reshape(gh, gw, gh, gw).astype(np.float32)
 
 
@@ -270,8 +296,10 @@ def principal_components(vectors: np.ndarray, num_components: int) -> np.ndarray
   vectors = check_ndim("vectors", vectors, 2, "[M, F]").astype(np.float64)
   limit = min(vectors.shape)
   if not 1 <= num_components <= limit:
-    raise ValueError(f"num_components={num_components} must be in 1..{limit} "
-                     f"for {vectors.shape[0]} vectors of size {vectors.shape[1]}.")
+    raise ValueError(
+      f"num_components={num_components} must be in 1..{limit} "
+      f"for {vectors.shape[0]} vectors of size {vectors.shape[1]}."
+    )
   centred = vectors - vectors.mean(axis=0, keepdims=True)
   _, _, vt = np.linalg.svd(centred, full_matrices=False)  # rows: orthonormal directions
   comps = vt[:num_components]  # [K, F]
@@ -279,8 +307,7 @@ def principal_components(vectors: np.ndarray, num_components: int) -> np.ndarray
   return comps * signs[:, None]
 
 
-def embedding_filter_components(params: Mapping[str, Any],
-                                num_components: int = 28) -> np.ndarray:
+def embedding_filter_components(params: Mapping[str, Any], num_components: int = 28) -> np.ndarray:
   """Principal components of the RGB patch-embedding filters, [K, P, P, C] in [0, 1].
 
   The D filters of ``embedding/kernel`` [P, P, C, D] are vectors of P*P*C; each principal
@@ -288,13 +315,17 @@ def embedding_filter_components(params: Mapping[str, Any],
   """
   tree = _params_tree(params)
   if "conv_root" in tree or "embedding" not in tree:
-    raise ValueError("Embedding filters are RGB patches only in a plain ViT; this is a "
-                     "hybrid (or not a ViT), whose embedding runs on ResNet features. "
-                     "Use the parameters of a plain ViT.")
+    raise ValueError(
+      "Embedding filters are RGB patches only in a plain ViT; this is a "
+      "hybrid (or not a ViT), whose embedding runs on ResNet features. "
+      "Use the parameters of a plain ViT."
+    )
   kernel = np.asarray(tree["embedding"]["kernel"])  # [P, P, C, D]
   if kernel.ndim != 4 or kernel.shape[2] != 3:
-    raise ValueError(f"embedding/kernel {kernel.shape} is not [P, P, 3, D]: RGB filters "
-                     "exist only for a plain ViT on RGB images.")
+    raise ValueError(
+      f"embedding/kernel {kernel.shape} is not [P, P, 3, D]: RGB filters "
+      "exist only for a plain ViT on RGB images."
+    )
   ph, pw, c, d = kernel.shape
   filters = kernel.reshape(ph * pw * c, d).T  # [D, P*P*C]
   comps = principal_components(filters, num_components)  # [K, P*P*C]

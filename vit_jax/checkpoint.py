@@ -7,6 +7,7 @@ per-layer layout has `Transformer/encoderblock_{i}/`. Files are written per-laye
 official ones. Adapting weights to a new model for fine-tuning is `vit_jax.pretrained`;
 saving a training run is `vit_jax.run_checkpoints`.
 """
+
 from __future__ import annotations
 
 import os
@@ -43,7 +44,8 @@ def scanned_to_layers(params: Params) -> Params:
     raise ValueError(f"Scanned encoder arrays disagree on the depth axis: {sorted(depth)}.")
   for i in range(depth.pop()):
     transformer[f"encoderblock_{i}"] = traverse_util.unflatten_dict(
-        {k: v[i] for k, v in stacked.items()})
+      {k: v[i] for k, v in stacked.items()}
+    )
   return {**params, "Transformer": transformer}
 
 
@@ -52,8 +54,7 @@ def layers_to_scanned(params: Params) -> Params:
   if is_scanned(params):
     return params
   transformer = dict(params["Transformer"])
-  layers = sorted((int(m.group(1)), k) for k in transformer
-                  if (m := _LAYER_BLOCK.match(k)))
+  layers = sorted((int(m.group(1)), k) for k in transformer if (m := _LAYER_BLOCK.match(k)))
   if [i for i, _ in layers] != list(range(len(layers))):
     raise ValueError(f"Encoder blocks are not numbered 0..L-1: {[k for _, k in layers]}.")
   flats = [traverse_util.flatten_dict(transformer.pop(k)) for _, k in layers]
@@ -93,19 +94,23 @@ def load_npz(path: str | os.PathLike) -> Params:
   try:
     archive = np.load(path, allow_pickle=False)
   except ValueError as e:  # numpy tries pickle for anything without .npy/.npz magic
-    raise fail("it is not a .npz archive (it starts neither like a zip nor like a .npy "
-               "file)") from e
+    raise fail(
+      "it is not a .npz archive (it starts neither like a zip nor like a .npy file)"
+    ) from e
   except (OSError, EOFError, zipfile.BadZipFile) as e:
     raise fail(f"it is truncated or damaged ({e})") from e
   if not isinstance(archive, np.lib.npyio.NpzFile):
-    raise fail("it is a single .npy array, not a .npz archive of named parameters (write "
-               "one with np.savez or vit_jax.checkpoint.save_npz)")
+    raise fail(
+      "it is a single .npy array, not a .npz archive of named parameters (write "
+      "one with np.savez or vit_jax.checkpoint.save_npz)"
+    )
   with archive:
     try:
       flat = {k: _squeeze_groupnorm(k, archive[k]) for k in archive.files}
     except ValueError as e:  # object arrays: numpy would have to unpickle them
-      raise fail(f"it is not a plain-array .npz: it holds pickled objects, which are not "
-                 f"loaded ({e})") from e
+      raise fail(
+        f"it is not a plain-array .npz: it holds pickled objects, which are not loaded ({e})"
+      ) from e
     except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as e:
       raise fail(f"it is truncated or damaged ({type(e).__name__}: {e})") from e
   if not flat:
@@ -136,9 +141,11 @@ def save_npz(path: str | os.PathLike, params: Params) -> None:
       os.remove(tmp)
 
 
-def check_tree(loaded: Mapping[str, Any], expected: Mapping[str, Any],
-               source: str = "checkpoint") -> None:
+def check_tree(
+  loaded: Mapping[str, Any], expected: Mapping[str, Any], source: str = "checkpoint"
+) -> None:
   """Raises one ValueError listing missing keys, unexpected keys and shape mismatches."""
+
   def shapes(tree: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
     flat = traverse_util.flatten_dict(nn.unbox(dict(tree)), sep="/")
     return {k: tuple(np.shape(v)) for k, v in flat.items()}
@@ -146,12 +153,18 @@ def check_tree(loaded: Mapping[str, Any], expected: Mapping[str, Any],
   got, want = shapes(loaded), shapes(expected)
   missing = sorted(want.keys() - got.keys())
   unexpected = sorted(got.keys() - want.keys())
-  mismatched = sorted(f"{k}: {source} {got[k]} vs model {want[k]}"
-                      for k in got.keys() & want.keys() if got[k] != want[k])
+  mismatched = sorted(
+    f"{k}: {source} {got[k]} vs model {want[k]}"
+    for k in got.keys() & want.keys()
+    if got[k] != want[k]
+  )
   if missing or unexpected or mismatched:
     lines = [f"The {source} does not fit the model:"]
-    for title, items in (("missing keys", missing), ("unexpected keys", unexpected),
-                         ("shape mismatches", mismatched)):
+    for title, items in (
+      ("missing keys", missing),
+      ("unexpected keys", unexpected),
+      ("shape mismatches", mismatched),
+    ):
       if items:
         lines.append(f"  {title} ({len(items)}):")
         lines.extend(f"    {item}" for item in items)

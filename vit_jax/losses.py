@@ -5,6 +5,7 @@ logits, labels: [B, K], labels one-hot (or multi-hot for ``sigmoid_xent``).
   sigmoid_xent: K independent binary cross-entropies, summed over the classes (the
     paper's upstream loss, also usable for multi-label data).
 """
+
 from __future__ import annotations
 
 import jax

@@ -18,6 +18,7 @@ sign).
 boxes' contents, so the moment buffers keep the boxes and `sharding.state_shardings` can
 shard them like the parameters.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -58,16 +59,17 @@ def make_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
   if warmup < 0:
     raise errors.ConfigError(f"config.lr.warmup_steps={warmup} is negative; use 0 for no warm-up.")
   if total > 0 and warmup >= total:
-    raise errors.ConfigError(f"config.lr.warmup_steps={warmup} must be smaller than "
-                     f"config.total_steps={total}: lower the warm-up or train longer.")
+    raise errors.ConfigError(
+      f"config.lr.warmup_steps={warmup} must be smaller than "
+      f"config.total_steps={total}: lower the warm-up or train longer."
+    )
 
   decay_steps = max(total - warmup, 1)
   if decay == "cosine":
     cosine = optax.cosine_decay_schedule(init_value=base - end, decay_steps=decay_steps)
     after: optax.Schedule = lambda step: end + cosine(step)
   elif decay == "linear":
-    after = optax.linear_schedule(init_value=base, end_value=end,
-                                  transition_steps=decay_steps)
+    after = optax.linear_schedule(init_value=base, end_value=end, transition_steps=decay_steps)
   else:
     after = optax.constant_schedule(base)
   if warmup == 0:
@@ -88,6 +90,7 @@ def weight_decay_mask(params: Any) -> Any:
   every leaf) gets the same mask. Boxed parameters are unboxed first: the mask has the
   structure of the plain parameter tree.
   """
+
   def decays(path, _) -> bool:
     names = _path_names(path)
     if not names:
@@ -101,8 +104,9 @@ def weight_decay_mask(params: Any) -> Any:
 
 def _momentum_dtype(name: str) -> jnp.dtype:
   if name not in MOMENTUM_DTYPES:
-    raise errors.ConfigError(f"Unknown config.optim.momentum_dtype={name!r}; choose one of "
-                     f"{MOMENTUM_DTYPES}.")
+    raise errors.ConfigError(
+      f"Unknown config.optim.momentum_dtype={name!r}; choose one of {MOMENTUM_DTYPES}."
+    )
   return jnp.dtype(name)
 
 
@@ -113,7 +117,8 @@ def _cast_like_params(updates: Any, params: Any) -> Any:
 
 
 def make_optimizer(
-    config: ml_collections.ConfigDict) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  config: ml_collections.ConfigDict,
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """``(tx, schedule)``: clip -> SGD-momentum / Adam -> masked decoupled decay -> -lr(step).
 
   ``momentum_dtype`` is the dtype of SGD's momentum buffer and of Adam's first moment
@@ -128,8 +133,10 @@ def make_optimizer(
   clip = o.grad_clip_norm
   if clip:
     if clip < 0:
-      raise errors.ConfigError(f"config.optim.grad_clip_norm={clip} is negative; use a positive "
-                       "norm, or 0 / None for no clipping.")
+      raise errors.ConfigError(
+        f"config.optim.grad_clip_norm={clip} is negative; use a positive "
+        "norm, or 0 / None for no clipping."
+      )
     parts.append(optax.clip_by_global_norm(float(clip)))
 
   if name == "sgd":
@@ -139,8 +146,9 @@ def make_optimizer(
       # parameters' dtype, so updates always match the parameters.
       parts.append(optax.stateless(_cast_like_params))
   elif name in ("adam", "adamw"):
-    parts.append(optax.scale_by_adam(b1=float(o.b1), b2=float(o.b2), eps=float(o.eps),
-                                     mu_dtype=mu_dtype))
+    parts.append(
+      optax.scale_by_adam(b1=float(o.b1), b2=float(o.b2), eps=float(o.eps), mu_dtype=mu_dtype)
+    )
   else:
     raise errors.ConfigError(f"Unknown config.optim.name={name!r}; choose one of {OPTIMIZERS}.")
 

@@ -5,6 +5,7 @@ The figures draw on the Agg canvas through the object-oriented API (no pyplot st
 matplotlib is an optional extra, imported only when a figure is drawn, so importing
 `vit_jax` never needs it.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,8 +25,10 @@ def _figure(width: float, height: float) -> Figure:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
   except ImportError as e:
-    raise ImportError('vit_jax.plots draws with matplotlib, which is not installed: '
-                      'pip install "vit_jax[notebooks]" (or pip install matplotlib).') from e
+    raise ImportError(
+      "vit_jax.plots draws with matplotlib, which is not installed: "
+      'pip install "vit_jax[notebooks]" (or pip install matplotlib).'
+    ) from e
   fig = Figure(figsize=(width, height))
   FigureCanvasAgg(fig)
   return fig
@@ -37,8 +40,10 @@ def _display_image(image: np.ndarray) -> np.ndarray:
   if image.dtype == np.uint8:
     return image.astype(np.float32) / 255.0
   if image.min() < -1.001 or image.max() > 1.001:
-    raise ValueError(f"image values span [{image.min():.3g}, {image.max():.3g}]: pass the "
-                     "model input in [-1, 1] ((x - 127.5) / 127.5) or uint8 pixels.")
+    raise ValueError(
+      f"image values span [{image.min():.3g}, {image.max():.3g}]: pass the "
+      "model input in [-1, 1] ((x - 127.5) / 127.5) or uint8 pixels."
+    )
   return np.clip((image.astype(np.float32) + 1.0) / 2.0, 0.0, 1.0)
 
 
@@ -52,8 +57,9 @@ def plot_attention_overlay(image: np.ndarray, attention_map: np.ndarray) -> Figu
   mask = resize_map(attention_map, shown.shape[:2])  # [H, W]
   fig = _figure(9, 3.2)
   axes = fig.subplots(1, 3)
-  for ax, picture, title in zip(axes, (shown, mask, shown * mask[..., None]),
-                                ("image", "attention", "overlay")):
+  for ax, picture, title in zip(
+    axes, (shown, mask, shown * mask[..., None]), ("image", "attention", "overlay")
+  ):
     ax.imshow(picture, cmap="inferno" if picture.ndim == 2 else None, vmin=0, vmax=1)
     ax.set_title(title)
     ax.axis("off")

@@ -6,6 +6,7 @@ fine-tuning policy: head and representation-layer rules, class token, position e
 interpolated to the new grid, the encoder layout of the new model, and one error naming
 what does not fit.
 """
+
 from __future__ import annotations
 
 import os
@@ -17,8 +18,7 @@ import numpy as np
 from absl import logging
 from flax import traverse_util
 
-from vit_jax import errors
-from vit_jax import run_checkpoints
+from vit_jax import errors, run_checkpoints
 from vit_jax.checkpoint import SCANNED_BLOCK, Params, check_tree, is_scanned, load_npz, to_layout
 from vit_jax.models.mpp import MPP_PARAMS
 from vit_jax.models.posemb import RESIZE_METHODS, resize_posemb, resize_posemb_2d, square_grid
@@ -37,14 +37,14 @@ def _read_source(source: str) -> Params:
 
 def _architecture(flat: Mapping[str, Any]) -> dict[str, Any]:
   """What a parameter tree says about its model: patch, width, depth, heads, MLP, posemb."""
+
   def shape(key: str) -> Optional[tuple[int, ...]]:
     return tuple(np.shape(flat[key])) if key in flat else None
 
   arch: dict[str, Any] = {}
   if (k := shape("embedding/kernel")) is not None:
     arch["patch size"], arch["input channels"], arch["width"] = k[:2], k[2], k[3]
-  blocks = {m.group(1) for key in flat
-            if (m := re.match(r"Transformer/encoderblock_(\d+)/", key))}
+  blocks = {m.group(1) for key in flat if (m := re.match(r"Transformer/encoderblock_(\d+)/", key))}
   scanned = shape(f"Transformer/{SCANNED_BLOCK}/LayerNorm_0/scale")
   arch["depth"] = scanned[0] if scanned else len(blocks)
   block = f"Transformer/{SCANNED_BLOCK}/" if scanned else "Transformer/encoderblock_0/"
@@ -52,8 +52,9 @@ def _architecture(flat: Mapping[str, Any]) -> dict[str, Any]:
     arch["heads"] = q[-2]
   if (m := shape(block + "MlpBlock_3/Dense_0/kernel")) is not None:
     arch["MLP dim"] = m[-1]
-  arch["position embedding"] = ("learn" if POSEMB_PATH in flat else
-                                "learn_2d" if POSEMB_X_PATH in flat else "none/sincos2d")
+  arch["position embedding"] = (
+    "learn" if POSEMB_PATH in flat else "learn_2d" if POSEMB_X_PATH in flat else "none/sincos2d"
+  )
   arch["ResNet root"] = any(key.startswith("conv_root/") for key in flat)
   return arch
 
@@ -70,12 +71,12 @@ def _drop(got: dict[str, Any], module: str) -> None:
     del got[key]
 
 
-def _adapt_objective_params(got: dict[str, Any], want: Mapping[str, Any],
-                            notes: list[str]) -> None:
+def _adapt_objective_params(got: dict[str, Any], want: Mapping[str, Any], notes: list[str]) -> None:
   """Masked patch prediction's own parameters: dropped, or fresh when the source lacks them."""
   for module in MPP_PARAMS:
-    stored, wanted = ([k for k in tree if k == module or k.startswith(module + "/")]
-                      for tree in (got, want))
+    stored, wanted = (
+      [k for k in tree if k == module or k.startswith(module + "/")] for tree in (got, want)
+    )
     if stored and not wanted:
       _drop(got, module)
       notes.append(f"dropped {module} (masked patch prediction): the model has none")
@@ -84,9 +85,13 @@ def _adapt_objective_params(got: dict[str, Any], want: Mapping[str, Any],
       notes.append(f"the checkpoint has no {module}: using the fresh one")
 
 
-def _adapt_representation_and_head(got: dict[str, Any], want: Mapping[str, Any],
-                                   representation_size: Optional[int], reset_head: bool,
-                                   notes: list[str]) -> None:
+def _adapt_representation_and_head(
+  got: dict[str, Any],
+  want: Mapping[str, Any],
+  representation_size: Optional[int],
+  reset_head: bool,
+  notes: list[str],
+) -> None:
   """The representation-layer and head rules of `load_pretrained`, applied to ``got``."""
   # Representation layer (before the head: a changed one makes the stored head meaningless).
   stored_rep = got["pre_logits/kernel"].shape[-1] if "pre_logits/kernel" in got else None
@@ -94,18 +99,22 @@ def _adapt_representation_and_head(got: dict[str, Any], want: Mapping[str, Any],
   if pre_logits_changed:
     if representation_size is None:
       _drop(got, "pre_logits")
-      notes.append(f"dropped the representation layer pre_logits (size {stored_rep}): the "
-                   "model has none")
+      notes.append(
+        f"dropped the representation layer pre_logits (size {stored_rep}): the model has none"
+      )
     else:
       _use_fresh(got, want, "pre_logits")
-      notes.append(f"representation layer pre_logits: size {stored_rep} stored, "
-                   f"{representation_size} in the model; using the fresh one")
+      notes.append(
+        f"representation layer pre_logits: size {stored_rep} stored, "
+        f"{representation_size} in the model; using the fresh one"
+      )
 
   # Head.
   if "head/kernel" not in want:
     if "head/kernel" in got:
-      notes.append(f"dropped the stored head ({got['head/kernel'].shape[-1]} classes): the "
-                   "model has none")
+      notes.append(
+        f"dropped the stored head ({got['head/kernel'].shape[-1]} classes): the model has none"
+      )
     _drop(got, "head")
   else:
     num_classes = want["head/kernel"].shape[-1]
@@ -120,15 +129,17 @@ def _adapt_representation_and_head(got: dict[str, Any], want: Mapping[str, Any],
     elif pre_logits_changed:
       reason = "its input (the representation layer) changed"
     elif np.shape(stored_head) != np.shape(want["head/kernel"]):
-      reason = (f"input size {stored_head.shape[0]} stored, {want['head/kernel'].shape[0]} in "
-                "the model")
+      reason = (
+        f"input size {stored_head.shape[0]} stored, {want['head/kernel'].shape[0]} in the model"
+      )
     if reason:
       _use_fresh(got, want, "head")
       notes.append(f"head: using the fresh one from init_params ({reason})")
 
 
-def _adapt_class_token(got: dict[str, Any], want: Mapping[str, Any], classifier: str,
-                       notes: list[str]) -> tuple[int, int]:
+def _adapt_class_token(
+  got: dict[str, Any], want: Mapping[str, Any], classifier: str, notes: list[str]
+) -> tuple[int, int]:
   """Drops a surplus stored class token or takes a missing one fresh; (stored, new) prefix."""
   stored_prefix = 1 if "cls" in got else 0
   new_prefix = 1 if "cls" in want else 0
@@ -141,10 +152,18 @@ def _adapt_class_token(got: dict[str, Any], want: Mapping[str, Any], classifier:
   return stored_prefix, new_prefix
 
 
-def _adapt_posemb(got: dict[str, Any], want: Mapping[str, Any], posemb_kind: str, method: str,
-                  stored_prefix: int, new_prefix: int,
-                  stored_grid_hw: Optional[tuple[int, int]],
-                  new_grid_hw: Optional[tuple[int, int]], where: str, notes: list[str]) -> None:
+def _adapt_posemb(
+  got: dict[str, Any],
+  want: Mapping[str, Any],
+  posemb_kind: str,
+  method: str,
+  stored_prefix: int,
+  new_prefix: int,
+  stored_grid_hw: Optional[tuple[int, int]],
+  new_grid_hw: Optional[tuple[int, int]],
+  where: str,
+  notes: list[str],
+) -> None:
   """Interpolates (or re-initialises) the stored position embeddings to the new grid."""
   if method == POSEMB_REINIT:
     for key in (POSEMB_PATH, POSEMB_X_PATH, POSEMB_Y_PATH):
@@ -158,20 +177,27 @@ def _adapt_posemb(got: dict[str, Any], want: Mapping[str, Any], posemb_kind: str
     if new_grid_hw is None:
       grid_hw = square_grid(n_new, "pass new_grid_hw=(height, width) of the model's grid")
     elif new_grid_hw[0] * new_grid_hw[1] != n_new:
-      raise errors.CheckpointError(f"new_grid_hw={tuple(new_grid_hw)} does not match init_params' "
-                       f"{n_new} grid tokens: pass the model's grid (image size / patch size).")
+      raise errors.CheckpointError(
+        f"new_grid_hw={tuple(new_grid_hw)} does not match init_params' "
+        f"{n_new} grid tokens: pass the model's grid (image size / patch size)."
+      )
     else:
       grid_hw = tuple(new_grid_hw)
     n_stored = stored.shape[1] - stored_prefix
     try:
-      old_hw = tuple(stored_grid_hw) if stored_grid_hw is not None else square_grid(
-          n_stored, "pass stored_grid_hw=(height, width) of the stored grid")
+      old_hw = (
+        tuple(stored_grid_hw)
+        if stored_grid_hw is not None
+        else square_grid(n_stored, "pass stored_grid_hw=(height, width) of the stored grid")
+      )
       resized = resize_posemb(stored, grid_hw, stored_prefix, old_hw, method)
     except ValueError as e:
       raise errors.CheckpointError(f"Position embeddings of the {where}: {e}") from e
     if old_hw != grid_hw:
-      notes.append(f"position embeddings: {method} interpolation of the "
-                   f"{old_hw[0]}x{old_hw[1]} grid to {grid_hw[0]}x{grid_hw[1]}")
+      notes.append(
+        f"position embeddings: {method} interpolation of the "
+        f"{old_hw[0]}x{old_hw[1]} grid to {grid_hw[0]}x{grid_hw[1]}"
+      )
     if stored_prefix and not new_prefix:
       resized = resized[:, 1:]
       notes.append("dropped the class token's position-embedding row")
@@ -179,46 +205,65 @@ def _adapt_posemb(got: dict[str, Any], want: Mapping[str, Any], posemb_kind: str
       resized = np.concatenate([fresh[:, :1].astype(resized.dtype), resized], axis=1)
       notes.append("using the fresh class-token position-embedding row")
     got[POSEMB_PATH] = resized
-  elif posemb_kind == "learn_2d" and all(k in got and k in want
-                                         for k in (POSEMB_X_PATH, POSEMB_Y_PATH)):
+  elif posemb_kind == "learn_2d" and all(
+    k in got and k in want for k in (POSEMB_X_PATH, POSEMB_Y_PATH)
+  ):
     grid_hw = (want[POSEMB_Y_PATH].shape[1], want[POSEMB_X_PATH].shape[2])
     old_hw = (got[POSEMB_Y_PATH].shape[1], got[POSEMB_X_PATH].shape[2])
     if new_grid_hw is not None and tuple(new_grid_hw) != grid_hw:
-      raise errors.CheckpointError(f"new_grid_hw={tuple(new_grid_hw)} does not match init_params' learn_2d "
-                       f"grid {grid_hw}: pass the model's grid or leave it out.")
+      raise errors.CheckpointError(
+        f"new_grid_hw={tuple(new_grid_hw)} does not match init_params' learn_2d "
+        f"grid {grid_hw}: pass the model's grid or leave it out."
+      )
     try:
       got[POSEMB_X_PATH], got[POSEMB_Y_PATH] = resize_posemb_2d(
-          got[POSEMB_X_PATH], got[POSEMB_Y_PATH], grid_hw, method)
+        got[POSEMB_X_PATH], got[POSEMB_Y_PATH], grid_hw, method
+      )
     except ValueError as e:
       raise errors.CheckpointError(f"Position embeddings of the {where}: {e}") from e
     if old_hw != grid_hw:
-      notes.append(f"learn_2d position embeddings: {method} interpolation of "
-                   f"the {old_hw[0]}x{old_hw[1]} tables to {grid_hw[0]}x{grid_hw[1]}")
+      notes.append(
+        f"learn_2d position embeddings: {method} interpolation of "
+        f"the {old_hw[0]}x{old_hw[1]} tables to {grid_hw[0]}x{grid_hw[1]}"
+      )
 
 
-def _fit_error(error: ValueError, got: Mapping[str, Any], want: Mapping[str, Any],
-               where: str) -> str:
+def _fit_error(
+  error: ValueError, got: Mapping[str, Any], want: Mapping[str, Any], where: str
+) -> str:
   """`check_tree`'s message with the architecture differences first and a fix last."""
   stored_arch, new_arch = _architecture(got), _architecture(want)
-  diffs = [f"    {name}: checkpoint {stored_arch.get(name)} vs model {value}"
-           for name, value in new_arch.items() if stored_arch.get(name) != value]
+  diffs = [
+    f"    {name}: checkpoint {stored_arch.get(name)} vs model {value}"
+    for name, value in new_arch.items()
+    if stored_arch.get(name) != value
+  ]
   details = str(error).split("\n")[1:]
   if len(details) > _MAX_DETAIL_LINES:
     details = details[:_MAX_DETAIL_LINES] + [
-        f"    ... and {len(details) - _MAX_DETAIL_LINES} more lines"]
+      f"    ... and {len(details) - _MAX_DETAIL_LINES} more lines"
+    ]
   lines = [f"The {where} does not fit the model:"]
   if diffs:
     lines += ["  architecture differences:", *diffs]
   lines += details
-  lines.append("  Fix: build the model with the checkpoint's architecture (patch size, width, "
-               "depth, heads, MLP dim, posemb), or load a checkpoint of this model.")
+  lines.append(
+    "  Fix: build the model with the checkpoint's architecture (patch size, width, "
+    "depth, heads, MLP dim, posemb), or load a checkpoint of this model."
+  )
   return "\n".join(lines)
 
 
-def load_pretrained(source: str | os.PathLike, init_params: Params, model_config: Any, *,
-                    reset_head: bool = False, posemb_resize_method: str = "bilinear",
-                    stored_grid_hw: Optional[tuple[int, int]] = None,
-                    new_grid_hw: Optional[tuple[int, int]] = None) -> Params:
+def load_pretrained(
+  source: str | os.PathLike,
+  init_params: Params,
+  model_config: Any,
+  *,
+  reset_head: bool = False,
+  posemb_resize_method: str = "bilinear",
+  stored_grid_hw: Optional[tuple[int, int]] = None,
+  new_grid_hw: Optional[tuple[int, int]] = None,
+) -> Params:
   """Stored parameters adapted to a new model, with exactly ``init_params``' tree and shapes.
 
   ``source``: an official-layout `.npz` (per-layer or scanned) or an Orbax checkpoint
@@ -242,8 +287,10 @@ def load_pretrained(source: str | os.PathLike, init_params: Params, model_config
   """
   source = os.fspath(source)
   if posemb_resize_method not in (*RESIZE_METHODS, POSEMB_REINIT):
-    raise errors.CheckpointError(f"Unknown posemb_resize_method {posemb_resize_method!r}; use one of "
-                     f"{(*RESIZE_METHODS, POSEMB_REINIT)}.")
+    raise errors.CheckpointError(
+      f"Unknown posemb_resize_method {posemb_resize_method!r}; use one of "
+      f"{(*RESIZE_METHODS, POSEMB_REINIT)}."
+    )
   init_tree = nn.unbox(dict(init_params))
   want = traverse_util.flatten_dict(init_tree, sep="/")
   where = f"checkpoint {source!r}"
@@ -255,9 +302,10 @@ def load_pretrained(source: str | os.PathLike, init_params: Params, model_config
   rep_in_init = want["pre_logits/kernel"].shape[-1] if "pre_logits/kernel" in want else None
   if (classifier == "token") != ("cls" in want) or representation_size != rep_in_init:
     raise errors.CheckpointError(
-        f"model_config (classifier={classifier!r}, representation_size={representation_size}) "
-        f"does not describe init_params (class token: {'cls' in want}, representation size: "
-        f"{rep_in_init}): pass the config the model was built from.")
+      f"model_config (classifier={classifier!r}, representation_size={representation_size}) "
+      f"does not describe init_params (class token: {'cls' in want}, representation size: "
+      f"{rep_in_init}): pass the config the model was built from."
+    )
 
   loaded = _read_source(source)
   if "Transformer" in loaded and any(k.startswith("encoderblock") for k in loaded["Transformer"]):
@@ -271,8 +319,18 @@ def load_pretrained(source: str | os.PathLike, init_params: Params, model_config
   _adapt_objective_params(got, want, notes)
   _adapt_representation_and_head(got, want, representation_size, reset_head, notes)
   stored_prefix, new_prefix = _adapt_class_token(got, want, classifier, notes)
-  _adapt_posemb(got, want, posemb_kind, posemb_resize_method, stored_prefix, new_prefix,
-                stored_grid_hw, new_grid_hw, where, notes)
+  _adapt_posemb(
+    got,
+    want,
+    posemb_kind,
+    posemb_resize_method,
+    stored_prefix,
+    new_prefix,
+    stored_grid_hw,
+    new_grid_hw,
+    where,
+    notes,
+  )
 
   # What remains must fit exactly.
   try:
@@ -282,10 +340,12 @@ def load_pretrained(source: str | os.PathLike, init_params: Params, model_config
 
   for note in notes:
     logging.info("load_pretrained(%s): %s.", source, note)
-  logging.info("load_pretrained: %d arrays from %s (%d adaptations).", len(want), source,
-               len(notes))
+  logging.info(
+    "load_pretrained: %d arrays from %s (%d adaptations).", len(want), source, len(notes)
+  )
   return traverse_util.unflatten_dict(
-      {k: np.asarray(got[k], dtype=_dtype(v)) for k, v in want.items()}, sep="/")
+    {k: np.asarray(got[k], dtype=_dtype(v)) for k, v in want.items()}, sep="/"
+  )
 
 
 def _dtype(x: Any) -> np.dtype:

@@ -5,6 +5,7 @@ device mesh and the state donated; the same code runs on one CPU, a GPU, a TPU h
 many hosts. Resuming restores the newest intact Orbax step and restarts the data stream
 at that step, so a resumed run sees the batches an uninterrupted one would have.
 """
+
 from __future__ import annotations
 
 import collections
@@ -26,20 +27,22 @@ from absl import logging
 from flax import struct
 from jax.experimental import multihost_utils
 
-from vit_jax import data
-from vit_jax import divergence
-from vit_jax import errors
+from vit_jax import (
+  data,
+  divergence,
+  errors,
+  losses,
+  memory_fit,
+  objectives,
+  optim,
+  pretrained,
+  run_checkpoints,
+  run_checks,
+  sharding,
+  step_cost,
+)
 from vit_jax import evaluate as evaluate_lib
-from vit_jax import losses
-from vit_jax import memory_fit
-from vit_jax import objectives
-from vit_jax import optim
-from vit_jax import pretrained
 from vit_jax import progress as progress_lib
-from vit_jax import run_checkpoints
-from vit_jax import run_checks
-from vit_jax import sharding
-from vit_jax import step_cost
 from vit_jax.fewshot import evaluator as fewshot_lib
 
 Batch = dict[str, jax.Array]
@@ -60,10 +63,14 @@ class TrainState:
   rng: jax.Array  # uint32[2]: the run's base key; per-step keys are folded from it
 
 
-def train_step(state: TrainState, batch: Batch, *,
-               loss_fn: Callable[[Any, Batch, jax.Array], jax.Array],
-               tx: optax.GradientTransformation,
-               accum_steps: int) -> tuple[TrainState, dict[str, jax.Array]]:
+def train_step(
+  state: TrainState,
+  batch: Batch,
+  *,
+  loss_fn: Callable[[Any, Batch, jax.Array], jax.Array],
+  tx: optax.GradientTransformation,
+  accum_steps: int,
+) -> tuple[TrainState, dict[str, jax.Array]]:
   """One optimizer update from a global batch, in ``accum_steps`` (1: one) micro-batches.
 
   ``loss_fn(params, batch, rng)``: the objective's mean loss over a (micro-)batch, e.g.
@@ -77,6 +84,7 @@ def train_step(state: TrainState, batch: Batch, *,
   if accum_steps == 1:
     loss_value, grads = grad_fn(state.params, batch, step_rng)
   else:
+
     def split(x):  # [B, ...] -> [A, B/A, ...]
       return jnp.swapaxes(x.reshape(x.shape[0] // accum_steps, accum_steps, *x.shape[1:]), 0, 1)
 
@@ -88,8 +96,10 @@ def train_step(state: TrainState, batch: Batch, *,
 
     zeros = jax.tree.map(jnp.zeros_like, state.params)
     (loss_sum, grad_sum), _ = jax.lax.scan(
-        accumulate, (jnp.zeros((), jnp.float32), zeros),
-        (jax.tree.map(split, batch), jnp.arange(accum_steps)))
+      accumulate,
+      (jnp.zeros((), jnp.float32), zeros),
+      (jax.tree.map(split, batch), jnp.arange(accum_steps)),
+    )
     loss_value = loss_sum / accum_steps
     grads = jax.tree.map(lambda g: g / accum_steps, grad_sum)
 
@@ -112,8 +122,9 @@ def _check_batch_sizes(config: ml_collections.ConfigDict, mesh: jax.sharding.Mes
   data_size = mesh.shape[sharding.DATA_AXIS]
   if config.batch % (accum * data_size):
     raise errors.ConfigError(
-        f"batch={config.batch} is not divisible by accum_steps={accum} x {data_size} devices "
-        f"on the 'data' mesh axis: choose a batch that is a multiple of {accum * data_size}.")
+      f"batch={config.batch} is not divisible by accum_steps={accum} x {data_size} devices "
+      f"on the 'data' mesh axis: choose a batch that is a multiple of {accum * data_size}."
+    )
 
 
 def _write_or_compare_config(config: ml_collections.ConfigDict, workdir: str) -> None:
@@ -129,8 +140,9 @@ def _write_or_compare_config(config: ml_collections.ConfigDict, workdir: str) ->
     changed = [k for k in model_keys if saved.get(k) != current.get(k)]
     if changed and tf.io.gfile.isdir(os.path.join(workdir, "checkpoints")):
       raise errors.ResumeError(
-          f"The config's {', '.join(changed)} differ from the run saved in {workdir}: its "
-          "checkpoints would not fit. Use a new --workdir, or put the old values back.")
+        f"The config's {', '.join(changed)} differ from the run saved in {workdir}: its "
+        "checkpoints would not fit. Use a new --workdir, or put the old values back."
+      )
     schedule_keys = ("total_steps", "lr", "optim", "batch", "accum_steps")
     for k in schedule_keys:
       if saved.get(k) != current.get(k):
@@ -163,30 +175,41 @@ class Trainer:
 
     def init_boxed(rng):
       params = self.objective.init(rng, self._dummy)
-      return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                        opt_state=self.tx.init(params), rng=rng)
+      return TrainState(
+        step=jnp.zeros((), jnp.int32), params=params, opt_state=self.tx.init(params), rng=rng
+      )
 
     rng = jax.random.PRNGKey(config.seed)
     abstract = jax.eval_shape(init_boxed, rng)
     self.state_shardings = sharding.state_shardings(abstract, self.mesh, config.partitioning)
     self.abstract_state = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), nn.unbox(abstract),
-        self.state_shardings)
+      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+      nn.unbox(abstract),
+      self.state_shardings,
+    )
     self._rng = rng
     self._eval_batches: dict[Optional[str], Any] = {}
     on_cpu = self.mesh.devices.flat[0].platform == "cpu"
-    self._init = jax.jit(lambda r: nn.unbox(init_boxed(r)), out_shardings=self.state_shardings,
-                         compiler_options=RUN_ONCE_CPU_COMPILER_OPTIONS if on_cpu else None)
+    self._init = jax.jit(
+      lambda r: nn.unbox(init_boxed(r)),
+      out_shardings=self.state_shardings,
+      compiler_options=RUN_ONCE_CPU_COMPILER_OPTIONS if on_cpu else None,
+    )
     self._num_classes = num_classes
     replicated = sharding.replicated(self.mesh)
     batch_sharding = sharding.batch_sharding(self.mesh)
     # accum_steps='auto': None until `compile_train_step` has fitted it.
-    self.train_step = (None if config.accum_steps == memory_fit.AUTO
-                       else self._jit_train_step(self.objective, config.accum_steps))
+    self.train_step = (
+      None
+      if config.accum_steps == memory_fit.AUTO
+      else self._jit_train_step(self.objective, config.accum_steps)
+    )
     self.step_flops: Optional[float] = None  # one step over all devices; see compile_train_step
     self.eval_step = jax.jit(
-        self.objective.eval_step,
-        in_shardings=(self.state_shardings.params, batch_sharding), out_shardings=replicated)
+      self.objective.eval_step,
+      in_shardings=(self.state_shardings.params, batch_sharding),
+      out_shardings=replicated,
+    )
 
   def init_state(self) -> TrainState:
     """A fresh state, with parameters from ``config.pretrained`` when it is set."""
@@ -198,19 +221,24 @@ class Trainer:
     # embeddings from it): device_get fails on arrays split over several processes.
     init_params = multihost_utils.process_allgather(state.params, tiled=True)
     params = pretrained.load_pretrained(
-        source, init_params, self.config.model, reset_head=self.config.reset_head,
-        posemb_resize_method=self.config.posemb_resize,
-        new_grid_hw=self.objective.encoder.grid_hw(self._dummy.shape[1:3]))
+      source,
+      init_params,
+      self.config.model,
+      reset_head=self.config.reset_head,
+      posemb_resize_method=self.config.posemb_resize,
+      new_grid_hw=self.objective.encoder.grid_hw(self._dummy.shape[1:3]),
+    )
     params = jax.tree.map(_global_array, params, self.state_shardings.params)
     opt_init = jax.jit(self.tx.init, out_shardings=self.state_shardings.opt_state)
     return state.replace(params=params, opt_state=opt_init(params))
 
   def _jit_train_step(self, objective: objectives.Objective, accum_steps: int) -> Any:
     return jax.jit(
-        functools.partial(train_step, loss_fn=objective.loss, tx=self.tx,
-                          accum_steps=accum_steps),
-        in_shardings=(self.state_shardings, sharding.batch_sharding(self.mesh)),
-        out_shardings=(self.state_shardings, sharding.replicated(self.mesh)), donate_argnums=0)
+      functools.partial(train_step, loss_fn=objective.loss, tx=self.tx, accum_steps=accum_steps),
+      in_shardings=(self.state_shardings, sharding.batch_sharding(self.mesh)),
+      out_shardings=(self.state_shardings, sharding.replicated(self.mesh)),
+      donate_argnums=0,
+    )
 
   def compile_train_step(self, state: TrainState, batch: Batch) -> jax.stages.Compiled:
     """The train step compiled once for these shapes; sets `step_flops` for MFU.
@@ -221,6 +249,7 @@ class Trainer:
     """
     start = time.perf_counter()
     if self.config.accum_steps == memory_fit.AUTO:
+
       def compile_candidate(accum_steps: int, remat: bool) -> jax.stages.Compiled:
         objective = self.objective
         if remat != self.config.model.remat:
@@ -228,22 +257,31 @@ class Trainer:
           config.model.remat = remat
           objective = objectives.make(config, self._num_classes)
         return self._jit_train_step(objective, accum_steps).lower(state, batch).compile()
+
       chosen = memory_fit.fit(
-          compile_candidate, batch=self.config.batch,
-          data_size=self.mesh.shape[sharding.DATA_AXIS],
-          limit_bytes=memory_fit.device_memory_limit(self.mesh.devices.flat[0]),
-          remat=self.config.model.remat)
+        compile_candidate,
+        batch=self.config.batch,
+        data_size=self.mesh.shape[sharding.DATA_AXIS],
+        limit_bytes=memory_fit.device_memory_limit(self.mesh.devices.flat[0]),
+        remat=self.config.model.remat,
+      )
       compiled = chosen.compiled
     else:
       compiled = self.train_step.lower(state, batch).compile()
-    per_image = step_cost.vit_flops_per_image(self.config.model, self.config.pp.crop,
-                                              self._num_classes, train=True)
+    per_image = step_cost.vit_flops_per_image(
+      self.config.model, self.config.pp.crop, self._num_classes, train=True
+    )
     self.step_flops, source = step_cost.step_flops(
-        compiled, self.mesh.size, per_image and per_image * self.config.batch)
-    logging.info("Compiled the train step in %.1f s: %s GFLOPs per step (%s count), "
-                 "%.2f GiB peak memory per device.", time.perf_counter() - start,
-                 f"{self.step_flops / 1e9:.4g}" if self.step_flops else "?", source,
-                 step_cost.peak_bytes(compiled) / 2**30)
+      compiled, self.mesh.size, per_image and per_image * self.config.batch
+    )
+    logging.info(
+      "Compiled the train step in %.1f s: %s GFLOPs per step (%s count), "
+      "%.2f GiB peak memory per device.",
+      time.perf_counter() - start,
+      f"{self.step_flops / 1e9:.4g}" if self.step_flops else "?",
+      source,
+      step_cost.peak_bytes(compiled) / 2**30,
+    )
     return compiled
 
   def evaluate(self, params: Any, split: Optional[str] = None) -> dict[str, float]:
@@ -266,27 +304,43 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   trainer = Trainer(config, info.num_classes)
   checkpoint_dir = os.path.join(workdir, "checkpoints")
   # What the run trains on, stored with each step: resuming on other data is an error.
-  run_data = dict(dataset=config.dataset, train_split=config.train_split,
-                  test_split=config.test_split, num_train=info.num_train, seed=config.seed)
-  resumable = run_checkpoints.check_resume(checkpoint_dir, run_data, trainer.abstract_state,
-                                           allow_changed_seed=config.allow_changed_seed)
+  run_data = dict(
+    dataset=config.dataset,
+    train_split=config.train_split,
+    test_split=config.test_split,
+    num_train=info.num_train,
+    seed=config.seed,
+  )
+  resumable = run_checkpoints.check_resume(
+    checkpoint_dir, run_data, trainer.abstract_state, allow_changed_seed=config.allow_changed_seed
+  )
   run_checks.check_evaluate_only(config, resumable=resumable)
   _write_or_compare_config(config, workdir)
 
-  manager = run_checkpoints.RunCheckpoints(checkpoint_dir, keep=config.keep_checkpoints,
-                                           data=run_data)
+  manager = run_checkpoints.RunCheckpoints(
+    checkpoint_dir, keep=config.keep_checkpoints, data=run_data
+  )
   state = manager.restore_latest(trainer.abstract_state)
-  guard = divergence.Guard(config, restored_step=None if state is None else int(
-      jax.device_get(state.step)))
+  guard = divergence.Guard(
+    config, restored_step=None if state is None else int(jax.device_get(state.step))
+  )
   if state is None:
     state = trainer.init_state()
   start_step = int(jax.device_get(state.step))
   total_steps = config.total_steps
-  progress = progress_lib.Progress(workdir, total_steps=total_steps, global_batch=config.batch,
-                                   start_step=start_step)
-  logging.info("Training %s on %s from step %d to %d on %d devices (mesh %s, %s).",
-               config.model.name, config.dataset, start_step, total_steps,
-               jax.device_count(), dict(trainer.mesh.shape), config.partitioning)
+  progress = progress_lib.Progress(
+    workdir, total_steps=total_steps, global_batch=config.batch, start_step=start_step
+  )
+  logging.info(
+    "Training %s on %s from step %d to %d on %d devices (mesh %s, %s).",
+    config.model.name,
+    config.dataset,
+    start_step,
+    total_steps,
+    jax.device_count(),
+    dict(trainer.mesh.shape),
+    config.partitioning,
+  )
 
   fewshot = fewshot_lib.from_config(config, trainer.mesh)
   metrics: dict[str, float] = {}
@@ -334,4 +388,3 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     manager.close()
     progress.close()
   return {**metrics, **fewshot_metrics, **final}
-

@@ -10,6 +10,7 @@ ignore_errors(), so a reader keeps the exception in `error` for the consumer to 
 ShardReader serves one contiguous shard of the split (evaluation); LaneReader serves a
 block of rows of every global train batch (the lanes of pipeline.py's docstring).
 """
+
 from __future__ import annotations
 
 import abc
@@ -49,8 +50,9 @@ class Reader(Protocol):
     ...
 
 
-def _read_ahead(items: Iterator[_Item], load: Callable[[_Item], _Loaded]
-                ) -> Iterator[tuple[_Item, _Loaded]]:
+def _read_ahead(
+  items: Iterator[_Item], load: Callable[[_Item], _Loaded]
+) -> Iterator[tuple[_Item, _Loaded]]:
   """(item, load(item)) for each item; the next item loads in a thread meanwhile."""
   with concurrent.futures.ThreadPoolExecutor(1) as pool:
     current = next(items, None)
@@ -95,8 +97,9 @@ class ShardReader(_PieceReader):
   """Examples of the shard starting at split index `shard_start`, in the order of
   `pieces_from(p)`: the shard's order.Piece-s from stream position p on."""
 
-  def __init__(self, source: SplitSource, shard_start: int,
-               pieces_from: Callable[[int], Iterator[order.Piece]]):
+  def __init__(
+    self, source: SplitSource, shard_start: int, pieces_from: Callable[[int], Iterator[order.Piece]]
+  ):
     super().__init__(source)
     self.shard_start = shard_start
     self.pieces_from = pieces_from
@@ -109,7 +112,7 @@ class ShardReader(_PieceReader):
     n = self.source.num_examples
     for piece, (values, labels) in _read_ahead(self.pieces_from(0), self._read):
       for c in range(0, len(piece.offsets), CHUNK):
-        idx = piece.offsets[c:c + CHUNK]
+        idx = piece.offsets[c : c + CHUNK]
         positions = piece.position + c + np.arange(len(idx), dtype=np.int64)
         uids = piece.epoch * n + self.shard_start + piece.window[0] + idx
         yield positions, uids, values[idx], labels[idx]
@@ -150,31 +153,35 @@ class LaneReader(_PieceReader):
   read with one source.read_many, the next block's in a thread meanwhile.
   """
 
-  def __init__(self, source: SplitSource, first_lane: int, num_local: int,
-               num_lanes: int, window: int, seed: int, start_step: int):
+  def __init__(
+    self,
+    source: SplitSource,
+    first_lane: int,
+    num_local: int,
+    num_lanes: int,
+    window: int,
+    seed: int,
+    start_step: int,
+  ):
     super().__init__(source)
     self.num_local, self.start_step = num_local, start_step
     self.lanes = range(first_lane, first_lane + num_local)
-    self.bounds = [order.process_shard(source.num_examples, r, num_lanes)
-                   for r in self.lanes]
+    self.bounds = [order.process_shard(source.num_examples, r, num_lanes) for r in self.lanes]
     self.window, self.seed = window, seed
     self.block_steps = max(1, CHUNK // num_local)
 
   def _pieces(self, j: int, lane_position: int) -> Iterator[order.Piece]:
     lo, hi = self.bounds[j]
-    return order.train_pieces(hi - lo, self.window, self.seed, self.lanes[j],
-                              lane_position)
+    return order.train_pieces(hi - lo, self.window, self.seed, self.lanes[j], lane_position)
 
   def _blocks(self) -> Iterator[Block]:
     """Per block of steps: its plan, the windows it needs, and those of them the
     previous block did not need (the ones to read)."""
-    cursors = [_LaneCursor(self._pieces(j, self.start_step))
-               for j in range(self.num_local)]
+    cursors = [_LaneCursor(self._pieces(j, self.start_step)) for j in range(self.num_local)]
     previous: set[WindowKey] = set()
     while True:
       plan = [c.take(self.block_steps) for c in cursors]
-      needed = {(j, piece.window) for j, segments in enumerate(plan)
-                for piece, _, _ in segments}
+      needed = {(j, piece.window) for j, segments in enumerate(plan) for piece, _, _ in segments}
       yield plan, needed, sorted(needed - previous)
       previous = needed
 
@@ -195,10 +202,10 @@ class LaneReader(_PieceReader):
       for piece, a, b in segments:
         offsets = piece.offsets[a:b]
         window_values, window_labels = cache[(j, piece.window)]
-        index[j, t:t + b - a] = self.bounds[j][0] + piece.window[0] + offsets
-        uids[j, t:t + b - a] = piece.epoch * n + index[j, t:t + b - a]
-        values[j, t:t + b - a] = window_values[offsets]
-        labels[j, t:t + b - a] = window_labels[offsets]
+        index[j, t : t + b - a] = self.bounds[j][0] + piece.window[0] + offsets
+        uids[j, t : t + b - a] = piece.epoch * n + index[j, t : t + b - a]
+        values[j, t : t + b - a] = window_values[offsets]
+        labels[j, t : t + b - a] = window_labels[offsets]
         t += b - a
     positions = step * k + np.arange(steps * k, dtype=np.int64)
     return positions, uids.T.ravel(), values.T.ravel(), labels.T.ravel()

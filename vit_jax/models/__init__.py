@@ -1,4 +1,5 @@
 """Flax models of the paper: `VisionTransformer` (plain and hybrid) and its builder."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,8 +15,9 @@ from vit_jax.models.vit import CLASSIFIERS, ExecutionOptions, VisionTransformer
 _EXECUTION_FIELDS = frozenset(f.name for f in dataclasses.fields(ExecutionOptions))
 
 
-def create_model(model_config: ml_collections.ConfigDict, *, num_classes: Optional[int],
-                 **overrides: Any) -> VisionTransformer:
+def create_model(
+  model_config: ml_collections.ConfigDict, *, num_classes: Optional[int], **overrides: Any
+) -> VisionTransformer:
   """Builds a `VisionTransformer` from a config in the layout of `variants.py`.
 
   ``overrides`` replace module attributes (``classifier="gap"``) or fields of its
@@ -24,34 +26,43 @@ def create_model(model_config: ml_collections.ConfigDict, *, num_classes: Option
   cfg = model_config
   t = cfg.transformer
   execution = dict(
-      dropout_rate=t.dropout_rate,
-      attention_dropout_rate=t.attention_dropout_rate,
-      attention_impl=cfg.attention_impl,
-      scan=cfg.scan,
-      remat=cfg.remat,
-      remat_policy=cfg.remat_policy,
-      dtype=jnp.dtype(cfg.dtype),
+    dropout_rate=t.dropout_rate,
+    attention_dropout_rate=t.attention_dropout_rate,
+    attention_impl=cfg.attention_impl,
+    scan=cfg.scan,
+    remat=cfg.remat,
+    remat_policy=cfg.remat_policy,
+    dtype=jnp.dtype(cfg.dtype),
   )
   for name in _EXECUTION_FIELDS & overrides.keys():
     execution[name] = overrides.pop(name)
   attributes = dict(
-      num_classes=num_classes,
-      patch_size=tuple(cfg.patches.size),
-      hidden_size=cfg.hidden_size,
-      num_layers=t.num_layers,
-      mlp_dim=t.mlp_dim,
-      num_heads=t.num_heads,
-      classifier=cfg.classifier,
-      posemb=cfg.posemb,
-      gelu_approximate=cfg.gelu_approximate,
-      representation_size=cfg.representation_size,
-      resnet_units=None if cfg.resnet is None else tuple(cfg.resnet.num_layers),
-      resnet_width_factor=1.0 if cfg.resnet is None else cfg.resnet.width_factor,
-      execution=ExecutionOptions(**execution),
+    num_classes=num_classes,
+    patch_size=tuple(cfg.patches.size),
+    hidden_size=cfg.hidden_size,
+    num_layers=t.num_layers,
+    mlp_dim=t.mlp_dim,
+    num_heads=t.num_heads,
+    classifier=cfg.classifier,
+    posemb=cfg.posemb,
+    gelu_approximate=cfg.gelu_approximate,
+    representation_size=cfg.representation_size,
+    resnet_units=None if cfg.resnet is None else tuple(cfg.resnet.num_layers),
+    resnet_width_factor=1.0 if cfg.resnet is None else cfg.resnet.width_factor,
+    execution=ExecutionOptions(**execution),
   )
   attributes.update(overrides)
   return VisionTransformer(**attributes)
 
 
-__all__ = ["CLASSIFIERS", "ExecutionOptions", "MODEL_NAMES", "POSEMB_KINDS", "VisionTransformer",
-           "create_model", "get_model_config", "resize_grid", "sincos_2d"]
+__all__ = [
+  "CLASSIFIERS",
+  "ExecutionOptions",
+  "MODEL_NAMES",
+  "POSEMB_KINDS",
+  "VisionTransformer",
+  "create_model",
+  "get_model_config",
+  "resize_grid",
+  "sincos_2d",
+]

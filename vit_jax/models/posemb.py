@@ -9,6 +9,7 @@ Kinds:
   * ``sincos2d``: fixed 2-D sine-cosine features, no parameters.
   * ``none``: nothing is added.
 """
+
 from __future__ import annotations
 
 import math
@@ -30,16 +31,19 @@ RESIZE_METHODS: tuple[str, ...] = ("bilinear", "bicubic", "nearest")  # jax.imag
 def sincos_2d(grid_hw: tuple[int, int], width: int, temperature: float = 10_000.0) -> np.ndarray:
   """Fixed 2-D sine-cosine position features, [gh * gw, D] (row-major patch order)."""
   if width % 4:
-    raise errors.ConfigError(f"sincos2d position embeddings need a width divisible by 4, got {width}.")
+    raise errors.ConfigError(
+      f"sincos2d position embeddings need a width divisible by 4, got {width}."
+    )
   gh, gw = grid_hw
-  y, x = np.meshgrid(np.arange(gh, dtype=np.float64), np.arange(gw, dtype=np.float64),
-                     indexing="ij")
+  y, x = np.meshgrid(
+    np.arange(gh, dtype=np.float64), np.arange(gw, dtype=np.float64), indexing="ij"
+  )
   omega = 1.0 / temperature ** (np.arange(width // 4) / (width // 4))  # [D/4]
   y_angles = y.reshape(-1, 1) * omega  # [N, D/4]
   x_angles = x.reshape(-1, 1) * omega  # [N, D/4]
   return np.concatenate(
-      [np.sin(x_angles), np.cos(x_angles), np.sin(y_angles), np.cos(y_angles)],
-      axis=1).astype(np.float32)
+    [np.sin(x_angles), np.cos(x_angles), np.sin(y_angles), np.cos(y_angles)], axis=1
+  ).astype(np.float32)
 
 
 class AddPositionEmbs(nn.Module):
@@ -47,6 +51,7 @@ class AddPositionEmbs(nn.Module):
 
   ``grid_hw`` is the patch grid; ``num_prefix`` is 1 when a class token leads the sequence.
   """
+
   kind: PosembKind
   grid_hw: tuple[int, int]
   num_prefix: int
@@ -57,29 +62,34 @@ class AddPositionEmbs(nn.Module):
     _, n, d = x.shape  # [B, N(+1), D]
     gh, gw = self.grid_hw
     if n != gh * gw + self.num_prefix:
-      raise errors.ConfigError(f"{n} tokens do not match a {gh}x{gw} grid plus {self.num_prefix} prefix.")
+      raise errors.ConfigError(
+        f"{n} tokens do not match a {gh}x{gw} grid plus {self.num_prefix} prefix."
+      )
     if self.kind == "none":
       return x
     if self.kind == "learn":
-      init = nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02),
-                                          (None, None, EMBED))
+      init = nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02), (None, None, EMBED))
       posemb = self.param("pos_embedding", init, (1, n, d), self.param_dtype)
       return x + posemb.astype(x.dtype)
     if self.kind == "learn_2d":
       if d % 2:
         raise errors.ConfigError(f"learn_2d position embeddings need an even width, got {d}.")
-      init = nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02),
-                                          (None, None, None, EMBED))
+      init = nn.with_logical_partitioning(
+        nn.initializers.normal(stddev=0.02), (None, None, None, EMBED)
+      )
       pe_x = self.param("pos_embedding_x", init, (1, 1, gw, d // 2), self.param_dtype)
       pe_y = self.param("pos_embedding_y", init, (1, gh, 1, d // 2), self.param_dtype)
-      grid = jnp.concatenate([jnp.broadcast_to(pe_x, (1, gh, gw, d // 2)),
-                              jnp.broadcast_to(pe_y, (1, gh, gw, d // 2))], axis=-1)
+      grid = jnp.concatenate(
+        [jnp.broadcast_to(pe_x, (1, gh, gw, d // 2)), jnp.broadcast_to(pe_y, (1, gh, gw, d // 2))],
+        axis=-1,
+      )
       posemb = grid.reshape(1, gh * gw, d)  # [1, N, D]
     elif self.kind == "sincos2d":
       posemb = jnp.asarray(sincos_2d(self.grid_hw, d))[None]  # [1, N, D]
     else:
-      raise errors.ConfigError(f"Unknown position embedding kind {self.kind!r}; "
-                       f"choose one of {POSEMB_KINDS}.")
+      raise errors.ConfigError(
+        f"Unknown position embedding kind {self.kind!r}; choose one of {POSEMB_KINDS}."
+      )
     posemb = jnp.pad(posemb, ((0, 0), (self.num_prefix, 0), (0, 0)))  # no embedding for cls
     return x + posemb.astype(x.dtype)
 
@@ -95,8 +105,9 @@ def resize_grid(grid: np.ndarray, new_hw: tuple[int, int], method: str = "biline
   grid = np.asarray(grid, np.float32)
   if tuple(grid.shape[:2]) == tuple(new_hw):
     return grid
-  resized = jax.image.resize(jnp.asarray(grid), (*new_hw, grid.shape[-1]), method=method,
-                             antialias=False)
+  resized = jax.image.resize(
+    jnp.asarray(grid), (*new_hw, grid.shape[-1]), method=method, antialias=False
+  )
   return np.asarray(resized, np.float32)
 
 
@@ -104,14 +115,19 @@ def square_grid(num_tokens: int, fix: str) -> tuple[int, int]:
   """The (g, g) grid of ``num_tokens`` grid tokens; ``fix`` says what to pass otherwise."""
   side = math.isqrt(num_tokens)
   if side * side != num_tokens:
-    raise errors.ConfigError(f"{num_tokens} position-embedding grid tokens do not form a square grid: "
-                     f"{fix}.")
+    raise errors.ConfigError(
+      f"{num_tokens} position-embedding grid tokens do not form a square grid: {fix}."
+    )
   return side, side
 
 
-def resize_posemb(posemb: np.ndarray, new_grid_hw: tuple[int, int], num_prefix: int,
-                  stored_grid_hw: Optional[tuple[int, int]] = None,
-                  method: str = "bilinear") -> np.ndarray:
+def resize_posemb(
+  posemb: np.ndarray,
+  new_grid_hw: tuple[int, int],
+  num_prefix: int,
+  stored_grid_hw: Optional[tuple[int, int]] = None,
+  method: str = "bilinear",
+) -> np.ndarray:
   """Resizes a learned table [1, num_prefix + gh*gw, D] to [1, num_prefix + nh*nw, D].
 
   The ``num_prefix`` leading rows (the class token's) are kept as they are; the grid rows
@@ -119,31 +135,40 @@ def resize_posemb(posemb: np.ndarray, new_grid_hw: tuple[int, int], num_prefix: 
   """
   posemb = np.asarray(posemb)
   if posemb.ndim != 3 or posemb.shape[0] != 1:
-    raise errors.ConfigError(f"Expected a position embedding of shape [1, N, D], got {posemb.shape}.")
+    raise errors.ConfigError(
+      f"Expected a position embedding of shape [1, N, D], got {posemb.shape}."
+    )
   if not 0 <= num_prefix <= posemb.shape[1]:
-    raise errors.ConfigError(f"num_prefix={num_prefix} does not fit {posemb.shape[1]} rows: use 1 with "
-                     "a class token, else 0.")
+    raise errors.ConfigError(
+      f"num_prefix={num_prefix} does not fit {posemb.shape[1]} rows: use 1 with "
+      "a class token, else 0."
+    )
   prefix, grid = posemb[:, :num_prefix], posemb[0, num_prefix:]  # [1, P, D], [N, D]
   n, d = grid.shape
   if stored_grid_hw is None:
     stored_grid_hw = square_grid(n, "pass stored_grid_hw=(height, width) of the stored grid")
   gh, gw = stored_grid_hw
   if gh * gw != n:
-    raise errors.ConfigError(f"stored_grid_hw={tuple(stored_grid_hw)} has {gh * gw} cells, but the table "
-                     f"has {n} grid rows after {num_prefix} prefix rows: pass the grid it was "
-                     "trained on.")
+    raise errors.ConfigError(
+      f"stored_grid_hw={tuple(stored_grid_hw)} has {gh * gw} cells, but the table "
+      f"has {n} grid rows after {num_prefix} prefix rows: pass the grid it was "
+      "trained on."
+    )
   resized = resize_grid(grid.reshape(gh, gw, d), tuple(new_grid_hw), method)  # [nh, nw, D]
   return np.concatenate([prefix, resized.reshape(1, -1, d).astype(posemb.dtype)], axis=1)
 
 
-def resize_posemb_2d(pe_x: np.ndarray, pe_y: np.ndarray, new_grid_hw: tuple[int, int],
-                     method: str = "bilinear") -> tuple[np.ndarray, np.ndarray]:
+def resize_posemb_2d(
+  pe_x: np.ndarray, pe_y: np.ndarray, new_grid_hw: tuple[int, int], method: str = "bilinear"
+) -> tuple[np.ndarray, np.ndarray]:
   """Resizes `learn_2d` tables: X [1, 1, gw, D/2] -> [1, 1, nw, D/2] and Y [1, gh, 1, D/2] ->
   [1, nh, 1, D/2], each by 1-D interpolation along its own axis."""
   pe_x, pe_y = np.asarray(pe_x), np.asarray(pe_y)
   if pe_x.ndim != 4 or pe_x.shape[:2] != (1, 1) or pe_y.ndim != 4 or pe_y.shape[::2] != (1, 1):
-    raise errors.ConfigError(f"Expected learn_2d tables X [1, 1, gw, D/2] and Y [1, gh, 1, D/2], got "
-                     f"{pe_x.shape} and {pe_y.shape}.")
+    raise errors.ConfigError(
+      f"Expected learn_2d tables X [1, 1, gw, D/2] and Y [1, gh, 1, D/2], got "
+      f"{pe_x.shape} and {pe_y.shape}."
+    )
   nh, nw = new_grid_hw
   x = resize_grid(pe_x[0], (1, nw), method)[None].astype(pe_x.dtype)
   y = resize_grid(pe_y[0], (nh, 1), method)[None].astype(pe_y.dtype)

@@ -4,6 +4,7 @@ with weight-standardised convolutions and GroupNorm(32).
 Parameter names equal the official hybrid checkpoints: ``conv_root``, ``gn_root``,
 ``block{s}/unit{u}/{conv1,gn1,conv2,gn2,conv3,gn3,conv_proj,gn_proj}`` (1-based).
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -33,6 +34,7 @@ class StdConv(nn.Conv):
 
 class BottleneckUnit(nn.Module):
   """1x1 -> 3x3 (strided) -> 1x1 bottleneck with a projected shortcut where shapes change."""
+
   features: int
   strides: int = 1
   dtype: jnp.dtype = jnp.float32
@@ -40,10 +42,12 @@ class BottleneckUnit(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
-    conv = lambda f, k, s, name: StdConv(f, (k, k), (s, s), use_bias=False, name=name,
-                                         dtype=self.dtype, param_dtype=self.param_dtype)
-    norm = lambda name, **kw: nn.GroupNorm(num_groups=32, name=name, dtype=self.dtype,
-                                           param_dtype=self.param_dtype, **kw)
+    conv = lambda f, k, s, name: StdConv(
+      f, (k, k), (s, s), use_bias=False, name=name, dtype=self.dtype, param_dtype=self.param_dtype
+    )
+    norm = lambda name, **kw: nn.GroupNorm(
+      num_groups=32, name=name, dtype=self.dtype, param_dtype=self.param_dtype, **kw
+    )
     out_features = 4 * self.features
     residual = x
     if x.shape[-1] != out_features or self.strides != 1:
@@ -58,6 +62,7 @@ class BottleneckUnit(nn.Module):
 
 class ResNetStage(nn.Module):
   """``num_units`` bottleneck units; the first one strides and projects."""
+
   num_units: int
   features: int
   first_strides: int
@@ -67,14 +72,23 @@ class ResNetStage(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     for u in range(self.num_units):
-      x = BottleneckUnit(self.features, self.first_strides if u == 0 else 1, dtype=self.dtype,
-                         param_dtype=self.param_dtype, name=f"unit{u + 1}")(x)
+      x = BottleneckUnit(
+        self.features,
+        self.first_strides if u == 0 else 1,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        name=f"unit{u + 1}",
+      )(x)
     return x
 
 
-def resnet_root(x: jax.Array, units_per_stage: Sequence[int], width_factor: float = 1.0,
-                dtype: jnp.dtype = jnp.float32,
-                param_dtype: jnp.dtype = jnp.float32) -> jax.Array:
+def resnet_root(
+  x: jax.Array,
+  units_per_stage: Sequence[int],
+  width_factor: float = 1.0,
+  dtype: jnp.dtype = jnp.float32,
+  param_dtype: jnp.dtype = jnp.float32,
+) -> jax.Array:
   """Root conv (7x7, stride 2) + max-pool (stride 2) + stages of bottleneck units.
 
   Call it inside the hybrid model's compact ``__call__``: its modules are then created in
@@ -84,12 +98,19 @@ def resnet_root(x: jax.Array, units_per_stage: Sequence[int], width_factor: floa
   s = 4 * 2^(stages - 1).
   """
   width = int(64 * width_factor)
-  x = StdConv(width, (7, 7), (2, 2), use_bias=False, name="conv_root", dtype=dtype,
-              param_dtype=param_dtype)(x)
+  x = StdConv(
+    width, (7, 7), (2, 2), use_bias=False, name="conv_root", dtype=dtype, param_dtype=param_dtype
+  )(x)
   x = nn.GroupNorm(num_groups=32, name="gn_root", dtype=dtype, param_dtype=param_dtype)(x)
   x = nn.relu(x)
   x = nn.max_pool(x, window_shape=(3, 3), strides=(2, 2), padding="SAME")
   for s, num_units in enumerate(units_per_stage):
-    x = ResNetStage(num_units, width * 2**s, first_strides=1 if s == 0 else 2, dtype=dtype,
-                    param_dtype=param_dtype, name=f"block{s + 1}")(x)
+    x = ResNetStage(
+      num_units,
+      width * 2**s,
+      first_strides=1 if s == 0 else 2,
+      dtype=dtype,
+      param_dtype=param_dtype,
+      name=f"block{s + 1}",
+    )(x)
   return x

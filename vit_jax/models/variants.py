@@ -13,6 +13,7 @@ dropout_rate, attention_dropout_rate}``, ``classifier``, ``representation_size``
 ``posemb``, ``gelu_approximate`` and execution options (``scan``, ``remat``,
 ``remat_policy``, ``attention_impl``, ``dtype``). `vit_jax.models.create_model` builds the module.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Optional, Sequence
@@ -22,15 +23,24 @@ import ml_collections
 from vit_jax import errors
 
 
-def _vit(name: str, patch: int, width: int, depth: int, mlp: int, heads: int,
-         resnet_units: Optional[Sequence[int]] = None) -> ml_collections.ConfigDict:
+def _vit(
+  name: str,
+  patch: int,
+  width: int,
+  depth: int,
+  mlp: int,
+  heads: int,
+  resnet_units: Optional[Sequence[int]] = None,
+) -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.name = name
   config.patches = ml_collections.ConfigDict({"size": (patch, patch)})
   config.hidden_size = width
-  config.transformer = ml_collections.ConfigDict(dict(
-      num_layers=depth, mlp_dim=mlp, num_heads=heads, dropout_rate=0.0,
-      attention_dropout_rate=0.0))
+  config.transformer = ml_collections.ConfigDict(
+    dict(
+      num_layers=depth, mlp_dim=mlp, num_heads=heads, dropout_rate=0.0, attention_dropout_rate=0.0
+    )
+  )
   config.classifier = "token"
   config.representation_size = ml_collections.FieldReference(None, field_type=int)
   config.posemb = "learn"
@@ -39,7 +49,8 @@ def _vit(name: str, patch: int, width: int, depth: int, mlp: int, heads: int,
   config.resnet = ml_collections.FieldReference(None, field_type=ml_collections.ConfigDict)
   if resnet_units is not None:
     config.resnet = ml_collections.ConfigDict(
-        {"num_layers": tuple(resnet_units), "width_factor": 1.0})
+      {"num_layers": tuple(resnet_units), "width_factor": 1.0}
+    )
   # Execution options: they change how the model runs, never its parameters' values.
   config.scan = False
   config.remat = False
@@ -56,23 +67,23 @@ _L = dict(width=1024, depth=24, mlp=4096, heads=16)
 _H = dict(width=1280, depth=32, mlp=5120, heads=16)
 
 _MODEL_CONFIGS: dict[str, Callable[[], ml_collections.ConfigDict]] = {
-    "ViT-Ti_16": lambda: _vit("ViT-Ti_16", 16, **_TI),
-    "ViT-S_32": lambda: _vit("ViT-S_32", 32, **_S),
-    "ViT-S_16": lambda: _vit("ViT-S_16", 16, **_S),
-    "ViT-B_32": lambda: _vit("ViT-B_32", 32, **_B),
-    "ViT-B_16": lambda: _vit("ViT-B_16", 16, **_B),
-    "ViT-B_8": lambda: _vit("ViT-B_8", 8, **_B),
-    "ViT-L_32": lambda: _vit("ViT-L_32", 32, **_L),
-    "ViT-L_16": lambda: _vit("ViT-L_16", 16, **_L),
-    "ViT-H_14": lambda: _vit("ViT-H_14", 14, **_H),
-    # Hybrids: a 1x1 "patch" on the ResNet feature map (R50: stage 4 removed, 3-4-9 units).
-    "R50+ViT-B_16": lambda: _vit("R50+ViT-B_16", 1, **_B, resnet_units=(3, 4, 9)),
-    "R26+ViT-S_32": lambda: _vit("R26+ViT-S_32", 1, **_S, resnet_units=(2, 2, 2, 2)),
-    # The root alone downsamples 4x; with 8x8 patches as in the official config the grid
-    # is the input downsampled 32x.
-    "R+ViT-Ti_16": lambda: _vit("R+ViT-Ti_16", 8, **_TI, resnet_units=()),
-    # A tiny model for tests and the CPU quickstart.
-    "testing": lambda: _vit("testing", 4, width=32, depth=2, mlp=64, heads=2),
+  "ViT-Ti_16": lambda: _vit("ViT-Ti_16", 16, **_TI),
+  "ViT-S_32": lambda: _vit("ViT-S_32", 32, **_S),
+  "ViT-S_16": lambda: _vit("ViT-S_16", 16, **_S),
+  "ViT-B_32": lambda: _vit("ViT-B_32", 32, **_B),
+  "ViT-B_16": lambda: _vit("ViT-B_16", 16, **_B),
+  "ViT-B_8": lambda: _vit("ViT-B_8", 8, **_B),
+  "ViT-L_32": lambda: _vit("ViT-L_32", 32, **_L),
+  "ViT-L_16": lambda: _vit("ViT-L_16", 16, **_L),
+  "ViT-H_14": lambda: _vit("ViT-H_14", 14, **_H),
+  # Hybrids: a 1x1 "patch" on the ResNet feature map (R50: stage 4 removed, 3-4-9 units).
+  "R50+ViT-B_16": lambda: _vit("R50+ViT-B_16", 1, **_B, resnet_units=(3, 4, 9)),
+  "R26+ViT-S_32": lambda: _vit("R26+ViT-S_32", 1, **_S, resnet_units=(2, 2, 2, 2)),
+  # The root alone downsamples 4x; with 8x8 patches as in the official config the grid
+  # is the input downsampled 32x.
+  "R+ViT-Ti_16": lambda: _vit("R+ViT-Ti_16", 8, **_TI, resnet_units=()),
+  # A tiny model for tests and the CPU quickstart.
+  "testing": lambda: _vit("testing", 4, width=32, depth=2, mlp=64, heads=2),
 }
 MODEL_NAMES: tuple[str, ...] = tuple(_MODEL_CONFIGS)
 

@@ -1,6 +1,6 @@
 """The Vision Transformer (Dosovitskiy et al., 2021), Flax linen.
 
-Parameter names equal the official checkpoints (see FORMATS.md), so an official `.npz`
+Parameter names equal the official checkpoints (docs/checkpoint_format.md), so an official `.npz`
 loads without renaming. Every parameter carries logical axis names (`EMBED`, `MLP`,
 `HEADS`, `KV`, `LAYERS` of `vit_jax.sharding`), which that module maps onto mesh axes.
 
@@ -8,6 +8,7 @@ Inspection: apply with ``mutable=['intermediates']`` and every block sows
 ``attention_weights`` [B, H, N, N] and its output ``tokens`` [B, N, D]; with
 ``scan=True`` these come stacked over a leading layer axis.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -40,6 +41,7 @@ class ExecutionOptions:
   None of them changes the parameters or the function computed in evaluation; ``scan``
   stores the blocks' parameters stacked over a leading layer axis.
   """
+
   dropout_rate: float = 0.0  # on the embeddings, the attention output and the MLP
   attention_dropout_rate: float = 0.0  # on the attention weights
   attention_impl: Optional[str] = None  # for `jax.nn.dot_product_attention`, e.g. 'cudnn'
@@ -58,6 +60,7 @@ class MultiHeadDotProductAttention(nn.Module):
   needed (sown for inspection, or attention dropout in training) they are computed
   explicitly instead; both paths compute the same function.
   """
+
   num_heads: int
   execution: ExecutionOptions = ExecutionOptions()
 
@@ -69,10 +72,14 @@ class MultiHeadDotProductAttention(nn.Module):
       raise errors.ConfigError(f"Width {d} is not divisible by num_heads={self.num_heads}.")
     dh = d // self.num_heads
     dense_in = functools.partial(
-        nn.DenseGeneral, features=(self.num_heads, dh), axis=-1, dtype=ex.dtype,
-        param_dtype=ex.param_dtype,
-        kernel_init=_partitioned(nn.initializers.xavier_uniform(), (EMBED, HEADS, KV)),
-        bias_init=_partitioned(nn.initializers.zeros, (HEADS, KV)))
+      nn.DenseGeneral,
+      features=(self.num_heads, dh),
+      axis=-1,
+      dtype=ex.dtype,
+      param_dtype=ex.param_dtype,
+      kernel_init=_partitioned(nn.initializers.xavier_uniform(), (EMBED, HEADS, KV)),
+      bias_init=_partitioned(nn.initializers.zeros, (HEADS, KV)),
+    )
     q = dense_in(name="query")(x)  # [B, N, H, Dh]
     k = dense_in(name="key")(x)  # [B, N, H, Dh]
     v = dense_in(name="value")(x)  # [B, N, H, Dh]
@@ -90,9 +97,14 @@ class MultiHeadDotProductAttention(nn.Module):
       y = jax.nn.dot_product_attention(q, k, v, implementation=ex.attention_impl)
 
     return nn.DenseGeneral(
-        features=d, axis=(-2, -1), dtype=ex.dtype, param_dtype=ex.param_dtype,
-        kernel_init=_partitioned(nn.initializers.xavier_uniform(), (HEADS, KV, EMBED)),
-        bias_init=_partitioned(nn.initializers.zeros, (EMBED,)), name="out")(y)  # [B, N, D]
+      features=d,
+      axis=(-2, -1),
+      dtype=ex.dtype,
+      param_dtype=ex.param_dtype,
+      kernel_init=_partitioned(nn.initializers.xavier_uniform(), (HEADS, KV, EMBED)),
+      bias_init=_partitioned(nn.initializers.zeros, (EMBED,)),
+      name="out",
+    )(y)  # [B, N, D]
 
 
 class MlpBlock(nn.Module):
@@ -101,6 +113,7 @@ class MlpBlock(nn.Module):
   ``gelu_approximate``: the tanh approximation (Flax's default, what the official model
   and its checkpoints use) or the exact erf GELU (what timm and Hugging Face compute).
   """
+
   mlp_dim: int
   gelu_approximate: bool
   execution: ExecutionOptions = ExecutionOptions()
@@ -109,24 +122,35 @@ class MlpBlock(nn.Module):
   def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
     d = x.shape[-1]
     rate = self.execution.dropout_rate
-    dense = functools.partial(nn.Dense, dtype=self.execution.dtype,
-                              param_dtype=self.execution.param_dtype)
-    x = dense(self.mlp_dim, name="Dense_0",
-              kernel_init=_partitioned(nn.initializers.xavier_uniform(), (EMBED, MLP)),
-              bias_init=_partitioned(_normal_init, (MLP,)))(x)  # [B, N, M]
+    dense = functools.partial(
+      nn.Dense, dtype=self.execution.dtype, param_dtype=self.execution.param_dtype
+    )
+    x = dense(
+      self.mlp_dim,
+      name="Dense_0",
+      kernel_init=_partitioned(nn.initializers.xavier_uniform(), (EMBED, MLP)),
+      bias_init=_partitioned(_normal_init, (MLP,)),
+    )(x)  # [B, N, M]
     x = nn.gelu(x, approximate=self.gelu_approximate)
     x = nn.Dropout(rate)(x, deterministic=deterministic)
-    x = dense(d, name="Dense_1",
-              kernel_init=_partitioned(nn.initializers.xavier_uniform(), (MLP, EMBED)),
-              bias_init=_partitioned(_normal_init, (EMBED,)))(x)  # [B, N, D]
+    x = dense(
+      d,
+      name="Dense_1",
+      kernel_init=_partitioned(nn.initializers.xavier_uniform(), (MLP, EMBED)),
+      bias_init=_partitioned(_normal_init, (EMBED,)),
+    )(x)  # [B, N, D]
     return nn.Dropout(rate)(x, deterministic=deterministic)
 
 
 def _layer_norm(name: str, execution: ExecutionOptions) -> nn.LayerNorm:
-  return nn.LayerNorm(epsilon=1e-6, name=name, dtype=execution.dtype,
-                      param_dtype=execution.param_dtype,
-                      scale_init=_partitioned(nn.initializers.ones, (EMBED,)),
-                      bias_init=_partitioned(nn.initializers.zeros, (EMBED,)))
+  return nn.LayerNorm(
+    epsilon=1e-6,
+    name=name,
+    dtype=execution.dtype,
+    param_dtype=execution.param_dtype,
+    scale_init=_partitioned(nn.initializers.ones, (EMBED,)),
+    bias_init=_partitioned(nn.initializers.zeros, (EMBED,)),
+  )
 
 
 class Encoder1DBlock(nn.Module):
@@ -134,6 +158,7 @@ class Encoder1DBlock(nn.Module):
 
   Returns ``(x, None)`` so that the same class serves as the body of `nn.scan`.
   """
+
   mlp_dim: int
   num_heads: int
   gelu_approximate: bool
@@ -144,7 +169,8 @@ class Encoder1DBlock(nn.Module):
     ex = self.execution
     y = _layer_norm("LayerNorm_0", ex)(x)
     y = MultiHeadDotProductAttention(self.num_heads, ex, name="MultiHeadDotProductAttention_1")(
-        y, deterministic)
+      y, deterministic
+    )
     y = nn.Dropout(ex.dropout_rate)(y, deterministic=deterministic)
     x = x + y  # [B, N, D]
     y = _layer_norm("LayerNorm_2", ex)(x)
@@ -156,6 +182,7 @@ class Encoder1DBlock(nn.Module):
 
 class Encoder(nn.Module):
   """Position embeddings, ``num_layers`` blocks (a Python loop or `nn.scan`), final LayerNorm."""
+
   num_layers: int
   mlp_dim: int
   num_heads: int
@@ -169,8 +196,9 @@ class Encoder(nn.Module):
   def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
     ex = self.execution
     deterministic = not train
-    x = posemb_lib.AddPositionEmbs(self.posemb, self.grid_hw, self.num_prefix,
-                                   param_dtype=ex.param_dtype, name="posembed_input")(x)
+    x = posemb_lib.AddPositionEmbs(
+      self.posemb, self.grid_hw, self.num_prefix, param_dtype=ex.param_dtype, name="posembed_input"
+    )(x)
     x = nn.Dropout(ex.dropout_rate)(x, deterministic=deterministic)
 
     block_cls = Encoder1DBlock
@@ -178,18 +206,28 @@ class Encoder(nn.Module):
       policy = None
       if ex.remat_policy:
         if not hasattr(jax.checkpoint_policies, ex.remat_policy):
-          raise errors.ConfigError(f"Unknown remat_policy {ex.remat_policy!r}: use a name from "
-                           "jax.checkpoint_policies, e.g. 'nothing_saveable'.")
+          raise errors.ConfigError(
+            f"Unknown remat_policy {ex.remat_policy!r}: use a name from "
+            "jax.checkpoint_policies, e.g. 'nothing_saveable'."
+          )
         policy = getattr(jax.checkpoint_policies, ex.remat_policy)
       # Argument 2 (`deterministic`, counting self) is a Python bool: static.
-      block_cls = nn.remat(block_cls, prevent_cse=not ex.scan, static_argnums=(2,),
-                           policy=policy)
-    block_kwargs = dict(mlp_dim=self.mlp_dim, num_heads=self.num_heads,
-                        gelu_approximate=self.gelu_approximate, execution=ex)
+      block_cls = nn.remat(block_cls, prevent_cse=not ex.scan, static_argnums=(2,), policy=policy)
+    block_kwargs = dict(
+      mlp_dim=self.mlp_dim,
+      num_heads=self.num_heads,
+      gelu_approximate=self.gelu_approximate,
+      execution=ex,
+    )
     if ex.scan:
-      scanned = nn.scan(block_cls, variable_axes={"params": 0, "intermediates": 0},
-                        split_rngs={"params": True, "dropout": True}, in_axes=nn.broadcast,
-                        length=self.num_layers, metadata_params={nn.PARTITION_NAME: LAYERS})
+      scanned = nn.scan(
+        block_cls,
+        variable_axes={"params": 0, "intermediates": 0},
+        split_rngs={"params": True, "dropout": True},
+        in_axes=nn.broadcast,
+        length=self.num_layers,
+        metadata_params={nn.PARTITION_NAME: LAYERS},
+      )
       x, _ = scanned(name="encoderblock", **block_kwargs)(x, deterministic)
     else:
       for i in range(self.num_layers):
@@ -206,6 +244,7 @@ class VisionTransformer(nn.Module):
   embeddings [B, N, D] before the class token and the position embeddings, and
   ``pool=False``: the output is then every token after the encoder, [B, N(+1), D].
   """
+
   num_classes: Optional[int]
   patch_size: tuple[int, int]
   hidden_size: int
@@ -233,27 +272,43 @@ class VisionTransformer(nn.Module):
     h, w = image_hw
     if h % sh or w % sw:
       what = "patch size" if self.resnet_units is None else "patch size times the ResNet stride"
-      raise errors.ConfigError(f"Image size {h}x{w} is not a multiple of the {what} {sh}x{sw}: "
-                       f"resize the images to a multiple of {sh}x{sw}.")
+      raise errors.ConfigError(
+        f"Image size {h}x{w} is not a multiple of the {what} {sh}x{sw}: "
+        f"resize the images to a multiple of {sh}x{sw}."
+      )
     return h // sh, w // sw
 
   @nn.compact
-  def __call__(self, images: jax.Array, *, train: bool = False,
-               corrupt: Optional[Callable[[jax.Array], jax.Array]] = None,
-               pool: bool = True) -> jax.Array:
+  def __call__(
+    self,
+    images: jax.Array,
+    *,
+    train: bool = False,
+    corrupt: Optional[Callable[[jax.Array], jax.Array]] = None,
+    pool: bool = True,
+  ) -> jax.Array:
     if self.classifier not in CLASSIFIERS:
-      raise errors.ConfigError(f"Unknown classifier {self.classifier!r}; choose one of {CLASSIFIERS}.")
+      raise errors.ConfigError(
+        f"Unknown classifier {self.classifier!r}; choose one of {CLASSIFIERS}."
+      )
     ex = self.execution
     grid_hw = self.grid_hw(images.shape[1:3])
     x = images.astype(ex.dtype)  # [B, H, W, C]
     if self.resnet_units is not None:
-      x = resnet_root(x, self.resnet_units, self.resnet_width_factor, dtype=ex.dtype,
-                      param_dtype=ex.param_dtype)  # [B, H/s, W/s, C']
-    x = nn.Conv(self.hidden_size, self.patch_size, strides=self.patch_size, padding="VALID",
-                dtype=ex.dtype, param_dtype=ex.param_dtype, name="embedding",
-                kernel_init=_partitioned(nn.initializers.lecun_normal(),
-                                         (None, None, None, EMBED)),
-                bias_init=_partitioned(nn.initializers.zeros, (EMBED,)))(x)
+      x = resnet_root(
+        x, self.resnet_units, self.resnet_width_factor, dtype=ex.dtype, param_dtype=ex.param_dtype
+      )  # [B, H/s, W/s, C']
+    x = nn.Conv(
+      self.hidden_size,
+      self.patch_size,
+      strides=self.patch_size,
+      padding="VALID",
+      dtype=ex.dtype,
+      param_dtype=ex.param_dtype,
+      name="embedding",
+      kernel_init=_partitioned(nn.initializers.lecun_normal(), (None, None, None, EMBED)),
+      bias_init=_partitioned(nn.initializers.zeros, (EMBED,)),
+    )(x)
     b, gh, gw, d = x.shape  # [B, gh, gw, D]
     assert (gh, gw) == grid_hw, ((gh, gw), grid_hw)
     x = x.reshape(b, gh * gw, d)  # [B, N, D]
@@ -262,14 +317,23 @@ class VisionTransformer(nn.Module):
 
     num_prefix = 0
     if self.classifier == "token":
-      cls = self.param("cls", _partitioned(nn.initializers.zeros, (None, None, EMBED)),
-                       (1, 1, d), ex.param_dtype)
+      cls = self.param(
+        "cls", _partitioned(nn.initializers.zeros, (None, None, EMBED)), (1, 1, d), ex.param_dtype
+      )
       x = jnp.concatenate([jnp.broadcast_to(cls.astype(x.dtype), (b, 1, d)), x], axis=1)
       num_prefix = 1
 
-    x = Encoder(self.num_layers, self.mlp_dim, self.num_heads, grid_hw, num_prefix,
-                self.gelu_approximate, posemb=self.posemb, execution=ex,
-                name="Transformer")(x, train=train)  # [B, N(+1), D]
+    x = Encoder(
+      self.num_layers,
+      self.mlp_dim,
+      self.num_heads,
+      grid_hw,
+      num_prefix,
+      self.gelu_approximate,
+      posemb=self.posemb,
+      execution=ex,
+      name="Transformer",
+    )(x, train=train)  # [B, N(+1), D]
     if not pool:
       return x.astype(jnp.float32)
 
@@ -279,16 +343,23 @@ class VisionTransformer(nn.Module):
       x = jnp.mean(x, axis=1)  # [B, D]
 
     if self.representation_size is not None:
-      x = nn.Dense(self.representation_size, dtype=ex.dtype, param_dtype=ex.param_dtype,
-                   kernel_init=_partitioned(nn.initializers.lecun_normal(), (EMBED, None)),
-                   bias_init=_partitioned(nn.initializers.zeros, (None,)),
-                   name="pre_logits")(x)
+      x = nn.Dense(
+        self.representation_size,
+        dtype=ex.dtype,
+        param_dtype=ex.param_dtype,
+        kernel_init=_partitioned(nn.initializers.lecun_normal(), (EMBED, None)),
+        bias_init=_partitioned(nn.initializers.zeros, (None,)),
+        name="pre_logits",
+      )(x)
       x = jnp.tanh(x)
 
     if self.num_classes:
-      x = nn.Dense(self.num_classes, dtype=ex.dtype, param_dtype=ex.param_dtype,
-                   kernel_init=_partitioned(nn.initializers.zeros, (EMBED, None)),
-                   bias_init=_partitioned(nn.initializers.constant(self.head_bias_init),
-                                          (None,)),
-                   name="head")(x)
+      x = nn.Dense(
+        self.num_classes,
+        dtype=ex.dtype,
+        param_dtype=ex.param_dtype,
+        kernel_init=_partitioned(nn.initializers.zeros, (EMBED, None)),
+        bias_init=_partitioned(nn.initializers.constant(self.head_bias_init), (None,)),
+        name="head",
+      )(x)
     return x.astype(jnp.float32)
