@@ -91,8 +91,8 @@ def train_step(
     def accumulate(carry, micro):
       loss_sum, grad_sum = carry
       micro_batch, j = micro
-      l, g = grad_fn(state.params, micro_batch, jax.random.fold_in(step_rng, j))
-      return (loss_sum + l, jax.tree.map(jnp.add, grad_sum, g)), None
+      micro_loss, micro_grads = grad_fn(state.params, micro_batch, jax.random.fold_in(step_rng, j))
+      return (loss_sum + micro_loss, jax.tree.map(jnp.add, grad_sum, micro_grads)), None
 
     zeros = jax.tree.map(jnp.zeros_like, state.params)
     (loss_sum, grad_sum), _ = jax.lax.scan(
