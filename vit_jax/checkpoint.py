@@ -21,8 +21,7 @@ import numpy as np
 from flax import traverse_util
 
 from vit_jax import errors
-
-Params = dict[str, Any]  # a nested dict of arrays
+from vit_jax.aliases import Params
 
 SCANNED_BLOCK = "encoderblock"
 _LAYER_BLOCK = re.compile(r"^encoderblock_(\d+)$")

@@ -9,8 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax import errors, losses
-
-Batch = dict[str, jax.Array]
+from vit_jax.aliases import Batch
 
 
 def eval_step(params: Any, batch: Batch, *, model: nn.Module, loss: str) -> dict[str, jax.Array]:

@@ -19,6 +19,7 @@ import ml_collections
 import optax
 
 from vit_jax import errors
+from vit_jax.aliases import Batch
 from vit_jax.models import create_model
 from vit_jax.models import mpp as mpp_model
 
@@ -26,7 +27,6 @@ TARGETS: tuple[str, ...] = ("mean_color", "downsampled", "pixels")
 COLOR_BITS = 3  # per channel: 2^(3 * 3) = 512 colour classes
 NUM_COLORS = 2 ** (3 * COLOR_BITS)
 _CELLS = {"mean_color": 1, "downsampled": 4}  # cells per side of a patch's colour grid
-Batch = dict[str, jax.Array]
 
 
 def _check_target(target: str) -> None:

@@ -17,10 +17,10 @@ import jax.numpy as jnp
 import ml_collections
 
 from vit_jax import errors, evaluate, losses, mpp
+from vit_jax.aliases import Batch
 from vit_jax.models import VisionTransformer, create_model
 
 OBJECTIVES: tuple[str, ...] = ("classification", "mpp")
-Batch = dict[str, jax.Array]
 
 
 class Classification:

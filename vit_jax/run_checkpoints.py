@@ -35,8 +35,8 @@ from etils import epath  # Orbax's path type: local paths and gs:// alike.
 from jax.experimental import multihost_utils
 
 from vit_jax import errors
+from vit_jax.aliases import Params
 
-Params = dict[str, Any]
 _STATE, _META = "state", "meta"
 _PARAMS = "params"
 

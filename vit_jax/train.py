@@ -43,9 +43,9 @@ from vit_jax import (
 )
 from vit_jax import evaluate as evaluate_lib
 from vit_jax import progress as progress_lib
+from vit_jax.aliases import Batch
 from vit_jax.fewshot import evaluator as fewshot_lib
 
-Batch = dict[str, jax.Array]
 # Train steps dispatched ahead of the oldest unfinished one: enough to keep an accelerator
 # busy. Unbounded, 2 CPU processes (gloo collectives) deadlocked at about 64 in flight.
 MAX_STEPS_IN_FLIGHT = 4

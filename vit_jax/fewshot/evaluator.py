@@ -22,12 +22,12 @@ import numpy as np
 from absl import logging
 
 from vit_jax import data, errors, sharding
+from vit_jax.aliases import Params
 from vit_jax.fewshot import linear
 from vit_jax.models import create_model
 
 DEFAULT_SHOTS: tuple[int, ...] = (1, 5, 10, 25)
 DEFAULT_SEEDS = 3  # Class-balanced samples per shot count: seeds 0, 1, ...
-Params = Mapping[str, Any]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,9 +22,9 @@ import numpy as np
 from absl import logging
 from flax import traverse_util
 
+from vit_jax.aliases import Params
 from vit_jax.interop import infer
 
-Params = dict[str, Any]
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 PREPROCESSOR = "preprocessor_config.json"

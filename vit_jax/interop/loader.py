@@ -23,9 +23,9 @@ import ml_collections
 from absl import logging
 
 from vit_jax import checkpoint, models
+from vit_jax.aliases import Params
 from vit_jax.interop import infer
 
-Params = dict[str, Any]
 IMAGENET2012 = "imagenet2012"  # --labels value of the class names shipped with the package
 _IMAGENET2012_FILE = "imagenet2012_labels.txt"  # in vit_jax/data, class-index order
 _RUN_CONFIG = "config.json"

@@ -12,14 +12,14 @@ with a symbolic batch dimension:
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-Params = dict[str, Any]
+from vit_jax.aliases import Params
+
 JAX_EXPORTED = "model.jax_exported"
 
 

@@ -22,7 +22,8 @@ import ml_collections
 import numpy as np
 from flax import traverse_util
 
-Params = dict[str, Any]
+from vit_jax.aliases import Params
+
 WEIGHTS = "model.safetensors"
 SPEC = "timm_model.json"
 # Official architectures -> timm names (any other plain ViT uses the generic name below,
