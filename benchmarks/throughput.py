@@ -39,7 +39,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configs import common  # pylint: disable=g-import-not-at-top,wrong-import-position
 from vit_jax import sharding, step_cost, train
-from vit_jax.models import get_model_config
+from vit_jax.models import get_model_config, vit
 
 NUM_CLASSES = 1000
 TIMM_NAMES = {
@@ -157,7 +157,7 @@ def jax_row(
     resolution,
     batch,
     dtype,
-    attention or "xla",
+    attention or vit.EINSUM,
     f"{'scan' if scan else '-'}/{'remat' if remat else '-'}",
     _timed(step),
     flops_xla=flops / batch if flops else None,
@@ -299,8 +299,8 @@ def main() -> None:
   parser.add_argument("--mode", default="train,infer")
   parser.add_argument(
     "--attention",
-    default="xla",
-    help="'xla' (jax.nn.dot_product_attention's default) or e.g. 'cudnn'",
+    default=vit.EINSUM,
+    help="'einsum' (the model's default) or jax.nn.dot_product_attention's 'xla', 'cudnn'",
   )
   parser.add_argument("--scan", default="false")
   parser.add_argument("--remat", default="false")
@@ -326,7 +326,7 @@ def main() -> None:
                   batch,
                   args.resolution,
                   dtype,
-                  None if attention == "xla" else attention,
+                  attention,
                   scan,
                   remat,
                 )

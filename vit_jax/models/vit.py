@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Callable, Literal, Optional, Sequence
 
 import flax.linen as nn
@@ -27,6 +28,7 @@ from vit_jax.sharding import EMBED, HEADS, KV, LAYERS, MLP
 Classifier = Literal["token", "gap", "unpooled"]
 CLASSIFIERS: tuple[str, ...] = ("token", "gap", "unpooled")
 
+EINSUM = "einsum"  # `ExecutionOptions.attention_impl` of the module's own einsum attention
 _normal_init = nn.initializers.normal(stddev=1e-6)
 
 
@@ -44,7 +46,9 @@ class ExecutionOptions:
 
   dropout_rate: float = 0.0  # on the embeddings, the attention output and the MLP
   attention_dropout_rate: float = 0.0  # on the attention weights
-  attention_impl: Optional[str] = None  # for `jax.nn.dot_product_attention`, e.g. 'cudnn'
+  # None or EINSUM: the einsum attention; else `jax.nn.dot_product_attention`'s
+  # implementation ('xla', 'cudnn'). See `MultiHeadDotProductAttention`.
+  attention_impl: Optional[str] = None
   scan: bool = False  # the encoder blocks as one `nn.scan` (faster to compile)
   remat: bool = False  # recompute each block's activations in the backward pass
   remat_policy: Optional[str] = None  # a name in `jax.checkpoint_policies`
@@ -52,13 +56,50 @@ class ExecutionOptions:
   param_dtype: jnp.dtype = jnp.float32  # storage
 
 
+class _Projection(nn.Module):
+  """A projection's ``kernel`` and ``bias`` with `nn.DenseGeneral`'s names and initializers.
+
+  It only declares them (cast to the compute dtype): the attention applies them with the
+  einsum that gives the layout it needs, with no transpose of its own. As in
+  `nn.DenseGeneral`, the kernel is initialized as the matrix [prod(inputs), prod(outputs)]
+  (its first ``num_inputs`` axes are the inputs), so the fans are those of the projection.
+  """
+
+  num_inputs: int
+  kernel_shape: tuple[int, ...]
+  kernel_axes: tuple[str, ...]
+  bias_shape: tuple[int, ...]
+  bias_axes: tuple[str, ...]
+  execution: ExecutionOptions
+
+  @nn.compact
+  def __call__(self) -> tuple[jax.Array, jax.Array]:
+    ex = self.execution
+
+    def kernel_init(key: jax.Array, shape: tuple[int, ...], dtype: jnp.dtype) -> jax.Array:
+      matrix = (math.prod(shape[: self.num_inputs]), math.prod(shape[self.num_inputs :]))
+      return nn.initializers.xavier_uniform()(key, matrix, dtype).reshape(shape)
+
+    kernel = self.param(
+      "kernel", _partitioned(kernel_init, self.kernel_axes), self.kernel_shape, ex.param_dtype
+    )
+    bias = self.param(
+      "bias", _partitioned(nn.initializers.zeros, self.bias_axes), self.bias_shape, ex.param_dtype
+    )
+    return kernel.astype(ex.dtype), bias.astype(ex.dtype)
+
+
 class MultiHeadDotProductAttention(nn.Module):
   """Self-attention with the official `query/key/value/out` parameter layout.
 
-  The product goes through `jax.nn.dot_product_attention`, so ``attention_impl`` can pick
-  a fused kernel ('cudnn' on GPU) without changing any parameter. When the weights are
-  needed (sown for inspection, or attention dropout in training) they are computed
-  explicitly instead; both paths compute the same function.
+  ``attention_impl`` chooses how the product runs, never the parameters or the function:
+  `EINSUM` (the default): the projections write queries, keys and values head-major,
+  [B, H, N, Dh], as the batched products need them, and the weights are explicit; any other
+  value goes to `jax.nn.dot_product_attention` as its ``implementation`` ('xla', or a fused
+  kernel such as 'cudnn' on GPU) with [B, N, H, Dh] inputs. On the CPU the einsum path
+  compiled to less memory traffic and faster steps in training and inference (README,
+  Performance). When the weights are needed (sown for inspection, or attention dropout in
+  training) the einsum path runs whatever the choice.
   """
 
   num_heads: int
@@ -70,41 +111,29 @@ class MultiHeadDotProductAttention(nn.Module):
     d = x.shape[-1]  # x: [B, N, D]
     if d % self.num_heads:
       raise errors.ConfigError(f"Width {d} is not divisible by num_heads={self.num_heads}.")
-    dh = d // self.num_heads
-    dense_in = functools.partial(
-      nn.DenseGeneral,
-      features=(self.num_heads, dh),
-      axis=-1,
-      dtype=ex.dtype,
-      param_dtype=ex.param_dtype,
-      kernel_init=_partitioned(nn.initializers.xavier_uniform(), (EMBED, HEADS, KV)),
-      bias_init=_partitioned(nn.initializers.zeros, (HEADS, KV)),
-    )
-    q = dense_in(name="query")(x)  # [B, N, H, Dh]
-    k = dense_in(name="key")(x)  # [B, N, H, Dh]
-    v = dense_in(name="value")(x)  # [B, N, H, Dh]
+    h, dh = self.num_heads, d // self.num_heads
+    qkv = [
+      _Projection(1, (d, h, dh), (EMBED, HEADS, KV), (h, dh), (HEADS, KV), ex, name=name)()
+      for name in ("query", "key", "value")
+    ]
+    w_out, b_out = _Projection(2, (h, dh, d), (HEADS, KV, EMBED), (d,), (EMBED,), ex, name="out")()
 
     use_dropout = not deterministic and ex.attention_dropout_rate > 0.0
-    if use_dropout or self.is_mutable_collection("intermediates"):
-      logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(dh).astype(ex.dtype)
+    impl = ex.attention_impl or EINSUM
+    if impl == EINSUM or use_dropout or self.is_mutable_collection("intermediates"):
+      q, k, v = (jnp.einsum("bnd,dhk->bhnk", x, w) + b[:, None] for w, b in qkv)  # [B, H, N, Dh]
+      q = q / jnp.sqrt(dh).astype(ex.dtype)
+      logits = jnp.einsum("bhqd,bhkd->bhqk", q, k)
       weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)  # [B, H, N, N]
       self.sow("intermediates", "attention_weights", weights)
       weights = weights.astype(ex.dtype)
       if use_dropout:
         weights = nn.Dropout(ex.attention_dropout_rate)(weights, deterministic=False)
-      y = jnp.einsum("bhqk,bkhd->bqhd", weights, v)  # [B, N, H, Dh]
-    else:
-      y = jax.nn.dot_product_attention(q, k, v, implementation=ex.attention_impl)
-
-    return nn.DenseGeneral(
-      features=d,
-      axis=(-2, -1),
-      dtype=ex.dtype,
-      param_dtype=ex.param_dtype,
-      kernel_init=_partitioned(nn.initializers.xavier_uniform(), (HEADS, KV, EMBED)),
-      bias_init=_partitioned(nn.initializers.zeros, (EMBED,)),
-      name="out",
-    )(y)  # [B, N, D]
+      y = jnp.einsum("bhqk,bhkd->bhqd", weights, v)  # [B, H, N, Dh]
+      return jnp.einsum("bhnk,hkd->bnd", y, w_out) + b_out  # [B, N, D]
+    q, k, v = (jnp.einsum("bnd,dhk->bnhk", x, w) + b for w, b in qkv)  # [B, N, H, Dh]
+    y = jax.nn.dot_product_attention(q, k, v, implementation=impl)  # [B, N, H, Dh]
+    return jnp.einsum("bnhk,hkd->bnd", y, w_out) + b_out  # [B, N, D]
 
 
 class MlpBlock(nn.Module):
