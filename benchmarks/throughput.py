@@ -6,8 +6,9 @@ r"""Model throughput and MFU of the real train step and of inference, as a table
 One row per combination: device kind and count, model, resolution, global batch, compute
 dtype, attention implementation, scan/remat, img/s (median of ``--steps`` timed steps after
 ``--warmup``, each blocked on), GFLOPs per image from XLA's cost analysis of the compiled
-step with the analytic count beside it, achieved TFLOP/s, MFU against the device's dense
-peak (`vit_jax.step_cost`), compile time and the compiled step's peak device memory.
+step with the analytic count beside it, GB of memory traffic per image (XLA's count),
+achieved TFLOP/s, MFU against the device's dense peak (`vit_jax.step_cost`), compile time
+and the compiled step's peak device memory.
 
 Train rows time `vit_jax.train.Trainer`'s train step (SGD with momentum, softmax
 cross-entropy, the config's sharding); infer rows time the model's forward pass. Rows run
@@ -67,6 +68,7 @@ class Row:
   run: Callable[[], float]
   flops_xla: Optional[float] = None  # per image
   flops_analytic: Optional[float] = None  # per image
+  bytes_xla: Optional[float] = None  # per image
   compile_s: Optional[float] = None
   peak_bytes: Optional[int] = None
   best_img_s: float = 0.0
@@ -162,6 +164,7 @@ def jax_row(
     _timed(step),
     flops_xla=flops / batch if flops else None,
     flops_analytic=analytic,
+    bytes_xla=step_cost.compiled_bytes_accessed(compiled) / batch or None,
     compile_s=compile_s,
     peak_bytes=step_cost.peak_bytes(compiled),
   )
@@ -244,6 +247,7 @@ def print_table(rows: list[Row], device: Any, num_devices: int) -> None:
     "img/s",
     "GFLOP/img xla",
     "GFLOP/img analytic",
+    "GB/img xla",
     "TFLOP/s",
     "MFU",
     "compile s",
@@ -272,6 +276,7 @@ def print_table(rows: list[Row], device: Any, num_devices: int) -> None:
       f"{row.best_img_s:.2f}",
       _fmt(row.flops_xla and row.flops_xla / 1e9, ".4g"),
       _fmt(row.flops_analytic and row.flops_analytic / 1e9, ".4g"),
+      _fmt(row.bytes_xla and row.bytes_xla / 1e9, ".4g"),
       _fmt(tflops, ".3g"),
       _fmt(mfu and 100 * mfu, ".1f") + ("%" if mfu else ""),
       _fmt(row.compile_s, ".1f"),

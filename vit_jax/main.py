@@ -18,6 +18,7 @@ import os
 import sys
 from typing import Any, Optional, Sequence
 
+import jax
 import ml_collections
 from absl import flags, logging
 from ml_collections import config_flags
@@ -25,6 +26,11 @@ from ml_collections import config_flags
 from vit_jax import distributed, errors
 
 USER_ERROR_STATUS = 2
+# TensorFlow imports Keras's optimizers at its own import (to register them for SavedModels,
+# ~3 s of every start-up) and goes on without them when that import fails. The job reads
+# data with tf.data and never uses Keras; Keras still imports normally if asked for later.
+_KERAS_EAGER_IMPORTS = ("keras.src.optimizers", "tf_keras.src.optimizers")
+_CACHE_MAX_BYTES = 2 * 2**30
 
 
 def _define_flags(flag_values: flags.FlagValues, argv: Sequence[str]) -> dict[str, Any]:
@@ -141,11 +147,11 @@ def _parse(argv: Sequence[str]) -> tuple[dict[str, Any], Optional[str]]:
   return {name: holder.value for name, holder in holders.items()}, None
 
 
-def _quiet_orbax(record) -> bool:
-  """Keeps Orbax's per-save INFO chatter out of the progress lines (warnings still show),
-  and its background threads' tracebacks of a full disk: the run ends with one
-  OutOfDiskError for it."""
-  if "orbax" not in record.pathname:
+def _quiet_libraries(record) -> bool:
+  """Keeps Orbax's per-save and tfds' per-read INFO chatter out of the progress lines
+  (warnings still show), and Orbax's background threads' tracebacks of a full disk: the
+  run ends with one OutOfDiskError for it."""
+  if "orbax" not in record.pathname and "tensorflow_datasets" not in record.pathname:
     return True
   failure = record.exc_info[1] if record.exc_info else None
   disk_full = errors.says_out_of_disk(record.getMessage()) or (
@@ -161,6 +167,38 @@ def _report(message: str) -> int:
   return USER_ERROR_STATUS
 
 
+def _import_tensorflow() -> None:
+  """Imports TensorFlow without its eager import of Keras (see `_KERAS_EAGER_IMPORTS`)."""
+  if "tensorflow" in sys.modules:
+    return
+  blocked = [name for name in _KERAS_EAGER_IMPORTS if name not in sys.modules]
+  for name in blocked:
+    sys.modules[name] = None  # `import name` raises ImportError, which TensorFlow skips
+  try:
+    import tensorflow  # noqa: F401  # pylint: disable=g-import-not-at-top,unused-import
+  finally:
+    for name in blocked:
+      del sys.modules[name]
+
+
+def _enable_compilation_cache() -> None:
+  """Keeps compiled XLA programs on disk, so that a rerun skips their compilation.
+
+  Programs that took at least a second to compile are kept (JAX's
+  ``jax_persistent_cache_min_compile_time_secs``). JAX keys each entry by the program, its
+  compile options, the devices and the JAX/XLA versions: a changed config or model compiles
+  anew. The directory is ``$XDG_CACHE_HOME/vit_jax/xla`` (default ``~/.cache/vit_jax/xla``),
+  bounded at `_CACHE_MAX_BYTES` (least recently used entries go first);
+  ``JAX_COMPILATION_CACHE_DIR`` chooses another one and ``JAX_ENABLE_COMPILATION_CACHE=false``
+  turns it off.
+  """
+  if jax.config.jax_compilation_cache_dir:  # the user's choice
+    return
+  cache_home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  jax.config.update("jax_compilation_cache_dir", os.path.join(cache_home, "vit_jax", "xla"))
+  jax.config.update("jax_compilation_cache_max_size", _CACHE_MAX_BYTES)
+
+
 def run(argv: Sequence[str]) -> int:
   """Parses ``argv`` (argv[0]: the program), trains and evaluates; the exit status."""
   values, problem = _parse(argv)
@@ -171,7 +209,7 @@ def run(argv: Sequence[str]) -> int:
     logging.set_verbosity(logging.INFO)  # absl.app's default: progress lines at INFO
   logging.use_absl_handler()
   handler = logging.get_absl_handler()
-  handler.addFilter(_quiet_orbax)
+  handler.addFilter(_quiet_libraries)
   config, workdir = values["config"], values["workdir"]
   try:
     distributed.initialize_distributed(
@@ -181,6 +219,7 @@ def run(argv: Sequence[str]) -> int:
       values["initialization_timeout"],
       values["heartbeat_timeout"],
     )
+    _import_tensorflow()
     # Imported after start-up: nothing may touch JAX's backends before it.
     from vit_jax import train  # pylint: disable=g-import-not-at-top
 
@@ -192,12 +231,13 @@ def run(argv: Sequence[str]) -> int:
     logging.debug("The error's traceback:", exc_info=e)
     return _report(str(user_error))
   finally:
-    handler.removeFilter(_quiet_orbax)
+    handler.removeFilter(_quiet_libraries)
   logging.info("Final metrics: %s", {k: round(v, 5) for k, v in metrics.items()})
   return 0
 
 
 def main() -> None:
+  _enable_compilation_cache()  # the command's; `run` in-process leaves JAX's config alone
   status = run(sys.argv)
   if status:
     # Leave at once: threads still running (input pipeline, checkpoint writers) would

@@ -3,9 +3,10 @@
 The benchmark (`benchmarks/throughput.py`), the training run's MFU and the memory-fitted
 accumulation (`vit_jax.memory_fit`) all read a step's cost from here:
 
-- `compiled_flops`: XLA's cost analysis of a compiled step, the FLOPs of one device's
-  program. XLA counts the body of a loop (a scanned encoder, gradient accumulation) once,
-  whatever its trip count; `has_loops` says when that happened.
+- `compiled_flops`, `compiled_bytes_accessed`: XLA's cost analysis of a compiled step,
+  the FLOPs and memory traffic of one device's program. XLA counts the body of a loop (a
+  scanned encoder, gradient accumulation) once, whatever its trip count; `has_loops` says
+  when that happened.
 - `vit_flops_per_image`: the analytic count of a plain ViT's matrix products, a check on
   the above and the count for programs with loops.
 - `peak_bytes`: the device memory a compiled step needs, from XLA's memory analysis.
@@ -47,12 +48,25 @@ PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
 CPU_MATMUL_SIZE = 2048
 
 
-def compiled_flops(compiled: jax.stages.Compiled) -> float:
-  """FLOPs of one device's program, from XLA's cost analysis (0 when it gives none)."""
+def _cost(compiled: jax.stages.Compiled, key: str) -> float:
   analysis = compiled.cost_analysis()
   if isinstance(analysis, (list, tuple)):  # older JAX: one dict per program
     analysis = analysis[0] if analysis else {}
-  return float((analysis or {}).get("flops", 0.0))
+  return float((analysis or {}).get(key, 0.0))
+
+
+def compiled_flops(compiled: jax.stages.Compiled) -> float:
+  """FLOPs of one device's program, from XLA's cost analysis (0 when it gives none)."""
+  return _cost(compiled, "flops")
+
+
+def compiled_bytes_accessed(compiled: jax.stages.Compiled) -> float:
+  """Bytes one device's program reads and writes by XLA's cost analysis (0 when none).
+
+  Independent of the machine's load, unlike a timing: what a change of formulation (an
+  attention layout, a fusion) saves in memory traffic. Loop bodies count once, as FLOPs.
+  """
+  return _cost(compiled, "bytes accessed")
 
 
 def has_loops(compiled: jax.stages.Compiled) -> bool:
