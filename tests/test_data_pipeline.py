@@ -1,15 +1,19 @@
 """Batching, readers and the train stream: exact resume, batch-size errors, prefetch."""
 
 import itertools
+import os
+import threading
+import time
 
 import jax
 import ml_collections
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
+from PIL import Image
 
 from vit_jax import data
-from vit_jax.data import batching
+from vit_jax.data import batching, folder, tfds_source
 
 
 def _mesh():
@@ -220,3 +224,39 @@ def test_reader_keeps_a_read_failure_for_the_consumer(kind):
   assert len(chunks) == 1 and isinstance(reader.error, OSError)
   if kind == "shard":
     np.testing.assert_array_equal(chunks[0][3], np.arange(10, 14))
+
+
+@pytest.mark.parametrize("kind", ["tfds", "folder"])
+def test_closing_the_train_iterator_does_not_wait_for_a_read(
+  kind, digits_config, tmp_path, monkeypatch
+):
+  config = digits_config.copy_and_resolve_references()
+  source_class = tfds_source.TfdsSplit
+  if kind == "folder":
+    for k in range(16):
+      os.makedirs(tmp_path / "train" / f"class_{k % 2}", exist_ok=True)
+      Image.new("RGB", (8, 8), (k,) * 3).save(tmp_path / "train" / f"class_{k % 2}" / f"{k}.png")
+    config.dataset, config.batch = f"folder:{tmp_path}", 8
+    source_class = folder.FolderSplit
+  # Every read after the first block's hangs until released, as a slow read would.
+  release, calls = threading.Event(), []
+  read_many = source_class.read_many
+
+  def slow_read_many(self, ranges):
+    calls.append(ranges)
+    if len(calls) > 1:
+      release.wait(60)
+    return read_many(self, ranges)
+
+  monkeypatch.setattr(source_class, "read_many", slow_read_many)
+  steps_per_block = 1024 // config.batch
+  iterator = data.train_iterator(config, _mesh())
+  try:
+    _take(iterator, steps_per_block)  # All the first block has: the thread now waits.
+    time.sleep(0.5)
+    start = time.monotonic()
+    iterator.close()
+    assert time.monotonic() - start < 2.0
+    assert len(calls) == 2  # The second read was under way when it closed.
+  finally:
+    release.set()

@@ -97,15 +97,20 @@ _STOP_SECONDS = 10.0  # How long closing prefetch_to_device waits for its thread
 
 
 def prefetch_to_device(
-  batches: Iterator[dict[str, np.ndarray]], mesh: Mesh, size: int
+  batches: Iterator[dict[str, np.ndarray]],
+  mesh: Mesh,
+  size: int,
+  stop: threading.Event | None = None,
 ) -> Iterator[dict[str, jax.Array]]:
   """Yields make_global_batch(b) for each b, keeping `size` batches ready ahead.
 
   A daemon thread reads `batches` and starts the host-to-device copies, so input
   preparation overlaps the training step. size <= 0 disables the thread. Errors in
-  the thread are raised to the consumer. Closing the generator stops the thread and
-  closes `batches` (waiting up to _STOP_SECONDS): a tf.data pipeline left running
-  when the interpreter exits can abort it ("terminate called ...", status 134).
+  the thread are raised to the consumer. Closing the generator sets `stop`, stops the
+  thread and closes `batches` (waiting up to _STOP_SECONDS): a tf.data pipeline left
+  running when the interpreter exits can abort it ("terminate called ...", status 134).
+  The thread can only stop between batches, so a producer that may block (tf.data
+  waiting for a read) must watch `stop` too and end at once when it is set.
   """
   if size <= 0:
     for batch in batches:
@@ -113,7 +118,7 @@ def prefetch_to_device(
     return
 
   ready: queue.Queue = queue.Queue(maxsize=size)
-  stop = threading.Event()
+  stop = stop or threading.Event()
 
   def put(item) -> bool:
     while not stop.is_set():

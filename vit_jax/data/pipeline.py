@@ -26,6 +26,7 @@ later batch, and exact resume, unchanged; in evaluation the row gets mask 0.
 from __future__ import annotations
 
 import collections
+import threading
 from typing import Any, Iterator
 
 import jax
@@ -165,14 +166,20 @@ def _stream_failed(reader: readers.Reader) -> BaseException:
 
 
 def local_train_batches(
-  dataset: Dataset, local_batch: int, start_step: int, process: int, process_count: int
+  dataset: Dataset,
+  local_batch: int,
+  start_step: int,
+  process: int,
+  process_count: int,
+  stop: threading.Event | None = None,
 ) -> Iterator[Batch]:
   """Endless host-local train batches of one process, from `start_step` on.
 
   They are rows [process * local_batch, (process + 1) * local_batch) of the global
   batches of local_batch * process_count rows, which do not depend on process_count
   (see the module docstring). Random-access sources shuffle each lane whole; others in
-  windows of shuffle_buffer // global batch (at least 1) examples per lane.
+  windows of shuffle_buffer // global batch (at least 1) examples per lane. Setting
+  `stop` ends the batches promptly, even while a read is in progress.
   """
   settings = dataset.settings
   source = dataset.split(settings.train_split)
@@ -186,7 +193,7 @@ def local_train_batches(
     source.num_examples if source.random_access else max(1, settings.shuffle_buffer // num_lanes)
   )
   reader = readers.LaneReader(
-    source, process * local_batch, local_batch, num_lanes, window, settings.seed, start_step
+    source, process * local_batch, local_batch, num_lanes, window, settings.seed, start_step, stop
   )
   example_fn = _example_fn(settings, source.kind, dataset.num_classes, train=True)
   failures = _Failures(reader, example_fn, settings.skip_corrupt_images)
@@ -197,6 +204,8 @@ def local_train_batches(
     for q, images, labels, present in _realign(
       ds.as_numpy_iterator(), start_step * local_batch, local_batch, shape, dataset.num_classes
     ):
+      if stop is not None and stop.is_set():
+        return  # The stream was cut short: its last rows are missing, not failed.
       if reader.error is not None:
         raise reader.error
       if not present.all():
@@ -213,7 +222,8 @@ def local_train_batches(
           src = ok[np.argmin(np.abs(ok - row))]
           images[row], labels[row] = images[src], labels[src]
       yield {"image": images, "label": labels}
-    raise _stream_failed(reader)
+    if stop is None or not stop.is_set():
+      raise _stream_failed(reader)
 
   return batches()
 
@@ -275,8 +285,9 @@ def train_iterator(
     raise ValueError(f"start_step={start_step} must be >= 0 (the step to resume at).")
   local_batch = batching.local_batch_size(settings.batch, mesh, "batch")
   block, blocks = batching.process_row_block(settings.batch, mesh)
-  batches = local_train_batches(Dataset(settings), local_batch, start_step, block, blocks)
-  return batching.prefetch_to_device(batches, mesh, settings.prefetch)
+  stop = threading.Event()  # Set by closing the iterator; ends the reads at once.
+  batches = local_train_batches(Dataset(settings), local_batch, start_step, block, blocks, stop)
+  return batching.prefetch_to_device(batches, mesh, settings.prefetch, stop)
 
 
 class EvalIterator:

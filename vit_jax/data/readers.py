@@ -6,6 +6,9 @@ chunks, each [k], in stream-position order; uid = epoch * num_examples + index i
 split (it seeds the train augmentation). The next read runs in a thread while a chunk
 is consumed. tf.data ends a generator's stream quietly when it raises under
 ignore_errors(), so a reader keeps the exception in `error` for the consumer to raise.
+A train reader's stream also ends as soon as its `stop` event is set (the train iterator
+was closed): tf.data, blocked on the next chunk, then ends at once instead of waiting for
+a read in progress.
 
 ShardReader serves one contiguous shard of the split (evaluation); LaneReader serves a
 block of rows of every global train batch (the lanes of pipeline.py's docstring).
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import abc
 import concurrent.futures
+import threading
 from typing import Any, Callable, Iterator, Protocol, TypeVar
 
 import numpy as np
@@ -23,6 +27,7 @@ from vit_jax.data import order
 from vit_jax.data.splits import SplitSource
 
 CHUNK = 1024  # Examples handed from Python to tf.data at a time.
+_POLL_SECONDS = 0.05  # How often a stream waiting for a read checks its stop event.
 
 Chunk = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # positions, uids, values, labels
 Example = tuple[Any, int, int, int]  # value, label, index in the split, uid
@@ -51,18 +56,32 @@ class Reader(Protocol):
 
 
 def _read_ahead(
-  items: Iterator[_Item], load: Callable[[_Item], _Loaded]
+  items: Iterator[_Item], load: Callable[[_Item], _Loaded], stop: threading.Event | None = None
 ) -> Iterator[tuple[_Item, _Loaded]]:
-  """(item, load(item)) for each item; the next item loads in a thread meanwhile."""
-  with concurrent.futures.ThreadPoolExecutor(1) as pool:
+  """(item, load(item)) for each item; the next item loads in a thread meanwhile.
+
+  Ends as soon as `stop` is set, without waiting for a load in progress: it finishes in
+  its thread, which the interpreter joins at exit (so no read is left running then).
+  """
+  pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="vit_jax-read-ahead")
+  try:
     current = next(items, None)
     pending = pool.submit(load, current) if current is not None else None
     while current is not None:
-      loaded = pending.result()
+      while True:
+        if stop is not None and stop.is_set():
+          return
+        try:
+          loaded = pending.result(timeout=_POLL_SECONDS)
+          break
+        except concurrent.futures.TimeoutError:
+          pass
       following = next(items, None)
       pending = pool.submit(load, following) if following is not None else None
       yield current, loaded
       current = following
+  finally:
+    pool.shutdown(wait=False, cancel_futures=True)
 
 
 class _PieceReader(abc.ABC):
@@ -150,7 +169,8 @@ class LaneReader(_PieceReader):
   order.process_shard(n, r, num_lanes) and visits them in windows of `window`
   (order.train_pieces keyed by r), so the global batches are the same for any process
   count and this process reads only its lanes. The windows a block of steps needs are
-  read with one source.read_many, the next block's in a thread meanwhile.
+  read with one source.read_many, the next block's in a thread meanwhile. Setting
+  `stop` ends the stream promptly (see the module docstring).
   """
 
   def __init__(
@@ -162,9 +182,10 @@ class LaneReader(_PieceReader):
     window: int,
     seed: int,
     start_step: int,
+    stop: threading.Event | None = None,
   ):
     super().__init__(source)
-    self.num_local, self.start_step = num_local, start_step
+    self.num_local, self.start_step, self.stop = num_local, start_step, stop
     self.lanes = range(first_lane, first_lane + num_local)
     self.bounds = [order.process_shard(source.num_examples, r, num_lanes) for r in self.lanes]
     self.window, self.seed = window, seed
@@ -212,7 +233,7 @@ class LaneReader(_PieceReader):
 
   def _chunks(self) -> Iterator[Chunk]:
     cache, step = {}, self.start_step
-    for (plan, needed, _), loaded in _read_ahead(self._blocks(), self._load):
+    for (plan, needed, _), loaded in _read_ahead(self._blocks(), self._load, self.stop):
       cache = {key: v for key, v in cache.items() if key in needed}
       cache.update(loaded)
       yield self._chunk(plan, cache, step)
