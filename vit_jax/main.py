@@ -201,6 +201,7 @@ def _enable_compilation_cache() -> None:
 
 def run(argv: Sequence[str]) -> int:
   """Parses ``argv`` (argv[0]: the program), trains and evaluates; the exit status."""
+  _import_tensorflow()  # before the config file, which imports it (configs/common.py)
   values, problem = _parse(argv)
   if problem:
     return _report(problem)
@@ -219,7 +220,6 @@ def run(argv: Sequence[str]) -> int:
       values["initialization_timeout"],
       values["heartbeat_timeout"],
     )
-    _import_tensorflow()
     # Imported after start-up: nothing may touch JAX's backends before it.
     from vit_jax import train  # pylint: disable=g-import-not-at-top
 
