@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
+from tests import train_fixtures
 from vit_jax import data, run_checkpoints, train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -84,21 +85,11 @@ def test_resumed_run_continues_at_the_saved_step_with_identical_parameters(
 ):
   straight = train.train_and_evaluate(tiny_config, str(tmp_path / "straight"))
 
-  real_iterator = data.train_iterator
-
-  def preempted_after_4_steps(*args, **kwargs):
-    it = real_iterator(*args, **kwargs)
-    for _ in range(4):
-      yield next(it)
-    raise RuntimeError("preempted")
-
-  monkeypatch.setattr(data, "train_iterator", preempted_after_4_steps)
-  with pytest.raises(RuntimeError, match="preempted"):
-    train.train_and_evaluate(tiny_config, str(tmp_path / "resumed"))
+  train_fixtures.run_preempted(tiny_config, str(tmp_path / "resumed"), monkeypatch)
   # Step 3 was saved (checkpoint_every=3) and survived the failure; step 4 was not saved.
   assert sorted(os.listdir(tmp_path / "resumed" / "checkpoints")) == ["3"]
 
-  monkeypatch.setattr(data, "train_iterator", real_iterator)
+  real_iterator = data.train_iterator
   starts = []
   monkeypatch.setattr(
     data,

@@ -15,7 +15,7 @@ from flax import traverse_util
 
 from configs import mpp as mpp_config
 from tests import train_fixtures
-from vit_jax import data, models, mpp, run_checkpoints, train
+from vit_jax import models, mpp, run_checkpoints, train
 from vit_jax.models import mpp as mpp_model
 
 PAPER = mpp_model.Corruption(rate=0.5, mask=0.8, random=0.1)
@@ -152,18 +152,7 @@ def test_mpp_run_resumes_exactly_and_fine_tunes_through_pretrained(
   straight = train.train_and_evaluate(config, str(tmp_path / "straight"))
   assert 0.0 < straight["eval/loss"] < np.log(mpp.NUM_COLORS)
 
-  real_iterator = data.train_iterator
-
-  def preempted_after_4_steps(*args, **kwargs):
-    it = real_iterator(*args, **kwargs)
-    for _ in range(4):
-      yield next(it)
-    raise RuntimeError("preempted")
-
-  monkeypatch.setattr(data, "train_iterator", preempted_after_4_steps)
-  with pytest.raises(RuntimeError, match="preempted"):
-    train.train_and_evaluate(config, str(tmp_path / "resumed"))
-  monkeypatch.setattr(data, "train_iterator", real_iterator)
+  train_fixtures.run_preempted(config, str(tmp_path / "resumed"), monkeypatch)
   resumed = train.train_and_evaluate(config, str(tmp_path / "resumed"))
   assert resumed["eval/loss"] == straight["eval/loss"]
   a = run_checkpoints.read_params(tmp_path / "straight" / "checkpoints" / "6")

@@ -2,8 +2,10 @@
 
 import ml_collections
 import numpy as np
+import pytest
 
 from configs import common, quickstart
+from vit_jax import data, train
 from vit_jax.models import get_model_config
 
 
@@ -38,3 +40,19 @@ def fixed_batch(
   images = rng.uniform(-1, 1, (n, image_size, image_size, 3)).astype(np.float32)
   labels = np.eye(num_classes, dtype=np.float32)[rng.integers(0, num_classes, n)]
   return {"image": images, "label": labels}
+
+
+def run_preempted(config: ml_collections.ConfigDict, workdir: str, monkeypatch, steps: int = 4):
+  """Runs `train_and_evaluate` until its input stops after ``steps`` batches (a preemption)."""
+  real_iterator = data.train_iterator
+
+  def preempted(*args, **kwargs):
+    it = real_iterator(*args, **kwargs)
+    for _ in range(steps):
+      yield next(it)
+    raise RuntimeError("preempted")
+
+  with monkeypatch.context() as patch:
+    patch.setattr(data, "train_iterator", preempted)
+    with pytest.raises(RuntimeError, match="preempted"):
+      train.train_and_evaluate(config, workdir)
