@@ -12,6 +12,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 from PIL import Image
 
+from tests import train_fixtures
 from vit_jax import data
 from vit_jax.data import batching, folder, tfds_source
 
@@ -23,22 +24,16 @@ def _mesh():
 @pytest.fixture(scope="module")
 def digits_config(tmp_path_factory):
   # shuffle_buffer < split size: the tfds path shuffles in 3 windows of <= 500.
-  return ml_collections.ConfigDict(
-    dict(
-      dataset="digits",
-      data_dir=str(tmp_path_factory.mktemp("tfds")),
-      manual_dir=None,
-      train_split="train",
-      test_split="test",
-      num_classes=None,
-      pp=dict(crop=8, min_area=0.05, flip=True),
-      batch=128,
-      batch_eval=128,
-      shuffle_buffer=500,
-      prefetch=2,
-      seed=3,
-      skip_corrupt_images=False,
-    )
+  return train_fixtures.common_config(
+    dataset="digits",
+    data_dir=str(tmp_path_factory.mktemp("tfds")),
+    train_split="train",
+    test_split="test",
+    pp=dict(crop=8, min_area=0.05, flip=True),
+    batch=128,
+    batch_eval=128,
+    shuffle_buffer=500,
+    seed=3,
   )
 
 

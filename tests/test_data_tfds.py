@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
+from tests import train_fixtures
 from vit_jax import data
 from vit_jax.data import digits, order, readers, tfds_source
 
@@ -17,22 +18,16 @@ def _mesh():
 
 
 def _config(dataset, data_dir, **overrides) -> ml_collections.ConfigDict:
-  config = ml_collections.ConfigDict(
-    dict(
-      dataset=dataset,
-      data_dir=str(data_dir),
-      manual_dir=None,
-      train_split="train",
-      test_split="test",
-      num_classes=None,
-      pp=dict(crop=16, min_area=0.05, flip=True),
-      batch=8,
-      batch_eval=8,
-      shuffle_buffer=1000,
-      prefetch=2,
-      seed=0,
-      skip_corrupt_images=False,
-    )
+  config = train_fixtures.common_config(
+    dataset=dataset,
+    data_dir=str(data_dir),
+    train_split="train",
+    test_split="test",
+    pp=dict(crop=16, min_area=0.05, flip=True),
+    batch=8,
+    batch_eval=8,
+    shuffle_buffer=1000,
+    seed=0,
   )
   config.update(overrides)
   return config
