@@ -1,13 +1,16 @@
-"""Checks of a run's loop settings and of the workdir's `config.json`, before anything is
-written."""
+"""Checks of a run's loop settings and of the workdir's `config.json` before the run writes
+anything, and the writing of that `config.json` once they pass."""
 
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
+import jax
 import ml_collections
 import tensorflow as tf
+from absl import logging
 
 from vit_jax import errors
 
@@ -62,3 +65,30 @@ def read_run_config(path: str) -> dict[str, Any]:
       "or move it away to resume with this config (the checkpoints stay)."
     )
   return saved
+
+
+def write_or_compare_config(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """Writes config.json; on resume, a changed model is an error, a changed schedule a warning.
+
+  Every process checks; process 0 writes. Paths go through tf.io.gfile (gs:// works).
+  """
+  path = os.path.join(workdir, "config.json")
+  current = json.loads(config.to_json_best_effort())
+  if tf.io.gfile.exists(path):
+    saved = read_run_config(path)
+    model_keys = ("model", "num_classes", "pp")
+    changed = [k for k in model_keys if saved.get(k) != current.get(k)]
+    if changed and tf.io.gfile.isdir(os.path.join(workdir, "checkpoints")):
+      raise errors.ResumeError(
+        f"The config's {', '.join(changed)} differ from the run saved in {workdir}: its "
+        "checkpoints would not fit. Use a new --workdir, or put the old values back."
+      )
+    schedule_keys = ("total_steps", "lr", "optim", "batch", "accum_steps")
+    for k in schedule_keys:
+      if saved.get(k) != current.get(k):
+        logging.warning("Resuming with a changed %s: %s -> %s.", k, saved.get(k), current.get(k))
+  if jax.process_index() == 0:
+    tmp = path + ".tmp"
+    with tf.io.gfile.GFile(tmp, "w") as f:
+      json.dump(current, f, indent=2, sort_keys=True)
+    tf.io.gfile.rename(tmp, path, overwrite=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import collections
 import functools
 import itertools
-import json
 import os
 import time
 from typing import Any, Callable, Optional
@@ -125,33 +124,6 @@ def _check_batch_sizes(config: ml_collections.ConfigDict, mesh: jax.sharding.Mes
       f"batch={config.batch} is not divisible by accum_steps={accum} x {data_size} devices "
       f"on the 'data' mesh axis: choose a batch that is a multiple of {accum * data_size}."
     )
-
-
-def _write_or_compare_config(config: ml_collections.ConfigDict, workdir: str) -> None:
-  """Writes config.json; on resume, a changed model is an error, a changed schedule a warning.
-
-  Every process checks; process 0 writes. Paths go through tf.io.gfile (gs:// works).
-  """
-  path = os.path.join(workdir, "config.json")
-  current = json.loads(config.to_json_best_effort())
-  if tf.io.gfile.exists(path):
-    saved = run_checks.read_run_config(path)
-    model_keys = ("model", "num_classes", "pp")
-    changed = [k for k in model_keys if saved.get(k) != current.get(k)]
-    if changed and tf.io.gfile.isdir(os.path.join(workdir, "checkpoints")):
-      raise errors.ResumeError(
-        f"The config's {', '.join(changed)} differ from the run saved in {workdir}: its "
-        "checkpoints would not fit. Use a new --workdir, or put the old values back."
-      )
-    schedule_keys = ("total_steps", "lr", "optim", "batch", "accum_steps")
-    for k in schedule_keys:
-      if saved.get(k) != current.get(k):
-        logging.warning("Resuming with a changed %s: %s -> %s.", k, saved.get(k), current.get(k))
-  if jax.process_index() == 0:
-    tmp = path + ".tmp"
-    with tf.io.gfile.GFile(tmp, "w") as f:
-      json.dump(current, f, indent=2, sort_keys=True)
-    tf.io.gfile.rename(tmp, path, overwrite=True)
 
 
 def _global_array(value: np.ndarray, sharding: jax.sharding.NamedSharding) -> jax.Array:
@@ -315,7 +287,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     checkpoint_dir, run_data, trainer.abstract_state, allow_changed_seed=config.allow_changed_seed
   )
   run_checks.check_evaluate_only(config, resumable=resumable)
-  _write_or_compare_config(config, workdir)
+  run_checks.write_or_compare_config(config, workdir)
 
   manager = run_checkpoints.RunCheckpoints(
     checkpoint_dir, keep=config.keep_checkpoints, data=run_data
