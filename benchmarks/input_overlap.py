@@ -2,8 +2,8 @@ r"""A config's training end to end against its own step on one fixed device batc
 
     python benchmarks/input_overlap.py [--config=quickstart] [--steps=300] [--rounds=3]
 
-Both loops run the same compiled train step as `vit_jax.train.train_and_evaluate` does (at
-most `train.MAX_STEPS_IN_FLIGHT` steps in flight): one feeds the batches of
+Both loops run the same compiled train step as `vit_jax.run.train_and_evaluate` does (at
+most `run.loop.MAX_STEPS_IN_FLIGHT` steps in flight): one feeds the batches of
 `vit_jax.data.train_iterator` (tf.data, realignment, the prefetch thread), the other the
 same device batch every step. Their ratio says how much the input pipeline takes from the
 step on this machine (`--prefetch` tries another prefetch depth). Rounds alternate the
@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 import jax
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from vit_jax import data, train  # pylint: disable=g-import-not-at-top,wrong-import-position
+from vit_jax import data, run  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def _loop(step: Callable[[Any, Any], tuple[Any, Any]], state: Any, batches: Iterator[Any], n: int):
@@ -33,7 +33,7 @@ def _loop(step: Callable[[Any, Any], tuple[Any, Any]], state: Any, batches: Iter
   for _ in range(n):
     state, metrics = step(state, next(batches))
     in_flight.append(metrics)
-    if len(in_flight) > train.MAX_STEPS_IN_FLIGHT:
+    if len(in_flight) > run.loop.MAX_STEPS_IN_FLIGHT:
       jax.block_until_ready(in_flight.popleft())
   jax.block_until_ready((state, list(in_flight)))
   return state, time.perf_counter() - start
@@ -52,11 +52,11 @@ def main() -> None:
     config.prefetch = args.prefetch
   if args.scan is not None:
     config.model.scan = args.scan == "true"
-  trainer = train.Trainer(config, data.dataset_info(config).num_classes)
-  state = trainer.init_state()
-  batches = data.train_iterator(config, trainer.mesh)
+  steps = run.build(config)
+  state = steps.init_state()
+  batches = data.train_iterator(steps.spec.data, steps.mesh)
   fixed = next(batches)
-  step = trainer.compile_train_step(state, fixed)
+  step = steps.compile_train_step()
   state, _ = _loop(step, state, batches, 20)  # warm-up: tf.data's threads and autotuning
   best = {"end to end": float("inf"), "fixed batch": float("inf")}
   for _ in range(args.rounds):

@@ -10,7 +10,7 @@ step with the analytic count beside it, GB of memory traffic per image (XLA's co
 achieved TFLOP/s, MFU against the device's dense peak (`vit_jax.step_cost`), compile time
 and the compiled step's peak device memory.
 
-Train rows time `vit_jax.train.Trainer`'s train step (SGD with momentum, softmax
+Train rows time the run's train step (`vit_jax.run.build`) (SGD with momentum, softmax
 cross-entropy, the config's sharding); infer rows time the model's forward pass. Rows run
 interleaved for ``--rounds`` rounds and each keeps its best round, so that load from other
 processes on a shared machine hurts every row alike. ``--compare=timm`` adds timm's model
@@ -39,8 +39,9 @@ import numpy as np
 # `configs/` is a folder of the repository, not part of the installed package.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configs import common  # pylint: disable=g-import-not-at-top,wrong-import-position
-from vit_jax import sharding, step_cost, train
+from vit_jax import run, sharding
 from vit_jax.models import get_model_config, vit
+from vit_jax.run import step_cost
 
 NUM_CLASSES = 1000
 TIMM_NAMES = {
@@ -122,7 +123,8 @@ def jax_row(
 ) -> Row:
   """Compiles the project's train step or forward pass for one combination."""
   config = _config(model, batch, resolution, dtype, attention, scan, remat)
-  trainer = train.Trainer(config, NUM_CLASSES)
+  config.num_classes = NUM_CLASSES
+  trainer = run.build(config, open_data=False)
   state = trainer.init_state()
   batch_sharding = sharding.batch_sharding(trainer.mesh)
   rng = np.random.default_rng(0)
@@ -134,14 +136,14 @@ def jax_row(
   )
   start = time.perf_counter()
   if mode == "train":
-    compiled = trainer.compile_train_step(state, {"image": images, "label": labels})
+    compiled = trainer.compile_train_step()
     holder = {"state": state}
 
     def step():
       holder["state"], metrics = compiled(holder["state"], {"image": images, "label": labels})
       return metrics
   else:
-    forward = jax.jit(lambda p, x: trainer.model.apply({"params": p}, x, train=False))
+    forward = jax.jit(lambda p, x: trainer.objective.model.apply({"params": p}, x, train=False))
     compiled = forward.lower(state.params, images).compile()
 
     def step():

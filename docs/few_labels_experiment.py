@@ -19,7 +19,7 @@ from absl import app, flags
 from PIL import Image
 
 from configs import mpp, quickstart
-from vit_jax import train
+from vit_jax import run
 from vit_jax.data import digits
 
 _OUT = flags.DEFINE_string("out", "/tmp/few_labels", "Where the folders and runs go.")
@@ -54,14 +54,14 @@ def supervised(workdir: str, seed: int, dataset: str | None = None, pretrained: 
     config.batch = 50
   if pretrained is not None:
     config.pretrained = pretrained
-  return train.train_and_evaluate(config, workdir)
+  return run.train_and_evaluate(config, workdir)
 
 
 def main(argv):
   del argv
   out, seeds = _OUT.value, [int(s) for s in _SEEDS.value]
   mpp_dir = os.path.join(out, "mpp")
-  train.train_and_evaluate(mpp.get_config("digits"), mpp_dir)
+  run.train_and_evaluate(mpp.get_config("digits"), mpp_dir)
   rows = {"scratch": [], "mpp": []}
   for seed in seeds:
     folder = write_folder(os.path.join(out, f"digits{_SHOTS.value}_s{seed}"), _SHOTS.value, seed)
@@ -74,7 +74,7 @@ def main(argv):
   config.total_steps = config.eval_every = config.checkpoint_every = _STEPS.value
   config.fewshot.datasets, config.fewshot.shots = ("digits",), (1, 5, 10)
   config.fewshot.every = _STEPS.value
-  fewshot = train.train_and_evaluate(config, os.path.join(out, "supervised"))
+  fewshot = run.train_and_evaluate(config, os.path.join(out, "supervised"))
 
   def cell(values):
     return f"{100 * np.mean(values):.1f} ± {100 * np.std(values):.1f}%"

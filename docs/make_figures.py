@@ -3,7 +3,7 @@ r"""Regenerates the "Inspecting ViT" figures in docs/figures/ from a trained run
     python docs/make_figures.py --workdir=/tmp/vit_quickstart          # the quickstart run
     python docs/make_figures.py --workdir=... --out=docs/figures --data_dir=...
 
-Reads ``<workdir>/config.json`` (written by `train.train_and_evaluate`) and the newest
+Reads ``<workdir>/config.json`` (written by `run.train_and_evaluate`) and the newest
 step of ``<workdir>/checkpoints``, runs the model on the first test batch and writes
 (paper Fig. 6 and Fig. 7, left to right):
 
@@ -30,8 +30,9 @@ import ml_collections
 import numpy as np
 from PIL import Image
 
-from vit_jax import analysis, data, plots, run_checkpoints, sharding
+from vit_jax import analysis, data, plots, sharding
 from vit_jax.models import create_model
+from vit_jax.run import checkpoints as run_checkpoints
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 DPI = 80  # small PNGs for the repository

@@ -76,7 +76,9 @@ def _run(mode: str, out_dir: str, data_dir: str) -> None:
   import numpy as np  # pylint: disable=g-import-not-at-top
   from flax import traverse_util  # pylint: disable=g-import-not-at-top
 
-  from vit_jax import data, run_checkpoints, train  # pylint: disable=g-import-not-at-top
+  from tests import train_fixtures  # pylint: disable=g-import-not-at-top
+  from vit_jax import data, run  # pylint: disable=g-import-not-at-top
+  from vit_jax.run import checkpoints as run_checkpoints  # pylint: disable=g-import-not-at-top
 
   assert jax.device_count() == 4, jax.devices()
 
@@ -98,7 +100,7 @@ def _run(mode: str, out_dir: str, data_dir: str) -> None:
         yield batch
 
     data.train_iterator = dies_on_process_1
-    train.train_and_evaluate(config_for("data_parallel", total_steps=50), out_dir)
+    run.train_and_evaluate(config_for("data_parallel", total_steps=50), out_dir)
     raise AssertionError("Training went on although process 1 died.")
 
   results, metrics = {}, {}
@@ -109,9 +111,9 @@ def _run(mode: str, out_dir: str, data_dir: str) -> None:
     )
   for name, config in runs:
     workdir = os.path.join(out_dir, name)
-    metrics[name] = train.train_and_evaluate(config, workdir)
+    metrics[name] = run.train_and_evaluate(config, workdir)
     # Restore the final checkpoint with the run's shardings and gather it.
-    trainer = train.Trainer(config, num_classes=10)
+    trainer = train_fixtures.build_steps(config)
     manager = run_checkpoints.RunCheckpoints(os.path.join(workdir, "checkpoints"))
     try:
       state = manager.restore_latest(trainer.abstract_state)
@@ -130,7 +132,7 @@ def _run(mode: str, out_dir: str, data_dir: str) -> None:
 
   # The data-parallel result as `config.pretrained` of an FSDP run (parameters split over
   # the processes): evaluating it must give the data-parallel run's final evaluation.
-  metrics["pretrained"] = train.train_and_evaluate(
+  metrics["pretrained"] = run.train_and_evaluate(
     config_for(
       "fsdp", pretrained=os.path.join(out_dir, "data_parallel", "checkpoints"), total_steps=0
     ),

@@ -13,8 +13,9 @@ import pytest
 from sklearn import linear_model
 
 from configs import quickstart
-from vit_jax import checkpoint, models, run_checkpoints, sharding, train
+from vit_jax import checkpoint, models, run, sharding
 from vit_jax.fewshot import evaluator, linear
+from vit_jax.run import checkpoints as run_checkpoints
 
 
 @pytest.mark.parametrize(
@@ -85,7 +86,7 @@ def trained_run(tmp_path_factory, digits_dir):
   config.fewshot.shots = (10,)
   config.fewshot.every = 150
   workdir = str(tmp_path_factory.mktemp("fewshot_run"))
-  return config, workdir, train.train_and_evaluate(config, workdir)
+  return config, workdir, run.train_and_evaluate(config, workdir)
 
 
 def test_trained_features_beat_random_features(trained_run):

@@ -14,9 +14,11 @@ from flax import traverse_util
 from ml_collections import config_flags
 
 from configs import pretrain, quickstart, vit
-from vit_jax import models, optim, pretrained, run_checkpoints, train
+from vit_jax import models, pretrained, run
 from vit_jax.data import presets
 from vit_jax.models.posemb import resize_posemb
+from vit_jax.run import checkpoints as run_checkpoints
+from vit_jax.run import optim
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 POSEMB = pretrained.POSEMB_PATH
@@ -46,7 +48,9 @@ def test_vit_config_is_the_papers_finetuning_recipe():
   }
   pets = vit.get_config("s32,oxford_iiit_pet")
   assert pets.lr.warmup_steps < pets.total_steps and pets.test_split == "test"
-  optim.make_optimizer(pets)  # the schedule is valid for the short runs too
+  optim.make_optimizer(
+    optim.OptimizerSettings.from_config(pets)
+  )  # the schedule is valid for the short runs too
   assert {vit.get_config(f"{s},cifar10").model.name for s in vit.MODELS} <= set(models.MODEL_NAMES)
 
 
@@ -119,7 +123,7 @@ def source_run(tmp_path_factory, digits_dir):
   """(config, workdir, final metrics) of a tiny training run with one Orbax step."""
   config = _tiny_run_config(digits_dir)
   workdir = str(tmp_path_factory.mktemp("source"))
-  metrics = train.train_and_evaluate(config, workdir)
+  metrics = run.train_and_evaluate(config, workdir)
   return config, workdir, metrics
 
 
@@ -128,7 +132,7 @@ def test_checkpoint_is_evaluated_without_training(source_run, tmp_path):
   config = ml_collections.ConfigDict(config.to_dict())
   config.total_steps = 0
   config.pretrained = os.path.join(workdir, "checkpoints")
-  evaluated = train.train_and_evaluate(config, str(tmp_path / "eval"))
+  evaluated = run.train_and_evaluate(config, str(tmp_path / "eval"))
   # The loaded parameters, on the run's eval split: the run's own final numbers exactly
   # (fresh parameters would score log(10) with their zero head).
   for key in ("eval/accuracy", "eval/loss", "eval/examples"):
@@ -160,7 +164,7 @@ def test_run_finetunes_at_2x_resolution_with_a_new_head(source_run, tmp_path, mo
     return traverse_util.unflatten_dict(dict(loaded), sep="/")
 
   monkeypatch.setattr(pretrained, "load_pretrained", spy)
-  result = train.train_and_evaluate(config, str(tmp_path / "ft"))
+  result = run.train_and_evaluate(config, str(tmp_path / "ft"))
 
   assert set(loaded) == set(stored)
   for key, value in stored.items():

@@ -10,7 +10,8 @@ import pytest
 from flax import traverse_util
 
 from tests import train_fixtures
-from vit_jax import data, run_checkpoints, train
+from vit_jax import data, run
+from vit_jax.run import checkpoints as run_checkpoints
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -83,7 +84,7 @@ def test_a_user_error_is_one_line_without_traceback_and_exit_status_2(tmp_path, 
 def test_resumed_run_continues_at_the_saved_step_with_identical_parameters(
   tmp_path, tiny_config, monkeypatch
 ):
-  straight = train.train_and_evaluate(tiny_config, str(tmp_path / "straight"))
+  straight = run.train_and_evaluate(tiny_config, str(tmp_path / "straight"))
 
   train_fixtures.run_preempted(tiny_config, str(tmp_path / "resumed"), monkeypatch)
   # Step 3 was saved (checkpoint_every=3) and survived the failure; step 4 was not saved.
@@ -96,7 +97,7 @@ def test_resumed_run_continues_at_the_saved_step_with_identical_parameters(
     "train_iterator",
     lambda *a, **kw: (starts.append(kw.get("start_step")), real_iterator(*a, **kw))[1],
   )
-  resumed = train.train_and_evaluate(tiny_config, str(tmp_path / "resumed"))
+  resumed = run.train_and_evaluate(tiny_config, str(tmp_path / "resumed"))
   assert starts == [3]
   assert resumed["eval/accuracy"] == straight["eval/accuracy"]
   a = run_checkpoints.read_params(tmp_path / "straight" / "checkpoints" / "6")
@@ -108,11 +109,11 @@ def test_resumed_run_continues_at_the_saved_step_with_identical_parameters(
 def test_resume_with_another_model_is_an_error_and_keeps_the_run(tmp_path, tiny_config):
   workdir = str(tmp_path / "run")
   tiny_config.total_steps = 3
-  train.train_and_evaluate(tiny_config, workdir)
+  run.train_and_evaluate(tiny_config, workdir)
   before = sorted(os.listdir(os.path.join(workdir, "checkpoints")))
   tiny_config.model.hidden_size = 48
   with pytest.raises(ValueError, match="model differ.*new --workdir"):
-    train.train_and_evaluate(tiny_config, workdir)
+    run.train_and_evaluate(tiny_config, workdir)
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == before
 
 
@@ -120,4 +121,4 @@ def test_accumulation_that_does_not_divide_the_batch_is_a_clear_error(tiny_confi
   tiny_config.batch = 18
   tiny_config.accum_steps = 4
   with pytest.raises(ValueError, match="batch=18.*accum_steps=4.*multiple of 4"):
-    train.Trainer(tiny_config, num_classes=10)
+    train_fixtures.build_steps(tiny_config)

@@ -15,8 +15,10 @@ from flax import traverse_util
 
 from configs import mpp as mpp_config
 from tests import train_fixtures
-from vit_jax import models, mpp, run_checkpoints, train
+from vit_jax import models, run
 from vit_jax.models import mpp as mpp_model
+from vit_jax.run import checkpoints as run_checkpoints
+from vit_jax.run.objectives import masked_patches as mpp
 
 PAPER = mpp_model.Corruption(rate=0.5, mask=0.8, random=0.1)
 
@@ -84,14 +86,9 @@ def test_pixel_target_is_each_patch_row_major():
   np.testing.assert_array_equal(got[1, 2], images[1, 4:8, 0:4].reshape(-1))
 
 
-def _objective(target: str = "mean_color") -> mpp.Objective:
-  config = ml_collections.ConfigDict(
-    dict(
-      model=models.get_model_config("testing"),
-      mpp=dict(target=target, corrupt_rate=0.5, mask=0.8, random=0.1),
-    )
-  )
-  return mpp.Objective(config)
+def _objective(target: str = "mean_color") -> mpp.MaskedPatchPrediction:
+  options = ml_collections.ConfigDict(dict(target=target, corrupt_rate=0.5, mask=0.8, random=0.1))
+  return mpp.MaskedPatchPrediction(models.get_model_config("testing"), options)
 
 
 def test_encoder_parameters_have_the_supervised_models_names():
@@ -130,13 +127,13 @@ def test_loss_falls_on_a_fixed_batch():
   batch = jax.tree.map(jnp.asarray, train_fixtures.fixed_batch())
   params = nn.unbox(objective.init(jax.random.PRNGKey(0), batch["image"]))
   tx = optax.adam(3e-3)
-  state = train.TrainState(
+  state = run.TrainState(
     step=jnp.zeros((), jnp.int32),
     params=params,
     opt_state=tx.init(params),
     rng=jax.random.PRNGKey(0),
   )
-  step = jax.jit(functools.partial(train.train_step, loss_fn=objective.loss, tx=tx, accum_steps=1))
+  step = jax.jit(functools.partial(run.train_step, loss_fn=objective.loss, tx=tx, accum_steps=1))
   values = []
   for _ in range(40):
     state, metrics = step(state, batch)
@@ -149,11 +146,11 @@ def test_mpp_run_resumes_exactly_and_fine_tunes_through_pretrained(
   tmp_path, digits_dir, tiny_config, monkeypatch
 ):
   config = _tiny_mpp_config(digits_dir)
-  straight = train.train_and_evaluate(config, str(tmp_path / "straight"))
+  straight = run.train_and_evaluate(config, str(tmp_path / "straight"))
   assert 0.0 < straight["eval/loss"] < np.log(mpp.NUM_COLORS)
 
   train_fixtures.run_preempted(config, str(tmp_path / "resumed"), monkeypatch)
-  resumed = train.train_and_evaluate(config, str(tmp_path / "resumed"))
+  resumed = run.train_and_evaluate(config, str(tmp_path / "resumed"))
   assert resumed["eval/loss"] == straight["eval/loss"]
   a = run_checkpoints.read_params(tmp_path / "straight" / "checkpoints" / "6")
   b = traverse_util.flatten_dict(
@@ -166,7 +163,7 @@ def test_mpp_run_resumes_exactly_and_fine_tunes_through_pretrained(
   finetune = tiny_config
   finetune.pretrained = str(tmp_path / "straight" / "checkpoints")
   finetune.total_steps = 0
-  trainer = train.Trainer(finetune, num_classes=10)
+  trainer = train_fixtures.build_steps(finetune)
   params = traverse_util.flatten_dict(jax.device_get(trainer.init_state().params), sep="/")
   for k, v in traverse_util.flatten_dict(a, sep="/").items():
     if k.split("/")[0] in mpp_model.MPP_PARAMS:

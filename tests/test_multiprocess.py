@@ -27,7 +27,8 @@ import pytest
 from flax import traverse_util
 
 from tests import _multiprocess_worker as worker
-from vit_jax import data, run_checkpoints
+from vit_jax import data
+from vit_jax.run import checkpoints as run_checkpoints
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH_TIMEOUT = 480  # Seconds for a pair of launches (2 shared cores: compiles are slow).

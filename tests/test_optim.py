@@ -12,8 +12,8 @@ import optax
 import pytest
 
 from tests import train_fixtures
-from vit_jax import optim
 from vit_jax.models import create_model, get_model_config
+from vit_jax.run import optim
 
 
 def _config(**optim_overrides):
@@ -34,7 +34,7 @@ def _values(schedule, steps):
 
 
 def test_cosine_schedule_warmup_midpoint_and_end():
-  schedule = optim.make_schedule(_config())
+  schedule = optim.make_schedule(optim.OptimizerSettings.from_config(_config()))
   # Warm-up start, middle, end; cosine midpoint (base + end) / 2; end at and after total.
   np.testing.assert_allclose(
     _values(schedule, [0, 5, 10, 60, 110, 500]), [0.0, 0.5, 1.0, 0.55, 0.1, 0.1], atol=1e-6
@@ -50,23 +50,32 @@ def test_linear_and_constant_schedules():
   config = _config()
   config.lr.decay = "linear"
   np.testing.assert_allclose(
-    _values(optim.make_schedule(config), [0, 5, 10, 35, 60, 110, 200]),
+    _values(
+      optim.make_schedule(optim.OptimizerSettings.from_config(config)), [0, 5, 10, 35, 60, 110, 200]
+    ),
     [0.0, 0.5, 1.0, 0.775, 0.55, 0.1, 0.1],
     atol=1e-6,
   )
   config.lr.decay = "constant"
   np.testing.assert_allclose(
-    _values(optim.make_schedule(config), [0, 5, 10, 60, 110]), [0.0, 0.5, 1.0, 1.0, 1.0], atol=1e-6
+    _values(optim.make_schedule(optim.OptimizerSettings.from_config(config)), [0, 5, 10, 60, 110]),
+    [0.0, 0.5, 1.0, 1.0, 1.0],
+    atol=1e-6,
   )
   config.lr.warmup_steps = 0
-  np.testing.assert_allclose(_values(optim.make_schedule(config), [0, 1, 110]), [1.0] * 3)
+  np.testing.assert_allclose(
+    _values(optim.make_schedule(optim.OptimizerSettings.from_config(config)), [0, 1, 110]),
+    [1.0] * 3,
+  )
 
 
 def test_schedule_without_training_steps_is_defined():
   config = _config()
   config.total_steps = 0  # evaluation-only runs still build an optimizer
   config.lr.warmup_steps = 0
-  assert float(optim.make_schedule(config)(0)) == pytest.approx(1.0)
+  assert float(
+    optim.make_schedule(optim.OptimizerSettings.from_config(config))(0)
+  ) == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize(
@@ -81,7 +90,7 @@ def test_schedule_errors(field, value, match):
   config = _config()
   config.lr[field] = value
   with pytest.raises(ValueError, match=match):
-    optim.make_schedule(config)
+    optim.make_schedule(optim.OptimizerSettings.from_config(config))
 
 
 @pytest.mark.parametrize(
@@ -94,7 +103,7 @@ def test_schedule_errors(field, value, match):
 )
 def test_optimizer_errors(field, value, match):
   with pytest.raises(ValueError, match=match):
-    optim.make_optimizer(_config(**{field: value}))
+    optim.make_optimizer(optim.OptimizerSettings.from_config(_config(**{field: value})))
 
 
 # ----------------------------------------------------------------------------- SGD
@@ -104,7 +113,7 @@ def test_sgd_momentum_clip_and_decay_match_hand_computation():
   config = _config(momentum=0.9, grad_clip_norm=1.0, weight_decay=0.01)
   config.lr.decay = "constant"
   config.lr.warmup_steps = 4
-  tx, schedule = optim.make_optimizer(config)
+  tx, schedule = optim.make_optimizer(optim.OptimizerSettings.from_config(config))
   params = {"w": jnp.array([1.0, -2.0]), "bias": jnp.array([0.5])}
   grads = [
     {"w": jnp.array([3.0, 4.0]), "bias": jnp.array([0.0])},  # norm 5: clipped
@@ -137,7 +146,7 @@ def test_sgd_without_momentum_is_plain_gradient_descent():
   config = _config(momentum=0.0)
   config.lr.decay = "constant"
   config.lr.warmup_steps = 0
-  tx, _ = optim.make_optimizer(config)
+  tx, _ = optim.make_optimizer(optim.OptimizerSettings.from_config(config))
   params = {"kernel": jnp.array([1.0, 2.0])}
   updates, _ = tx.update({"kernel": jnp.array([0.5, -1.0])}, tx.init(params), params)
   np.testing.assert_allclose(updates["kernel"], [-0.5, 1.0])
@@ -145,7 +154,9 @@ def test_sgd_without_momentum_is_plain_gradient_descent():
 
 @pytest.mark.parametrize("name", ["sgd", "adam"])
 def test_bfloat16_momentum_dtype(name):
-  tx, _ = optim.make_optimizer(_config(name=name, momentum_dtype="bfloat16"))
+  tx, _ = optim.make_optimizer(
+    optim.OptimizerSettings.from_config(_config(name=name, momentum_dtype="bfloat16"))
+  )
   params = {"kernel": jnp.ones((3, 4), jnp.float32)}
   state = tx.init(params)
   updates, state = jax.jit(tx.update)({"kernel": jnp.full((3, 4), 0.1)}, state, params)
@@ -225,7 +236,7 @@ def test_adamw_decoupled_decay_on_model_tree(scan, decay_all):
   config.lr.decay = "constant"
   config.lr.warmup_steps = 0
   config.lr.base = lr
-  tx, _ = optim.make_optimizer(config)
+  tx, _ = optim.make_optimizer(optim.OptimizerSettings.from_config(config))
   boxed = _model_params(scan)
 
   # tx.init on boxes under eval_shape (how train.py derives shardings): moments keep boxes.
@@ -251,6 +262,8 @@ def test_adam_and_adamw_are_the_same_decoupled_optimizer():
   grads = jax.tree.map(lambda x: 0.3 * x - 0.2, params)
   results = []
   for name in ("adam", "adamw"):
-    tx, _ = optim.make_optimizer(_config(name=name, weight_decay=0.05))
+    tx, _ = optim.make_optimizer(
+      optim.OptimizerSettings.from_config(_config(name=name, weight_decay=0.05))
+    )
     results.append(tx.update(grads, tx.init(params), params)[0])
   jax.tree.map(np.testing.assert_array_equal, *results)

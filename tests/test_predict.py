@@ -17,7 +17,7 @@ from PIL import Image
 
 from configs import quickstart
 from tests import interop_fixtures as fx
-from vit_jax import models, predict, train
+from vit_jax import models, predict, run
 from vit_jax.data import digits
 from vit_jax.interop import infer, loader
 
@@ -122,7 +122,7 @@ def digits_run(tmp_path_factory, digits_dir):
   config.total_steps, config.lr.warmup_steps = 60, 5
   config.log_every, config.eval_every, config.checkpoint_every = 60, 1000, 1000
   workdir = str(tmp_path_factory.mktemp("run"))
-  metrics = train.train_and_evaluate(config, workdir)
+  metrics = run.train_and_evaluate(config, workdir)
   folder = tmp_path_factory.mktemp("test_images")
   images, labels = digits.digits_arrays()
   for i in digits.split_indices()["test"]:

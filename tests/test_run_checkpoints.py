@@ -9,7 +9,8 @@ import pytest
 from flax import traverse_util
 
 from tests.finished_run import copy_run, flip_bytes, tiny_run_config
-from vit_jax import errors, run_checkpoints, train
+from vit_jax import errors, run
+from vit_jax.run import checkpoints as run_checkpoints
 
 pytest_plugins = ["tests.finished_run"]  # the finished_run fixture
 
@@ -46,7 +47,7 @@ def test_resume_moves_a_corrupt_step_aside_and_writes_it_again(finished_run, tmp
   workdir = copy_run(finished_run, tmp_path / "run")
   checkpoints = os.path.join(workdir, "checkpoints")
   flip_bytes(os.path.join(checkpoints, "6"))
-  train.train_and_evaluate(tiny_run_config(digits_dir), workdir)  # resumes at 3
+  run.train_and_evaluate(tiny_run_config(digits_dir), workdir)  # resumes at 3
   names = sorted(os.listdir(checkpoints))
   assert names[:2] == ["3", "6"] and len(names) == 3 and names[2].startswith("6.corrupt-")
   want = flat_params(os.path.join(finished_run, "checkpoints", "6"))
@@ -77,7 +78,7 @@ def test_divergence_stops_with_one_message_and_keeps_the_good_steps(
   config.total_steps = 12
   config.lr.base = 1e6
   with pytest.raises(errors.DivergenceError) as e:
-    train.train_and_evaluate(config, workdir)
+    run.train_and_evaluate(config, workdir)
   message = str(e.value)
   # Which step first overflows depends on float rounding; it is one after the resume at 6.
   diverged = int(re.search(r"Training diverged at step (\d+)", message).group(1))
@@ -94,6 +95,6 @@ def test_a_changed_seed_resumes_only_when_allowed(finished_run, tmp_path, digits
   config = tiny_run_config(digits_dir)
   config.seed = 7
   with pytest.raises(errors.ResumeError, match="seed: 0 -> 7.*allow_changed_seed"):
-    train.train_and_evaluate(config, workdir)
+    run.train_and_evaluate(config, workdir)
   config.allow_changed_seed = True
-  assert "eval/accuracy" in train.train_and_evaluate(config, workdir)  # finished: evaluates
+  assert "eval/accuracy" in run.train_and_evaluate(config, workdir)  # finished: evaluates

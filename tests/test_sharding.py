@@ -130,7 +130,8 @@ _EIGHT_DEVICES = """
 import json
 import flax.linen as nn, jax, jax.numpy as jnp, optax
 from configs import common
-from vit_jax import optim, sharding
+from vit_jax import sharding
+from vit_jax.run import optim
 from vit_jax.models import create_model, get_model_config
 
 def specs(tree):
@@ -153,7 +154,7 @@ for name, (strategy, axes, overrides, run_jit) in cases.items():
   # The optimizer as train.py builds it: clip -> Adam -> masked decay -> lr; state[1] is Adam.
   config = common.get_config()
   config.optim.update(name="adamw", weight_decay=1e-4, grad_clip_norm=1.0)
-  tx, _ = optim.make_optimizer(config)
+  tx, _ = optim.make_optimizer(optim.OptimizerSettings.from_config(config))
   def init(rng):
     params = model.init({"params": rng}, jnp.zeros((1, 8, 8, 3)))["params"]
     return {"params": params, "opt_state": tx.init(params),

@@ -9,9 +9,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from vit_jax import progress as progress_lib
-from vit_jax import step_cost
 from vit_jax.models import create_model, get_model_config
+from vit_jax.run import progress as progress_lib
+from vit_jax.run import step_cost
 
 
 def _compiled(fn, *shapes):

@@ -10,7 +10,6 @@ import pytest
 from flax import traverse_util
 
 from tests import train_fixtures
-from vit_jax import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -36,7 +35,7 @@ def sharded_results(tmp_path_factory):
 def single_device():
   config = train_fixtures.step_config()
   config.mesh = (("data", 1), ("model", 1))
-  trainer = train.Trainer(config, num_classes=10)
+  trainer = train_fixtures.build_steps(config)
   state = trainer.init_state()
   batch = train_fixtures.fixed_batch()
   losses = []

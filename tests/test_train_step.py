@@ -8,15 +8,17 @@ import optax
 import pytest
 
 from tests import train_fixtures
-from vit_jax import evaluate, losses, objectives, train
+from vit_jax import run
 from vit_jax.models import create_model, get_model_config
+from vit_jax.run import losses
+from vit_jax.run.objectives import classification
 
 
 def make_state(model, tx, image_size=8, seed=0):
   params = nn.unbox(
     model.init(jax.random.key(seed), jnp.zeros((1, image_size, image_size, 3)))["params"]
   )
-  return train.TrainState(
+  return run.TrainState(
     step=jnp.zeros((), jnp.int32),
     params=params,
     opt_state=tx.init(params),
@@ -29,8 +31,8 @@ def fixed_batch(seed=0):
 
 
 def step(state, batch, model, tx, accum_steps=1):
-  loss_fn = objectives.Classification(model, "softmax_xent").loss
-  return train.train_step(state, batch, loss_fn=loss_fn, tx=tx, accum_steps=accum_steps)
+  loss_fn = classification.Classification(model, "softmax_xent").loss
+  return run.train_step(state, batch, loss_fn=loss_fn, tx=tx, accum_steps=accum_steps)
 
 
 def tiny(**overrides):
@@ -113,7 +115,7 @@ def test_eval_loss_is_the_training_loss(loss):
   )
   batch = fixed_batch()
   batch["mask"] = jnp.array([1.0] * 12 + [0.0] * 4)  # the last 4 rows are padding
-  sums = evaluate.eval_step(params, batch, model=model, loss=loss)
+  sums = classification.Classification(model, loss).eval_step(params, batch)
   z = np.asarray(model.apply({"params": params}, batch["image"], train=False), np.float64)
   y = np.asarray(batch["label"], np.float64)
   if loss == "sigmoid_xent":  # sum over classes of -y log s(z) - (1 - y) log(1 - s(z))

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from configs import common, quickstart
-from vit_jax import data, train
+from vit_jax import data, run
 from vit_jax.models import get_model_config
 
 
@@ -55,4 +55,11 @@ def run_preempted(config: ml_collections.ConfigDict, workdir: str, monkeypatch, 
   with monkeypatch.context() as patch:
     patch.setattr(data, "train_iterator", preempted)
     with pytest.raises(RuntimeError, match="preempted"):
-      train.train_and_evaluate(config, workdir)
+      run.train_and_evaluate(config, workdir)
+
+
+def build_steps(config: ml_collections.ConfigDict, num_classes: int = 10):
+  """The run's `RunSteps` for ``config`` on all devices, resolved without reading its data."""
+  config = ml_collections.ConfigDict(config.to_dict())
+  config.num_classes = num_classes
+  return run.build(config, open_data=False)

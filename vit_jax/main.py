@@ -221,9 +221,9 @@ def run(argv: Sequence[str]) -> int:
       values["heartbeat_timeout"],
     )
     # Imported after start-up: nothing may touch JAX's backends before it.
-    from vit_jax import train  # pylint: disable=g-import-not-at-top
+    from vit_jax import run as run_lib  # pylint: disable=g-import-not-at-top
 
-    metrics = train.train_and_evaluate(config, workdir)
+    metrics = run_lib.train_and_evaluate(config, workdir)
   except Exception as e:  # pylint: disable=broad-except
     user_error = errors.as_user_error(e, workdir=workdir, config=config)
     if user_error is None:

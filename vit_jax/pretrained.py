@@ -18,16 +18,28 @@ import numpy as np
 from absl import logging
 from flax import traverse_util
 
-from vit_jax import errors, run_checkpoints
+from vit_jax import errors
 from vit_jax.checkpoint import SCANNED_BLOCK, Params, check_tree, is_scanned, load_npz, to_layout
 from vit_jax.models.mpp import MPP_PARAMS
 from vit_jax.models.posemb import RESIZE_METHODS, resize_posemb, resize_posemb_2d, square_grid
+from vit_jax.run import checkpoints as run_checkpoints
 
 POSEMB_PATH = "Transformer/posembed_input/pos_embedding"
 POSEMB_X_PATH = "Transformer/posembed_input/pos_embedding_x"
 POSEMB_Y_PATH = "Transformer/posembed_input/pos_embedding_y"
 POSEMB_REINIT = "reinit"  # posemb_resize_method: fresh position embeddings from init_params
 _MAX_DETAIL_LINES = 40  # of check_tree's list, in load_pretrained's error
+
+
+def check_source(source: str) -> None:
+  """Fails before a run starts when ``source`` (``config.pretrained``) is not there."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (gs:// paths)
+
+  if not tf.io.gfile.exists(source):
+    raise errors.MissingError(
+      f"config.pretrained={source!r} does not exist: give an official .npz file "
+      "or a run's <workdir>/checkpoints folder."
+    )
 
 
 def _read_source(source: str) -> Params:

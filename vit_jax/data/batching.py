@@ -21,18 +21,21 @@ from vit_jax import errors
 from vit_jax.sharding import DATA_AXIS, batch_sharding
 
 
-def local_batch_size(global_batch: int, mesh: Mesh, key: str = "batch") -> int:
-  """The rows of a global batch that this process supplies.
+def local_batch_size(
+  global_batch: int, mesh: Mesh, key: str = "batch", processes: int | None = None
+) -> int:
+  """The rows of a global batch that each process supplies.
 
-  The global batch must split evenly over the processes and over the devices of the
-  'data' axis; otherwise a ValueError names the numbers and the nearest valid sizes.
+  The global batch must split evenly over the processes (``processes``, default this
+  run's) and over the devices of the 'data' axis; otherwise a ValueError names the
+  numbers and the nearest valid sizes.
   """
   if DATA_AXIS not in mesh.shape:
     raise errors.ConfigError(
       f"The mesh has axes {dict(mesh.shape)}; the input pipeline shards "
       f"batches over an axis named {DATA_AXIS!r}. Build the mesh with it."
     )
-  processes, devices = jax.process_count(), mesh.shape[DATA_AXIS]
+  processes, devices = processes or jax.process_count(), mesh.shape[DATA_AXIS]
   unit = math.lcm(processes, devices)
   if global_batch % unit:
     lower, upper = global_batch // unit * unit, (global_batch // unit + 1) * unit

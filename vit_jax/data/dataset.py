@@ -85,6 +85,13 @@ class Settings:
     return settings
 
 
+def as_settings(settings_or_config: Any) -> Settings:
+  """`Settings` as they are, or read from a run config (`Settings.from_config`)."""
+  if isinstance(settings_or_config, Settings):
+    return settings_or_config
+  return Settings.from_config(settings_or_config)
+
+
 @dataclasses.dataclass(frozen=True)
 class DatasetInfo:
   """What the training loop needs to know about the configured data.
@@ -130,9 +137,10 @@ class Dataset:
     return self._source.split(spec)
 
 
-def dataset_info(config: Any) -> DatasetInfo:
-  """Number of classes, sizes of the train and test splits, and class names."""
-  dataset = Dataset(Settings.from_config(config))
+def dataset_info(settings: Any) -> DatasetInfo:
+  """Number of classes, sizes of the train and test splits, and class names (``settings``:
+  `Settings` or a run config)."""
+  dataset = Dataset(as_settings(settings))
   return DatasetInfo(
     num_classes=dataset.num_classes,
     num_train=dataset.split(dataset.settings.train_split).num_examples,

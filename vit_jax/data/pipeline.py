@@ -36,7 +36,7 @@ from absl import logging
 
 from vit_jax import errors
 from vit_jax.data import batching, order, preprocess, readers
-from vit_jax.data.dataset import Dataset, Settings
+from vit_jax.data.dataset import Dataset, Settings, as_settings
 
 _EVAL_WINDOW = 10_000  # Examples an eval pass reads from a tfds split at a time.
 
@@ -280,7 +280,7 @@ def train_iterator(
   with B = config.batch. The stream from `start_step` equals the stream from 0 after
   `start_step` batches, without replaying it; neither depends on the process count.
   """
-  settings = Settings.from_config(config)
+  settings = as_settings(config)
   if start_step < 0:
     raise ValueError(f"start_step={start_step} must be >= 0 (the step to resume at).")
   local_batch = batching.local_batch_size(settings.batch, mesh, "batch")
@@ -312,7 +312,7 @@ def eval_iterator(
   B = config.batch_eval; the last batch is padded (mask 0). Iterate again for
   another pass.
   """
-  settings = Settings.from_config(config)
+  settings = as_settings(config)
   local_batch = batching.local_batch_size(settings.batch_eval, mesh, "batch_eval")
   block, blocks = batching.process_row_block(settings.batch_eval, mesh)
   batches = EvalBatches(Dataset(settings), split or settings.test_split, local_batch, block, blocks)

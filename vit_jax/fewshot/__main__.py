@@ -13,7 +13,7 @@ fine-tuning).
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
 
 import jax
@@ -21,10 +21,11 @@ import jax.numpy as jnp
 import ml_collections
 from absl import app, flags
 
-from vit_jax import models, pretrained, sharding
+from vit_jax import data, models, pretrained, sharding
 from vit_jax.fewshot import evaluator as evaluator_lib
 from vit_jax.fewshot import linear
-from vit_jax.interop import loader
+from vit_jax.interop import hf, loader
+from vit_jax.run import folder as folder_lib
 
 _CHECKPOINT = flags.DEFINE_string(
   "checkpoint",
@@ -67,66 +68,78 @@ _DATA_DIR = flags.DEFINE_string("data_dir", None, "tfds data_dir (default: the r
 flags.mark_flag_as_required("checkpoint")
 
 
-def _run_paths(checkpoint: str) -> tuple[str, str] | None:
-  """(config.json, checkpoints to read) of a run's workdir, `checkpoints/` or step folder."""
-  folder = os.path.abspath(checkpoint)
-  for workdir in (folder, os.path.dirname(folder), os.path.dirname(os.path.dirname(folder))):
-    path = os.path.join(workdir, "config.json")
-    if os.path.isfile(path):
-      return path, os.path.join(folder, "checkpoints") if workdir == folder else folder
-  return None
-
-
-def _config(checkpoint: str) -> tuple[ml_collections.ConfigDict, str]:
-  """Model, preprocessing and data keys for the evaluator, and the parameters' source."""
-  if os.path.isdir(checkpoint):
-    paths = _run_paths(checkpoint)
-    if paths is None:
-      raise app.UsageError(
-        f"No config.json in or above {checkpoint!r}: pass a run's workdir, its "
-        "checkpoints/ folder or a step folder inside it."
-      )
-    path, checkpoint = paths
-    with open(path) as f:
-      config = ml_collections.ConfigDict(json.load(f))
-    if _MODEL.value:
-      raise app.UsageError(
-        f"--model={_MODEL.value} would replace the model of the run in "
-        f"{path}: leave --model out for a run's checkpoints."
-      )
-  else:
-    loaded = loader.load(checkpoint, _MODEL.value)
-    if not (_CROP.value or loaded.image_size):
-      raise app.UsageError(
-        f"{checkpoint!r} does not say its image size (no learned position embeddings): pass --crop."
-      )
-    crop = loaded.image_size[0] if loaded.image_size else None
-    # The data keys for evaluation only: no augmentation, no shuffling, no skipped images.
-    config = ml_collections.ConfigDict(
-      dict(
-        model=loaded.config,
-        pp=dict(crop=crop, min_area=1.0, flip=False),
-        data_dir=None,
-        manual_dir=None,
-        shuffle_buffer=1,
-        prefetch=2,
-        seed=0,
-        skip_corrupt_images=False,
-      )
+def _from_run(run: folder_lib.RunFolder) -> tuple[ml_collections.ConfigDict, data.Settings]:
+  """The run's model and its data settings (its preprocessing, data_dir, ...)."""
+  if _MODEL.value:
+    raise app.UsageError(
+      f"--model={_MODEL.value} would replace the model of the run in "
+      f"{run.root}: leave --model out for a run's checkpoints."
     )
-  config.pp.crop = _CROP.value or config.pp.crop
-  config.batch = config.batch_eval = _BATCH.value
-  config.data_dir = _DATA_DIR.value or config.data_dir
-  return config, checkpoint
+  run_config = ml_collections.ConfigDict(run.read_config())
+  return run_config.model, data.Settings.from_config(run_config)
+
+
+def _from_weights(checkpoint: str) -> tuple[ml_collections.ConfigDict, data.Settings]:
+  """An .npz's (or Hugging Face folder's) model, and evaluation-only data settings."""
+  loaded = loader.load(checkpoint, _MODEL.value)
+  if not (_CROP.value or loaded.image_size):
+    raise app.UsageError(
+      f"{checkpoint!r} does not say its image size (no learned position embeddings): pass --crop."
+    )
+  crop = loaded.image_size[0] if loaded.image_size else _CROP.value
+  # No augmentation, no shuffling, no skipped images: evaluation only.
+  settings = data.Settings(
+    dataset="",
+    data_dir=None,
+    manual_dir=None,
+    train_split="train",
+    test_split="test",
+    num_classes=None,
+    crop=crop,
+    min_area=1.0,
+    flip=False,
+    batch=_BATCH.value,
+    batch_eval=_BATCH.value,
+    shuffle_buffer=1,
+    prefetch=2,
+    seed=0,
+    skip_corrupt_images=False,
+  )
+  return loaded.config, settings
+
+
+def _config(checkpoint: str) -> tuple[ml_collections.ConfigDict, data.Settings, str]:
+  """Model, data settings for the evaluator, and the parameters' source."""
+  run = folder_lib.RunFolder.containing(checkpoint)
+  if run is not None:
+    model_config, settings = _from_run(run)
+    source = os.fspath(run.checkpoint_source(checkpoint))
+  elif folder_lib.as_path(checkpoint).is_dir() and not hf.is_hf_dir(checkpoint):
+    raise app.UsageError(
+      f"No config.json in or above {checkpoint!r}: pass a run's workdir, its "
+      "checkpoints/ folder or a step folder inside it."
+    )
+  else:
+    model_config, settings = _from_weights(checkpoint)
+    source = checkpoint
+  settings = dataclasses.replace(
+    settings,
+    crop=_CROP.value or settings.crop,
+    batch=_BATCH.value,
+    batch_eval=_BATCH.value,
+    data_dir=_DATA_DIR.value or settings.data_dir,
+  )
+  return model_config, settings, source
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  config, checkpoint = _config(_CHECKPOINT.value)
+  model_config, settings, checkpoint = _config(_CHECKPOINT.value)
   mesh = sharding.make_mesh(((sharding.DATA_AXIS, -1),))
   evaluator = evaluator_lib.FewShotEvaluator(
-    config,
+    model_config,
+    settings,
     mesh,
     _DATASETS.value,
     shots=[int(s) for s in _SHOTS.value],
@@ -135,13 +148,13 @@ def main(argv):
     train_split=_TRAIN_SPLIT.value,
     test_split=_TEST_SPLIT.value,
   )
-  crop = config.pp.crop
+  crop = settings.crop
   image = jnp.zeros((1, crop, crop, 3))
   init_params = jax.jit(evaluator.model.init)(jax.random.PRNGKey(0), image)["params"]
   params = pretrained.load_pretrained(
     checkpoint,
     jax.device_get(init_params),
-    config.model,
+    model_config,
     new_grid_hw=evaluator.model.grid_hw((crop, crop)),
   )
   params = jax.device_put(params, sharding.replicated(mesh))

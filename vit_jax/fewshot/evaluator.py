@@ -75,14 +75,16 @@ def features_step(
 class FewShotEvaluator:
   """Builds the feature model, its jitted step and the eval pipelines once; call per params.
 
-  ``config``: a run config (model, pp.crop, data_dir, batch_eval, ...); each few-shot
-  dataset is read with it, only dataset and splits replaced. ``train_split``/``test_split``
-  override `splits_of` for every dataset.
+  ``model_config``: the model's (`vit_jax.models.variants` layout); ``data_settings``: the
+  data settings each few-shot dataset is read with (crop, data_dir, batch_eval, ...), only
+  dataset and splits replaced. ``train_split``/``test_split`` override `splits_of` for
+  every dataset.
   """
 
   def __init__(
     self,
-    config: ml_collections.ConfigDict,
+    model_config: ml_collections.ConfigDict,
+    data_settings: data.Settings,
     mesh: jax.sharding.Mesh,
     datasets: Sequence[str],
     *,
@@ -92,14 +94,14 @@ class FewShotEvaluator:
     train_split: str | None = None,
     test_split: str | None = None,
   ):
-    if config.model.classifier == "unpooled":
+    if model_config.classifier == "unpooled":
       raise errors.ConfigError(
         "Few-shot evaluation needs one representation per image; the model "
         "has classifier='unpooled': use 'token' or 'gap'."
       )
     self.shots, self.seeds, self.l2_reg = tuple(shots), seeds, l2_reg
-    self.model = create_model(config.model, num_classes=None)
-    crop = config.pp.crop
+    self.model = create_model(model_config, num_classes=None)
+    crop = data_settings.crop
     abstract = jax.eval_shape(
       lambda: self.model.init(jax.random.PRNGKey(0), jnp.zeros((1, crop, crop, 3)))
     )
@@ -110,15 +112,17 @@ class FewShotEvaluator:
     self._splits: dict[str, tuple[Any, Any, int]] = {}
     for dataset in datasets:
       pool, held_out = splits_of(dataset)
-      data_config = ml_collections.ConfigDict(config.to_dict())
-      data_config.dataset = dataset
-      data_config.num_classes = None
-      data_config.train_split = train_split or pool
-      data_config.test_split = test_split or held_out
+      settings = dataclasses.replace(
+        data_settings,
+        dataset=dataset,
+        num_classes=None,
+        train_split=train_split or pool,
+        test_split=test_split or held_out,
+      )
       self._splits[dataset] = (
-        data.eval_iterator(data_config, mesh, split=data_config.train_split),
-        data.eval_iterator(data_config, mesh, split=data_config.test_split),
-        data.dataset_info(data_config).num_classes,
+        data.eval_iterator(settings, mesh, split=settings.train_split),
+        data.eval_iterator(settings, mesh, split=settings.test_split),
+        data.dataset_info(settings).num_classes,
       )
 
   def feature_params(self, params: Params) -> dict[str, Any]:
@@ -180,20 +184,3 @@ def as_metrics(results: Sequence[Result]) -> dict[str, float]:
     metrics[f"fewshot/{r.name}"] = r.mean
     metrics[f"fewshot/{r.name}_spread"] = r.spread
   return metrics
-
-
-def from_config(
-  config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh
-) -> FewShotEvaluator | None:
-  """The evaluator that ``config.fewshot`` asks for, or None when it is off."""
-  fs = config.fewshot
-  if not fs.datasets:
-    return None
-  if fs.every <= 0:
-    raise errors.ConfigError(
-      f"config.fewshot.every={fs.every} must be positive (steps between "
-      "evaluations); an empty config.fewshot.datasets turns them off."
-    )
-  return FewShotEvaluator(
-    config, mesh, fs.datasets, shots=fs.shots, seeds=fs.seeds, l2_reg=fs.l2_reg
-  )

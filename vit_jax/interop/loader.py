@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.resources
-import json
 import os
 from typing import Any, Optional
 
@@ -25,10 +24,10 @@ from absl import logging
 from vit_jax import checkpoint, models
 from vit_jax.aliases import Params
 from vit_jax.interop import infer
+from vit_jax.run import folder as folder_lib
 
 IMAGENET2012 = "imagenet2012"  # --labels value of the class names shipped with the package
 _IMAGENET2012_FILE = "imagenet2012_labels.txt"  # in vit_jax/data, class-index order
-_RUN_CONFIG = "config.json"
 _MAX_ERROR_LINES = 20  # of check_tree's list of differences
 
 
@@ -85,8 +84,9 @@ def load(path: str | os.PathLike, model_name: Optional[str] = None) -> LoadedMod
   """Reads a model from ``path`` (see the module docstring); ``model_name`` (an official
   variant) overrides the architecture of an `.npz`. Raises FileNotFoundError when there
   is nothing to read and ValueError when the arrays do not fit the architecture."""
-  path = os.fspath(path)
-  if os.path.isdir(path):
+  location = folder_lib.as_path(path)  # also a file:// URL, an epath.Path, gs://
+  path = os.fspath(location)
+  if location.is_dir():
     from vit_jax.interop import hf  # pylint: disable=g-import-not-at-top
 
     if hf.is_hf_dir(path):
@@ -94,7 +94,7 @@ def load(path: str | os.PathLike, model_name: Optional[str] = None) -> LoadedMod
       loaded = LoadedModel(config, params, infer.num_classes(params), image_size, names, path)
     else:
       loaded = _load_run(path)
-  elif os.path.isfile(path):
+  elif location.is_file():
     loaded = _load_npz(path, model_name)
   else:
     raise FileNotFoundError(
@@ -122,26 +122,21 @@ def _load_npz(path: str, model_name: Optional[str]) -> LoadedModel:
   )
 
 
-def _run_dirs(path: str) -> tuple[str, str]:
-  """(workdir, checkpoint path for run_checkpoints.read_params) of a run folder."""
-  candidates = [path, os.path.dirname(path), os.path.dirname(os.path.dirname(path))]
-  for workdir in candidates:
-    if os.path.isfile(os.path.join(workdir, _RUN_CONFIG)):
-      return workdir, path if workdir != path else os.path.join(path, "checkpoints")
-  raise FileNotFoundError(
-    f"{path!r} is a folder but neither a training run (no "
-    f"{_RUN_CONFIG} in it or up to two levels above) nor a Hugging Face "
-    "ViT directory (config.json with model_type 'vit')."
-  )
-
-
 def _load_run(path: str) -> LoadedModel:
-  from vit_jax import data, run_checkpoints  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from vit_jax import data
+  from vit_jax.run import checkpoints as run_checkpoints
 
-  workdir, ckpt = _run_dirs(os.path.abspath(path))
-  with open(os.path.join(workdir, _RUN_CONFIG)) as f:
-    run_config = ml_collections.ConfigDict(json.load(f))
-  params = checkpoint.scanned_to_layers(nn.unbox(dict(run_checkpoints.read_params(ckpt))))
+  run = folder_lib.RunFolder.containing(path)
+  if run is None:
+    raise FileNotFoundError(
+      f"{path!r} is a folder but neither a training run (no "
+      f"{folder_lib.CONFIG_FILE} in it or up to two levels above) nor a Hugging Face "
+      "ViT directory (config.json with model_type 'vit')."
+    )
+  run_config = ml_collections.ConfigDict(run.read_config())
+  source = run.checkpoint_source(path)
+  params = checkpoint.scanned_to_layers(nn.unbox(dict(run_checkpoints.read_params(source))))
   config = run_config.model
   config.scan = False  # the parameters are per-layer now
   names = None

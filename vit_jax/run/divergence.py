@@ -14,7 +14,6 @@ from typing import Any, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from vit_jax import errors
 
@@ -29,8 +28,9 @@ def _all_finite(params: Any) -> jax.Array:
 class Guard:
   """Remembers the last good and the last saved step; raises on the first bad value."""
 
-  def __init__(self, config: ml_collections.ConfigDict, *, restored_step: Optional[int]):
-    self._config = config
+  def __init__(self, tunables: Mapping[str, Any], *, restored_step: Optional[int]):
+    """``tunables``: {config key: value} of the settings the error advises to change."""
+    self._tunables = dict(tunables)
     self.last_good = restored_step
     self.last_saved = restored_step
 
@@ -52,7 +52,7 @@ class Guard:
     self.last_saved = step
 
   def _error(self, step: int, what: str) -> errors.DivergenceError:
-    c = self._config
+    t = self._tunables
     good = (
       f"the last step checked finite is {self.last_good}"
       if self.last_good is not None
@@ -65,9 +65,9 @@ class Guard:
     )
     return errors.DivergenceError(
       f"Training diverged at step {step}: {what}; {good}, {saved}. Nothing non-finite was "
-      f"saved. Try a lower config.lr.base (now {c.lr.base}) or more "
-      f"config.lr.warmup_steps (now {c.lr.warmup_steps}), a smaller "
-      f"config.optim.grad_clip_norm (now {c.optim.grad_clip_norm}), or float32 for "
-      f"config.model.dtype (now {c.model.dtype!r}) and config.optim.momentum_dtype "
-      f"(now {c.optim.momentum_dtype!r})."
+      f"saved. Try a lower config.lr.base (now {t['lr.base']}) or more "
+      f"config.lr.warmup_steps (now {t['lr.warmup_steps']}), a smaller "
+      f"config.optim.grad_clip_norm (now {t['optim.grad_clip_norm']}), or float32 for "
+      f"config.model.dtype (now {t['model.dtype']!r}) and config.optim.momentum_dtype "
+      f"(now {t['optim.momentum_dtype']!r})."
     )

@@ -1,11 +1,10 @@
 """The optax optimizer and learning-rate schedule of an experiment config.
 
-    tx, schedule = make_optimizer(config)
+    tx, schedule = make_optimizer(OptimizerSettings.from_config(config))
 
-Reads ``config.total_steps``, ``config.lr.{base, warmup_steps, decay, end}`` and
-``config.optim.{name, momentum, momentum_dtype, b1, b2, eps, weight_decay,
-decay_all_params, grad_clip_norm}``: every key is read as given, the defaults are
-`configs/common.py`'s alone.
+`OptimizerSettings` holds ``config.total_steps``, ``config.lr.{base, warmup_steps, decay,
+end}`` and ``config.optim.{name, momentum, momentum_dtype, b1, b2, eps, weight_decay,
+decay_all_params, grad_clip_norm}``, checked; the defaults are `configs/common.py`'s alone.
 
 The chain is: clip the global gradient norm -> the optimizer's direction (SGD momentum, or
 Adam moments) -> add ``weight_decay * param`` on the masked leaves -> scale by ``-lr(step)``.
@@ -21,12 +20,12 @@ shard them like the parameters.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 
 from vit_jax import errors
@@ -43,27 +42,88 @@ _NO_DECAY_LEAVES = ("bias", "scale", "cls")
 _NO_DECAY_PATH_PART = "pos_embedding"
 
 
-def make_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
-  """Learning rate per step: linear warm-up 0 -> base, then cosine/linear to `end`, or flat.
+@dataclasses.dataclass(frozen=True)
+class OptimizerSettings:
+  """``config.lr`` and ``config.optim`` with ``config.total_steps``, checked when built."""
 
-  The decay reaches ``config.lr.end`` at ``config.total_steps`` and stays there.
-  """
-  lr = config.lr
-  total = int(config.total_steps)
-  base = float(lr.base)
-  warmup = int(lr.warmup_steps)
-  decay = lr.decay
-  end = float(lr.end)
-  if decay not in DECAYS:
-    raise errors.ConfigError(f"Unknown config.lr.decay={decay!r}; choose one of {DECAYS}.")
-  if warmup < 0:
-    raise errors.ConfigError(f"config.lr.warmup_steps={warmup} is negative; use 0 for no warm-up.")
-  if total > 0 and warmup >= total:
-    raise errors.ConfigError(
-      f"config.lr.warmup_steps={warmup} must be smaller than "
-      f"config.total_steps={total}: lower the warm-up or train longer."
+  total_steps: int
+  lr_base: float
+  warmup_steps: int
+  decay: str  # one of DECAYS
+  lr_end: float
+  name: str  # one of OPTIMIZERS
+  momentum: float
+  momentum_dtype: str  # one of MOMENTUM_DTYPES
+  b1: float
+  b2: float
+  eps: float
+  weight_decay: float
+  decay_all_params: bool
+  grad_clip_norm: float  # 0: no clipping
+
+  def __post_init__(self):
+    checks = (
+      (self.decay in DECAYS, f"Unknown config.lr.decay={self.decay!r}; choose one of {DECAYS}."),
+      (
+        self.warmup_steps >= 0,
+        f"config.lr.warmup_steps={self.warmup_steps} is negative; use 0 for no warm-up.",
+      ),
+      (
+        self.total_steps <= 0 or self.warmup_steps < self.total_steps,
+        f"config.lr.warmup_steps={self.warmup_steps} must be smaller than "
+        f"config.total_steps={self.total_steps}: lower the warm-up or train longer.",
+      ),
+      (
+        self.name in OPTIMIZERS,
+        f"Unknown config.optim.name={self.name!r}; choose one of {OPTIMIZERS}.",
+      ),
+      (
+        self.momentum_dtype in MOMENTUM_DTYPES,
+        f"Unknown config.optim.momentum_dtype={self.momentum_dtype!r}; choose one of "
+        f"{MOMENTUM_DTYPES}.",
+      ),
+      (
+        self.grad_clip_norm >= 0,
+        f"config.optim.grad_clip_norm={self.grad_clip_norm} is negative; use a positive "
+        "norm, or 0 / None for no clipping.",
+      ),
+      (
+        self.weight_decay >= 0,
+        f"config.optim.weight_decay={self.weight_decay} is negative; use >= 0.",
+      ),
+    )
+    for ok, message in checks:
+      if not ok:
+        raise errors.ConfigError(message)
+
+  @classmethod
+  def from_config(cls, config: Any) -> "OptimizerSettings":
+    lr, o = config.lr, config.optim
+    return cls(
+      total_steps=int(config.total_steps),
+      lr_base=float(lr.base),
+      warmup_steps=int(lr.warmup_steps),
+      decay=lr.decay,
+      lr_end=float(lr.end),
+      name=o.name,
+      momentum=float(o.momentum or 0.0),
+      momentum_dtype=o.momentum_dtype,
+      b1=float(o.b1),
+      b2=float(o.b2),
+      eps=float(o.eps),
+      weight_decay=float(o.weight_decay),
+      decay_all_params=bool(o.decay_all_params),
+      grad_clip_norm=float(o.grad_clip_norm or 0.0),
     )
 
+
+def make_schedule(settings: OptimizerSettings) -> optax.Schedule:
+  """Learning rate per step: linear warm-up 0 -> base, then cosine/linear to `end`, or flat.
+
+  The decay reaches ``lr_end`` at ``total_steps`` and stays there.
+  """
+  total, base, warmup = settings.total_steps, settings.lr_base, settings.warmup_steps
+  decay, end = settings.decay, settings.lr_end
   decay_steps = max(total - warmup, 1)
   if decay == "cosine":
     cosine = optax.cosine_decay_schedule(init_value=base - end, decay_steps=decay_steps)
@@ -102,14 +162,6 @@ def weight_decay_mask(params: Any) -> Any:
   return jax.tree_util.tree_map_with_path(decays, nn.unbox(params))
 
 
-def _momentum_dtype(name: str) -> jnp.dtype:
-  if name not in MOMENTUM_DTYPES:
-    raise errors.ConfigError(
-      f"Unknown config.optim.momentum_dtype={name!r}; choose one of {MOMENTUM_DTYPES}."
-    )
-  return jnp.dtype(name)
-
-
 def _cast_like_params(updates: Any, params: Any) -> Any:
   if params is None:
     return updates
@@ -117,47 +169,33 @@ def _cast_like_params(updates: Any, params: Any) -> Any:
 
 
 def make_optimizer(
-  config: ml_collections.ConfigDict,
+  settings: OptimizerSettings,
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """``(tx, schedule)``: clip -> SGD-momentum / Adam -> masked decoupled decay -> -lr(step).
 
   ``momentum_dtype`` is the dtype of SGD's momentum buffer and of Adam's first moment
   (bfloat16 halves that memory); Adam's second moment stays in the parameter dtype.
   """
-  o = config.optim
-  name = o.name
-  schedule = make_schedule(config)
-  mu_dtype = _momentum_dtype(o.momentum_dtype)
+  o = settings
+  schedule = make_schedule(settings)
+  mu_dtype = jnp.dtype(o.momentum_dtype)
 
   parts: list[optax.GradientTransformation] = []
-  clip = o.grad_clip_norm
-  if clip:
-    if clip < 0:
-      raise errors.ConfigError(
-        f"config.optim.grad_clip_norm={clip} is negative; use a positive "
-        "norm, or 0 / None for no clipping."
-      )
-    parts.append(optax.clip_by_global_norm(float(clip)))
+  if o.grad_clip_norm:
+    parts.append(optax.clip_by_global_norm(o.grad_clip_norm))
 
-  if name == "sgd":
+  if o.name == "sgd":
     if o.momentum:
-      parts.append(optax.trace(decay=float(o.momentum), accumulator_dtype=mu_dtype))
+      parts.append(optax.trace(decay=o.momentum, accumulator_dtype=mu_dtype))
       # trace returns its (possibly bfloat16) buffer as the update: compute on in the
       # parameters' dtype, so updates always match the parameters.
       parts.append(optax.stateless(_cast_like_params))
-  elif name in ("adam", "adamw"):
-    parts.append(
-      optax.scale_by_adam(b1=float(o.b1), b2=float(o.b2), eps=float(o.eps), mu_dtype=mu_dtype)
-    )
-  else:
-    raise errors.ConfigError(f"Unknown config.optim.name={name!r}; choose one of {OPTIMIZERS}.")
+  else:  # adam, adamw
+    parts.append(optax.scale_by_adam(b1=o.b1, b2=o.b2, eps=o.eps, mu_dtype=mu_dtype))
 
-  weight_decay = float(o.weight_decay)
-  if weight_decay < 0:
-    raise errors.ConfigError(f"config.optim.weight_decay={weight_decay} is negative; use >= 0.")
-  if weight_decay:
+  if o.weight_decay:
     mask = None if o.decay_all_params else weight_decay_mask
-    parts.append(optax.add_decayed_weights(weight_decay, mask=mask))
+    parts.append(optax.add_decayed_weights(o.weight_decay, mask=mask))
 
   parts.append(optax.scale_by_learning_rate(schedule))
   return optax.chain(*parts), schedule

@@ -1,5 +1,7 @@
 """`accum_steps='auto'`: the fewest micro-batches whose compiled train step fits the device.
 
+Run by `vit_jax.run.resolve`, so a built step only ever sees an int.
+
 Each candidate is compiled (not run) and its peak memory read from XLA's memory analysis
 (`step_cost.peak_bytes`), so a batch that does not fit is found without an out-of-memory
 crash. Candidates are the accumulation counts A that split the global batch evenly over
@@ -15,7 +17,7 @@ from typing import Any, Callable, Optional
 import jax
 from absl import logging
 
-from vit_jax import step_cost
+from vit_jax.run import step_cost
 
 AUTO = "auto"
 # Leave this share of the device's memory free: XLA's analysis omits the runtime's own
@@ -27,8 +29,7 @@ HEADROOM = 0.1
 class Fit:
   accum_steps: int
   remat: bool
-  peak_bytes: int
-  compiled: jax.stages.Compiled
+  peak_bytes: int  # 0 where nothing was compiled (no memory limit)
 
 
 def device_memory_limit(device: Any) -> Optional[int]:
@@ -58,7 +59,7 @@ def fit(
   """
   if limit_bytes is None:
     logging.info("accum_steps='auto': the device reports no memory limit (CPU); using 1.")
-    return Fit(1, remat, 0, compile_step(1, remat))
+    return Fit(1, remat, 0)
   budget = int(limit_bytes * (1 - HEADROOM))
   gib = 2.0**30
   tried: dict[tuple[int, bool], Fit] = {}
@@ -66,7 +67,7 @@ def fit(
   def attempt(accum: int, with_remat: bool) -> Fit:
     if (accum, with_remat) not in tried:
       compiled = compile_step(accum, with_remat)
-      tried[accum, with_remat] = Fit(accum, with_remat, step_cost.peak_bytes(compiled), compiled)
+      tried[accum, with_remat] = Fit(accum, with_remat, step_cost.peak_bytes(compiled))
       logging.info(
         "accum_steps='auto': accum_steps=%d remat=%s needs %.2f GiB per device (budget %.2f GiB).",
         accum,

@@ -1,7 +1,7 @@
 """What a compiled step costs and what the device can do: FLOPs, memory, peak, MFU.
 
 The benchmark (`benchmarks/throughput.py`), the training run's MFU and the memory-fitted
-accumulation (`vit_jax.memory_fit`) all read a step's cost from here:
+accumulation (`vit_jax.run.accumulation`) all read a step's cost from here:
 
 - `compiled_flops`, `compiled_bytes_accessed`: XLA's cost analysis of a compiled step,
   the FLOPs and memory traffic of one device's program. XLA counts the body of a loop (a

@@ -100,13 +100,16 @@ def per_image(
   )
 
 
-class Objective:
-  """Masked patch prediction as the training loop needs it: model, loss, eval sums."""
+class MaskedPatchPrediction:
+  """Masked patch prediction as the training loop needs it: model, loss, eval sums.
 
-  def __init__(self, config: ml_collections.ConfigDict):
-    mc = config.mpp
+  ``options``: the run's ``config.mpp`` (target, corrupt_rate, mask, random).
+  """
+
+  def __init__(self, model_config: ml_collections.ConfigDict, options: ml_collections.ConfigDict):
+    mc = options
     _check_target(mc.target)
-    self.encoder = create_model(config.model, num_classes=None)
+    self.encoder = create_model(model_config, num_classes=None)
     self.target = mc.target
     self.patch = self.encoder.input_stride
     self.model = mpp_model.MaskedPatchPredictor(

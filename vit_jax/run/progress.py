@@ -1,4 +1,4 @@
-"""The training loop's outputs: a progress line and TensorBoard scalars in the workdir.
+"""The training loop's outputs: a progress line and TensorBoard scalars in the run's folder.
 
 Only process 0 writes; every process may call these. Beside img/s the line shows MFU, the
 model FLOPs achieved as a share of the devices' dense peak (`vit_jax.step_cost`), once
@@ -7,14 +7,13 @@ model FLOPs achieved as a share of the devices' dense peak (`vit_jax.step_cost`)
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any, Mapping, Optional
 
 import jax
 from absl import logging
 
-from vit_jax import step_cost
+from vit_jax.run import step_cost
 
 
 def _format_duration(seconds: float) -> str:
@@ -25,9 +24,9 @@ def _format_duration(seconds: float) -> str:
 
 
 class Progress:
-  """Measures throughput between reports and writes scalars to `<workdir>/tensorboard`."""
+  """Measures throughput between reports and writes scalars to ``events_dir``."""
 
-  def __init__(self, workdir: str, *, total_steps: int, global_batch: int, start_step: int):
+  def __init__(self, events_dir: str, *, total_steps: int, global_batch: int, start_step: int):
     self.total_steps = total_steps
     self.global_batch = global_batch
     self.num_devices = jax.device_count()
@@ -41,7 +40,7 @@ class Progress:
     if self.is_writer:
       import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-      self._writer = tf.summary.create_file_writer(os.path.join(workdir, "tensorboard"))
+      self._writer = tf.summary.create_file_writer(events_dir)
 
   def start(self, step_flops: Optional[float], compute_dtype: Any) -> None:
     """Starts the clock (after compilation) with the FLOPs of one step over all devices."""

@@ -1,0 +1,53 @@
+"""What a run trains, by name (``config.objective``): adding one is a module and a line here.
+
+Each objective has ``model``, ``encoder`` (the `VisionTransformer` whose parameters it
+trains and fine-tuning reads), ``init(rng, images)``, ``loss(params, batch, rng)`` (the
+mean over the batch, for `steps.train_step`) and ``eval_step(params, batch)`` (sums for
+`evaluators.test_split`). A builder takes the model config, the number of classes of the
+data and the run's `spec.ObjectiveSettings`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol
+
+import jax
+import ml_collections
+
+from vit_jax import errors
+from vit_jax.aliases import Batch
+from vit_jax.models import VisionTransformer, create_model
+from vit_jax.run.objectives import classification, masked_patches
+
+
+class Objective(Protocol):
+  model: Any
+  encoder: VisionTransformer
+
+  def init(self, rng: jax.Array, images: jax.Array) -> Any: ...
+
+  def loss(self, params: Any, batch: Batch, rng: jax.Array) -> jax.Array: ...
+
+  def eval_step(self, params: Any, batch: Batch) -> dict[str, jax.Array]: ...
+
+
+# name -> builder(model_config, num_classes, settings)
+OBJECTIVES: dict[str, Callable[..., Objective]] = {
+  "classification": lambda model, k, s: classification.Classification(
+    create_model(model, num_classes=k), s.loss
+  ),
+  "mpp": lambda model, k, s: masked_patches.MaskedPatchPrediction(model, s.options),
+}
+
+
+def check_name(name: str) -> None:
+  if name not in OBJECTIVES:
+    raise errors.ConfigError(
+      f"Unknown config.objective={name!r}; choose one of {tuple(OBJECTIVES)}."
+    )
+
+
+def make(model_config: ml_collections.ConfigDict, num_classes: int, settings: Any) -> Objective:
+  """The objective ``settings.name`` names (`spec.ObjectiveSettings`)."""
+  check_name(settings.name)
+  return OBJECTIVES[settings.name](model_config, num_classes, settings)

@@ -1,0 +1,42 @@
+"""Supervised classification: a `VisionTransformer` with a K-way head and a `losses` loss."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from vit_jax.aliases import Batch
+from vit_jax.models import VisionTransformer
+from vit_jax.run import losses
+
+
+class Classification:
+  """Trains ``model`` on the labels with the `losses.LOSSES` kind ``loss_kind``."""
+
+  def __init__(self, model: VisionTransformer, loss_kind: str):
+    self.model = self.encoder = model
+    self.loss_kind = loss_kind
+
+  def init(self, rng: jax.Array, images: jax.Array) -> Any:
+    """Boxed parameters (with their logical axis names)."""
+    return self.model.init({"params": rng}, images)["params"]
+
+  def loss(self, params: Any, batch: Batch, rng: jax.Array) -> jax.Array:
+    logits = self.model.apply({"params": params}, batch["image"], train=True, rngs={"dropout": rng})
+    return jnp.mean(losses.per_example_loss(logits, batch["label"], self.loss_kind))
+
+  def eval_step(self, params: Any, batch: Batch) -> dict[str, jax.Array]:
+    """Sums of loss and correct predictions over the real (mask == 1) examples of a batch;
+    the loss is the training one, so eval and train losses compare."""
+    logits = self.model.apply({"params": params}, batch["image"], train=False)  # [B, K]
+    mask = batch["mask"]  # [B]
+    labels = batch["label"]  # [B, K] one-hot
+    per_example = losses.per_example_loss(logits, labels, self.loss_kind)  # [B]
+    correct = jnp.argmax(logits, -1) == jnp.argmax(labels, -1)  # [B]
+    return {
+      "loss_sum": jnp.sum(per_example * mask),
+      "correct": jnp.sum(correct * mask),
+      "count": jnp.sum(mask),
+    }

@@ -1,0 +1,193 @@
+"""From a config file's ConfigDict to a `RunSpec`: every check of a run's settings, once.
+
+    spec = resolve(config, mesh=mesh)
+
+Nothing is built or written here except what the checks need: the data's class count
+and train size (read from the dataset unless ``open_data=False``), and, for
+``accum_steps='auto'``, compiled (never run) candidate steps. Every problem is a
+`vit_jax.errors.UserError` naming the config key, its value and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Optional
+
+import jax
+import ml_collections
+
+from vit_jax import data, errors, pretrained, sharding
+from vit_jax.data.dataset import Settings as DataSettings
+from vit_jax.run import accumulation, losses, objectives
+from vit_jax.run import spec as spec_lib
+from vit_jax.run import steps as steps_lib
+from vit_jax.run.optim import OptimizerSettings
+
+# Loop settings: the smallest value each may take.
+_LOOP_MINIMUM = {
+  "total_steps": 0,
+  "log_every": 1,
+  "eval_every": 1,
+  "checkpoint_every": 1,
+  "keep_checkpoints": 1,
+}
+
+
+def _loop(config: ml_collections.ConfigDict) -> spec_lib.LoopSettings:
+  for key, low in _LOOP_MINIMUM.items():
+    value = config[key]
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+      raise errors.ConfigError(f"config.{key}={value!r} must be an integer >= {low}.")
+  return spec_lib.LoopSettings(**{key: config[key] for key in _LOOP_MINIMUM})
+
+
+def _objective(config: ml_collections.ConfigDict) -> spec_lib.ObjectiveSettings:
+  objectives.check_name(config.objective)
+  losses.check_loss(config.loss)
+  options = config.get(config.objective, ml_collections.ConfigDict())
+  return spec_lib.ObjectiveSettings(
+    config.objective, config.loss, ml_collections.FrozenConfigDict(options)
+  )
+
+
+def _fewshot(config: ml_collections.ConfigDict) -> spec_lib.FewshotSettings:
+  fs = config.fewshot
+  if fs.datasets and fs.every <= 0:
+    raise errors.ConfigError(
+      f"config.fewshot.every={fs.every} must be positive (steps between "
+      "evaluations); an empty config.fewshot.datasets turns them off."
+    )
+  return spec_lib.FewshotSettings(
+    datasets=tuple(fs.datasets),
+    shots=tuple(fs.shots),
+    seeds=int(fs.seeds),
+    l2_reg=float(fs.l2_reg),
+    every=int(fs.every),
+  )
+
+
+def _accum_steps(config: ml_collections.ConfigDict, batch: int, data_size: int) -> Any:
+  accum = config.accum_steps
+  if accum == accumulation.AUTO:
+    return accum
+  if not isinstance(accum, int) or isinstance(accum, bool) or accum < 1:
+    raise errors.ConfigError(f"config.accum_steps={accum!r} must be an integer >= 1 or 'auto'.")
+  if batch % (accum * data_size):
+    raise errors.ConfigError(
+      f"config.batch={batch} is not divisible by config.accum_steps={accum} x {data_size} "
+      f"devices on the 'data' mesh axis: choose a batch that is a multiple of "
+      f"{accum * data_size}."
+    )
+  return accum
+
+
+def _num_classes(
+  config: ml_collections.ConfigDict, data_settings: DataSettings, open_data: bool
+) -> tuple[int, Optional[int]]:
+  """(classes, train examples): from the data (which rejects a contradicting
+  config.num_classes), or config.num_classes alone when the data is not opened."""
+  if open_data:
+    info = data.dataset_info(data_settings)
+    return info.num_classes, info.num_train
+  if not config.num_classes:
+    raise errors.ConfigError(
+      f"config.num_classes is not set and the data of {config.dataset!r} is not read "
+      "here: set config.num_classes."
+    )
+  return int(config.num_classes), None
+
+
+def _process_count(mesh: jax.sharding.Mesh) -> int:
+  return len({d.process_index for d in mesh.devices.flat})
+
+
+def fit_accumulation(
+  spec: spec_lib.RunSpec, mesh: jax.sharding.Mesh, memory_limit_bytes: Optional[int]
+) -> spec_lib.RunSpec:
+  """``spec`` with ``accum_steps='auto'`` replaced by the fewest micro-batches (then remat)
+  whose compiled step fits ``memory_limit_bytes`` per device (None: no limit, 1)."""
+  if spec.accum_steps != accumulation.AUTO:
+    return spec
+
+  def compile_candidate(accum_steps: int, remat: bool) -> jax.stages.Compiled:
+    candidate = dataclasses.replace(spec, accum_steps=accum_steps)
+    if remat != spec.model.remat:
+      candidate = candidate.with_model(remat=remat)
+    return steps_lib.build_steps(candidate, mesh).compile_train_step()
+
+  try:
+    chosen = accumulation.fit(
+      compile_candidate,
+      batch=spec.batch,
+      data_size=mesh.shape[sharding.DATA_AXIS],
+      limit_bytes=memory_limit_bytes,
+      remat=spec.model.remat,
+    )
+  except ValueError as e:
+    raise errors.ConfigError(str(e)) from e
+  fitted = dataclasses.replace(spec, accum_steps=chosen.accum_steps)
+  return fitted if chosen.remat == spec.model.remat else fitted.with_model(remat=chosen.remat)
+
+
+def resolve(
+  config: ml_collections.ConfigDict,
+  *,
+  mesh: jax.sharding.Mesh,
+  memory_limit_bytes: Optional[int] = None,
+  open_data: bool = True,
+) -> spec_lib.RunSpec:
+  """The checked `RunSpec` of ``config`` on ``mesh``; raises a UserError on a bad value.
+
+  ``memory_limit_bytes``: a device's memory for ``accum_steps='auto'`` (default: what the
+  mesh's first device reports; `vit_jax.plan` passes a TPU's HBM). ``open_data=False``
+  takes the class count from ``config.num_classes`` without reading the dataset.
+  """
+  loop = _loop(config)
+  objective = _objective(config)
+  optimizer = OptimizerSettings.from_config(config)
+  data_settings = DataSettings.from_config(config)
+  sharding.logical_rules(config.partitioning)  # an unknown strategy fails by name
+  fewshot = _fewshot(config)
+  pretrained_source = config.pretrained or None
+  if pretrained_source:
+    pretrained.check_source(pretrained_source)
+  processes = _process_count(mesh)
+  data.local_batch_size(data_settings.batch, mesh, "batch", processes)
+  data.local_batch_size(data_settings.batch_eval, mesh, "batch_eval", processes)
+  accum_steps = _accum_steps(config, data_settings.batch, mesh.shape[sharding.DATA_AXIS])
+  num_classes, num_train = _num_classes(config, data_settings, open_data)
+  spec = spec_lib.RunSpec(
+    model=ml_collections.FrozenConfigDict(config.model),
+    num_classes=num_classes,
+    num_train=num_train,
+    data=data_settings,
+    objective=objective,
+    optimizer=optimizer,
+    loop=loop,
+    pretrained=spec_lib.PretrainedSettings(
+      pretrained_source, bool(config.reset_head), config.posemb_resize
+    ),
+    fewshot=fewshot,
+    mesh_axes=tuple(tuple(axis) for axis in config.mesh),
+    partitioning=config.partitioning,
+    accum_steps=accum_steps,
+    seed=int(config.seed),
+    allow_changed_seed=bool(config.allow_changed_seed),
+    config_json=json.loads(config.to_json_best_effort()),
+  )
+  if memory_limit_bytes is None:
+    memory_limit_bytes = accumulation.device_memory_limit(mesh.devices.flat[0])
+  return fit_accumulation(spec, mesh, memory_limit_bytes)
+
+
+def build(
+  config: ml_collections.ConfigDict,
+  *,
+  mesh: Optional[jax.sharding.Mesh] = None,
+  open_data: bool = True,
+) -> steps_lib.RunSteps:
+  """`resolve` then `steps.build_steps`, on ``mesh`` (default: ``config.mesh`` over all
+  devices); the resolved spec is the result's ``spec``."""
+  mesh = mesh or sharding.make_mesh(tuple(config.mesh))
+  return steps_lib.build_steps(resolve(config, mesh=mesh, open_data=open_data), mesh)

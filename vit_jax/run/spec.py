@@ -1,0 +1,102 @@
+"""A run, resolved: the typed, validated, immutable description every part of a run reads.
+
+`vit_jax.run.resolve` builds a `RunSpec` from a config file's `ml_collections.ConfigDict`
+once, checking every value on the way; the modules of the run take the section they own
+(`optim.OptimizerSettings`, `LoopSettings`, `data.Settings`, ...), never the config.
+The defaults of every field are `configs/common.py`'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional, Union
+
+import ml_collections
+
+from vit_jax.data.dataset import Settings as DataSettings
+from vit_jax.run.optim import OptimizerSettings
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopSettings:
+  """How long the loop runs and how often it reports, evaluates and saves."""
+
+  total_steps: int  # 0: only evaluate
+  log_every: int
+  eval_every: int
+  checkpoint_every: int
+  keep_checkpoints: int  # the newest steps kept on disk
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectiveSettings:
+  """What is trained (`vit_jax.run.objectives`): its registered name, loss and options."""
+
+  name: str  # a key of objectives.OBJECTIVES
+  loss: str  # a key of losses.LOSSES (classification)
+  options: ml_collections.FrozenConfigDict  # the objective's own section (config.mpp)
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainedSettings:
+  """Where the initial weights come from, and how they are fitted to the new model."""
+
+  source: Optional[str]  # None: random initialization
+  reset_head: bool
+  posemb_resize: str
+
+
+@dataclasses.dataclass(frozen=True)
+class FewshotSettings:
+  """Few-shot linear evaluation during training (off while ``datasets`` is empty)."""
+
+  datasets: tuple[str, ...]
+  shots: tuple[int, ...]
+  seeds: int
+  l2_reg: float
+  every: int
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+  """Everything a run is, checked. ``accum_steps`` is an int once `resolve` has run."""
+
+  model: ml_collections.FrozenConfigDict  # `vit_jax.models.variants` layout
+  num_classes: int
+  num_train: Optional[int]  # None where the data was not opened (planning)
+  data: DataSettings
+  objective: ObjectiveSettings
+  optimizer: OptimizerSettings
+  loop: LoopSettings
+  pretrained: PretrainedSettings
+  fewshot: FewshotSettings
+  mesh_axes: tuple[tuple[str, int], ...]
+  partitioning: str
+  accum_steps: Union[int, str]
+  seed: int
+  allow_changed_seed: bool
+  config_json: dict[str, Any] = dataclasses.field(repr=False, compare=False)  # config.json
+
+  @property
+  def batch(self) -> int:
+    return self.data.batch
+
+  @property
+  def crop(self) -> int:
+    return self.data.crop
+
+  def data_identity(self) -> dict[str, Any]:
+    """What the run trains on, stored with every checkpoint: resuming on other data fails."""
+    return dict(
+      dataset=self.data.dataset,
+      train_split=self.data.train_split,
+      test_split=self.data.test_split,
+      num_train=self.num_train,
+      seed=self.seed,
+    )
+
+  def with_model(self, **changes: Any) -> "RunSpec":
+    """This run with model fields changed (e.g. ``remat=True``)."""
+    model = ml_collections.ConfigDict(self.model.to_dict())
+    model.update(changes)
+    return dataclasses.replace(self, model=ml_collections.FrozenConfigDict(model))
