@@ -4,8 +4,7 @@ import os
 
 import pytest
 
-from configs import quickstart
-from vit_jax.models import get_model_config
+from tests import train_fixtures
 
 
 @pytest.fixture(scope="session")
@@ -17,19 +16,7 @@ def digits_dir(tmp_path_factory):
 @pytest.fixture
 def tiny_config(digits_dir):
   """Quickstart shrunk to seconds: the `testing` model at 8x8, a few steps."""
-  config = quickstart.get_config()
-  config.data_dir = digits_dir
-  config.model = get_model_config("testing")
-  config.pp.crop = 8
-  config.batch = 16
-  config.batch_eval = 64
-  config.shuffle_buffer = 64
-  config.total_steps = 6
-  config.lr.warmup_steps = 2
-  config.log_every = 2
-  config.eval_every = 4
-  config.checkpoint_every = 3
-  return config
+  return train_fixtures.tiny_config(digits_dir)
 
 
 def pytest_configure(config):

@@ -13,23 +13,17 @@ import ml_collections
 import pytest
 
 from configs import quickstart
+from tests import train_fixtures
 from vit_jax import main
 
-# The quickstart config shrunk to seconds, as `--config.<key>=<value>` overrides.
+# The quickstart shrunk as every tiny run (`train_fixtures.TINY`), with its own model made
+# tiny, as `--config.<key>=<value>` overrides.
 TINY = {
   "model.hidden_size": 16,
   "model.transformer.num_layers": 1,
   "model.transformer.mlp_dim": 16,
   "model.transformer.num_heads": 2,
-  "pp.crop": 8,
-  "batch": 16,
-  "batch_eval": 64,
-  "shuffle_buffer": 64,
-  "total_steps": 6,
-  "lr.warmup_steps": 2,
-  "log_every": 2,
-  "eval_every": 4,
-  "checkpoint_every": 3,
+  **train_fixtures.TINY,
 }
 
 
@@ -45,13 +39,7 @@ def tiny_run_config(data_dir: str) -> ml_collections.ConfigDict:
   """The config `tiny_flags` gives."""
   config = quickstart.get_config()
   config.data_dir = data_dir
-  for key, value in TINY.items():
-    *parents, leaf = key.split(".")
-    node = config
-    for parent in parents:
-      node = node[parent]
-    node[leaf] = value
-  return config
+  return train_fixtures.override(config, TINY)
 
 
 @pytest.fixture(scope="session")

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from sklearn import linear_model
 
-from configs import quickstart
-from vit_jax import checkpoint, models, run, sharding
+from tests import train_fixtures
+from vit_jax import checkpoint, data, run, sharding
 from vit_jax.fewshot import evaluator, linear
 from vit_jax.run import checkpoints as run_checkpoints
 
@@ -75,13 +75,17 @@ def test_too_few_examples_of_a_class_is_an_error():
 def trained_run(tmp_path_factory, digits_dir):
   """(config, workdir, final metrics) of the `testing` model trained briefly on digits, with
   10-shot evaluation at its last step."""
-  config = quickstart.get_config()
-  config.data_dir = digits_dir
-  config.model = models.get_model_config("testing")
-  config.pp.crop = 8
-  config.batch, config.batch_eval, config.shuffle_buffer = 32, 128, 256
-  config.total_steps, config.lr.warmup_steps = 150, 10
-  config.log_every, config.eval_every, config.checkpoint_every = 50, 1000, 1000
+  config = train_fixtures.tiny_config(
+    digits_dir,
+    batch=32,
+    batch_eval=128,
+    shuffle_buffer=256,
+    total_steps=150,
+    lr__warmup_steps=10,
+    log_every=50,
+    eval_every=1000,
+    checkpoint_every=1000,
+  )
   config.fewshot.datasets = ("digits",)
   config.fewshot.shots = (10,)
   config.fewshot.every = 150
@@ -92,7 +96,9 @@ def trained_run(tmp_path_factory, digits_dir):
 def test_trained_features_beat_random_features(trained_run):
   config, _, metrics = trained_run
   mesh = sharding.make_mesh(((sharding.DATA_AXIS, -1),))
-  fewshot = evaluator.FewShotEvaluator(config, mesh, ["digits"], shots=[10])
+  fewshot = evaluator.FewShotEvaluator(
+    config.model, data.Settings.from_config(config), mesh, ["digits"], shots=[10]
+  )
   init = fewshot.model.init(jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 3)))["params"]
   (random_init,) = fewshot(nn.unbox(init))
   assert random_init.examples == 1797  # every example of both splits once

@@ -13,7 +13,8 @@ from absl import flags
 from flax import traverse_util
 from ml_collections import config_flags
 
-from configs import pretrain, quickstart, vit
+from configs import pretrain, vit
+from tests import train_fixtures
 from vit_jax import models, pretrained, run
 from vit_jax.data import presets
 from vit_jax.models.posemb import resize_posemb
@@ -108,14 +109,9 @@ def test_the_official_command_line_syntax():
 
 def _tiny_run_config(data_dir: str) -> ml_collections.ConfigDict:
   """The quickstart shrunk as tests/conftest.py's tiny_config: `testing` model at 8x8."""
-  config = quickstart.get_config()
-  config.data_dir = data_dir
-  config.model = models.get_model_config("testing")
-  config.pp.crop = 8
-  config.batch, config.batch_eval, config.shuffle_buffer = 16, 64, 64
-  config.total_steps, config.lr.warmup_steps = 8, 2
-  config.log_every, config.eval_every, config.checkpoint_every = 4, 100, 100
-  return config
+  return train_fixtures.tiny_config(
+    data_dir, total_steps=8, log_every=4, eval_every=100, checkpoint_every=100
+  )
 
 
 @pytest.fixture(scope="module")

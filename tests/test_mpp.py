@@ -111,13 +111,7 @@ def test_encoder_parameters_have_the_supervised_models_names():
 
 def _tiny_mpp_config(data_dir: str) -> ml_collections.ConfigDict:
   """configs/mpp.py:digits shrunk to seconds: the `testing` model at 8x8."""
-  config = mpp_config.get_config("digits")
-  config.data_dir = data_dir
-  config.model = models.get_model_config("testing")
-  config.pp.crop = 8
-  config.batch, config.batch_eval, config.shuffle_buffer = 16, 64, 64
-  config.total_steps, config.lr.warmup_steps = 6, 2
-  config.log_every, config.eval_every, config.checkpoint_every = 2, 100, 3
+  config = train_fixtures.tiny_config(data_dir, mpp_config.get_config("digits"), eval_every=100)
   config.fewshot.datasets = ()
   return config
 

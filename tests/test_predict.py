@@ -15,8 +15,8 @@ from absl import flags
 from flax import traverse_util
 from PIL import Image
 
-from configs import quickstart
 from tests import interop_fixtures as fx
+from tests import train_fixtures
 from vit_jax import models, predict, run
 from vit_jax.data import digits
 from vit_jax.interop import infer, loader
@@ -114,13 +114,17 @@ def _png(array: np.ndarray) -> bytes:
 def digits_run(tmp_path_factory, digits_dir):
   """(workdir, final metrics, folder of the test split as <label>/<index>.png) of a short
   quickstart-style run on digits at 8x8."""
-  config = quickstart.get_config()
-  config.data_dir = digits_dir
-  config.model = models.get_model_config("testing")
-  config.pp.crop = 8
-  config.batch, config.batch_eval, config.shuffle_buffer = 32, 120, 256
-  config.total_steps, config.lr.warmup_steps = 60, 5
-  config.log_every, config.eval_every, config.checkpoint_every = 60, 1000, 1000
+  config = train_fixtures.tiny_config(
+    digits_dir,
+    batch=32,
+    batch_eval=120,
+    shuffle_buffer=256,
+    total_steps=60,
+    lr__warmup_steps=5,
+    log_every=60,
+    eval_every=1000,
+    checkpoint_every=1000,
+  )
   workdir = str(tmp_path_factory.mktemp("run"))
   metrics = run.train_and_evaluate(config, workdir)
   folder = tmp_path_factory.mktemp("test_images")

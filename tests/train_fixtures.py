@@ -17,6 +17,43 @@ def common_config(**overrides) -> ml_collections.ConfigDict:
   return config
 
 
+# The quickstart shrunk to seconds (with the `testing` model at 8x8): every test's tiny run.
+TINY = {
+  "pp.crop": 8,
+  "batch": 16,
+  "batch_eval": 64,
+  "shuffle_buffer": 64,
+  "total_steps": 6,
+  "lr.warmup_steps": 2,
+  "log_every": 2,
+  "eval_every": 4,
+  "checkpoint_every": 3,
+}
+
+
+def override(config: ml_collections.ConfigDict, values: dict) -> ml_collections.ConfigDict:
+  """Sets ``{"dotted.key": value}`` on ``config`` (as `--config.dotted.key=value` would)."""
+  for key, value in values.items():
+    *parents, leaf = key.split(".")
+    node = config
+    for parent in parents:
+      node = node[parent]
+    node[leaf] = value
+  return config
+
+
+def tiny_config(
+  data_dir: str, base: ml_collections.ConfigDict | None = None, **overrides
+) -> ml_collections.ConfigDict:
+  """``base`` (default: the quickstart) shrunk by `TINY`, then ``overrides`` (keys with
+  dots as ``__``: ``lr__warmup_steps=5``), reading digits from ``data_dir``."""
+  config = base or quickstart.get_config()
+  config.data_dir = data_dir
+  config.model = get_model_config("testing")
+  override(config, TINY)
+  return override(config, {k.replace("__", "."): v for k, v in overrides.items()})
+
+
 def step_config() -> ml_collections.ConfigDict:
   """The `testing` model at 8x8 with plain SGD: updates are linear in the gradient, so
   sharded and unsharded steps can be compared tightly."""

@@ -35,12 +35,11 @@ import tensorflow as tf
 from absl import logging
 
 from vit_jax import errors
+from vit_jax.aliases import HostBatch
 from vit_jax.data import batching, order, preprocess, readers
 from vit_jax.data.dataset import Dataset, Settings, as_settings
 
 _EVAL_WINDOW = 10_000  # Examples an eval pass reads from a tfds split at a time.
-
-Batch = dict[str, np.ndarray]
 
 
 def _dataset(reader: readers.Reader, example_fn, local_batch: int) -> tf.data.Dataset:
@@ -172,7 +171,7 @@ def local_train_batches(
   process: int,
   process_count: int,
   stop: threading.Event | None = None,
-) -> Iterator[Batch]:
+) -> Iterator[HostBatch]:
   """Endless host-local train batches of one process, from `start_step` on.
 
   They are rows [process * local_batch, (process + 1) * local_batch) of the global
@@ -199,7 +198,7 @@ def local_train_batches(
   failures = _Failures(reader, example_fn, settings.skip_corrupt_images)
   shape = (settings.crop, settings.crop, 3)
 
-  def batches() -> Iterator[Batch]:
+  def batches() -> Iterator[HostBatch]:
     ds = _dataset(reader, example_fn, local_batch)
     for q, images, labels, present in _realign(
       ds.as_numpy_iterator(), start_step * local_batch, local_batch, shape, dataset.num_classes
@@ -255,7 +254,7 @@ class EvalBatches:
   def __len__(self) -> int:
     return self.num_batches
 
-  def __iter__(self) -> Iterator[Batch]:
+  def __iter__(self) -> Iterator[HostBatch]:
     self._reader.error = None
     stop = self.num_batches * self._local_batch
     for q, images, labels, present in _realign(

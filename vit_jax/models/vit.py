@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Callable, Literal, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import flax.linen as nn
 import jax
@@ -25,7 +25,6 @@ from vit_jax.models import posemb as posemb_lib
 from vit_jax.models.resnet import resnet_root
 from vit_jax.sharding import EMBED, HEADS, KV, LAYERS, MLP
 
-Classifier = Literal["token", "gap", "unpooled"]
 CLASSIFIERS: tuple[str, ...] = ("token", "gap", "unpooled")
 
 EINSUM = "einsum"  # `ExecutionOptions.attention_impl` of the module's own einsum attention
