@@ -7,7 +7,7 @@ One row per combination: device kind and count, model, resolution, global batch,
 dtype, attention implementation, scan/remat, img/s (median of ``--steps`` timed steps after
 ``--warmup``, each blocked on), GFLOPs per image from XLA's cost analysis of the compiled
 step with the analytic count beside it, GB of memory traffic per image (XLA's count),
-achieved TFLOP/s, MFU against the device's dense peak (`vit_jax.step_cost`), compile time
+achieved TFLOP/s, MFU against the device's dense peak (`vit_jax.run.step_cost`), compile time
 and the compiled step's peak device memory.
 
 Train rows time the run's train step (`vit_jax.run.build`) (SGD with momentum, softmax

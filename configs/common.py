@@ -37,14 +37,14 @@ def get_config() -> ml_collections.ConfigDict:
   config.reset_head = False  # True: a fresh zero head even when the class count matches.
   config.posemb_resize = "bilinear"  # or 'bicubic', 'nearest', 'reinit'
 
-  # What is trained (vit_jax.objectives): 'classification', or 'mpp' (configs/mpp.py).
+  # What is trained (vit_jax.run.objectives): 'classification', or 'mpp' (configs/mpp.py).
   config.objective = "classification"
 
-  # Optimization (vit_jax.optim).
-  config.loss = "softmax_xent"  # or 'sigmoid_xent' (vit_jax.losses)
+  # Optimization (vit_jax.run.optim).
+  config.loss = "softmax_xent"  # or 'sigmoid_xent' (vit_jax.run.losses)
   config.total_steps = 10_000
   # Micro-batches per step (an int), or 'auto': the fewest whose compiled step fits the
-  # device memory, then model.remat if none does (vit_jax.memory_fit).
+  # device memory, then model.remat if none does (vit_jax.run.accumulation).
   config.accum_steps = ml_collections.FieldReference(1, field_type=object)
   config.lr = ml_collections.ConfigDict(dict(base=0.03, warmup_steps=500, decay="cosine", end=0.0))
   config.optim = ml_collections.ConfigDict(

@@ -115,7 +115,7 @@ def test_command_on_a_runs_checkpoints(trained_run, digits_dir):
       sys.executable,
       "-m",
       "vit_jax.fewshot",
-      f"--checkpoint={workdir}/checkpoints",
+      f"--checkpoint=file://{workdir}/checkpoints",  # a run folder as a URL
       "--dataset=digits",
       "--shots=1,10",
       f"--batch={config.batch_eval}",

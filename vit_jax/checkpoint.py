@@ -5,7 +5,7 @@ Official files are flat `np.savez` archives whose keys are Flax parameter paths 
 block's arrays once, under `Transformer/encoderblock/`, with a leading depth axis; the
 per-layer layout has `Transformer/encoderblock_{i}/`. Files are written per-layer, as the
 official ones. Adapting weights to a new model for fine-tuning is `vit_jax.pretrained`;
-saving a training run is `vit_jax.run_checkpoints`.
+saving a training run is `vit_jax.run.checkpoints`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Pre-trained weights adapted to a new model for fine-tuning (paper Sec. 3.2).
 
 `load_pretrained` reads a stored checkpoint (an official `.npz`, see `vit_jax.checkpoint`,
-or a training run's Orbax checkpoints, see `vit_jax.run_checkpoints`) and applies the
+or a training run's Orbax checkpoints, see `vit_jax.run.checkpoints`) and applies the
 fine-tuning policy: head and representation-layer rules, class token, position embeddings
 interpolated to the new grid, the encoder layout of the new model, and one error naming
 what does not fit.

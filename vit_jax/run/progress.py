@@ -1,7 +1,7 @@
 """The training loop's outputs: a progress line and TensorBoard scalars in the run's folder.
 
 Only process 0 writes; every process may call these. Beside img/s the line shows MFU, the
-model FLOPs achieved as a share of the devices' dense peak (`vit_jax.step_cost`), once
+model FLOPs achieved as a share of the devices' dense peak (`vit_jax.run.step_cost`), once
 `start` has been given the FLOPs of one step.
 """
 

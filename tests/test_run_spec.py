@@ -1,0 +1,84 @@
+"""A run resolved once (`vit_jax.run.resolve`), its steps built apart from the loop, and the
+run folder found from any path inside it."""
+
+import dataclasses
+import os
+
+import jax
+import numpy as np
+import pytest
+from etils import epath
+from flax import traverse_util
+
+from tests import train_fixtures
+from vit_jax import errors, run, sharding
+from vit_jax.interop import loader
+from vit_jax.run import folder as folder_lib
+from vit_jax.run import resolver
+
+pytest_plugins = ["tests.finished_run"]  # the finished_run fixture
+
+
+def _spec(config, **kwargs):
+  mesh = sharding.make_mesh(tuple(config.mesh))
+  return resolver.resolve(config, mesh=mesh, **kwargs), mesh
+
+
+def test_the_spec_is_typed_immutable_and_keeps_the_config_json(tiny_config):
+  spec, _ = _spec(tiny_config)
+  assert (spec.batch, spec.crop, spec.num_classes, spec.num_train) == (16, 8, 10, 1437)
+  assert spec.optimizer.lr_base == tiny_config.lr.base and spec.loop.total_steps == 6
+  assert spec.accum_steps == 1 and spec.config_json["model"]["name"] == "testing"
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    spec.seed = 1
+  with pytest.raises(AttributeError):
+    spec.model.hidden_size = 8  # the model config is frozen too
+
+
+def test_steps_build_and_compile_from_abstract_inputs_without_data_or_workdir(tmp_path):
+  """What planning for another machine needs: a spec without reading the data (class count
+  from the config), and a compiled step from ShapeDtypeStructs only."""
+  config = train_fixtures.tiny_config(str(tmp_path / "no_data_here"), num_classes=7)
+  spec, mesh = _spec(config, open_data=False)
+  assert spec.num_train is None and spec.num_classes == 7
+  steps = run.build_steps(spec, mesh)
+  batch = steps.abstract_train_batch()
+  assert batch["image"].shape == (16, 8, 8, 3) and batch["label"].shape == (16, 7)
+  assert batch["image"].sharding == steps.batch_sharding
+  assert steps.abstract_eval_batch()["mask"].shape == (64,)
+  compiled = steps.compile_train_step()
+  flops, source = steps.step_flops(compiled)
+  assert source == "xla" and flops > 0
+  leaves = jax.tree.leaves(steps.abstract_state)
+  assert all(isinstance(x, jax.ShapeDtypeStruct) and x.sharding is not None for x in leaves)
+  assert os.listdir(tmp_path) == []  # nothing was read or written
+
+
+def test_every_settings_error_comes_before_anything_is_built(tiny_config):
+  tiny_config.accum_steps = 3  # 16 does not split into 3 micro-batches
+  with pytest.raises(errors.ConfigError, match="config.batch=16 is not divisible"):
+    _spec(tiny_config, open_data=False)
+
+
+def test_the_run_folder_is_found_from_any_path_inside_it(finished_run):
+  root = epath.Path(finished_run)
+  for inside in (root, root / "checkpoints", root / "checkpoints" / "6"):
+    for given in (str(inside), f"file://{inside}", inside):
+      folder = folder_lib.RunFolder.containing(given)
+      assert folder is not None and folder.root == root, given
+  assert folder_lib.RunFolder.containing(root.parent) is None
+  folder = folder_lib.RunFolder(f"file://{root}")
+  assert folder.checkpoint_source(f"file://{root}") == root / "checkpoints"
+  assert folder.checkpoint_source(root / "checkpoints" / "3") == root / "checkpoints" / "3"
+  assert folder.read_config()["model"]["hidden_size"] == 16  # the run's tiny model
+
+
+def test_predict_and_export_read_a_run_given_as_url_or_epath(finished_run):
+  """predict and export read checkpoints through `loader.load`; fewshot's command is run
+  on a file:// URL in test_fewshot.py."""
+  want = traverse_util.flatten_dict(loader.load(finished_run).params, sep="/")
+  for given in (f"file://{finished_run}/checkpoints", epath.Path(finished_run) / "checkpoints"):
+    got = traverse_util.flatten_dict(loader.load(given).params, sep="/")
+    assert got.keys() == want.keys()
+    for k in want:
+      np.testing.assert_array_equal(got[k], want[k], err_msg=k)
