@@ -93,7 +93,8 @@ class MaskedPatchPredictor(nn.Module):
   """Input [B, H, W, C] in [-1, 1] -> (predictions [B, N, outputs], corruption kind [B, N]).
 
   ``encoder``: the supervised model (its head, pooling and representation layer unused).
-  ``outputs``: the head's width per patch (set by the target, see `vit_jax.run.objectives.masked_patches`).
+  ``outputs``: the head's width per patch (set by the target, see
+  `vit_jax.run.objectives.masked_patches`).
   """
 
   encoder: VisionTransformer
