@@ -2,11 +2,12 @@
 
 import setuptools
 
+JAX_VERSIONS = ">=0.6,<0.11"
 INSTALL_REQUIRES = [
   "absl-py>=1.4",
   "chex>=0.1.87",
   "flax>=0.10,<0.13",
-  "jax>=0.6,<0.11",
+  f"jax{JAX_VERSIONS}",
   "ml-collections>=0.1.1",
   "numpy>=1.26",
   "optax>=0.2.4,<0.3",
@@ -34,6 +35,9 @@ EXTRAS_REQUIRE = {
   # Loading exports in PyTorch (README "Inference and export"). timm imports torchvision,
   # which must be built for the same torch: a CUDA torchvision beside a CPU torch fails.
   "interop": ["torch>=2.14", "torchvision>=0.29", "timm>=1.0.20", "transformers>=4.56"],
+  # Planning a TPU run on any machine (`python -m vit_jax.plan`): libtpu, the TPU
+  # compiler, at the version the installed jax pins.
+  "tpu": [f"jax[tpu]{JAX_VERSIONS}"],
 }
 
 setuptools.setup(

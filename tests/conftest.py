@@ -2,9 +2,13 @@
 
 import os
 
-import pytest
+# Tests run on the CPU. Set before JAX starts: with libtpu installed (the `tpu` extra, for
+# `vit_jax.plan`) JAX would first try a TPU backend in every test process.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from tests import train_fixtures
+import pytest  # noqa: E402
+
+from tests import train_fixtures  # noqa: E402
 
 
 @pytest.fixture(scope="session")
