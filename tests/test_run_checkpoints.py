@@ -29,10 +29,16 @@ def test_read_params_refuses_a_corrupt_step_and_names_it(finished_run, tmp_path)
   assert flat_params(os.path.join(checkpoints, "3"))
 
 
+def test_reading_a_step_the_package_wrote_warns_nothing(finished_run, caplog):
+  with caplog.at_level("WARNING"):
+    run_checkpoints.read_params(os.path.join(finished_run, "checkpoints"))
+  assert not caplog.records, caplog.text  # e.g. Orbax's "Metadata file does not exist"
+
+
 def test_missing_metadata_and_truncated_files_name_the_step(finished_run, tmp_path):
   checkpoints = os.path.join(copy_run(finished_run, tmp_path / "run"), "checkpoints")
   os.remove(os.path.join(checkpoints, "6", "state", "_METADATA"))
-  with pytest.raises(errors.CheckpointError, match=r"step 6 .*_METADATA is missing"):
+  with pytest.raises(errors.CheckpointError, match=r"step 6 .*_METADATA.* does not exist"):
     run_checkpoints.read_params(checkpoints)
   for root, _, files in os.walk(os.path.join(checkpoints, "3", "state")):
     for name in files:

@@ -131,10 +131,10 @@ def _read_host(step_dir: epath.Path, subtree: Optional[str] = None) -> Any:
   state_dir = step_dir / _STATE
   try:
     with ocp.PyTreeCheckpointer() as checkpointer:
-      stored = checkpointer.metadata(state_dir)
-      if stored is None or stored.item_metadata is None:
-        raise FileNotFoundError(f"{state_dir / '_METADATA'} is missing or unreadable")
-      tree = stored.item_metadata.tree
+      # The tree's own metadata (`state/_METADATA`; raises when it is missing). The
+      # Checkpointer's `metadata` would also look for a `state/_CHECKPOINT_METADATA`, which a
+      # CheckpointManager writes one level up, and warn that it does not exist.
+      tree = checkpointer.handler.metadata(state_dir).tree
       item = {subtree: tree[subtree]} if subtree else tree
       as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
       restored = checkpointer.restore(
