@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import stat
 import sys
+import time
 
 import jax
 import numpy as np
 import pytest
+from absl import flags
 from flax import traverse_util
 
 from tests import interop_fixtures as fx
@@ -204,3 +208,69 @@ def test_a_failure_mid_write_leaves_no_partial_output(tmp_path, monkeypatch):
   with pytest.raises(OSError, match="disk full"):
     export.export(str(tmp_path / "model.npz"), "stablehlo", str(tmp_path / "out"))
   _nothing_written(tmp_path, tmp_path / "out", out_existed=False)
+
+
+def _command(tmp_path, *args: str) -> int:
+  values = flags.FlagValues()
+  export.define_flags(values)
+  return export.main(["export", f"--checkpoint={tmp_path / 'model.npz'}", *args], values)
+
+
+def test_the_command_prints_what_it_wrote_and_how_to_load_it(tmp_path, capsys):
+  fx.write_npz(tmp_path / "model.npz", "vit_ti16")
+  out = tmp_path / "out"
+  assert _command(tmp_path, "--format=npz", f"--out={out}") == 0
+  printed = capsys.readouterr().out.splitlines()
+  assert printed[0] == f"Wrote the npz export of {tmp_path / 'model.npz'} to {out}:"
+  size = os.path.getsize(out / "model.npz")
+  assert printed[1:3] == [f"  labels.txt  ({os.path.getsize(out / 'labels.txt'):,} bytes)",
+                          f"  model.npz  ({size:,} bytes)"]  # fmt: skip
+  assert printed[3] == export.LOAD_HINTS["npz"].format(out=out).join(["Load it with: ", ""])
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_exported_files_get_the_users_umask_modes(tmp_path, umask):
+  fx.write_npz(tmp_path / "model.npz", "vit_ti16")
+  previous = os.umask(umask)
+  try:
+    export.export(str(tmp_path / "model.npz"), "hf", str(tmp_path / "out"))
+  finally:
+    os.umask(previous)
+  assert stat.S_IMODE(os.stat(tmp_path / "out").st_mode) == 0o777 & ~umask
+  for name in os.listdir(tmp_path / "out"):  # model.safetensors is written 0600 by safetensors
+    assert stat.S_IMODE(os.stat(tmp_path / "out" / name).st_mode) == 0o666 & ~umask, name
+
+
+def test_stale_temporary_folders_of_the_same_out_are_removed(tmp_path, caplog):
+  fx.write_npz(tmp_path / "model.npz", "vit_ti16")
+  stale, fresh, other = (tmp_path / n for n in (".out.tmp-a1", ".out.tmp-b2", ".other.tmp-c3"))
+  for folder in (stale, fresh, other):
+    folder.mkdir()
+    (folder / "model.npz").write_bytes(b"partial")
+  two_hours_ago = time.time() - 2 * export.STALE_SECONDS
+  for folder in (stale, other):
+    os.utime(folder, (two_hours_ago, two_hours_ago))
+  with caplog.at_level("WARNING"):
+    export.export(str(tmp_path / "model.npz"), "npz", str(tmp_path / "out"))
+  assert (
+    not stale.exists() and fresh.exists() and other.exists()
+  )  # a running export's, another --out's
+  assert f"Removing {stale}, left by an export to {tmp_path / 'out'}" in caplog.text
+
+
+def test_sigterm_during_the_write_removes_the_temporary_folder(tmp_path, monkeypatch):
+  fx.write_npz(tmp_path / "model.npz", "vit_ti16")
+
+  def terminated_after_a_file(directory, *args):
+    (open(os.path.join(directory, serving.JAX_EXPORTED), "wb")).close()
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(5)  # the handler raises here
+    raise AssertionError("SIGTERM did not stop the export")
+
+  monkeypatch.setattr(serving, "write_jax_exported", terminated_after_a_file)
+  handler = signal.getsignal(signal.SIGTERM)
+  with pytest.raises(SystemExit) as stopped:
+    export.export(str(tmp_path / "model.npz"), "stablehlo", str(tmp_path / "out"))
+  assert stopped.value.code == 128 + signal.SIGTERM
+  _nothing_written(tmp_path, tmp_path / "out", out_existed=False)
+  assert signal.getsignal(signal.SIGTERM) == handler  # restored

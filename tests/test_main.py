@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -37,8 +38,19 @@ def run_main(workdir, *overrides, timeout=300):
     capture_output=True,
     text=True,
     timeout=timeout,
-    env={**os.environ, "PYTHONPATH": REPO},
+    # The command's own log settings: without the TF_* variables the test session sets.
+    env={**{k: v for k, v in os.environ.items() if not k.startswith("TF_")}, "PYTHONPATH": REPO},
   )
+
+
+# A log line of the package's own: absl's prefix, then one of its modules.
+OWN_LINE = re.compile(
+  r"^[IWE]\d{4} [\d:.]+ +\d+ (%s)\.py:\d+\] "
+  % "|".join(
+    sorted({name[:-3] for _, _, names in os.walk(os.path.join(REPO, "vit_jax")) for name in names
+            if name.endswith(".py")})
+  )
+)  # fmt: skip
 
 
 def test_main_trains_a_few_steps_and_writes_checkpoint_and_events(tmp_path, digits_dir):
@@ -59,6 +71,9 @@ def test_main_trains_a_few_steps_and_writes_checkpoint_and_events(tmp_path, digi
     "--config.eval_every=100",
   )
   assert proc.returncode == 0, failure_report(proc.stderr)
+  # Only the run's own lines: no TensorFlow notices, no JAX backend probing, no Orbax INFO
+  # lines or warnings about the checkpoints it wrote and read back.
+  assert [line for line in proc.stderr.splitlines() if not OWN_LINE.match(line)] == []
   assert "step 4/4 | loss" in proc.stderr and "img/s" in proc.stderr and "ETA" in proc.stderr
   assert "eval/accuracy" in proc.stderr
   assert sorted(os.listdir(workdir / "checkpoints")) == ["2", "4"]

@@ -1,18 +1,25 @@
-"""One user-error path: a bad input prints one line, exits 2 and changes nothing.
+"""One user-error path for every command: a bad input prints one line, exits 2 and
+changes nothing.
 
-The table runs `vit_jax.main.run` in-process (tests/test_main.py runs one real subprocess
-for the exit status and the stderr without traceback).
+The tables run the commands in-process (`vit_jax.main.run`, `predict.main`, `export.main`);
+`test_each_command_entry_prints_only_the_error_line` and tests/test_main.py run real
+subprocesses for the exit status and a stderr without traceback.
 """
 
 import errno
 import os
+import subprocess
+import sys
 
 import ml_collections
 import orbax.checkpoint as ocp
 import pytest
+from absl import flags
 
+from tests import fresh_python
+from tests import interop_fixtures as fx
 from tests.finished_run import copy_run, snapshot, tiny_flags
-from vit_jax import errors, main
+from vit_jax import errors, export, main, predict
 
 pytest_plugins = ["tests.finished_run"]  # the finished_run fixture
 
@@ -154,3 +161,181 @@ def test_out_of_device_memory_names_the_settings_and_the_need():
   ):
     assert setting in message
   assert errors.as_user_error(RuntimeError("INTERNAL: a bug"), workdir="/w", config=config) is None
+
+
+@pytest.mark.parametrize(
+  "workdir", ["{tmp}/file.txt", "{tmp}/file.txt/run", "/sys/vit_jax_test", "/proc/vit_jax_test"]
+)
+def test_an_unusable_workdir_is_one_line_exit_2(workdir, digits_dir, tmp_path, capsys):
+  (tmp_path / "file.txt").write_text("a file, not a folder\n")
+  workdir = workdir.format(tmp=tmp_path)
+  capsys.readouterr()
+  assert main.run(["main", *tiny_flags(digits_dir), f"--workdir={workdir}"]) == 2
+  err = capsys.readouterr().err
+  message = [line for line in err.splitlines() if line.startswith("Error: ")]
+  assert len(message) == 1 and f"Cannot write to {workdir} (" in message[0], err[-2000:]
+  assert "Traceback" not in err
+  assert (tmp_path / "file.txt").read_text() == "a file, not a folder\n"
+
+
+# (id, command module, arguments separated by spaces, expected fragment of the one-line
+# message). In `{tmp}` (the test's tmp_path): m.npz (a ViT-Ti/16 checkpoint with 5
+# classes), image.png, file.txt, full/ (a folder with a file) and empty/.
+COMMAND_CASES = [
+  (
+    "predict missing image",
+    predict,
+    "--checkpoint={tmp}/m.npz {tmp}/nope.png",
+    "nope.png: no such file or folder",
+  ),
+  (
+    "predict not a checkpoint",
+    predict,
+    "--checkpoint={tmp}/empty {tmp}/image.png",
+    "is a folder but neither a training run",
+  ),
+  (
+    "predict no checkpoint",
+    predict,
+    "--checkpoint={tmp}/none.npz {tmp}/image.png",
+    "No checkpoint at",
+  ),
+  (
+    "predict text as npz",
+    predict,
+    "--checkpoint={tmp}/file.txt {tmp}/image.png",
+    "it is not a .npz archive",
+  ),
+  ("predict no image named", predict, "--checkpoint={tmp}/m.npz", "Name at least one image"),
+  (
+    "predict no image in folder",
+    predict,
+    "--checkpoint={tmp}/m.npz {tmp}/empty",
+    "No image files in",
+  ),
+  (
+    "predict labels file",
+    predict,
+    "--checkpoint={tmp}/m.npz --labels={tmp}/no.txt {tmp}/image.png",
+    "--labels=",
+  ),
+  (
+    "predict label count",
+    predict,
+    "--checkpoint={tmp}/m.npz --labels={tmp}/file.txt {tmp}/image.png",
+    "1 class names for a head of 5",
+  ),
+  (
+    "predict resolution",
+    predict,
+    "--checkpoint={tmp}/m.npz --resolution=64 {tmp}/image.png",
+    "--resolution=64, but",
+  ),
+  (
+    "predict unknown flag",
+    predict,
+    "--chekpoint={tmp}/m.npz {tmp}/image.png",
+    "Unknown command line flag 'chekpoint'",
+  ),
+  ("predict no --checkpoint", predict, "{tmp}/image.png", "--checkpoint must have a value"),
+  (
+    "export out not empty",
+    export,
+    "--checkpoint={tmp}/m.npz --format=npz --out={tmp}/full",
+    "exists and is not an empty folder",
+  ),
+  (
+    "export out under a file",
+    export,
+    "--checkpoint={tmp}/m.npz --format=npz --out={tmp}/file.txt/x",
+    "Cannot write to {tmp}/file.txt/x",
+  ),
+  (
+    "export unknown format",
+    export,
+    "--checkpoint={tmp}/m.npz --format=onnx --out={tmp}/o",
+    "flag --format=onnx",
+  ),
+  (
+    "export no checkpoint",
+    export,
+    "--checkpoint={tmp}/none.npz --format=npz --out={tmp}/o",
+    "No checkpoint at",
+  ),
+  ("export no --out", export, "--checkpoint={tmp}/m.npz --format=npz", "--out must have a value"),
+  (
+    "export positional",
+    export,
+    "--checkpoint={tmp}/m.npz --format=npz --out={tmp}/o x",
+    "Unexpected arguments: ['x']",
+  ),
+]
+
+
+def _command_inputs(tmp_path) -> None:
+  fx.write_npz(tmp_path / "m.npz", "vit_ti16")
+  (tmp_path / "image.png").write_bytes(b"")  # never read: every case fails before
+  (tmp_path / "file.txt").write_text("one line\n")
+  (tmp_path / "full").mkdir()
+  (tmp_path / "full" / "mine.txt").write_text("mine")
+  (tmp_path / "empty").mkdir()
+
+
+def _tree(folder) -> dict[str, bytes | None]:
+  """{path: content, or None for a folder} of everything under ``folder``."""
+  found = {}
+  for root, dirs, files in os.walk(folder):
+    found.update({os.path.join(root, d): None for d in dirs})
+    found.update({os.path.join(root, f): open(os.path.join(root, f), "rb").read() for f in files})
+  return found
+
+
+@pytest.mark.parametrize(
+  "command, args, fragment", [c[1:] for c in COMMAND_CASES], ids=[c[0] for c in COMMAND_CASES]
+)
+def test_bad_command_input_is_one_line_exit_2_and_changes_nothing(
+  command, args, fragment, tmp_path, capsys
+):
+  _command_inputs(tmp_path)
+  before = _tree(tmp_path)
+  values = flags.FlagValues()
+  command.define_flags(values)
+  capsys.readouterr()
+
+  argv = [command.__name__, *args.format(tmp=tmp_path).split()]
+  assert command.main(argv, values) == 2
+
+  captured = capsys.readouterr()
+  message = [line for line in captured.err.splitlines() if line.startswith("Error: ")]
+  assert len(message) == 1 and fragment.format(tmp=tmp_path) in message[0], captured.err[-2000:]
+  assert "Traceback" not in captured.err and not captured.out
+  assert _tree(tmp_path) == before  # no output, no temporary folder
+
+
+@pytest.mark.parametrize(
+  "module, args, message",
+  [
+    ("vit_jax.predict", ["--checkpoint={tmp}", "{tmp}/nope.jpg"], "{tmp}/nope.jpg: no such file"),
+    (
+      "vit_jax.export",
+      ["--checkpoint={tmp}", "--format=hf", "--out={tmp}"],
+      "--out='{tmp}' exists",
+    ),
+    ("vit_jax.fewshot", ["--checkpoint={tmp}"], "No config.json in or above '{tmp}'"),
+  ],
+)
+def test_each_command_entry_prints_only_the_error_line(module, args, message, tmp_path):
+  (tmp_path / "file.txt").write_text("not empty\n")
+  env = {k: v for k, v in fresh_python.clean_env().items() if not k.startswith("TF_")}
+  proc = subprocess.run(
+    [sys.executable, "-m", module, *(a.format(tmp=tmp_path) for a in args)],
+    cwd=fresh_python.REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  lines = proc.stderr.splitlines()
+  assert len(lines) == 1 and lines[0].startswith("Error: " + message.format(tmp=tmp_path)), lines
+  assert not proc.stdout

@@ -173,7 +173,7 @@ def initialize_distributed(
   else:
     cluster = _detect_cluster()
     if cluster is None:
-      logging.info("initialize_distributed: no multi-process settings; single process.")
+      logging.debug("initialize_distributed: no multi-process settings; single process.")
       _initialized = True
       return
     logging.info("initialize_distributed: %s detected; JAX auto-detects the processes.", cluster)

@@ -1,13 +1,14 @@
 """Errors a user can cause: one exception type, and the system failures that are such errors.
 
-`vit_jax.main` prints a `UserError`'s message alone (no traceback; it is logged at
-`--verbosity=1`) and exits with status 2. Each subclass also derives from the built-in
+Every command (`vit_jax.cli`) prints a `UserError`'s message alone (no traceback; it is
+logged at `--verbosity=1`) and exits with status 2. Each subclass also derives from the built-in
 type that callers caught before (ValueError, FileNotFoundError), so they keep working.
 """
 
 from __future__ import annotations
 
 import errno
+import os
 import re
 import shutil
 from typing import Any, Optional
@@ -15,6 +16,10 @@ from typing import Any, Optional
 
 class UserError(Exception):
   """An error the user can fix; the message names the value and the fix."""
+
+
+class CommandLineError(UserError, ValueError):
+  """A flag or argument the command cannot take: unknown, missing, a bad value."""
 
 
 class ConfigError(UserError, ValueError):
@@ -41,10 +46,36 @@ class OutOfDiskError(UserError):
   """A write failed because the workdir's disk is full."""
 
 
+class OutputExistsError(UserError, FileExistsError):
+  """The output folder exists and is not empty: nothing is overwritten."""
+
+
+class UnusableFolderError(UserError):
+  """The folder to write to is a file, not writable, read-only, or cannot be created."""
+
+
 class OutOfMemoryError(UserError):
   """The compiled train or eval step needs more device memory than there is."""
 
 
+# What creating or writing under a folder fails with when the folder cannot be used: OSError
+# numbers, and TensorFlow's errors for the same (tf.io.gfile, also for gs:// paths).
+_UNUSABLE_ERRNOS = (
+  errno.EACCES,
+  errno.EPERM,
+  errno.EROFS,
+  errno.ENOTDIR,
+  errno.EEXIST,
+  errno.ENOENT,
+)
+_UNUSABLE_TF_ERRORS = (
+  "PermissionDeniedError",
+  "FailedPreconditionError",
+  "NotFoundError",
+  "UnimplementedError",
+  "AlreadyExistsError",
+)
+_PATHS = re.compile(r"(?:[a-z][a-z0-9+]*://|/)[^\s;:'\",]*")  # paths and URLs in a message
 _BYTES = re.compile(r"allocat\w*\s+(\d[\d.]*)\s*([KMGT]i?B|bytes|B)\b", re.IGNORECASE)
 _UNITS = {
   "b": 1,
@@ -84,6 +115,40 @@ def is_out_of_memory(e: BaseException) -> bool:
   )
 
 
+def _mentions(e: BaseException, directory: str) -> bool:
+  """Whether ``e`` names ``directory``, a folder above it (one that is a file, say) or a
+  path in it."""
+  named = _PATHS.findall(str(e)) + [os.fspath(getattr(e, "filename", None) or "")]
+  return directory in str(e) or any(
+    path.rstrip("/")
+    and (
+      path == directory
+      or directory.startswith(path.rstrip("/") + "/")
+      or path.startswith(directory + "/")
+    )
+    for path in named
+  )
+
+
+def unusable_folder(e: BaseException, directory: str) -> Optional[UnusableFolderError]:
+  """The error for ``e`` when it is a failure to create or write ``directory`` (or a path
+  under it): a file in its place, no permission, a read-only file system, a missing bucket."""
+  directory = directory.rstrip("/")
+  while e is not None:
+    unusable = (isinstance(e, OSError) and e.errno in _UNUSABLE_ERRNOS) or (
+      type(e).__module__.startswith("tensorflow") and type(e).__name__ in _UNUSABLE_TF_ERRORS
+    )
+    if unusable and _mentions(e, directory):
+      text = str(e).strip()
+      reason = text.splitlines()[0][:300] if text else type(e).__name__
+      return UnusableFolderError(
+        f"Cannot write to {directory} ({reason}): choose a folder that can be created and "
+        "written to."
+      )
+    e = e.__cause__ or e.__context__
+  return None
+
+
 def out_of_disk(directory: str, needed_bytes: Optional[int] = None) -> OutOfDiskError:
   """The error for a full disk under ``directory``, with the bytes free and needed."""
   try:
@@ -117,12 +182,15 @@ def out_of_memory(e: BaseException, config: Any) -> OutOfMemoryError:
   )
 
 
-def as_user_error(e: BaseException, *, workdir: str, config: Any) -> Optional[UserError]:
-  """``e`` itself, or the UserError a full disk or device memory means; None otherwise."""
+def as_user_error(e: BaseException, *, workdir: Optional[str], config: Any) -> Optional[UserError]:
+  """``e`` itself, or the UserError a full disk, device memory or an unusable ``workdir``
+  (the folder the command writes to, if any) means; None otherwise."""
   if isinstance(e, UserError):
     return e
-  if is_out_of_disk(e):
+  if workdir and is_out_of_disk(e):
     return out_of_disk(workdir)
+  if workdir and (unusable := unusable_folder(e, workdir)):
+    return unusable
   if is_out_of_memory(e) and config is not None:
     return out_of_memory(e, config)
   return None

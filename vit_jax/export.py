@@ -13,21 +13,31 @@ ViT directory). FMT:
   npz          official-layout model.npz: e.g. a Hugging Face checkpoint in, then usable
                as `config.pretrained` for fine-tuning.
 Every format but hf also gets labels.txt (one class name per line). The files are
-written into a new folder beside DIR that is renamed to DIR at the end: a failure leaves
-nothing in DIR. DIR must not exist or be empty. No torch is needed (safetensors' numpy API).
+written into a new folder beside DIR (`.DIR.tmp-*`) that is renamed to DIR at the end: a
+failure, Ctrl-C or SIGTERM leaves nothing in DIR and removes that folder; one left by a
+killed export (older than an hour) is removed by the next export to the same DIR. DIR must
+not exist or be empty. The files get the modes of any file the user writes (umask). On
+success the command prints the files written and how to load them. No torch is needed
+(safetensors' numpy API).
 """
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
 import shutil
+import signal
+import sys
 import tempfile
-from typing import Callable, Optional, Sequence
+import threading
+import time
+from typing import Callable, Iterator, Optional, Sequence
 
 import jax.numpy as jnp
-from absl import app, flags, logging
+from absl import flags, logging
 
-from vit_jax import checkpoint
+from vit_jax import checkpoint, cli, errors
 from vit_jax.interop import hf as hf_lib
 from vit_jax.interop import loader, serving
 from vit_jax.interop import timm as timm_lib
@@ -35,6 +45,21 @@ from vit_jax.interop import timm as timm_lib
 FORMATS = ("hf", "timm", "saved_model", "stablehlo", "npz")
 LABELS_FILE = "labels.txt"
 NPZ_FILE = "model.npz"
+STALE_SECONDS = 3600  # a temporary folder this old was left by a killed export
+# How to load each format from its folder (printed after the export).
+LOAD_HINTS = {
+  "hf": "transformers.ViTForImageClassification.from_pretrained({out!r}) "
+  "(and AutoImageProcessor.from_pretrained({out!r}) for the preprocessing)",
+  "timm": "timm.create_model(spec['model_name'], pretrained=True, pretrained_cfg_overlay="
+  "dict(spec['pretrained_cfg_overlay'], file={out!r} + '/model.safetensors'), **spec['kwargs'])"
+  " with spec = json.load(open({out!r} + '/timm_model.json'))",
+  "saved_model": "tf.saved_model.load({out!r}).signatures['serving_default']"
+  "(images=x)['output_0'], x: float32 [B, H, W, 3] in [-1, 1]",
+  "stablehlo": "jax.export.deserialize(open({out!r} + '/model.jax_exported', 'rb').read())"
+  ".call(x), x: float32 [B, H, W, 3] in [-1, 1]",
+  "npz": "python -m vit_jax.predict --checkpoint={out}/model.npz, or "
+  "--config.pretrained={out}/model.npz to fine-tune",
+}
 
 
 def _writer(
@@ -70,7 +95,7 @@ def _writer(
   elif fmt == "npz":
     write = lambda d: checkpoint.save_npz(os.path.join(d, NPZ_FILE), params)
   else:
-    raise ValueError(f"Unknown --format={fmt!r}; choose one of {', '.join(FORMATS)}.")
+    raise errors.CommandLineError(f"Unknown --format={fmt!r}; choose one of {', '.join(FORMATS)}.")
 
   def write_with_labels(directory: str) -> None:
     write(directory)
@@ -89,20 +114,77 @@ def export(
   model_name: Optional[str] = None,
   labels: Optional[str] = None,
   resolution: Optional[int] = None,
-) -> None:
-  """Writes the model at ``checkpoint_path`` as ``fmt`` into the new folder ``out``."""
+) -> str:
+  """Writes the model at ``checkpoint_path`` as ``fmt`` into the new folder ``out``;
+  returns the summary (`export_model`)."""
   _check_out(out)
-  export_model(
+  return export_model(
     loader.load(checkpoint_path, model_name), fmt, out, labels=labels, resolution=resolution
   )
 
 
 def _check_out(out: str) -> None:
   if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
-    raise FileExistsError(
+    raise errors.OutputExistsError(
       f"--out={out!r} exists and is not an empty folder: choose a new "
       "path (nothing is overwritten)."
     )
+
+
+def _remove_stale_temporaries(out: str) -> None:
+  """Removes the temporary folders of exports to ``out`` killed over an hour ago."""
+  for path in glob.glob(os.path.join(os.path.dirname(out), _temporary_prefix(out) + "*")):
+    if os.path.isdir(path) and time.time() - os.path.getmtime(path) > STALE_SECONDS:
+      logging.warning("Removing %s, left by an export to %s that was killed.", path, out)
+      shutil.rmtree(path, ignore_errors=True)
+
+
+def _temporary_prefix(out: str) -> str:
+  return f".{os.path.basename(out)}.tmp-"
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+  """SIGTERM raises SystemExit(143) inside the block (as Ctrl-C raises KeyboardInterrupt),
+  so that its cleanup runs; the process then exits with the status the shell expects."""
+  if threading.current_thread() is not threading.main_thread():
+    yield  # only the main thread can handle signals
+    return
+
+  def raise_exit(signum, frame):  # pylint: disable=unused-argument
+    raise SystemExit(128 + signum)
+
+  previous = signal.signal(signal.SIGTERM, raise_exit)
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+
+
+def _user_modes(directory: str) -> None:
+  """Gives ``directory`` and everything in it the modes of a new folder and file under the
+  user's umask (a temporary folder is 0700, and some writers make their files 0600)."""
+  probe = os.path.join(directory, ".mode-probe")
+  os.mkdir(probe, 0o777)  # the umask applies: no process-wide os.umask() call needed
+  folder_mode = os.stat(probe).st_mode & 0o777
+  os.rmdir(probe)
+  os.chmod(directory, folder_mode)
+  for root, folders, files in os.walk(directory):
+    for name in folders:
+      os.chmod(os.path.join(root, name), folder_mode)
+    for name in files:
+      os.chmod(os.path.join(root, name), folder_mode & 0o666)
+
+
+def _summary(fmt: str, source: str, out: str) -> str:
+  """What was written, and how to load it."""
+  lines = [f"Wrote the {fmt} export of {source} to {out}:"]
+  for root, _, files in sorted(os.walk(out)):
+    for name in sorted(files):
+      path = os.path.join(root, name)
+      lines.append(f"  {os.path.relpath(path, out)}  ({os.path.getsize(path):,} bytes)")
+  lines.append("Load it with: " + LOAD_HINTS[fmt].format(out=out))
+  return "\n".join(lines)
 
 
 def export_model(
@@ -112,22 +194,26 @@ def export_model(
   *,
   labels: Optional[str] = None,
   resolution: Optional[int] = None,
-) -> None:
-  """Writes a loaded model as ``fmt`` into the new folder ``out``."""
+) -> str:
+  """Writes a loaded model as ``fmt`` into the new folder ``out``; returns the summary
+  (the files written, how to load them)."""
   out = os.path.abspath(out)
   _check_out(out)
   write = _writer(model, fmt, labels, resolution)
   parent = os.path.dirname(out)
   os.makedirs(parent, exist_ok=True)
-  tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.tmp-", dir=parent)
-  try:
-    write(tmp)
-    if os.path.isdir(out):
-      os.rmdir(out)  # empty, checked above
-    os.replace(tmp, out)
-  finally:
-    shutil.rmtree(tmp, ignore_errors=True)
-  logging.info("Wrote %s export of %s to %s.", fmt, model.source, out)
+  _remove_stale_temporaries(out)
+  with _sigterm_raises():
+    tmp = tempfile.mkdtemp(prefix=_temporary_prefix(out), dir=parent)
+    try:
+      write(tmp)
+      _user_modes(tmp)
+      if os.path.isdir(out):
+        os.rmdir(out)  # empty, checked above
+      os.replace(tmp, out)
+    finally:
+      shutil.rmtree(tmp, ignore_errors=True)
+  return _summary(fmt, model.source, out)
 
 
 def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
@@ -162,11 +248,10 @@ def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
   flags.mark_flags_as_required(["checkpoint", "format", "out"], flag_values=values)
 
 
-def main(argv: Sequence[str]) -> None:
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  values = flags.FLAGS
-  export(
+def _run(args: Sequence[str], values: flags.FlagValues) -> None:
+  if args:
+    raise errors.CommandLineError(f"Unexpected arguments: {list(args)}")
+  summary = export(
     values.checkpoint,
     values.format,
     values.out,
@@ -174,8 +259,19 @@ def main(argv: Sequence[str]) -> None:
     labels=values.labels,
     resolution=values.resolution,
   )
+  print(summary)
+
+
+def main(argv: Sequence[str], values: flags.FlagValues = flags.FLAGS) -> int:
+  """The command (`vit_jax.cli`): parses ``argv`` into ``values``, exports; the exit status."""
+  return cli.run(
+    argv,
+    lambda a: cli.parse_flags(a, values),
+    lambda args: _run(args, values),
+    context=lambda _: (values.out, None),
+  )
 
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  cli.exit_with(main(sys.argv))

@@ -4,16 +4,14 @@
 closest valid keys. Distributed start-up comes first (see
 `vit_jax.distributed.initialize_distributed`).
 
-An error the user can cause (`vit_jax.errors.UserError`, a full disk, too little device
-memory) prints one message, without a traceback (it is logged with `--verbosity=1`), and
-exits with status 2. `run(argv)` is the whole job, callable in-process; it returns the
-exit status.
+Logging and errors as for every command (`vit_jax.cli`): an error the user can cause
+prints one line and exits with status 2. `run(argv)` is the whole job, callable
+in-process; it returns the exit status.
 """
 
 from __future__ import annotations
 
 import difflib
-import logging as std_logging  # noqa: TID251 (filters the std records absl forwards)
 import os
 import sys
 from typing import Any, Optional, Sequence
@@ -23,9 +21,8 @@ import ml_collections
 from absl import flags, logging
 from ml_collections import config_flags
 
-from vit_jax import distributed, errors
+from vit_jax import cli, distributed, errors
 
-USER_ERROR_STATUS = 2
 # TensorFlow imports Keras's optimizers at its own import (to register them for SavedModels,
 # ~3 s of every start-up) and goes on without them when that import fails. The job reads
 # data with tf.data and never uses Keras; Keras still imports normally if asked for later.
@@ -119,52 +116,32 @@ def _last_line(message: str) -> str:
   return lines[-1] if "Traceback (most recent call last)" in message else " ".join(lines)
 
 
-def _parse(argv: Sequence[str]) -> tuple[dict[str, Any], Optional[str]]:
-  """(flag values, None), or (partial values, the message of a bad command line)."""
+def _parse(argv: Sequence[str]) -> dict[str, Any]:
+  """The flag values; a `CommandLineError` for a bad command line."""
   flag_values = flags.FlagValues()
   holders = _define_flags(flag_values, argv)
-  if any(arg in ("-h", "--help", "--helpfull") for arg in argv[1:]):
-    return {}, flag_values.get_help()
+  if any(arg in cli.HELP_FLAGS for arg in argv[1:]):
+    raise cli.HelpRequested(flag_values.get_help())
   try:
     rest = flag_values(list(argv))
   except (AttributeError, KeyError):  # ml_collections' error for an unknown --config.<key>
     message = _unknown_key_message(argv)
     if message is None:
       raise
-    return {}, message
+    raise errors.CommandLineError(message) from None
   except (flags.Error, OSError, errors.UserError) as e:  # a bad value, a missing config file
-    return {}, _last_line(str(e))
+    raise errors.CommandLineError(_last_line(str(e))) from e
   if len(rest) > 1:
-    return {}, f"Unexpected arguments: {rest[1:]} (flags are --name=value)."
+    raise errors.CommandLineError(f"Unexpected arguments: {rest[1:]} (flags are --name=value).")
   for name in ("config", "workdir"):
     if holders[name].value is None:
-      return {}, f"--{name} is required."
+      raise errors.CommandLineError(f"--{name} is required.")
   if not isinstance(holders["config"].value, ml_collections.ConfigDict):
     try:  # config_flags keeps a failed load for the first use of the config
       holders["config"].value.to_dict()
     except Exception as e:  # pylint: disable=broad-except
-      return {}, f"Cannot load the config file: {_last_line(str(e))}"
-  return {name: holder.value for name, holder in holders.items()}, None
-
-
-def _quiet_libraries(record) -> bool:
-  """Keeps Orbax's per-save and tfds' per-read INFO chatter out of the progress lines
-  (warnings still show), and Orbax's background threads' tracebacks of a full disk: the
-  run ends with one OutOfDiskError for it."""
-  if "orbax" not in record.pathname and "tensorflow_datasets" not in record.pathname:
-    return True
-  failure = record.exc_info[1] if record.exc_info else None
-  disk_full = errors.says_out_of_disk(record.getMessage()) or (
-    failure is not None and errors.is_out_of_disk(failure)
-  )
-  return record.levelno >= std_logging.WARNING and not disk_full
-
-
-def _report(message: str) -> int:
-  logging.flush()
-  sys.stderr.write(f"Error: {message}\n")
-  sys.stderr.flush()
-  return USER_ERROR_STATUS
+      raise errors.CommandLineError(f"Cannot load the config file: {_last_line(str(e))}") from e
+  return {name: holder.value for name, holder in holders.items()}
 
 
 def _import_tensorflow() -> None:
@@ -199,51 +176,32 @@ def _enable_compilation_cache() -> None:
   jax.config.update("jax_compilation_cache_max_size", _CACHE_MAX_BYTES)
 
 
+def _train(values: dict[str, Any]) -> None:
+  """Trains and evaluates the parsed command line's config in its workdir."""
+  config, workdir = values["config"], values["workdir"]
+  distributed.initialize_distributed(
+    values["coordinator_address"],
+    values["num_processes"],
+    values["process_id"],
+    values["initialization_timeout"],
+    values["heartbeat_timeout"],
+  )
+  # Imported after start-up: nothing may touch JAX's backends before it.
+  from vit_jax import run as run_lib  # pylint: disable=g-import-not-at-top
+
+  metrics = run_lib.train_and_evaluate(config, workdir)
+  logging.info("Final metrics: %s", {k: round(v, 5) for k, v in metrics.items()})
+
+
 def run(argv: Sequence[str]) -> int:
   """Parses ``argv`` (argv[0]: the program), trains and evaluates; the exit status."""
   _import_tensorflow()  # before the config file, which imports it (configs/common.py)
-  values, problem = _parse(argv)
-  if problem:
-    return _report(problem)
-  flags.FLAGS.mark_as_parsed()  # absl's logging flags were parsed with the job's
-  if not flags.FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.INFO)  # absl.app's default: progress lines at INFO
-  logging.use_absl_handler()
-  handler = logging.get_absl_handler()
-  handler.addFilter(_quiet_libraries)
-  config, workdir = values["config"], values["workdir"]
-  try:
-    distributed.initialize_distributed(
-      values["coordinator_address"],
-      values["num_processes"],
-      values["process_id"],
-      values["initialization_timeout"],
-      values["heartbeat_timeout"],
-    )
-    # Imported after start-up: nothing may touch JAX's backends before it.
-    from vit_jax import run as run_lib  # pylint: disable=g-import-not-at-top
-
-    metrics = run_lib.train_and_evaluate(config, workdir)
-  except Exception as e:  # pylint: disable=broad-except
-    user_error = errors.as_user_error(e, workdir=workdir, config=config)
-    if user_error is None:
-      raise
-    logging.debug("The error's traceback:", exc_info=e)
-    return _report(str(user_error))
-  finally:
-    handler.removeFilter(_quiet_libraries)
-  logging.info("Final metrics: %s", {k: round(v, 5) for k, v in metrics.items()})
-  return 0
+  return cli.run(argv, _parse, _train, context=lambda v: (v["workdir"], v["config"]))
 
 
 def main() -> None:
   _enable_compilation_cache()  # the command's; `run` in-process leaves JAX's config alone
-  status = run(sys.argv)
-  if status:
-    # Leave at once: threads still running (input pipeline, checkpoint writers) would
-    # print their own errors at interpreter shutdown, after and around the message.
-    sys.stdout.flush()
-    os._exit(status)  # pylint: disable=protected-access
+  cli.exit_with(run(sys.argv))
 
 
 if __name__ == "__main__":

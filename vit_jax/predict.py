@@ -7,7 +7,8 @@ PATH: an official-layout `.npz`, a training run (workdir, `checkpoints/` or a st
 folder) or a Hugging Face ViT directory (`vit_jax.interop.loader`). Images are prepared
 as the eval pipeline prepares them (`vit_jax.data.preprocess.eval_image`: the whole
 image resized bilinearly to the model's resolution, values in [-1, 1]) and classified in
-jitted batches. A file that cannot be decoded is reported on stderr and skipped.
+jitted batches. A file that cannot be decoded is reported on stderr and skipped; a path
+that does not exist is an error (`vit_jax.cli`: one line, exit status 2).
 Output: one line per image, ``FILE<TAB>label:probability ...``, or JSON lines.
 """
 
@@ -20,12 +21,14 @@ import re
 import sys
 from typing import Iterable, Iterator, Optional, Sequence
 
+from vit_jax import cli  # isort: skip  (first: it sets TensorFlow's log level before it loads)
 import jax
 import jax.numpy as jnp
 import numpy as np
 import tensorflow as tf
-from absl import app, flags, logging
+from absl import flags, logging
 
+from vit_jax import errors
 from vit_jax.data import preprocess
 from vit_jax.interop import loader
 
@@ -51,7 +54,14 @@ class Prediction:
 
 
 def image_files(paths: Iterable[str]) -> list[str]:
-  """The files named, and the image files under each folder named (sorted, recursive)."""
+  """The files named, and the image files under each folder named (sorted, recursive); a
+  `MissingError` for a path that does not exist, or when there is no image at all."""
+  paths = list(paths)
+  missing = [path for path in paths if not os.path.exists(path)]
+  if missing:
+    raise errors.MissingError(
+      f"{', '.join(missing)}: no such file or folder (name image files or folders)."
+    )
   files = []
   for path in paths:
     if os.path.isdir(path):
@@ -62,6 +72,10 @@ def image_files(paths: Iterable[str]) -> list[str]:
         )
     else:
       files.append(path)
+  if not files:
+    raise errors.MissingError(
+      f"No image files in {paths} (extensions {', '.join(IMAGE_EXTENSIONS)})."
+    )
   return files
 
 
@@ -72,7 +86,7 @@ class Classifier:
     self, model: loader.LoadedModel, image_size: tuple[int, int], batch: int = DEFAULT_BATCH
   ):
     if image_size[0] != image_size[1]:
-      raise ValueError(
+      raise errors.CommandLineError(
         f"Image size {image_size} is not square; the eval pipeline resizes to "
         "a square: pass --resolution."
       )
@@ -136,16 +150,12 @@ def predict(
   batch: int = DEFAULT_BATCH,
 ) -> Iterator[Prediction]:
   """Top-``k`` predictions for every readable image among ``inputs`` (files, folders)."""
+  files = image_files(inputs)  # before the model: a wrong path fails at once
   model = loader.load(checkpoint, model_name)
   if not model.num_classes:
-    raise ValueError(f"{checkpoint!r} has no classification head: nothing to predict.")
+    raise errors.CheckpointError(f"{checkpoint!r} has no classification head: nothing to predict.")
   names = loader.class_names(labels, model)
   classifier = Classifier(model, loader.image_size(model, resolution), batch)
-  files = image_files(inputs)
-  if not files:
-    raise FileNotFoundError(
-      f"No image files in {list(inputs)} (extensions {', '.join(IMAGE_EXTENSIONS)})."
-    )
   for path, probs in classifier.classify(files):
     yield Prediction(path, top_k(probs, names, k))
 
@@ -190,7 +200,7 @@ def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
 def run(inputs: Sequence[str], values: flags.FlagValues = flags.FLAGS) -> None:
   """Prints a line per image for the parsed flags ``values``."""
   if not inputs:
-    raise app.UsageError("Name at least one image file or folder.")
+    raise errors.CommandLineError("Name at least one image file or folder.")
   for prediction in predict(
     values.checkpoint,
     inputs,
@@ -203,6 +213,11 @@ def run(inputs: Sequence[str], values: flags.FlagValues = flags.FLAGS) -> None:
     print(prediction.json() if values.json else prediction.line(), file=sys.stdout, flush=True)
 
 
+def main(argv: Sequence[str], values: flags.FlagValues = flags.FLAGS) -> int:
+  """The command (`vit_jax.cli`): parses ``argv`` into ``values``, prints; the exit status."""
+  return cli.run(argv, lambda a: cli.parse_flags(a, values), lambda inputs: run(inputs, values))
+
+
 if __name__ == "__main__":
   define_flags()
-  app.run(lambda argv: run(argv[1:]))
+  cli.exit_with(main(sys.argv))

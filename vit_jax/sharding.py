@@ -101,7 +101,7 @@ def make_mesh(axes: MeshAxes, devices: Optional[Sequence[Any]] = None) -> Mesh:
     mesh = Mesh(device_array, names, axis_types=(axis_type.Auto,) * len(names))
   else:  # Older JAX: every axis is Auto anyway.
     mesh = Mesh(device_array, names)
-  logging.info("make_mesh: %s over %d devices.", dict(zip(names, sizes)), len(devices))
+  logging.debug("make_mesh: %s over %d devices.", dict(zip(names, sizes)), len(devices))
   return mesh
 
 

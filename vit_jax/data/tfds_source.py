@@ -58,6 +58,8 @@ class TfdsDataset:
     if self.builder.is_prepared():
       return
     if self.name == digits.Digits.name:
+      logging.info("Building %s into %s (once, a second or two).", self.name, self._data_dir_text())
+      tfds.disable_progress_bar()  # tqdm bars of a second's work, among the log lines
       try:
         self.builder.download_and_prepare()
       except FileExistsError:
@@ -66,6 +68,8 @@ class TfdsDataset:
         if not self.builder.is_prepared():
           raise
         self.builder = tfds.builder(self.name, data_dir=self._data_dir)
+      finally:
+        tfds.enable_progress_bar()
     elif self._manual_dir and jax.process_count() == 1:
       logging.info("Preparing %s from manual_dir %s", self.name, self._manual_dir)
       try:

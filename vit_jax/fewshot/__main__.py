@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 
 import jax
 import jax.numpy as jnp
 import ml_collections
-from absl import app, flags
+from absl import flags
 
-from vit_jax import data, models, pretrained, sharding
+from vit_jax import cli, data, errors, models, pretrained, sharding
 from vit_jax.fewshot import evaluator as evaluator_lib
 from vit_jax.fewshot import linear
 from vit_jax.interop import hf, loader
@@ -71,7 +72,7 @@ flags.mark_flag_as_required("checkpoint")
 def _from_run(run: folder_lib.RunFolder) -> tuple[ml_collections.ConfigDict, data.Settings]:
   """The run's model and its data settings (its preprocessing, data_dir, ...)."""
   if _MODEL.value:
-    raise app.UsageError(
+    raise errors.CommandLineError(
       f"--model={_MODEL.value} would replace the model of the run in "
       f"{run.root}: leave --model out for a run's checkpoints."
     )
@@ -83,7 +84,7 @@ def _from_weights(checkpoint: str) -> tuple[ml_collections.ConfigDict, data.Sett
   """An .npz's (or Hugging Face folder's) model, and evaluation-only data settings."""
   loaded = loader.load(checkpoint, _MODEL.value)
   if not (_CROP.value or loaded.image_size):
-    raise app.UsageError(
+    raise errors.CommandLineError(
       f"{checkpoint!r} does not say its image size (no learned position embeddings): pass --crop."
     )
   crop = loaded.image_size[0] if loaded.image_size else _CROP.value
@@ -115,7 +116,7 @@ def _config(checkpoint: str) -> tuple[ml_collections.ConfigDict, data.Settings, 
     model_config, settings = _from_run(run)
     source = os.fspath(run.checkpoint_source(checkpoint))
   elif folder_lib.as_path(checkpoint).is_dir() and not hf.is_hf_dir(checkpoint):
-    raise app.UsageError(
+    raise errors.MissingError(
       f"No config.json in or above {checkpoint!r}: pass a run's workdir, its "
       "checkpoints/ folder or a step folder inside it."
     )
@@ -132,9 +133,9 @@ def _config(checkpoint: str) -> tuple[ml_collections.ConfigDict, data.Settings, 
   return model_config, settings, source
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+def main(args: list[str]) -> None:
+  if args:
+    raise errors.CommandLineError(f"Unexpected arguments: {args}")
   model_config, settings, checkpoint = _config(_CHECKPOINT.value)
   mesh = sharding.make_mesh(((sharding.DATA_AXIS, -1),))
   evaluator = evaluator_lib.FewShotEvaluator(
@@ -171,4 +172,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.exit_with(cli.run(sys.argv, cli.parse_flags, main))

@@ -22,6 +22,7 @@ import numpy as np
 from absl import logging
 from flax import traverse_util
 
+from vit_jax import errors
 from vit_jax.aliases import Params
 from vit_jax.interop import infer
 
@@ -116,7 +117,7 @@ def check_exportable(config: ml_collections.ConfigDict, num_classes: Optional[in
   if not num_classes:
     problems.append("no classification head")
   if problems:
-    raise ValueError(
+    raise errors.ConfigError(
       "This model cannot be exported as a Hugging Face "
       "ViTForImageClassification: " + "; ".join(problems) + "."
     )
@@ -211,7 +212,7 @@ def _read_tensors(directory: str) -> dict[str, np.ndarray]:
   elif os.path.isfile(os.path.join(directory, WEIGHTS)):
     files = [WEIGHTS]
   else:
-    raise FileNotFoundError(
+    raise errors.MissingError(
       f"No {WEIGHTS} in {directory!r} (pytorch_model.bin is not read: "
       "save the model with safe_serialization=True)."
     )
@@ -229,7 +230,7 @@ def read_dir(
     hf_config = json.load(f)
   act = hf_config.get("hidden_act", "gelu")
   if act not in _APPROXIMATE:
-    raise ValueError(
+    raise errors.CheckpointError(
       f"{directory!r}: hidden_act {act!r} is not a GELU this model has ({', '.join(_APPROXIMATE)})."
     )
   eps = hf_config.get("layer_norm_eps", 1e-12)
@@ -253,7 +254,9 @@ def read_dir(
   ]
   missing = [hf for _, hf, _, _ in maps[:-2] if hf not in tensors]
   if missing:
-    raise ValueError(f"{directory!r} is missing {len(missing)} ViT arrays: {missing[:5]}...")
+    raise errors.CheckpointError(
+      f"{directory!r} is missing {len(missing)} ViT arrays: {missing[:5]}..."
+    )
   unused = set(tensors) - {hf for _, hf, _, _ in maps} - set(_IGNORED)
   if unused:
     logging.warning("%s: ignoring %d arrays: %s", directory, len(unused), sorted(unused)[:5])

@@ -25,7 +25,7 @@ import ml_collections
 import numpy as np
 from flax import traverse_util
 
-from vit_jax import checkpoint, models
+from vit_jax import checkpoint, errors, models
 from vit_jax.models import posemb as posemb_lib
 
 POSEMB = "Transformer/posembed_input/pos_embedding"
@@ -126,7 +126,7 @@ def infer_model_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
     )
   resnet = _resnet(shapes, unknown)
   if unknown:
-    raise ValueError(
+    raise errors.CheckpointError(
       "Cannot infer the architecture from the checkpoint's arrays: "
       + "; ".join(unknown)
       + ". Pass the model explicitly (--model=NAME, "

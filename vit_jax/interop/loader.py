@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import ml_collections
 from absl import logging
 
-from vit_jax import checkpoint, models
+from vit_jax import checkpoint, errors, models
 from vit_jax.aliases import Params
 from vit_jax.interop import infer
 from vit_jax.run import folder as folder_lib
@@ -61,7 +61,7 @@ def class_names(labels: Optional[str], model: LoadedModel) -> list[str]:
     names = imagenet2012_class_names()
   elif labels:
     if not os.path.isfile(labels):
-      raise FileNotFoundError(
+      raise errors.MissingError(
         f"--labels={labels!r} is neither {IMAGENET2012!r} nor a file of class names (one per line)."
       )
     with open(labels) as f:
@@ -73,7 +73,7 @@ def class_names(labels: Optional[str], model: LoadedModel) -> list[str]:
   else:
     return [str(i) for i in range(k)]
   if len(names) != k:
-    raise ValueError(
+    raise errors.CommandLineError(
       f"{len(names)} class names for a head of {k} classes: pass --labels "
       "with one name per class of the model."
     )
@@ -97,7 +97,7 @@ def load(path: str | os.PathLike, model_name: Optional[str] = None) -> LoadedMod
   elif location.is_file():
     loaded = _load_npz(path, model_name)
   else:
-    raise FileNotFoundError(
+    raise errors.MissingError(
       f"No checkpoint at {path!r}: pass an official-layout .npz, a "
       "training run's workdir (or its checkpoints/ or a step folder), "
       "or a Hugging Face ViT directory."
@@ -129,7 +129,7 @@ def _load_run(path: str) -> LoadedModel:
 
   run = folder_lib.RunFolder.containing(path)
   if run is None:
-    raise FileNotFoundError(
+    raise errors.MissingError(
       f"{path!r} is a folder but neither a training run (no "
       f"{folder_lib.CONFIG_FILE} in it or up to two levels above) nor a Hugging Face "
       "ViT directory (config.json with model_type 'vit')."
@@ -165,7 +165,7 @@ def _check_fits(loaded: LoadedModel) -> None:
     lines = str(e).splitlines()
     if len(lines) > _MAX_ERROR_LINES:
       lines = lines[:_MAX_ERROR_LINES] + [f"  ... and {len(lines) - _MAX_ERROR_LINES} more"]
-    raise ValueError(
+    raise errors.CheckpointError(
       "\n".join(lines) + "\n  Fix: pass the checkpoint's model (--model=NAME) "
       "or leave it out to infer it from the array shapes."
     ) from None
@@ -177,14 +177,14 @@ def image_size(model: LoadedModel, resolution: Optional[int]) -> tuple[int, int]
   if resolution:
     learned = model.config.get("posemb", "learn") in ("learn", "learn_2d")
     if learned and trained and trained != (resolution, resolution):
-      raise ValueError(
+      raise errors.CommandLineError(
         f"--resolution={resolution}, but {model.source!r} has position "
         f"embeddings for {trained[0]}x{trained[1]}: leave --resolution out, or "
         "fine-tune at the new size first (config.pretrained resizes them)."
       )
     return resolution, resolution
   if trained is None:
-    raise ValueError(
+    raise errors.CommandLineError(
       f"{model.source!r} does not say its image size (no learned position "
       "embeddings): pass --resolution."
     )

@@ -1,7 +1,10 @@
 """timm `VisionTransformer` (and its ResNet hybrids) <- our parameters, numpy only.
 
 The export is a `model.safetensors` with timm's key names and `timm_model.json`, the
-`timm.create_model` name and keyword arguments that rebuild the architecture:
+`timm.create_model` name and keyword arguments that rebuild the architecture. The name
+picks timm's model class and default config; the keyword arguments set every dimension.
+A shape timm has no name for (e.g. the quickstart's 4-layer, 64-wide ViT) takes the
+generic `vit_base_patch16_224`; the file's "architecture" states the real shape:
 
     spec = json.load(open(f"{DIR}/timm_model.json"))
     model = timm.create_model(spec["model_name"], pretrained=True, pretrained_cfg_overlay=dict(
@@ -22,6 +25,7 @@ import ml_collections
 import numpy as np
 from flax import traverse_util
 
+from vit_jax import errors
 from vit_jax.aliases import Params
 
 WEIGHTS = "model.safetensors"
@@ -72,7 +76,7 @@ def check_exportable(config: ml_collections.ConfigDict, num_classes: Optional[in
   if not num_classes:
     problems.append("no classification head")
   if problems:
-    raise ValueError("This model cannot be exported to timm: " + "; ".join(problems) + ".")
+    raise errors.ConfigError("This model cannot be exported to timm: " + "; ".join(problems) + ".")
 
 
 def model_spec(
@@ -104,8 +108,15 @@ def model_spec(
     act_layer=_ACT_LAYER[gelu_approximate],
     num_classes=num_classes,
   )
+  size = "x".join(str(s) for s in image_size)
+  stem = f"R{'-'.join(map(str, resnet.num_layers)) or ' root'}+" if resnet is not None else ""
   # timm drops a stored head whose class count differs from the pretrained config's.
   return {
+    "architecture": (
+      f"{stem}ViT: patch {'x'.join(map(str, patch))}, width {config.hidden_size}, depth "
+      f"{t.num_layers}, {t.num_heads} heads, MLP {t.mlp_dim}, input {size}, "
+      f"{num_classes} classes (model_name only picks timm's class; kwargs set the shape)"
+    ),
     "model_name": name,
     "kwargs": kwargs,
     "pretrained_cfg_overlay": {"num_classes": num_classes},

@@ -1,0 +1,148 @@
+"""The entry of every command: its flags, quiet logging, and one line for a user error.
+
+    def main(argv, values=flags.FLAGS) -> int:  # the whole command, callable in-process
+      return cli.run(argv, lambda a: cli.parse_flags(a, values), lambda args: ...)
+
+    if __name__ == "__main__":
+      define_flags()
+      cli.exit_with(main(sys.argv))
+
+Import this module before TensorFlow (it sets TensorFlow's C++ log level, which is read when
+TensorFlow loads). What a terminal shows:
+
+* the command's own log lines (progress, results) and every warning and error;
+* not: the libraries' INFO lines (JAX probing for a TPU, Orbax's per-save and per-read
+  lines, tfds' reads), nor TensorFlow's and XLA's C++ INFO and WARNING lines (its start-up
+  notices, `Local rendezvous is aborting` at exit, `jpeg::Uncompress failed` beside a file
+  the command reports itself). ``--verbosity=0`` (or higher) shows the libraries' INFO lines
+  too, and ``TF_CPP_MIN_LOG_LEVEL=0`` the C++ ones;
+* a user error (`vit_jax.errors.UserError`, and what `errors.as_user_error` maps: a full
+  disk, too little device memory, a folder that cannot be written) as one line
+  ``Error: <message>`` with exit status `USER_ERROR_STATUS`; its traceback is logged at
+  ``--verbosity=1``.
+"""
+
+from __future__ import annotations
+
+import logging as std_logging  # noqa: TID251 (filters the std records absl forwards)
+import os
+import sys
+from typing import Any, Callable, Optional, Sequence, TypeVar
+
+# Before TensorFlow loads (see the module doc). oneDNN only changes TensorFlow's own
+# kernels (the input pipeline's decode and resize do not use it); turning it off also
+# turns off its start-up notice, which ignores the log level.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+
+from absl import flags, logging  # noqa: E402  # pylint: disable=g-import-not-at-top
+
+from vit_jax import errors  # noqa: E402  # pylint: disable=g-import-not-at-top
+
+USER_ERROR_STATUS = 2
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+HELP_FLAGS = ("-h", "--help", "--helpfull")
+# Library warnings that report nothing wrong: tfds' for a dataset not built yet (which it
+# then builds, or the command reports).
+_HARMLESS_WARNINGS = ("Variant folder %s has no %s",)
+
+Parsed = TypeVar("Parsed")
+
+
+class HelpRequested(Exception):
+  """--help on the command line: the text to print instead of running."""
+
+
+def parse_flags(argv: Sequence[str], flag_values: flags.FlagValues = flags.FLAGS) -> list[str]:
+  """Parses ``argv`` (argv[0]: the program) into absl's ``flag_values``; the positional
+  arguments. A bad command line is a `CommandLineError` with absl's message."""
+  if any(arg in HELP_FLAGS for arg in argv[1:]):
+    doc = sys.modules["__main__"].__doc__ or ""
+    raise HelpRequested(f"{doc.strip()}\n\n{flag_values.main_module_help()}")
+  try:
+    rest = flag_values(list(argv))
+  except flags.Error as e:
+    raise errors.CommandLineError(str(e).strip()) from e
+  return rest[1:]
+
+
+def _no_context(_: Any) -> tuple[Optional[str], Any]:
+  return None, None
+
+
+def run(
+  argv: Sequence[str],
+  parse: Callable[[Sequence[str]], Parsed],
+  command: Callable[[Parsed], Optional[int]],
+  *,
+  context: Callable[[Parsed], tuple[Optional[str], Any]] = _no_context,
+) -> int:
+  """Runs ``command(parse(argv))`` with the command's logging; the exit status.
+
+  parse: raises a `UserError` (e.g. `CommandLineError`) for a bad command line, or
+    `HelpRequested`. It parses absl's logging flags (--verbosity) into `flags.FLAGS`.
+  context: (the folder the command writes to, its config) for ``parse``'s result: what
+    the errors of a full disk, an unusable folder and too little device memory name.
+  """
+  try:
+    parsed = parse(argv)
+  except HelpRequested as e:
+    print(e)
+    return 0
+  except errors.UserError as e:
+    return _report(e)
+  flags.FLAGS.mark_as_parsed()  # absl's logging flags were parsed with the command's
+  verbose = flags.FLAGS["verbosity"].present
+  if not verbose:
+    logging.set_verbosity(logging.INFO)  # the command's progress lines and results
+  logging.use_absl_handler()
+  handler = logging.get_absl_handler()
+  quiet = _quiet_filter(show_library_info=verbose)
+  handler.addFilter(quiet)
+  try:
+    return command(parsed) or 0
+  except Exception as e:  # pylint: disable=broad-except
+    workdir, config = context(parsed)
+    user_error = errors.as_user_error(e, workdir=workdir, config=config)
+    if user_error is None:
+      raise
+    logging.debug("The error's traceback:", exc_info=e)
+    return _report(user_error)
+  finally:
+    handler.removeFilter(quiet)
+
+
+def exit_with(status: int) -> None:
+  """Exits with ``status`` (a command's `__main__` entry); at once after a failure."""
+  sys.stdout.flush()
+  if status:
+    # Threads still running (input pipeline, checkpoint writers) would print their own
+    # errors at interpreter shutdown, after and around the message.
+    os._exit(status)  # pylint: disable=protected-access
+  sys.exit(0)
+
+
+def _report(error: errors.UserError) -> int:
+  logging.flush()
+  sys.stderr.write(f"Error: {error}\n")
+  sys.stderr.flush()
+  return USER_ERROR_STATUS
+
+
+def _quiet_filter(show_library_info: bool) -> Callable[[std_logging.LogRecord], bool]:
+  """What the terminal shows of a log record (see the module doc). Orbax's background
+  threads' tracebacks of a full disk never show: the command ends with one OutOfDiskError."""
+
+  def keep(record: std_logging.LogRecord) -> bool:
+    if record.pathname.startswith(_PACKAGE_DIR):
+      return True
+    failure = record.exc_info[1] if record.exc_info else None
+    if errors.says_out_of_disk(record.getMessage()) or (
+      failure is not None and errors.is_out_of_disk(failure)
+    ):
+      return False
+    if record.msg in _HARMLESS_WARNINGS:
+      return show_library_info
+    return show_library_info or record.levelno >= std_logging.WARNING
+
+  return keep
