@@ -17,7 +17,8 @@ INSTALL_REQUIRES = [
   "tensorboard>=2.15",
   "tensorflow-cpu>=2.16,<2.22",
   "tensorflow-datasets>=4.9.6,<4.10",
-  "safetensors>=0.4",  # the hf and timm exports, numpy API (no torch)
+  "safetensors>=0.4",  # the hf and timm exports and imports, numpy API (no torch)
+  "huggingface_hub>=0.24",  # hf-hub: sources and official names, through the user's cache
   "tqdm>=4.66",
 ]
 
@@ -46,7 +47,7 @@ setuptools.setup(
   description="Vision Transformer (Dosovitskiy et al., 2021) in JAX/Flax: models, "
   "official checkpoints, sharded training and fine-tuning.",
   packages=setuptools.find_packages(include=["vit_jax", "vit_jax.*"]),
-  package_data={"vit_jax.data": ["imagenet2012_labels.txt"]},
+  package_data={"vit_jax.data": ["imagenet2012_labels.txt"], "vit_jax.interop": ["hub_names.tsv"]},
   python_requires=">=3.10",
   install_requires=INSTALL_REQUIRES,
   extras_require=EXTRAS_REQUIRE,

@@ -117,13 +117,14 @@ def load_npz(path: str | os.PathLike) -> Params:
   return traverse_util.unflatten_dict(flat, sep="/")
 
 
-def save_npz(path: str | os.PathLike, params: Params) -> None:
-  """Writes parameters as an official per-layer `.npz` (float32, scanned trees converted).
+def save_npz(path: str | os.PathLike, params: Params, *, scanned: bool = False) -> None:
+  """Writes parameters as an official per-layer `.npz` (float32, scanned trees converted),
+  or with ``scanned`` the stacked encoder layout (big_vision's).
 
   The file appears atomically: a crash mid-write leaves any earlier file untouched.
   """
   path = os.fspath(path)
-  flat = traverse_util.flatten_dict(scanned_to_layers(nn.unbox(dict(params))), sep="/")
+  flat = traverse_util.flatten_dict(to_layout(nn.unbox(dict(params)), scanned), sep="/")
   arrays = {}
   for k, v in flat.items():
     v = np.asarray(v)

@@ -4,7 +4,7 @@ r"""Writes a trained model in another framework's or a serving format.
         [--labels=imagenet2012|FILE] [--resolution=R]
 
 PATH: anything `vit_jax.predict` reads (official `.npz`, a training run, a Hugging Face
-ViT directory). FMT:
+or timm checkpoint, `hf-hub:<org>/<name>`, an official name). FMT:
   hf           `ViTForImageClassification` directory (config.json with id2label,
                model.safetensors, preprocessor_config.json): `from_pretrained(DIR)`.
   timm         model.safetensors with timm's names + timm_model.json (create_model args).
@@ -222,7 +222,8 @@ def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_string(
     "checkpoint",
     None,
-    "An official-layout .npz, a training run or a Hugging Face ViT directory.",
+    "An official-layout .npz, a training run, a Hugging Face or timm checkpoint, "
+    "hf-hub:<org>/<name> or an official name (ViT-B_16).",
     flag_values=values,
   )
   flags.DEFINE_enum("format", None, FORMATS, "What to write.", flag_values=values)

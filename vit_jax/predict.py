@@ -4,7 +4,8 @@ r"""Classifies image files with a trained model.
         [--top_k=5] [--resolution=R] [--json] IMAGE_OR_FOLDER...
 
 PATH: an official-layout `.npz`, a training run (workdir, `checkpoints/` or a step
-folder) or a Hugging Face ViT directory (`vit_jax.interop.loader`). Images are prepared
+folder), a Hugging Face or timm checkpoint, `hf-hub:<org>/<name>` or an official name
+such as `ViT-B_16` (`vit_jax.interop.loader`). Images are prepared
 as the eval pipeline prepares them (`vit_jax.data.preprocess.eval_image`: the whole
 image resized bilinearly to the model's resolution, values in [-1, 1]) and classified in
 jitted batches. A file that cannot be decoded is reported on stderr and skipped; a path
@@ -166,8 +167,8 @@ def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_string(
     "checkpoint",
     None,
-    "An official-layout .npz, a training run "
-    "(workdir, checkpoints/ or step folder) or a Hugging Face ViT directory.",
+    "An official-layout .npz, a training run (workdir, checkpoints/ or step folder), a "
+    "Hugging Face or timm checkpoint, hf-hub:<org>/<name> or an official name (ViT-B_16).",
     flag_values=values,
   )
   flags.DEFINE_string(

@@ -1,7 +1,8 @@
 """Pre-trained weights adapted to a new model for fine-tuning (paper Sec. 3.2).
 
-`load_pretrained` reads a stored checkpoint (an official `.npz`, see `vit_jax.checkpoint`,
-or a training run's Orbax checkpoints, see `vit_jax.run.checkpoints`) and applies the
+`load_pretrained` reads a stored checkpoint (any source `vit_jax.interop.loader` reads: an
+official `.npz`, a training run's Orbax checkpoints, a Hugging Face or timm checkpoint,
+``hf-hub:<org>/<name>`` or an official name such as ``ViT-B_16``) and applies the
 fine-tuning policy: head and representation-layer rules, class token, position embeddings
 interpolated to the new grid, the encoder layout of the new model, and one error naming
 what does not fit.
@@ -19,10 +20,10 @@ from absl import logging
 from flax import traverse_util
 
 from vit_jax import errors
-from vit_jax.checkpoint import SCANNED_BLOCK, Params, check_tree, is_scanned, load_npz, to_layout
+from vit_jax.checkpoint import SCANNED_BLOCK, Params, check_tree, is_scanned, to_layout
+from vit_jax.interop import hub, loader
 from vit_jax.models.mpp import MPP_PARAMS
 from vit_jax.models.posemb import RESIZE_METHODS, resize_posemb, resize_posemb_2d, square_grid
-from vit_jax.run import checkpoints as run_checkpoints
 
 POSEMB_PATH = "Transformer/posembed_input/pos_embedding"
 POSEMB_X_PATH = "Transformer/posembed_input/pos_embedding_x"
@@ -35,16 +36,26 @@ def check_source(source: str) -> None:
   """Fails before a run starts when ``source`` (``config.pretrained``) is not there."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top  (gs:// paths)
 
-  if not tf.io.gfile.exists(source):
+  if not hub.is_hub_source(source) and not tf.io.gfile.exists(source):
+    hub.resolve(source)  # an official name without a hub copy: that error
     raise errors.MissingError(
-      f"config.pretrained={source!r} does not exist: give an official .npz file "
-      "or a run's <workdir>/checkpoints folder."
+      f"config.pretrained={source!r} does not exist: give an official .npz file, a run's "
+      "<workdir>/checkpoints folder, a Hugging Face or timm checkpoint, hf-hub:<org>/<name> "
+      "or an official name such as ViT-B_16."
     )
 
 
-def _read_source(source: str) -> Params:
-  """A nested tree of host arrays from an `.npz` file or an Orbax run folder."""
-  return run_checkpoints.read_params(source) if os.path.isdir(source) else load_npz(source)
+def _gelu_note(stored: Any, model_config: Any) -> Optional[str]:
+  """A note when the source's library computes the other GELU than the model will."""
+  kind = {True: "tanh", False: "exact (erf)"}
+  theirs, ours = stored.get("gelu_approximate", True), model_config.get("gelu_approximate", True)
+  if theirs == ours:
+    return None
+  return (
+    f"the checkpoint's library computes the {kind[theirs]} GELU, the model the {kind[ours]} "
+    f"one (config.model.gelu_approximate={ours}; weights converted from the official "
+    "ones were trained with tanh)"
+  )
 
 
 def _architecture(flat: Mapping[str, Any]) -> dict[str, Any]:
@@ -278,11 +289,12 @@ def load_pretrained(
 ) -> Params:
   """Stored parameters adapted to a new model, with exactly ``init_params``' tree and shapes.
 
-  ``source``: an official-layout `.npz` (per-layer or scanned) or an Orbax checkpoint
+  ``source``: an official-layout `.npz` (per-layer or scanned), an Orbax checkpoint
   folder of this project (a `<workdir>/checkpoints` root, whose newest step is read, or one
-  step folder). ``init_params``: the new model's fresh parameters (their layout, scanned or
-  per-layer, is the result's). ``model_config``: the new model's config
-  (`vit_jax.models.get_model_config`).
+  step folder), or a Hugging Face / timm checkpoint, ``hf-hub:`` repository or official name
+  (`vit_jax.interop.loader.read_params`). ``init_params``: the new model's fresh
+  parameters (their layout, scanned or per-layer, is the result's). ``model_config``: the
+  new model's config (`vit_jax.models.get_model_config`).
 
   * head: kept when the class count and input are unchanged; otherwise, or with
     ``reset_head``, the fresh (zero) head of ``init_params``; dropped when the model has none.
@@ -319,7 +331,7 @@ def load_pretrained(
       f"{rep_in_init}): pass the config the model was built from."
     )
 
-  loaded = _read_source(source)
+  loaded, stored_config = loader.read_params(source)
   if "Transformer" in loaded and any(k.startswith("encoderblock") for k in loaded["Transformer"]):
     try:
       loaded = to_layout(loaded, is_scanned(init_tree))
@@ -327,6 +339,8 @@ def load_pretrained(
       raise errors.CheckpointError(f"The {where} has a malformed encoder: {e}") from e
   got = traverse_util.flatten_dict(loaded, sep="/")
   notes: list[str] = []
+  if stored_config is not None and (note := _gelu_note(stored_config, model_config)):
+    notes.append(note)
 
   _adapt_objective_params(got, want, notes)
   _adapt_representation_and_head(got, want, representation_size, reset_head, notes)

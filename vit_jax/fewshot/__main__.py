@@ -7,8 +7,9 @@ r"""Few-shot linear evaluation of a checkpoint: prints accuracy per dataset and 
 A training run (its workdir, `checkpoints/` or one step folder) brings its model and
 preprocessing in its `config.json` (a masked-patch-prediction run's too); an official
 `.npz` takes --model, or its architecture and resolution are inferred from the array
-shapes. --crop changes the resolution (position embeddings are interpolated as for
-fine-tuning).
+shapes; Hugging Face and timm checkpoints, `hf-hub:<org>/<name>` and official names
+(`ViT-B_16`) are read as `vit_jax.predict` reads them. --crop changes the resolution
+(position embeddings are interpolated as for fine-tuning).
 """
 
 from __future__ import annotations
@@ -25,13 +26,14 @@ from absl import flags
 from vit_jax import cli, data, errors, models, pretrained, sharding
 from vit_jax.fewshot import evaluator as evaluator_lib
 from vit_jax.fewshot import linear
-from vit_jax.interop import hf, loader
+from vit_jax.interop import hub, loader
 from vit_jax.run import folder as folder_lib
 
 _CHECKPOINT = flags.DEFINE_string(
   "checkpoint",
   None,
-  "An official-layout .npz, or a training run: its workdir, checkpoints/ or a step folder.",
+  "An official-layout .npz, a training run (its workdir, checkpoints/ or a step folder), a "
+  "Hugging Face or timm checkpoint, hf-hub:<org>/<name> or an official name (ViT-B_16).",
 )
 _MODEL = flags.DEFINE_enum(
   "model",
@@ -111,11 +113,12 @@ def _from_weights(checkpoint: str) -> tuple[ml_collections.ConfigDict, data.Sett
 
 def _config(checkpoint: str) -> tuple[ml_collections.ConfigDict, data.Settings, str]:
   """Model, data settings for the evaluator, and the parameters' source."""
-  run = folder_lib.RunFolder.containing(checkpoint)
+  weights = hub.is_hub_source(checkpoint) or loader.is_hf_or_timm(checkpoint)
+  run = None if weights else folder_lib.RunFolder.containing(checkpoint)
   if run is not None:
     model_config, settings = _from_run(run)
     source = os.fspath(run.checkpoint_source(checkpoint))
-  elif folder_lib.as_path(checkpoint).is_dir() and not hf.is_hf_dir(checkpoint):
+  elif folder_lib.as_path(checkpoint).is_dir() and not weights:
     raise errors.MissingError(
       f"No config.json in or above {checkpoint!r}: pass a run's workdir, its "
       "checkpoints/ folder or a step folder inside it."

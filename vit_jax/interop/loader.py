@@ -1,11 +1,19 @@
-"""Any trained model on disk -> one `LoadedModel` (config, parameters, classes, image size).
+"""Any weights source -> one `LoadedModel` (config, parameters, classes, image size).
 
-Sources, told apart by what is on disk:
+Sources, told apart by what is on disk (hub names are fetched first, `vit_jax.interop.hub`):
   * an official-layout `.npz` (per-layer or scanned): the architecture from ``model_name``
     or inferred from the array shapes (`vit_jax.interop.infer`);
   * a training run of this package: its workdir, `<workdir>/checkpoints` or one step
     folder; model, image size and class names come from the run's `config.json`;
-  * a Hugging Face `ViTForImageClassification` / `ViTModel` directory (`vit_jax.interop.hf`).
+  * a Hugging Face `ViTForImageClassification` / `ViTModel` directory (`vit_jax.interop.hf`);
+  * a timm checkpoint: a `.safetensors` file, or a folder with `model.safetensors` and
+    timm's `config.json` or our export's `timm_model.json` (`vit_jax.interop.timm_import`);
+  * ``hf-hub:<org>/<name>[@revision]`` (a transformers or a timm repository) and the
+    official names (``ViT-B_16``, AugReg file stems): the hub copy, through its cache.
+Pickles (`.bin`, `.pth`, ...) are refused unread: unpickling runs arbitrary code.
+
+The model config records the GELU the source library computes on the weights (exact for
+transformers' ``gelu`` and timm's default), so the loaded model gives the source's logits.
 """
 
 from __future__ import annotations
@@ -13,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.resources
 import os
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import flax.linen as nn
 import jax
@@ -23,12 +31,14 @@ from absl import logging
 
 from vit_jax import checkpoint, errors, models
 from vit_jax.aliases import Params
-from vit_jax.interop import infer
+from vit_jax.interop import hub, infer
 from vit_jax.run import folder as folder_lib
 
 IMAGENET2012 = "imagenet2012"  # --labels value of the class names shipped with the package
 _IMAGENET2012_FILE = "imagenet2012_labels.txt"  # in vit_jax/data, class-index order
 _MAX_ERROR_LINES = 20  # of check_tree's list of differences
+_PICKLES = (".bin", ".pth", ".pt", ".ckpt", ".pkl", ".pickle")
+_SAFETENSORS = ".safetensors"
 
 
 @dataclasses.dataclass
@@ -81,29 +91,85 @@ def class_names(labels: Optional[str], model: LoadedModel) -> list[str]:
 
 
 def load(path: str | os.PathLike, model_name: Optional[str] = None) -> LoadedModel:
-  """Reads a model from ``path`` (see the module docstring); ``model_name`` (an official
-  variant) overrides the architecture of an `.npz`. Raises FileNotFoundError when there
-  is nothing to read and ValueError when the arrays do not fit the architecture."""
-  location = folder_lib.as_path(path)  # also a file:// URL, an epath.Path, gs://
+  """Reads a model from ``path`` (any source of the module docstring); ``model_name`` (an
+  official variant) overrides the architecture of an `.npz`. Raises FileNotFoundError when
+  there is nothing to read and ValueError when the arrays do not fit the architecture."""
+  source = str(path)
+  location = _local(path)  # also a file:// URL, an epath.Path, gs://
   path = os.fspath(location)
-  if location.is_dir():
-    from vit_jax.interop import hf  # pylint: disable=g-import-not-at-top
-
-    if hf.is_hf_dir(path):
-      config, params, names, image_size = hf.read_dir(path)
-      loaded = LoadedModel(config, params, infer.num_classes(params), image_size, names, path)
-    else:
-      loaded = _load_run(path)
+  if reader := _reader(path):
+    config, params, names, image_size = reader(path)
+    loaded = LoadedModel(config, params, infer.num_classes(params), image_size, names, source)
+  elif location.is_dir():
+    loaded = _load_run(path)
   elif location.is_file():
     loaded = _load_npz(path, model_name)
   else:
     raise errors.MissingError(
       f"No checkpoint at {path!r}: pass an official-layout .npz, a "
       "training run's workdir (or its checkpoints/ or a step folder), "
-      "or a Hugging Face ViT directory."
+      "a Hugging Face or timm checkpoint (folder or .safetensors), hf-hub:<org>/<name> "
+      "or an official name such as ViT-B_16."
     )
   _check_fits(loaded)
   return loaded
+
+
+def _local(source: str | os.PathLike) -> Any:
+  """The path to read: a hub source fetched (`vit_jax.interop.hub`), pickles refused."""
+  if isinstance(source, str):
+    source = hub.resolve(source)
+  location = folder_lib.as_path(source)
+  if os.fspath(location).lower().endswith(_PICKLES):
+    raise errors.CheckpointError(
+      f"{os.fspath(location)!r} is a pickle, which is not read (unpickling runs arbitrary "
+      'code): convert it to safetensors first, e.g. python -c "import torch, '
+      f"safetensors.torch as st; st.save_file(torch.load('{os.fspath(location)}', "
+      "weights_only=True), 'model.safetensors')\"."
+    )
+  return location
+
+
+# A transformers or timm reader: path -> (config, params, class names, image size).
+Reader = Callable[
+  [str], tuple[ml_collections.ConfigDict, Params, Optional[list[str]], Optional[tuple[int, int]]]
+]
+
+
+def _reader(path: str) -> Optional[Reader]:
+  """The reader of a transformers or timm checkpoint at ``path``; None for other sources."""
+  from vit_jax.interop import hf, timm_import  # pylint: disable=g-import-not-at-top
+
+  if path.endswith(_SAFETENSORS) and os.path.isfile(path):
+    directory = os.path.dirname(path)
+    return (lambda _: hf.read_dir(directory)) if hf.is_hf_dir(directory) else timm_import.read
+  if os.path.isdir(path):
+    if hf.is_hf_dir(path):
+      return hf.read_dir
+    if timm_import.is_timm_dir(path):
+      return timm_import.read
+  return None
+
+
+def is_hf_or_timm(path: str | os.PathLike) -> bool:
+  """Whether ``path`` is a transformers or timm checkpoint (a folder or `.safetensors`)."""
+  return _reader(os.fspath(path)) is not None
+
+
+def read_params(source: str | os.PathLike) -> tuple[Params, Optional[ml_collections.ConfigDict]]:
+  """The parameter tree of any source, for fine-tuning, and its model config where the
+  source has one. `.npz` files and Orbax folders are read as stored (either encoder
+  layout; an Orbax folder needs no config.json); the rest as `load` reads them."""
+  from vit_jax.run import checkpoints as run_checkpoints  # pylint: disable=g-import-not-at-top
+
+  location = _local(source)
+  path = os.fspath(location)
+  if is_hf_or_timm(path):
+    loaded = load(path)
+    return loaded.params, loaded.config
+  if location.is_dir():
+    return run_checkpoints.read_params(path), None
+  return checkpoint.load_npz(path), None
 
 
 def _load_npz(path: str, model_name: Optional[str]) -> LoadedModel:
