@@ -33,7 +33,7 @@ def get_config() -> ml_collections.ConfigDict:
 
   # Model (vit_jax.models.MODEL_NAMES) and its pre-trained weights.
   config.model = models.get_model_config("ViT-B_16")
-  config.pretrained = ml_collections.FieldReference(None, field_type=str)  # .npz or Orbax dir
+  config.pretrained = ml_collections.FieldReference(None, field_type=str)  # any weights source
   config.reset_head = False  # True: a fresh zero head even when the class count matches.
   config.posemb_resize = "bilinear"  # or 'bicubic', 'nearest', 'reinit'
 

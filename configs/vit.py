@@ -1,14 +1,16 @@
 r"""Fine-tuning a pre-trained ViT with the paper's recipe (Sec. 4.1, Appendix B.1.1).
 
     python -m vit_jax.main --config=configs/vit.py:b16,cifar10 \
-        --config.pretrained=/path/to/imagenet21k/ViT-B_16.npz --workdir=/tmp/b16_cifar10
+        --config.pretrained=ViT-B_16 --workdir=/tmp/b16_cifar10
 
 The argument is ``<model>,<dataset>``: a short model name (`MODELS`, e.g. ``b16`` for
 ViT-B/16, ``r50_b16`` for the R50+ViT-B/16 hybrid) and a dataset of
 `vit_jax.data.presets.PRESETS` (cifar10, cifar100, imagenet2012, oxford_iiit_pet,
-oxford_flowers102, ...). ``--config.pretrained`` is an official `.npz` or the
-`<workdir>/checkpoints` folder of a run of this project; without it the model trains from
-scratch. The new head is zero-initialised when the class count differs (or with
+oxford_flowers102, ...). ``--config.pretrained`` is any weights source of
+`vit_jax.interop.loader`: an official name (``ViT-B_16``: its copy on the Hugging Face
+hub), ``hf-hub:<org>/<name>``, an official `.npz`, a timm or Hugging Face checkpoint, or
+the `<workdir>/checkpoints` folder of a run of this project; without it the model trains
+from scratch. The new head is zero-initialised when the class count differs (or with
 ``--config.reset_head=True``); the position embeddings are interpolated to the new grid
 (``--config.posemb_resize=bilinear|bicubic|nearest``, or ``reinit`` for fresh ones).
 
