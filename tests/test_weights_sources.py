@@ -10,6 +10,7 @@ for bit; `hf-hub:` works offline from the cache and fails with one line on an em
 from __future__ import annotations
 
 import functools
+import importlib.resources
 import importlib.util
 import os
 import pickle
@@ -260,10 +261,8 @@ def test_the_name_table_resolves_every_official_name_timm_lists(monkeypatch):
     copy = hub.official_copy(name)
     assert (copy.repo, copy.num_classes) == (repo, classes), name
     assert hub.official_copy(f"gs://vit_models/{name}.npz") == copy
-  header = (
-    hub.importlib.resources.files("vit_jax.interop").joinpath(hub.TABLE).read_text().splitlines()
-  )
-  assert f"timm {timm.__version__}" in header[1]
+  header = importlib.resources.files("vit_jax.interop").joinpath(hub.TABLE).read_text()
+  assert f"timm {timm.__version__}" in header.splitlines()[1]
 
   # Short names: the ImageNet-21k pre-training file where several folders have one.
   assert hub.official_copy("ViT-B_16").repo == "timm/vit_base_patch16_224.orig_in21k"
