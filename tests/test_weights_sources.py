@@ -27,7 +27,7 @@ from flax import traverse_util
 from configs import vit
 from tests import fresh_python
 from tests import interop_fixtures as fx
-from vit_jax import checkpoint, errors, pretrained, run_checks, train
+from vit_jax import checkpoint, errors, pretrained, run
 from vit_jax.interop import hub, loader
 
 sys.modules.setdefault("triton", None)  # see tests/test_export.py: triton beside TensorFlow
@@ -183,7 +183,7 @@ def test_config_pretrained_finetunes_from_each_source(
   loaded = loader.load(directory)
   crop = FINETUNE[name]
   config = _finetune_config(loaded, directory, digits_dir, crop)
-  run_checks.check_loop(config)
+  pretrained.check_source(config.pretrained)
 
   adapted = {}
   real_load = pretrained.load_pretrained
@@ -193,7 +193,7 @@ def test_config_pretrained_finetunes_from_each_source(
     return traverse_util.unflatten_dict(dict(adapted), sep="/")
 
   monkeypatch.setattr(pretrained, "load_pretrained", spy)
-  result = train.train_and_evaluate(config, str(tmp_path / "ft"))
+  result = run.train_and_evaluate(config, str(tmp_path / "ft"))
 
   imported = _flat(loaded.params)
   assert adapted["head/kernel"].shape[-1] == 10 and not adapted["head/kernel"].any()
@@ -280,15 +280,9 @@ def test_the_name_table_resolves_every_official_name_timm_lists(monkeypatch):
 
   # config.pretrained takes hub sources without touching the network at check time.
   for source in ("hf-hub:org/name", "ViT-B_16", "gs://vit_models/imagenet21k/ViT-B_16.npz"):
-    run_checks.check_loop(ml_collections.ConfigDict(_loop_config(source)))
+    pretrained.check_source(source)
   with pytest.raises(errors.MissingError, match="no hub copy"):
-    run_checks.check_loop(ml_collections.ConfigDict(_loop_config("ViT-B_8")))
-
-
-def _loop_config(pretrained_source: str) -> dict:
-  config = vit.get_config("ti16,digits").to_dict()
-  config["pretrained"] = pretrained_source
-  return config
+    pretrained.check_source("ViT-B_8")
 
 
 def test_pickles_are_refused_unread(sources, tmp_path, monkeypatch):
