@@ -239,8 +239,9 @@ def test_hf_hub_reads_the_offline_cache_and_names_the_fix_when_empty(sources, tm
     np.testing.assert_array_equal(stored[key], value, err_msg=key)
 
   failed = convert("hf-hub:someone/absent@v1", str(tmp_path / "absent.npz"))
-  assert failed.returncode != 0 and not (tmp_path / "absent.npz").exists()
-  message = next(line for line in failed.stderr.splitlines() if "hf-hub:someone/absent" in line)
+  assert failed.returncode == 2 and not (tmp_path / "absent.npz").exists()
+  message = failed.stderr.strip().splitlines()[-1]  # one line (vit_jax.cli)
+  assert message.startswith("Error: hf-hub:someone/absent: not in the Hugging Face cache")
   assert os.path.join(hf_home, "hub") in message and "HF_HUB_OFFLINE" in message
   assert "hf download someone/absent --revision v1" in message
   assert "huggingface-cli download" in message

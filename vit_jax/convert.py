@@ -13,20 +13,13 @@ GELU choice: code reading it runs the tanh GELU, as the official weights were tr
 
 from __future__ import annotations
 
+import sys
 from typing import Sequence
 
-from absl import app, flags, logging
+from absl import flags, logging
 
-from vit_jax import checkpoint
+from vit_jax import checkpoint, cli, errors
 from vit_jax.interop import loader
-
-_OUT = flags.DEFINE_string("out", None, "The .npz file to write.")
-_SCANNED = flags.DEFINE_bool(
-  "scanned", False, "Stack the encoder blocks (Transformer/encoderblock [L, ...], big_vision)."
-)
-_MODEL = flags.DEFINE_string(
-  "model", None, "An official variant name for an .npz source; default: inferred."
-)
 
 
 def convert(source: str, out: str, *, scanned: bool = False, model_name: str | None = None) -> None:
@@ -44,12 +37,36 @@ def convert(source: str, out: str, *, scanned: bool = False, model_name: str | N
   )
 
 
-def main(argv: Sequence[str]) -> None:
-  if len(argv) != 2:
-    raise app.UsageError("Name one source: python -m vit_jax.convert SOURCE --out=FILE.npz")
-  convert(argv[1], _OUT.value, scanned=_SCANNED.value, model_name=_MODEL.value)
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
+  flags.DEFINE_string("out", None, "The .npz file to write.", flag_values=values)
+  flags.DEFINE_bool(
+    "scanned",
+    False,
+    "Stack the encoder blocks (Transformer/encoderblock [L, ...], big_vision).",
+    flag_values=values,
+  )
+  flags.DEFINE_string(
+    "model",
+    None,
+    "An official variant name for an .npz source; default: inferred.",
+    flag_values=values,
+  )
+  flags.mark_flag_as_required("out", flag_values=values)
+
+
+def run(sources: Sequence[str], values: flags.FlagValues = flags.FLAGS) -> None:
+  if len(sources) != 1:
+    raise errors.CommandLineError(
+      f"Name one source (got {list(sources)}): python -m vit_jax.convert SOURCE --out=FILE.npz"
+    )
+  convert(sources[0], values.out, scanned=values.scanned, model_name=values.model)
+
+
+def main(argv: Sequence[str], values: flags.FlagValues = flags.FLAGS) -> int:
+  """The command (`vit_jax.cli`): parses ``argv`` into ``values``, converts; the exit status."""
+  return cli.run(argv, lambda a: cli.parse_flags(a, values), lambda sources: run(sources, values))
 
 
 if __name__ == "__main__":
-  flags.mark_flag_as_required("out")
-  app.run(main)
+  define_flags()
+  cli.exit_with(main(sys.argv))
