@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import importlib.resources
 import importlib.util
+import logging
 import os
 import pickle
 import shutil
@@ -177,7 +178,7 @@ _SLOW = pytest.mark.slow
   "name", [pytest.param(n, marks=_SLOW) if n in ("timm_r26", "timm_r50") else n for n in FINETUNE]
 )
 def test_config_pretrained_finetunes_from_each_source(
-  sources, name, digits_dir, tmp_path, monkeypatch
+  sources, name, digits_dir, tmp_path, monkeypatch, caplog
 ):
   directory, _, size, _ = sources(name)
   loaded = loader.load(directory)
@@ -193,7 +194,12 @@ def test_config_pretrained_finetunes_from_each_source(
     return traverse_util.unflatten_dict(dict(adapted), sep="/")
 
   monkeypatch.setattr(pretrained, "load_pretrained", spy)
-  result = run.train_and_evaluate(config, str(tmp_path / "ft"))
+  with caplog.at_level(logging.INFO, logger="absl"):  # absl verbosity may be WARNING here
+    result = run.train_and_evaluate(config, str(tmp_path / "ft"))
+  # The sources compute the exact GELU, the fine-tuned model the official tanh: said once.
+  assert "the checkpoint's library computes the exact (erf) GELU, the model the tanh" in (
+    caplog.text
+  )
 
   imported = _flat(loaded.params)
   assert adapted["head/kernel"].shape[-1] == 10 and not adapted["head/kernel"].any()
