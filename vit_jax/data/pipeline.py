@@ -42,6 +42,19 @@ from vit_jax.data.dataset import Dataset, Settings, as_settings
 _EVAL_WINDOW = 10_000  # Examples an eval pass reads from a tfds split at a time.
 
 
+def _options() -> tf.data.Options:
+  """No autotuning thread: deleting an iterator waits for that thread to wake up, which
+  held the end of a run for 2-14 s (closing the train iterator). Without it the map still
+  runs on every core (AUTOTUNE then means the core count) and prefetch still grows its
+  buffer by itself."""
+  options = tf.data.Options()
+  options.autotune.enabled = False
+  return options
+
+
+_OPTIONS = _options()
+
+
 def _dataset(reader: readers.Reader, example_fn, local_batch: int) -> tf.data.Dataset:
   """tf.data: chunks -> examples -> preprocessed (failed ones dropped) -> batches."""
   spec = (
@@ -53,7 +66,7 @@ def _dataset(reader: readers.Reader, example_fn, local_batch: int) -> tf.data.Da
   ds = tf.data.Dataset.from_generator(reader, output_signature=spec).unbatch()
   ds = ds.map(example_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   ds = ds.ignore_errors()  # Missing positions are found and reported by _realign.
-  return ds.batch(local_batch).prefetch(tf.data.AUTOTUNE)
+  return ds.batch(local_batch).prefetch(tf.data.AUTOTUNE).with_options(_OPTIONS)
 
 
 def _example_fn(settings: Settings, kind: str, num_classes: int, train: bool):
