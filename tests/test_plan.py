@@ -1,12 +1,19 @@
-"""`vit_jax.plan`: TPU slices by name and their compile-only devices, HLO collectives."""
+"""`vit_jax.plan`: TPU slices by name, HLO collectives, and tiny runs planned for v5e:2x2
+and v3:2x2 (compiled for TPU devices on this CPU host; needs libtpu, the `tpu` extra)."""
 
 from __future__ import annotations
 
 import importlib.util
 
+import jax
 import pytest
 
-from vit_jax.plan import hlo, topology
+from configs import pretrain
+from tests import train_fixtures
+from vit_jax import run as run_lib
+from vit_jax import sharding
+from vit_jax.models import get_model_config
+from vit_jax.plan import cli, hlo, planner, topology
 
 needs_libtpu = pytest.mark.skipif(
   importlib.util.find_spec("libtpu") is None,
@@ -53,7 +60,8 @@ def test_unknown_topology_lists_the_valid_forms(name):
 
 # Hand-written XLA:TPU-style HLO: a loop of 3 iterations whose body all-gathers a bf16
 # weight (split over a start and a done fusion sharing channel 8) and reduce-scatters
-# its f32 gradient; then one all-reduce of 1000 f32 over 4 devices.
+# its f32 gradient; then a reduce-scatter of 1000 f32 and one combined all-reduce of 1000
+# f32 and 10 bf16, over 4 devices.
 _MESH_GROUPS = "replica_groups=mesh['axis_0'=4,'axis_1'=1] {'axis_0'}"
 _HLO = "\n".join(
   [
@@ -86,7 +94,9 @@ _HLO = "\n".join(
     "}",
     "ENTRY %main (x: f32[1000]) -> f32[1000] {",
     "  %while.30 = (s32[], f32[256,256]) while(%t0), condition=%cond, body=%body",
-    "  ROOT %all-reduce.9 = f32[1000]{0} all-reduce(%x), channel_id=9, "
+    "  %rs = f32[250]{0} reduce-scatter(%x), channel_id=10, replica_groups={{0,1,2,3}}, "
+    "dimensions={0}, to_apply=%add",
+    "  ROOT %all-reduce.9 = (f32[1000]{0}, bf16[10]{0}) all-reduce(%x, %y), channel_id=9, "
     "replica_groups=[1,4]<=[4], to_apply=%add",
     "}",
   ]
@@ -98,13 +108,131 @@ def test_hlo_collectives_counts_loops_channels_and_reduce_scatter():
   assert totals.runs == {
     "all-reduce": 1,
     "all-gather": 3,
-    "reduce-scatter": 3,
+    "reduce-scatter": 4,
     "all-to-all": 0,
     "collective-permute": 0,
   }
   assert totals.bytes["all-gather"] == 3 * 256 * 256 * 2
-  assert totals.bytes["reduce-scatter"] == 3 * 256 * 256 * 4
-  assert totals.bytes["all-reduce"] == 4000
-  assert totals.traffic_bytes["all-reduce"] == pytest.approx(2 * 0.75 * 4000)
+  assert totals.bytes["reduce-scatter"] == 3 * 256 * 256 * 4 + 4000
+  assert totals.bytes["all-reduce"] == 4020
+  assert totals.traffic_bytes["all-reduce"] == pytest.approx(2 * 0.75 * 4020)
   assert totals.traffic_bytes["all-gather"] == pytest.approx(0.75 * 3 * 256 * 256 * 2)
   assert totals.unknown_trip_counts == 0
+
+
+def _tiny_config(**changes):
+  """The pre-training recipe (Adam, representation layer) on a 1-layer, width-256 ViT:
+  wide enough that matrix products are all but the whole FLOP count."""
+  config = pretrain.get_config("b16,imagenet21k")
+  config.model = get_model_config("testing")
+  config.model.hidden_size = config.model.representation_size = 256
+  config.model.transformer.mlp_dim = 1024
+  config.model.transformer.num_layers = 1
+  config.num_classes = 10
+  config.pp.crop = 32
+  config.batch = 64
+  config.batch_eval = 64
+  return train_fixtures.override(config, {k.replace("__", "."): v for k, v in changes.items()})
+
+
+@pytest.fixture(scope="module")
+def data_parallel_plans():
+  """The tiny config planned on v5e:2x2 and v3:2x2 (compiled once for the module)."""
+  return {name: planner.make_plan(_tiny_config(), topology.parse(name)) for name in PLANNED}
+
+
+PLANNED = ("v5e:2x2", "v3:2x2")
+
+
+@needs_libtpu
+@pytest.mark.parametrize("name", PLANNED)
+def test_plan_flops_match_the_analytic_count(data_parallel_plans, name):
+  plan = data_parallel_plans[name]
+  assert plan.fits and plan.flops_source == "xla"
+  analytic = plan.model_flops_per_image * plan.batch
+  assert plan.step_flops == pytest.approx(analytic, rel=0.05)
+  assert plan.devices == topology.parse(name).num_devices
+  # Data parallel: the gradients are all-reduced, as many bytes as the parameters.
+  assert plan.train.collectives.bytes["all-reduce"] == pytest.approx(plan.params_bytes, rel=0.02)
+  assert plan.time.bound_s > 0 and 0 < plan.time.mfu <= 1
+
+
+@needs_libtpu
+def test_fsdp_divides_parameter_bytes_by_the_data_axis(data_parallel_plans):
+  replicated = data_parallel_plans["v5e:2x2"]
+  fsdp = planner.make_plan(_tiny_config(partitioning="fsdp"), topology.parse("v5e:2x2"))
+  data_size = fsdp.mesh[sharding.DATA_AXIS]
+  assert data_size == 4
+  assert fsdp.params_bytes == pytest.approx(replicated.params_bytes / data_size, rel=0.02)
+  assert fsdp.opt_state_bytes == pytest.approx(replicated.opt_state_bytes / data_size, rel=0.02)
+  assert fsdp.train.memory.arguments < replicated.train.memory.arguments
+  assert fsdp.train.collectives.runs["all-gather"] > 0
+
+
+@needs_libtpu
+def test_compiled_shardings_are_the_cpu_runs():
+  config = _tiny_config(partitioning="fsdp")
+  slice_ = topology.parse("v3:2x2")
+  tpu_mesh = sharding.make_mesh(tuple(config.mesh), devices=slice_.devices())
+  cpu_mesh = sharding.make_mesh(tuple(config.mesh))
+  hbm = int(slice_.chip.per_device(slice_.chip.hbm_bytes))
+  tpu_spec = run_lib.resolve(config, mesh=tpu_mesh, memory_limit_bytes=hbm, open_data=False)
+  tpu_steps = run_lib.build_steps(tpu_spec, tpu_mesh)
+  cpu_steps = run_lib.build_steps(run_lib.resolve(config, mesh=cpu_mesh, open_data=False), cpu_mesh)
+
+  def specs(shardings):
+    return jax.tree.map(lambda s: s.spec, shardings)
+
+  assert specs(tpu_steps.state_shardings) == specs(cpu_steps.state_shardings)
+  assert tpu_steps.batch_sharding.spec == cpu_steps.batch_sharding.spec
+  compiled = tpu_steps.train_step.lower(
+    tpu_steps.abstract_state, tpu_steps.abstract_train_batch()
+  ).compile()
+  state_in, batch_in = compiled.input_shardings[0]
+  assert specs(state_in) == specs(cpu_steps.state_shardings)
+  assert {k: s.spec for k, s in batch_in.items()} == dict.fromkeys(
+    ("image", "label"), cpu_steps.batch_sharding.spec
+  )
+
+
+@needs_libtpu
+def test_a_step_that_cannot_fit_exits_2_naming_the_shortfall(capsys):
+  status = cli.run(
+    [
+      "plan",
+      "--config=configs/pretrain.py:b16,imagenet21k",
+      "--topology=v5e:2x2",
+      "--config.model.hidden_size=256",
+      "--config.model.representation_size=256",
+      "--config.model.transformer.num_heads=4",
+      "--config.model.transformer.num_layers=1",
+      "--config.pp.crop=32",
+      "--config.batch=64",
+      "--config.batch_eval=64",
+      # A 4M-class head: 3.8 GiB of parameters, three times that with Adam's moments.
+      "--config.num_classes=4000000",
+    ]
+  )
+  err = capsys.readouterr().err
+  assert status == 2
+  assert err.startswith("Error: the train step needs ") and err.count("\n") == 1
+  assert "config.partitioning=fsdp" in err and "config.model.remat=True" in err
+  assert "config.accum_steps" in err and "smaller batch per device" in err
+
+
+@needs_libtpu
+def test_unknown_topology_exits_2(capsys):
+  status = cli.run(["plan", "--config=configs/quickstart.py", "--topology=v9-8"])
+  assert status == 2
+  assert "Valid forms" in capsys.readouterr().err
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_b16_pretraining_fits_a_v3_256_and_a_262144_batch_does_not(capsys):
+  """The README's example (minutes per compile on a 2-core machine: -m slow)."""
+  command = ["plan", "--config=configs/pretrain.py:b16,imagenet21k", "--topology=v3-256"]
+  assert cli.run(command) == 0
+  assert "fits" in capsys.readouterr().out
+  assert cli.run([*command, "--config.batch=262144"]) == 2
+  assert capsys.readouterr().err.startswith("Error: the train step needs ")

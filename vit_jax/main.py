@@ -21,7 +21,7 @@ import ml_collections
 from absl import flags, logging
 from ml_collections import config_flags
 
-from vit_jax import cli, distributed, errors
+from vit_jax import cli, distributed, errors, platforms
 
 # TensorFlow imports Keras's optimizers at its own import (to register them for SavedModels,
 # ~3 s of every start-up) and goes on without them when that import fails. The job reads
@@ -200,6 +200,7 @@ def run(argv: Sequence[str]) -> int:
 
 
 def main() -> None:
+  platforms.cpu_unless_accelerator_attached()  # libtpu installed, no TPU: the CPU, quietly
   _enable_compilation_cache()  # the command's; `run` in-process leaves JAX's config alone
   cli.exit_with(run(sys.argv))
 

@@ -69,8 +69,8 @@ class Collective:
   """One collective of the program: its kind, per-device bytes, group size, runs per step."""
 
   kind: str
-  bytes: float  # the data one device contributes (reduce-scatter, all-to-all, permute,
-  #   all-reduce) or receives in full (all-gather): the larger of operand and result
+  bytes: float  # one device's data: what it reduces (all-reduce, reduce-scatter), what
+  #   it ends with (all-gather) or what it sends (all-to-all, collective-permute)
   group_size: int
   runs: int  # executions per step (loop trip counts multiplied)
 
@@ -160,6 +160,23 @@ def _group_size(rest: str, num_devices: int) -> int:
   return num_devices
 
 
+def _data_bytes(opcode: str, shape: str, group_size: int) -> float:
+  """The data a collective moves, from its result shape (operands carry no shapes).
+
+  A combined collective has a tuple result: its arrays add up. An asynchronous start's
+  result holds its operands beside its outputs. A reduce-scatter's result is 1/n of its
+  input.
+  """
+  total = sum(_shape_bytes(shape))
+  if opcode == "all-gather-start":  # (inputs, outputs): the inputs are 1/n of the outputs
+    return total * group_size / (group_size + 1)
+  if opcode == "collective-permute-start":  # (input, output, contexts)
+    return total / 2
+  if opcode.removesuffix("-start") == "reduce-scatter":
+    return total * group_size
+  return total
+
+
 def _kind(opcode: str, computation: str) -> Optional[str]:
   base = opcode.removesuffix("-start")
   if base not in KINDS:
@@ -186,13 +203,12 @@ def collectives(hlo_text: str, num_devices: int) -> tuple[list[Collective], int]
         continue  # the start of the same operation was counted
       kind = _kind(opcode, name)
       if kind is not None:
-        operand_sizes = _shape_bytes(rest.split(")", 1)[0])
-        size = max(_shape_bytes(shape) + operand_sizes, default=0.0)
+        n = _group_size(rest, num_devices)
         channel = _CHANNEL.search(rest)
         key = f"channel {channel.group(1)}" if channel else f"{name}/{inst}"
         previous = found.get(key)
         if previous is None or previous.runs < runs:
-          found[key] = Collective(kind, size, _group_size(rest, num_devices), runs)
+          found[key] = Collective(kind, _data_bytes(opcode, shape, n), n, runs)
       callees: list[tuple[str, int]] = []
       if opcode == "while":
         body, condition = _BODY.search(rest), _CONDITION.search(rest)

@@ -1,0 +1,144 @@
+r"""Plans a training run on a Cloud TPU slice from any machine, TPU or not.
+
+    python -m vit_jax.plan --config=configs/pretrain.py:b16,imagenet21k --topology=v3-256 \
+        [--config.key=value ...] [--json] [--suggest]
+
+Compiles the run's own train and eval steps for the slice (libtpu, from the `tpu` extra,
+compiles for TPU devices without one) and prints per device: parameters, optimizer
+state, batch, temporaries and code against the chip's memory; FLOPs per step and per
+image; the collectives' bytes; a step-time lower bound with the MFU it implies; the
+process count and per-host batch. Exit status 0 when the steps fit, 2 with one message
+naming the shortfall and the settings that lower it (``--suggest`` compiles each).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from typing import Any, Sequence
+
+# vit_jax.cli first: it quiets TensorFlow's C++ logging, read when TensorFlow loads.
+from vit_jax import cli as cli_lib  # isort: skip
+
+import ml_collections
+from absl import flags, logging
+from ml_collections import config_flags
+
+from vit_jax import errors, sharding
+from vit_jax import main as main_lib
+from vit_jax.plan import planner, topology
+
+# --suggest halves the batch at most this many times looking for one that fits.
+MAX_BATCH_HALVINGS = 4
+
+
+def _parse(argv: Sequence[str]) -> dict[str, Any]:
+  """The flag values; a `CommandLineError` for a bad command line."""
+  flag_values = flags.FlagValues()
+  holders = dict(
+    config=config_flags.DEFINE_config_file(
+      "config",
+      None,
+      "The run's config file, e.g. configs/pretrain.py:b16,imagenet21k.",
+      flag_values=flag_values,
+      lock_config=True,
+      sys_argv=list(argv),
+    ),
+    topology=flags.DEFINE_string(
+      "topology", None, f"The TPU slice: {topology.VALID_FORMS}.", flag_values=flag_values
+    ),
+    json=flags.DEFINE_bool("json", False, "Print the plan as JSON.", flag_values=flag_values),
+    suggest=flags.DEFINE_bool(
+      "suggest",
+      False,
+      "When the steps do not fit, compile each setting that lowers their memory.",
+      flag_values=flag_values,
+    ),
+  )
+  for flag in flags.FLAGS.flags_by_module_dict().get(logging.__name__, []):
+    flags.DEFINE_flag(flag, flag_values)  # --verbosity and absl's other logging flags
+  if any(arg in cli_lib.HELP_FLAGS for arg in argv[1:]):
+    raise cli_lib.HelpRequested(f"{__doc__.strip()}\n\n{flag_values.get_help()}")
+  try:
+    rest = flag_values(list(argv))
+  except (AttributeError, KeyError):  # ml_collections' error for an unknown --config.<key>
+    message = main_lib._unknown_key_message(argv)  # noqa: SLF001
+    if message is None:
+      raise
+    raise errors.CommandLineError(message) from None
+  except (flags.Error, OSError, errors.UserError) as e:
+    raise errors.CommandLineError(main_lib._last_line(str(e))) from e  # noqa: SLF001
+  if len(rest) > 1:
+    raise errors.CommandLineError(f"Unexpected arguments: {rest[1:]} (flags are --name=value).")
+  for name in ("config", "topology"):
+    if holders[name].value is None:
+      raise errors.CommandLineError(f"--{name} is required.")
+  return {name: holder.value for name, holder in holders.items()}
+
+
+def _variant(config: ml_collections.ConfigDict, **changes: Any) -> ml_collections.ConfigDict:
+  """A copy of ``config`` with ``changes`` ({"dotted.key": value}) set."""
+  copy = ml_collections.ConfigDict(config.to_dict())
+  copy.update_from_flattened_dict(changes)
+  return copy
+
+
+def suggestions(
+  config: ml_collections.ConfigDict, slice_: topology.Topology, plan: planner.Plan
+) -> list[str]:
+  """What each lever gives, compiled: one line per setting tried."""
+  tries: list[tuple[str, ml_collections.ConfigDict]] = []
+  if plan.partitioning != "fsdp":
+    tries.append(("config.partitioning=fsdp", _variant(config, partitioning="fsdp")))
+  if not plan.remat:
+    tries.append(("config.model.remat=True", _variant(config, **{"model.remat": True})))
+  tries.append(("config.accum_steps=auto", _variant(config, accum_steps="auto")))
+  unit = plan.mesh[sharding.DATA_AXIS] * plan.accum_steps
+  batch = plan.batch
+  for _ in range(MAX_BATCH_HALVINGS):
+    batch = batch // 2 // unit * unit
+    if batch < unit:
+      break
+    tries.append((f"config.batch={batch}", _variant(config, batch=batch)))
+  lines = []
+  for label, variant in tries:
+    try:
+      tried = planner.make_plan(variant, slice_)
+    except errors.UserError as e:
+      lines.append(f"  {label}: {e}")
+      continue
+    need = planner.gib(tried.train.needed_bytes)
+    verdict = "fits" if tried.fits else "does not fit"
+    extra = f", accum_steps={tried.accum_steps}, remat={tried.remat}" if "accum" in label else ""
+    bound = f", step >= {tried.time.bound_s * 1e3:.1f} ms" if tried.time else ""
+    lines.append(f"  {label}: train step {need} per device, {verdict}{extra}{bound}")
+    if label.startswith("config.batch=") and tried.fits:
+      break
+  return lines
+
+
+def _plan(values: dict[str, Any]) -> int:
+  topology.prepare_environment()
+  config = values["config"]
+  slice_ = topology.parse(values["topology"])
+  plan = planner.make_plan(config, slice_)
+  if values["json"]:
+    print(json.dumps({**dataclasses.asdict(plan), "fits": plan.fits}, indent=1))
+  else:
+    print(planner.format_plan(plan))
+  if plan.fits:
+    return 0
+  if values["suggest"]:
+    print("\nWith one setting changed (--suggest):")
+    print("\n".join(suggestions(config, slice_, plan)))
+  raise errors.OutOfMemoryError(planner.shortfall(plan))
+
+
+def run(argv: Sequence[str]) -> int:
+  """Parses ``argv`` (argv[0]: the program), plans and prints; the exit status."""
+  return cli_lib.run(argv, _parse, _plan, context=lambda values: (None, values["config"]))
+
+
+def main() -> None:
+  cli_lib.exit_with(run(sys.argv))

@@ -1,0 +1,245 @@
+"""A run's own train and eval steps compiled for a TPU slice, and what they need.
+
+    plan = make_plan(config, topology)   # compiles both steps for the slice's devices
+    print(format_plan(plan)); plan.fits
+
+The steps are the training command's: `vit_jax.run` resolves the config against a mesh
+of the topology's devices (``config.mesh``), with ``accum_steps='auto'`` fitted to the
+chip's memory, and builds the same jitted steps a run builds; they are lowered with
+abstract inputs and compiled, never run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+import ml_collections
+
+from vit_jax import run as run_lib
+from vit_jax import sharding
+from vit_jax.plan import hlo, report
+from vit_jax.plan.report import gib  # noqa: F401 (re-exported for the command)
+from vit_jax.plan.topology import Topology
+from vit_jax.run import accumulation, step_cost
+
+# The share of the chip's memory a step may fill: the same headroom as
+# accum_steps='auto' leaves (XLA's analysis omits the runtime's own buffers).
+HEADROOM = accumulation.HEADROOM
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """Everything `format_plan` prints; JSON-ready through `dataclasses.asdict`."""
+
+  topology: str
+  slice: str  # libtpu's name, e.g. 'v3:8x16'
+  device_kind: str
+  chips: int
+  devices: int
+  processes: int
+  mesh: dict[str, int]
+  partitioning: str
+  model: str
+  dtype: str
+  remat: bool
+  crop: int
+  num_classes: int
+  batch: int
+  accum_steps: int
+  batch_per_device: int  # per micro-batch when accumulating
+  batch_per_host: int
+  params_bytes: int  # per device, from the state's shardings
+  opt_state_bytes: int
+  batch_bytes: int
+  eval_batch: int
+  eval_batch_bytes: int
+  hbm_bytes: float  # one device's share of the chip's HBM
+  budget_bytes: float  # hbm_bytes x (1 - HEADROOM)
+  train: report.Measure
+  eval: report.Measure
+  step_flops: Optional[float]  # all devices, one step
+  flops_source: str  # 'xla', or 'analytic' where the step loops
+  model_flops_per_image: Optional[float]  # analytic
+  time: Optional[report.StepTime]
+
+  @property
+  def fits(self) -> bool:
+    return all(
+      m.memory is not None and m.memory.total <= self.budget_bytes for m in (self.train, self.eval)
+    )
+
+
+def _mesh(config: ml_collections.ConfigDict, topology: Topology) -> Any:
+  return sharding.make_mesh(tuple(config.mesh), devices=topology.devices())
+
+
+def make_plan(config: ml_collections.ConfigDict, topology: Topology) -> Plan:
+  """Compiles ``config``'s train and eval steps for ``topology``; see `Plan`."""
+  mesh = _mesh(config, topology)
+  chip = topology.chip
+  hbm = chip.per_device(chip.hbm_bytes)
+  # The class count comes from config.num_classes (the presets set it): no data is read.
+  spec = run_lib.resolve(config, mesh=mesh, memory_limit_bytes=int(hbm), open_data=False)
+  steps = run_lib.build_steps(spec, mesh)
+  n = mesh.size
+  train_batch, eval_batch = steps.abstract_train_batch(), steps.abstract_eval_batch()
+  train, compiled = report.measure(steps.train_step.lower(steps.abstract_state, train_batch), n)
+  evaluation, _ = report.measure(steps.eval_step.lower(steps.abstract_state.params, eval_batch), n)
+  step_flops, source = steps.step_flops(compiled) if compiled else (None, "none")
+  per_image = step_cost.vit_flops_per_image(spec.model, spec.crop, spec.num_classes, train=True)
+  timing = None
+  if step_flops:
+    timing = report.step_time(
+      train,
+      chip,
+      num_devices=n,
+      step_flops=step_flops,
+      model_flops=per_image and per_image * spec.batch,
+    )
+  data_size = mesh.shape[sharding.DATA_AXIS]
+  return Plan(
+    topology=topology.name,
+    slice=topology.libtpu_name,
+    device_kind=chip.device_kind,
+    chips=topology.chips,
+    devices=n,
+    processes=topology.num_processes,
+    mesh=dict(mesh.shape),
+    partitioning=spec.partitioning,
+    model=spec.model.name,
+    dtype=str(spec.model.dtype),
+    remat=bool(spec.model.remat),
+    crop=spec.crop,
+    num_classes=spec.num_classes,
+    batch=spec.batch,
+    accum_steps=spec.accum_steps,
+    batch_per_device=spec.batch // (spec.accum_steps * data_size),
+    batch_per_host=spec.batch // topology.num_processes,
+    params_bytes=report.tree_bytes_per_device(steps.abstract_state.params),
+    opt_state_bytes=report.tree_bytes_per_device(steps.abstract_state.opt_state),
+    batch_bytes=report.tree_bytes_per_device(train_batch),
+    eval_batch=eval_batch["image"].shape[0],
+    eval_batch_bytes=report.tree_bytes_per_device(eval_batch),
+    hbm_bytes=hbm,
+    budget_bytes=hbm * (1 - HEADROOM),
+    train=train,
+    eval=evaluation,
+    step_flops=step_flops,
+    flops_source=source,
+    model_flops_per_image=per_image,
+    time=timing,
+  )
+
+
+def _memory_rows(plan: Plan) -> list[tuple[str, str, str]]:
+  def column(m: report.Measure, batch_bytes: int, state: bool) -> list[str]:
+    known = [gib(plan.params_bytes), gib(plan.opt_state_bytes) if state else "-", gib(batch_bytes)]
+    if m.memory is None:
+      return known + ["-"] * 3 + [f">= {gib(m.needed_bytes)} (refused by XLA)"]
+    mem = m.memory
+    return known + [gib(mem.arguments), gib(mem.temporaries), gib(mem.code), gib(mem.total)]
+
+  names = [
+    "parameters",
+    "optimizer state",
+    "batch",
+    "arguments (compiled)",
+    "temporaries",
+    "generated code",
+    "total",
+  ]
+  train = column(plan.train, plan.batch_bytes, True)
+  evaluation = column(plan.eval, plan.eval_batch_bytes, False)
+  rows = list(zip(names, train, evaluation))
+
+  def headroom(m: report.Measure) -> str:
+    return f"{(plan.hbm_bytes - m.needed_bytes) / 2**30:+.2f} GiB"
+
+  rows.append(
+    (
+      f"HBM ({plan.device_kind}, per device)",
+      gib(plan.hbm_bytes),
+      f"budget {gib(plan.budget_bytes)}",
+    )
+  )
+  rows.append(("headroom", headroom(plan.train), headroom(plan.eval)))
+  return rows
+
+
+def _collective_line(totals: Optional[hlo.Totals]) -> str:
+  if totals is None:
+    return "-"
+  parts = [
+    f"{kind} {totals.runs[kind]} x, {gib(totals.bytes[kind])}"
+    for kind in hlo.KINDS
+    if totals.runs[kind]
+  ]
+  unknown = f" ({totals.unknown_trip_counts} loop(s) of unknown length counted once)"
+  return ("; ".join(parts) or "none") + (unknown if totals.unknown_trip_counts else "")
+
+
+def format_plan(plan: Plan) -> str:
+  """The plan as the command prints it."""
+  lines = [
+    f"{plan.model} on {plan.topology} ({plan.slice}: {plan.chips} chips, {plan.devices} "
+    f"devices of {plan.device_kind}, {plan.processes} host(s))",
+    f"mesh {plan.mesh}, partitioning={plan.partitioning}, dtype={plan.dtype}, "
+    f"remat={plan.remat}, crop {plan.crop}, {plan.num_classes} classes",
+    f"batch {plan.batch}: {plan.batch_per_device} per device"
+    + (f" per micro-batch (accum_steps={plan.accum_steps})" if plan.accum_steps > 1 else "")
+    + f", {plan.batch_per_host} per host; eval batch {plan.eval_batch}",
+    "",
+    f"{'per device':26s} {'train step':>22s} {'eval step':>22s}",
+  ]
+  lines += [f"  {name:24s} {a:>22s} {b:>22s}" for name, a, b in _memory_rows(plan)]
+  lines.append("")
+  if plan.step_flops:
+    per_image = plan.step_flops / plan.batch
+    analytic = plan.model_flops_per_image
+    lines.append(
+      f"FLOPs per step {plan.step_flops:.4g} ({plan.flops_source} count), per image "
+      f"{per_image:.4g}" + (f" (analytic {analytic:.4g})" if analytic else "")
+    )
+  lines.append(
+    f"collectives per train step, per device: {_collective_line(plan.train.collectives)}"
+  )
+  if plan.time:
+    t = plan.time
+    lines.append(
+      f"step time >= {t.bound_s * 1e3:.1f} ms ({t.limited_by}-bound; compute "
+      f"{t.compute_s * 1e3:.1f} ms, HBM {t.hbm_s * 1e3:.1f} ms, ICI {t.ici_s * 1e3:.1f} ms)"
+      + (f"; MFU at that bound {t.mfu:.0%}" if t.mfu else "")
+    )
+  seconds = (plan.train.compile_seconds, plan.eval.compile_seconds)
+  lines.append(f"compiled in {seconds[0]:.1f} s (train), {seconds[1]:.1f} s (eval)")
+  lines.append("fits" if plan.fits else "does not fit (below)")
+  return "\n".join(lines)
+
+
+def shortfall(plan: Plan) -> str:
+  """One message: which step needs how much more than the budget, and the levers."""
+  worst_name, worst = max(
+    (("train", plan.train), ("eval", plan.eval)), key=lambda item: item[1].needed_bytes
+  )
+  over = worst.needed_bytes - plan.budget_bytes
+  levers = []
+  if plan.partitioning != "fsdp":
+    levers.append(
+      f"config.partitioning=fsdp (now {plan.partitioning}: splits parameters and optimizer "
+      f"state over the {plan.mesh.get(sharding.DATA_AXIS)} 'data' devices)"
+    )
+  if not plan.remat:
+    levers.append("config.model.remat=True (recomputes activations in the backward pass)")
+  levers.append(
+    f"config.accum_steps (now {plan.accum_steps}; 'auto' picks the fewest micro-batches that fit)"
+  )
+  levers.append(
+    f"a smaller batch per device (now {plan.batch_per_device}: a smaller config.batch or a "
+    "larger slice)"
+  )
+  return (
+    f"the {worst_name} step needs {gib(worst.needed_bytes)} per device, {gib(over)} more than "
+    f"the budget of {gib(plan.budget_bytes)} ({1 - HEADROOM:.0%} of the {gib(plan.hbm_bytes)} "
+    f"of a {plan.device_kind} device). Levers: " + "; ".join(levers) + "."
+  )

@@ -1,0 +1,155 @@
+"""What a compiled step needs and costs on a TPU slice: memory, FLOPs, collectives, time.
+
+`measure` compiles one lowered step and reads XLA's memory and cost analyses and the
+collectives of its HLO text (`vit_jax.plan.hlo`). `StepTime` is the lower bound
+
+    max(FLOPs / peak, HBM traffic / HBM bandwidth, ICI traffic / ICI bandwidth)
+
+per device, with the model FLOPs utilisation (MFU) a step of exactly that time would
+have. It is a bound, not a forecast: every unit at its published peak, nothing waiting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import time
+from typing import Any, Optional
+
+import jax
+import numpy as np
+
+from vit_jax.plan import hlo
+from vit_jax.plan.chips import Chip
+from vit_jax.run import step_cost
+
+GIB = 2**30
+# XLA:TPU refuses a program larger than the device's memory at compile time, e.g.
+# "RESOURCE_EXHAUSTED: ... HLO temporaries (43.95G) exceeds available HBM (15.48G)".
+_TOO_LARGE = re.compile(r"\(([\d.]+)([KMGT])\) exceeds available HBM \(([\d.]+)([KMGT])\)")
+_UNIT = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def tree_bytes_per_device(tree: Any) -> int:
+  """Bytes of one device's shards of a tree of `jax.ShapeDtypeStruct`s with shardings."""
+  total = 0
+  for leaf in jax.tree.leaves(tree):
+    total += math.prod(leaf.sharding.shard_shape(leaf.shape)) * np.dtype(leaf.dtype).itemsize
+  return int(total)
+
+
+@dataclasses.dataclass(frozen=True)
+class Memory:
+  """One device's memory for a compiled step, in bytes (XLA's memory analysis)."""
+
+  arguments: int  # state and batch as the program holds them (layout padding included)
+  outputs: int
+  aliased: int  # outputs written in place of donated arguments
+  temporaries: int
+  code: int
+  total: int  # arguments + outputs - aliased + temporaries + code
+
+
+@dataclasses.dataclass(frozen=True)
+class Measure:
+  """One compiled step on one device. ``memory`` is None when XLA refused the program as
+  larger than the device (``needed_bytes`` is then XLA's figure for what it needs)."""
+
+  memory: Optional[Memory]
+  needed_bytes: int
+  xla_flops: float  # one device's program, loop bodies counted once
+  xla_bytes_accessed: float  # its HBM traffic, counted the same way
+  has_loops: bool
+  collectives: Optional[hlo.Totals]
+  compile_seconds: float
+
+
+def _too_large(error: Exception) -> Optional[int]:
+  """The bytes XLA:TPU says a program needs when ``error`` is its refusal; else None."""
+  match = _TOO_LARGE.search(str(error))
+  return int(float(match.group(1)) * _UNIT[match.group(2)]) if match else None
+
+
+def measure(lowered: Any, num_devices: int) -> tuple[Measure, Optional[jax.stages.Compiled]]:
+  """Compiles ``lowered`` (a `jax.stages.Lowered`) and reads its needs and costs; the
+  compiled step too (None when XLA refused it)."""
+  start = time.perf_counter()
+  try:
+    compiled = lowered.compile()
+  except Exception as e:  # pylint: disable=broad-except
+    needed = _too_large(e)
+    if needed is None:
+      raise
+    return Measure(None, needed, 0.0, 0.0, False, None, time.perf_counter() - start), None
+  seconds = time.perf_counter() - start
+  stats = compiled.memory_analysis()
+  total = step_cost.peak_bytes(compiled)
+  memory = Memory(
+    stats.argument_size_in_bytes,
+    stats.output_size_in_bytes,
+    stats.alias_size_in_bytes,
+    stats.temp_size_in_bytes,
+    stats.generated_code_size_in_bytes,
+    total,
+  )
+  text = compiled.as_text()
+  measured = Measure(
+    memory,
+    total,
+    step_cost.compiled_flops(compiled),
+    step_cost.compiled_bytes_accessed(compiled),
+    step_cost.has_loops(compiled),
+    hlo.totals(text, num_devices),
+    seconds,
+  )
+  return measured, compiled
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTime:
+  """The step-time lower bound on one device, and which resource sets it."""
+
+  compute_s: float  # step FLOPs per device / peak FLOP/s
+  hbm_s: float  # HBM bytes per device / HBM bandwidth
+  ici_s: float  # ring traffic of the collectives / ICI bandwidth (both directions)
+  bound_s: float
+  limited_by: str  # 'compute', 'HBM' or 'ICI'
+  mfu: Optional[float]  # model FLOPs / (bound x devices x peak): the best MFU possible
+
+
+def step_time(
+  measured: Measure,
+  chip: Chip,
+  *,
+  num_devices: int,
+  step_flops: float,
+  model_flops: Optional[float],
+) -> StepTime:
+  """The lower bound for ``measured`` on ``chip``.
+
+  ``step_flops``: every FLOP the step executes (XLA's count, or the analytic one where
+  the step loops); ``model_flops``: the model's analytic count that MFU is defined on.
+  Where XLA counted loop bodies once, its HBM traffic is scaled by the same factor as
+  the FLOPs (the loop bodies dominate both).
+  """
+  flops_per_device = step_flops / num_devices
+  traffic = measured.xla_bytes_accessed
+  if measured.has_loops and measured.xla_flops > 0:
+    traffic *= flops_per_device / measured.xla_flops
+  ici = sum(measured.collectives.traffic_bytes.values()) if measured.collectives else 0.0
+  peak = chip.per_device(chip.peak_flops)
+  times = {
+    "compute": flops_per_device / peak,
+    "HBM": traffic / chip.per_device(chip.hbm_bytes_per_s),
+    # A device sends and receives its traffic: both directions of its share of the links.
+    "ICI": 2 * ici / chip.per_device(chip.ici_bytes_per_s),
+  }
+  limited_by = max(times, key=times.get)
+  bound = times[limited_by]
+  mfu = model_flops / (bound * num_devices * peak) if model_flops and bound > 0 else None
+  return StepTime(times["compute"], times["HBM"], times["ICI"], bound, limited_by, mfu)
+
+
+def gib(value: float) -> str:
+  return f"{value / GIB:.2f} GiB"
