@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests import train_fixtures
 from vit_jax import data
 
 CROP = 8
@@ -19,22 +20,14 @@ def _mesh():
 
 
 def _config(root, **overrides) -> ml_collections.ConfigDict:
-  config = ml_collections.ConfigDict(
-    dict(
-      dataset=f"folder:{root}",
-      data_dir=None,
-      manual_dir=None,
-      train_split="train",
-      test_split="test",
-      num_classes=None,
-      pp=dict(crop=CROP, min_area=0.05, flip=True),
-      batch=4,
-      batch_eval=4,
-      shuffle_buffer=100,
-      prefetch=2,
-      seed=0,
-      skip_corrupt_images=False,
-    )
+  config = train_fixtures.common_config(
+    dataset=f"folder:{root}",
+    train_split="train",
+    test_split="test",
+    pp=dict(crop=CROP),
+    batch=4,
+    batch_eval=4,
+    shuffle_buffer=100,
   )
   config.update(overrides)
   return config

@@ -39,7 +39,7 @@ from vit_jax.aliases import HostBatch
 from vit_jax.data import batching, order, preprocess, readers
 from vit_jax.data.dataset import Dataset, Settings, as_settings
 
-_EVAL_WINDOW = 10_000  # Examples an eval pass reads from a tfds split at a time.
+_EVAL_WINDOW = 10_000  # Examples an eval pass reads at a time.
 
 
 def _options() -> tf.data.Options:
@@ -63,7 +63,7 @@ def _dataset(reader: readers.Reader, example_fn, local_batch: int) -> tf.data.Da
     tf.TensorSpec([None], tf.string),
     tf.TensorSpec([None], tf.int64),
   )
-  ds = tf.data.Dataset.from_generator(reader, output_signature=spec).unbatch()
+  ds = tf.data.Dataset.from_generator(reader, output_signature=spec).prefetch(1).unbatch()
   ds = ds.map(example_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   ds = ds.ignore_errors()  # Missing positions are found and reported by _realign.
   return ds.batch(local_batch).prefetch(tf.data.AUTOTUNE).with_options(_OPTIONS)
@@ -253,9 +253,8 @@ class EvalBatches:
     largest = -(-n // process_count)  # Every process yields the same number of batches.
     self.num_batches = -(-largest // local_batch)
     self._local_batch, self._size = local_batch, hi - lo
-    window = hi - lo if self.source.random_access else _EVAL_WINDOW
     self._reader = readers.ShardReader(
-      self.source, lo, lambda position: order.eval_pieces(hi - lo, window, position)
+      self.source, lo, lambda position: order.eval_pieces(hi - lo, _EVAL_WINDOW, position)
     )
     self._example_fn = _example_fn(settings, self.source.kind, dataset.num_classes, train=False)
     self._failures = _Failures(self._reader, self._example_fn, settings.skip_corrupt_images)

@@ -169,7 +169,8 @@ class LaneReader(_PieceReader):
   order.process_shard(n, r, num_lanes) and visits them in windows of `window`
   (order.train_pieces keyed by r), so the global batches are the same for any process
   count and this process reads only its lanes. The windows a block of steps needs are
-  read with one source.read_many, the next block's in a thread meanwhile. Setting
+  read with one source.read_many (from a random-access source, whose lanes are one
+  window each, only the block's examples), the next block's in a thread meanwhile. Setting
   `stop` ends the stream promptly (see the module docstring).
   """
 
@@ -206,37 +207,56 @@ class LaneReader(_PieceReader):
       yield plan, needed, sorted(needed - previous)
       previous = needed
 
-  def _load(self, block: Block) -> dict[WindowKey, tuple[np.ndarray, np.ndarray]]:
-    keys = block[2]
+  def _load(self, block: Block) -> Any:
+    """The windows a block reads, {key: (values, labels)}; from a random-access source
+    just the block's examples, (values, labels) each [lane, step]."""
+    plan, _, keys = block
+    if self.source.random_access:
+      index, _ = self._indices(plan)
+      loaded = self.source.read_many([(i, i + 1) for i in index.ravel().tolist()])
+      return tuple(np.concatenate(a).reshape(index.shape) for a in zip(*loaded))
     ranges = [(self.bounds[j][0] + lo, self.bounds[j][0] + hi) for j, (lo, hi) in keys]
     return dict(zip(keys, self.source.read_many(ranges)))
 
-  def _chunk(self, plan: Plan, cache: dict, step: int) -> Chunk:
-    """(positions, uids, values, labels) of one block, in position order."""
-    n, k, steps = self.source.num_examples, self.num_local, self.block_steps
-    index = np.zeros([k, steps], np.int64)  # Example index in the split, per lane/step.
-    uids = np.zeros([k, steps], np.int64)
-    values = np.empty([k, steps], object)
-    labels = np.zeros([k, steps], np.int64)
+  def _indices(self, plan: Plan) -> tuple[np.ndarray, np.ndarray]:
+    """(split index, epoch) of each example of a block, both int64 [lane, step]."""
+    index = np.zeros([self.num_local, self.block_steps], np.int64)
+    epochs = np.zeros([self.num_local, self.block_steps], np.int64)
     for j, segments in enumerate(plan):
       t = 0
       for piece, a, b in segments:
-        offsets = piece.offsets[a:b]
-        window_values, window_labels = cache[(j, piece.window)]
-        index[j, t : t + b - a] = self.bounds[j][0] + piece.window[0] + offsets
-        uids[j, t : t + b - a] = piece.epoch * n + index[j, t : t + b - a]
-        values[j, t : t + b - a] = window_values[offsets]
-        labels[j, t : t + b - a] = window_labels[offsets]
+        index[j, t : t + b - a] = self.bounds[j][0] + piece.window[0] + piece.offsets[a:b]
+        epochs[j, t : t + b - a] = piece.epoch
         t += b - a
-    positions = step * k + np.arange(steps * k, dtype=np.int64)
-    return positions, uids.T.ravel(), values.T.ravel(), labels.T.ravel()
+    return index, epochs
+
+  def _gather(self, plan: Plan, cache: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(values, labels) of a block's examples, [lane, step], from the cached windows."""
+    values = np.empty([self.num_local, self.block_steps], object)
+    labels = np.zeros([self.num_local, self.block_steps], np.int64)
+    for j, segments in enumerate(plan):
+      t = 0
+      for piece, a, b in segments:
+        window_values, window_labels = cache[(j, piece.window)]
+        values[j, t : t + b - a] = window_values[piece.offsets[a:b]]
+        labels[j, t : t + b - a] = window_labels[piece.offsets[a:b]]
+        t += b - a
+    return values, labels
 
   def _chunks(self) -> Iterator[Chunk]:
+    """Per block, (positions, uids, values, labels) in position order."""
     cache, step = {}, self.start_step
     for (plan, needed, _), loaded in _read_ahead(self._blocks(), self._load, self.stop):
-      cache = {key: v for key, v in cache.items() if key in needed}
-      cache.update(loaded)
-      yield self._chunk(plan, cache, step)
+      if self.source.random_access:
+        values, labels = loaded
+      else:
+        cache = {key: v for key, v in cache.items() if key in needed}
+        cache.update(loaded)
+        values, labels = self._gather(plan, cache)
+      index, epochs = self._indices(plan)
+      uids = epochs * self.source.num_examples + index
+      positions = step * self.num_local + np.arange(index.size, dtype=np.int64)
+      yield positions, uids.T.ravel(), values.T.ravel(), labels.T.ravel()
       step += self.block_steps
 
   def _piece_at(self, position: int) -> tuple[int, order.Piece]:

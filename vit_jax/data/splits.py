@@ -79,9 +79,10 @@ class SplitSource(Protocol):
 
   kind: 'path' (values are file paths, read by the pipeline) or 'bytes' (values are
     encoded images).
-  random_access: True when read() costs the same for any range (files on disk), so the
-    whole split can be shuffled at once; False for sequential storage (tfds records),
-    which is shuffled in windows of config.shuffle_buffer consecutive examples.
+  random_access: True when one example costs the same to read wherever it is (files
+    on disk, ArrayRecord), so the whole split is shuffled at once and training reads
+    single examples; False for sequential storage (TFRecord), which is shuffled in
+    windows of consecutive examples, each read as one range.
   """
 
   name: str

@@ -10,6 +10,7 @@ few seconds the first time it is used; and a dataset whose archives the user pla
 from __future__ import annotations
 
 import functools
+import itertools
 import operator
 
 import jax
@@ -19,6 +20,7 @@ from absl import logging
 
 from vit_jax import errors
 from vit_jax.data import digits  # Registers the `digits` builder with tfds.
+from vit_jax.data import records as records_lib
 from vit_jax.data import splits as splits_lib
 
 _IMAGE, _LABEL = "image", "label"  # Feature keys every supported dataset has.
@@ -139,22 +141,30 @@ class TfdsDataset:
 class TfdsSplit:
   """A configured split of a tfds dataset; values are encoded image bytes.
 
-  When tfds knows the split sizes (any prepared dataset), read(start, stop) loads only
-  those records. Without sizes (tfds.testing.mock_data leaves them empty) the whole
-  split is read once and kept in memory; slicing is then up to tfds.
+  A prepared TFRecord or ArrayRecord dataset is read directly (records.py): a range
+  costs its own bytes, and ArrayRecord is random-access. Other formats go through
+  tfds' reader. Without split sizes (tfds.testing.mock_data leaves them empty) the
+  whole split is read once and kept in memory.
   """
 
   kind = "bytes"
-  random_access = False
 
   def __init__(self, dataset: TfdsDataset, spec: str):
     self.name = f"{dataset.name}:{spec}"
     self._dataset = dataset
     sizes = dataset.split_sizes()
     self._in_memory = None
+    self._records: dict[str, records_lib.Records | None] = {}
+    self.random_access = False
     if sizes:
       self._ranges = splits_lib.resolve(spec, sizes)
       self.num_examples = sum(len(r) for r in self._ranges)
+      self._records = {
+        r.split: records_lib.open_split(dataset.builder, r.split) for r in self._ranges
+      }
+      self.random_access = all(
+        isinstance(r, records_lib.ArrayRecordSplit) for r in self._records.values()
+      )
     else:
       logging.warning(
         "tfds has no split sizes for %s; reading the whole split into memory to count it.",
@@ -170,18 +180,20 @@ class TfdsSplit:
     return self.read_many([(start, stop)])[0]
 
   def read_many(self, ranges: list[tuple[int, int]]) -> list[tuple[np.ndarray, np.ndarray]]:
-    """read(start, stop) of each range, through one tfds read (much faster than one
-    read per range: each read sets up a tf.data pipeline)."""
+    """read(start, stop) of each range, with one parse (or one tfds read: each sets up
+    a tf.data pipeline) for all of them."""
     if self._in_memory is not None:
       return [tuple(a[lo:hi] for a in self._in_memory) for lo, hi in ranges]
-    instructions = [
-      tfds.core.ReadInstruction(r.split, from_=r.start, to=r.stop, unit="abs")
-      for lo, hi in ranges
-      for r in splits_lib.select(self._ranges, lo, hi)
-    ]
-    if not instructions:
-      values, labels = np.zeros([0], object), np.zeros([0], np.int64)
+    parts = [r for lo, hi in ranges for r in splits_lib.select(self._ranges, lo, hi)]
+    if all(self._records[r.split] is not None for r in parts):
+      serialized = []
+      for split, group in itertools.groupby(parts, key=lambda r: r.split):
+        serialized += self._records[split].read([(r.start, r.stop) for r in group])
+      values, labels = records_lib.parse(serialized)
     else:
+      instructions = [
+        tfds.core.ReadInstruction(r.split, from_=r.start, to=r.stop, unit="abs") for r in parts
+      ]
       values, labels = self._dataset.load(functools.reduce(operator.add, instructions))
     ends = np.cumsum([max(hi - lo, 0) for lo, hi in ranges])
     if len(values) != (ends[-1] if len(ends) else 0):

@@ -1,0 +1,159 @@
+"""Direct record reads of prepared tfds datasets: TFRecord by offset, ArrayRecord by index."""
+
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from tests import train_fixtures
+from vit_jax.data import dataset, order, pipeline, readers, records, tfds_source
+
+_SHARDS = 3  # digits' 1,437 train examples in 3 files: ranges cross files.
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+  """{file format: data_dir} of digits prepared in both formats, 3 shards per split."""
+  dirs = {}
+  for file_format in ("tfrecord", "array_record"):
+    dirs[file_format] = str(tmp_path_factory.mktemp(file_format))
+    tfds.builder("digits", data_dir=dirs[file_format]).download_and_prepare(
+      file_format=file_format, download_config=tfds.download.DownloadConfig(num_shards=_SHARDS)
+    )
+  return dirs
+
+
+def _dataset(data_dir, **overrides) -> dataset.Dataset:
+  config = train_fixtures.common_config(
+    dataset="digits",
+    data_dir=data_dir,
+    train_split="train[5:]+test",
+    test_split="test",
+    pp=dict(crop=8),
+    batch=8,
+    batch_eval=16,
+    shuffle_buffer=96,  # Lane windows of 12, as the defaults give at batch 4096.
+  )
+  config.update(overrides)
+  return dataset.Dataset(dataset.Settings.from_config(config))
+
+
+@pytest.mark.parametrize("file_format", ["tfrecord", "array_record"])
+def test_direct_reads_equal_tfds_reads(prepared, file_format):
+  data = _dataset(prepared[file_format])
+  source = data.split("train[5:]+test")
+  assert source.random_access == (file_format == "array_record")
+  reference = _dataset(prepared["tfrecord"])._source  # tfds' reader (not for ArrayRecord)
+  stored_values, stored_labels = reference.load("train[5:]+test")
+  ranges = [(0, 3), (470, 490), (1420, 1450), (7, 8), (1790, 1792), (3, 3)]
+  for (lo, hi), (values, labels) in zip(ranges, source.read_many(ranges)):
+    assert list(values) == list(stored_values[lo:hi])
+    np.testing.assert_array_equal(labels, stored_labels[lo:hi])
+
+
+def test_tfrecord_windows_are_single_reads_of_their_own_bytes(prepared, monkeypatch):
+  """Every read is one whole window (no skip); an epoch reads each stored byte once,
+  plus the 12-byte record headers read once to find the records."""
+  calls = []  # (path, offset, size) of every read.
+
+  class Recorded:
+    def __init__(self, path):
+      self.file, self.path, self.offset = open(path, "rb", buffering=0), path, 0
+
+    def seek(self, offset):
+      self.offset = offset
+      self.file.seek(offset)
+
+    def read(self, size):
+      calls.append((self.path, self.offset, size))
+      return self.file.read(size)
+
+    def __enter__(self):
+      return self
+
+    def __exit__(self, *exc):
+      self.file.close()
+
+  monkeypatch.setattr(records, "_open", Recorded)
+  monkeypatch.setattr(readers, "CHUNK", 16)  # Blocks of 2 steps: little read ahead.
+  source = _dataset(prepared["tfrecord"], train_split="train").split("train")
+  shards = [shard for split in source._records.values() for shard in split.shards]
+  n, lanes, window, epochs = source.num_examples, 8, 12, 3
+  reader = readers.LaneReader(source, 0, lanes, lanes, window, 0, 0)
+  steps = epochs * -(-n // lanes)  # 3 epochs of every lane (lanes of 179 and 180).
+  for positions, *_ in reader():
+    if positions[-1] >= steps * lanes - 1:
+      break
+  headers = [c for c in calls if c[2] == records._HEADER]
+  data_reads = [c for c in calls if c[2] != records._HEADER]
+  assert len(headers) == n  # The offsets of each record, found once for all epochs.
+  stored = sum(int(s.starts()[-1]) for s in shards)
+  read = sum(size for *_, size in data_reads)
+  assert epochs - 0.02 <= read / stored <= epochs + 0.1  # No byte read twice an epoch.
+  for path, offset, size in data_reads:  # Each read is (part of) one window: records.
+    starts = next(s for s in shards if s.path == path).starts()
+    assert offset in starts and offset + size in starts
+    assert np.searchsorted(starts, offset + size) - np.searchsorted(starts, offset) <= window
+  assert len(data_reads) <= (epochs + 1) * (n // window + 2 * lanes + _SHARDS)
+
+
+def test_truncated_tfrecord_is_a_clear_error(prepared, tmp_path):
+  path = tmp_path / "short.tfrecord"
+  shard = next(iter(_dataset(prepared["tfrecord"]).split("test")._records.values())).shards[0]
+  with open(shard.path, "rb") as f:
+    path.write_bytes(f.read(500))
+  with pytest.raises(RuntimeError, match="short.tfrecord holds .* records where .* says"):
+    records.TfrecordShard(str(path), shard.num_records).read(0, 1)
+
+
+def _images(batches, steps):
+  return np.concatenate([next(batches)["image"] for _ in range(steps)])
+
+
+def test_array_record_lanes_shuffle_whole_and_keep_the_guarantees(prepared):
+  data = _dataset(prepared["array_record"])
+  n = data.split(data.settings.train_split).num_examples
+  lanes = data.settings.batch
+  # Exact resume.
+  straight = _images(pipeline.local_train_batches(data, lanes, 0, 0, 1), 6)
+  resumed = _images(pipeline.local_train_batches(data, lanes, 4, 0, 1), 2)
+  np.testing.assert_array_equal(straight[4 * lanes :], resumed)
+  # Batches independent of the process count: 2 processes give the same rows.
+  halves = [_images(pipeline.local_train_batches(data, lanes // 2, 0, p, 2), 6) for p in (0, 1)]
+  rows = np.concatenate([h.reshape(6, lanes // 2, -1) for h in halves], axis=1)
+  np.testing.assert_array_equal(rows.reshape(straight.shape), straight)
+  # Each lane is one window: a whole-lane permutation, read example by example.
+  source = data.split(data.settings.train_split)
+  reader = readers.LaneReader(source, 0, lanes, lanes, n, data.settings.seed, 0)
+  stream = reader()
+  uids = np.concatenate([next(stream)[1] for _ in range(2)])  # 2 x 128 steps > a lane
+  for j in range(lanes):
+    lo, hi = order.process_shard(n, j, lanes)
+    lane = (uids[j::lanes] % n)[: hi - lo]
+    assert sorted(lane) == list(range(lo, hi))
+    assert not np.array_equal(lane, np.arange(lo, hi))  # Shuffled beyond windows.
+
+
+def test_array_record_eval_equals_tfrecord_eval(prepared):
+  passes = {}
+  for file_format, data_dir in prepared.items():
+    data = _dataset(data_dir)
+    batches = [
+      pipeline.EvalBatches(data, "test", 16, p, 2) for p in (0, 1)
+    ]  # 2 processes, 180 examples each
+    passes[file_format] = [(b["image"], b["mask"]) for evaluation in batches for b in evaluation]
+  assert sum(m.sum() for _, m in passes["array_record"]) == 360
+  for (a, mask_a), (b, mask_b) in zip(passes["tfrecord"], passes["array_record"]):
+    np.testing.assert_array_equal(mask_a, mask_b)
+    np.testing.assert_array_equal(a, b)
+
+
+def test_other_file_formats_are_left_to_tfds(prepared, monkeypatch):
+  data = _dataset(prepared["tfrecord"])
+  direct = data.split("train[5:]+test")
+  monkeypatch.setattr(records, "open_split", lambda builder, split: None)
+  source = tfds_source.TfdsSplit(data._source, "train[5:]+test")
+  assert source._records == {"train": None, "test": None}
+  ranges = [(10, 30), (1430, 1440)]
+  for (a, la), (b, lb) in zip(source.read_many(ranges), direct.read_many(ranges)):
+    assert list(a) == list(b)
+    np.testing.assert_array_equal(la, lb)

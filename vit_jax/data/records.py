@@ -1,0 +1,138 @@
+"""Serialized examples of a prepared tfds split, read by position without a skip.
+
+tfds reads a range of a TFRecord shard by reading every record before it, so the many
+short ranges of the train pipeline's shuffle windows would read the data many times
+over. Here a range costs its own bytes only:
+
+  * TFRecord (what `tfds build` writes by default): the first read of a shard finds
+    where its records start by hopping over their 12-byte headers (12 bytes read per
+    record, once per run); a range of records is then one read of exactly its bytes.
+  * ArrayRecord (`tfds build --file_format=array_record`): tfds' data source reads
+    records by index, so a split is random-access (shuffled whole, no windows).
+
+Both yield tfds' serialized tf.train.Example bytes; `parse` extracts image and label.
+Other formats (riegeli, parquet) are left to tfds (open_split returns None).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+_HEADER = 12  # TFRecord framing: uint64 length, uint32 crc of the length ...
+_FOOTER = 4  # ... the record, uint32 crc of the record.
+_FEATURES = {
+  "image": tf.io.FixedLenFeature([], tf.string),  # The encoded image (tfds Image).
+  "label": tf.io.FixedLenFeature([], tf.int64),  # tfds ClassLabel.
+}
+
+
+class Records(Protocol):
+  """The serialized examples of one named split, by index in the split."""
+
+  def read(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+    """The records of each [start, stop) range, concatenated in order."""
+    ...
+
+
+def _open(path: str):
+  """A file with seek/read that reads exactly what is asked (no read-ahead) locally."""
+  if "://" in path:
+    return tf.io.gfile.GFile(path, "rb")
+  return open(path, "rb", buffering=0)
+
+
+class TfrecordShard:
+  """One TFRecord file; the start of each record is found on first use."""
+
+  def __init__(self, path: str, num_records: int):
+    self.path, self.num_records = path, num_records
+    self._starts: np.ndarray | None = None  # int64 [num_records + 1]; last = file end
+
+  def starts(self) -> np.ndarray:
+    if self._starts is None:
+      starts, position = [0], 0
+      with _open(self.path) as f:
+        for _ in range(self.num_records):
+          f.seek(position)
+          header = f.read(_HEADER)
+          if len(header) < _HEADER:
+            break
+          position += _HEADER + struct.unpack("<Q", header[:8])[0] + _FOOTER
+          starts.append(position)
+      if len(starts) != self.num_records + 1:
+        raise RuntimeError(
+          f"{self.path} holds {len(starts) - 1} records where the dataset's metadata "
+          f"says {self.num_records}; the prepared dataset is incomplete or corrupt. "
+          f"Prepare it again."
+        )
+      self._starts = np.array(starts, np.int64)
+    return self._starts
+
+  def read(self, start: int, stop: int) -> list[bytes]:
+    """Records [start, stop) of the file: one read of their bytes."""
+    starts = self.starts()
+    base = int(starts[start])
+    with _open(self.path) as f:
+      f.seek(base)
+      data = f.read(int(starts[stop]) - base)
+    view = memoryview(data)
+    return [
+      bytes(view[a + _HEADER - base : b - _FOOTER - base])
+      for a, b in zip(starts[start:stop].tolist(), starts[start + 1 : stop + 1].tolist())
+    ]
+
+
+class TfrecordSplit:
+  """A named split stored as TFRecord shards."""
+
+  def __init__(self, shards: list[TfrecordShard]):
+    self.shards = shards
+    self._offsets = np.cumsum([0] + [s.num_records for s in shards])  # [num_shards + 1]
+
+  def read(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+    out: list[bytes] = []
+    for lo, hi in ranges:
+      first = int(np.searchsorted(self._offsets, lo, side="right")) - 1
+      for k in range(max(first, 0), len(self.shards)):
+        a, b = max(lo - self._offsets[k], 0), min(hi - self._offsets[k], self.shards[k].num_records)
+        if a >= b:
+          break
+        out += self.shards[k].read(int(a), int(b))
+    return out
+
+
+class ArrayRecordSplit:
+  """A named split stored as ArrayRecord: tfds' data source, read by index."""
+
+  def __init__(self, source: Any):
+    self.source = source
+
+  def read(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+    indices = [i for lo, hi in ranges for i in range(lo, hi)]
+    return list(self.source.__getitems__(indices)) if indices else []
+
+
+def open_split(builder: tfds.core.DatasetBuilder, split: str) -> Records | None:
+  """Direct reads of a named split of a prepared dataset; None for other formats."""
+  file_format = builder.info.file_format or tfds.core.FileFormat.TFRECORD
+  if file_format == tfds.core.FileFormat.ARRAY_RECORD:
+    raw = tfds.decode.DeserializeMethod.RAW_BYTES
+    return ArrayRecordSplit(builder.as_data_source(split=split, deserialize_method=raw))
+  if file_format == tfds.core.FileFormat.TFRECORD:
+    files = builder.info.splits[split].file_instructions
+    return TfrecordSplit([TfrecordShard(os.fspath(f.filename), f.examples_in_shard) for f in files])
+  return None
+
+
+def parse(records: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+  """Serialized examples -> (encoded images object [n], labels int64 [n])."""
+  if not records:
+    return np.zeros([0], object), np.zeros([0], np.int64)
+  parsed = tf.io.parse_example(tf.constant(records, tf.string), _FEATURES)
+  return parsed["image"].numpy().astype(object), parsed["label"].numpy().astype(np.int64)
