@@ -17,6 +17,7 @@ INSTALL_REQUIRES = [
   "tensorboard>=2.15",
   "tensorflow-cpu>=2.16,<2.22",
   "tensorflow-datasets>=4.9.6,<4.10",
+  "array-record>=0.5",  # ArrayRecord datasets, read by index (vit_jax/data/records.py)
   "safetensors>=0.4",  # the hf and timm exports and imports, numpy API (no torch)
   "huggingface_hub>=0.24",  # hf-hub: sources and official names, through the user's cache
   "tqdm>=4.66",
