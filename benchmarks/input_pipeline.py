@@ -403,7 +403,7 @@ def tfds_case(args) -> None:
   )
   print(f"\nBytes read per example over {args.bytes_epochs} epochs (reads only, no decode):")
   print("| pipeline | format | processes | bytes read / stored bytes |\n|---|---|---|---|")
-  for count in args.processes:
+  for count in args.processes if args.bytes_epochs > 0 else []:
     for name, fmt in args.rows:
       per_image = np.mean([r["bytes_per_image"] for r in _run_row(args, name, fmt, count, "bytes")])
       print(f"| {name} | {fmt} | {count} | {per_image / stored[fmt]:.3f} |", flush=True)
@@ -443,7 +443,7 @@ def main() -> None:
   parser.add_argument("--paper-batch", type=int, default=4096, help="gives the window")
   parser.add_argument("--rounds", type=int, default=3)
   parser.add_argument("--epochs", type=float, default=2, help="tfds case: timed epochs")
-  parser.add_argument("--bytes-epochs", type=float, default=5, help="epochs read for bytes")
+  parser.add_argument("--bytes-epochs", type=float, default=5, help="0: no bytes table")
   parser.add_argument("--processes", type=int, nargs="+", default=[1, 4])
   parser.add_argument(
     "--rows",
