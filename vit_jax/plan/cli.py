@@ -13,6 +13,7 @@ naming the shortfall and the settings that lower it (``--suggest`` compiles each
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import sys
@@ -27,7 +28,7 @@ from ml_collections import config_flags
 
 from vit_jax import errors, sharding
 from vit_jax import main as main_lib
-from vit_jax.plan import planner, topology
+from vit_jax.plan import planner, report, topology
 
 # --suggest halves the batch at most this many times looking for one that fits.
 MAX_BATCH_HALVINGS = 4
@@ -79,9 +80,9 @@ def _parse(argv: Sequence[str]) -> dict[str, Any]:
 
 def _variant(config: ml_collections.ConfigDict, **changes: Any) -> ml_collections.ConfigDict:
   """A copy of ``config`` with ``changes`` ({"dotted.key": value}) set."""
-  copy = ml_collections.ConfigDict(config.to_dict())
-  copy.update_from_flattened_dict(changes)
-  return copy
+  variant = copy.deepcopy(config)  # keeps each field's type (accum_steps: int or 'auto')
+  variant.update_from_flattened_dict(changes)
+  return variant
 
 
 def suggestions(
@@ -105,8 +106,12 @@ def suggestions(
   for label, variant in tries:
     try:
       tried = planner.make_plan(variant, slice_)
-    except errors.UserError as e:
-      lines.append(f"  {label}: {e}")
+    except Exception as e:  # pylint: disable=broad-except
+      needed = report.too_large_bytes(e)  # accum_steps='auto' compiling a refused candidate
+      if needed is None and not isinstance(e, errors.UserError):
+        raise
+      why = str(e) if needed is None else f"a step needs >= {planner.gib(needed)}, too large"
+      lines.append(f"  {label}: {why}")
       continue
     need = planner.gib(tried.train.needed_bytes)
     verdict = "fits" if tried.fits else "does not fit"

@@ -65,7 +65,7 @@ class Measure:
   compile_seconds: float
 
 
-def _too_large(error: Exception) -> Optional[int]:
+def too_large_bytes(error: BaseException) -> Optional[int]:
   """The bytes XLA:TPU says a program needs when ``error`` is its refusal; else None."""
   match = _TOO_LARGE.search(str(error))
   return int(float(match.group(1)) * _UNIT[match.group(2)]) if match else None
@@ -78,7 +78,7 @@ def measure(lowered: Any, num_devices: int) -> tuple[Measure, Optional[jax.stage
   try:
     compiled = lowered.compile()
   except Exception as e:  # pylint: disable=broad-except
-    needed = _too_large(e)
+    needed = too_large_bytes(e)
     if needed is None:
       raise
     return Measure(None, needed, 0.0, 0.0, False, None, time.perf_counter() - start), None
