@@ -110,10 +110,10 @@ def suggestions(
       needed = report.too_large_bytes(e)  # accum_steps='auto' compiling a refused candidate
       if needed is None and not isinstance(e, errors.UserError):
         raise
-      why = str(e) if needed is None else f"a step needs >= {planner.gib(needed)}, too large"
+      why = str(e) if needed is None else f"a step needs >= {report.gib(needed)}, too large"
       lines.append(f"  {label}: {why}")
       continue
-    need = planner.gib(tried.train.needed_bytes)
+    need = report.gib(tried.train.needed_bytes)
     verdict = "fits" if tried.fits else "does not fit"
     extra = f", accum_steps={tried.accum_steps}, remat={tried.remat}" if "accum" in label else ""
     bound = f", step >= {tried.time.bound_s * 1e3:.1f} ms" if tried.time else ""

@@ -19,7 +19,7 @@ import ml_collections
 from vit_jax import run as run_lib
 from vit_jax import sharding
 from vit_jax.plan import hlo, report
-from vit_jax.plan.report import gib  # noqa: F401 (re-exported for the command)
+from vit_jax.plan.report import gib
 from vit_jax.plan.topology import Topology
 from vit_jax.run import accumulation, step_cost
 
