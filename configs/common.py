@@ -71,9 +71,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval_every = 1000
   config.checkpoint_every = 1000
   config.keep_checkpoints = 3
-  # Resuming with another seed changes the data order from the resumed step on: an error
-  # unless this is True.
+  # Resuming with another seed, or another batch or shuffle_buffer, changes the data order
+  # from the resumed step on: an error unless the switch is True (the change is then
+  # recorded in <workdir>/config_history.jsonl).
   config.allow_changed_seed = False
+  config.allow_changed_batch = False
   # Few-shot linear evaluation of the frozen features every `every` steps, logged as
   # fewshot/<dataset>_<shots>shot (vit_jax.fewshot); off while `datasets` is empty.
   config.fewshot = ml_collections.ConfigDict(

@@ -38,6 +38,10 @@ class ResumeError(UserError, ValueError):
   """The run in the workdir was made with other data, seed or model than the config's."""
 
 
+class WorkdirInUseError(UserError):
+  """Another run is training in the workdir (its lock file names it)."""
+
+
 class DivergenceError(UserError):
   """Training produced a non-finite loss, gradient norm or parameter."""
 

@@ -5,8 +5,9 @@ closest valid keys. Distributed start-up comes first (see
 `vit_jax.distributed.initialize_distributed`).
 
 Logging and errors as for every command (`vit_jax.cli`): an error the user can cause
-prints one line and exits with status 2. `run(argv)` is the whole job, callable
-in-process; it returns the exit status.
+prints one line and exits with status 2. SIGTERM (preemption) or SIGINT (Ctrl-C) saves the
+step in flight and exits with 143 or 130 (`vit_jax.run.preemption`); running the command
+again resumes. `run(argv)` is the whole job, callable in-process; it returns the exit status.
 """
 
 from __future__ import annotations
@@ -176,8 +177,9 @@ def _enable_compilation_cache() -> None:
   jax.config.update("jax_compilation_cache_max_size", _CACHE_MAX_BYTES)
 
 
-def _train(values: dict[str, Any]) -> None:
-  """Trains and evaluates the parsed command line's config in its workdir."""
+def _train(values: dict[str, Any]) -> int:
+  """Trains and evaluates the parsed command line's config in its workdir; the status
+  (128 + the signal's number when SIGTERM or SIGINT stopped the run after saving)."""
   config, workdir = values["config"], values["workdir"]
   distributed.initialize_distributed(
     values["coordinator_address"],
@@ -188,9 +190,18 @@ def _train(values: dict[str, Any]) -> None:
   )
   # Imported after start-up: nothing may touch JAX's backends before it.
   from vit_jax import run as run_lib  # pylint: disable=g-import-not-at-top
+  from vit_jax.run import preemption  # pylint: disable=g-import-not-at-top
 
-  metrics = run_lib.train_and_evaluate(config, workdir)
+  try:
+    metrics = run_lib.train_and_evaluate(config, workdir)
+  except preemption.Stopped as e:  # saved
+    logging.warning("%s", e)
+    # `main` leaves with os._exit: leave the cluster first, all processes together (a
+    # coordinator gone early would abort the others).
+    jax.distributed.shutdown()
+    return e.status
   logging.info("Final metrics: %s", {k: round(v, 5) for k, v in metrics.items()})
+  return 0
 
 
 def run(argv: Sequence[str]) -> int:

@@ -38,6 +38,32 @@ def device_memory_limit(device: Any) -> Optional[int]:
   return int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
 
 
+def host_memory_available() -> Optional[int]:
+  """Bytes this machine can still give a process (MemAvailable); None where unknown."""
+  try:
+    with open("/proc/meminfo") as f:
+      for line in f:
+        if line.startswith("MemAvailable:"):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  return None
+
+
+def per_device_limit(mesh: jax.sharding.Mesh) -> tuple[Optional[int], str]:
+  """(bytes one device of ``mesh`` may use, what that is): the device's own limit, or on a
+  CPU this machine's available memory shared by its local devices; None when unknown."""
+  device = mesh.devices.flat[0]
+  limit = device_memory_limit(device)
+  if limit is not None:
+    return limit, f"the {device.device_kind} device's memory"
+  available = host_memory_available()
+  if available is None:
+    return None, "unknown"
+  local = sum(d.process_index == device.process_index for d in mesh.devices.flat)
+  return available // local, f"this machine's available memory (shared by {local} devices)"
+
+
 def accum_candidates(batch: int, data_size: int) -> list[int]:
   """Accumulation counts A, ascending, with batch divisible by A x data_size."""
   return [a for a in range(1, batch // data_size + 1) if batch % (a * data_size) == 0]

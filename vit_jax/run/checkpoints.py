@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Collection, Iterator, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
@@ -191,20 +191,29 @@ def read_params(path: str | os.PathLike) -> Params:
     ) from e
 
 
+# What a resumed run may change only when the config allows it: {data key: the switch}.
+ALLOW_CHANGED = {
+  "seed": "allow_changed_seed",
+  "batch": "allow_changed_batch",
+  "shuffle_buffer": "allow_changed_batch",
+}
+
+
 def check_resume(
   directory: str | os.PathLike,
   data: Mapping[str, Any],
   abstract_state: Any,
   *,
-  allow_changed_seed: bool,
+  allowed: Collection[str] = (),
 ) -> bool:
   """Raises ResumeError when the run in ``directory`` does not fit this config.
 
-  ``data``: {"dataset", "train_split", "test_split", "num_train", "seed"} of this config;
-  ``abstract_state``: the train state it builds. Another optimizer (other arrays) or other
-  data is an error; a changed seed changes the data order from the resumed step on: an
-  error unless ``allow_changed_seed``. Reads only the newest readable step's meta and
-  changes nothing. Returns whether there is a step to resume.
+  ``data``: what this config trains on ({"dataset", "train_split", "test_split",
+  "num_train", "seed", "batch", "shuffle_buffer"}); ``abstract_state``: the train state it
+  builds. Another optimizer (other arrays) or other data is an error; a changed seed,
+  batch or shuffle window changes the data order from the resumed step on: an error unless
+  its `ALLOW_CHANGED` switch is among ``allowed``. Reads only the newest readable step's
+  meta and changes nothing. Returns whether there is a step to resume.
   """
   steps = finalized_steps(directory)
   for step in reversed(steps):
@@ -227,13 +236,15 @@ def check_resume(
     changed = [
       k
       for k in data
-      if k in stored and stored[k] != data[k] and not (k == "seed" and allow_changed_seed)
+      if k in stored and stored[k] != data[k] and ALLOW_CHANGED.get(k) not in allowed
     ]
     if changed:
       what = "; ".join(f"{k}: {stored[k]!r} -> {data[k]!r}" for k in changed)
+      switches = sorted({ALLOW_CHANGED[k] for k in changed if k in ALLOW_CHANGED})
       fix = (
-        " (or set config.allow_changed_seed=True to go on with the new seed's data order)"
-        if "seed" in changed
+        f" (or set {' and '.join(f'config.{s}=True' for s in switches)} to go on with the "
+        "new data order)"
+        if switches
         else ""
       )
       raise errors.ResumeError(

@@ -20,8 +20,8 @@ import ml_collections
 from absl import logging
 
 from vit_jax import data, errors
+from vit_jax.run import accumulation, divergence, evaluators, preemption, resolver, step_cost
 from vit_jax.run import checkpoints as checkpoints_lib
-from vit_jax.run import divergence, evaluators, resolver, step_cost
 from vit_jax.run import folder as folder_lib
 from vit_jax.run import progress as progress_lib
 from vit_jax.run import steps as steps_lib
@@ -51,7 +51,7 @@ def _check_start(spec: RunSpec, steps: steps_lib.RunSteps, folder: folder_lib.Ru
     folder.checkpoints,
     spec.data_identity(),
     steps.abstract_state,
-    allow_changed_seed=spec.allow_changed_seed,
+    allowed=spec.allowed_changes,
   )
   if spec.loop.total_steps == 0 and not spec.pretrained.source and not resumable:
     raise errors.ConfigError(
@@ -65,98 +65,148 @@ def _check_start(spec: RunSpec, steps: steps_lib.RunSteps, folder: folder_lib.Ru
 
 
 def _compile_train_step(steps: steps_lib.RunSteps) -> tuple[jax.stages.Compiled, Optional[float]]:
-  """The train step compiled once up front, with its FLOPs per step (for MFU)."""
+  """The train step compiled once up front, with its FLOPs per step (for MFU); a step that
+  needs more memory than a device has stops here, before it runs."""
   start = time.perf_counter()
   compiled = steps.compile_train_step()
   flops, source = steps.step_flops(compiled)
+  peak = step_cost.peak_bytes(compiled)
   logging.info(
     "Compiled the train step in %.1f s: %s GFLOPs per step (%s count), "
     "%.2f GiB peak memory per device.",
     time.perf_counter() - start,
     f"{flops / 1e9:.4g}" if flops else "?",
     source,
-    step_cost.peak_bytes(compiled) / 2**30,
+    peak / 2**30,
   )
+  limit, what = accumulation.per_device_limit(steps.mesh)
+  if limit and peak > limit:
+    spec = steps.spec
+    raise errors.OutOfMemoryError(
+      f"The compiled train step needs {peak / 2**30:.2f} GiB per device, more than "
+      f"{limit / 2**30:.2f} GiB ({what}): lower config.batch (now {spec.batch}) or "
+      f"config.pp.crop (now {spec.crop}), raise config.accum_steps (now {spec.accum_steps}; "
+      f"'auto' picks one that fits a device's memory), or set config.model.remat=True "
+      f"(now {spec.model.remat})."
+    )
   return compiled, flops
+
+
+def _train(
+  spec: RunSpec,
+  steps: steps_lib.RunSteps,
+  state: steps_lib.TrainState,
+  folder: folder_lib.RunFolder,
+  manager: checkpoints_lib.RunCheckpoints,
+  guard: divergence.Guard,
+  progress: progress_lib.Progress,
+  run_evaluators: dict[str, evaluators.Evaluator],
+  stop: preemption.StopSignals,
+) -> tuple[steps_lib.TrainState, dict[str, float]]:
+  """Steps from the state's step to ``total_steps``, then saves; the last train metrics.
+
+  Raises `preemption.Stopped` after saving the step in flight when a signal asks to stop.
+  """
+  loop, total_steps = spec.loop, spec.loop.total_steps
+  start_step = int(jax.device_get(state.step))
+  metrics: dict[str, float] = {}
+  train_iter = data.train_iterator(spec.data, steps.mesh, start_step=start_step)
+  try:
+    first_batch = next(train_iter)
+    compiled_step, step_flops = _compile_train_step(steps)
+    if stop.signum is not None:
+      raise preemption.Stopped(stop.signum, start_step, saved=False)
+    progress.start(step_flops, spec.model.dtype)
+    batches = itertools.chain([first_batch], train_iter)
+    in_flight: collections.deque = collections.deque()
+    for step in range(start_step + 1, total_steps + 1):
+      state, step_metrics = compiled_step(state, next(batches))
+      in_flight.append(step_metrics)
+      if len(in_flight) > MAX_STEPS_IN_FLIGHT:
+        jax.block_until_ready(in_flight.popleft())
+      if step % loop.log_every == 0 or step == total_steps:
+        metrics = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
+        guard.check(step, metrics)
+        metrics["train/lr"] = float(steps.schedule(step - 1))
+        metrics = progress.report_train(step, metrics)
+        folder.heartbeat()
+      if step < total_steps and stop.should_stop(step):
+        guard.check_before_save(step, step_metrics, state.params)
+        manager.save(step, state)
+        manager.wait_until_finished()
+        raise preemption.Stopped(stop.signum, step, saved=True)
+      if step == total_steps:
+        break  # the final evaluation follows the save
+      for evaluator in run_evaluators.values():
+        if step % evaluator.every == 0:
+          progress.report_eval(step, evaluator(state.params))
+      if step % loop.checkpoint_every == 0:
+        guard.check_before_save(step, step_metrics, state.params)
+        manager.save(step, state)
+        folder.heartbeat()
+    guard.check_before_save(total_steps, step_metrics, state.params)
+    manager.save(total_steps, state)
+  finally:
+    # Stop the input pipeline's threads: tf.data still running at interpreter exit can
+    # abort the process (status 134) after a successful run.
+    train_iter.close()
+  return state, metrics
 
 
 def run(spec: RunSpec, steps: steps_lib.RunSteps, workdir: str) -> dict[str, float]:
   """Trains (or resumes) and evaluates ``spec`` in ``workdir``; returns the final metrics.
 
-  ``total_steps=0`` only evaluates the initial (e.g. pretrained) parameters.
+  ``total_steps=0`` only evaluates the initial (e.g. pretrained) parameters. Every check
+  (the settings, the folder's config and checkpoints, the pretrained weights' fit) passes
+  before the first byte is written; then the run locks the folder (`RunFolder.lock`).
+  SIGTERM / SIGINT stop it after saving the step in flight (`preemption`).
   """
   folder = folder_lib.RunFolder(workdir)
-  _check_start(spec, steps, folder)
-  folder.write_config(spec.config_json)
-  loop = spec.loop
-  manager = checkpoints_lib.RunCheckpoints(
-    folder.checkpoints, keep=loop.keep_checkpoints, data=spec.data_identity()
-  )
-  state = manager.restore_latest(steps.abstract_state)
-  guard = divergence.Guard(
-    _tunables(spec), restored_step=None if state is None else int(jax.device_get(state.step))
-  )
-  if state is None:
-    state = steps.init_state()
-  start_step = int(jax.device_get(state.step))
-  total_steps = loop.total_steps
-  progress = progress_lib.Progress(
-    folder.events, total_steps=total_steps, global_batch=spec.batch, start_step=start_step
-  )
-  logging.info(
-    "Training %s on %s from step %d to %d on %d devices (mesh %s, %s).",
-    spec.model.name,
-    spec.data.dataset,
-    start_step,
-    total_steps,
-    jax.device_count(),
-    dict(steps.mesh.shape),
-    spec.partitioning,
-  )
-
-  run_evaluators = evaluators.build_all(steps)
-  metrics: dict[str, float] = {}
-  train_iter = None
-  try:
-    if total_steps > start_step:
-      train_iter = data.train_iterator(spec.data, steps.mesh, start_step=start_step)
-      first_batch = next(train_iter)
-      compiled_step, step_flops = _compile_train_step(steps)
-      progress.start(step_flops, spec.model.dtype)
-      batches = itertools.chain([first_batch], train_iter)
-      in_flight: collections.deque = collections.deque()
-      for step in range(start_step + 1, total_steps + 1):
-        state, step_metrics = compiled_step(state, next(batches))
-        in_flight.append(step_metrics)
-        if len(in_flight) > MAX_STEPS_IN_FLIGHT:
-          jax.block_until_ready(in_flight.popleft())
-        if step % loop.log_every == 0 or step == total_steps:
-          metrics = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
-          guard.check(step, metrics)
-          metrics["train/lr"] = float(steps.schedule(step - 1))
-          metrics = progress.report_train(step, metrics)
-        if step == total_steps:
-          break  # the final evaluation follows the save
-        for evaluator in run_evaluators.values():
-          if step % evaluator.every == 0:
-            progress.report_eval(step, evaluator(state.params))
-        if step % loop.checkpoint_every == 0:
-          guard.check_before_save(step, step_metrics, state.params)
-          manager.save(step, state)
-      guard.check_before_save(total_steps, step_metrics, state.params)
-      manager.save(total_steps, state)
-    final: dict[str, float] = {}
-    for evaluator in run_evaluators.values():
-      final.update(evaluator(state.params))
-    progress.report_eval(total_steps, final)
-  finally:
-    # Stop the input pipeline's threads: tf.data still running at interpreter exit can
-    # abort the process (status 134) after a successful run.
-    if hasattr(train_iter, "close"):
-      train_iter.close()
-    # Whatever happened, the saves already started complete: no checkpoint is lost.
-    manager.close()
-    progress.close()
+  resumable = _check_start(spec, steps, folder)
+  # A fresh state is built before anything is written: pretrained weights that do not
+  # fit the model fail here, leaving no config.json or checkpoints behind.
+  fresh = None if resumable else steps.init_state()
+  with preemption.StopSignals() as stop, folder.lock():
+    manager = checkpoints_lib.RunCheckpoints(
+      folder.checkpoints, keep=spec.loop.keep_checkpoints, data=spec.data_identity()
+    )
+    progress = None
+    try:
+      state = manager.restore_latest(steps.abstract_state) if resumable else None
+      restored_step = None if state is None else int(jax.device_get(state.step))
+      state = state if state is not None else (fresh or steps.init_state())
+      start_step = int(jax.device_get(state.step))
+      folder.write_config(spec.config_json, step=start_step)
+      guard = divergence.Guard(_tunables(spec), restored_step=restored_step)
+      total_steps = spec.loop.total_steps
+      progress = progress_lib.Progress(
+        folder.events, total_steps=total_steps, global_batch=spec.batch, start_step=start_step
+      )
+      logging.info(
+        "Training %s on %s from step %d to %d on %d devices (mesh %s, %s).",
+        spec.model.name,
+        spec.data.dataset,
+        start_step,
+        total_steps,
+        jax.device_count(),
+        dict(steps.mesh.shape),
+        spec.partitioning,
+      )
+      run_evaluators = evaluators.build_all(steps)
+      metrics: dict[str, float] = {}
+      if total_steps > start_step:
+        state, metrics = _train(
+          spec, steps, state, folder, manager, guard, progress, run_evaluators, stop
+        )
+      final: dict[str, float] = {}
+      for evaluator in run_evaluators.values():
+        final.update(evaluator(state.params))
+      progress.report_eval(total_steps, final)
+    finally:
+      # Whatever happened, the saves already started complete: no checkpoint is lost.
+      manager.close()
+      if progress is not None:
+        progress.close()
   return {**metrics, **final}
 
 

@@ -19,7 +19,7 @@ import ml_collections
 
 from vit_jax import data, errors, pretrained, sharding
 from vit_jax.data.dataset import Settings as DataSettings
-from vit_jax.run import accumulation, losses, objectives
+from vit_jax.run import accumulation, losses, objectives, step_cost
 from vit_jax.run import spec as spec_lib
 from vit_jax.run import steps as steps_lib
 from vit_jax.run.optim import OptimizerSettings
@@ -130,6 +130,39 @@ def fit_accumulation(
   return fitted if chosen.remat == spec.model.remat else fitted.with_model(remat=chosen.remat)
 
 
+def _check_memory(spec: spec_lib.RunSpec, mesh: jax.sharding.Mesh, limit: Optional[int]) -> None:
+  """Refuses a resolution and batch whose input batches or activations cannot fit, before
+  anything is compiled: a lower bound (`step_cost.vit_activation_bytes`) against the
+  device's memory (``limit``, else `accumulation.per_device_limit`)."""
+  gib = 2.0**30
+  what = f"the {limit / gib:.1f} GiB given for a device" if limit else ""
+  if limit is None:
+    limit, what = accumulation.per_device_limit(mesh)
+    what = f"{limit / gib:.1f} GiB, {what}" if limit else what
+  settings = (
+    f"config.pp.crop={spec.crop} with config.batch={spec.batch} and "
+    f"config.accum_steps={spec.accum_steps}"
+  )
+  host = accumulation.host_memory_available()
+  images = spec.batch // _process_count(mesh)
+  batch_bytes = images * spec.crop**2 * 3 * 4 * (spec.data.prefetch + 2)  # f32 [B, H, W, 3]
+  if host and batch_bytes > host:
+    raise errors.ConfigError(
+      f"{settings}: the input pipeline's {spec.data.prefetch + 2} batches in flight take "
+      f"{batch_bytes / gib:.1f} GiB of host memory, more than the {host / gib:.1f} GiB "
+      "available: lower config.pp.crop, config.batch or config.prefetch."
+    )
+  micro_batch = spec.batch // (spec.accum_steps * mesh.shape[sharding.DATA_AXIS])
+  need = step_cost.vit_activation_bytes(spec.model, spec.crop, micro_batch)
+  if limit and need and need > limit:
+    raise errors.ConfigError(
+      f"{settings}: the train step keeps at least {need / gib:.1f} GiB of activations per "
+      f"device ({micro_batch} images per device and micro-batch), more than {what}: lower "
+      "config.pp.crop or config.batch, raise config.accum_steps, or set "
+      f"config.model.remat=True (now {spec.model.remat})."
+    )
+
+
 def resolve(
   config: ml_collections.ConfigDict,
   *,
@@ -173,12 +206,16 @@ def resolve(
     partitioning=config.partitioning,
     accum_steps=accum_steps,
     seed=int(config.seed),
-    allow_changed_seed=bool(config.allow_changed_seed),
+    allowed_changes=frozenset(
+      key for key in ("allow_changed_seed", "allow_changed_batch") if config[key]
+    ),
     config_json=json.loads(config.to_json_best_effort()),
   )
   if memory_limit_bytes is None:
     memory_limit_bytes = accumulation.device_memory_limit(mesh.devices.flat[0])
-  return fit_accumulation(spec, mesh, memory_limit_bytes)
+  spec = fit_accumulation(spec, mesh, memory_limit_bytes)
+  _check_memory(spec, mesh, memory_limit_bytes)
+  return spec
 
 
 def build(

@@ -74,7 +74,7 @@ class RunSpec:
   partitioning: str
   accum_steps: Union[int, str]
   seed: int
-  allow_changed_seed: bool
+  allowed_changes: frozenset[str]  # the config's allow_changed_* switches that are on
   config_json: dict[str, Any] = dataclasses.field(repr=False, compare=False)  # config.json
 
   @property
@@ -93,6 +93,8 @@ class RunSpec:
       test_split=self.data.test_split,
       num_train=self.num_train,
       seed=self.seed,
+      batch=self.data.batch,
+      shuffle_buffer=self.data.shuffle_buffer,
     )
 
   def with_model(self, **changes: Any) -> "RunSpec":

@@ -121,6 +121,28 @@ def vit_flops_per_image(
   return 2.0 * macs * (3 if train else 1)
 
 
+def vit_activation_bytes(
+  model_config: ml_collections.ConfigDict, image_size: int, images: int
+) -> Optional[int]:
+  """A lower bound of the activations a plain ViT's train step keeps for its backward pass,
+  for ``images`` images on one device (None for a ResNet hybrid).
+
+  Per layer: the attention weights [B, H, N, N], the MLP's hidden units [B, N, mlp] and the
+  block's input [B, N, D], in the compute dtype; with remat only the block inputs stay.
+  Used to refuse a resolution or batch that cannot fit before anything is compiled.
+  """
+  cfg = model_config
+  if cfg.get("resnet") is not None:
+    return None
+  ph, pw = cfg.patches.size
+  t = cfg.transformer
+  n = (image_size // ph) * (image_size // pw) + (1 if cfg.classifier == "token" else 0)
+  per_layer = images * n * cfg.hidden_size
+  if not cfg.remat:
+    per_layer += images * (t.num_heads * n * n + n * t.mlp_dim)
+  return per_layer * t.num_layers * np.dtype(cfg.dtype).itemsize
+
+
 @functools.cache
 def measured_cpu_peak_flops(size: int = CPU_MATMUL_SIZE, repeats: int = 5) -> float:
   """FLOP/s of XLA's f32 [size, size] x [size, size] product on the CPU, best of ``repeats``."""
