@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -343,3 +344,47 @@ def test_a_dead_process_ends_the_run_with_an_error(runs):
   assert die.ended[0] - die.ended[1] < DEATH_NOTICED_WITHIN, die.ended
   log = die.output(0, chars=10**6)
   assert "another task died" in log or "stopped sending heartbeats" in log, log[-4000:]
+
+
+def test_sigterm_to_one_process_stops_both_at_the_same_saved_step(tmp_path, digits_dir):
+  """JAX's preemption service: process 1 gets SIGTERM; both save one agreed step, exit 143."""
+  workdir = str(tmp_path / "run")
+  port = _free_port()
+  launch = _Launch(
+    "preempted",
+    str(tmp_path),
+    _two_processes(
+      lambda i: [
+        sys.executable,
+        "-m",
+        "vit_jax.main",
+        "--config=tests/_multiprocess_worker.py:data_parallel",
+        f"--config.data_dir={digits_dir}",
+        "--config.total_steps=100000",
+        "--config.checkpoint_every=100000",
+        "--config.eval_every=100000",
+        "--config.log_every=5",
+        f"--workdir={workdir}",
+        f"--coordinator_address=127.0.0.1:{port}",
+        "--num_processes=2",
+        f"--process_id={i}",
+        "--initialization_timeout=60",
+        "--heartbeat_timeout=60",
+      ],
+      lambda i: _env(2),
+    ),
+  )
+  try:
+    deadline = time.monotonic() + LAUNCH_TIMEOUT
+    while "step 10/" not in launch.output(0, chars=100_000):
+      assert not launch.poll() and time.monotonic() < deadline, launch.output(0)
+      time.sleep(0.5)
+    launch.procs[1].send_signal(signal.SIGTERM)
+    _wait(launch, timeout=180)
+  finally:
+    launch.kill()
+  assert launch.returncodes == [143, 143], [launch.output(i) for i in range(2)]
+  saved = run_checkpoints.finalized_steps(os.path.join(workdir, "checkpoints"))
+  assert len(saved) == 1 and saved[0] >= 10, saved
+  for i in range(2):
+    assert f"Stopped by SIGTERM at step {saved[0]}: saved" in launch.output(i), launch.output(i)

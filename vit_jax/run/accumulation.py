@@ -33,9 +33,19 @@ class Fit:
 
 
 def device_memory_limit(device: Any) -> Optional[int]:
-  """Bytes the runtime lets one device allocate; None where it reports none (CPU)."""
-  stats = device.memory_stats()
+  """Bytes the runtime lets one device allocate; None where it reports none (a CPU, or a
+  device this process cannot address, such as a compile-only TPU)."""
+  try:
+    stats = device.memory_stats()
+  except jax.errors.JaxRuntimeError:
+    return None
   return int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
+
+
+def local_device(mesh: jax.sharding.Mesh) -> Any:
+  """A device of ``mesh`` that this process drives (the first one if it drives none)."""
+  devices = list(mesh.devices.flat)
+  return next((d for d in devices if d.process_index == jax.process_index()), devices[0])
 
 
 def host_memory_available() -> Optional[int]:
@@ -53,7 +63,7 @@ def host_memory_available() -> Optional[int]:
 def per_device_limit(mesh: jax.sharding.Mesh) -> tuple[Optional[int], str]:
   """(bytes one device of ``mesh`` may use, what that is): the device's own limit, or on a
   CPU this machine's available memory shared by its local devices; None when unknown."""
-  device = mesh.devices.flat[0]
+  device = local_device(mesh)
   limit = device_memory_limit(device)
   if limit is not None:
     return limit, f"the {device.device_kind} device's memory"

@@ -212,7 +212,7 @@ def resolve(
     config_json=json.loads(config.to_json_best_effort()),
   )
   if memory_limit_bytes is None:
-    memory_limit_bytes = accumulation.device_memory_limit(mesh.devices.flat[0])
+    memory_limit_bytes = accumulation.device_memory_limit(accumulation.local_device(mesh))
   spec = fit_accumulation(spec, mesh, memory_limit_bytes)
   _check_memory(spec, mesh, memory_limit_bytes)
   return spec
