@@ -74,7 +74,6 @@ def _writer(
     files = hf_lib.to_hf(
       params,
       model.config,
-      gelu_approximate=module.gelu_approximate,
       image_size=size,
       class_names=names,
     )
@@ -83,7 +82,6 @@ def _writer(
     spec = timm_lib.model_spec(
       model.config,
       num_classes=model.num_classes,
-      gelu_approximate=module.gelu_approximate,
       image_size=size,
     )
     tensors = timm_lib.to_timm(params, model.config)

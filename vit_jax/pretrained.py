@@ -10,6 +10,7 @@ what does not fit.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from typing import Any, Mapping, Optional
@@ -175,19 +176,30 @@ def _adapt_class_token(
   return stored_prefix, new_prefix
 
 
+@dataclasses.dataclass(frozen=True)
+class _Grids:
+  """The stored and the new position-embedding layouts: class-token rows and grids (None:
+  square, read from the table)."""
+
+  stored_prefix: int
+  new_prefix: int
+  stored_hw: Optional[tuple[int, int]]
+  new_hw: Optional[tuple[int, int]]
+
+
 def _adapt_posemb(
   got: dict[str, Any],
   want: Mapping[str, Any],
   posemb_kind: str,
   method: str,
-  stored_prefix: int,
-  new_prefix: int,
-  stored_grid_hw: Optional[tuple[int, int]],
-  new_grid_hw: Optional[tuple[int, int]],
+  grids: _Grids,
   where: str,
-  notes: list[str],
-) -> None:
-  """Interpolates (or re-initialises) the stored position embeddings to the new grid."""
+) -> list[str]:
+  """Interpolates (or re-initialises) the stored position embeddings of ``got`` to the
+  new grid; returns notes of what changed."""
+  notes: list[str] = []
+  stored_prefix, new_prefix = grids.stored_prefix, grids.new_prefix
+  stored_grid_hw, new_grid_hw = grids.stored_hw, grids.new_hw
   if method == POSEMB_REINIT:
     for key in (POSEMB_PATH, POSEMB_X_PATH, POSEMB_Y_PATH):
       got.pop(key, None)
@@ -249,6 +261,7 @@ def _adapt_posemb(
         f"learn_2d position embeddings: {method} interpolation of "
         f"the {old_hw[0]}x{old_hw[1]} tables to {grid_hw[0]}x{grid_hw[1]}"
       )
+  return notes
 
 
 def _fit_error(
@@ -320,9 +333,9 @@ def load_pretrained(
   where = f"checkpoint {source!r}"
 
   # The config must describe the model that init_params came from.
-  classifier = model_config.get("classifier", "token")
-  representation_size = model_config.get("representation_size")
-  posemb_kind = model_config.get("posemb", "learn")
+  classifier = model_config.classifier
+  representation_size = model_config.representation_size
+  posemb_kind = model_config.posemb
   rep_in_init = want["pre_logits/kernel"].shape[-1] if "pre_logits/kernel" in want else None
   if (classifier == "token") != ("cls" in want) or representation_size != rep_in_init:
     raise errors.CheckpointError(
@@ -345,18 +358,8 @@ def load_pretrained(
   _adapt_objective_params(got, want, notes)
   _adapt_representation_and_head(got, want, representation_size, reset_head, notes)
   stored_prefix, new_prefix = _adapt_class_token(got, want, classifier, notes)
-  _adapt_posemb(
-    got,
-    want,
-    posemb_kind,
-    posemb_resize_method,
-    stored_prefix,
-    new_prefix,
-    stored_grid_hw,
-    new_grid_hw,
-    where,
-    notes,
-  )
+  grids = _Grids(stored_prefix, new_prefix, stored_grid_hw, new_grid_hw)
+  notes += _adapt_posemb(got, want, posemb_kind, posemb_resize_method, grids, where)
 
   # What remains must fit exactly.
   try:

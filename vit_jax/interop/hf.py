@@ -127,7 +127,6 @@ def to_hf(
   params: Params,
   config: ml_collections.ConfigDict,
   *,
-  gelu_approximate: bool,
   image_size: tuple[int, int],
   class_names: list[str],
 ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, Any]]:
@@ -153,7 +152,7 @@ def to_hf(
     "num_hidden_layers": t.num_layers,
     "num_attention_heads": t.num_heads,
     "intermediate_size": t.mlp_dim,
-    "hidden_act": _HIDDEN_ACT[gelu_approximate],
+    "hidden_act": _HIDDEN_ACT[config.gelu_approximate],
     "layer_norm_eps": _LAYER_NORM_EPS,
     "hidden_dropout_prob": 0.0,
     "attention_probs_dropout_prob": 0.0,

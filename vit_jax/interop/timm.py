@@ -83,7 +83,6 @@ def model_spec(
   config: ml_collections.ConfigDict,
   *,
   num_classes: int,
-  gelu_approximate: bool,
   image_size: tuple[int, int],
 ) -> dict[str, Any]:
   """{'model_name', 'kwargs', 'pretrained_cfg_overlay'} for `timm.create_model`."""
@@ -105,7 +104,7 @@ def model_spec(
     class_token=token,
     global_pool="token" if token else "avg",
     fc_norm=False,
-    act_layer=_ACT_LAYER[gelu_approximate],
+    act_layer=_ACT_LAYER[config.gelu_approximate],
     num_classes=num_classes,
   )
   size = "x".join(str(s) for s in image_size)

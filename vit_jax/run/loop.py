@@ -11,6 +11,7 @@ resume compatibility, the workdir's config.json) passes before the run writes an
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 import time
 from typing import Any, Optional
@@ -92,21 +93,33 @@ def _compile_train_step(steps: steps_lib.RunSteps) -> tuple[jax.stages.Compiled,
   return compiled, flops
 
 
+@dataclasses.dataclass
+class _Session:
+  """What one run of the loop writes to and answers to."""
+
+  folder: folder_lib.RunFolder
+  manager: checkpoints_lib.RunCheckpoints
+  progress: progress_lib.Progress
+  guard: divergence.Guard
+  evaluators: dict[str, evaluators.Evaluator]
+  stop: preemption.StopSignals
+
+
 def _train(
-  spec: RunSpec,
-  steps: steps_lib.RunSteps,
-  state: steps_lib.TrainState,
-  folder: folder_lib.RunFolder,
-  manager: checkpoints_lib.RunCheckpoints,
-  guard: divergence.Guard,
-  progress: progress_lib.Progress,
-  run_evaluators: dict[str, evaluators.Evaluator],
-  stop: preemption.StopSignals,
+  steps: steps_lib.RunSteps, state: steps_lib.TrainState, session: _Session
 ) -> tuple[steps_lib.TrainState, dict[str, float]]:
   """Steps from the state's step to ``total_steps``, then saves; the last train metrics.
 
   Raises `preemption.Stopped` after saving the step in flight when a signal asks to stop.
   """
+  spec = steps.spec
+  folder, manager, progress, guard, stop = (
+    session.folder,
+    session.manager,
+    session.progress,
+    session.guard,
+    session.stop,
+  )
   loop, total_steps = spec.loop, spec.loop.total_steps
   start_step = int(jax.device_get(state.step))
   metrics: dict[str, float] = {}
@@ -137,7 +150,7 @@ def _train(
         raise preemption.Stopped(stop.signum, step, saved=True)
       if step == total_steps:
         break  # the final evaluation follows the save
-      for evaluator in run_evaluators.values():
+      for evaluator in session.evaluators.values():
         if step % evaluator.every == 0:
           progress.report_eval(step, evaluator(state.params))
       if step % loop.checkpoint_every == 0:
@@ -192,14 +205,12 @@ def run(spec: RunSpec, steps: steps_lib.RunSteps, workdir: str) -> dict[str, flo
         dict(steps.mesh.shape),
         spec.partitioning,
       )
-      run_evaluators = evaluators.build_all(steps)
+      session = _Session(folder, manager, progress, guard, evaluators.build_all(steps), stop)
       metrics: dict[str, float] = {}
       if total_steps > start_step:
-        state, metrics = _train(
-          spec, steps, state, folder, manager, guard, progress, run_evaluators, stop
-        )
+        state, metrics = _train(steps, state, session)
       final: dict[str, float] = {}
-      for evaluator in run_evaluators.values():
+      for evaluator in session.evaluators.values():
         final.update(evaluator(state.params))
       progress.report_eval(total_steps, final)
     finally:
@@ -211,6 +222,6 @@ def run(spec: RunSpec, steps: steps_lib.RunSteps, workdir: str) -> dict[str, flo
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-  """Resolves ``config`` on all devices (`resolve.build`), builds its steps and runs them."""
+  """Resolves ``config`` on all devices (`resolver.build`), builds its steps and runs them."""
   steps = resolver.build(config)
   return run(steps.spec, steps, workdir)
