@@ -68,5 +68,5 @@ def test_auto_fails_clearly_when_nothing_fits(auto_config):
 def test_an_int_is_left_as_it_is():
   config = _config(2)
   mesh = sharding.make_mesh(tuple(config.mesh))
-  spec = resolver.resolve(config, mesh=mesh, memory_limit_bytes=1000, open_data=False)
+  spec = resolver.resolve(config, mesh=mesh, open_data=False)
   assert spec.accum_steps == 2 and dataclasses.replace(spec).accum_steps == 2

@@ -70,6 +70,7 @@ def test_peak_bytes_grows_with_the_batch():
     ("NVIDIA A100-SXM4-40GB", "float32", 156.0),
     ("TPU v5 lite", "bfloat16", 197.0),
     ("TPU v4", "float32", 275.0),
+    ("TPU v3", "bfloat16", 61.5),  # one of a chip's two TensorCores
     ("NVIDIA L4", "bfloat16", 121.0),
   ],
 )

@@ -110,12 +110,13 @@ def is_out_of_disk(e: BaseException) -> bool:
 
 
 def is_out_of_memory(e: BaseException) -> bool:
-  """Whether ``e`` is XLA's failure to allocate device memory."""
+  """Whether ``e`` is XLA's failure to allocate device memory (at run time, or a TPU
+  compiler's refusal: `... exceeds available HBM`)."""
   text = str(e)
   return (
     "RESOURCE_EXHAUSTED" in text
     and not is_out_of_disk(e)
-    and ("memory" in text.lower() or "allocat" in text.lower())
+    and any(word in text.lower() for word in ("memory", "allocat", "hbm"))
   )
 
 

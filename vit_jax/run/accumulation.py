@@ -80,7 +80,7 @@ def accum_candidates(batch: int, data_size: int) -> list[int]:
 
 
 def fit(
-  compile_step: Callable[[int, bool], jax.stages.Compiled],
+  compile_step: Callable[[int, bool], Optional[jax.stages.Compiled]],
   *,
   batch: int,
   data_size: int,
@@ -89,8 +89,10 @@ def fit(
 ) -> Fit:
   """The smallest accumulation (then remat) whose compiled step fits ``limit_bytes``.
 
-  ``compile_step(accum_steps, remat)`` compiles a candidate. Memory falls as A grows, so
-  after A=1 the search bisects the candidates: about log2 of their count compilations.
+  ``compile_step(accum_steps, remat)`` compiles a candidate, or returns None when the
+  compiler refused it for the device's memory (XLA:TPU does, at compile time). Memory
+  falls as A grows, so after A=1 the search bisects the candidates: about log2 of their
+  count compilations.
   ``remat``: the model's setting; remat is tried only where it is off.
   """
   if limit_bytes is None:
@@ -103,7 +105,8 @@ def fit(
   def attempt(accum: int, with_remat: bool) -> Fit:
     if (accum, with_remat) not in tried:
       compiled = compile_step(accum, with_remat)
-      tried[accum, with_remat] = Fit(accum, with_remat, step_cost.peak_bytes(compiled))
+      peak = limit_bytes + 1 if compiled is None else step_cost.peak_bytes(compiled)
+      tried[accum, with_remat] = Fit(accum, with_remat, peak)
       logging.info(
         "accum_steps='auto': accum_steps=%d remat=%s needs %.2f GiB per device (budget %.2f GiB).",
         accum,

@@ -110,11 +110,16 @@ def fit_accumulation(
   if spec.accum_steps != accumulation.AUTO:
     return spec
 
-  def compile_candidate(accum_steps: int, remat: bool) -> jax.stages.Compiled:
+  def compile_candidate(accum_steps: int, remat: bool) -> Optional[jax.stages.Compiled]:
     candidate = dataclasses.replace(spec, accum_steps=accum_steps)
     if remat != spec.model.remat:
       candidate = candidate.with_model(remat=remat)
-    return steps_lib.build_steps(candidate, mesh).compile_train_step()
+    try:
+      return steps_lib.build_steps(candidate, mesh).compile_train_step()
+    except Exception as e:  # pylint: disable=broad-except
+      if errors.is_out_of_memory(e):  # XLA:TPU refuses a step larger than HBM when compiling
+        return None
+      raise
 
   try:
     chosen = accumulation.fit(

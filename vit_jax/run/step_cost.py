@@ -25,12 +25,15 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-# Dense (no sparsity) peak TFLOP/s per chip from the vendors' data sheets, by compute dtype.
+# Dense (no sparsity) peak TFLOP/s per JAX device from the vendors' data sheets, by compute
+# dtype. A device is a chip everywhere except TPU v2/v3, whose chips hold two TensorCores
+# that JAX exposes as two devices: their entries are half the chip's (v3: 123 per chip).
 # f32 matrix products run as TF32 on NVIDIA GPUs and as bf16 passes on TPUs at JAX's default
 # precision, so their f32 entries are those rates. Keys are matched as lower-case substrings
 # of `jax.Device.device_kind`, first match wins (so 'h100 pcie' precedes 'h100').
 PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
-  ("tpu v3", {"bfloat16": 123.0, "float32": 123.0}),
+  ("tpu v2", {"bfloat16": 22.5, "float32": 22.5}),  # 45 per chip
+  ("tpu v3", {"bfloat16": 61.5, "float32": 61.5}),  # 123 per chip
   ("tpu v4", {"bfloat16": 275.0, "float32": 275.0}),
   ("tpu v5 lite", {"bfloat16": 197.0, "float32": 197.0}),  # v5e
   ("tpu v5e", {"bfloat16": 197.0, "float32": 197.0}),
