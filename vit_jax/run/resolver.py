@@ -135,10 +135,13 @@ def fit_accumulation(
   return fitted if chosen.remat == spec.model.remat else fitted.with_model(remat=chosen.remat)
 
 
-def _check_memory(spec: spec_lib.RunSpec, mesh: jax.sharding.Mesh, limit: Optional[int]) -> None:
+def _check_memory(
+  spec: spec_lib.RunSpec, mesh: jax.sharding.Mesh, limit: Optional[int], *, host: bool
+) -> None:
   """Refuses a resolution and batch whose input batches or activations cannot fit, before
   anything is compiled: a lower bound (`step_cost.vit_activation_bytes`) against the
-  device's memory (``limit``, else `accumulation.per_device_limit`)."""
+  device's memory (``limit``, else `accumulation.per_device_limit`), and, when this
+  machine will feed the run (``host``), its input batches against this machine's memory."""
   gib = 2.0**30
   what = f"the {limit / gib:.1f} GiB given for a device" if limit else ""
   if limit is None:
@@ -148,13 +151,13 @@ def _check_memory(spec: spec_lib.RunSpec, mesh: jax.sharding.Mesh, limit: Option
     f"config.pp.crop={spec.crop} with config.batch={spec.batch} and "
     f"config.accum_steps={spec.accum_steps}"
   )
-  host = accumulation.host_memory_available()
+  available = accumulation.host_memory_available() if host else None
   images = spec.batch // _process_count(mesh)
   batch_bytes = images * spec.crop**2 * 3 * 4 * (spec.data.prefetch + 2)  # f32 [B, H, W, 3]
-  if host and batch_bytes > host:
+  if available and batch_bytes > available:
     raise errors.ConfigError(
       f"{settings}: the input pipeline's {spec.data.prefetch + 2} batches in flight take "
-      f"{batch_bytes / gib:.1f} GiB of host memory, more than the {host / gib:.1f} GiB "
+      f"{batch_bytes / gib:.1f} GiB of host memory, more than the {available / gib:.1f} GiB "
       "available: lower config.pp.crop, config.batch or config.prefetch."
     )
   micro_batch = spec.batch // (spec.accum_steps * mesh.shape[sharding.DATA_AXIS])
@@ -219,7 +222,7 @@ def resolve(
   if memory_limit_bytes is None:
     memory_limit_bytes = accumulation.device_memory_limit(accumulation.local_device(mesh))
   spec = fit_accumulation(spec, mesh, memory_limit_bytes)
-  _check_memory(spec, mesh, memory_limit_bytes)
+  _check_memory(spec, mesh, memory_limit_bytes, host=open_data)
   return spec
 
 
