@@ -115,6 +115,26 @@ def _two_processes(make_cmd, env_for) -> list[tuple[list[str], dict]]:
   return [(make_cmd(i), env_for(i)) for i in range(2)]
 
 
+def _main_two_processes(workdir: str, *args: str) -> list[tuple[list[str], dict]]:
+  """`python -m vit_jax.main ARGS` as processes 0 and 1 of one run, 2 devices each."""
+  port = _free_port()
+  return _two_processes(
+    lambda i: [
+      sys.executable,
+      "-m",
+      "vit_jax.main",
+      *args,
+      f"--workdir={workdir}",
+      f"--coordinator_address=127.0.0.1:{port}",
+      "--num_processes=2",
+      f"--process_id={i}",
+      "--initialization_timeout=60",
+      "--heartbeat_timeout=60",
+    ],
+    lambda i: _env(2),
+  )
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, digits_dir):
   root = str(tmp_path_factory.mktemp("multiprocess"))
@@ -144,26 +164,14 @@ def runs(tmp_path_factory, digits_dir):
   # Resume a copy of the 2-process FSDP run (step 4) to step 6 through the main job.
   resumed = os.path.join(root, "resumed")
   shutil.copytree(os.path.join(two, worker.RESUME_STRATEGY), resumed)
-  port = _free_port()
   resume = _Launch(
     "resume",
     root,
-    _two_processes(
-      lambda i: [
-        sys.executable,
-        "-m",
-        "vit_jax.main",
-        f"--config=tests/_multiprocess_worker.py:{worker.RESUME_STRATEGY}",
-        f"--config.data_dir={digits_dir}",
-        f"--config.total_steps={worker.RESUME_STEPS}",
-        f"--workdir={resumed}",
-        f"--coordinator_address=127.0.0.1:{port}",
-        "--num_processes=2",
-        f"--process_id={i}",
-        "--initialization_timeout=60",
-        "--heartbeat_timeout=60",
-      ],
-      lambda i: _env(2),
+    _main_two_processes(
+      resumed,
+      f"--config=tests/_multiprocess_worker.py:{worker.RESUME_STRATEGY}",
+      f"--config.data_dir={digits_dir}",
+      f"--config.total_steps={worker.RESUME_STEPS}",
     ),
   )
   die_port = _free_port()
@@ -349,29 +357,17 @@ def test_a_dead_process_ends_the_run_with_an_error(runs):
 def test_sigterm_to_one_process_stops_both_at_the_same_saved_step(tmp_path, digits_dir):
   """JAX's preemption service: process 1 gets SIGTERM; both save one agreed step, exit 143."""
   workdir = str(tmp_path / "run")
-  port = _free_port()
   launch = _Launch(
     "preempted",
     str(tmp_path),
-    _two_processes(
-      lambda i: [
-        sys.executable,
-        "-m",
-        "vit_jax.main",
-        "--config=tests/_multiprocess_worker.py:data_parallel",
-        f"--config.data_dir={digits_dir}",
-        "--config.total_steps=100000",
-        "--config.checkpoint_every=100000",
-        "--config.eval_every=100000",
-        "--config.log_every=5",
-        f"--workdir={workdir}",
-        f"--coordinator_address=127.0.0.1:{port}",
-        "--num_processes=2",
-        f"--process_id={i}",
-        "--initialization_timeout=60",
-        "--heartbeat_timeout=60",
-      ],
-      lambda i: _env(2),
+    _main_two_processes(
+      workdir,
+      "--config=tests/_multiprocess_worker.py:data_parallel",
+      f"--config.data_dir={digits_dir}",
+      "--config.total_steps=100000",
+      "--config.checkpoint_every=100000",
+      "--config.eval_every=100000",
+      "--config.log_every=5",
     ),
   )
   try:
