@@ -24,6 +24,7 @@ TensorFlow loads). What a terminal shows:
 
 from __future__ import annotations
 
+import difflib
 import logging as std_logging  # noqa: TID251 (filters the std records absl forwards)
 import os
 import sys
@@ -35,7 +36,9 @@ from typing import Any, Callable, Optional, Sequence, TypeVar
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
+import ml_collections  # noqa: E402  # pylint: disable=g-import-not-at-top
 from absl import flags, logging  # noqa: E402  # pylint: disable=g-import-not-at-top
+from ml_collections import config_flags  # noqa: E402  # pylint: disable=g-import-not-at-top
 
 from vit_jax import errors  # noqa: E402  # pylint: disable=g-import-not-at-top
 
@@ -64,6 +67,60 @@ def parse_flags(argv: Sequence[str], flag_values: flags.FlagValues = flags.FLAGS
   except flags.Error as e:
     raise errors.CommandLineError(str(e).strip()) from e
   return rest[1:]
+
+
+def _config_keys(config: Any, prefix: str = "") -> list[str]:
+  """Every field path of a config, e.g. ["lr", "lr.base", ...]."""
+  keys = []
+  for key, value in config.items():
+    keys.append(prefix + key)
+    if isinstance(value, ml_collections.ConfigDict):
+      keys.extend(_config_keys(value, f"{prefix}{key}."))
+  return keys
+
+
+def _unknown_key_message(argv: Sequence[str]) -> Optional[str]:
+  """The message for the first `--config.<key>` of ``argv`` the config has no field for."""
+  config_args = [a for a in argv if a.startswith("--config=")]
+  overrides = [a[len("--config.") :].split("=")[0] for a in argv if a.startswith("--config.")]
+  flag_values = flags.FlagValues()
+  base = config_flags.DEFINE_config_file(
+    "config", None, "", flag_values=flag_values, sys_argv=[argv[0], *config_args]
+  )
+  flag_values([argv[0], *config_args])
+  valid = _config_keys(base.value)
+  for key in overrides:
+    if key not in valid:
+      close = difflib.get_close_matches(key, valid, n=3, cutoff=0.5)
+      hint = (
+        f"closest valid keys: {', '.join(close)}"
+        if close
+        else f"valid top-level keys: {', '.join(k for k in valid if '.' not in k)}"
+      )
+      return f"Unknown config key {key!r} (--config.{key}); {hint}."
+  return None
+
+
+def last_line(message: str) -> str:
+  """The error itself: config_flags puts the config file's traceback before it."""
+  lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+  return lines[-1] if "Traceback (most recent call last)" in message else " ".join(lines)
+
+
+def parse_config_flags(flag_values: flags.FlagValues, argv: Sequence[str]) -> list[str]:
+  """Parses ``argv`` onto flags that include a `config_flags` config (``--config`` and its
+  ``--config.<key>=value`` overrides); the arguments left. A bad command line is a
+  `CommandLineError`: an unknown key lists the closest valid keys, a config file that
+  fails to load gives its error's own line."""
+  try:
+    return flag_values(list(argv))
+  except (AttributeError, KeyError):  # ml_collections' error for an unknown --config.<key>
+    message = _unknown_key_message(argv)
+    if message is None:
+      raise
+    raise errors.CommandLineError(message) from None
+  except (flags.Error, OSError, errors.UserError) as e:  # a bad value, a missing config file
+    raise errors.CommandLineError(last_line(str(e))) from e
 
 
 def _no_context(_: Any) -> tuple[Optional[str], Any]:

@@ -12,10 +12,9 @@ again resumes. `run(argv)` is the whole job, callable in-process; it returns the
 
 from __future__ import annotations
 
-import difflib
 import os
 import sys
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 import jax
 import ml_collections
@@ -79,59 +78,13 @@ def _define_flags(flag_values: flags.FlagValues, argv: Sequence[str]) -> dict[st
   return holders
 
 
-def _config_keys(config: Any, prefix: str = "") -> list[str]:
-  """Every field path of a config, e.g. ["lr", "lr.base", ...]."""
-  keys = []
-  for key, value in config.items():
-    keys.append(prefix + key)
-    if isinstance(value, ml_collections.ConfigDict):
-      keys.extend(_config_keys(value, f"{prefix}{key}."))
-  return keys
-
-
-def _unknown_key_message(argv: Sequence[str]) -> Optional[str]:
-  """The message for the first `--config.<key>` of ``argv`` the config has no field for."""
-  config_args = [a for a in argv if a.startswith("--config=")]
-  overrides = [a[len("--config.") :].split("=")[0] for a in argv if a.startswith("--config.")]
-  flag_values = flags.FlagValues()
-  base = config_flags.DEFINE_config_file(
-    "config", None, "", flag_values=flag_values, sys_argv=[argv[0], *config_args]
-  )
-  flag_values([argv[0], *config_args])
-  valid = _config_keys(base.value)
-  for key in overrides:
-    if key not in valid:
-      close = difflib.get_close_matches(key, valid, n=3, cutoff=0.5)
-      hint = (
-        f"closest valid keys: {', '.join(close)}"
-        if close
-        else f"valid top-level keys: {', '.join(k for k in valid if '.' not in k)}"
-      )
-      return f"Unknown config key {key!r} (--config.{key}); {hint}."
-  return None
-
-
-def _last_line(message: str) -> str:
-  """The error itself: config_flags puts the config file's traceback before it."""
-  lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
-  return lines[-1] if "Traceback (most recent call last)" in message else " ".join(lines)
-
-
 def _parse(argv: Sequence[str]) -> dict[str, Any]:
   """The flag values; a `CommandLineError` for a bad command line."""
   flag_values = flags.FlagValues()
   holders = _define_flags(flag_values, argv)
   if any(arg in cli.HELP_FLAGS for arg in argv[1:]):
     raise cli.HelpRequested(flag_values.get_help())
-  try:
-    rest = flag_values(list(argv))
-  except (AttributeError, KeyError):  # ml_collections' error for an unknown --config.<key>
-    message = _unknown_key_message(argv)
-    if message is None:
-      raise
-    raise errors.CommandLineError(message) from None
-  except (flags.Error, OSError, errors.UserError) as e:  # a bad value, a missing config file
-    raise errors.CommandLineError(_last_line(str(e))) from e
+  rest = cli.parse_config_flags(flag_values, argv)
   if len(rest) > 1:
     raise errors.CommandLineError(f"Unexpected arguments: {rest[1:]} (flags are --name=value).")
   for name in ("config", "workdir"):
@@ -141,7 +94,7 @@ def _parse(argv: Sequence[str]) -> dict[str, Any]:
     try:  # config_flags keeps a failed load for the first use of the config
       holders["config"].value.to_dict()
     except Exception as e:  # pylint: disable=broad-except
-      raise errors.CommandLineError(f"Cannot load the config file: {_last_line(str(e))}") from e
+      raise errors.CommandLineError(f"Cannot load the config file: {cli.last_line(str(e))}") from e
   return {name: holder.value for name, holder in holders.items()}
 
 

@@ -27,7 +27,6 @@ from absl import flags, logging
 from ml_collections import config_flags
 
 from vit_jax import errors, sharding
-from vit_jax import main as main_lib
 from vit_jax.plan import planner, report, topology
 
 # --suggest halves the batch at most this many times looking for one that fits.
@@ -61,15 +60,7 @@ def _parse(argv: Sequence[str]) -> dict[str, Any]:
     flags.DEFINE_flag(flag, flag_values)  # --verbosity and absl's other logging flags
   if any(arg in cli_lib.HELP_FLAGS for arg in argv[1:]):
     raise cli_lib.HelpRequested(f"{__doc__.strip()}\n\n{flag_values.get_help()}")
-  try:
-    rest = flag_values(list(argv))
-  except (AttributeError, KeyError):  # ml_collections' error for an unknown --config.<key>
-    message = main_lib._unknown_key_message(argv)  # noqa: SLF001
-    if message is None:
-      raise
-    raise errors.CommandLineError(message) from None
-  except (flags.Error, OSError, errors.UserError) as e:
-    raise errors.CommandLineError(main_lib._last_line(str(e))) from e  # noqa: SLF001
+  rest = cli_lib.parse_config_flags(flag_values, argv)
   if len(rest) > 1:
     raise errors.CommandLineError(f"Unexpected arguments: {rest[1:]} (flags are --name=value).")
   for name in ("config", "topology"):
