@@ -107,11 +107,16 @@ def fit(
       compiled = compile_step(accum, with_remat)
       peak = limit_bytes + 1 if compiled is None else step_cost.peak_bytes(compiled)
       tried[accum, with_remat] = Fit(accum, with_remat, peak)
+      need = (
+        f"more than the device's {limit_bytes / gib:.2f} GiB (refused by the compiler)"
+        if compiled is None
+        else f"{peak / gib:.2f} GiB per device"
+      )
       logging.info(
-        "accum_steps='auto': accum_steps=%d remat=%s needs %.2f GiB per device (budget %.2f GiB).",
+        "accum_steps='auto': accum_steps=%d remat=%s needs %s (budget %.2f GiB).",
         accum,
         with_remat,
-        tried[accum, with_remat].peak_bytes / gib,
+        need,
         budget / gib,
       )
     return tried[accum, with_remat]
