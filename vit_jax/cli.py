@@ -107,6 +107,18 @@ def last_line(message: str) -> str:
   return lines[-1] if "Traceback (most recent call last)" in message else " ".join(lines)
 
 
+def define_config_flags(flag_values: flags.FlagValues, argv: Sequence[str], help_text: str) -> Any:
+  """Defines ``--config`` (a config file, its fields as ``--config.<key>``) and absl's
+  logging flags (--verbosity, ...) on ``flag_values``; returns the config flag's holder.
+  Parse with `parse_config_flags`."""
+  holder = config_flags.DEFINE_config_file(
+    "config", None, help_text, flag_values=flag_values, lock_config=True, sys_argv=list(argv)
+  )
+  for flag in flags.FLAGS.flags_by_module_dict().get(logging.__name__, []):
+    flags.DEFINE_flag(flag, flag_values)
+  return holder
+
+
 def parse_config_flags(flag_values: flags.FlagValues, argv: Sequence[str]) -> list[str]:
   """Parses ``argv`` onto flags that include a `config_flags` config (``--config`` and its
   ``--config.<key>=value`` overrides); the arguments left. A bad command line is a

@@ -19,7 +19,6 @@ from typing import Any, Sequence
 import jax
 import ml_collections
 from absl import flags, logging
-from ml_collections import config_flags
 
 from vit_jax import cli, distributed, errors, platforms
 
@@ -33,13 +32,10 @@ _CACHE_MAX_BYTES = 2 * 2**30
 def _define_flags(flag_values: flags.FlagValues, argv: Sequence[str]) -> dict[str, Any]:
   """The job's flags, and absl's logging flags (--verbosity, --log_dir, ...), on ``flag_values``."""
   holders = dict(
-    config=config_flags.DEFINE_config_file(
-      "config",
-      None,
+    config=cli.define_config_flags(
+      flag_values,
+      argv,
       "Experiment config file, e.g. configs/quickstart.py or configs/vit.py:b16,cifar10.",
-      flag_values=flag_values,
-      lock_config=True,
-      sys_argv=list(argv),
     ),
     workdir=flags.DEFINE_string(
       "workdir",
@@ -73,8 +69,6 @@ def _define_flags(flag_values: flags.FlagValues, argv: Sequence[str]) -> dict[st
       flag_values=flag_values,
     ),
   )
-  for flag in flags.FLAGS.flags_by_module_dict().get(logging.__name__, []):
-    flags.DEFINE_flag(flag, flag_values)
   return holders
 
 

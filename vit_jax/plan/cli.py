@@ -23,8 +23,7 @@ from typing import Any, Sequence
 from vit_jax import cli as cli_lib  # isort: skip
 
 import ml_collections
-from absl import flags, logging
-from ml_collections import config_flags
+from absl import flags
 
 from vit_jax import errors, sharding
 from vit_jax.plan import planner, report, topology
@@ -37,13 +36,8 @@ def _parse(argv: Sequence[str]) -> dict[str, Any]:
   """The flag values; a `CommandLineError` for a bad command line."""
   flag_values = flags.FlagValues()
   holders = dict(
-    config=config_flags.DEFINE_config_file(
-      "config",
-      None,
-      "The run's config file, e.g. configs/pretrain.py:b16,imagenet21k.",
-      flag_values=flag_values,
-      lock_config=True,
-      sys_argv=list(argv),
+    config=cli_lib.define_config_flags(
+      flag_values, argv, "The run's config file, e.g. configs/pretrain.py:b16,imagenet21k."
     ),
     topology=flags.DEFINE_string(
       "topology", None, f"The TPU slice: {topology.VALID_FORMS}.", flag_values=flag_values
@@ -56,8 +50,6 @@ def _parse(argv: Sequence[str]) -> dict[str, Any]:
       flag_values=flag_values,
     ),
   )
-  for flag in flags.FLAGS.flags_by_module_dict().get(logging.__name__, []):
-    flags.DEFINE_flag(flag, flag_values)  # --verbosity and absl's other logging flags
   if any(arg in cli_lib.HELP_FLAGS for arg in argv[1:]):
     raise cli_lib.HelpRequested(f"{__doc__.strip()}\n\n{flag_values.get_help()}")
   rest = cli_lib.parse_config_flags(flag_values, argv)

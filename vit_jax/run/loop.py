@@ -187,7 +187,8 @@ def run(spec: RunSpec, steps: steps_lib.RunSteps, workdir: str) -> dict[str, flo
     try:
       state = manager.restore_latest(steps.abstract_state) if resumable else None
       restored_step = None if state is None else int(jax.device_get(state.step))
-      state = state if state is not None else (fresh or steps.init_state())
+      if state is None:
+        state = fresh if fresh is not None else steps.init_state()
       start_step = int(jax.device_get(state.step))
       folder.write_config(spec.config_json, step=start_step)
       guard = divergence.Guard(_tunables(spec), restored_step=restored_step)
