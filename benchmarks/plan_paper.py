@@ -1,6 +1,6 @@
 r"""The paper's recipes planned on the TPU slices it ran on, and on newer slices of as many chips.
 
-    python benchmarks/plan_paper.py --out=/tmp/plan_paper.jsonl [--only=v3]
+    python benchmarks/plan_paper.py --out=/tmp/plan_paper.jsonl [--only=v3] [--slices=v4-8,v5p-8]
 
 Each row compiles a recipe's own train and eval steps (`vit_jax.plan`) for a slice and
 appends one JSON line to ``--out`` (rows already there are not compiled again, so an
@@ -31,6 +31,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from configs import pretrain, vit  # noqa: E402
+from vit_jax import errors  # noqa: E402
 from vit_jax.plan import chips, planner, topology  # noqa: E402
 from vit_jax.run import step_cost  # noqa: E402
 
@@ -59,19 +60,29 @@ PAPER_RUNS: tuple[tuple[str, str, float, float, tuple[int, ...]], ...] = (
 )
 
 
-def rows(only: str) -> list[tuple[str, str, str]]:
-  """(kind, config argument, slice) in order: every v3 row first, then the others."""
+def rows(only: str, slices: str = "") -> list[tuple[str, str, str]]:
+  """(kind, config argument, slice) in order: every v3 row first, then the others; only
+  those on ``slices`` (comma-separated) when given."""
   v3 = [(kind, arg, name) for kind, arg, name in RECIPES]
   others = [(kind, arg, o) for kind, arg, name in RECIPES for o in SAME_CHIPS[name]]
-  return {"none": [], "v3": v3, "all": v3 + others}[only]
+  chosen = {"none": [], "v3": v3, "all": v3 + others}[only]
+  wanted = set(filter(None, slices.split(",")))
+  return [row for row in chosen if not wanted or row[2] in wanted]
 
 
 def plan_row(kind: str, arg: str, slice_name: str) -> dict:
+  """One plan as a dict; a recipe the resolver refuses before compiling (its activations
+  alone exceed a device) is a row with ``refused`` set to the message."""
   config = CONFIGS[kind](arg)
   start = time.perf_counter()
-  plan = planner.make_plan(config, topology.parse(slice_name))
-  row = dataclasses.asdict(plan)
-  row.update(kind=kind, recipe=arg, fits=plan.fits, wall_seconds=time.perf_counter() - start)
+  try:
+    plan = planner.make_plan(config, topology.parse(slice_name))
+  except errors.ConfigError as e:
+    row = dict(topology=slice_name, refused=str(e), fits=False)
+  else:
+    row = dataclasses.asdict(plan)
+    row.update(fits=plan.fits)
+  row.update(kind=kind, recipe=arg, wall_seconds=time.perf_counter() - start)
   return row
 
 
@@ -82,6 +93,12 @@ def table(done: list[dict]) -> str:
     "|---|---|---|---|---|---|---|---|---|",
   ]
   for r in done:
+    if "refused" in r:
+      lines.append(
+        f"| {r['kind']} {r['recipe']} | {r['topology']} | - | **no** "
+        f"| refused before compiling: {r['refused'].split(': ', 1)[-1]} | - | - | - | - |"
+      )
+      continue
     train, t = r["train"], r["time"]
     if train["memory"]:
       need = f"{train['memory']['total'] / GIB:.2f} GiB"
@@ -112,7 +129,7 @@ def utilisation(done: list[dict]) -> str:
       (
         r
         for r in done
-        if r["recipe"] == recipe and r["topology"].startswith("v3") and r["step_flops"]
+        if r["recipe"] == recipe and r["topology"].startswith("v3") and r.get("step_flops")
       ),
       None,
     )
@@ -138,6 +155,7 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--out", required=True, help="JSON lines file, appended to")
   parser.add_argument("--only", default="all", choices=("all", "v3", "none"))
+  parser.add_argument("--slices", default="", help="comma-separated: only rows on these")
   args = parser.parse_args()
   topology.prepare_environment()
   done = []
@@ -145,7 +163,7 @@ def main() -> None:
     with open(args.out) as f:
       done = [json.loads(line) for line in f if line.strip()]
   seen = {(r["kind"], r["recipe"], r["topology"]) for r in done}
-  for key in rows(args.only):
+  for key in rows(args.only, args.slices):
     if key in seen:
       continue
     row = plan_row(*key)

@@ -161,7 +161,10 @@ def _check_memory(
       "available: lower config.pp.crop, config.batch or config.prefetch."
     )
   micro_batch = spec.batch // (spec.accum_steps * mesh.shape[sharding.DATA_AXIS])
-  need = step_cost.vit_activation_bytes(spec.model, spec.crop, micro_batch)
+  platform = mesh.devices.flat[0].platform
+  need = step_cost.vit_activation_bytes(
+    spec.model, spec.crop, micro_batch, compiler_rematerializes=platform != "cpu"
+  )
   if limit and need and need > limit:
     raise errors.ConfigError(
       f"{settings}: the train step keeps at least {need / gib:.1f} GiB of activations per "

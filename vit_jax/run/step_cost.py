@@ -125,13 +125,18 @@ def vit_flops_per_image(
 
 
 def vit_activation_bytes(
-  model_config: ml_collections.ConfigDict, image_size: int, images: int
+  model_config: ml_collections.ConfigDict,
+  image_size: int,
+  images: int,
+  compiler_rematerializes: bool = False,
 ) -> Optional[int]:
   """A lower bound of the activations a plain ViT's train step keeps for its backward pass,
   for ``images`` images on one device (None for a ResNet hybrid).
 
-  Per layer: the attention weights [B, H, N, N], the MLP's hidden units [B, N, mlp] and the
-  block's input [B, N, D], in the compute dtype; with remat only the block inputs stay.
+  Per layer: the block's input [B, N, D], and without remat the attention weights
+  [B, H, N, N] and the MLP's hidden units [B, N, mlp], in the compute dtype. XLA's TPU and
+  GPU compilers rematerialize on their own when a program exceeds the device
+  (``compiler_rematerializes``), so there only the block inputs are certain to stay.
   Used to refuse a resolution or batch that cannot fit before anything is compiled.
   """
   cfg = model_config
@@ -141,7 +146,7 @@ def vit_activation_bytes(
   t = cfg.transformer
   n = (image_size // ph) * (image_size // pw) + (1 if cfg.classifier == "token" else 0)
   per_layer = images * n * cfg.hidden_size
-  if not cfg.remat:
+  if not (cfg.remat or compiler_rematerializes):
     per_layer += images * (t.num_heads * n * n + n * t.mlp_dim)
   return per_layer * t.num_layers * np.dtype(cfg.dtype).itemsize
 
