@@ -11,6 +11,7 @@ resume compatibility, the workdir's config.json) passes before the run writes an
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import itertools
 import time
@@ -93,6 +94,18 @@ def _compile_train_step(steps: steps_lib.RunSteps) -> tuple[jax.stages.Compiled,
   return compiled, flops
 
 
+def _compile_in_background(
+  steps: steps_lib.RunSteps,
+) -> concurrent.futures.Future[tuple[jax.stages.Compiled, Optional[float]]]:
+  """Starts `_compile_train_step` on a thread: XLA compiles (without the GIL) while the
+  state is initialized or restored and the input pipeline starts. Its result, or its
+  error, is taken where the first step needs it."""
+  pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="compile_train_step")
+  future = pool.submit(_compile_train_step, steps)
+  pool.shutdown(wait=False)
+  return future
+
+
 @dataclasses.dataclass
 class _Session:
   """What one run of the loop writes to and answers to."""
@@ -103,6 +116,7 @@ class _Session:
   guard: divergence.Guard
   evaluators: dict[str, evaluators.Evaluator]
   stop: preemption.StopSignals
+  compiling: concurrent.futures.Future[tuple[jax.stages.Compiled, Optional[float]]]
 
 
 def _train(
@@ -126,7 +140,7 @@ def _train(
   train_iter = data.train_iterator(spec.data, steps.mesh, start_step=start_step)
   try:
     first_batch = next(train_iter)
-    compiled_step, step_flops = _compile_train_step(steps)
+    compiled_step, step_flops = session.compiling.result()
     if stop.signum is not None:
       raise preemption.Stopped(stop.signum, start_step, saved=False)
     progress.start(step_flops, spec.model.dtype)
@@ -176,6 +190,8 @@ def run(spec: RunSpec, steps: steps_lib.RunSteps, workdir: str) -> dict[str, flo
   """
   folder = folder_lib.RunFolder(workdir)
   resumable = _check_start(spec, steps, folder)
+  # A fresh run trains (unless total_steps=0); a resumed one only when its step is short.
+  compiling = None if resumable or not spec.loop.total_steps else _compile_in_background(steps)
   # A fresh state is built before anything is written: pretrained weights that do not
   # fit the model fail here, leaving no config.json or checkpoints behind.
   fresh = None if resumable else steps.init_state()
@@ -190,6 +206,8 @@ def run(spec: RunSpec, steps: steps_lib.RunSteps, workdir: str) -> dict[str, flo
       if state is None:
         state = fresh if fresh is not None else steps.init_state()
       start_step = int(jax.device_get(state.step))
+      if compiling is None and start_step < spec.loop.total_steps:
+        compiling = _compile_in_background(steps)
       folder.write_config(spec.config_json, step=start_step)
       guard = divergence.Guard(_tunables(spec), restored_step=restored_step)
       total_steps = spec.loop.total_steps
@@ -206,7 +224,9 @@ def run(spec: RunSpec, steps: steps_lib.RunSteps, workdir: str) -> dict[str, flo
         dict(steps.mesh.shape),
         spec.partitioning,
       )
-      session = _Session(folder, manager, progress, guard, evaluators.build_all(steps), stop)
+      session = _Session(
+        folder, manager, progress, guard, evaluators.build_all(steps), stop, compiling
+      )
       metrics: dict[str, float] = {}
       if total_steps > start_step:
         state, metrics = _train(steps, state, session)
