@@ -39,7 +39,9 @@ import time
 import numpy as np
 from PIL import Image
 
-from configs import common
+# `configs/` is a folder of the repository, not part of the installed package.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from configs import common  # noqa: E402
 
 _NUM_CLASSES = 10
 _SHARDS = 4

@@ -14,7 +14,10 @@ Train rows time the run's train step (`vit_jax.run.build`) (SGD with momentum, s
 cross-entropy, the config's sharding); infer rows time the model's forward pass. Rows run
 interleaved for ``--rounds`` rounds and each keeps its best round, so that load from other
 processes on a shared machine hurts every row alike. ``--compare=timm`` adds timm's model
-(PyTorch, f32 or bf16 autocast) on the same batch in the same run.
+(PyTorch, f32 or bf16 autocast) on the same batch in the same run, and each framework's
+f32 2048x2048 matmul (the ceiling of its matrix products on this machine); every round's
+figures follow the table with the load average at the round's start and the jax / timm
+ratio of each round.
 """
 
 from __future__ import annotations
@@ -73,6 +76,7 @@ class Row:
   compile_s: Optional[float] = None
   peak_bytes: Optional[int] = None
   best_img_s: float = 0.0
+  rounds: list[float] = dataclasses.field(default_factory=list)  # img/s of each round
 
 
 def _bool_list(text: str) -> list[bool]:
@@ -215,15 +219,58 @@ def timm_row(model: str, mode: str, batch: int, resolution: int, dtype: str) -> 
   return Row("timm", model, mode, resolution, batch, dtype, "torch", "-/-", run)
 
 
-def measure(rows: list[Row], steps: int, warmup: int, rounds: int) -> None:
-  """Interleaved rounds; each row keeps the best round's median img/s."""
+def matmul_row(framework: str, size: int = step_cost.CPU_MATMUL_SIZE) -> Row:
+  """An f32 [size, size] x [size, size] product, the ceiling of each framework's matrix
+  products on this machine (``batch`` = its FLOPs, so "img/s" reads as FLOP/s)."""
+  rng = np.random.default_rng(0)
+  a = rng.standard_normal((size, size), dtype=np.float32)
+  if framework == "jax":
+    x = jax.device_put(a)
+    product = jax.jit(lambda x: x @ x)
+    fn = _timed(lambda: product(x))
+  else:
+    import torch  # pylint: disable=g-import-not-at-top
+
+    x = torch.from_numpy(a)
+    fn = _timed(lambda: x @ x)
+  return Row(framework, f"matmul {size}", "matmul", 0, 2 * size**3, "float32", "-", "-/-", fn)
+
+
+def measure(rows: list[Row], steps: int, warmup: int, rounds: int) -> list[float]:
+  """Interleaved rounds; each row keeps every round's median img/s and the best one.
+  Returns the 1-minute load average at the start of each round."""
   for row in rows:
     for _ in range(warmup):
       row.run()
+  loads = []
   for _ in range(rounds):
+    loads.append(os.getloadavg()[0])
     for row in rows:
       median = statistics.median(row.run() for _ in range(steps))
+      row.rounds.append(row.batch / median)
       row.best_img_s = max(row.best_img_s, row.batch / median)
+  return loads
+
+
+def print_rounds(rows: list[Row], loads: list[float]) -> None:
+  """Each round's figures with the load it ran at, and timm's ratio to the jax row."""
+  print("\nPer round (img/s; matmul rows: GFLOP/s), load average at the round's start:")
+  for i, load in enumerate(loads):
+    cells = []
+    for row in rows:
+      value = row.rounds[i] / (1e9 if row.mode == "matmul" else 1)
+      cells.append(f"{row.framework} {row.model} {row.mode} {value:.4g}")
+    print(f"round {i} (load {load:.2f}): " + "; ".join(cells))
+  for row in rows:
+    if row.framework != "timm":
+      continue
+    ours = next(
+      r
+      for r in rows
+      if (r.framework, r.model, r.mode, r.dtype) == ("jax", row.model, row.mode, row.dtype)
+    )
+    ratios = ", ".join(f"{a / b:.2f}" for a, b in zip(ours.rounds, row.rounds))
+    print(f"jax / timm {row.model} {row.mode} {row.dtype}, per round: {ratios}")
 
 
 def _fmt(value: Optional[float], spec: str) -> str:
@@ -259,6 +306,8 @@ def print_table(rows: list[Row], device: Any, num_devices: int) -> None:
   print("|" + "---|" * len(header))
   first = {}
   for row in rows:
+    if row.mode == "matmul":
+      continue  # in the per-round lines
     flops = row.flops_xla or row.flops_analytic
     tflops = flops * row.best_img_s / 1e12 if flops else None
     peak = peaks[row.dtype]
@@ -288,7 +337,7 @@ def print_table(rows: list[Row], device: Any, num_devices: int) -> None:
   ratios = [
     (r, r.best_img_s / first[(r.model, r.mode, r.dtype)])
     for r in rows
-    if first[(r.model, r.mode, r.dtype)] != r.best_img_s
+    if r.mode != "matmul" and first[(r.model, r.mode, r.dtype)] != r.best_img_s
   ]
   for row, ratio in ratios:
     print(
@@ -340,8 +389,11 @@ def main() -> None:
               )
         if args.compare == "timm":
           rows.append(timm_row(model, mode, batch, args.resolution, dtype))
-  measure(rows, args.steps, args.warmup, args.rounds)
+  if args.compare == "timm":
+    rows += [matmul_row("jax"), matmul_row("timm")]
+  loads = measure(rows, args.steps, args.warmup, args.rounds)
   print_table(rows, jax.devices()[0], jax.device_count())
+  print_rounds(rows, loads)
 
 
 if __name__ == "__main__":

@@ -16,11 +16,12 @@ from scratch. The new head is zero-initialised when the class count differs (or 
 
 Recipe: SGD momentum 0.9, batch 512, no weight decay, gradient clipping at global norm 1,
 linear warm-up (500 steps, the official repository's value; a tenth of the run when that
-is shorter) then cosine decay to 0, resolution 384 (the preset's crop), inception crop and
-flip. Steps per dataset from the presets: ImageNet 20k, CIFAR-10/100 10k, Pets and
-Flowers 500. Learning rate 0.03; the paper picks it from {0.001, 0.003, 0.01, 0.03}
-({0.003, 0.01, 0.03, 0.06} for ImageNet) on the held-out train slice:
-``--config.lr.base=0.01``. ``total_steps=0`` evaluates the pre-trained weights only.
+is shorter) then cosine decay to 0, resolution 384 (the preset's crop; for ViT-H/14 392,
+the next multiple of its patch size), inception crop and flip. Steps per dataset from the
+presets: ImageNet 20k, CIFAR-10/100 10k, Pets and Flowers 500. Learning rate 0.03; the
+paper picks it from {0.001, 0.003, 0.01, 0.03} ({0.003, 0.01, 0.03, 0.06} for ImageNet) on
+the held-out train slice: ``--config.lr.base=0.01``. ``total_steps=0`` evaluates the
+pre-trained weights only.
 
 Expected (the official repository's table, ViT-B/16 pre-trained on ImageNet-21k, at 384):
 CIFAR-10 99.02%, CIFAR-100 92.06%, ImageNet 84.53% top-1 accuracy.
@@ -85,9 +86,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.train_split = preset.train_split
   config.test_split = preset.test_split
   config.num_classes = preset.num_classes
-  config.pp.crop = preset.crop
-
   config.model = models.get_model_config(model_name)
+  # A whole grid of patches: the preset's crop, or the next multiple of the patch size
+  # (ViT-H/14 at 384 -> 392, a 28x28 grid).
+  patch = config.model.patches.size[0]
+  config.pp.crop = -(-preset.crop // patch) * patch
 
   config.total_steps = preset.total_steps
   config.lr.warmup_steps = min(FINETUNE_WARMUP_STEPS, preset.total_steps // 10)

@@ -53,6 +53,8 @@ def test_vit_config_is_the_papers_finetuning_recipe():
     optim.OptimizerSettings.from_config(pets)
   )  # the schedule is valid for the short runs too
   assert {vit.get_config(f"{s},cifar10").model.name for s in vit.MODELS} <= set(models.MODEL_NAMES)
+  crops = {s: vit.get_config(f"{s},imagenet2012").pp.crop for s in vit.MODELS}
+  assert crops["b16"] == crops["r50_b16"] == 384 and crops["h14"] == 392  # whole patch grids
 
 
 @pytest.mark.parametrize(
