@@ -157,3 +157,37 @@ def test_other_file_formats_are_left_to_tfds(prepared, monkeypatch):
   for (a, la), (b, lb) in zip(source.read_many(ranges), direct.read_many(ranges)):
     assert list(a) == list(b)
     np.testing.assert_array_equal(la, lb)
+
+
+@pytest.mark.parametrize("file_format", ["tfrecord", "array_record"])
+def test_corrupt_record_image_is_named_or_skipped(prepared, file_format, monkeypatch):
+  """A prepared example whose image does not decode: an error naming the example, or,
+  with skip_corrupt_images=True, a batch of readable examples."""
+  reference = _dataset(prepared["tfrecord"])._source  # tfds' reader
+  stored, _ = reference.load("test")
+  broken = stored[3]
+  parse = records.parse
+
+  def corrupting(serialized):
+    values, labels = parse(serialized)
+    values = np.array([b"not an image" if v == broken else v for v in values], object)
+    return values, labels
+
+  data = _dataset(prepared[file_format], train_split="test", batch=360, shuffle_buffer=360)
+  clean = next(pipeline.local_train_batches(data, 360, 0, 0, 1))["image"].reshape(360, -1)
+  monkeypatch.setattr(records, "parse", corrupting)
+  with pytest.raises(ValueError, match=r"image .example 3 of .*skip_corrupt_images"):
+    next(pipeline.local_train_batches(data, 360, 0, 0, 1))
+  data = _dataset(
+    prepared[file_format],
+    train_split="test",
+    batch=360,
+    shuffle_buffer=360,
+    skip_corrupt_images=True,
+  )
+  images = next(pipeline.local_train_batches(data, 360, 0, 0, 1))["image"]
+  # The broken row alone changed: it holds a copy of another row of the batch.
+  changed = np.flatnonzero((images.reshape(360, -1) != clean).any(-1))
+  assert len(changed) == 1 and any(
+    (images[changed[0]] == images[r]).all() for r in range(360) if r != changed[0]
+  )
