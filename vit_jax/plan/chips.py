@@ -50,15 +50,19 @@ CHIPS: dict[str, Chip] = {
     # ICI: 6 links of 50 GB/s (Jouppi et al., "TPU v4: An Optically Reconfigurable
     # Supercomputer for Machine Learning ...", ISCA 2023).
     Chip("v4", "TPU v4", 32 * GIB, 275e12, 1200e9, 6 * 50e9, 1, 4, True),
+    # The HBM that the v5e, v5p and v6e pages give as "16 GB", "95 GB" and "32 GB" is
+    # GiB-sized: libtpu's compile-only devices refuse programs above 15.75, 95.74 and
+    # 31.25 GiB of HLO temporaries (XLA's RESOURCE_EXHAUSTED message), as a v3 core
+    # (16 GiB) does above 15.48 GiB.
     # cloud.google.com/tpu/docs/v5e: 197 TFLOP/s bf16, 16 GB HBM2 at 819 GB/s, ICI 400
     # GB/s bidirectional per chip; multi-host slices have 4 chips per VM (single-host
     # slices up to 8).
-    Chip("v5e", "TPU v5 lite", 16e9, 197e12, 819e9, 400e9, 1, 4, False),
+    Chip("v5e", "TPU v5 lite", 16 * GIB, 197e12, 819e9, 400e9, 1, 4, False),
     # cloud.google.com/tpu/docs/v5p: 459 TFLOP/s bf16, 95 GB HBM2e at 2765 GB/s, ICI
     # 1200 GB/s bidirectional per chip, 4 chips per host.
-    Chip("v5p", "TPU v5", 95e9, 459e12, 2765e9, 1200e9, 1, 4, True),
+    Chip("v5p", "TPU v5", 96 * GIB, 459e12, 2765e9, 1200e9, 1, 4, True),
     # cloud.google.com/tpu/docs/v6e: 918 TFLOP/s bf16, 32 GB HBM at 1638 GB/s, ICI 800
     # GB/s bidirectional per chip; 4 chips per VM in multi-host slices.
-    Chip("v6e", "TPU v6 lite", 32e9, 918e12, 1638e9, 800e9, 1, 4, False),
+    Chip("v6e", "TPU v6 lite", 32 * GIB, 918e12, 1638e9, 800e9, 1, 4, False),
   )
 }
