@@ -93,7 +93,9 @@ class MultiHeadDotProductAttention(nn.Module):
 
   ``attention_impl`` chooses how the product runs, never the parameters or the function:
   `EINSUM` (the default): the projections write queries, keys and values head-major,
-  [B, H, N, Dh], as the batched products need them, and the weights are explicit; any other
+  [B, H, N, Dh], as the batched products need them, and the softmax's normalisation
+  divides the [B, H, N, Dh] product rather than the [B, H, N, N] weights (the weights are
+  formed only when sown or dropped out); any other
   value goes to `jax.nn.dot_product_attention` as its ``implementation`` ('xla', or a fused
   kernel such as 'cudnn' on GPU) with [B, N, H, Dh] inputs. On the CPU the einsum path
   compiled to less memory traffic and faster steps in training and inference (README,
@@ -123,6 +125,14 @@ class MultiHeadDotProductAttention(nn.Module):
       q, k, v = (jnp.einsum("bnd,dhk->bhnk", x, w) + b[:, None] for w, b in qkv)  # [B, H, N, Dh]
       q = q / jnp.sqrt(dh).astype(ex.dtype)
       logits = jnp.einsum("bhqd,bhkd->bhqk", q, k)
+      if not (use_dropout or self.is_mutable_collection("intermediates")):
+        # softmax(logits) @ v with the normalisation applied to the [B, H, N, Dh] product
+        # instead of the [B, H, N, N] weights: the same function, a smaller division.
+        logits = logits.astype(jnp.float32)
+        unnormalized = jnp.exp(logits - jax.lax.stop_gradient(logits.max(-1, keepdims=True)))
+        y = jnp.einsum("bhqk,bhkd->bhqd", unnormalized.astype(ex.dtype), v)  # [B, H, N, Dh]
+        y = y / unnormalized.sum(-1, keepdims=True).astype(ex.dtype)
+        return jnp.einsum("bhnk,hkd->bnd", y, w_out) + b_out  # [B, N, D]
       weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)  # [B, H, N, N]
       self.sow("intermediates", "attention_weights", weights)
       weights = weights.astype(ex.dtype)
