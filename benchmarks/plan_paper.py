@@ -96,7 +96,8 @@ def table(done: list[dict]) -> str:
     if "refused" in r:
       lines.append(
         f"| {r['kind']} {r['recipe']} | {r['topology']} | - | **no** "
-        f"| refused before compiling: {r['refused'].split(': ', 1)[-1]} | - | - | - | - |"
+        f"| refused before compiling: {r['refused'].split(': ', 1)[-1].split(' (')[0]} "
+        "| - | - | - | - |"
       )
       continue
     train, t = r["train"], r["time"]
