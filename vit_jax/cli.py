@@ -135,6 +135,27 @@ def parse_config_flags(flag_values: flags.FlagValues, argv: Sequence[str]) -> li
     raise errors.CommandLineError(last_line(str(e))) from e
 
 
+def parse_command_flags(
+  flag_values: flags.FlagValues,
+  argv: Sequence[str],
+  holders: dict[str, Any],
+  required: Sequence[str],
+  help_intro: str = "",
+) -> dict[str, Any]:
+  """The values of ``holders`` (flags defined on ``flag_values``, ``--config`` among them)
+  parsed from ``argv``. --help is a `HelpRequested` (``help_intro`` above the flags' help);
+  a positional argument or a missing ``required`` flag is a `CommandLineError`."""
+  if any(arg in HELP_FLAGS for arg in argv[1:]):
+    raise HelpRequested("\n\n".join(filter(None, (help_intro.strip(), flag_values.get_help()))))
+  rest = parse_config_flags(flag_values, argv)
+  if len(rest) > 1:
+    raise errors.CommandLineError(f"Unexpected arguments: {rest[1:]} (flags are --name=value).")
+  for name in required:
+    if holders[name].value is None:
+      raise errors.CommandLineError(f"--{name} is required.")
+  return {name: holder.value for name, holder in holders.items()}
+
+
 def _no_context(_: Any) -> tuple[Optional[str], Any]:
   return None, None
 

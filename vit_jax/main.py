@@ -76,20 +76,13 @@ def _parse(argv: Sequence[str]) -> dict[str, Any]:
   """The flag values; a `CommandLineError` for a bad command line."""
   flag_values = flags.FlagValues()
   holders = _define_flags(flag_values, argv)
-  if any(arg in cli.HELP_FLAGS for arg in argv[1:]):
-    raise cli.HelpRequested(flag_values.get_help())
-  rest = cli.parse_config_flags(flag_values, argv)
-  if len(rest) > 1:
-    raise errors.CommandLineError(f"Unexpected arguments: {rest[1:]} (flags are --name=value).")
-  for name in ("config", "workdir"):
-    if holders[name].value is None:
-      raise errors.CommandLineError(f"--{name} is required.")
-  if not isinstance(holders["config"].value, ml_collections.ConfigDict):
+  values = cli.parse_command_flags(flag_values, argv, holders, ("config", "workdir"))
+  if not isinstance(values["config"], ml_collections.ConfigDict):
     try:  # config_flags keeps a failed load for the first use of the config
-      holders["config"].value.to_dict()
+      values["config"].to_dict()
     except Exception as e:  # pylint: disable=broad-except
       raise errors.CommandLineError(f"Cannot load the config file: {cli.last_line(str(e))}") from e
-  return {name: holder.value for name, holder in holders.items()}
+  return values
 
 
 def _import_tensorflow() -> None:

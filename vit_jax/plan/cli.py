@@ -50,15 +50,7 @@ def _parse(argv: Sequence[str]) -> dict[str, Any]:
       flag_values=flag_values,
     ),
   )
-  if any(arg in cli_lib.HELP_FLAGS for arg in argv[1:]):
-    raise cli_lib.HelpRequested(f"{__doc__.strip()}\n\n{flag_values.get_help()}")
-  rest = cli_lib.parse_config_flags(flag_values, argv)
-  if len(rest) > 1:
-    raise errors.CommandLineError(f"Unexpected arguments: {rest[1:]} (flags are --name=value).")
-  for name in ("config", "topology"):
-    if holders[name].value is None:
-      raise errors.CommandLineError(f"--{name} is required.")
-  return {name: holder.value for name, holder in holders.items()}
+  return cli_lib.parse_command_flags(flag_values, argv, holders, ("config", "topology"), __doc__)
 
 
 def _variant(config: ml_collections.ConfigDict, **changes: Any) -> ml_collections.ConfigDict:
