@@ -120,29 +120,28 @@ class MultiHeadDotProductAttention(nn.Module):
     w_out, b_out = _Projection(2, (h, dh, d), (HEADS, KV, EMBED), (d,), (EMBED,), ex, name="out")()
 
     use_dropout = not deterministic and ex.attention_dropout_rate > 0.0
-    impl = ex.attention_impl or EINSUM
-    if impl == EINSUM or use_dropout or self.is_mutable_collection("intermediates"):
-      q, k, v = (jnp.einsum("bnd,dhk->bhnk", x, w) + b[:, None] for w, b in qkv)  # [B, H, N, Dh]
-      q = q / jnp.sqrt(dh).astype(ex.dtype)
-      logits = jnp.einsum("bhqd,bhkd->bhqk", q, k)
-      if not (use_dropout or self.is_mutable_collection("intermediates")):
-        # softmax(logits) @ v with the normalisation applied to the [B, H, N, Dh] product
-        # instead of the [B, H, N, N] weights: the same function, a smaller division.
-        logits = logits.astype(jnp.float32)
-        unnormalized = jnp.exp(logits - jax.lax.stop_gradient(logits.max(-1, keepdims=True)))
-        y = jnp.einsum("bhqk,bhkd->bhqd", unnormalized.astype(ex.dtype), v)  # [B, H, N, Dh]
-        y = y / unnormalized.sum(-1, keepdims=True).astype(ex.dtype)
-        return jnp.einsum("bhnk,hkd->bnd", y, w_out) + b_out  # [B, N, D]
-      weights = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)  # [B, H, N, N]
+    need_weights = use_dropout or self.is_mutable_collection("intermediates")
+    if (ex.attention_impl or EINSUM) != EINSUM and not need_weights:
+      q, k, v = (jnp.einsum("bnd,dhk->bnhk", x, w) + b for w, b in qkv)  # [B, N, H, Dh]
+      y = jax.nn.dot_product_attention(q, k, v, implementation=ex.attention_impl)
+      return jnp.einsum("bnhk,hkd->bnd", y, w_out) + b_out  # [B, N, D]
+    q, k, v = (jnp.einsum("bnd,dhk->bhnk", x, w) + b[:, None] for w, b in qkv)  # [B, H, N, Dh]
+    q = q / jnp.sqrt(dh).astype(ex.dtype)
+    logits = jnp.einsum("bhqd,bhkd->bhqk", q, k).astype(jnp.float32)  # [B, H, N, N]
+    if need_weights:
+      weights = jax.nn.softmax(logits, axis=-1)
       self.sow("intermediates", "attention_weights", weights)
       weights = weights.astype(ex.dtype)
       if use_dropout:
         weights = nn.Dropout(ex.attention_dropout_rate)(weights, deterministic=False)
       y = jnp.einsum("bhqk,bhkd->bhqd", weights, v)  # [B, H, N, Dh]
-      return jnp.einsum("bhnk,hkd->bnd", y, w_out) + b_out  # [B, N, D]
-    q, k, v = (jnp.einsum("bnd,dhk->bnhk", x, w) + b for w, b in qkv)  # [B, N, H, Dh]
-    y = jax.nn.dot_product_attention(q, k, v, implementation=impl)  # [B, N, H, Dh]
-    return jnp.einsum("bnhk,hkd->bnd", y, w_out) + b_out  # [B, N, D]
+    else:
+      # softmax(logits) @ v with the normalisation applied to the [B, H, N, Dh] product
+      # instead of the [B, H, N, N] weights: the same function, a smaller division.
+      unnormalized = jnp.exp(logits - jax.lax.stop_gradient(logits.max(-1, keepdims=True)))
+      y = jnp.einsum("bhqk,bhkd->bhqd", unnormalized.astype(ex.dtype), v)
+      y = y / unnormalized.sum(-1, keepdims=True).astype(ex.dtype)
+    return jnp.einsum("bhnk,hkd->bnd", y, w_out) + b_out  # [B, N, D]
 
 
 class MlpBlock(nn.Module):
