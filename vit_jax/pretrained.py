@@ -24,12 +24,17 @@ from vit_jax import errors
 from vit_jax.checkpoint import SCANNED_BLOCK, Params, check_tree, is_scanned, to_layout
 from vit_jax.interop import hub, loader
 from vit_jax.models.mpp import MPP_PARAMS
-from vit_jax.models.posemb import RESIZE_METHODS, resize_posemb, resize_posemb_2d, square_grid
+from vit_jax.models.posemb import (
+  POSEMB_REINIT,
+  POSEMB_RESIZE_METHODS,
+  resize_posemb,
+  resize_posemb_2d,
+  square_grid,
+)
 
 POSEMB_PATH = "Transformer/posembed_input/pos_embedding"
 POSEMB_X_PATH = "Transformer/posembed_input/pos_embedding_x"
 POSEMB_Y_PATH = "Transformer/posembed_input/pos_embedding_y"
-POSEMB_REINIT = "reinit"  # posemb_resize_method: fresh position embeddings from init_params
 _MAX_DETAIL_LINES = 40  # of check_tree's list, in load_pretrained's error
 
 
@@ -323,10 +328,10 @@ def load_pretrained(
   Anything else that does not fit (patch, width, depth, heads, MLP) raises one ValueError.
   """
   source = os.fspath(source)
-  if posemb_resize_method not in (*RESIZE_METHODS, POSEMB_REINIT):
+  if posemb_resize_method not in POSEMB_RESIZE_METHODS:
     raise errors.CheckpointError(
       f"Unknown posemb_resize_method {posemb_resize_method!r}; use one of "
-      f"{(*RESIZE_METHODS, POSEMB_REINIT)}."
+      f"{POSEMB_RESIZE_METHODS}."
     )
   init_tree = nn.unbox(dict(init_params))
   want = traverse_util.flatten_dict(init_tree, sep="/")

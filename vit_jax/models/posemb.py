@@ -26,6 +26,8 @@ from vit_jax.sharding import EMBED
 PosembKind = Literal["learn", "learn_2d", "sincos2d", "none"]
 POSEMB_KINDS: tuple[str, ...] = ("learn", "learn_2d", "sincos2d", "none")
 RESIZE_METHODS: tuple[str, ...] = ("bilinear", "bicubic", "nearest")  # jax.image.resize's
+POSEMB_REINIT = "reinit"  # fine-tuning: fresh position embeddings instead of resized ones
+POSEMB_RESIZE_METHODS: tuple[str, ...] = (*RESIZE_METHODS, POSEMB_REINIT)  # config.posemb_resize
 
 
 def sincos_2d(grid_hw: tuple[int, int], width: int, temperature: float = 10_000.0) -> np.ndarray:
