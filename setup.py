@@ -48,7 +48,7 @@ setuptools.setup(
   description="Vision Transformer (Dosovitskiy et al., 2021) in JAX/Flax: models, "
   "official checkpoints, sharded training and fine-tuning.",
   packages=setuptools.find_packages(include=["vit_jax", "vit_jax.*"]),
-  package_data={"vit_jax.data": ["imagenet2012_labels.txt"], "vit_jax.interop": ["hub_names.tsv"]},
+  package_data={"vit_jax.data": ["imagenet2012_labels.txt"], "vit_jax.weights": ["hub_names.tsv"]},
   python_requires=">=3.10",
   install_requires=INSTALL_REQUIRES,
   extras_require=EXTRAS_REQUIRE,

@@ -7,7 +7,7 @@ The argument is ``<model>,<dataset>``: a short model name (`MODELS`, e.g. ``b16`
 ViT-B/16, ``r50_b16`` for the R50+ViT-B/16 hybrid) and a dataset of
 `vit_jax.data.presets.PRESETS` (cifar10, cifar100, imagenet2012, oxford_iiit_pet,
 oxford_flowers102, ...). ``--config.pretrained`` is any weights source of
-`vit_jax.interop.loader`: an official name (``ViT-B_16``: its copy on the Hugging Face
+`vit_jax.weights.sources`: an official name (``ViT-B_16``: its copy on the Hugging Face
 hub), ``hf-hub:<org>/<name>``, an official `.npz`, a timm or Hugging Face checkpoint, or
 the `<workdir>/checkpoints` folder of a run of this project; without it the model trains
 from scratch. The new head is zero-initialised when the class count differs (or with

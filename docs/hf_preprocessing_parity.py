@@ -20,12 +20,12 @@ import sys
 import numpy as np
 from absl import app, flags
 
-from vit_jax import cli  # noqa: F401  # isort: skip  (first: TensorFlow's log level)
+from vit_jax import cli  # isort: skip  (first: TensorFlow's log level)
 from PIL import Image
 
 from vit_jax import export, predict
 from vit_jax.data import preprocess
-from vit_jax.interop import loader
+from vit_jax.weights import sources
 
 sys.modules.setdefault("triton", None)  # torch's CUDA wheel vs TensorFlow (README)
 
@@ -83,8 +83,8 @@ def main(argv) -> None:
   hf_dir = os.path.join(_OUT.value, "hf")
   if not os.path.isdir(hf_dir):
     export.export(_CHECKPOINT.value, "hf", hf_dir)
-  model = loader.load(_CHECKPOINT.value)
-  crop = loader.image_size(model, None)[0]
+  model = sources.load(_CHECKPOINT.value)
+  crop = cli.image_size(model, None)[0]
   hf_model = transformers.ViTForImageClassification.from_pretrained(hf_dir).eval()
   filters = {"bilinear (antialiased)": 2, "bicubic (antialiased)": 3, "nearest": 0}
 

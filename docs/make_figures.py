@@ -32,7 +32,7 @@ from PIL import Image
 
 from vit_jax import analysis, data, plots, sharding
 from vit_jax.models import create_model
-from vit_jax.run import checkpoints as run_checkpoints
+from vit_jax.weights import orbax_steps
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 DPI = 80  # small PNGs for the repository
@@ -70,7 +70,7 @@ def make_figures(
     config = ml_collections.ConfigDict(json.load(f))
   if data_dir is not None:
     config.data_dir = data_dir
-  params = run_checkpoints.read_params(os.path.join(workdir, "checkpoints"))
+  params = orbax_steps.read_params(os.path.join(workdir, "checkpoints"))
   num_classes = int(np.shape(params["head"]["bias"])[0])
   model = create_model(config.model, num_classes=num_classes)
 

@@ -79,6 +79,7 @@ def _run(mode: str, out_dir: str, data_dir: str) -> None:
   from tests import train_fixtures  # pylint: disable=g-import-not-at-top
   from vit_jax import data, run  # pylint: disable=g-import-not-at-top
   from vit_jax.run import checkpoints as run_checkpoints  # pylint: disable=g-import-not-at-top
+  from vit_jax.weights import orbax_steps
 
   assert jax.device_count() == 4, jax.devices()
 
@@ -124,7 +125,7 @@ def _run(mode: str, out_dir: str, data_dir: str) -> None:
       results[f"{name}/params/{key}"] = value
     # read_params, called by every process, gives every process the whole arrays.
     stored = traverse_util.flatten_dict(
-      run_checkpoints.read_params(os.path.join(workdir, "checkpoints")), sep="/"
+      orbax_steps.read_params(os.path.join(workdir, "checkpoints")), sep="/"
     )
     metrics[name]["read_params_max_diff"] = max(
       float(np.max(np.abs(stored[k] - results[f"{name}/params/{k}"]))) for k in stored

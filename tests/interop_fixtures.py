@@ -11,7 +11,8 @@ import jax
 import ml_collections
 import numpy as np
 
-from vit_jax import checkpoint, models
+from vit_jax import models
+from vit_jax.weights import npz
 
 NUM_CLASSES = 5
 
@@ -73,7 +74,7 @@ def random_model(name: str, num_classes: int = NUM_CLASSES, seed: int = 0, **ove
 
 def write_npz(path, name: str, **overrides) -> tuple[ml_collections.ConfigDict, dict, int]:
   config, params, size = random_model(name, **overrides)
-  checkpoint.save_npz(path, params)
+  npz.save_npz(path, params)
   return config, params, size
 
 

@@ -8,8 +8,9 @@ import jax
 import numpy as np
 import pytest
 
-from vit_jax import analysis, checkpoint
+from vit_jax import analysis
 from vit_jax.models import create_model, get_model_config
+from vit_jax.weights import npz
 
 
 def tiny(**overrides):
@@ -36,7 +37,7 @@ def test_attention_weights_scan_matches_per_layer(classifier):
   params, images = init(model, image_hw=(8, 12))
   per_layer = analysis.attention_weights(model, params, images)
   scanned = analysis.attention_weights(
-    tiny(classifier=classifier, scan=True), checkpoint.layers_to_scanned(params), images
+    tiny(classifier=classifier, scan=True), npz.layers_to_scanned(params), images
   )
   n = 2 * 3 + (classifier == "token")
   assert per_layer.shape == (2, 2, 2, n, n)  # [L, B, H, N, N]

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from vit_jax import checkpoint
 from vit_jax.models import create_model, get_model_config
+from vit_jax.weights import npz
 
 
 def tiny(**overrides):
@@ -45,8 +45,8 @@ def assert_trees_equal(a, b):
 def test_npz_write_read_is_bit_exact(tmp_path):
   params = random_params(tiny())
   path = tmp_path / "tiny.npz"
-  checkpoint.save_npz(path, params)
-  loaded = checkpoint.load_npz(path)
+  npz.save_npz(path, params)
+  loaded = npz.load_npz(path)
   assert_trees_equal(params, loaded)
   # Readable with plain numpy, keys joined by '/', as the official files.
   with np.load(path, allow_pickle=False) as f:
@@ -57,32 +57,32 @@ def test_npz_write_read_is_bit_exact(tmp_path):
 def test_scanned_model_is_written_per_layer_and_reloads_into_either_layout(tmp_path):
   per_layer_model, scanned_model = tiny(), tiny(scan=True)
   params = random_params(per_layer_model)
-  scanned = checkpoint.layers_to_scanned(params)
-  checkpoint.check_tree(scanned, random_params(scanned_model))  # the layout a scan expects
+  scanned = npz.layers_to_scanned(params)
+  npz.check_tree(scanned, random_params(scanned_model))  # the layout a scan expects
   assert flat(scanned)["Transformer/encoderblock/LayerNorm_0/scale"].shape == (2, 32)
 
   # scanned <-> per-layer is exact, both ways.
-  assert_trees_equal(checkpoint.scanned_to_layers(scanned), params)
-  assert_trees_equal(checkpoint.layers_to_scanned(checkpoint.scanned_to_layers(scanned)), scanned)
+  assert_trees_equal(npz.scanned_to_layers(scanned), params)
+  assert_trees_equal(npz.layers_to_scanned(npz.scanned_to_layers(scanned)), scanned)
 
   # A scanned tree is written in the per-layer layout.
-  checkpoint.save_npz(tmp_path / "s.npz", scanned)
-  loaded = checkpoint.load_npz(tmp_path / "s.npz")
-  assert not checkpoint.is_scanned(loaded)
+  npz.save_npz(tmp_path / "s.npz", scanned)
+  loaded = npz.load_npz(tmp_path / "s.npz")
+  assert not npz.is_scanned(loaded)
   assert_trees_equal(loaded, params)
 
   images = jax.random.uniform(jax.random.key(3), (2, 16, 16, 3), minval=-1, maxval=1)
   logits_layers = per_layer_model.apply({"params": loaded}, images)
-  logits_scan = scanned_model.apply({"params": checkpoint.to_layout(loaded, scanned=True)}, images)
+  logits_scan = scanned_model.apply({"params": npz.to_layout(loaded, scanned=True)}, images)
   np.testing.assert_allclose(logits_scan, logits_layers, atol=1e-6)
   assert np.abs(logits_layers).max() > 0
 
 
 def test_scanned_npz_file_is_read_as_scanned(tmp_path):
-  scanned = checkpoint.layers_to_scanned(random_params(tiny()))
+  scanned = npz.layers_to_scanned(random_params(tiny()))
   np.savez(tmp_path / "bv.npz", **flat(jax.tree.map(np.asarray, scanned)))
-  loaded = checkpoint.load_npz(tmp_path / "bv.npz")
-  assert checkpoint.is_scanned(loaded)
+  loaded = npz.load_npz(tmp_path / "bv.npz")
+  assert npz.is_scanned(loaded)
   assert_trees_equal(loaded, scanned)
 
 
@@ -96,13 +96,13 @@ def test_old_groupnorm_shapes_are_squeezed(tmp_path):
   }
   assert old["gn_root/scale"].shape == (1, 1, 1, 32)
   np.savez(tmp_path / "old.npz", **old)
-  assert_trees_equal(checkpoint.load_npz(tmp_path / "old.npz"), params)
+  assert_trees_equal(npz.load_npz(tmp_path / "old.npz"), params)
 
 
 def test_bfloat16_params_are_written_as_float32(tmp_path):
   params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), random_params(tiny()))
-  checkpoint.save_npz(tmp_path / "bf16.npz", params)
-  loaded = checkpoint.load_npz(tmp_path / "bf16.npz")
+  npz.save_npz(tmp_path / "bf16.npz", params)
+  loaded = npz.load_npz(tmp_path / "bf16.npz")
   for k, v in flat(loaded).items():
     assert v.dtype == np.float32, k
     np.testing.assert_array_equal(v, np.asarray(flat(params)[k], np.float32))
@@ -115,30 +115,30 @@ def test_check_tree_lists_every_difference_at_once():
   del broken["head/bias"]
   broken["extra/kernel"] = np.zeros(3)
   with pytest.raises(ValueError) as e:
-    checkpoint.check_tree(traverse_util.unflatten_dict(broken, sep="/"), params, source="ckpt.npz")
+    npz.check_tree(traverse_util.unflatten_dict(broken, sep="/"), params, source="ckpt.npz")
   msg = str(e.value)
   assert "missing keys (1)" in msg and "head/bias" in msg
   assert "unexpected keys (1)" in msg and "extra/kernel" in msg
   assert "shape mismatches" in msg
   assert "embedding/kernel: ckpt.npz (4, 4, 3, 48) vs model (4, 4, 3, 32)" in msg
-  checkpoint.check_tree(params, params)  # equal trees pass
+  npz.check_tree(params, params)  # equal trees pass
 
 
 def test_object_arrays_are_refused(tmp_path):
   np.savez(tmp_path / "pickled.npz", head=np.array([{"a": 1}], dtype=object))
   with pytest.raises(ValueError, match="not a plain-array .npz"):
-    checkpoint.load_npz(tmp_path / "pickled.npz")
+    npz.load_npz(tmp_path / "pickled.npz")
 
 
 def test_missing_file_names_the_path(tmp_path):
   with pytest.raises(FileNotFoundError, match="nope.npz"):
-    checkpoint.load_npz(tmp_path / "nope.npz")
+    npz.load_npz(tmp_path / "nope.npz")
 
 
 def test_failed_write_keeps_the_earlier_file(tmp_path, monkeypatch):
   path = tmp_path / "keep.npz"
   params = random_params(tiny())
-  checkpoint.save_npz(path, params)
+  npz.save_npz(path, params)
   before = path.read_bytes()
 
   def broken_savez(*args, **kwargs):
@@ -146,6 +146,6 @@ def test_failed_write_keeps_the_earlier_file(tmp_path, monkeypatch):
 
   monkeypatch.setattr(np, "savez", broken_savez)
   with pytest.raises(OSError, match="disk full"):
-    checkpoint.save_npz(path, params)
+    npz.save_npz(path, params)
   assert path.read_bytes() == before
   assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.npz"]

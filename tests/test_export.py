@@ -18,8 +18,8 @@ from absl import flags
 from flax import traverse_util
 
 from tests import interop_fixtures as fx
-from vit_jax import checkpoint, export
-from vit_jax.interop import loader, serving
+from vit_jax import export
+from vit_jax.weights import npz, serving, sources
 
 # torch's CUDA wheels import triton on first use, and triton's library crashes (SIGSEGV) a
 # process that has already loaded TensorFlow, as the test session has. These tests run
@@ -29,12 +29,12 @@ sys.modules.setdefault("triton", None)
 TOLERANCE = 1e-5  # relative logit difference, float32
 
 
-def _model(name: str, **overrides) -> loader.LoadedModel:
+def _model(name: str, **overrides) -> sources.LoadedModel:
   config, params, size = fx.random_model(name, **overrides)
-  return loader.LoadedModel(config, params, fx.NUM_CLASSES, (size, size), None, name)
+  return sources.LoadedModel(config, params, fx.NUM_CLASSES, (size, size), None, name)
 
 
-def _ours(model: loader.LoadedModel, images: np.ndarray, **overrides) -> np.ndarray:
+def _ours(model: sources.LoadedModel, images: np.ndarray, **overrides) -> np.ndarray:
   module = model.module(**overrides)
   return np.asarray(jax.jit(lambda p, x: module.apply({"params": p}, x))(model.params, images))
 
@@ -73,11 +73,11 @@ def test_hf_logits_equal_ours(tmp_path, gelu_approximate):
 
 def test_official_npz_to_hf_and_back_is_bit_exact(tmp_path):
   pytest.importorskip("safetensors")
-  npz = tmp_path / "ViT-Ti_16-like.npz"
-  config, params, size = fx.write_npz(npz, "vit_ti16")
-  export.export(str(npz), "hf", str(tmp_path / "hf"))
+  official = tmp_path / "ViT-Ti_16-like.npz"
+  config, params, size = fx.write_npz(official, "vit_ti16")
+  export.export(str(official), "hf", str(tmp_path / "hf"))
 
-  back = loader.load(tmp_path / "hf")
+  back = sources.load(tmp_path / "hf")
   flat, original = (traverse_util.flatten_dict(t, sep="/") for t in (back.params, params))
   assert flat.keys() == original.keys()
   for key, value in original.items():
@@ -88,7 +88,7 @@ def test_official_npz_to_hf_and_back_is_bit_exact(tmp_path):
 
   # ... and on to an official .npz again (the way into fine-tuning from an HF checkpoint).
   export.export(str(tmp_path / "hf"), "npz", str(tmp_path / "npz"))
-  again = traverse_util.flatten_dict(checkpoint.load_npz(tmp_path / "npz" / "model.npz"), sep="/")
+  again = traverse_util.flatten_dict(npz.load_npz(tmp_path / "npz" / "model.npz"), sep="/")
   for key, value in original.items():
     np.testing.assert_array_equal(again[key], value, err_msg=key)
 

@@ -13,9 +13,9 @@ import pytest
 from sklearn import linear_model
 
 from tests import train_fixtures
-from vit_jax import checkpoint, data, run, sharding
+from vit_jax import data, run, sharding
 from vit_jax.fewshot import evaluator, linear
-from vit_jax.run import checkpoints as run_checkpoints
+from vit_jax.weights import npz, orbax_steps
 
 
 @pytest.mark.parametrize(
@@ -139,8 +139,8 @@ def test_command_on_a_runs_checkpoints(trained_run, digits_dir):
 
 def test_command_on_an_npz_infers_the_model(trained_run, digits_dir, tmp_path):
   _, workdir, _ = trained_run
-  params = run_checkpoints.read_params(f"{workdir}/checkpoints")
-  checkpoint.save_npz(tmp_path / "model.npz", params)
+  params = orbax_steps.read_params(f"{workdir}/checkpoints")
+  npz.save_npz(tmp_path / "model.npz", params)
   proc = subprocess.run(
     [
       sys.executable,

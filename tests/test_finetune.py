@@ -15,14 +15,14 @@ from ml_collections import config_flags
 
 from configs import pretrain, vit
 from tests import train_fixtures
-from vit_jax import models, pretrained, run
+from vit_jax import models, run, weights
 from vit_jax.data import presets
 from vit_jax.models.posemb import resize_posemb
-from vit_jax.run import checkpoints as run_checkpoints
 from vit_jax.run import optim
+from vit_jax.weights import orbax_steps
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-POSEMB = pretrained.POSEMB_PATH
+POSEMB = weights.architecture.POSEMB
 
 
 # --- The recipe configs ---------------------------------------------------------------------
@@ -142,7 +142,7 @@ def test_checkpoint_is_evaluated_without_training(source_run, tmp_path):
 def test_run_finetunes_at_2x_resolution_with_a_new_head(source_run, tmp_path, monkeypatch):
   _, workdir, _ = source_run
   stored = traverse_util.flatten_dict(
-    run_checkpoints.read_params(os.path.join(workdir, "checkpoints")), sep="/"
+    orbax_steps.read_params(os.path.join(workdir, "checkpoints")), sep="/"
   )
   config = vit.get_config("ti16,digits")  # the fine-tuning recipe (SGD), shrunk
   config.model = models.get_model_config("testing")
@@ -155,13 +155,13 @@ def test_run_finetunes_at_2x_resolution_with_a_new_head(source_run, tmp_path, mo
   config.log_every, config.eval_every, config.checkpoint_every = 1, 100, 100
 
   loaded = {}
-  real_load = pretrained.load_pretrained
+  real_load = weights.load_pretrained
 
   def spy(*args, **kwargs):
     loaded.update(traverse_util.flatten_dict(real_load(*args, **kwargs), sep="/"))
     return traverse_util.unflatten_dict(dict(loaded), sep="/")
 
-  monkeypatch.setattr(pretrained, "load_pretrained", spy)
+  monkeypatch.setattr(weights, "load_pretrained", spy)
   result = run.train_and_evaluate(config, str(tmp_path / "ft"))
 
   assert set(loaded) == set(stored)
@@ -176,7 +176,7 @@ def test_run_finetunes_at_2x_resolution_with_a_new_head(source_run, tmp_path, mo
       np.testing.assert_array_equal(loaded[key], value, err_msg=key)
   assert np.isfinite(result["train/loss"]) and 0.0 <= result["eval/accuracy"] <= 1.0
   tuned = traverse_util.flatten_dict(
-    run_checkpoints.read_params(tmp_path / "ft" / "checkpoints" / "3"), sep="/"
+    orbax_steps.read_params(tmp_path / "ft" / "checkpoints" / "3"), sep="/"
   )
   assert tuned[POSEMB].shape == (1, 17, 32)
   assert not np.array_equal(tuned["head/kernel"], 0.0)  # the new head trained
@@ -185,18 +185,18 @@ def test_run_finetunes_at_2x_resolution_with_a_new_head(source_run, tmp_path, mo
 def test_reinit_takes_fresh_position_embeddings(source_run):
   config, workdir, _ = source_run
   source = os.path.join(workdir, "checkpoints")
-  stored = traverse_util.flatten_dict(run_checkpoints.read_params(source), sep="/")
+  stored = traverse_util.flatten_dict(orbax_steps.read_params(source), sep="/")
   # The 2x model's fresh parameters: the stored tree with a new 4x4-grid table (no model
   # init needed; only shapes and the posemb values matter).
   fresh = {k: np.full_like(v, 7.0) for k, v in stored.items()}
   fresh[POSEMB] = np.random.default_rng(0).standard_normal((1, 17, 32)).astype(np.float32)
   fresh_tree = traverse_util.unflatten_dict(fresh, sep="/")
   result = traverse_util.flatten_dict(
-    pretrained.load_pretrained(source, fresh_tree, config.model, posemb_resize_method="reinit"),
+    weights.load_pretrained(source, fresh_tree, config.model, posemb_resize_method="reinit"),
     sep="/",
   )
   np.testing.assert_array_equal(result[POSEMB], fresh[POSEMB])
   for key in stored.keys() - {POSEMB}:  # the rest, head included (same classes), as stored
     np.testing.assert_array_equal(result[key], stored[key], err_msg=key)
   with pytest.raises(ValueError, match="'reinit'"):
-    pretrained.load_pretrained(source, fresh_tree, config.model, posemb_resize_method="reinitt")
+    weights.load_pretrained(source, fresh_tree, config.model, posemb_resize_method="reinitt")

@@ -12,7 +12,7 @@ from flax import traverse_util
 
 from tests import train_fixtures
 from vit_jax import data, run
-from vit_jax.run import checkpoints as run_checkpoints
+from vit_jax.weights import orbax_steps
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -81,7 +81,7 @@ def test_main_trains_a_few_steps_and_writes_checkpoint_and_events(tmp_path, digi
   assert any(e.startswith("events.out.tfevents") for e in events)
   saved = json.loads((workdir / "config.json").read_text())
   assert saved["total_steps"] == 4 and saved["model"]["hidden_size"] == 32
-  params = run_checkpoints.read_params(workdir / "checkpoints")
+  params = orbax_steps.read_params(workdir / "checkpoints")
   assert params["embedding"]["kernel"].shape == (4, 4, 3, 32)
 
 
@@ -115,8 +115,8 @@ def test_resumed_run_continues_at_the_saved_step_with_identical_parameters(
   resumed = run.train_and_evaluate(tiny_config, str(tmp_path / "resumed"))
   assert starts == [3]
   assert resumed["eval/accuracy"] == straight["eval/accuracy"]
-  a = run_checkpoints.read_params(tmp_path / "straight" / "checkpoints" / "6")
-  b = run_checkpoints.read_params(tmp_path / "resumed" / "checkpoints" / "6")
+  a = orbax_steps.read_params(tmp_path / "straight" / "checkpoints" / "6")
+  b = orbax_steps.read_params(tmp_path / "resumed" / "checkpoints" / "6")
   for k, v in traverse_util.flatten_dict(a, sep="/").items():
     np.testing.assert_array_equal(traverse_util.flatten_dict(b, sep="/")[k], v, err_msg=k)
 

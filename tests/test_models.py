@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from vit_jax import checkpoint
 from vit_jax.models import MODEL_NAMES, create_model, get_model_config, sincos_2d
+from vit_jax.weights import npz
 
 # Pinned with 1000 classes at 224x224 (B/16, L/16, H/14 equal the paper's exact counts).
 PARAM_COUNTS = {
@@ -252,7 +252,7 @@ def test_scan_and_remat_compute_the_same_function():
   base = tiny(num_classes=0)
   params, images = init(base)
   want = base.apply({"params": params}, images)
-  scanned = checkpoint.layers_to_scanned(params)
+  scanned = npz.layers_to_scanned(params)
   for kw in (
     dict(scan=True),
     dict(scan=True, remat=True, remat_policy="nothing_saveable"),

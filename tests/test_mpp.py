@@ -17,8 +17,8 @@ from configs import mpp as mpp_config
 from tests import train_fixtures
 from vit_jax import models, run
 from vit_jax.models import mpp as mpp_model
-from vit_jax.run import checkpoints as run_checkpoints
 from vit_jax.run.objectives import masked_patches as mpp
+from vit_jax.weights import orbax_steps
 
 PAPER = mpp_model.Corruption(rate=0.5, mask=0.8, random=0.1)
 
@@ -146,9 +146,9 @@ def test_mpp_run_resumes_exactly_and_fine_tunes_through_pretrained(
   train_fixtures.run_preempted(config, str(tmp_path / "resumed"), monkeypatch)
   resumed = run.train_and_evaluate(config, str(tmp_path / "resumed"))
   assert resumed["eval/loss"] == straight["eval/loss"]
-  a = run_checkpoints.read_params(tmp_path / "straight" / "checkpoints" / "6")
+  a = orbax_steps.read_params(tmp_path / "straight" / "checkpoints" / "6")
   b = traverse_util.flatten_dict(
-    run_checkpoints.read_params(tmp_path / "resumed" / "checkpoints" / "6"), sep="/"
+    orbax_steps.read_params(tmp_path / "resumed" / "checkpoints" / "6"), sep="/"
   )
   for k, v in traverse_util.flatten_dict(a, sep="/").items():
     np.testing.assert_array_equal(b[k], v, err_msg=k)

@@ -29,7 +29,7 @@ from flax import traverse_util
 
 from tests import _multiprocess_worker as worker
 from vit_jax import data
-from vit_jax.run import checkpoints as run_checkpoints
+from vit_jax.weights import orbax_steps
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH_TIMEOUT = 480  # Seconds for a pair of launches (2 shared cores: compiles are slow).
@@ -302,7 +302,7 @@ def test_a_checkpoint_of_two_processes_reads_in_one(runs):
   arrays, _ = runs["results"]
   for strategy in worker.STRATEGIES:
     stored = traverse_util.flatten_dict(
-      run_checkpoints.read_params(
+      orbax_steps.read_params(
         os.path.join(runs["two"], strategy, "checkpoints", str(worker.STEPS))
       ),
       sep="/",
@@ -334,9 +334,7 @@ def test_main_resumes_at_the_saved_step_like_an_uninterrupted_run(runs):
   log = runs["resume"].output(0, chars=10**7)
   assert f"from step {worker.STEPS} to {worker.RESUME_STEPS}" in log, log[-3000:]
   resumed = traverse_util.flatten_dict(
-    run_checkpoints.read_params(
-      os.path.join(runs["resumed"], "checkpoints", str(worker.RESUME_STEPS))
-    ),
+    orbax_steps.read_params(os.path.join(runs["resumed"], "checkpoints", str(worker.RESUME_STEPS))),
     sep="/",
   )
   straight = _params(runs["reference"][0], f"{worker.RESUME_STRATEGY}_straight")
@@ -380,7 +378,7 @@ def test_sigterm_to_one_process_stops_both_at_the_same_saved_step(tmp_path, digi
   finally:
     launch.kill()
   assert launch.returncodes == [143, 143], [launch.output(i) for i in range(2)]
-  saved = run_checkpoints.finalized_steps(os.path.join(workdir, "checkpoints"))
+  saved = orbax_steps.finalized_steps(os.path.join(workdir, "checkpoints"))
   assert len(saved) == 1 and saved[0] >= 10, saved
   for i in range(2):
     assert f"Stopped by SIGTERM at step {saved[0]}: saved" in launch.output(i), launch.output(i)

@@ -17,9 +17,9 @@ from PIL import Image
 
 from tests import interop_fixtures as fx
 from tests import train_fixtures
-from vit_jax import models, predict, run
+from vit_jax import cli, models, predict, run
 from vit_jax.data import digits
-from vit_jax.interop import infer, loader
+from vit_jax.weights import architecture, sources
 
 _ARCH_FIELDS = (
   "patches.size",
@@ -55,10 +55,10 @@ def _param_shapes(config, num_classes: int, size: int):
 def test_every_official_variant_is_recovered_from_its_shapes(name):
   config = models.get_model_config(name)
   shapes = _param_shapes(config, 1000, 224)
-  inferred = infer.infer_model_config(shapes)
+  inferred = architecture.infer_model_config(shapes)
   assert inferred.name == name and _arch(inferred) == _arch(config)
-  assert infer.num_classes(shapes) == 1000
-  assert infer.trained_image_size(shapes, inferred) == (224, 224)
+  assert architecture.num_classes(shapes) == 1000
+  assert architecture.trained_image_size(shapes, inferred) == (224, 224)
 
 
 @pytest.mark.parametrize(
@@ -69,39 +69,39 @@ def test_layout_and_options_are_recovered(changes):
   config = models.get_model_config("testing")
   config.update(changes)
   shapes = _param_shapes(config, 7, 24)
-  inferred = infer.infer_model_config(shapes)
+  inferred = architecture.infer_model_config(shapes)
   assert _arch(inferred) == _arch(config) and inferred.name == "testing"
-  assert infer.trained_image_size(shapes, inferred) == (24, 24)
+  assert architecture.trained_image_size(shapes, inferred) == (24, 24)
 
 
 def test_a_written_npz_loads_with_its_inferred_architecture(tmp_path):
   config, params, size = fx.write_npz(tmp_path / "m.npz", "r26_s32")
-  loaded = loader.load(tmp_path / "m.npz")
+  loaded = sources.load(tmp_path / "m.npz")
   assert _arch(loaded.config) == _arch(config) and loaded.config.name == "custom"
   assert loaded.image_size == (size, size) and loaded.num_classes == fx.NUM_CLASSES
   with pytest.raises(ValueError, match=r"(?s)does not fit.*more\n.*pass the checkpoint's model"):
-    loader.load(tmp_path / "m.npz", model_name="R50+ViT-B_16")
+    sources.load(tmp_path / "m.npz", model_name="R50+ViT-B_16")
 
 
 def test_what_cannot_be_inferred_is_listed_in_one_error():
   flat = traverse_util.flatten_dict(fx.random_model("vit_ti16")[1], sep="/")
-  for key in ("embedding/kernel", infer.POSEMB):
+  for key in ("embedding/kernel", architecture.POSEMB):
     del flat[key]
   with pytest.raises(
     ValueError,
     match=r"patch size and width .*; position embeddings .*"
     r"--model=NAME",
   ):
-    infer.infer_model_config(traverse_util.unflatten_dict(flat, sep="/"))
+    architecture.infer_model_config(traverse_util.unflatten_dict(flat, sep="/"))
 
 
 def test_class_names_default_to_imagenet_for_1000_classes(tmp_path):
-  model = loader.LoadedModel(models.get_model_config("testing"), {}, 1000, None, None, "x")
-  names = loader.class_names(None, model)
+  model = sources.LoadedModel(models.get_model_config("testing"), {}, 1000, None, None, "x")
+  names = cli.class_names(None, model)
   assert len(names) == 1000 and names[207] == "golden retriever" and names[0].startswith("tench")
   (tmp_path / "three.txt").write_text("a\nb\nc\n")
   with pytest.raises(ValueError, match="3 class names for a head of 1000 classes"):
-    loader.class_names(str(tmp_path / "three.txt"), model)
+    cli.class_names(str(tmp_path / "three.txt"), model)
 
 
 def _png(array: np.ndarray) -> bytes:
@@ -181,7 +181,7 @@ def test_corrupt_files_are_reported_and_skipped(tmp_path, caplog, capsys):
 
 def test_batches_give_the_logits_of_one_call(tmp_path):
   config, params, size = fx.random_model("vit_ti16")
-  model = loader.LoadedModel(config, params, fx.NUM_CLASSES, (size, size), None, "m")
+  model = sources.LoadedModel(config, params, fx.NUM_CLASSES, (size, size), None, "m")
   images = fx.images(5, size)
   classifier = predict.Classifier(model, (size, size), batch=2)
   module = model.module()

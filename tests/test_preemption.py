@@ -15,9 +15,9 @@ import pytest
 from tests.finished_run import copy_run, snapshot, tiny_flags
 from tests.fresh_python import REPO, clean_env
 from vit_jax import errors, main
-from vit_jax.run import checkpoints as run_checkpoints
 from vit_jax.run import folder as folder_lib
 from vit_jax.run import preemption
+from vit_jax.weights import orbax_steps
 
 pytest_plugins = ["tests.finished_run"]  # the finished_run fixture
 
@@ -76,7 +76,7 @@ def test_a_signal_saves_the_step_in_flight_and_a_second_run_is_refused_meanwhile
   step = int(stopped[0].split(" at step ")[1].split(":")[0])
   assert step >= 10 and ": saved; rerun the same command to resume" in stopped[0]
   # The step in flight was saved: no step is lost, and the lock is gone.
-  assert run_checkpoints.finalized_steps(os.path.join(workdir, "checkpoints")) == [step]
+  assert orbax_steps.finalized_steps(os.path.join(workdir, "checkpoints")) == [step]
   assert not os.path.exists(os.path.join(workdir, folder_lib.LOCK_FILE))
   print(f"{signum.name}: stopped at step {step}, {seconds:.1f} s from the signal to exit")
 

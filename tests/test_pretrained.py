@@ -1,4 +1,4 @@
-"""`pretrained.load_pretrained`: head/pre_logits rules, position-embedding resizing, layouts."""
+"""`weights.load_pretrained`: head/pre_logits rules, position-embedding resizing, layouts."""
 
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from vit_jax import checkpoint, pretrained
+from vit_jax import weights
 from vit_jax.models import create_model, get_model_config
 from vit_jax.models.posemb import resize_posemb, resize_posemb_2d
+from vit_jax.weights import npz
 
-POSEMB = pretrained.POSEMB_PATH
+POSEMB = weights.architecture.POSEMB
 
 
 def make(
@@ -55,7 +56,7 @@ def make(
 
 def save(tmp_path, params, name: str = "stored.npz") -> str:
   path = os.path.join(tmp_path, name)
-  checkpoint.save_npz(path, params)
+  npz.save_npz(path, params)
   return path
 
 
@@ -94,7 +95,7 @@ def test_2x_resolution_interpolates_the_grid_and_keeps_the_class_token(tmp_path,
   path = save(tmp_path, stored)
   _, init = make((32, 32), seed=1)  # 8x8 grid
   with caplog.at_level(logging.INFO, logger="absl"):  # absl verbosity may be WARNING here
-    loaded = pretrained.load_pretrained(path, init, cfg)
+    loaded = weights.load_pretrained(path, init, cfg)
   assert_same_tree_and_shapes(loaded, init)
 
   pe, pe_stored = flat(loaded)[POSEMB], flat(stored)[POSEMB]
@@ -109,7 +110,7 @@ def test_2x_resolution_interpolates_the_grid_and_keeps_the_class_token(tmp_path,
     if k != POSEMB:
       np.testing.assert_array_equal(flat(loaded)[k], v, err_msg=k)
 
-  bicubic = flat(pretrained.load_pretrained(path, init, cfg, posemb_resize_method="bicubic"))
+  bicubic = flat(weights.load_pretrained(path, init, cfg, posemb_resize_method="bicubic"))
   assert bicubic[POSEMB].shape == pe.shape
   np.testing.assert_array_equal(bicubic[POSEMB][0, 0], pe_stored[0, 0])
   assert np.abs(bicubic[POSEMB] - pe).max() > 1e-3
@@ -158,8 +159,8 @@ def test_non_square_target_grid(tmp_path):
   path = save(tmp_path, stored)
   _, init = make((32, 16))  # 8x4 grid: 32 tokens, not a square
   with pytest.raises(ValueError, match="new_grid_hw"):
-    pretrained.load_pretrained(path, init, cfg)
-  loaded = flat(pretrained.load_pretrained(path, init, cfg, new_grid_hw=(8, 4)))
+    weights.load_pretrained(path, init, cfg)
+  loaded = flat(weights.load_pretrained(path, init, cfg, new_grid_hw=(8, 4)))
   pe_stored = flat(stored)[POSEMB]
   np.testing.assert_array_equal(loaded[POSEMB][0, 0], pe_stored[0, 0])
   np.testing.assert_allclose(
@@ -173,8 +174,8 @@ def test_non_square_target_grid(tmp_path):
   cfg_ns, stored_ns = make((32, 16))
   path_ns = save(tmp_path, stored_ns, "non_square.npz")
   with pytest.raises(ValueError, match=f"{path_ns}.*stored_grid_hw"):
-    pretrained.load_pretrained(path_ns, make((16, 16))[1], cfg_ns)
-  back = flat(pretrained.load_pretrained(path_ns, make((16, 16))[1], cfg_ns, stored_grid_hw=(8, 4)))
+    weights.load_pretrained(path_ns, make((16, 16))[1], cfg_ns)
+  back = flat(weights.load_pretrained(path_ns, make((16, 16))[1], cfg_ns, stored_grid_hw=(8, 4)))
   np.testing.assert_allclose(
     back[POSEMB][0, 1:],
     np_bilinear(flat(stored_ns)[POSEMB][0, 1:].reshape(8, 4, 32), (4, 4)).reshape(16, 32),
@@ -192,7 +193,7 @@ def test_gap_models_and_class_token_conversions(tmp_path, caplog):
   _, init_tok = make((32, 32), classifier="token", seed=1)
 
   # gap -> gap: all 16 rows are grid.
-  loaded = flat(pretrained.load_pretrained(path_gap, init_gap, cfg_gap))
+  loaded = flat(weights.load_pretrained(path_gap, init_gap, cfg_gap))
   assert loaded[POSEMB].shape == (1, 64, 32) and "cls" not in loaded
   np.testing.assert_allclose(
     loaded[POSEMB][0],
@@ -203,7 +204,7 @@ def test_gap_models_and_class_token_conversions(tmp_path, caplog):
 
   # token -> gap: class token and its row dropped, the grid interpolated.
   with caplog.at_level(logging.INFO, logger="absl"):  # absl verbosity may be WARNING here
-    loaded = pretrained.load_pretrained(path_tok, init_gap, cfg_gap)
+    loaded = weights.load_pretrained(path_tok, init_gap, cfg_gap)
   assert_same_tree_and_shapes(loaded, init_gap)
   np.testing.assert_allclose(
     flat(loaded)[POSEMB][0],
@@ -214,7 +215,7 @@ def test_gap_models_and_class_token_conversions(tmp_path, caplog):
   assert "dropped the stored class token" in caplog.text
 
   # gap -> token: the fresh class token and class-token row, the grid interpolated.
-  loaded = flat(pretrained.load_pretrained(path_gap, init_tok, cfg_tok))
+  loaded = flat(weights.load_pretrained(path_gap, init_tok, cfg_tok))
   np.testing.assert_array_equal(loaded["cls"], flat(init_tok)["cls"])
   np.testing.assert_array_equal(loaded[POSEMB][0, 0], flat(init_tok)[POSEMB][0, 0])
   np.testing.assert_allclose(
@@ -229,13 +230,15 @@ def test_learn_2d_tables_are_resized_in_1d(tmp_path):
   cfg, stored = make((16, 16), posemb="learn_2d")
   path = save(tmp_path, stored)
   _, init = make((32, 16), posemb="learn_2d")  # grid 8x4
-  loaded = flat(pretrained.load_pretrained(path, init, cfg))
+  loaded = flat(weights.load_pretrained(path, init, cfg))
   assert_same_tree_and_shapes(traverse_util.unflatten_dict(loaded, sep="/"), init)
   s = flat(stored)
-  np.testing.assert_array_equal(loaded[pretrained.POSEMB_X_PATH], s[pretrained.POSEMB_X_PATH])
+  np.testing.assert_array_equal(
+    loaded[weights.architecture.POSEMB_X], s[weights.architecture.POSEMB_X]
+  )
   np.testing.assert_allclose(
-    loaded[pretrained.POSEMB_Y_PATH][0, :, 0],
-    np_linear_1d(s[pretrained.POSEMB_Y_PATH][0, :, 0].astype(np.float64), 8, 0),
+    loaded[weights.architecture.POSEMB_Y][0, :, 0],
+    np_linear_1d(s[weights.architecture.POSEMB_Y][0, :, 0].astype(np.float64), 8, 0),
     rtol=0,
     atol=1e-6,
   )
@@ -249,26 +252,26 @@ def test_head_rules(tmp_path):
   path = save(tmp_path, stored)
   stored_head = flat(stored)["head/kernel"]
 
-  same = flat(pretrained.load_pretrained(path, make(seed=1)[1], cfg))
+  same = flat(weights.load_pretrained(path, make(seed=1)[1], cfg))
   np.testing.assert_array_equal(same["head/kernel"], stored_head)
   np.testing.assert_array_equal(same["head/bias"], flat(stored)["head/bias"])
 
   # Another class count: the model's own zero-initialised head.
   _, init3 = make(num_classes=3, real_init=True, seed=1)
-  loaded = flat(pretrained.load_pretrained(path, init3, cfg))
+  loaded = flat(weights.load_pretrained(path, init3, cfg))
   assert loaded["head/kernel"].shape == (32, 3)
   assert not loaded["head/kernel"].any() and not loaded["head/bias"].any()
   np.testing.assert_array_equal(loaded["cls"], flat(stored)["cls"])  # the rest is loaded
 
   # reset_head: init_params' head (random here, so equality shows where it came from).
   _, init = make(seed=1)
-  loaded = flat(pretrained.load_pretrained(path, init, cfg, reset_head=True))
+  loaded = flat(weights.load_pretrained(path, init, cfg, reset_head=True))
   for k in ("head/kernel", "head/bias"):
     np.testing.assert_array_equal(loaded[k], flat(init)[k], err_msg=k)
   np.testing.assert_array_equal(loaded["cls"], flat(stored)["cls"])
 
   _, headless = make(num_classes=None, seed=1)
-  loaded = pretrained.load_pretrained(path, headless, cfg)
+  loaded = weights.load_pretrained(path, headless, cfg)
   assert "head" not in loaded
   assert_same_tree_and_shapes(loaded, headless)
 
@@ -279,14 +282,14 @@ def test_representation_rules(tmp_path, caplog):
   s = flat(stored)
 
   # Same size: kept, and the head on top of it too.
-  loaded = flat(pretrained.load_pretrained(path, make(representation_size=16, seed=1)[1], cfg_r16))
+  loaded = flat(weights.load_pretrained(path, make(representation_size=16, seed=1)[1], cfg_r16))
   for k in ("pre_logits/kernel", "pre_logits/bias", "head/kernel"):
     np.testing.assert_array_equal(loaded[k], s[k], err_msg=k)
 
   # None: dropped; the head's input changed, so the head is fresh.
   cfg_none, init_none = make(seed=1)
   with caplog.at_level(logging.INFO, logger="absl"):  # absl verbosity may be WARNING here
-    loaded = pretrained.load_pretrained(path, init_none, cfg_none)
+    loaded = weights.load_pretrained(path, init_none, cfg_none)
   assert "pre_logits" not in loaded
   assert_same_tree_and_shapes(loaded, init_none)
   np.testing.assert_array_equal(flat(loaded)["head/kernel"], flat(init_none)["head/kernel"])
@@ -294,7 +297,7 @@ def test_representation_rules(tmp_path, caplog):
 
   # Another size: the fresh layer (and head) from init_params.
   cfg_r24, init_r24 = make(representation_size=24, seed=1)
-  loaded = flat(pretrained.load_pretrained(path, init_r24, cfg_r24))
+  loaded = flat(weights.load_pretrained(path, init_r24, cfg_r24))
   for k in ("pre_logits/kernel", "pre_logits/bias", "head/kernel", "head/bias"):
     np.testing.assert_array_equal(loaded[k], flat(init_r24)[k], err_msg=k)
   np.testing.assert_array_equal(loaded["embedding/kernel"], s["embedding/kernel"])
@@ -305,19 +308,19 @@ def test_representation_rules(tmp_path, caplog):
 
 def test_scanned_npz_into_per_layer_model_and_back(tmp_path):
   cfg, stored = make()  # per-layer
-  scanned_tree = checkpoint.layers_to_scanned(stored)
+  scanned_tree = npz.layers_to_scanned(stored)
   scanned_path = os.path.join(tmp_path, "scanned.npz")
   # A big_vision-style file.
   np.savez(scanned_path, **traverse_util.flatten_dict(scanned_tree, sep="/"))
   per_layer_path = save(tmp_path, stored, "per_layer.npz")
 
-  loaded = pretrained.load_pretrained(scanned_path, make(seed=1)[1], cfg)
-  assert not checkpoint.is_scanned(loaded)
+  loaded = weights.load_pretrained(scanned_path, make(seed=1)[1], cfg)
+  assert not npz.is_scanned(loaded)
   for k, v in flat(stored).items():
     np.testing.assert_array_equal(flat(loaded)[k], v, err_msg=k)
 
   _, init_scanned = make(scan=True, seed=1)
-  loaded = pretrained.load_pretrained(per_layer_path, init_scanned, cfg)
+  loaded = weights.load_pretrained(per_layer_path, init_scanned, cfg)
   assert_same_tree_and_shapes(loaded, init_scanned)
   for k, v in flat(scanned_tree).items():
     np.testing.assert_array_equal(flat(loaded)[k], v, err_msg=k)
@@ -330,7 +333,7 @@ def test_mismatched_architecture_is_one_error_listing_each_difference(tmp_path):
     (32, 32), hidden_size=48, patch=8, num_layers=3, num_heads=4, mlp_dim=96, seed=1
   )
   with pytest.raises(ValueError) as info:
-    pretrained.load_pretrained(path, init_big, cfg_big)
+    weights.load_pretrained(path, init_big, cfg_big)
   msg = str(info.value)
   assert path in msg
   assert "patch size: checkpoint (4, 4) vs model (8, 8)" in msg
@@ -346,9 +349,9 @@ def test_bad_arguments_are_named(tmp_path):
   cfg, stored = make()
   path = save(tmp_path, stored)
   with pytest.raises(ValueError, match="'bilinearr'"):
-    pretrained.load_pretrained(path, stored, cfg, posemb_resize_method="bilinearr")
+    weights.load_pretrained(path, stored, cfg, posemb_resize_method="bilinearr")
   cfg.representation_size = 8
   with pytest.raises(ValueError, match="pass the config the model was built from"):
-    pretrained.load_pretrained(path, stored, cfg)
+    weights.load_pretrained(path, stored, cfg)
   with pytest.raises(FileNotFoundError, match="missing.npz"):
-    pretrained.load_pretrained(os.path.join(tmp_path, "missing.npz"), stored, make()[0])
+    weights.load_pretrained(os.path.join(tmp_path, "missing.npz"), stored, make()[0])

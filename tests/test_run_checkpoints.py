@@ -11,12 +11,13 @@ from flax import traverse_util
 from tests.finished_run import copy_run, flip_bytes, tiny_run_config
 from vit_jax import errors, run
 from vit_jax.run import checkpoints as run_checkpoints
+from vit_jax.weights import orbax_steps
 
 pytest_plugins = ["tests.finished_run"]  # the finished_run fixture
 
 
 def flat_params(path) -> dict[str, np.ndarray]:
-  return traverse_util.flatten_dict(run_checkpoints.read_params(path), sep="/")
+  return traverse_util.flatten_dict(orbax_steps.read_params(path), sep="/")
 
 
 def test_read_params_refuses_a_corrupt_step_and_names_it(finished_run, tmp_path):
@@ -25,13 +26,13 @@ def test_read_params_refuses_a_corrupt_step_and_names_it(finished_run, tmp_path)
   flip_bytes(os.path.join(checkpoints, "6"))
   # The newest step is read by default (evaluation, fine-tuning, predict, export).
   with pytest.raises(errors.CheckpointError, match=r"step 6 .*(is corrupt|cannot be read).*/3"):
-    run_checkpoints.read_params(checkpoints)
+    orbax_steps.read_params(checkpoints)
   assert flat_params(os.path.join(checkpoints, "3"))
 
 
 def test_reading_a_step_the_package_wrote_warns_nothing(finished_run, caplog):
   with caplog.at_level("WARNING"):
-    run_checkpoints.read_params(os.path.join(finished_run, "checkpoints"))
+    orbax_steps.read_params(os.path.join(finished_run, "checkpoints"))
   assert not caplog.records, caplog.text  # e.g. Orbax's "Metadata file does not exist"
 
 
@@ -39,14 +40,14 @@ def test_missing_metadata_and_truncated_files_name_the_step(finished_run, tmp_pa
   checkpoints = os.path.join(copy_run(finished_run, tmp_path / "run"), "checkpoints")
   os.remove(os.path.join(checkpoints, "6", "state", "_METADATA"))
   with pytest.raises(errors.CheckpointError, match=r"step 6 .*_METADATA.* does not exist"):
-    run_checkpoints.read_params(checkpoints)
+    orbax_steps.read_params(checkpoints)
   for root, _, files in os.walk(os.path.join(checkpoints, "3", "state")):
     for name in files:
       if root.endswith("d"):
         path = os.path.join(root, name)
         os.truncate(path, os.path.getsize(path) // 2)
   with pytest.raises(errors.CheckpointError, match=r"step 3 .*cannot be read"):
-    run_checkpoints.read_params(os.path.join(checkpoints, "3"))
+    orbax_steps.read_params(os.path.join(checkpoints, "3"))
 
 
 def test_resume_moves_a_corrupt_step_aside_and_writes_it_again(finished_run, tmp_path, digits_dir):
@@ -73,7 +74,7 @@ def test_retention_keeps_the_newest_intact_step_while_newer_ones_fail(tmp_path):
   ckpts.save(4, state)  # would delete 1, but 3, the newest, fails its read-back
   assert ckpts.all_steps() == [1, 2, 3, 4]
   ckpts.close()  # 4 reads back intact: now 1 and 2 may go
-  assert run_checkpoints.finalized_steps(directory) == [3, 4]
+  assert orbax_steps.finalized_steps(directory) == [3, 4]
 
 
 def test_divergence_stops_with_one_message_and_keeps_the_good_steps(
@@ -90,7 +91,7 @@ def test_divergence_stops_with_one_message_and_keeps_the_good_steps(
   diverged = int(re.search(r"Training diverged at step (\d+)", message).group(1))
   assert 7 <= diverged <= 12 and "last saved step is 6" in message
   assert "config.lr.base (now 1000000.0)" in message and "grad_clip_norm" in message
-  assert run_checkpoints.finalized_steps(os.path.join(workdir, "checkpoints")) == [3, 6]
+  assert orbax_steps.finalized_steps(os.path.join(workdir, "checkpoints")) == [3, 6]
   assert all(
     np.isfinite(v).all() for v in flat_params(os.path.join(workdir, "checkpoints")).values()
   )

@@ -12,9 +12,9 @@ from flax import traverse_util
 
 from tests import train_fixtures
 from vit_jax import errors, run, sharding
-from vit_jax.interop import loader
 from vit_jax.run import folder as folder_lib
 from vit_jax.run import resolver
+from vit_jax.weights import sources
 
 pytest_plugins = ["tests.finished_run"]  # the finished_run fixture
 
@@ -74,11 +74,11 @@ def test_the_run_folder_is_found_from_any_path_inside_it(finished_run):
 
 
 def test_predict_and_export_read_a_run_given_as_url_or_epath(finished_run):
-  """predict and export read checkpoints through `loader.load`; fewshot's command is run
+  """predict and export read checkpoints through `sources.load`; fewshot's command is run
   on a file:// URL in test_fewshot.py."""
-  want = traverse_util.flatten_dict(loader.load(finished_run).params, sep="/")
+  want = traverse_util.flatten_dict(sources.load(finished_run).params, sep="/")
   for given in (f"file://{finished_run}/checkpoints", epath.Path(finished_run) / "checkpoints"):
-    got = traverse_util.flatten_dict(loader.load(given).params, sep="/")
+    got = traverse_util.flatten_dict(sources.load(given).params, sep="/")
     assert got.keys() == want.keys()
     for k in want:
       np.testing.assert_array_equal(got[k], want[k], err_msg=k)

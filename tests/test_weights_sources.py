@@ -28,8 +28,9 @@ from flax import traverse_util
 from configs import vit
 from tests import fresh_python
 from tests import interop_fixtures as fx
-from vit_jax import checkpoint, errors, pretrained, run
-from vit_jax.interop import hub, loader
+from vit_jax import errors, run, weights
+from vit_jax.weights import hub, npz
+from vit_jax.weights import sources as weight_sources
 
 sys.modules.setdefault("triton", None)  # see tests/test_export.py: triton beside TensorFlow
 torch = pytest.importorskip("torch")
@@ -110,19 +111,19 @@ def _theirs(model, images: np.ndarray) -> np.ndarray:
   return (out.logits if hasattr(out, "logits") else out).numpy()
 
 
-def _ours(loaded: loader.LoadedModel, images: np.ndarray, **overrides) -> np.ndarray:
+def _ours(loaded: weight_sources.LoadedModel, images: np.ndarray, **overrides) -> np.ndarray:
   module = loaded.module(**overrides)
   return np.asarray(jax.jit(lambda p, x: module.apply({"params": p}, x))(loaded.params, images))
 
 
 def _flat(tree) -> dict[str, np.ndarray]:
-  return traverse_util.flatten_dict(checkpoint.scanned_to_layers(tree), sep="/")
+  return traverse_util.flatten_dict(npz.scanned_to_layers(tree), sep="/")
 
 
 @pytest.mark.parametrize("name", SOURCES)
 def test_import_gives_the_source_librarys_logits(sources, name):
   directory, model, size, tanh = sources(name)
-  loaded = loader.load(directory)
+  loaded = weight_sources.load(directory)
   assert loaded.image_size == (size, size) and loaded.num_classes == NUM_CLASSES
   assert loaded.config.gelu_approximate is tanh  # the source's GELU, recorded
   images = fx.images(2, size)
@@ -132,7 +133,7 @@ def test_import_gives_the_source_librarys_logits(sources, name):
     other = _ours(loaded, images, gelu_approximate=not tanh)
     assert fx.relative_error(other, want) > 5 * TOLERANCE
   # The bare .safetensors file reads the same (its config.json beside it).
-  weights = loader.load(os.path.join(directory, "model.safetensors"))
+  weights = weight_sources.load(os.path.join(directory, "model.safetensors"))
   for key, value in _flat(loaded.params).items():
     np.testing.assert_array_equal(_flat(weights.params)[key], value, err_msg=key)
 
@@ -142,19 +143,19 @@ def test_convert_writes_the_import_bit_for_bit(sources, name, tmp_path):
   from vit_jax import convert  # pylint: disable=g-import-not-at-top
 
   directory = sources(name)[0]
-  imported = _flat(loader.load(directory).params)
+  imported = _flat(weight_sources.load(directory).params)
   for scanned in (False, True):
     out = tmp_path / f"scanned_{scanned}.npz"
     convert.convert(directory, str(out), scanned=scanned)
-    stored = checkpoint.load_npz(out)
-    assert checkpoint.is_scanned(stored) is scanned
+    stored = npz.load_npz(out)
+    assert npz.is_scanned(stored) is scanned
     stored = _flat(stored)
     assert stored.keys() == imported.keys()
     for key, value in imported.items():
       np.testing.assert_array_equal(stored[key], value, err_msg=key)
 
 
-def _finetune_config(loaded: loader.LoadedModel, source: str, digits_dir: str, crop: int):
+def _finetune_config(loaded: weight_sources.LoadedModel, source: str, digits_dir: str, crop: int):
   config = vit.get_config("ti16,digits")  # the fine-tuning recipe (SGD), shrunk
   config.model = ml_collections.ConfigDict(loaded.config.to_dict())
   config.model.gelu_approximate = True  # the official training's (a note is logged)
@@ -181,19 +182,19 @@ def test_config_pretrained_finetunes_from_each_source(
   sources, name, digits_dir, tmp_path, monkeypatch, caplog
 ):
   directory, _, size, _ = sources(name)
-  loaded = loader.load(directory)
+  loaded = weight_sources.load(directory)
   crop = FINETUNE[name]
   config = _finetune_config(loaded, directory, digits_dir, crop)
-  pretrained.check_source(config.pretrained)
+  weights.check_source(config.pretrained)
 
   adapted = {}
-  real_load = pretrained.load_pretrained
+  real_load = weights.load_pretrained
 
   def spy(*args, **kwargs):
     adapted.update(_flat(real_load(*args, **kwargs)))
     return traverse_util.unflatten_dict(dict(adapted), sep="/")
 
-  monkeypatch.setattr(pretrained, "load_pretrained", spy)
+  monkeypatch.setattr(weights, "load_pretrained", spy)
   with caplog.at_level(logging.INFO, logger="absl"):  # absl verbosity may be WARNING here
     result = run.train_and_evaluate(config, str(tmp_path / "ft"))
   # The sources compute the exact GELU, the fine-tuned model the official tanh: said once.
@@ -238,8 +239,8 @@ def test_hf_hub_reads_the_offline_cache_and_names_the_fix_when_empty(sources, tm
   done = convert("hf-hub:someone/tiny-vit", str(tmp_path / "cached.npz"))
   assert done.returncode == 0, done.stderr[-3000:]
   stored, imported = (
-    _flat(checkpoint.load_npz(tmp_path / "cached.npz")),
-    _flat(loader.load(directory).params),
+    _flat(npz.load_npz(tmp_path / "cached.npz")),
+    _flat(weight_sources.load(directory).params),
   )
   for key, value in imported.items():
     np.testing.assert_array_equal(stored[key], value, err_msg=key)
@@ -268,7 +269,7 @@ def test_the_name_table_resolves_every_official_name_timm_lists(monkeypatch):
     copy = hub.official_copy(name)
     assert (copy.repo, copy.num_classes) == (repo, classes), name
     assert hub.official_copy(f"gs://vit_models/{name}.npz") == copy
-  header = importlib.resources.files("vit_jax.interop").joinpath(hub.TABLE).read_text()
+  header = importlib.resources.files("vit_jax.weights").joinpath(hub.TABLE).read_text()
   assert f"timm {timm.__version__}" in header.splitlines()[1]
 
   # Short names: the ImageNet-21k pre-training file where several folders have one.
@@ -287,9 +288,9 @@ def test_the_name_table_resolves_every_official_name_timm_lists(monkeypatch):
 
   # config.pretrained takes hub sources without touching the network at check time.
   for source in ("hf-hub:org/name", "ViT-B_16", "gs://vit_models/imagenet21k/ViT-B_16.npz"):
-    pretrained.check_source(source)
+    weights.check_source(source)
   with pytest.raises(errors.MissingError, match="no hub copy"):
-    pretrained.check_source("ViT-B_8")
+    weights.check_source("ViT-B_8")
 
 
 def test_pickles_are_refused_unread(sources, tmp_path, monkeypatch):
@@ -306,8 +307,8 @@ def test_pickles_are_refused_unread(sources, tmp_path, monkeypatch):
   for module, attr in ((pickle, "load"), (pickle, "loads"), (pickle, "Unpickler"), (torch, "load")):
     monkeypatch.setattr(module, attr, unpickling)
   with pytest.raises(errors.CheckpointError, match=r"model\.bin' is a pickle.*safetensors"):
-    loader.load(str(tmp_path / "model.bin"))
+    weight_sources.load(str(tmp_path / "model.bin"))
   with pytest.raises(errors.CheckpointError, match=r"pytorch_model\.bin is not read"):
-    loader.load(str(pickled))
+    weight_sources.load(str(pickled))
   with pytest.raises(errors.CheckpointError, match="is a pickle"):
-    loader.read_params(str(tmp_path / "model.bin"))
+    weight_sources.read_params(str(tmp_path / "model.bin"))

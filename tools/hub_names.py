@@ -1,4 +1,4 @@
-r"""Writes `vit_jax/interop/hub_names.tsv`: each official ViT checkpoint -> the hub repository
+r"""Writes `vit_jax/weights/hub_names.tsv`: each official ViT checkpoint -> the hub repository
 that hosts a copy of it today, from timm's `default_cfgs`.
 
     python tools/hub_names.py            # needs timm (pip install -e ".[interop]")
@@ -8,7 +8,7 @@ AugReg and SAM files; the original ViT / R50+ViT-B/16 files ('orig_in21k' and
 'orig_in21k_ft_in1k' tags) lost theirs and are named here from the architecture, as the
 official bucket named them (`imagenet21k/ViT-B_16`, `imagenet21k+imagenet2012/ViT-B_16`
 at 384 and `imagenet21k+imagenet2012/ViT-B_16-224`). Only timm's ViT and ResNet-hybrid
-modules are read: those are the architectures `vit_jax.interop.timm_import` reads.
+modules are read: those are the architectures `vit_jax.weights.timm_import` reads.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import re
 import sys
 from typing import Iterator
 
-OUT = os.path.join(os.path.dirname(__file__), "..", "vit_jax", "interop", "hub_names.tsv")
+OUT = os.path.join(os.path.dirname(__file__), "..", "vit_jax", "weights", "hub_names.tsv")
 _BUCKET = re.compile(r"/vit_models/(.+)\.npz$")
 _ORIG_FOLDERS = {"orig_in21k": "imagenet21k", "orig_in21k_ft_in1k": "imagenet21k+imagenet2012"}
 _SIZES = {"tiny": "Ti", "small": "S", "base": "B", "large": "L", "huge": "H"}

@@ -83,7 +83,7 @@ def attention_weights(
 
   N counts the class token (first) when ``model.classifier == 'token'``. Works with the
   per-layer and the scanned (``scan=True``) encoder; ``params`` must match the model's
-  layout (`vit_jax.checkpoint.to_layout` converts).
+  layout (`vit_jax.weights.npz.to_layout` converts).
   """
   images = check_ndim("images", images, 4, "[B, H, W, C] in [-1, 1]")
   model.grid_hw(images.shape[1:3])  # a clear error if the size does not fit the patches

@@ -25,10 +25,11 @@ TensorFlow loads). What a terminal shows:
 from __future__ import annotations
 
 import difflib
+import importlib.resources
 import logging as std_logging  # noqa: TID251 (filters the std records absl forwards)
 import os
 import sys
-from typing import Any, Callable, Optional, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, TypeVar
 
 # Before TensorFlow loads (see the module doc). oneDNN only changes TensorFlow's own
 # kernels (the input pipeline's decode and resize do not use it); turning it off also
@@ -41,6 +42,9 @@ from absl import flags, logging  # noqa: E402  # pylint: disable=g-import-not-at
 from ml_collections import config_flags  # noqa: E402  # pylint: disable=g-import-not-at-top
 
 from vit_jax import errors  # noqa: E402  # pylint: disable=g-import-not-at-top
+
+if TYPE_CHECKING:
+  from vit_jax.weights import sources
 
 USER_ERROR_STATUS = 2
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -154,6 +158,84 @@ def parse_command_flags(
     if holders[name].value is None:
       raise errors.CommandLineError(f"--{name} is required.")
   return {name: holder.value for name, holder in holders.items()}
+
+
+# The flags of the commands that read a model (predict, export, fewshot, convert): what
+# their values mean.
+
+IMAGENET2012 = "imagenet2012"  # --labels value of the class names shipped with the package
+_IMAGENET2012_FILE = "imagenet2012_labels.txt"  # in vit_jax/data, class-index order
+
+
+def imagenet2012_class_names() -> list[str]:
+  """The 1,000 ImageNet-1k class names shipped with the package, in class-index order."""
+  text = importlib.resources.files("vit_jax.data").joinpath(_IMAGENET2012_FILE).read_text()
+  return text.splitlines()
+
+
+def class_names(labels: Optional[str], model: "sources.LoadedModel") -> list[str]:
+  """The class names to print: ``labels`` ('imagenet2012' or a file of one name per
+  line), else the source's own names (a training run's: its dataset's), else ImageNet-1k's
+  for a 1,000-class head, else the class indices."""
+  k = model.num_classes or 0
+  if labels == IMAGENET2012:
+    names = imagenet2012_class_names()
+  elif labels:
+    if not os.path.isfile(labels):
+      raise errors.MissingError(
+        f"--labels={labels!r} is neither {IMAGENET2012!r} nor a file of class names (one per line)."
+      )
+    with open(labels) as f:
+      names = [line.rstrip("\n") for line in f if line.strip()]
+  elif model.class_names:
+    names = list(model.class_names)
+  elif model.run_config is not None and (run_names := _run_class_names(model.run_config)):
+    names = run_names
+  elif k == 1000:
+    names = imagenet2012_class_names()
+  else:
+    return [str(i) for i in range(k)]
+  if len(names) != k:
+    raise errors.CommandLineError(
+      f"{len(names)} class names for a head of {k} classes: pass --labels "
+      "with one name per class of the model."
+    )
+  return names
+
+
+def image_size(model: "sources.LoadedModel", resolution: Optional[int]) -> tuple[int, int]:
+  """``resolution`` (square), else the size the model was trained for."""
+  trained = model.image_size
+  if resolution:
+    learned = model.config.get("posemb", "learn") in ("learn", "learn_2d")
+    if learned and trained and trained != (resolution, resolution):
+      raise errors.CommandLineError(
+        f"--resolution={resolution}, but {model.source!r} has position "
+        f"embeddings for {trained[0]}x{trained[1]}: leave --resolution out, or "
+        "fine-tune at the new size first (config.pretrained resizes them)."
+      )
+    return resolution, resolution
+  if trained is None:
+    raise errors.CommandLineError(
+      f"{model.source!r} does not say its image size (no learned position "
+      "embeddings): pass --resolution."
+    )
+  return trained
+
+
+def _run_class_names(run_config: ml_collections.ConfigDict) -> Optional[list[str]]:
+  """The class names of a training run's dataset; None (with a warning) when unavailable."""
+  from vit_jax import data  # pylint: disable=g-import-not-at-top  (TensorFlow: after this module)
+
+  try:
+    return data.dataset_info(run_config).class_names
+  except Exception as e:  # pylint: disable=broad-except
+    logging.warning(
+      "Class names of the run's dataset %r are not available (%s); printing class indices.",
+      run_config.get("dataset"),
+      e,
+    )
+    return None
 
 
 def _no_context(_: Any) -> tuple[Optional[str], Any]:

@@ -2,7 +2,7 @@ r"""Writes an official-layout `.npz` from any weights source.
 
     python -m vit_jax.convert SOURCE --out=FILE.npz [--scanned] [--model=NAME]
 
-SOURCE: anything `vit_jax.interop.loader` reads: an official `.npz`, a training run, a
+SOURCE: anything `vit_jax.weights.sources` reads: an official `.npz`, a training run, a
 Hugging Face or timm checkpoint (folder or `.safetensors`), ``hf-hub:<org>/<name>[@rev]``
 or an official name (``ViT-B_16``, an AugReg file stem), fetched through the Hugging Face
 cache. The file has the official keys and shapes (docs/checkpoint_format.md), per-layer
@@ -18,14 +18,14 @@ from typing import Sequence
 
 from absl import flags, logging
 
-from vit_jax import checkpoint, cli, errors
-from vit_jax.interop import loader
+from vit_jax import cli, errors
+from vit_jax.weights import npz, sources
 
 
 def convert(source: str, out: str, *, scanned: bool = False, model_name: str | None = None) -> None:
   """Reads ``source`` and writes its parameters to the official-layout `.npz` ``out``."""
-  model = loader.load(source, model_name)
-  checkpoint.save_npz(out, model.params, scanned=scanned)
+  model = sources.load(source, model_name)
+  npz.save_npz(out, model.params, scanned=scanned)
   gelu = "tanh" if model.config.get("gelu_approximate", True) else "exact (erf)"
   logging.info(
     "Wrote %s (%s, %s classes) from %s; its source computes the %s GELU.",

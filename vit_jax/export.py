@@ -37,10 +37,10 @@ from typing import Callable, Iterator, Optional, Sequence
 import jax.numpy as jnp
 from absl import flags, logging
 
-from vit_jax import checkpoint, cli, errors
-from vit_jax.interop import hf as hf_lib
-from vit_jax.interop import loader, serving
-from vit_jax.interop import timm as timm_lib
+from vit_jax import cli, errors
+from vit_jax.weights import hf as hf_lib
+from vit_jax.weights import npz, serving, sources
+from vit_jax.weights import timm as timm_lib
 
 FORMATS = ("hf", "timm", "saved_model", "stablehlo", "npz")
 LABELS_FILE = "labels.txt"
@@ -63,13 +63,13 @@ LOAD_HINTS = {
 
 
 def _writer(
-  model: loader.LoadedModel, fmt: str, labels: Optional[str], resolution: Optional[int]
+  model: sources.LoadedModel, fmt: str, labels: Optional[str], resolution: Optional[int]
 ) -> Callable[[str], None]:
   """Checks that ``model`` can be written as ``fmt``; returns what writes it into a folder."""
   module = model.module(dtype=jnp.float32)
   params = model.params
-  names = loader.class_names(labels, model)
-  size = loader.image_size(model, resolution)
+  names = cli.class_names(labels, model)
+  size = cli.image_size(model, resolution)
   if fmt == "hf":
     files = hf_lib.to_hf(
       params,
@@ -91,7 +91,7 @@ def _writer(
   elif fmt == "stablehlo":
     write = lambda d: serving.write_jax_exported(d, module, params, size)
   elif fmt == "npz":
-    write = lambda d: checkpoint.save_npz(os.path.join(d, NPZ_FILE), params)
+    write = lambda d: npz.save_npz(os.path.join(d, NPZ_FILE), params)
   else:
     raise errors.CommandLineError(f"Unknown --format={fmt!r}; choose one of {', '.join(FORMATS)}.")
 
@@ -117,7 +117,7 @@ def export(
   returns the summary (`export_model`)."""
   _check_out(out)
   return export_model(
-    loader.load(checkpoint_path, model_name), fmt, out, labels=labels, resolution=resolution
+    sources.load(checkpoint_path, model_name), fmt, out, labels=labels, resolution=resolution
   )
 
 
@@ -186,7 +186,7 @@ def _summary(fmt: str, source: str, out: str) -> str:
 
 
 def export_model(
-  model: loader.LoadedModel,
+  model: sources.LoadedModel,
   fmt: str,
   out: str,
   *,

@@ -5,7 +5,7 @@ r"""Classifies image files with a trained model.
 
 PATH: an official-layout `.npz`, a training run (workdir, `checkpoints/` or a step
 folder), a Hugging Face or timm checkpoint, `hf-hub:<org>/<name>` or an official name
-such as `ViT-B_16` (`vit_jax.interop.loader`). Images are prepared
+such as `ViT-B_16` (`vit_jax.weights.sources`). Images are prepared
 as the eval pipeline prepares them (`vit_jax.data.preprocess.eval_image`: the whole
 image resized bilinearly to the model's resolution, values in [-1, 1]) and classified in
 jitted batches. A file that cannot be decoded is reported on stderr and skipped; a path
@@ -31,7 +31,7 @@ from absl import flags, logging
 
 from vit_jax import errors
 from vit_jax.data import preprocess
-from vit_jax.interop import loader
+from vit_jax.weights import sources
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp")  # what decode_rgb reads
 DEFAULT_BATCH = 32
@@ -84,7 +84,7 @@ class Classifier:
   """A loaded model's probabilities for batches of files, one jitted function."""
 
   def __init__(
-    self, model: loader.LoadedModel, image_size: tuple[int, int], batch: int = DEFAULT_BATCH
+    self, model: sources.LoadedModel, image_size: tuple[int, int], batch: int = DEFAULT_BATCH
   ):
     if image_size[0] != image_size[1]:
       raise errors.CommandLineError(
@@ -152,11 +152,11 @@ def predict(
 ) -> Iterator[Prediction]:
   """Top-``k`` predictions for every readable image among ``inputs`` (files, folders)."""
   files = image_files(inputs)  # before the model: a wrong path fails at once
-  model = loader.load(checkpoint, model_name)
+  model = sources.load(checkpoint, model_name)
   if not model.num_classes:
     raise errors.CheckpointError(f"{checkpoint!r} has no classification head: nothing to predict.")
-  names = loader.class_names(labels, model)
-  classifier = Classifier(model, loader.image_size(model, resolution), batch)
+  names = cli.class_names(labels, model)
+  classifier = Classifier(model, cli.image_size(model, resolution), batch)
   for path, probs in classifier.classify(files):
     yield Prediction(path, top_k(probs, names, k))
 

@@ -23,11 +23,10 @@ import jax.numpy as jnp
 import ml_collections
 from absl import flags
 
-from vit_jax import cli, data, errors, models, pretrained, sharding
+from vit_jax import cli, data, errors, models, paths, sharding, weights
 from vit_jax.fewshot import evaluator as evaluator_lib
 from vit_jax.fewshot import linear
-from vit_jax.interop import hub, loader
-from vit_jax.run import folder as folder_lib
+from vit_jax.weights import hub, sources
 
 _CHECKPOINT = flags.DEFINE_string(
   "checkpoint",
@@ -71,7 +70,7 @@ _DATA_DIR = flags.DEFINE_string("data_dir", None, "tfds data_dir (default: the r
 flags.mark_flag_as_required("checkpoint")
 
 
-def _from_run(run: folder_lib.RunFolder) -> tuple[ml_collections.ConfigDict, data.Settings]:
+def _from_run(run: paths.RunPaths) -> tuple[ml_collections.ConfigDict, data.Settings]:
   """The run's model and its data settings (its preprocessing, data_dir, ...)."""
   if _MODEL.value:
     raise errors.CommandLineError(
@@ -84,7 +83,7 @@ def _from_run(run: folder_lib.RunFolder) -> tuple[ml_collections.ConfigDict, dat
 
 def _from_weights(checkpoint: str) -> tuple[ml_collections.ConfigDict, data.Settings]:
   """An .npz's (or Hugging Face folder's) model, and evaluation-only data settings."""
-  loaded = loader.load(checkpoint, _MODEL.value)
+  loaded = sources.load(checkpoint, _MODEL.value)
   if not (_CROP.value or loaded.image_size):
     raise errors.CommandLineError(
       f"{checkpoint!r} does not say its image size (no learned position embeddings): pass --crop."
@@ -113,12 +112,12 @@ def _from_weights(checkpoint: str) -> tuple[ml_collections.ConfigDict, data.Sett
 
 def _config(checkpoint: str) -> tuple[ml_collections.ConfigDict, data.Settings, str]:
   """Model, data settings for the evaluator, and the parameters' source."""
-  weights = hub.is_hub_source(checkpoint) or loader.is_hf_or_timm(checkpoint)
-  run = None if weights else folder_lib.RunFolder.containing(checkpoint)
+  weights = hub.is_hub_source(checkpoint) or sources.is_hf_or_timm(checkpoint)
+  run = None if weights else paths.RunPaths.containing(checkpoint)
   if run is not None:
     model_config, settings = _from_run(run)
     source = os.fspath(run.checkpoint_source(checkpoint))
-  elif folder_lib.as_path(checkpoint).is_dir() and not weights:
+  elif paths.as_path(checkpoint).is_dir() and not weights:
     raise errors.MissingError(
       f"No config.json in or above {checkpoint!r}: pass a run's workdir, its "
       "checkpoints/ folder or a step folder inside it."
@@ -155,7 +154,7 @@ def main(args: list[str]) -> None:
   crop = settings.crop
   image = jnp.zeros((1, crop, crop, 3))
   init_params = jax.jit(evaluator.model.init)(jax.random.PRNGKey(0), image)["params"]
-  params = pretrained.load_pretrained(
+  params = weights.load_pretrained(
     checkpoint,
     jax.device_get(init_params),
     model_config,

@@ -1,6 +1,6 @@
 """Saves and restores a training run (Orbax): asynchronous saves, verified reads, retention.
 
-Not the official ViT weights format: `vit_jax.checkpoint` reads and writes that `.npz`.
+Not the official ViT weights format: `vit_jax.weights.npz` reads and writes that `.npz`.
 
 Layout: `<workdir>/checkpoints/<step>/{state, meta}`. `state` is the train state
 (params, optimizer state, step, rng); `meta` is JSON: the step, a fingerprint of every
@@ -27,169 +27,25 @@ import time
 from typing import Any, Collection, Iterator, Mapping, Optional
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath  # Orbax's path type: local paths and gs:// alike.
 from jax.experimental import multihost_utils
 
 from vit_jax import errors
-from vit_jax.aliases import Params
-
-_STATE, _META = "state", "meta"
-_PARAMS = "params"
-
-
-def _absolute(path: str | os.PathLike) -> epath.Path:
-  """``path`` made absolute; a URL such as gs://bucket/dir is kept as it is."""
-  path = os.fspath(path)
-  return epath.Path(path if "://" in path else os.path.abspath(path))
-
-
-def _first_line(e: BaseException) -> str:
-  text = str(e).strip()
-  return f"{type(e).__name__}: {text.splitlines()[0][:300] if text else ''}"
-
-
-@jax.jit
-def _leaf_sums(leaves: list[Any]) -> list[jax.Array]:
-  """A wrapping uint32 sum of each leaf's bits: any single flipped bit changes it."""
-
-  def leaf_sum(x):
-    x = jnp.asarray(x)
-    if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
-      x = jax.random.key_data(x)
-    if x.dtype.itemsize == 4:
-      bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
-    elif x.dtype.itemsize == 2:
-      bits = jax.lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.uint32)
-    else:
-      bits = x.astype(jnp.uint32)
-    return jnp.sum(bits, dtype=jnp.uint32)
-
-  return [leaf_sum(x) for x in leaves]
-
-
-def fingerprint_keys(tree: Any) -> list[str]:
-  """The key `fingerprint` gives each leaf of ``tree``: its path, e.g. "params/head/kernel"."""
-  return [
-    jax.tree_util.keystr(path, simple=True, separator="/")
-    for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]
-  ]
-
-
-def fingerprint(tree: Any) -> dict[str, int]:
-  """{`fingerprint_keys` of each leaf: the sum of its bits}.
-
-  Host (numpy) trees are summed on the CPU: a checkpoint read back for checking needs no
-  accelerator memory.
-  """
-  leaves = jax.tree.leaves(tree)
-  if all(isinstance(x, np.ndarray) for x in leaves):
-    with jax.default_device(jax.local_devices(backend="cpu")[0]):
-      sums = _leaf_sums(leaves)
-  else:
-    sums = _leaf_sums(leaves)
-  return dict(zip(fingerprint_keys(tree), (int(v) for v in jax.device_get(sums))))
-
-
-def _corrupt(step_dir: epath.Path, problem: str) -> errors.CheckpointError:
-  return errors.CheckpointError(f"Checkpoint step {step_dir.name} in {step_dir.parent} {problem}.")
-
-
-def _read_meta(step_dir: epath.Path) -> dict[str, Any]:
-  """The step's meta JSON, with its fingerprints; CheckpointError when it is unreadable."""
-  try:
-    with ocp.Checkpointer(ocp.JsonCheckpointHandler()) as checkpointer:
-      meta = checkpointer.restore(step_dir / _META, args=ocp.args.JsonRestore())
-  except Exception as e:  # pylint: disable=broad-except
-    raise _corrupt(
-      step_dir, f"has no readable {_META} (the arrays' fingerprints): {_first_line(e)}"
-    ) from e
-  if not isinstance(meta, dict) or not isinstance(meta.get("fingerprint"), dict):
-    raise _corrupt(step_dir, f"has no per-array fingerprints in {step_dir / _META}")
-  return meta
-
-
-def _check(step_dir: epath.Path, saved: Mapping[str, int], tree: Any) -> None:
-  """Raises CheckpointError when an array of ``tree`` differs from its saved fingerprint."""
-  got = fingerprint(tree)
-  bad = sorted(k for k, v in got.items() if saved.get(k) != v)
-  if bad:
-    raise _corrupt(
-      step_dir,
-      f"is corrupt: {len(bad)} of its {len(got)} arrays differ from "
-      f"the fingerprints saved with them (first: {bad[0]}); the files changed "
-      "after saving",
-    )
-
-
-def _read_host(step_dir: epath.Path, subtree: Optional[str] = None) -> Any:
-  """The step's state (or its ``subtree``) as host numpy arrays, verified."""
-  meta = _read_meta(step_dir)
-  state_dir = step_dir / _STATE
-  try:
-    with ocp.PyTreeCheckpointer() as checkpointer:
-      # The tree's own metadata (`state/_METADATA`; raises when it is missing). The
-      # Checkpointer's `metadata` would also look for a `state/_CHECKPOINT_METADATA`, which a
-      # CheckpointManager writes one level up, and warn that it does not exist.
-      tree = checkpointer.handler.metadata(state_dir).tree
-      item = {subtree: tree[subtree]} if subtree else tree
-      as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
-      restored = checkpointer.restore(
-        state_dir,
-        args=ocp.args.PyTreeRestore(
-          item=item, restore_args=as_numpy, partial_restore=subtree is not None
-        ),
-      )
-  except Exception as e:  # pylint: disable=broad-except
-    raise _corrupt(
-      step_dir, f"cannot be read (an incomplete or damaged save): {_first_line(e)}"
-    ) from e
-  _check(step_dir, meta["fingerprint"], restored)
-  return restored[subtree] if subtree else restored
-
-
-def finalized_steps(directory: str | os.PathLike) -> list[int]:
-  """The steps of a `<workdir>/checkpoints` folder whose save completed, ascending."""
-  path = _absolute(directory)
-  if not path.is_dir():
-    return []
-  return sorted(int(p.name) for p in path.iterdir() if p.name.isdigit() and (p / _STATE).is_dir())
-
-
-def read_params(path: str | os.PathLike) -> Params:
-  """The verified parameters of a checkpoint as host numpy arrays, in their saved layout.
-
-  ``path``: a `<workdir>/checkpoints` folder (its newest step is read) or a step folder.
-  Only the parameters are read, not the optimizer state. A step whose arrays fail their
-  fingerprints, or that cannot be read, raises `errors.CheckpointError` naming the step.
-  In a multi-process run every process must call it (Orbax's restore waits at a barrier
-  for all of them); each gets the whole arrays.
-  """
-  path = _absolute(path)
-  if not path.is_dir():
-    raise errors.MissingError(f"No Orbax checkpoint folder at {str(path)!r}: check the path.")
-  if (path / _STATE).is_dir():
-    step_dir = path
-  else:
-    steps = finalized_steps(path)
-    if not steps:
-      raise errors.MissingError(
-        f"No finalized Orbax checkpoint step in {str(path)!r}: pass a "
-        "`<workdir>/checkpoints` folder or one of its step folders."
-      )
-    step_dir = path / str(steps[-1])
-  try:
-    return _read_host(step_dir, _PARAMS)
-  except errors.CheckpointError as e:
-    older = [s for s in finalized_steps(step_dir.parent) if s < int(step_dir.name)]
-    hint = f" Read an older step instead (e.g. {step_dir.parent / str(older[-1])})" if older else ""
-    raise errors.CheckpointError(
-      f"{e}{hint}; resuming the run moves the damaged step aside and writes it again."
-    ) from e
-
+from vit_jax.paths import as_path
+from vit_jax.weights.orbax_steps import (
+  META,
+  STATE,
+  corrupt_error,
+  finalized_steps,
+  fingerprint,
+  fingerprint_keys,
+  first_line,
+  read_host,
+  read_meta,
+  verify,
+)
 
 # What a resumed run may change only when the config allows it: {data key: the switch}.
 ALLOW_CHANGED = {
@@ -218,7 +74,7 @@ def check_resume(
   steps = finalized_steps(directory)
   for step in reversed(steps):
     try:
-      meta = _read_meta(_absolute(directory) / str(step))
+      meta = read_meta(as_path(directory) / str(step))
     except errors.CheckpointError:
       continue  # restore_latest moves it aside
     saved, wanted = set(meta["fingerprint"]), set(fingerprint_keys(abstract_state))
@@ -270,7 +126,7 @@ class RunCheckpoints:
     """``keep``: newest steps kept; ``data``: recorded with each step (`check_resume`)."""
     if keep < 1:
       raise errors.ConfigError(f"config.keep_checkpoints={keep} must be >= 1.")
-    self.directory = _absolute(directory)
+    self.directory = as_path(directory)
     self.keep = keep
     self._data = dict(data or {})
     self._verified: Optional[int] = None  # newest step known intact
@@ -282,7 +138,7 @@ class RunCheckpoints:
     self._manager = ocp.CheckpointManager(
       self.directory,
       options=options,
-      item_handlers={_STATE: ocp.StandardCheckpointHandler(), _META: ocp.JsonCheckpointHandler()},
+      item_handlers={STATE: ocp.StandardCheckpointHandler(), META: ocp.JsonCheckpointHandler()},
     )
 
   def all_steps(self) -> list[int]:
@@ -298,7 +154,7 @@ class RunCheckpoints:
       self._manager.save(
         step,
         args=ocp.args.Composite(
-          **{_STATE: ocp.args.StandardSave(state), _META: ocp.args.JsonSave(meta)}
+          **{STATE: ocp.args.StandardSave(state), META: ocp.args.JsonSave(meta)}
         ),
       )
 
@@ -333,20 +189,20 @@ class RunCheckpoints:
       self._manager.close()
 
   def _restore_verified(self, step_dir: epath.Path, abstract_state: Any) -> Any:
-    saved = _read_meta(step_dir)["fingerprint"]
+    saved = read_meta(step_dir)["fingerprint"]
     try:
       restored = self._manager.restore(
         int(step_dir.name),
-        args=ocp.args.Composite(**{_STATE: ocp.args.StandardRestore(abstract_state)}),
+        args=ocp.args.Composite(**{STATE: ocp.args.StandardRestore(abstract_state)}),
       )
     except Exception as e:  # pylint: disable=broad-except
       if errors.is_out_of_memory(e):
         raise
-      raise _corrupt(
-        step_dir, f"cannot be read (an incomplete or damaged save): {_first_line(e)}"
+      raise corrupt_error(
+        step_dir, f"cannot be read (an incomplete or damaged save): {first_line(e)}"
       ) from e
-    _check(step_dir, saved, restored[_STATE])
-    return restored[_STATE]
+    verify(step_dir, saved, restored[STATE])
+    return restored[STATE]
 
   def _move_aside(self, step_dir: epath.Path, problem: str) -> None:
     target = step_dir.parent / f"{step_dir.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -371,7 +227,7 @@ class RunCheckpoints:
     if self._verified not in kept:
       newest = self.directory / str(steps[-1])
       try:
-        _read_host(newest)
+        read_host(newest)
       except errors.CheckpointError as e:
         logging.warning("%s Keeping the older steps %s.", e, old)
         return

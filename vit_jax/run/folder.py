@@ -1,10 +1,5 @@
-"""The one place that knows a run's folder layout (the `--workdir` of `vit_jax.main`):
-
-    <root>/config.json            the run's config, written once, by the run that starts it
-    <root>/config_history.jsonl   changes a resumed run was allowed to make, one JSON a line
-    <root>/checkpoints/<step>/    Orbax steps (`vit_jax.run.checkpoints`)
-    <root>/tensorboard/           TensorBoard events (`vit_jax.run.progress`)
-    <root>/run.lock               the training process's host, pid, start and last beat
+"""A training run's own use of its folder (the `--workdir` of `vit_jax.main`; the layout:
+`vit_jax.paths`): the resume check of `config.json`, its one write, and the lock.
 
 One run trains in a folder at a time: `RunFolder.lock` takes `run.lock` before the run
 writes anything (created with O_EXCL locally; on a bucket, where there is no exclusive
@@ -12,10 +7,6 @@ create, written after checking it is absent, so two starts within the same secon
 pass). A lock whose process is gone (same host, pid not running) or whose heartbeat is
 older than `STALE_SECONDS` (another host that died, e.g. a preempted VM) is taken over
 with a warning. Predict, export and fewshot only read and take no lock.
-
-A run is found from any path inside it (the root, `checkpoints/` or a step folder), given
-as a local path, a `file://` URL, an `epath.Path` or a `gs://` URL; every read and write
-goes through `epath`/`tf.io.gfile`, so buckets work like local folders.
 """
 
 from __future__ import annotations
@@ -26,19 +17,15 @@ import json
 import os
 import socket
 import time
-from typing import Any, Iterator, Optional, Union
+from typing import Any, Iterator
 
 import jax
 from absl import logging
 from etils import epath
 
-from vit_jax import errors
+from vit_jax import errors, paths
+from vit_jax.paths import CONFIG_FILE, HISTORY_FILE, LOCK_FILE
 
-CONFIG_FILE = "config.json"
-HISTORY_FILE = "config_history.jsonl"
-CHECKPOINTS = "checkpoints"
-EVENTS = "tensorboard"
-LOCK_FILE = "run.lock"
 # A lock whose heartbeat (refreshed at every log step and save) is older than this is
 # stale: its run died on a host that cannot be asked (preempted VMs come back as others).
 STALE_SECONDS = 15 * 60
@@ -46,20 +33,6 @@ STALE_SECONDS = 15 * 60
 # that may change with a warning.
 _MODEL_KEYS = ("model", "num_classes", "pp")
 _SCHEDULE_KEYS = ("total_steps", "lr", "optim", "batch", "accum_steps")
-_FILE_URL = "file://"
-
-Location = Union[str, os.PathLike]
-
-
-def as_path(location: Location) -> epath.Path:
-  """``location`` as an absolute `epath.Path`: a `file://` URL becomes its local path, and a
-  URL such as gs://bucket/dir is kept as it is."""
-  if isinstance(location, epath.Path):
-    return location
-  text = os.fspath(location)
-  if text.startswith(_FILE_URL):
-    text = text[len(_FILE_URL) :]
-  return epath.Path(text if "://" in text else os.path.abspath(text))
 
 
 def _differences(saved: Any, current: Any, prefix: str) -> list[str]:
@@ -84,59 +57,8 @@ def _running(pid: Any) -> bool:
   return True
 
 
-class RunFolder:
-  """A run's root folder and the paths inside it."""
-
-  def __init__(self, root: Location):
-    self.root = as_path(root)
-
-  @classmethod
-  def containing(cls, location: Location) -> Optional["RunFolder"]:
-    """The run that ``location`` (its root, `checkpoints/` or a step folder) belongs to:
-    the nearest of it and its two parents with a `config.json`; None when there is none."""
-    path = as_path(location)
-    for candidate in (path, path.parent, path.parent.parent):
-      if (candidate / CONFIG_FILE).is_file():
-        return cls(candidate)
-    return None
-
-  @property
-  def config_path(self) -> epath.Path:
-    return self.root / CONFIG_FILE
-
-  @property
-  def checkpoints(self) -> epath.Path:
-    return self.root / CHECKPOINTS
-
-  @property
-  def events(self) -> str:
-    return os.fspath(self.root / EVENTS)
-
-  def checkpoint_source(self, location: Location) -> epath.Path:
-    """What to read parameters from for ``location`` inside this run: the step folder or
-    `checkpoints/` it names, else this run's `checkpoints/` (its newest step)."""
-    path = as_path(location)
-    return self.checkpoints if path == self.root else path
-
-  def has_config(self) -> bool:
-    return self.config_path.exists()
-
-  def read_config(self) -> dict[str, Any]:
-    """The JSON config the run saved; an unreadable one is an error naming the file."""
-    path = self.config_path
-    try:
-      saved = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError, OSError) as e:
-      raise errors.ResumeError(
-        f"{path} is not a readable run config ({type(e).__name__}: {e}). Fix it, or move it "
-        "away to resume with this config (the checkpoints stay)."
-      ) from e
-    if not isinstance(saved, dict):
-      raise errors.ResumeError(
-        f"{path} holds a JSON {type(saved).__name__}, not a run config (an object). Fix it, "
-        "or move it away to resume with this config (the checkpoints stay)."
-      )
-    return saved
+class RunFolder(paths.RunPaths):
+  """A run's folder as the training run uses it: resume check, config write, lock."""
 
   def check_config(self, current: dict[str, Any]) -> None:
     """A resume that changes the model is an error naming each changed key with both

@@ -17,7 +17,7 @@ from typing import Any, Optional
 import jax
 import ml_collections
 
-from vit_jax import data, errors, pretrained, sharding
+from vit_jax import data, errors, sharding, weights
 from vit_jax.data.dataset import Settings as DataSettings
 from vit_jax.run import accumulation, losses, objectives, step_cost
 from vit_jax.run import spec as spec_lib
@@ -195,7 +195,7 @@ def resolve(
   fewshot = _fewshot(config)
   pretrained_source = config.pretrained or None
   if pretrained_source:
-    pretrained.check_source(pretrained_source)
+    weights.check_source(pretrained_source)
   processes = _process_count(mesh)
   data.local_batch_size(data_settings.batch, mesh, "batch", processes)
   data.local_batch_size(data_settings.batch_eval, mesh, "batch_eval", processes)

@@ -28,7 +28,7 @@ import optax
 from flax import struct
 from jax.experimental import multihost_utils
 
-from vit_jax import pretrained, sharding
+from vit_jax import sharding, weights
 from vit_jax.aliases import Batch
 from vit_jax.run import objectives, optim, step_cost
 from vit_jax.run.spec import RunSpec
@@ -156,7 +156,7 @@ class RunSteps:
     # embeddings from it): device_get fails on arrays split over several processes.
     init_params = multihost_utils.process_allgather(state.params, tiled=True)
     crop = self.spec.crop
-    params = pretrained.load_pretrained(
+    params = weights.load_pretrained(
       source.source,
       init_params,
       self.spec.model,

@@ -40,7 +40,7 @@ class HubCopy:
 @functools.lru_cache(maxsize=None)
 def table() -> dict[str, HubCopy]:
   """The official names this package knows a hub copy of."""
-  text = importlib.resources.files("vit_jax.interop").joinpath(TABLE).read_text()
+  text = importlib.resources.files("vit_jax.weights").joinpath(TABLE).read_text()
   rows = (line.split("\t") for line in text.splitlines() if line and not line.startswith("#"))
   return {name: HubCopy(name, repo, int(classes)) for name, repo, classes in rows}
 
@@ -137,7 +137,7 @@ def resolve(source: str) -> str:
     close = close or difflib.get_close_matches(stem, list(table()), n=3, cutoff=0.5)
     raise errors.MissingError(
       f"{source!r}: no hub copy of this official checkpoint is known (the package's table "
-      f"lists {len(table())} from timm's default_cfgs, vit_jax/interop/{TABLE})"
+      f"lists {len(table())} from timm's default_cfgs, vit_jax/weights/{TABLE})"
       + (f"; close names: {', '.join(close)}" if close else "")
       + ". Pass a local .npz, hf-hub:<org>/<name>, or one of the table's names."
     )

@@ -25,13 +25,16 @@ import ml_collections
 import numpy as np
 from flax import traverse_util
 
-from vit_jax import checkpoint, errors, models
+from vit_jax import errors, models
 from vit_jax.models import posemb as posemb_lib
+from vit_jax.weights import npz
 
 POSEMB = "Transformer/posembed_input/pos_embedding"
 POSEMB_X = "Transformer/posembed_input/pos_embedding_x"
 POSEMB_Y = "Transformer/posembed_input/pos_embedding_y"
 _BLOCK = re.compile(r"^Transformer/encoderblock_(\d+)/")
+_QUERY = "MultiHeadDotProductAttention_1/query/kernel"  # inside a block
+_MLP = "MlpBlock_3/Dense_0/kernel"
 _RESNET_UNIT = re.compile(r"^block(\d+)/unit(\d+)/")
 _ROOT_WIDTH = 64  # conv_root's output channels at width factor 1
 
@@ -43,7 +46,7 @@ def _shapes(params: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
 
 def _block_shapes(shapes: Mapping[str, tuple[int, ...]]) -> tuple[int, dict[str, tuple]]:
   """(depth, shapes of block 0 keyed by the path inside a block) for either layout."""
-  scanned = f"Transformer/{checkpoint.SCANNED_BLOCK}/"
+  scanned = f"Transformer/{npz.SCANNED_BLOCK}/"
   inner = {k[len(scanned) :]: s[1:] for k, s in shapes.items() if k.startswith(scanned)}
   if inner:
     return next(iter(shapes[scanned + k] for k in inner))[0], inner
@@ -90,6 +93,38 @@ def _official_name(config: ml_collections.ConfigDict) -> Optional[str]:
   return next((n for n in models.MODEL_NAMES if arch(models.get_model_config(n)) == target), None)
 
 
+def posemb_kind(params: Mapping[str, Any]) -> Optional[str]:
+  """'learn' or 'learn_2d' by the stored table; None without one ('sincos2d' and 'none'
+  have no parameters to tell them apart)."""
+  shapes = _shapes(params)
+  if POSEMB in shapes:
+    return "learn"
+  if POSEMB_X in shapes and POSEMB_Y in shapes:
+    return "learn_2d"
+  return None
+
+
+def describe(params: Mapping[str, Any]) -> dict[str, Any]:
+  """What the shapes say of the model, each None where they do not say it: patch size,
+  input channels, width, depth, heads, MLP dim, position embedding, ResNet root."""
+  shapes = _shapes(params)
+  kernel = shapes.get("embedding/kernel")
+  kernel = kernel if kernel and len(kernel) == 4 else None
+  depth, block = _block_shapes(shapes)
+  query = block.get(_QUERY)
+  mlp = block.get(_MLP)
+  return {
+    "patch size": kernel[:2] if kernel else None,
+    "input channels": kernel[2] if kernel else None,
+    "width": kernel[3] if kernel else None,
+    "depth": depth or None,
+    "heads": query[1] if query and len(query) == 3 else None,
+    "MLP dim": mlp[-1] if mlp else None,
+    "position embedding": posemb_kind(params),
+    "ResNet root": "conv_root/kernel" in shapes,
+  }
+
+
 def infer_model_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
   """The model config (`vit_jax.models.variants` layout) that ``params`` were made for.
 
@@ -97,29 +132,17 @@ def infer_model_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
   Raises one ValueError naming everything that cannot be read from the shapes.
   """
   shapes = _shapes(params)
+  arch = describe(params)
   unknown: list[str] = []
-  patch = width = heads = mlp = None
-  if (k := shapes.get("embedding/kernel")) and len(k) == 4:
-    patch, width = k[:2], k[3]
-  else:
+  if arch["width"] is None:
     unknown.append("patch size and width (no embedding/kernel [ph, pw, C, D])")
-  depth, block = _block_shapes(shapes)
-  if not depth:
+  if arch["depth"] is None:
     unknown.append("depth (no Transformer/encoderblock_{i} or scanned encoderblock arrays)")
-  if (q := block.get("MultiHeadDotProductAttention_1/query/kernel")) and len(q) == 3:
-    heads = q[1]
-  elif depth:
-    unknown.append("heads (no query/kernel [D, H, Dh] in the first encoder block)")
-  if m := block.get("MlpBlock_3/Dense_0/kernel"):
-    mlp = m[-1]
-  elif depth:
-    unknown.append("MLP width (no MlpBlock_3/Dense_0/kernel in the first encoder block)")
-  if POSEMB in shapes:
-    posemb = "learn"
-  elif POSEMB_X in shapes and POSEMB_Y in shapes:
-    posemb = "learn_2d"
-  else:
-    posemb = None
+  elif arch["heads"] is None:
+    unknown.append(f"heads (no {_QUERY} [D, H, Dh] in the first encoder block)")
+  if arch["depth"] is not None and arch["MLP dim"] is None:
+    unknown.append(f"MLP width (no {_MLP} in the first encoder block)")
+  if arch["position embedding"] is None:
     unknown.append(
       "position embeddings (no learned table: 'sincos2d' and 'none' have no "
       "parameters to tell them apart)"
@@ -134,13 +157,13 @@ def infer_model_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
     )
 
   config = models.get_model_config("testing")  # every field, then overwritten
-  config.patches.size = tuple(patch)
-  config.hidden_size = width
-  config.transformer.num_layers = depth
-  config.transformer.mlp_dim = mlp
-  config.transformer.num_heads = heads
+  config.patches.size = tuple(arch["patch size"])
+  config.hidden_size = arch["width"]
+  config.transformer.num_layers = arch["depth"]
+  config.transformer.mlp_dim = arch["MLP dim"]
+  config.transformer.num_heads = arch["heads"]
   config.classifier = "token" if "cls" in shapes else "gap"
-  config.posemb = posemb
+  config.posemb = arch["position embedding"]
   if "pre_logits/kernel" in shapes:
     config.representation_size = shapes["pre_logits/kernel"][-1]
   if resnet is not None:

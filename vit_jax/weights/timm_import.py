@@ -1,6 +1,6 @@
 """timm `VisionTransformer` (and its ResNet hybrids) -> our parameters, numpy only.
 
-The inverse of `vit_jax.interop.timm`'s export. A timm checkpoint is a `model.safetensors`
+The inverse of `vit_jax.weights.timm`'s export. A timm checkpoint is a `model.safetensors`
 (timm's state dict) with, from the hub or `timm.models.save_for_hf`, a `config.json`
 naming the architecture (``architecture``, ``model_args``, ``global_pool``), or with our
 export's `timm_model.json`. The arrays give everything but the head count and the GELU:
@@ -9,7 +9,7 @@ GELU), else from timm's size in the architecture name or the width of an officia
 
 Hybrid kernels: timm standardises as (w - mean) / sqrt(var + 1e-8), our model as
 (w - mean) / (std + 1e-5); each kernel is rescaled so that our model computes timm's.
-Pickled checkpoints (`.bin`, `.pth`) are never read (`vit_jax.interop.loader`).
+Pickled checkpoints (`.bin`, `.pth`) are never read (`vit_jax.weights.sources`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from flax import traverse_util
 
 from vit_jax import errors, models
 from vit_jax.aliases import Params
-from vit_jax.interop import infer
-from vit_jax.interop import timm as timm_export
+from vit_jax.weights import architecture
+from vit_jax.weights import timm as timm_export
 
 CONFIG = "config.json"  # timm's hub config (architecture, model_args, pretrained_cfg)
 _APPROXIMATE = {v: k for k, v in timm_export._ACT_LAYER.items()}  # act_layer -> tanh GELU?
@@ -69,10 +69,10 @@ def _arguments(directory: str) -> tuple[str, dict[str, Any], Optional[list[str]]
   return "", {}, None
 
 
-def _num_heads(architecture: str, args: dict[str, Any], width: int, source: str) -> int:
+def _num_heads(timm_name: str, args: dict[str, Any], width: int, source: str) -> int:
   if args.get("num_heads"):
     return int(args["num_heads"])
-  if m := _SIZE.match(architecture):
+  if m := _SIZE.match(timm_name):
     return _HEADS_BY_SIZE[m.group(1)]
   official = {
     models.get_model_config(n).hidden_size: models.get_model_config(n).transformer.num_heads
@@ -146,7 +146,7 @@ def from_timm(tensors: dict[str, np.ndarray], num_heads: int, source: str) -> Pa
   flat = {
     "embedding/kernel": _conv(take("patch_embed.proj.weight")),
     "embedding/bias": take("patch_embed.proj.bias"),
-    infer.POSEMB: take("pos_embed"),
+    architecture.POSEMB: take("pos_embed"),
     "Transformer/encoder_norm/scale": take("norm.weight"),
     "Transformer/encoder_norm/bias": take("norm.bias"),
   }
@@ -194,7 +194,7 @@ def read(
     if os.path.isdir(path)
     else (os.path.dirname(path), path)
   )
-  architecture, args, names = _arguments(directory)
+  timm_name, args, names = _arguments(directory)
   if not os.path.isfile(weights):
     raise errors.CheckpointError(
       f"No {timm_export.WEIGHTS} in {directory!r} (a pickled pytorch_model.bin is not read: "
@@ -214,14 +214,14 @@ def read(
       "average ('avg')."
     )
   width = tensors["patch_embed.proj.weight"].shape[0]
-  params = from_timm(tensors, _num_heads(architecture, args, width, repr(path)), repr(path))
-  config = infer.infer_model_config(params)
+  params = from_timm(tensors, _num_heads(timm_name, args, width, repr(path)), repr(path))
+  config = architecture.infer_model_config(params)
   act = args.get("act_layer")
   if act not in _APPROXIMATE:
     raise errors.CheckpointError(
       f"{path!r}: timm act_layer {act!r} is not a GELU this model has ({_ACT_NAMES})."
     )
   config.gelu_approximate = _APPROXIMATE[act]
-  if names is not None and len(names) != infer.num_classes(params):
+  if names is not None and len(names) != architecture.num_classes(params):
     names = None
-  return config, params, names, infer.trained_image_size(params, config)
+  return config, params, names, architecture.trained_image_size(params, config)

@@ -1,13 +1,13 @@
 """Any weights source -> one `LoadedModel` (config, parameters, classes, image size).
 
-Sources, told apart by what is on disk (hub names are fetched first, `vit_jax.interop.hub`):
+Sources, told apart by what is on disk (hub names are fetched first, `vit_jax.weights.hub`):
   * an official-layout `.npz` (per-layer or scanned): the architecture from ``model_name``
-    or inferred from the array shapes (`vit_jax.interop.infer`);
+    or inferred from the array shapes (`vit_jax.weights.architecture`);
   * a training run of this package: its workdir, `<workdir>/checkpoints` or one step
     folder; model, image size and class names come from the run's `config.json`;
-  * a Hugging Face `ViTForImageClassification` / `ViTModel` directory (`vit_jax.interop.hf`);
+  * a Hugging Face `ViTForImageClassification` / `ViTModel` directory (`vit_jax.weights.hf`);
   * a timm checkpoint: a `.safetensors` file, or a folder with `model.safetensors` and
-    timm's `config.json` or our export's `timm_model.json` (`vit_jax.interop.timm_import`);
+    timm's `config.json` or our export's `timm_model.json` (`vit_jax.weights.timm_import`);
   * ``hf-hub:<org>/<name>[@revision]`` (a transformers or a timm repository) and the
     official names (``ViT-B_16``, AugReg file stems): the hub copy, through its cache.
 Pickles (`.bin`, `.pth`, ...) are refused unread: unpickling runs arbitrary code.
@@ -19,7 +19,6 @@ transformers' ``gelu`` and timm's default), so the loaded model gives the source
 from __future__ import annotations
 
 import dataclasses
-import importlib.resources
 import os
 from typing import Any, Callable, Optional
 
@@ -29,13 +28,11 @@ import jax.numpy as jnp
 import ml_collections
 from absl import logging
 
-from vit_jax import checkpoint, errors, models
+from vit_jax import errors, models
 from vit_jax.aliases import Params
-from vit_jax.interop import hub, infer
-from vit_jax.run import folder as folder_lib
+from vit_jax.paths import CONFIG_FILE, RunPaths, as_path
+from vit_jax.weights import architecture, hub, npz, orbax_steps
 
-IMAGENET2012 = "imagenet2012"  # --labels value of the class names shipped with the package
-_IMAGENET2012_FILE = "imagenet2012_labels.txt"  # in vit_jax/data, class-index order
 _MAX_ERROR_LINES = 20  # of check_tree's list of differences
 _PICKLES = (".bin", ".pth", ".pt", ".ckpt", ".pkl", ".pickle")
 _SAFETENSORS = ".safetensors"
@@ -51,43 +48,10 @@ class LoadedModel:
   image_size: Optional[tuple[int, int]]  # what the position embeddings were trained for
   class_names: Optional[list[str]]  # None when the source does not name its classes
   source: str
+  run_config: Optional[ml_collections.ConfigDict] = None  # a training run's saved config
 
   def module(self, **overrides: Any) -> models.VisionTransformer:
     return models.create_model(self.config, num_classes=self.num_classes, **overrides)
-
-
-def imagenet2012_class_names() -> list[str]:
-  """The 1,000 ImageNet-1k class names shipped with the package, in class-index order."""
-  text = importlib.resources.files("vit_jax.data").joinpath(_IMAGENET2012_FILE).read_text()
-  return text.splitlines()
-
-
-def class_names(labels: Optional[str], model: LoadedModel) -> list[str]:
-  """The class names to print: ``labels`` ('imagenet2012' or a file of one name per
-  line), else the source's own names, else ImageNet-1k's for a 1,000-class head, else
-  the class indices."""
-  k = model.num_classes or 0
-  if labels == IMAGENET2012:
-    names = imagenet2012_class_names()
-  elif labels:
-    if not os.path.isfile(labels):
-      raise errors.MissingError(
-        f"--labels={labels!r} is neither {IMAGENET2012!r} nor a file of class names (one per line)."
-      )
-    with open(labels) as f:
-      names = [line.rstrip("\n") for line in f if line.strip()]
-  elif model.class_names:
-    names = list(model.class_names)
-  elif k == 1000:
-    names = imagenet2012_class_names()
-  else:
-    return [str(i) for i in range(k)]
-  if len(names) != k:
-    raise errors.CommandLineError(
-      f"{len(names)} class names for a head of {k} classes: pass --labels "
-      "with one name per class of the model."
-    )
-  return names
 
 
 def load(path: str | os.PathLike, model_name: Optional[str] = None) -> LoadedModel:
@@ -99,7 +63,9 @@ def load(path: str | os.PathLike, model_name: Optional[str] = None) -> LoadedMod
   path = os.fspath(location)
   if reader := _reader(path):
     config, params, names, image_size = reader(path)
-    loaded = LoadedModel(config, params, infer.num_classes(params), image_size, names, source)
+    loaded = LoadedModel(
+      config, params, architecture.num_classes(params), image_size, names, source
+    )
   elif location.is_dir():
     loaded = _load_run(path)
   elif location.is_file():
@@ -115,11 +81,25 @@ def load(path: str | os.PathLike, model_name: Optional[str] = None) -> LoadedMod
   return loaded
 
 
+def check_source(source: str) -> None:
+  """Fails before a run compiles anything when ``source`` (``config.pretrained``) is not
+  there."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (gs:// paths)
+
+  if not hub.is_hub_source(source) and not tf.io.gfile.exists(source):
+    hub.resolve(source)  # an official name without a hub copy: that error
+    raise errors.MissingError(
+      f"config.pretrained={source!r} does not exist: give an official .npz file, a run's "
+      "<workdir>/checkpoints folder, a Hugging Face or timm checkpoint, hf-hub:<org>/<name> "
+      "or an official name such as ViT-B_16."
+    )
+
+
 def _local(source: str | os.PathLike) -> Any:
-  """The path to read: a hub source fetched (`vit_jax.interop.hub`), pickles refused."""
+  """The path to read: a hub source fetched (`vit_jax.weights.hub`), pickles refused."""
   if isinstance(source, str):
     source = hub.resolve(source)
-  location = folder_lib.as_path(source)
+  location = as_path(source)
   if os.fspath(location).lower().endswith(_PICKLES):
     raise errors.CheckpointError(
       f"{os.fspath(location)!r} is a pickle, which is not read (unpickling runs arbitrary "
@@ -138,7 +118,7 @@ Reader = Callable[
 
 def _reader(path: str) -> Optional[Reader]:
   """The reader of a transformers or timm checkpoint at ``path``; None for other sources."""
-  from vit_jax.interop import hf, timm_import  # pylint: disable=g-import-not-at-top
+  from vit_jax.weights import hf, timm_import  # pylint: disable=g-import-not-at-top
 
   if path.endswith(_SAFETENSORS) and os.path.isfile(path):
     directory = os.path.dirname(path)
@@ -160,20 +140,18 @@ def read_params(source: str | os.PathLike) -> tuple[Params, Optional[ml_collecti
   """The parameter tree of any source, for fine-tuning, and its model config where the
   source has one. `.npz` files and Orbax folders are read as stored (either encoder
   layout; an Orbax folder needs no config.json); the rest as `load` reads them."""
-  from vit_jax.run import checkpoints as run_checkpoints  # pylint: disable=g-import-not-at-top
-
   location = _local(source)
   path = os.fspath(location)
   if is_hf_or_timm(path):
     loaded = load(path)
     return loaded.params, loaded.config
   if location.is_dir():
-    return run_checkpoints.read_params(path), None
-  return checkpoint.load_npz(path), None
+    return orbax_steps.read_params(path), None
+  return npz.load_npz(path), None
 
 
 def _load_npz(path: str, model_name: Optional[str]) -> LoadedModel:
-  params = checkpoint.scanned_to_layers(checkpoint.load_npz(path))
+  params = npz.scanned_to_layers(npz.load_npz(path))
   if model_name:
     config = models.get_model_config(model_name)
     # The registry leaves it out; official ImageNet-21k files have one.
@@ -181,41 +159,35 @@ def _load_npz(path: str, model_name: Optional[str]) -> LoadedModel:
       config.representation_size = params["pre_logits"]["kernel"].shape[-1]
     config.classifier = "token" if "cls" in params else "gap"
   else:
-    config = infer.infer_model_config(params)
+    config = architecture.infer_model_config(params)
     logging.info("%s: inferred architecture %s.", path, config.name)
   return LoadedModel(
-    config, params, infer.num_classes(params), infer.trained_image_size(params, config), None, path
+    config,
+    params,
+    architecture.num_classes(params),
+    architecture.trained_image_size(params, config),
+    None,
+    path,
   )
 
 
 def _load_run(path: str) -> LoadedModel:
-  # pylint: disable-next=g-import-not-at-top
-  from vit_jax import data
-  from vit_jax.run import checkpoints as run_checkpoints
-
-  run = folder_lib.RunFolder.containing(path)
+  run = RunPaths.containing(path)
   if run is None:
     raise errors.MissingError(
       f"{path!r} is a folder but neither a training run (no "
-      f"{folder_lib.CONFIG_FILE} in it or up to two levels above) nor a Hugging Face "
+      f"{CONFIG_FILE} in it or up to two levels above) nor a Hugging Face "
       "ViT directory (config.json with model_type 'vit')."
     )
   run_config = ml_collections.ConfigDict(run.read_config())
   source = run.checkpoint_source(path)
-  params = checkpoint.scanned_to_layers(nn.unbox(dict(run_checkpoints.read_params(source))))
+  params = npz.scanned_to_layers(nn.unbox(dict(orbax_steps.read_params(source))))
   config = run_config.model
   config.scan = False  # the parameters are per-layer now
-  names = None
-  try:
-    names = data.dataset_info(run_config).class_names
-  except Exception as e:  # pylint: disable=broad-except
-    logging.warning(
-      "Class names of the run's dataset %r are not available (%s); printing class indices.",
-      run_config.get("dataset"),
-      e,
-    )
   crop = run_config.pp.crop
-  return LoadedModel(config, params, infer.num_classes(params), (crop, crop), names, path)
+  return LoadedModel(
+    config, params, architecture.num_classes(params), (crop, crop), None, path, run_config
+  )
 
 
 def _check_fits(loaded: LoadedModel) -> None:
@@ -224,7 +196,7 @@ def _check_fits(loaded: LoadedModel) -> None:
   dummy = jax.ShapeDtypeStruct((1, *size, 3), jnp.float32)
   expected = jax.eval_shape(lambda x: loaded.module().init(jax.random.PRNGKey(0), x), dummy)
   try:
-    checkpoint.check_tree(
+    npz.check_tree(
       loaded.params, nn.unbox(expected["params"]), source=f"checkpoint {loaded.source!r}"
     )
   except ValueError as e:
@@ -235,23 +207,3 @@ def _check_fits(loaded: LoadedModel) -> None:
       "\n".join(lines) + "\n  Fix: pass the checkpoint's model (--model=NAME) "
       "or leave it out to infer it from the array shapes."
     ) from None
-
-
-def image_size(model: LoadedModel, resolution: Optional[int]) -> tuple[int, int]:
-  """``resolution`` (square), else the size the model was trained for."""
-  trained = model.image_size
-  if resolution:
-    learned = model.config.get("posemb", "learn") in ("learn", "learn_2d")
-    if learned and trained and trained != (resolution, resolution):
-      raise errors.CommandLineError(
-        f"--resolution={resolution}, but {model.source!r} has position "
-        f"embeddings for {trained[0]}x{trained[1]}: leave --resolution out, or "
-        "fine-tune at the new size first (config.pretrained resizes them)."
-      )
-    return resolution, resolution
-  if trained is None:
-    raise errors.CommandLineError(
-      f"{model.source!r} does not say its image size (no learned position "
-      "embeddings): pass --resolution."
-    )
-  return trained

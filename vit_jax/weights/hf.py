@@ -24,7 +24,7 @@ from flax import traverse_util
 
 from vit_jax import errors
 from vit_jax.aliases import Params
-from vit_jax.interop import infer
+from vit_jax.weights import architecture
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
@@ -267,7 +267,7 @@ def read_dir(
     },
     sep="/",
   )
-  config = infer.infer_model_config(params)
+  config = architecture.infer_model_config(params)
   config.gelu_approximate = _APPROXIMATE[act]
   size = hf_config.get("image_size", 224)
   size = tuple(size) if isinstance(size, (list, tuple)) else (size, size)

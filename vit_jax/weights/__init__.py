@@ -1,0 +1,20 @@
+"""Every weights source and every fit of stored weights to a model, in one package.
+
+Reading: `sources.load` (any source -> a `LoadedModel`: config, parameters, classes, image
+size) and `sources.read_params` (the stored tree, for fine-tuning). The sources: official
+`.npz` files (`npz.py`), a training run's Orbax steps (`orbax_steps.py`), Hugging Face
+(`hf.py`) and timm (`timm_import.py`) folders or `.safetensors`, and ``hf-hub:`` or
+official names fetched through the hub cache (`hub.py`). The architecture of a tree is
+read from its shapes in one place (`architecture.py`). Fitting: `load_pretrained`
+(`fit.py`) adapts a stored tree to a new model (head, representation layer, class token,
+position embeddings). Writing: `.npz`, Hugging Face, timm, SavedModel and StableHLO
+(`npz.py`, `hf.py`, `timm.py`, `serving.py`).
+
+Nothing here imports torch (the PyTorch side is only needed to load what is written), and
+nothing imports `vit_jax.run`: the run asks `load_pretrained` for its initial parameters.
+"""
+
+from vit_jax.weights.fit import load_pretrained
+from vit_jax.weights.sources import LoadedModel, check_source, load, read_params
+
+__all__ = ["LoadedModel", "check_source", "load", "load_pretrained", "read_params"]

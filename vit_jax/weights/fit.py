@@ -1,0 +1,343 @@
+"""Pre-trained weights adapted to a new model for fine-tuning (paper Sec. 3.2).
+
+`load_pretrained` reads a stored checkpoint (any source `vit_jax.weights.sources` reads: an
+official `.npz`, a training run's Orbax checkpoints, a Hugging Face or timm checkpoint,
+``hf-hub:<org>/<name>`` or an official name such as ``ViT-B_16``) and applies the
+fine-tuning policy: head and representation-layer rules, class token, position embeddings
+interpolated to the new grid, the encoder layout of the new model, and one error naming
+what does not fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Mapping, Optional
+
+import flax.linen as nn
+import numpy as np
+from absl import logging
+from flax import traverse_util
+
+from vit_jax import errors
+from vit_jax.models.mpp import MPP_PARAMS
+from vit_jax.models.posemb import (
+  POSEMB_REINIT,
+  POSEMB_RESIZE_METHODS,
+  resize_posemb,
+  resize_posemb_2d,
+  square_grid,
+)
+from vit_jax.weights import architecture, sources
+from vit_jax.weights.architecture import POSEMB, POSEMB_X, POSEMB_Y
+from vit_jax.weights.npz import Params, check_tree, is_scanned, to_layout
+
+_MAX_DETAIL_LINES = 40  # of check_tree's list, in load_pretrained's error
+
+
+def _gelu_note(stored: Any, model_config: Any) -> Optional[str]:
+  """A note when the source's library computes the other GELU than the model will."""
+  kind = {True: "tanh", False: "exact (erf)"}
+  theirs, ours = stored.get("gelu_approximate", True), model_config.get("gelu_approximate", True)
+  if theirs == ours:
+    return None
+  return (
+    f"the checkpoint's library computes the {kind[theirs]} GELU, the model the {kind[ours]} "
+    f"one (config.model.gelu_approximate={ours}; weights converted from the official "
+    "ones were trained with tanh)"
+  )
+
+
+def _use_fresh(got: dict[str, Any], want: Mapping[str, Any], module: str) -> None:
+  """Replaces the top-level ``module``'s arrays in ``got`` by the fresh ones in ``want``."""
+  for key in [k for k in got if k.startswith(module + "/")]:
+    del got[key]
+  got.update({k: v for k, v in want.items() if k.startswith(module + "/")})
+
+
+def _drop(got: dict[str, Any], module: str) -> None:
+  for key in [k for k in got if k == module or k.startswith(module + "/")]:
+    del got[key]
+
+
+def _adapt_objective_params(got: dict[str, Any], want: Mapping[str, Any], notes: list[str]) -> None:
+  """Masked patch prediction's own parameters: dropped, or fresh when the source lacks them."""
+  for module in MPP_PARAMS:
+    stored, wanted = (
+      [k for k in tree if k == module or k.startswith(module + "/")] for tree in (got, want)
+    )
+    if stored and not wanted:
+      _drop(got, module)
+      notes.append(f"dropped {module} (masked patch prediction): the model has none")
+    elif wanted and not stored:
+      got.update({k: want[k] for k in wanted})
+      notes.append(f"the checkpoint has no {module}: using the fresh one")
+
+
+def _adapt_representation_and_head(
+  got: dict[str, Any],
+  want: Mapping[str, Any],
+  representation_size: Optional[int],
+  reset_head: bool,
+  notes: list[str],
+) -> None:
+  """The representation-layer and head rules of `load_pretrained`, applied to ``got``."""
+  # Representation layer (before the head: a changed one makes the stored head meaningless).
+  stored_rep = got["pre_logits/kernel"].shape[-1] if "pre_logits/kernel" in got else None
+  pre_logits_changed = stored_rep != representation_size
+  if pre_logits_changed:
+    if representation_size is None:
+      _drop(got, "pre_logits")
+      notes.append(
+        f"dropped the representation layer pre_logits (size {stored_rep}): the model has none"
+      )
+    else:
+      _use_fresh(got, want, "pre_logits")
+      notes.append(
+        f"representation layer pre_logits: size {stored_rep} stored, "
+        f"{representation_size} in the model; using the fresh one"
+      )
+
+  # Head.
+  if "head/kernel" not in want:
+    if "head/kernel" in got:
+      notes.append(
+        f"dropped the stored head ({got['head/kernel'].shape[-1]} classes): the model has none"
+      )
+    _drop(got, "head")
+  else:
+    num_classes = want["head/kernel"].shape[-1]
+    stored_head = got.get("head/kernel")
+    reason = None
+    if reset_head:
+      reason = "reset_head=True"
+    elif stored_head is None:
+      reason = "the checkpoint has no head"
+    elif stored_head.shape[-1] != num_classes:
+      reason = f"{stored_head.shape[-1]} classes stored, {num_classes} in the model"
+    elif pre_logits_changed:
+      reason = "its input (the representation layer) changed"
+    elif np.shape(stored_head) != np.shape(want["head/kernel"]):
+      reason = (
+        f"input size {stored_head.shape[0]} stored, {want['head/kernel'].shape[0]} in the model"
+      )
+    if reason:
+      _use_fresh(got, want, "head")
+      notes.append(f"head: using the fresh one from init_params ({reason})")
+
+
+def _adapt_class_token(
+  got: dict[str, Any], want: Mapping[str, Any], classifier: str, notes: list[str]
+) -> tuple[int, int]:
+  """Drops a surplus stored class token or takes a missing one fresh; (stored, new) prefix."""
+  stored_prefix = 1 if "cls" in got else 0
+  new_prefix = 1 if "cls" in want else 0
+  if stored_prefix and not new_prefix:
+    del got["cls"]
+    notes.append(f"dropped the stored class token: the model's classifier is {classifier!r}")
+  elif new_prefix and not stored_prefix:
+    got["cls"] = want["cls"]
+    notes.append("the checkpoint has no class token: using the fresh one")
+  return stored_prefix, new_prefix
+
+
+@dataclasses.dataclass(frozen=True)
+class _Grids:
+  """The stored and the new position-embedding layouts: class-token rows and grids (None:
+  square, read from the table)."""
+
+  stored_prefix: int
+  new_prefix: int
+  stored_hw: Optional[tuple[int, int]]
+  new_hw: Optional[tuple[int, int]]
+
+
+def _interpolation_note(
+  what: str, noun: str, method: str, old_hw: tuple[int, int], new_hw: tuple[int, int]
+) -> list[str]:
+  """The note of a resize from ``old_hw`` to ``new_hw``; none when the size is kept."""
+  if old_hw == new_hw:
+    return []
+  old, new = "x".join(map(str, old_hw)), "x".join(map(str, new_hw))
+  return [f"{what}: {method} interpolation of the {old} {noun} to {new}"]
+
+
+def _adapt_posemb(
+  got: dict[str, Any],
+  want: Mapping[str, Any],
+  posemb_kind: str,
+  method: str,
+  grids: _Grids,
+  where: str,
+) -> list[str]:
+  """Interpolates (or re-initialises) the stored position embeddings of ``got`` to the
+  new grid; returns notes of what changed."""
+  notes: list[str] = []
+  stored_prefix, new_prefix = grids.stored_prefix, grids.new_prefix
+  stored_grid_hw, new_grid_hw = grids.stored_hw, grids.new_hw
+  if method == POSEMB_REINIT:
+    for key in (POSEMB, POSEMB_X, POSEMB_Y):
+      got.pop(key, None)
+      if key in want:
+        got[key] = want[key]
+    notes.append("position embeddings: the fresh ones of init_params (reinit)")
+  elif posemb_kind == "learn" and POSEMB in got and POSEMB in want:
+    stored, fresh = np.asarray(got[POSEMB]), np.asarray(want[POSEMB])
+    n_new = fresh.shape[1] - new_prefix
+    if new_grid_hw is None:
+      grid_hw = square_grid(n_new, "pass new_grid_hw=(height, width) of the model's grid")
+    elif new_grid_hw[0] * new_grid_hw[1] != n_new:
+      raise errors.CheckpointError(
+        f"new_grid_hw={tuple(new_grid_hw)} does not match init_params' "
+        f"{n_new} grid tokens: pass the model's grid (image size / patch size)."
+      )
+    else:
+      grid_hw = tuple(new_grid_hw)
+    n_stored = stored.shape[1] - stored_prefix
+    try:
+      old_hw = (
+        tuple(stored_grid_hw)
+        if stored_grid_hw is not None
+        else square_grid(n_stored, "pass stored_grid_hw=(height, width) of the stored grid")
+      )
+      resized = resize_posemb(stored, grid_hw, stored_prefix, old_hw, method)
+    except ValueError as e:
+      raise errors.CheckpointError(f"Position embeddings of the {where}: {e}") from e
+    notes += _interpolation_note("position embeddings", "grid", method, old_hw, grid_hw)
+    if stored_prefix and not new_prefix:
+      resized = resized[:, 1:]
+      notes.append("dropped the class token's position-embedding row")
+    elif new_prefix and not stored_prefix:
+      resized = np.concatenate([fresh[:, :1].astype(resized.dtype), resized], axis=1)
+      notes.append("using the fresh class-token position-embedding row")
+    got[POSEMB] = resized
+  elif posemb_kind == "learn_2d" and all(k in got and k in want for k in (POSEMB_X, POSEMB_Y)):
+    grid_hw = (want[POSEMB_Y].shape[1], want[POSEMB_X].shape[2])
+    old_hw = (got[POSEMB_Y].shape[1], got[POSEMB_X].shape[2])
+    if new_grid_hw is not None and tuple(new_grid_hw) != grid_hw:
+      raise errors.CheckpointError(
+        f"new_grid_hw={tuple(new_grid_hw)} does not match init_params' learn_2d "
+        f"grid {grid_hw}: pass the model's grid or leave it out."
+      )
+    try:
+      got[POSEMB_X], got[POSEMB_Y] = resize_posemb_2d(got[POSEMB_X], got[POSEMB_Y], grid_hw, method)
+    except ValueError as e:
+      raise errors.CheckpointError(f"Position embeddings of the {where}: {e}") from e
+    notes += _interpolation_note("learn_2d position embeddings", "tables", method, old_hw, grid_hw)
+  return notes
+
+
+def _fit_error(
+  error: ValueError, got: Mapping[str, Any], want: Mapping[str, Any], where: str
+) -> str:
+  """`check_tree`'s message with the architecture differences first and a fix last."""
+  stored_arch, new_arch = architecture.describe(got), architecture.describe(want)
+  diffs = [
+    f"    {name}: checkpoint {stored_arch.get(name)} vs model {value}"
+    for name, value in new_arch.items()
+    if stored_arch.get(name) != value
+  ]
+  details = str(error).split("\n")[1:]
+  if len(details) > _MAX_DETAIL_LINES:
+    details = details[:_MAX_DETAIL_LINES] + [
+      f"    ... and {len(details) - _MAX_DETAIL_LINES} more lines"
+    ]
+  lines = [f"The {where} does not fit the model:"]
+  if diffs:
+    lines += ["  architecture differences:", *diffs]
+  lines += details
+  lines.append(
+    "  Fix: build the model with the checkpoint's architecture (patch size, width, "
+    "depth, heads, MLP dim, posemb), or load a checkpoint of this model."
+  )
+  return "\n".join(lines)
+
+
+def load_pretrained(
+  source: str | os.PathLike,
+  init_params: Params,
+  model_config: Any,
+  *,
+  reset_head: bool = False,
+  posemb_resize_method: str = "bilinear",
+  stored_grid_hw: Optional[tuple[int, int]] = None,
+  new_grid_hw: Optional[tuple[int, int]] = None,
+) -> Params:
+  """Stored parameters adapted to a new model, with exactly ``init_params``' tree and shapes.
+
+  ``source``: an official-layout `.npz` (per-layer or scanned), an Orbax checkpoint
+  folder of this project (a `<workdir>/checkpoints` root, whose newest step is read, or one
+  step folder), or a Hugging Face / timm checkpoint, ``hf-hub:`` repository or official name
+  (`vit_jax.weights.sources.read_params`). ``init_params``: the new model's fresh
+  parameters (their layout, scanned or per-layer, is the result's). ``model_config``: the
+  new model's config (`vit_jax.models.get_model_config`).
+
+  * head: kept when the class count and input are unchanged; otherwise, or with
+    ``reset_head``, the fresh (zero) head of ``init_params``; dropped when the model has none.
+  * ``pre_logits``: dropped when the config has no ``representation_size``, kept at the same
+    size, fresh at another size (the head is then fresh too).
+  * position embeddings: interpolated to the new grid (``posemb_resize_method``) with the
+    class-token row kept apart; a missing class token/row is taken fresh, a surplus one
+    dropped. The stored grid is square unless ``stored_grid_hw`` is given; the new grid is
+    read from ``init_params`` (pass ``new_grid_hw`` when it is not square).
+    ``posemb_resize_method='reinit'`` takes them all fresh from ``init_params`` instead.
+  * masked patch prediction's ``mask_embedding`` and ``mpp_head``: dropped when the model
+    has none (fine-tuning an MPP run), fresh when the checkpoint has none.
+  Anything else that does not fit (patch, width, depth, heads, MLP) raises one ValueError.
+  """
+  source = os.fspath(source)
+  if posemb_resize_method not in POSEMB_RESIZE_METHODS:
+    raise errors.CheckpointError(
+      f"Unknown posemb_resize_method {posemb_resize_method!r}; use one of {POSEMB_RESIZE_METHODS}."
+    )
+  init_tree = nn.unbox(dict(init_params))
+  want = traverse_util.flatten_dict(init_tree, sep="/")
+  where = f"checkpoint {source!r}"
+
+  # The config must describe the model that init_params came from.
+  classifier = model_config.classifier
+  representation_size = model_config.representation_size
+  posemb_kind = model_config.posemb
+  rep_in_init = want["pre_logits/kernel"].shape[-1] if "pre_logits/kernel" in want else None
+  if (classifier == "token") != ("cls" in want) or representation_size != rep_in_init:
+    raise errors.CheckpointError(
+      f"model_config (classifier={classifier!r}, representation_size={representation_size}) "
+      f"does not describe init_params (class token: {'cls' in want}, representation size: "
+      f"{rep_in_init}): pass the config the model was built from."
+    )
+
+  loaded, stored_config = sources.read_params(source)
+  if "Transformer" in loaded and any(k.startswith("encoderblock") for k in loaded["Transformer"]):
+    try:
+      loaded = to_layout(loaded, is_scanned(init_tree))
+    except ValueError as e:
+      raise errors.CheckpointError(f"The {where} has a malformed encoder: {e}") from e
+  got = traverse_util.flatten_dict(loaded, sep="/")
+  notes: list[str] = []
+  if stored_config is not None and (note := _gelu_note(stored_config, model_config)):
+    notes.append(note)
+
+  _adapt_objective_params(got, want, notes)
+  _adapt_representation_and_head(got, want, representation_size, reset_head, notes)
+  stored_prefix, new_prefix = _adapt_class_token(got, want, classifier, notes)
+  grids = _Grids(stored_prefix, new_prefix, stored_grid_hw, new_grid_hw)
+  notes += _adapt_posemb(got, want, posemb_kind, posemb_resize_method, grids, where)
+
+  # What remains must fit exactly.
+  try:
+    check_tree(got, want, source="checkpoint")
+  except ValueError as e:
+    raise errors.CheckpointError(_fit_error(e, got, want, where)) from None
+
+  for note in notes:
+    logging.info("load_pretrained(%s): %s.", source, note)
+  logging.info(
+    "load_pretrained: %d arrays from %s (%d adaptations).", len(want), source, len(notes)
+  )
+  return traverse_util.unflatten_dict(
+    {k: np.asarray(got[k], dtype=_dtype(v)) for k, v in want.items()}, sep="/"
+  )
+
+
+def _dtype(x: Any) -> np.dtype:
+  return np.dtype(x.dtype) if hasattr(x, "dtype") else np.asarray(x).dtype

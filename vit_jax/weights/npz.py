@@ -1,0 +1,171 @@
+"""The official ViT weights format: `.npz` read and write, scanned <-> per-layer layouts.
+
+Official files are flat `np.savez` archives whose keys are Flax parameter paths joined by
+'/' (keys and shapes: docs/checkpoint_format.md). A scanned encoder (`nn.scan`) keeps every
+block's arrays once, under `Transformer/encoderblock/`, with a leading depth axis; the
+per-layer layout has `Transformer/encoderblock_{i}/`. Files are written per-layer, as the
+official ones. Adapting weights to a new model for fine-tuning is `vit_jax.pretrained`;
+saving a training run is `vit_jax.run.checkpoints`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import zipfile
+import zlib
+from typing import Any, Mapping
+
+import flax.linen as nn
+import numpy as np
+from flax import traverse_util
+
+from vit_jax import errors
+from vit_jax.aliases import Params
+
+SCANNED_BLOCK = "encoderblock"
+_LAYER_BLOCK = re.compile(r"^encoderblock_(\d+)$")
+
+
+def is_scanned(params: Mapping[str, Any]) -> bool:
+  """Whether the encoder blocks are stored once with a leading depth axis."""
+  return SCANNED_BLOCK in params.get("Transformer", {})
+
+
+def scanned_to_layers(params: Params) -> Params:
+  """Splits `Transformer/encoderblock` [L, ...] into `encoderblock_{i}` [...] (exact)."""
+  if not is_scanned(params):
+    return params
+  transformer = dict(params["Transformer"])
+  stacked = traverse_util.flatten_dict(transformer.pop(SCANNED_BLOCK))
+  depth = {v.shape[0] for v in stacked.values()}
+  if len(depth) != 1:
+    raise ValueError(f"Scanned encoder arrays disagree on the depth axis: {sorted(depth)}.")
+  for i in range(depth.pop()):
+    transformer[f"encoderblock_{i}"] = traverse_util.unflatten_dict(
+      {k: v[i] for k, v in stacked.items()}
+    )
+  return {**params, "Transformer": transformer}
+
+
+def layers_to_scanned(params: Params) -> Params:
+  """Stacks `encoderblock_{0..L-1}` into `Transformer/encoderblock` [L, ...] (exact)."""
+  if is_scanned(params):
+    return params
+  transformer = dict(params["Transformer"])
+  layers = sorted((int(m.group(1)), k) for k in transformer if (m := _LAYER_BLOCK.match(k)))
+  if [i for i, _ in layers] != list(range(len(layers))):
+    raise ValueError(f"Encoder blocks are not numbered 0..L-1: {[k for _, k in layers]}.")
+  flats = [traverse_util.flatten_dict(transformer.pop(k)) for _, k in layers]
+  stacked = {k: np.stack([np.asarray(f[k]) for f in flats]) for k in flats[0]}
+  transformer[SCANNED_BLOCK] = traverse_util.unflatten_dict(stacked)
+  return {**params, "Transformer": transformer}
+
+
+def to_layout(params: Params, scanned: bool) -> Params:
+  """Converts a parameter tree to the scanned or the per-layer encoder layout."""
+  return layers_to_scanned(params) if scanned else scanned_to_layers(params)
+
+
+def _squeeze_groupnorm(path: str, value: np.ndarray) -> np.ndarray:
+  # Older hybrid files store GroupNorm scale/bias as (1, 1, 1, W).
+  leaf_module = path.split("/")[-2] if "/" in path else ""
+  if leaf_module.startswith("gn") and value.ndim == 4 and value.shape[:3] == (1, 1, 1):
+    return value.reshape(value.shape[-1])
+  return value
+
+
+def load_npz(path: str | os.PathLike) -> Params:
+  """Reads an official-layout `.npz` (per-layer or scanned) into a nested parameter tree.
+
+  A file that is not such an archive is one `errors.CheckpointError` naming the path and
+  the cause (not a zip, a single `.npy`, truncated or damaged, empty, pickled objects).
+  """
+  path = os.fspath(path)
+  if not os.path.isfile(path):
+    raise errors.MissingError(f"No checkpoint file at {path!r}: check the path.")
+
+  def fail(cause: str) -> errors.CheckpointError:
+    return errors.CheckpointError(f"Cannot read checkpoint {path!r}: {cause}.")
+
+  if not os.path.getsize(path):
+    raise fail("the file is empty (0 bytes)")
+  try:
+    archive = np.load(path, allow_pickle=False)
+  except ValueError as e:  # numpy tries pickle for anything without .npy/.npz magic
+    raise fail(
+      "it is not a .npz archive (it starts neither like a zip nor like a .npy file)"
+    ) from e
+  except (OSError, EOFError, zipfile.BadZipFile) as e:
+    raise fail(f"it is truncated or damaged ({e})") from e
+  if not isinstance(archive, np.lib.npyio.NpzFile):
+    raise fail(
+      "it is a single .npy array, not a .npz archive of named parameters (write "
+      "one with np.savez or vit_jax.weights.npz.save_npz)"
+    )
+  with archive:
+    try:
+      flat = {k: _squeeze_groupnorm(k, archive[k]) for k in archive.files}
+    except ValueError as e:  # object arrays: numpy would have to unpickle them
+      raise fail(
+        f"it is not a plain-array .npz: it holds pickled objects, which are not loaded ({e})"
+      ) from e
+    except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+      raise fail(f"it is truncated or damaged ({type(e).__name__}: {e})") from e
+  if not flat:
+    raise fail("the archive is empty (no arrays)")
+  return traverse_util.unflatten_dict(flat, sep="/")
+
+
+def save_npz(path: str | os.PathLike, params: Params, *, scanned: bool = False) -> None:
+  """Writes parameters as an official per-layer `.npz` (float32, scanned trees converted),
+  or with ``scanned`` the stacked encoder layout (big_vision's).
+
+  The file appears atomically: a crash mid-write leaves any earlier file untouched.
+  """
+  path = os.fspath(path)
+  flat = traverse_util.flatten_dict(to_layout(nn.unbox(dict(params)), scanned), sep="/")
+  arrays = {}
+  for k, v in flat.items():
+    v = np.asarray(v)
+    # bfloat16 and other extension dtypes do not round-trip through np.load; widen them.
+    arrays[k] = v.astype(np.float32) if v.dtype.kind == "V" or v.dtype.name == "bfloat16" else v
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  tmp = f"{path}.tmp-{os.getpid()}"
+  try:
+    with open(tmp, "wb") as f:
+      np.savez(f, **arrays)
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+
+
+def check_tree(
+  loaded: Mapping[str, Any], expected: Mapping[str, Any], source: str = "checkpoint"
+) -> None:
+  """Raises one ValueError listing missing keys, unexpected keys and shape mismatches."""
+
+  def shapes(tree: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    flat = traverse_util.flatten_dict(nn.unbox(dict(tree)), sep="/")
+    return {k: tuple(np.shape(v)) for k, v in flat.items()}
+
+  got, want = shapes(loaded), shapes(expected)
+  missing = sorted(want.keys() - got.keys())
+  unexpected = sorted(got.keys() - want.keys())
+  mismatched = sorted(
+    f"{k}: {source} {got[k]} vs model {want[k]}"
+    for k in got.keys() & want.keys()
+    if got[k] != want[k]
+  )
+  if missing or unexpected or mismatched:
+    lines = [f"The {source} does not fit the model:"]
+    for title, items in (
+      ("missing keys", missing),
+      ("unexpected keys", unexpected),
+      ("shape mismatches", mismatched),
+    ):
+      if items:
+        lines.append(f"  {title} ({len(items)}):")
+        lines.extend(f"    {item}" for item in items)
+    raise ValueError("\n".join(lines))

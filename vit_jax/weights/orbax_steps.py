@@ -1,0 +1,171 @@
+"""A training run's Orbax steps read as weights, each array checked against its fingerprint.
+
+Layout of a step (`vit_jax.run.checkpoints` writes it): `<workdir>/checkpoints/<step>/`
+holds `state` (the train state: params, optimizer state, step, rng) and `meta` (JSON: the
+step, a fingerprint of every array keyed by its path in the state, e.g.
+"params/head/kernel", and the identity of the data the run trains on). Orbax stores no
+checksums, so a flipped byte would restore silently as a wrong value: every reader
+recomputes the fingerprints and a step that fails them is a `CheckpointError` naming it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+from etils import epath
+
+from vit_jax import errors
+from vit_jax.aliases import Params
+from vit_jax.paths import as_path
+
+STATE, META = "state", "meta"  # the two items of a step
+_PARAMS = "params"
+
+
+def first_line(e: BaseException) -> str:
+  text = str(e).strip()
+  return f"{type(e).__name__}: {text.splitlines()[0][:300] if text else ''}"
+
+
+@jax.jit
+def _leaf_sums(leaves: list[Any]) -> list[jax.Array]:
+  """A wrapping uint32 sum of each leaf's bits: any single flipped bit changes it."""
+
+  def leaf_sum(x):
+    x = jnp.asarray(x)
+    if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+      x = jax.random.key_data(x)
+    if x.dtype.itemsize == 4:
+      bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    elif x.dtype.itemsize == 2:
+      bits = jax.lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.uint32)
+    else:
+      bits = x.astype(jnp.uint32)
+    return jnp.sum(bits, dtype=jnp.uint32)
+
+  return [leaf_sum(x) for x in leaves]
+
+
+def fingerprint_keys(tree: Any) -> list[str]:
+  """The key `fingerprint` gives each leaf of ``tree``: its path, e.g. "params/head/kernel"."""
+  return [
+    jax.tree_util.keystr(path, simple=True, separator="/")
+    for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]
+  ]
+
+
+def fingerprint(tree: Any) -> dict[str, int]:
+  """{`fingerprint_keys` of each leaf: the sum of its bits}.
+
+  Host (numpy) trees are summed on the CPU: a checkpoint read back for checking needs no
+  accelerator memory.
+  """
+  leaves = jax.tree.leaves(tree)
+  if all(isinstance(x, np.ndarray) for x in leaves):
+    with jax.default_device(jax.local_devices(backend="cpu")[0]):
+      sums = _leaf_sums(leaves)
+  else:
+    sums = _leaf_sums(leaves)
+  return dict(zip(fingerprint_keys(tree), (int(v) for v in jax.device_get(sums))))
+
+
+def corrupt_error(step_dir: epath.Path, problem: str) -> errors.CheckpointError:
+  return errors.CheckpointError(f"Checkpoint step {step_dir.name} in {step_dir.parent} {problem}.")
+
+
+def read_meta(step_dir: epath.Path) -> dict[str, Any]:
+  """The step's meta JSON, with its fingerprints; CheckpointError when it is unreadable."""
+  try:
+    with ocp.Checkpointer(ocp.JsonCheckpointHandler()) as checkpointer:
+      meta = checkpointer.restore(step_dir / META, args=ocp.args.JsonRestore())
+  except Exception as e:  # pylint: disable=broad-except
+    raise corrupt_error(
+      step_dir, f"has no readable {META} (the arrays' fingerprints): {first_line(e)}"
+    ) from e
+  if not isinstance(meta, dict) or not isinstance(meta.get("fingerprint"), dict):
+    raise corrupt_error(step_dir, f"has no per-array fingerprints in {step_dir / META}")
+  return meta
+
+
+def verify(step_dir: epath.Path, saved: Mapping[str, int], tree: Any) -> None:
+  """Raises CheckpointError when an array of ``tree`` differs from its saved fingerprint."""
+  got = fingerprint(tree)
+  bad = sorted(k for k, v in got.items() if saved.get(k) != v)
+  if bad:
+    raise corrupt_error(
+      step_dir,
+      f"is corrupt: {len(bad)} of its {len(got)} arrays differ from "
+      f"the fingerprints saved with them (first: {bad[0]}); the files changed "
+      "after saving",
+    )
+
+
+def read_host(step_dir: epath.Path, subtree: Optional[str] = None) -> Any:
+  """The step's state (or its ``subtree``) as host numpy arrays, verified."""
+  meta = read_meta(step_dir)
+  state_dir = step_dir / STATE
+  try:
+    with ocp.PyTreeCheckpointer() as checkpointer:
+      # The tree's own metadata (`state/METADATA`; raises when it is missing). The
+      # Checkpointer's `metadata` would also look for a `state/_CHECKPOINTMETADATA`, which a
+      # CheckpointManager writes one level up, and warn that it does not exist.
+      tree = checkpointer.handler.metadata(state_dir).tree
+      item = {subtree: tree[subtree]} if subtree else tree
+      as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
+      restored = checkpointer.restore(
+        state_dir,
+        args=ocp.args.PyTreeRestore(
+          item=item, restore_args=as_numpy, partial_restore=subtree is not None
+        ),
+      )
+  except Exception as e:  # pylint: disable=broad-except
+    raise corrupt_error(
+      step_dir, f"cannot be read (an incomplete or damaged save): {first_line(e)}"
+    ) from e
+  verify(step_dir, meta["fingerprint"], restored)
+  return restored[subtree] if subtree else restored
+
+
+def finalized_steps(directory: str | os.PathLike) -> list[int]:
+  """The steps of a `<workdir>/checkpoints` folder whose save completed, ascending."""
+  path = as_path(directory)
+  if not path.is_dir():
+    return []
+  return sorted(int(p.name) for p in path.iterdir() if p.name.isdigit() and (p / STATE).is_dir())
+
+
+def read_params(path: str | os.PathLike) -> Params:
+  """The verified parameters of a checkpoint as host numpy arrays, in their saved layout.
+
+  ``path``: a `<workdir>/checkpoints` folder (its newest step is read) or a step folder.
+  Only the parameters are read, not the optimizer state. A step whose arrays fail their
+  fingerprints, or that cannot be read, raises `errors.CheckpointError` naming the step.
+  In a multi-process run every process must call it (Orbax's restore waits at a barrier
+  for all of them); each gets the whole arrays.
+  """
+  path = as_path(path)
+  if not path.is_dir():
+    raise errors.MissingError(f"No Orbax checkpoint folder at {str(path)!r}: check the path.")
+  if (path / STATE).is_dir():
+    step_dir = path
+  else:
+    steps = finalized_steps(path)
+    if not steps:
+      raise errors.MissingError(
+        f"No finalized Orbax checkpoint step in {str(path)!r}: pass a "
+        "`<workdir>/checkpoints` folder or one of its step folders."
+      )
+    step_dir = path / str(steps[-1])
+  try:
+    return read_host(step_dir, _PARAMS)
+  except errors.CheckpointError as e:
+    older = [s for s in finalized_steps(step_dir.parent) if s < int(step_dir.name)]
+    hint = f" Read an older step instead (e.g. {step_dir.parent / str(older[-1])})" if older else ""
+    raise errors.CheckpointError(
+      f"{e}{hint}; resuming the run moves the damaged step aside and writes it again."
+    ) from e
