@@ -24,7 +24,7 @@ from flax import traverse_util
 
 from vit_jax import errors
 from vit_jax.aliases import Params
-from vit_jax.weights import architecture
+from vit_jax.weights import architecture, files
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
@@ -197,27 +197,26 @@ def is_hf_dir(path: str) -> bool:
   config = os.path.join(path, CONFIG)
   if not os.path.isfile(config):
     return False
-  with open(config) as f:
-    return json.load(f).get("model_type") == "vit"
+  return files.read_json(config).get("model_type") == "vit"
 
 
 def _read_tensors(directory: str) -> dict[str, np.ndarray]:
-  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
-
   index = os.path.join(directory, WEIGHTS + ".index.json")
   if os.path.isfile(index):
-    with open(index) as f:
-      files = sorted(set(json.load(f)["weight_map"].values()))
+    weight_map = files.read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict):
+      raise errors.CheckpointError(f"{index!r} has no weight_map object: re-save the model.")
+    shards = sorted({files.inside(directory, name, index) for name in weight_map.values()})
   elif os.path.isfile(os.path.join(directory, WEIGHTS)):
-    files = [WEIGHTS]
+    shards = [os.path.join(directory, WEIGHTS)]
   else:
     raise errors.MissingError(
       f"No {WEIGHTS} in {directory!r} (pytorch_model.bin is not read: "
       "save the model with safe_serialization=True)."
     )
   tensors = {}
-  for name in files:
-    tensors.update(load_file(os.path.join(directory, name)))
+  for shard in shards:
+    tensors.update(files.read_safetensors(shard))
   return tensors
 
 
@@ -225,8 +224,8 @@ def read_dir(
   directory: str,
 ) -> tuple[ml_collections.ConfigDict, Params, Optional[list[str]], tuple[int, int]]:
   """(model config, per-layer params, class names or None, image size) of an HF ViT dir."""
-  with open(os.path.join(directory, CONFIG)) as f:
-    hf_config = json.load(f)
+  config_path = os.path.join(directory, CONFIG)
+  hf_config = files.read_json(config_path)
   act = hf_config.get("hidden_act", "gelu")
   if act not in _APPROXIMATE:
     raise errors.CheckpointError(
@@ -243,10 +242,11 @@ def read_dir(
   tensors = {
     k[len(_BASE) :] if k.startswith(_BASE) else k: v for k, v in _read_tensors(directory).items()
   }
-  depth, width = hf_config["num_hidden_layers"], hf_config["hidden_size"]
-  maps = _mappings(
-    depth, width, hf_config["num_attention_heads"], pre_logits="pooler.dense.weight" in tensors
+  depth, width, heads = (
+    files.field(hf_config, key, int, config_path)
+    for key in ("num_hidden_layers", "hidden_size", "num_attention_heads")
   )
+  maps = _mappings(depth, width, heads, pre_logits="pooler.dense.weight" in tensors)
   maps += [
     ("head/kernel", "classifier.weight", _t, _t),
     ("head/bias", "classifier.bias", _same, _same),
@@ -273,6 +273,8 @@ def read_dir(
   size = tuple(size) if isinstance(size, (list, tuple)) else (size, size)
   names = None
   if "classifier.weight" in tensors and "id2label" in hf_config:
-    labels = hf_config["id2label"]
-    names = [labels[str(i)] for i in range(len(labels))]
+    labels = files.field(hf_config, "id2label", dict, config_path)
+    names = [labels.get(str(i)) for i in range(len(labels))]
+    if not all(isinstance(name, str) for name in names):
+      raise errors.CheckpointError(f"{config_path!r}: id2label must map 0..K-1 to names.")
   return config, params, names, size

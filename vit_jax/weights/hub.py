@@ -17,6 +17,8 @@ import difflib
 import functools
 import importlib.resources
 import os
+import re
+import shlex
 from typing import Optional
 
 from absl import logging
@@ -28,6 +30,8 @@ TABLE = "hub_names.tsv"
 _BUCKET_PREFIXES = ("gs://vit_models/", "https://storage.googleapis.com/vit_models/")
 _PRETRAINING_FOLDER = "imagenet21k/"  # what a bare variant name (ViT-B_16) means
 _FILES = ["*.safetensors", "*.json"]  # never the pickled .bin / .pth copies
+_REPO_NAME = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")  # the hub's <org>/<name>
+_REVISION = re.compile(r"[\w./-]{1,255}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,8 +86,23 @@ def is_hub_source(source: str) -> bool:
 
 
 def _download_command(repo: str, revision: Optional[str]) -> str:
-  rev = f" --revision {revision}" if revision else ""
-  return f"hf download {repo}{rev} --include '*.safetensors' '*.json'"
+  """The shell command that fetches ``repo`` (every interpolated name quoted)."""
+  rev = f" --revision {shlex.quote(revision)}" if revision else ""
+  return f"hf download {shlex.quote(repo)}{rev} --include '*.safetensors' '*.json'"
+
+
+def _check_repo_name(repo: str, revision: Optional[str]) -> None:
+  """A hub repository is ``<org>/<name>`` of letters, digits, ``-_.``; a revision has no
+  spaces or control characters. Anything else is refused before the hub is asked."""
+  if not _REPO_NAME.fullmatch(repo) or ".." in repo:
+    raise errors.CommandLineError(
+      f"{HF_HUB}{repo!r} is not a hub repository name: use {HF_HUB}<org>/<name> "
+      "(letters, digits, '-', '_', '.')."
+    )
+  if revision is not None and not _REVISION.fullmatch(revision):
+    raise errors.CommandLineError(
+      f"{HF_HUB}{repo}@{revision!r}: not a revision (a branch, tag or commit name)."
+    )
 
 
 def download(repo: str, revision: Optional[str] = None) -> str:
@@ -124,7 +143,8 @@ def resolve(source: str) -> str:
   if os.path.exists(source):
     return source
   if source.startswith(HF_HUB):
-    repo, _, revision = source[len(HF_HUB) :].partition("@")
+    repo, at, revision = source[len(HF_HUB) :].partition("@")
+    _check_repo_name(repo, revision if at else None)
     return download(repo, revision or None)
   if copy := official_copy(source):
     head = f"{copy.num_classes}-class head" if copy.num_classes else "no head"

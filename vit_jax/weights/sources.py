@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 from typing import Any, Callable, Optional
 
 import flax.linen as nn
@@ -101,11 +102,13 @@ def _local(source: str | os.PathLike) -> Any:
     source = hub.resolve(source)
   location = as_path(source)
   if os.fspath(location).lower().endswith(_PICKLES):
+    code = (
+      "import torch, safetensors.torch as st; "
+      f"st.save_file(torch.load({os.fspath(location)!r}, weights_only=True), 'model.safetensors')"
+    )
     raise errors.CheckpointError(
       f"{os.fspath(location)!r} is a pickle, which is not read (unpickling runs arbitrary "
-      'code): convert it to safetensors first, e.g. python -c "import torch, '
-      f"safetensors.torch as st; st.save_file(torch.load('{os.fspath(location)}', "
-      "weights_only=True), 'model.safetensors')\"."
+      f"code): convert it to safetensors first, e.g. python -c {shlex.quote(code)}."
     )
   return location
 

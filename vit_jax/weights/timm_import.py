@@ -14,7 +14,6 @@ Pickled checkpoints (`.bin`, `.pth`) are never read (`vit_jax.weights.sources`).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from typing import Any, Optional
@@ -25,7 +24,7 @@ from flax import traverse_util
 
 from vit_jax import errors, models
 from vit_jax.aliases import Params
-from vit_jax.weights import architecture
+from vit_jax.weights import architecture, files
 from vit_jax.weights import timm as timm_export
 
 CONFIG = "config.json"  # timm's hub config (architecture, model_args, pretrained_cfg)
@@ -43,8 +42,7 @@ def is_timm_config(path: str) -> bool:
   """Whether ``path`` is timm's hub `config.json` (it names an ``architecture``)."""
   if not os.path.isfile(path):
     return False
-  with open(path) as f:
-    return "architecture" in json.load(f)
+  return "architecture" in files.read_json(path)
 
 
 def is_timm_dir(path: str) -> bool:
@@ -56,16 +54,26 @@ def _arguments(directory: str) -> tuple[str, dict[str, Any], Optional[list[str]]
   """(architecture, model arguments, class names) from the config beside the weights."""
   spec_path, config_path = (os.path.join(directory, n) for n in (timm_export.SPEC, CONFIG))
   if os.path.isfile(spec_path):  # our export
-    with open(spec_path) as f:
-      spec = json.load(f)
+    spec = files.read_json(spec_path)
+    if not isinstance(spec.get("model_name"), str) or not isinstance(spec.get("kwargs"), dict):
+      raise errors.CheckpointError(f"{spec_path!r} has no model_name and kwargs: re-export it.")
     return spec["model_name"], dict(spec["kwargs"]), None
   if is_timm_config(config_path):
-    with open(config_path) as f:
-      config = json.load(f)
+    config = files.read_json(config_path)
+    if not isinstance(config["architecture"], str) or not isinstance(
+      config.get("model_args") or {}, dict
+    ):
+      raise errors.CheckpointError(
+        f"{config_path!r}: architecture must be a name and model_args an object."
+      )
     args = dict(config.get("model_args") or {})
     if config.get("global_pool"):
       args.setdefault("global_pool", config["global_pool"])
-    return config["architecture"], args, config.get("label_names")
+    names = config.get("label_names")
+    named = isinstance(names, list) and all(isinstance(n, str) for n in names)
+    if names is not None and not named:
+      raise errors.CheckpointError(f"{config_path!r}: label_names must be a list of names.")
+    return config["architecture"], args, names
   return "", {}, None
 
 
@@ -187,8 +195,6 @@ def read(
 ) -> tuple[ml_collections.ConfigDict, Params, Optional[list[str]], Optional[tuple[int, int]]]:
   """(model config, per-layer params, class names or None, image size) of a timm
   `.safetensors` file or a directory holding `model.safetensors`."""
-  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
-
   directory, weights = (
     (path, os.path.join(path, timm_export.WEIGHTS))
     if os.path.isdir(path)
@@ -200,7 +206,7 @@ def read(
       f"No {timm_export.WEIGHTS} in {directory!r} (a pickled pytorch_model.bin is not read: "
       "save the state dict with safetensors.torch.save_file first)."
     )
-  tensors = load_file(weights)
+  tensors = files.read_safetensors(weights)
   if "patch_embed.proj.weight" not in tensors:
     raise errors.CheckpointError(
       f"{weights!r} is not a timm ViT state dict (no patch_embed.proj.weight): a "

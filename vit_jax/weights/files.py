@@ -1,0 +1,133 @@
+"""The files a weights source is made of, read with every check before their bytes are used.
+
+A checkpoint folder may come from anywhere (a hub repository is downloaded as it is), so
+its files are input, not trusted: each must be a regular file under a stated size (a FIFO,
+a device or a multi-gigabyte config never hangs or fills memory), JSON must parse to what
+it claims to be, a safetensors header must describe arrays that lie inside the file, its
+arrays must be floating point (integer weights are quantised or foreign: refused, never
+cast), and a file named by an index (`model.safetensors.index.json`'s ``weight_map``)
+must stay inside its folder. Each problem is one `CheckpointError` naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import struct
+from typing import Any
+
+import numpy as np
+
+from vit_jax import errors
+
+MAX_JSON_BYTES = 16 * 2**20  # configs and indexes are kilobytes
+MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit for the JSON header
+_FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")  # safetensors' names
+
+
+def regular_file(path: str, max_bytes: int | None = None) -> int:
+  """The size of ``path`` when it is a regular file (links followed) within ``max_bytes``."""
+  try:
+    info = os.stat(path)
+  except OSError as e:
+    raise errors.MissingError(f"{path!r} cannot be read: {e.strerror}.") from e
+  if not stat.S_ISREG(info.st_mode):
+    raise errors.CheckpointError(f"{path!r} is not a regular file (a folder, FIFO or device).")
+  if max_bytes is not None and info.st_size > max_bytes:
+    raise errors.CheckpointError(
+      f"{path!r} has {info.st_size:,} bytes, more than the {max_bytes:,} such a file may have."
+    )
+  return info.st_size
+
+
+def read_json(path: str) -> dict[str, Any]:
+  """The JSON object in ``path``; a non-object, invalid JSON or text, or a large file is
+  one error naming it."""
+  regular_file(path, MAX_JSON_BYTES)
+  try:
+    with open(path, encoding="utf-8") as f:
+      value = json.load(f)
+  except (ValueError, UnicodeDecodeError) as e:
+    raise errors.CheckpointError(f"{path!r} is not valid JSON ({e}).") from e
+  if not isinstance(value, dict):
+    raise errors.CheckpointError(
+      f"{path!r} holds a JSON {type(value).__name__}, not an object: not a checkpoint config."
+    )
+  return value
+
+
+def field(config: dict[str, Any], key: str, kind: type, path: str) -> Any:
+  """``config[key]`` when it is a ``kind`` (an int is not a bool); else one error naming it."""
+  value = config.get(key)
+  if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+    raise errors.CheckpointError(
+      f"{path!r}: {key} is {value!r}, not {'an' if kind is int else 'a'} {kind.__name__}."
+    )
+  return value
+
+
+def inside(directory: str, name: Any, index: str) -> str:
+  """The path of ``name`` (from the file ``index``) in ``directory``; a name that is not a
+  plain relative path inside it (absolute, ``..``, a link out) is an error."""
+  if not isinstance(name, str) or not name or os.path.isabs(name):
+    raise errors.CheckpointError(f"{index!r} names {name!r}, not a file inside its folder.")
+  root = os.path.realpath(directory)
+  path = os.path.realpath(os.path.join(root, name))
+  if os.path.commonpath([root, path]) != root:
+    raise errors.CheckpointError(
+      f"{index!r} names {name!r}, which lies outside {directory!r}: refused."
+    )
+  return path
+
+
+def _check_safetensors_header(path: str, size: int) -> None:
+  """Raises when the header of ``path`` (``size`` bytes) is truncated or lies: every
+  array's byte range inside the file, every dtype floating point."""
+  with open(path, "rb") as f:
+    head = f.read(8)
+    if len(head) < 8:
+      raise errors.CheckpointError(f"{path!r} is not a safetensors file (truncated).")
+    (length,) = struct.unpack("<Q", head)
+    if length > min(MAX_HEADER_BYTES, size - 8):
+      raise errors.CheckpointError(
+        f"{path!r} is not a safetensors file (its header claims {length:,} bytes of {size:,})."
+      )
+    try:
+      header = json.loads(f.read(length))
+    except (ValueError, UnicodeDecodeError) as e:
+      raise errors.CheckpointError(f"{path!r} has a damaged safetensors header ({e}).") from e
+  if not isinstance(header, dict):
+    raise errors.CheckpointError(f"{path!r} has a damaged safetensors header (not an object).")
+  data_bytes = size - 8 - length
+  for name, entry in header.items():
+    if name == "__metadata__":
+      continue
+    offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+    if (
+      not isinstance(offsets, list)
+      or len(offsets) != 2
+      or not all(isinstance(o, int) for o in offsets)
+      or not 0 <= offsets[0] <= offsets[1] <= data_bytes
+    ):
+      raise errors.CheckpointError(
+        f"{path!r}: array {name!r} lies outside the file (data_offsets {offsets}, "
+        f"{data_bytes:,} bytes of data): the file is truncated or damaged."
+      )
+    if entry.get("dtype") not in _FLOAT_DTYPES:
+      raise errors.CheckpointError(
+        f"{path!r}: array {name!r} is {entry.get('dtype')}, not floating point (quantised "
+        "or not model weights); save float weights (F32, F16 or BF16)."
+      )
+
+
+def read_safetensors(path: str) -> dict[str, np.ndarray]:
+  """The arrays of the safetensors file ``path``, after the header checks (module doc)."""
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+
+  size = regular_file(path)
+  _check_safetensors_header(path, size)
+  try:
+    return load_file(path)
+  except Exception as e:  # pylint: disable=broad-except  (safetensors' own error types)
+    raise errors.CheckpointError(f"{path!r} cannot be read as safetensors: {e}.") from e
