@@ -45,6 +45,7 @@ EXTRAS_REQUIRE = {
 setuptools.setup(
   name="vit_jax",
   version="0.1.0",
+  license="Apache-2.0",  # as the official repository; the text is LICENSE
   description="Vision Transformer (Dosovitskiy et al., 2021) in JAX/Flax: models, "
   "official checkpoints, sharded training and fine-tuning.",
   packages=setuptools.find_packages(include=["vit_jax", "vit_jax.*"]),
