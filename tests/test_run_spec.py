@@ -2,6 +2,7 @@
 run folder found from any path inside it."""
 
 import dataclasses
+import json
 import os
 
 import jax
@@ -14,7 +15,7 @@ from tests import train_fixtures
 from vit_jax import errors, run, sharding
 from vit_jax.interop import loader
 from vit_jax.run import folder as folder_lib
-from vit_jax.run import resolver
+from vit_jax.run import resolver, resume_policy
 
 pytest_plugins = ["tests.finished_run"]  # the finished_run fixture
 
@@ -82,3 +83,59 @@ def test_predict_and_export_read_a_run_given_as_url_or_epath(finished_run):
     assert got.keys() == want.keys()
     for k in want:
       np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+
+def _repo_text(name):
+  with open(os.path.join(os.path.dirname(__file__), os.pardir, name)) as f:
+    return f.read()
+
+
+def test_the_docs_show_the_resume_policy_table_and_the_readme_its_switches():
+  assert resume_policy.markdown() in _repo_text("docs/architecture.md")
+  readme = _repo_text("README.md")
+  for switch in resume_policy.SWITCHES:
+    assert f"--config.{switch}=True" in readme, switch
+
+
+def test_every_resume_key_is_a_config_key_and_every_switch_a_config_switch(tiny_config):
+  for rule in resume_policy.RULES:
+    assert rule.key in tiny_config or rule.key == "num_train", rule.key
+    assert (rule.switch is not None) == (rule.on_change == resume_policy.SWITCH), rule.key
+  assert set(resume_policy.SWITCHES) == {k for k in tiny_config if k.startswith("allow_changed")}
+
+
+def test_the_data_identity_stored_with_checkpoints_is_the_policy_s_checkpoint_keys(tiny_config):
+  spec, _ = _spec(tiny_config)
+  assert list(spec.data_identity()) == [
+    r.key for r in resume_policy.rules(resume_policy.CHECKPOINT)
+  ]
+  assert spec.data_identity()["batch"] == 16 and spec.data_identity()["num_train"] == 1437
+
+
+def test_the_folder_check_follows_the_policy_for_the_keys_config_json_records(
+  tmp_path, tiny_config, caplog
+):
+  folder = folder_lib.RunFolder(tmp_path)
+  saved = json.loads(tiny_config.to_json_best_effort())
+  folder.write_config(saved, step=0)
+  (tmp_path / "checkpoints").mkdir()
+
+  def changed(**values):
+    current = json.loads(json.dumps(saved))
+    for key, value in values.items():
+      section, _, leaf = key.partition("__")
+      if leaf:
+        current[section][leaf] = value
+      else:
+        current[key] = value
+    caplog.clear()
+    folder.check_config(current)
+    return caplog.text
+
+  with pytest.raises(
+    errors.ResumeError, match=r"model, pp differ.*hidden_size: 32 -> 48; pp.crop: 8 -> 16"
+  ):
+    changed(model__hidden_size=48, pp__crop=16)
+  assert f"Resuming with a changed lr.base: {saved['lr']['base']} -> 0.5" in changed(lr__base=0.5)
+  # The batch and the seed are recorded with the checkpoints (check_resume), not here.
+  assert changed(batch=32, seed=7) == ""

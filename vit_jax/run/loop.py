@@ -62,7 +62,7 @@ def _check_start(spec: RunSpec, steps: steps_lib.RunSteps, folder: folder_lib.Ru
       "initialization). Set config.pretrained=<.npz or <workdir>/checkpoints>, or "
       "config.total_steps > 0 to train."
     )
-  folder.check_config(spec.config_json)
+  folder.check_config(spec.config_json, allowed=spec.allowed_changes)
   return resumable
 
 

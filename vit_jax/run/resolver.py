@@ -19,7 +19,7 @@ import ml_collections
 
 from vit_jax import data, errors, pretrained, sharding
 from vit_jax.data.dataset import Settings as DataSettings
-from vit_jax.run import accumulation, losses, objectives, step_cost
+from vit_jax.run import accumulation, losses, objectives, resume_policy, step_cost
 from vit_jax.run import spec as spec_lib
 from vit_jax.run import steps as steps_lib
 from vit_jax.run.optim import OptimizerSettings
@@ -217,9 +217,7 @@ def resolve(
     partitioning=config.partitioning,
     accum_steps=accum_steps,
     seed=int(config.seed),
-    allowed_changes=frozenset(
-      key for key in ("allow_changed_seed", "allow_changed_batch") if config[key]
-    ),
+    allowed_changes=frozenset(s for s in resume_policy.SWITCHES if config[s]),
     config_json=json.loads(config.to_json_best_effort()),
   )
   if memory_limit_bytes is None:

@@ -14,6 +14,7 @@ from typing import Any, Optional, Union
 import ml_collections
 
 from vit_jax.data.dataset import Settings as DataSettings
+from vit_jax.run import resume_policy
 from vit_jax.run.optim import OptimizerSettings
 
 
@@ -74,7 +75,7 @@ class RunSpec:
   partitioning: str
   accum_steps: Union[int, str]
   seed: int
-  allowed_changes: frozenset[str]  # the config's allow_changed_* switches that are on
+  allowed_changes: frozenset[str]  # the `resume_policy.SWITCHES` that are on
   config_json: dict[str, Any] = dataclasses.field(repr=False, compare=False)  # config.json
 
   @property
@@ -86,16 +87,10 @@ class RunSpec:
     return self.data.crop
 
   def data_identity(self) -> dict[str, Any]:
-    """What the run trains on, stored with every checkpoint: resuming on other data fails."""
-    return dict(
-      dataset=self.data.dataset,
-      train_split=self.data.train_split,
-      test_split=self.data.test_split,
-      num_train=self.num_train,
-      seed=self.seed,
-      batch=self.data.batch,
-      shuffle_buffer=self.data.shuffle_buffer,
-    )
+    """What the run trains on, stored with every checkpoint and compared on resume: the
+    keys `resume_policy` records there."""
+    values = {**dataclasses.asdict(self.data), "num_train": self.num_train, "seed": self.seed}
+    return {rule.key: values[rule.key] for rule in resume_policy.rules(resume_policy.CHECKPOINT)}
 
   def with_model(self, **changes: Any) -> "RunSpec":
     """This run with model fields changed (e.g. ``remat=True``)."""
