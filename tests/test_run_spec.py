@@ -12,7 +12,7 @@ from etils import epath
 from flax import traverse_util
 
 from tests import train_fixtures
-from vit_jax import errors, run, sharding
+from vit_jax import errors, models, run, sharding
 from vit_jax.interop import loader
 from vit_jax.run import folder as folder_lib
 from vit_jax.run import resolver, resume_policy
@@ -59,6 +59,35 @@ def test_every_settings_error_comes_before_anything_is_built(tiny_config):
   tiny_config.accum_steps = 3  # 16 does not split into 3 micro-batches
   with pytest.raises(errors.ConfigError, match="config.batch=16 is not divisible"):
     _spec(tiny_config, open_data=False)
+
+
+@pytest.mark.parametrize(
+  "key, value, fragment",
+  [
+    ("model__classifier", "tokens", "Unknown config.model.classifier='tokens'"),
+    ("model__remat_policy", "save_all", "Unknown config.model.remat_policy='save_all'"),
+    ("posemb_resize", "linear", "Unknown config.posemb_resize='linear'"),
+    ("model__posemb", "sincos", "Unknown config.model.posemb='sincos'"),
+  ],
+)
+def test_resolve_rejects_a_bad_model_option_before_reading_or_building_anything(
+  tmp_path, key, value, fragment
+):
+  config = train_fixtures.tiny_config(str(tmp_path / "no_data_here"), num_classes=7)
+  train_fixtures.override(config, {key.replace("__", "."): value})
+  with pytest.raises(errors.ConfigError, match=fragment):
+    _spec(config, open_data=False)
+  assert os.listdir(tmp_path) == []
+
+
+def test_the_spec_s_model_is_typed_settings_that_create_model_also_takes(tiny_config):
+  spec, _ = _spec(tiny_config)
+  assert isinstance(spec.model, models.ModelSettings)
+  assert spec.model.transformer.num_heads == tiny_config.model.transformer.num_heads
+  assert spec.with_model(remat=True).model.remat and not spec.model.remat
+  from_settings = models.create_model(spec.model, num_classes=3)
+  from_config = models.create_model(tiny_config.model, num_classes=3)
+  assert from_settings == from_config
 
 
 def test_the_run_folder_is_found_from_any_path_inside_it(finished_run):

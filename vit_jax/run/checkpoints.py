@@ -269,9 +269,8 @@ class RunCheckpoints:
     data: Optional[Mapping[str, Any]] = None,
     async_save: bool = True,
   ):
-    """``keep``: newest steps kept; ``data``: recorded with each step (`check_resume`)."""
-    if keep < 1:
-      raise errors.ConfigError(f"config.keep_checkpoints={keep} must be >= 1.")
+    """``keep``: newest steps kept (>= 1: `vit_jax.run.resolve` checks
+    config.keep_checkpoints); ``data``: recorded with each step (`check_resume`)."""
     self.directory = _absolute(directory)
     self.keep = keep
     self._data = dict(data or {})

@@ -19,6 +19,8 @@ import ml_collections
 
 from vit_jax import data, errors, pretrained, sharding
 from vit_jax.data.dataset import Settings as DataSettings
+from vit_jax.models import posemb
+from vit_jax.models.settings import ModelSettings
 from vit_jax.run import accumulation, losses, objectives, resume_policy, step_cost
 from vit_jax.run import spec as spec_lib
 from vit_jax.run import steps as steps_lib
@@ -168,9 +170,11 @@ def _check_memory(
   if limit and need and need > limit:
     raise errors.ConfigError(
       f"{settings}: the train step keeps at least {need / gib:.1f} GiB of activations per "
-      f"device ({micro_batch} images per device and micro-batch), more than {what}: lower "
-      "config.pp.crop or config.batch, raise config.accum_steps, or set "
-      f"config.model.remat=True (now {spec.model.remat})."
+      f"device ({micro_batch} images per device and micro-batch), more than {what}: "
+      + errors.memory_advice(
+        batch=spec.batch, accum_steps=spec.accum_steps, remat=spec.model.remat, crop=spec.crop
+      )
+      + "."
     )
 
 
@@ -187,6 +191,7 @@ def resolve(
   mesh's first device reports; `vit_jax.plan` passes a TPU's HBM). ``open_data=False``
   takes the class count from ``config.num_classes`` without reading the dataset.
   """
+  model = ModelSettings.from_config(config.model)
   loop = _loop(config)
   objective = _objective(config)
   optimizer = OptimizerSettings.from_config(config)
@@ -196,13 +201,14 @@ def resolve(
   pretrained_source = config.pretrained or None
   if pretrained_source:
     pretrained.check_source(pretrained_source)
+  posemb.check_resize_method(config.posemb_resize)
   processes = _process_count(mesh)
   data.local_batch_size(data_settings.batch, mesh, "batch", processes)
   data.local_batch_size(data_settings.batch_eval, mesh, "batch_eval", processes)
   accum_steps = _accum_steps(config, data_settings.batch, mesh.shape[sharding.DATA_AXIS])
   num_classes, num_train = _num_classes(config, data_settings, open_data)
   spec = spec_lib.RunSpec(
-    model=ml_collections.FrozenConfigDict(config.model),
+    model=model,
     num_classes=num_classes,
     num_train=num_train,
     data=data_settings,

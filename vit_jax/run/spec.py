@@ -2,7 +2,8 @@
 
 `vit_jax.run.resolve` builds a `RunSpec` from a config file's `ml_collections.ConfigDict`
 once, checking every value on the way; the modules of the run take the section they own
-(`optim.OptimizerSettings`, `LoopSettings`, `data.Settings`, ...), never the config.
+(`optim.OptimizerSettings`, `LoopSettings`, `data.Settings`,
+`vit_jax.models.ModelSettings`, ...), never the config.
 The defaults of every field are `configs/common.py`'s.
 """
 
@@ -14,6 +15,7 @@ from typing import Any, Optional, Union
 import ml_collections
 
 from vit_jax.data.dataset import Settings as DataSettings
+from vit_jax.models.settings import ModelSettings
 from vit_jax.run import resume_policy
 from vit_jax.run.optim import OptimizerSettings
 
@@ -44,7 +46,7 @@ class PretrainedSettings:
 
   source: Optional[str]  # None: random initialization
   reset_head: bool
-  posemb_resize: str
+  posemb_resize: str  # `vit_jax.models.posemb.POSEMB_RESIZE_METHODS`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +64,7 @@ class FewshotSettings:
 class RunSpec:
   """Everything a run is, checked. ``accum_steps`` is an int once `resolve` has run."""
 
-  model: ml_collections.FrozenConfigDict  # `vit_jax.models.variants` layout
+  model: ModelSettings
   num_classes: int
   num_train: Optional[int]  # None where the data was not opened (planning)
   data: DataSettings
@@ -94,6 +96,4 @@ class RunSpec:
 
   def with_model(self, **changes: Any) -> "RunSpec":
     """This run with model fields changed (e.g. ``remat=True``)."""
-    model = ml_collections.ConfigDict(self.model.to_dict())
-    model.update(changes)
-    return dataclasses.replace(self, model=ml_collections.FrozenConfigDict(model))
+    return dataclasses.replace(self, model=self.model.replace(**changes))
