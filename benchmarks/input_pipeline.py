@@ -100,7 +100,7 @@ def _train_rate(config, mesh, steps: int, warmup: int = 3) -> float:
 
   from vit_jax import data
 
-  batches = data.train_iterator(config, mesh)
+  batches = data.train_iterator(data.Settings.from_config(config), mesh)
   for _ in range(warmup):
     jax.block_until_ready(next(batches))
   start, images = time.perf_counter(), 0

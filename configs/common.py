@@ -44,7 +44,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.loss = "softmax_xent"  # or 'sigmoid_xent' (vit_jax.run.losses)
   config.total_steps = 10_000
   # Micro-batches per step (an int), or 'auto': the fewest whose compiled step fits the
-  # device memory, then model.remat if none does (vit_jax.run.accumulation).
+  # device memory, then model.remat if none does (vit_jax.run.memory_fit).
   config.accum_steps = ml_collections.FieldReference(1, field_type=object)
   config.lr = ml_collections.ConfigDict(dict(base=0.03, warmup_steps=500, decay="cosine", end=0.0))
   config.optim = ml_collections.ConfigDict(

@@ -100,7 +100,7 @@ def test_train_epoch_covers_the_split_and_is_seeded(tmp_path):
   _id_folder(tmp_path, "test", [1, 1, 1])
 
   def ids(seed, steps=4):
-    it = data.train_iterator(_config(tmp_path, seed=seed), _mesh())
+    it = data.train_iterator(data.Settings.from_config(_config(tmp_path, seed=seed)), _mesh())
     return [list(_ids(np.asarray(next(it)["image"]))) for _ in range(steps)]
 
   first = ids(0)
@@ -114,7 +114,7 @@ def test_train_epoch_covers_the_split_and_is_seeded(tmp_path):
 def test_train_labels_match_class_folders(tmp_path):
   _id_folder(tmp_path, "train", [2, 3])  # ids 0, 1 -> class 0; ids 2..4 -> class 1.
   _id_folder(tmp_path, "test", [1, 1])
-  batch = next(data.train_iterator(_config(tmp_path, batch=5), _mesh()))
+  batch = next(data.train_iterator(data.Settings.from_config(_config(tmp_path, batch=5)), _mesh()))
   ids, labels = _ids(np.asarray(batch["image"])), np.asarray(batch["label"])
   np.testing.assert_array_equal(labels.argmax(-1), (ids >= 2).astype(int))
   assert np.all(labels.sum(-1) == 1)
@@ -125,7 +125,8 @@ def test_corrupt_file_error_names_it(tmp_path):
   _id_folder(tmp_path, "test", [1, 1])
   bad = tmp_path / "train" / "class_1" / "broken.png"
   bad.write_bytes(b"\x89PNG\r\n\x1a\n this is not a png")
-  it = data.train_iterator(_config(tmp_path, batch=7), _mesh())  # One batch = all.
+  all_in_one_batch = data.Settings.from_config(_config(tmp_path, batch=7))
+  it = data.train_iterator(all_in_one_batch, _mesh())
   with pytest.raises(ValueError, match="broken.png.*skip_corrupt_images"):
     next(it)
   evaluation = data.eval_iterator(_config(tmp_path, test_split="train"), _mesh())
@@ -149,7 +150,7 @@ def test_corrupt_file_skipped_and_counted(tmp_path, caplog):
     assert sum(m.sum() for m in masks) == n
     skipped = [r.getMessage() for r in caplog.records if "broken.jpg" in r.getMessage()]
     assert len(skipped) == 1 and "1 skipped so far" in skipped[0]  # One eval pass.
-    train = data.train_iterator(config, _mesh())
+    train = data.train_iterator(data.Settings.from_config(config), _mesh())
     batch = next(train)
     train.close()
     # The broken row is replaced by another example of the batch: n + 1 rows, n ids.

@@ -43,9 +43,10 @@ def _take(iterator, count):
 
 def test_start_step_equals_running_that_many_steps(digits_config):
   # 1437 examples / 128 = 11.2 steps per epoch: step 10..13 crosses into epoch 1.
-  from_zero = _take(data.train_iterator(digits_config, _mesh()), 14)
+  settings = data.Settings.from_config(digits_config)
+  from_zero = _take(data.train_iterator(settings, _mesh()), 14)
   for k in (1, 10, 12):
-    resumed = _take(data.train_iterator(digits_config, _mesh(), start_step=k), 2)
+    resumed = _take(data.train_iterator(settings, _mesh(), start_step=k), 2)
     for a, b in zip(from_zero[k : k + 2], resumed):
       np.testing.assert_array_equal(a["image"], b["image"])
       np.testing.assert_array_equal(a["label"], b["label"])
@@ -53,12 +54,18 @@ def test_start_step_equals_running_that_many_steps(digits_config):
   other = digits_config.copy_and_resolve_references()
   other.seed = 4
   assert not np.array_equal(
-    _take(data.train_iterator(other, _mesh()), 1)[0]["image"], from_zero[0]["image"]
+    _take(data.train_iterator(data.Settings.from_config(other), _mesh()), 1)[0]["image"],
+    from_zero[0]["image"],
   )
 
 
+def test_the_train_iterator_takes_settings_not_a_config(digits_config):
+  with pytest.raises(TypeError, match="data.Settings.from_config"):
+    data.train_iterator(digits_config, _mesh())
+
+
 def test_train_batches_are_global_arrays_without_mask(digits_config):
-  batch = next(data.train_iterator(digits_config, _mesh()))
+  batch = next(data.train_iterator(data.Settings.from_config(digits_config), _mesh()))
   assert set(batch) == {"image", "label"}
   assert isinstance(batch["image"], jax.Array)
   assert batch["image"].sharding == NamedSharding(_mesh(), PartitionSpec("data"))
@@ -245,7 +252,7 @@ def test_closing_the_train_iterator_does_not_wait_for_a_read(
 
   monkeypatch.setattr(source_class, "read_many", slow_read_many)
   steps_per_block = 1024 // config.batch
-  iterator = data.train_iterator(config, _mesh())
+  iterator = data.train_iterator(data.Settings.from_config(config), _mesh())
   try:
     _take(iterator, steps_per_block)  # All the first block has: the thread now waits.
     time.sleep(0.5)

@@ -23,7 +23,7 @@ _SCRIPT = textwrap.dedent("""
     out = {}
     for rows, cols in ((8, 1), (4, 2)):
       mesh = Mesh(np.array(jax.devices()).reshape(rows, cols), ('data', 'model'))
-      batch = next(data.train_iterator(config, mesh))
+      batch = next(data.train_iterator(data.Settings.from_config(config), mesh))
       for key, value in batch.items():
         assert isinstance(value, jax.Array)
         assert value.sharding == NamedSharding(mesh, PartitionSpec('data')), key
@@ -38,8 +38,8 @@ _SCRIPT = textwrap.dedent("""
       out[f'eval_{rows}x{cols}'] = masks
     config.batch = 12
     try:
-      data.train_iterator(config, Mesh(np.array(jax.devices()).reshape(8, 1),
-                                       ('data', 'model')))
+      data.train_iterator(data.Settings.from_config(config),
+                          Mesh(np.array(jax.devices()).reshape(8, 1), ('data', 'model')))
     except ValueError as e:
       out['error'] = str(e)
     print('RESULT' + json.dumps(out))
@@ -80,7 +80,9 @@ def test_global_batches_on_eight_devices(tmp_path):
 
   # Same content as on this process's single device: sharding only places rows.
   mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(-1, 1), ("data", "model"))
-  single = np.asarray(next(data.train_iterator(config, mesh))["image"]).mean((1, 2, 3))
+  single = np.asarray(
+    next(data.train_iterator(data.Settings.from_config(config), mesh))["image"]
+  ).mean((1, 2, 3))
   np.testing.assert_allclose(out["train_8x1"], single, rtol=1e-6)
   np.testing.assert_allclose(out["train_4x2"], single, rtol=1e-6)
   for key in ("eval_8x1", "eval_4x2"):

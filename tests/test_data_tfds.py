@@ -70,7 +70,7 @@ def test_mocked_cifar10_through_the_tfds_path(tmp_path):
   with tfds.testing.mock_data(num_examples=10):
     info = data.dataset_info(config)  # mock_data has no split sizes: counted.
     assert (info.num_classes, info.num_train, info.num_test) == (10, 10, 10)
-    batches = data.train_iterator(config, _mesh())
+    batches = data.train_iterator(data.Settings.from_config(config), _mesh())
     for _ in range(3):  # Crosses an epoch boundary.
       batch = next(batches)
       assert batch["image"].shape == (4, 16, 16, 3) and batch["label"].shape == (4, 10)

@@ -8,12 +8,12 @@ import pytest
 
 from tests import train_fixtures
 from vit_jax import run, sharding
-from vit_jax.run import accumulation, resolver, step_cost
+from vit_jax.run import memory_fit, resolver, step_cost
 
 
 def test_candidates_split_the_batch_over_the_data_devices():
-  assert accumulation.accum_candidates(16, 1) == [1, 2, 4, 8, 16]
-  assert accumulation.accum_candidates(24, 2) == [1, 2, 3, 4, 6, 12]
+  assert memory_fit.accum_candidates(16, 1) == [1, 2, 4, 8, 16]
+  assert memory_fit.accum_candidates(24, 2) == [1, 2, 3, 4, 6, 12]
 
 
 def _config(accum_steps):
@@ -27,7 +27,7 @@ def _config(accum_steps):
 
 @pytest.fixture
 def auto_config():
-  return _config(accumulation.AUTO)
+  return _config(memory_fit.AUTO)
 
 
 def _peak(accum_steps):
@@ -52,7 +52,7 @@ def test_auto_chooses_the_fewest_micro_batches_that_fit(auto_config):
   assert peaks[1] > peaks[2] > peaks[4]
   # A pretended device whose budget (limit less the headroom) fits 4 micro-batches, not 2.
   budget = (peaks[2] + peaks[4]) // 2
-  limit = int(budget / (1 - accumulation.HEADROOM)) + 1
+  limit = int(budget / (1 - memory_fit.HEADROOM)) + 1
   assert _fit(auto_config, limit) == peaks[4]
 
 

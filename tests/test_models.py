@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
+from vit_jax import errors
 from vit_jax.models import MODEL_NAMES, create_model, get_model_config, sincos_2d
 from vit_jax.weights import npz
 
@@ -270,6 +271,30 @@ def test_unknown_remat_policy_is_an_error():
   model = tiny(remat=True, remat_policy="save_everything_please")
   with pytest.raises(ValueError, match="save_everything_please.*jax.checkpoint_policies"):
     init(model)
+
+
+@pytest.mark.parametrize(
+  "key, value, fragment",
+  [
+    ("classifier", "tokens", "config.model.classifier='tokens'"),
+    ("remat_policy", "save_all", "config.model.remat_policy='save_all'"),
+    ("posemb", "sincos", "config.model.posemb='sincos'"),
+    ("dtype", "int8", "config.model.dtype='int8'"),
+    ("attention_impl", "flash", "config.model.attention_impl='flash'"),
+    ("hidden_size", 30, "Width 30 .* num_heads=2"),
+  ],
+)
+def test_create_model_checks_a_config_before_building_and_a_module_when_traced(
+  key, value, fragment
+):
+  cfg = get_model_config("testing")
+  cfg[key] = value
+  with pytest.raises(errors.ConfigError, match=fragment):
+    create_model(cfg, num_classes=3)
+  if key in ("classifier", "remat_policy", "posemb"):  # module attributes: the same check
+    model = tiny(**{key: value}, **({"remat": True} if key == "remat_policy" else {}))
+    with pytest.raises(errors.ConfigError, match=fragment):
+      init(model)
 
 
 def test_dropout_is_active_only_in_training():

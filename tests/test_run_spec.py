@@ -2,6 +2,7 @@
 run folder found from any path inside it."""
 
 import dataclasses
+import json
 import os
 
 import jax
@@ -11,9 +12,9 @@ from etils import epath
 from flax import traverse_util
 
 from tests import train_fixtures
-from vit_jax import errors, run, sharding
+from vit_jax import errors, models, run, sharding
 from vit_jax.run import folder as folder_lib
-from vit_jax.run import resolver
+from vit_jax.run import resolver, resume_policy
 from vit_jax.weights import sources
 
 pytest_plugins = ["tests.finished_run"]  # the finished_run fixture
@@ -60,6 +61,35 @@ def test_every_settings_error_comes_before_anything_is_built(tiny_config):
     _spec(tiny_config, open_data=False)
 
 
+@pytest.mark.parametrize(
+  "key, value, fragment",
+  [
+    ("model__classifier", "tokens", "Unknown config.model.classifier='tokens'"),
+    ("model__remat_policy", "save_all", "Unknown config.model.remat_policy='save_all'"),
+    ("posemb_resize", "linear", "Unknown config.posemb_resize='linear'"),
+    ("model__posemb", "sincos", "Unknown config.model.posemb='sincos'"),
+  ],
+)
+def test_resolve_rejects_a_bad_model_option_before_reading_or_building_anything(
+  tmp_path, key, value, fragment
+):
+  config = train_fixtures.tiny_config(str(tmp_path / "no_data_here"), num_classes=7)
+  train_fixtures.override(config, {key.replace("__", "."): value})
+  with pytest.raises(errors.ConfigError, match=fragment):
+    _spec(config, open_data=False)
+  assert os.listdir(tmp_path) == []
+
+
+def test_the_spec_s_model_is_typed_settings_that_create_model_also_takes(tiny_config):
+  spec, _ = _spec(tiny_config)
+  assert isinstance(spec.model, models.ModelSettings)
+  assert spec.model.transformer.num_heads == tiny_config.model.transformer.num_heads
+  assert spec.with_model(remat=True).model.remat and not spec.model.remat
+  from_settings = models.create_model(spec.model, num_classes=3)
+  from_config = models.create_model(tiny_config.model, num_classes=3)
+  assert from_settings == from_config
+
+
 def test_the_run_folder_is_found_from_any_path_inside_it(finished_run):
   root = epath.Path(finished_run)
   for inside in (root, root / "checkpoints", root / "checkpoints" / "6"):
@@ -82,3 +112,59 @@ def test_predict_and_export_read_a_run_given_as_url_or_epath(finished_run):
     assert got.keys() == want.keys()
     for k in want:
       np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+
+def _repo_text(name):
+  with open(os.path.join(os.path.dirname(__file__), os.pardir, name)) as f:
+    return f.read()
+
+
+def test_the_docs_show_the_resume_policy_table_and_the_readme_its_switches():
+  assert resume_policy.markdown() in _repo_text("docs/architecture.md")
+  readme = _repo_text("README.md")
+  for switch in resume_policy.SWITCHES:
+    assert f"--config.{switch}=True" in readme, switch
+
+
+def test_every_resume_key_is_a_config_key_and_every_switch_a_config_switch(tiny_config):
+  for rule in resume_policy.RULES:
+    assert rule.key in tiny_config or rule.key == "num_train", rule.key
+    assert (rule.switch is not None) == (rule.on_change == resume_policy.SWITCH), rule.key
+  assert set(resume_policy.SWITCHES) == {k for k in tiny_config if k.startswith("allow_changed")}
+
+
+def test_the_data_identity_stored_with_checkpoints_is_the_policy_s_checkpoint_keys(tiny_config):
+  spec, _ = _spec(tiny_config)
+  assert list(spec.data_identity()) == [
+    r.key for r in resume_policy.rules(resume_policy.CHECKPOINT)
+  ]
+  assert spec.data_identity()["batch"] == 16 and spec.data_identity()["num_train"] == 1437
+
+
+def test_the_folder_check_follows_the_policy_for_the_keys_config_json_records(
+  tmp_path, tiny_config, caplog
+):
+  folder = folder_lib.RunFolder(tmp_path)
+  saved = json.loads(tiny_config.to_json_best_effort())
+  folder.write_config(saved, step=0)
+  (tmp_path / "checkpoints").mkdir()
+
+  def changed(**values):
+    current = json.loads(json.dumps(saved))
+    for key, value in values.items():
+      section, _, leaf = key.partition("__")
+      if leaf:
+        current[section][leaf] = value
+      else:
+        current[key] = value
+    caplog.clear()
+    folder.check_config(current)
+    return caplog.text
+
+  with pytest.raises(
+    errors.ResumeError, match=r"model, pp differ.*hidden_size: 32 -> 48; pp.crop: 8 -> 16"
+  ):
+    changed(model__hidden_size=48, pp__crop=16)
+  assert f"Resuming with a changed lr.base: {saved['lr']['base']} -> 0.5" in changed(lr__base=0.5)
+  # The batch and the seed are recorded with the checkpoints (check_resume), not here.
+  assert changed(batch=32, seed=7) == ""

@@ -76,6 +76,12 @@ CASES = [
   ("activations", ["--config.pp.crop=1024"], "GiB of activations per device", "fresh"),
   # Model and optimization.
   ("heads", ["--config.model.transformer.num_heads=3"], "num_heads=3", "fresh"),
+  ("classifier", ["--config.model.classifier=foo"], "config.model.classifier='foo'", "fresh"),
+  ("remat policy", ["--config.model.remat_policy=foo"], "model.remat_policy='foo'", "fresh"),
+  ("posemb", ["--config.model.posemb=foo"], "config.model.posemb='foo'", "fresh"),
+  ("posemb_resize", ["--config.posemb_resize=foo"], "config.posemb_resize='foo'", "fresh"),
+  ("dtype", ["--config.model.dtype=int8"], "config.model.dtype='int8'", "fresh"),
+  ("attention", ["--config.model.attention_impl=foo"], "attention_impl='foo'", "fresh"),
   ("unknown loss", ["--config.loss=foo"], "Unknown config.loss='foo'", "fresh"),
   ("unknown optimizer", ["--config.optim.name=foo"], "config.optim.name='foo'", "fresh"),
   ("unknown decay", ["--config.lr.decay=foo"], "config.lr.decay='foo'", "fresh"),

@@ -168,6 +168,18 @@ def out_of_disk(directory: str, needed_bytes: Optional[int] = None) -> OutOfDisk
   )
 
 
+def memory_advice(*, batch: int, accum_steps: Any, remat: bool, crop: Optional[int] = None) -> str:
+  """What lowers a train step's device memory, with each setting's value now: the one
+  advice of every out-of-memory error (``crop``: also name config.pp.crop)."""
+  lower = f"config.batch (now {batch})"
+  if crop is not None:
+    lower = f"config.pp.crop (now {crop}) or {lower}"
+  return (
+    f"lower {lower}, raise config.accum_steps (now {accum_steps}; 'auto' picks one that "
+    f"fits a device's memory), or set config.model.remat=True (now {remat})"
+  )
+
+
 def out_of_memory(e: BaseException, config: Any) -> OutOfMemoryError:
   """The error for XLA's out-of-memory ``e``, naming the settings that lower the need."""
   match = _BYTES.search(str(e))
@@ -180,10 +192,9 @@ def out_of_memory(e: BaseException, config: Any) -> OutOfMemoryError:
     str(e).splitlines()[0] if str(e) else "",
   )
   return OutOfMemoryError(
-    f"Out of device memory: the step needs {need} (XLA: {first.strip()[:200]}). Lower "
-    f"config.batch (now {config.batch}), raise config.accum_steps (now "
-    f"{config.accum_steps}; 'auto' picks one that fits), or set config.model.remat=True "
-    f"(now {config.model.remat})."
+    f"Out of device memory: the step needs {need} (XLA: {first.strip()[:200]}): "
+    + memory_advice(batch=config.batch, accum_steps=config.accum_steps, remat=config.model.remat)
+    + "."
   )
 
 

@@ -1,7 +1,8 @@
 """Input pipelines: tfds datasets, image folders and the offline `digits` dataset.
 
 Every source yields the same global batches, sharded over the mesh axis 'data'
-(``settings``: a `Settings`, or a run config read through `Settings.from_config`):
+(``settings``: a `Settings`; `eval_iterator` and `dataset_info` also take a run config,
+read through `Settings.from_config`):
   train_iterator(settings, mesh, *, start_step=0) -> endless
       {'image': f32[B, crop, crop, 3] in [-1, 1], 'label': f32[B, K] one-hot}
   eval_iterator(settings, mesh, *, split=None) -> one pass per iteration, adds

@@ -283,15 +283,20 @@ class EvalBatches:
 
 
 def train_iterator(
-  config: Any, mesh: jax.sharding.Mesh, *, start_step: int = 0
+  settings: Settings, mesh: jax.sharding.Mesh, *, start_step: int = 0
 ) -> Iterator[dict[str, jax.Array]]:
   """Endless global train batches, sharded over the 'data' mesh axis.
 
+  ``settings``: `Settings` (a run's ``spec.data``, or `Settings.from_config(config)`).
   Yields {'image': f32[B, crop, crop, 3] in [-1, 1], 'label': f32[B, K] one-hot}
-  with B = config.batch. The stream from `start_step` equals the stream from 0 after
+  with B = settings.batch. The stream from `start_step` equals the stream from 0 after
   `start_step` batches, without replaying it; neither depends on the process count.
   """
-  settings = as_settings(config)
+  if not isinstance(settings, Settings):
+    raise TypeError(
+      f"train_iterator takes data.Settings, not {type(settings).__name__}: pass a run's "
+      "spec.data, or data.Settings.from_config(config)."
+    )
   if start_step < 0:
     raise ValueError(f"start_step={start_step} must be >= 0 (the step to resume at).")
   local_batch = batching.local_batch_size(settings.batch, mesh, "batch")

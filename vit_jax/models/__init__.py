@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from vit_jax.models.posemb import POSEMB_KINDS, resize_grid, sincos_2d
+from vit_jax.models.settings import ModelSettings
 from vit_jax.models.variants import MODEL_NAMES, get_model_config
 from vit_jax.models.vit import CLASSIFIERS, ExecutionOptions, VisionTransformer
 
@@ -16,14 +17,18 @@ _EXECUTION_FIELDS = frozenset(f.name for f in dataclasses.fields(ExecutionOption
 
 
 def create_model(
-  model_config: ml_collections.ConfigDict, *, num_classes: Optional[int], **overrides: Any
+  model_config: ml_collections.ConfigDict | ModelSettings,
+  *,
+  num_classes: Optional[int],
+  **overrides: Any,
 ) -> VisionTransformer:
-  """Builds a `VisionTransformer` from a config in the layout of `variants.py`.
+  """Builds a `VisionTransformer` from a config in the layout of `variants.py` (a
+  ConfigDict, checked here by `ModelSettings.from_config`, or `ModelSettings`).
 
   ``overrides`` replace module attributes (``classifier="gap"``) or fields of its
   `ExecutionOptions` (``dropout_rate=0.1``, ``scan=True``, ``dtype=jnp.bfloat16``).
   """
-  cfg = model_config
+  cfg = ModelSettings.from_config(model_config)
   t = cfg.transformer
   execution = dict(
     dropout_rate=t.dropout_rate,
@@ -38,7 +43,7 @@ def create_model(
     execution[name] = overrides.pop(name)
   attributes = dict(
     num_classes=num_classes,
-    patch_size=tuple(cfg.patches.size),
+    patch_size=cfg.patches.size,
     hidden_size=cfg.hidden_size,
     num_layers=t.num_layers,
     mlp_dim=t.mlp_dim,
@@ -47,7 +52,7 @@ def create_model(
     posemb=cfg.posemb,
     gelu_approximate=cfg.gelu_approximate,
     representation_size=cfg.representation_size,
-    resnet_units=None if cfg.resnet is None else tuple(cfg.resnet.num_layers),
+    resnet_units=None if cfg.resnet is None else cfg.resnet.num_layers,
     resnet_width_factor=1.0 if cfg.resnet is None else cfg.resnet.width_factor,
     execution=ExecutionOptions(**execution),
   )
@@ -59,6 +64,7 @@ __all__ = [
   "CLASSIFIERS",
   "ExecutionOptions",
   "MODEL_NAMES",
+  "ModelSettings",
   "POSEMB_KINDS",
   "VisionTransformer",
   "create_model",

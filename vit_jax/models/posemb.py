@@ -28,14 +28,35 @@ POSEMB_KINDS: tuple[str, ...] = ("learn", "learn_2d", "sincos2d", "none")
 RESIZE_METHODS: tuple[str, ...] = ("bilinear", "bicubic", "nearest")  # jax.image.resize's
 POSEMB_REINIT = "reinit"  # fine-tuning: fresh position embeddings instead of resized ones
 POSEMB_RESIZE_METHODS: tuple[str, ...] = (*RESIZE_METHODS, POSEMB_REINIT)  # config.posemb_resize
+# The width each kind needs to be divisible by: learn_2d gives each axis half the width,
+# sincos2d a sine and a cosine per axis.
+_WIDTH_MULTIPLE = {"learn_2d": 2, "sincos2d": 4}
+
+
+def check_posemb(kind: str, width: int) -> None:
+  """Raises ConfigError unless ``kind`` is one of `POSEMB_KINDS` that a model of
+  ``width`` can have (run by `vit_jax.models.settings.ModelSettings` and the module)."""
+  if kind not in POSEMB_KINDS:
+    raise errors.ConfigError(f"Unknown config.model.posemb={kind!r}; choose one of {POSEMB_KINDS}.")
+  multiple = _WIDTH_MULTIPLE.get(kind, 1)
+  if width % multiple:
+    raise errors.ConfigError(
+      f"{kind} position embeddings need a width (config.model.hidden_size) divisible by "
+      f"{multiple}, got {width}."
+    )
+
+
+def check_resize_method(method: str) -> None:
+  """Raises ConfigError unless ``method`` is one of `POSEMB_RESIZE_METHODS`."""
+  if method not in POSEMB_RESIZE_METHODS:
+    raise errors.ConfigError(
+      f"Unknown config.posemb_resize={method!r}; use one of {POSEMB_RESIZE_METHODS}."
+    )
 
 
 def sincos_2d(grid_hw: tuple[int, int], width: int, temperature: float = 10_000.0) -> np.ndarray:
   """Fixed 2-D sine-cosine position features, [gh * gw, D] (row-major patch order)."""
-  if width % 4:
-    raise errors.ConfigError(
-      f"sincos2d position embeddings need a width divisible by 4, got {width}."
-    )
+  check_posemb("sincos2d", width)
   gh, gw = grid_hw
   y, x = np.meshgrid(
     np.arange(gh, dtype=np.float64), np.arange(gw, dtype=np.float64), indexing="ij"
@@ -67,6 +88,7 @@ class AddPositionEmbs(nn.Module):
       raise errors.ConfigError(
         f"{n} tokens do not match a {gh}x{gw} grid plus {self.num_prefix} prefix."
       )
+    check_posemb(self.kind, d)
     if self.kind == "none":
       return x
     if self.kind == "learn":
@@ -74,8 +96,6 @@ class AddPositionEmbs(nn.Module):
       posemb = self.param("pos_embedding", init, (1, n, d), self.param_dtype)
       return x + posemb.astype(x.dtype)
     if self.kind == "learn_2d":
-      if d % 2:
-        raise errors.ConfigError(f"learn_2d position embeddings need an even width, got {d}.")
       init = nn.with_logical_partitioning(
         nn.initializers.normal(stddev=0.02), (None, None, None, EMBED)
       )
@@ -86,12 +106,8 @@ class AddPositionEmbs(nn.Module):
         axis=-1,
       )
       posemb = grid.reshape(1, gh * gw, d)  # [1, N, D]
-    elif self.kind == "sincos2d":
+    else:  # sincos2d
       posemb = jnp.asarray(sincos_2d(self.grid_hw, d))[None]  # [1, N, D]
-    else:
-      raise errors.ConfigError(
-        f"Unknown position embedding kind {self.kind!r}; choose one of {POSEMB_KINDS}."
-      )
     posemb = jnp.pad(posemb, ((0, 0), (self.num_prefix, 0), (0, 0)))  # no embedding for cls
     return x + posemb.astype(x.dtype)
 

@@ -28,11 +28,48 @@ from vit_jax.sharding import EMBED, HEADS, KV, LAYERS, MLP
 CLASSIFIERS: tuple[str, ...] = ("token", "gap", "unpooled")
 
 EINSUM = "einsum"  # `ExecutionOptions.attention_impl` of the module's own einsum attention
+# `ExecutionOptions.attention_impl` values: None or EINSUM (the einsum attention), or an
+# ``implementation`` of `jax.nn.dot_product_attention`.
+ATTENTION_IMPLS: tuple[Optional[str], ...] = (None, EINSUM, "xla", "cudnn")
 _normal_init = nn.initializers.normal(stddev=1e-6)
 
 
 def _partitioned(init, names: tuple[Optional[str], ...]):
   return nn.with_logical_partitioning(init, names)
+
+
+# The checks of the model's options: `vit_jax.models.settings.ModelSettings` (which
+# `vit_jax.run.resolve` and `create_model` build) runs them before anything is built; the
+# modules call the same functions for a module constructed directly.
+
+
+def check_classifier(classifier: str) -> None:
+  if classifier not in CLASSIFIERS:
+    raise errors.ConfigError(
+      f"Unknown config.model.classifier={classifier!r}; choose one of {CLASSIFIERS}."
+    )
+
+
+def check_heads(width: int, num_heads: int) -> None:
+  if num_heads < 1 or width % num_heads:
+    raise errors.ConfigError(
+      f"Width {width} (config.model.hidden_size) is not divisible by "
+      f"config.model.transformer.num_heads={num_heads}."
+    )
+
+
+def remat_policy(name: Optional[str]) -> Optional[Callable[..., bool]]:
+  """The `jax.checkpoint_policies` entry ``name`` names (None: JAX's default, save nothing
+  but the block's inputs)."""
+  if name is None:
+    return None
+  policy = getattr(jax.checkpoint_policies, name, None) if name[:1] != "_" else None
+  if not callable(policy):
+    raise errors.ConfigError(
+      f"Unknown config.model.remat_policy={name!r}: use a name from "
+      "jax.checkpoint_policies, e.g. 'nothing_saveable', or None."
+    )
+  return policy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,8 +147,7 @@ class MultiHeadDotProductAttention(nn.Module):
   def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
     ex = self.execution
     d = x.shape[-1]  # x: [B, N, D]
-    if d % self.num_heads:
-      raise errors.ConfigError(f"Width {d} is not divisible by num_heads={self.num_heads}.")
+    check_heads(d, self.num_heads)
     h, dh = self.num_heads, d // self.num_heads
     qkv = [
       _Projection(1, (d, h, dh), (EMBED, HEADS, KV), (h, dh), (HEADS, KV), ex, name=name)()
@@ -240,16 +276,13 @@ class Encoder(nn.Module):
 
     block_cls = Encoder1DBlock
     if ex.remat:
-      policy = None
-      if ex.remat_policy:
-        if not hasattr(jax.checkpoint_policies, ex.remat_policy):
-          raise errors.ConfigError(
-            f"Unknown remat_policy {ex.remat_policy!r}: use a name from "
-            "jax.checkpoint_policies, e.g. 'nothing_saveable'."
-          )
-        policy = getattr(jax.checkpoint_policies, ex.remat_policy)
       # Argument 2 (`deterministic`, counting self) is a Python bool: static.
-      block_cls = nn.remat(block_cls, prevent_cse=not ex.scan, static_argnums=(2,), policy=policy)
+      block_cls = nn.remat(
+        block_cls,
+        prevent_cse=not ex.scan,
+        static_argnums=(2,),
+        policy=remat_policy(ex.remat_policy),
+      )
     block_kwargs = dict(
       mlp_dim=self.mlp_dim,
       num_heads=self.num_heads,
@@ -324,10 +357,7 @@ class VisionTransformer(nn.Module):
     corrupt: Optional[Callable[[jax.Array], jax.Array]] = None,
     pool: bool = True,
   ) -> jax.Array:
-    if self.classifier not in CLASSIFIERS:
-      raise errors.ConfigError(
-        f"Unknown classifier {self.classifier!r}; choose one of {CLASSIFIERS}."
-      )
+    check_classifier(self.classifier)
     ex = self.execution
     grid_hw = self.grid_hw(images.shape[1:3])
     x = images.astype(ex.dtype)  # [B, H, W, C]

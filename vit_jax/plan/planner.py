@@ -21,11 +21,11 @@ from vit_jax import sharding
 from vit_jax.plan import hlo, report
 from vit_jax.plan.report import gib
 from vit_jax.plan.topology import Topology
-from vit_jax.run import accumulation, step_cost
+from vit_jax.run import memory_fit, step_cost
 
 # The share of the chip's memory a step may fill: the same headroom as
 # accum_steps='auto' leaves (XLA's analysis omits the runtime's own buffers).
-HEADROOM = accumulation.HEADROOM
+HEADROOM = memory_fit.HEADROOM
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,6 +34,7 @@ from jax.experimental import multihost_utils
 
 from vit_jax import errors
 from vit_jax.paths import as_path
+from vit_jax.run import resume_policy
 from vit_jax.weights.orbax_steps import (
   META,
   STATE,
@@ -47,13 +48,6 @@ from vit_jax.weights.orbax_steps import (
   verify,
 )
 
-# What a resumed run may change only when the config allows it: {data key: the switch}.
-ALLOW_CHANGED = {
-  "seed": "allow_changed_seed",
-  "batch": "allow_changed_batch",
-  "shuffle_buffer": "allow_changed_batch",
-}
-
 
 def check_resume(
   directory: str | os.PathLike,
@@ -64,12 +58,12 @@ def check_resume(
 ) -> bool:
   """Raises ResumeError when the run in ``directory`` does not fit this config.
 
-  ``data``: what this config trains on ({"dataset", "train_split", "test_split",
-  "num_train", "seed", "batch", "shuffle_buffer"}); ``abstract_state``: the train state it
-  builds. Another optimizer (other arrays) or other data is an error; a changed seed,
-  batch or shuffle window changes the data order from the resumed step on: an error unless
-  its `ALLOW_CHANGED` switch is among ``allowed``. Reads only the newest readable step's
-  meta and changes nothing. Returns whether there is a step to resume.
+  ``data``: what this config trains on (`RunSpec.data_identity`: the keys
+  `resume_policy` records with each checkpoint); ``abstract_state``: the train state it
+  builds. Other arrays (another optimizer or model) are an error; a changed data key is
+  what `resume_policy` says, with the switches ``allowed`` on (a change allowed is
+  logged). Reads only the newest readable step's meta and changes nothing. Returns
+  whether there is a step to resume.
   """
   steps = finalized_steps(directory)
   for step in reversed(steps):
@@ -90,13 +84,14 @@ def check_resume(
     if not stored:
       break
     changed = [
-      k
-      for k in data
-      if k in stored and stored[k] != data[k] and ALLOW_CHANGED.get(k) not in allowed
+      rule
+      for rule in resume_policy.rules(resume_policy.CHECKPOINT)
+      if rule.key in stored and rule.key in data and stored[rule.key] != data[rule.key]
     ]
-    if changed:
-      what = "; ".join(f"{k}: {stored[k]!r} -> {data[k]!r}" for k in changed)
-      switches = sorted({ALLOW_CHANGED[k] for k in changed if k in ALLOW_CHANGED})
+    refused = [rule for rule in changed if resume_policy.is_error(rule, allowed)]
+    if refused:
+      what = "; ".join(f"{r.key}: {stored[r.key]!r} -> {data[r.key]!r}" for r in refused)
+      switches = sorted({r.switch for r in refused if r.switch})
       fix = (
         f" (or set {' and '.join(f'config.{s}=True' for s in switches)} to go on with the "
         "new data order)"
@@ -107,6 +102,14 @@ def check_resume(
         f"The run in {directory} (step {step}) trained on other data than this config "
         f"({what}). Put the old values back{fix}, or use a new --workdir to start a new "
         "run; nothing was changed."
+      )
+    for rule in changed:
+      logging.warning(
+        "Resuming with a changed %s: %r -> %r (config.%s=True).",
+        rule.key,
+        stored[rule.key],
+        data[rule.key],
+        rule.switch,
       )
     break
   return bool(steps)
@@ -123,9 +126,8 @@ class RunCheckpoints:
     data: Optional[Mapping[str, Any]] = None,
     async_save: bool = True,
   ):
-    """``keep``: newest steps kept; ``data``: recorded with each step (`check_resume`)."""
-    if keep < 1:
-      raise errors.ConfigError(f"config.keep_checkpoints={keep} must be >= 1.")
+    """``keep``: newest steps kept (>= 1: `vit_jax.run.resolve` checks
+    config.keep_checkpoints); ``data``: recorded with each step (`check_resume`)."""
     self.directory = as_path(directory)
     self.keep = keep
     self._data = dict(data or {})

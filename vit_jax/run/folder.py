@@ -17,7 +17,7 @@ import json
 import os
 import socket
 import time
-from typing import Any, Iterator
+from typing import Any, Collection, Iterator
 
 import jax
 from absl import logging
@@ -25,14 +25,11 @@ from etils import epath
 
 from vit_jax import errors, paths
 from vit_jax.paths import CONFIG_FILE, HISTORY_FILE, LOCK_FILE
+from vit_jax.run import resume_policy
 
 # A lock whose heartbeat (refreshed at every log step and save) is older than this is
 # stale: its run died on a host that cannot be asked (preempted VMs come back as others).
 STALE_SECONDS = 15 * 60
-# Config sections a resumed run must keep (its checkpoints hold this model), and those
-# that may change with a warning.
-_MODEL_KEYS = ("model", "num_classes", "pp")
-_SCHEDULE_KEYS = ("total_steps", "lr", "optim", "batch", "accum_steps")
 
 
 def _differences(saved: Any, current: Any, prefix: str) -> list[str]:
@@ -60,23 +57,27 @@ def _running(pid: Any) -> bool:
 class RunFolder(paths.RunPaths):
   """A run's folder as the training run uses it: resume check, config write, lock."""
 
-  def check_config(self, current: dict[str, Any]) -> None:
-    """A resume that changes the model is an error naming each changed key with both
-    values; a changed schedule is a warning. Nothing is written."""
+  def check_config(self, current: dict[str, Any], *, allowed: Collection[str] = ()) -> None:
+    """Compares ``current`` with config.json by `resume_policy` (the keys it records in
+    config.json): a change that is an error raises one error naming each changed key with
+    both values; a warning is logged. Nothing is written."""
     if not self.has_config():
       return
     saved = self.read_config()
-    changed = {k: _differences(saved.get(k), current.get(k), k) for k in _MODEL_KEYS}
-    changed = {k: lines for k, lines in changed.items() if lines}
-    if changed and self.checkpoints.is_dir():
-      details = "; ".join(line for lines in changed.values() for line in lines)
+    refused, warned = [], []
+    for rule in resume_policy.rules(resume_policy.CONFIG_JSON):
+      lines = _differences(saved.get(rule.key), current.get(rule.key), rule.key)
+      if lines:
+        (refused if resume_policy.is_error(rule, allowed) else warned).append((rule.key, lines))
+    if refused and self.checkpoints.is_dir():
+      details = "; ".join(line for _, lines in refused for line in lines)
       raise errors.ResumeError(
-        f"The config's {', '.join(changed)} differ from the run saved in {self.root} "
-        f"({details}): its checkpoints would not fit. Use a new --workdir, or put the old "
-        "values back."
+        f"The config's {', '.join(key for key, _ in refused)} differ from the run saved in "
+        f"{self.root} ({details}): its checkpoints would not fit. Use a new --workdir, or "
+        "put the old values back."
       )
-    for key in _SCHEDULE_KEYS:
-      for line in _differences(saved.get(key), current.get(key), key):
+    for _, lines in warned:
+      for line in lines:
         logging.warning("Resuming with a changed %s.", line)
 
   def write_config(self, current: dict[str, Any], *, step: int) -> None:

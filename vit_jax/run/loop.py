@@ -1,7 +1,7 @@
 """The training loop: runs a resolved run's compiled steps over its data, in its folder.
 
-    metrics = train_and_evaluate(config, workdir)     # resolve + run
-    metrics = run(spec, steps, workdir)               # a resolved run, built steps
+    metrics = train_and_evaluate(config, workdir)     # resolve, build, train
+    metrics = train(steps, workdir)                   # built steps (`steps.spec`: the run)
 
 Resuming restores the newest intact Orbax step and restarts the data stream at that step,
 so a resumed run sees the batches an uninterrupted one would have. Every check (settings,
@@ -22,8 +22,8 @@ import ml_collections
 from absl import logging
 
 from vit_jax import data, errors
-from vit_jax.run import accumulation, divergence, evaluators, preemption, resolver, step_cost
 from vit_jax.run import checkpoints as checkpoints_lib
+from vit_jax.run import divergence, evaluators, memory_fit, preemption, resolver, step_cost
 from vit_jax.run import folder as folder_lib
 from vit_jax.run import progress as progress_lib
 from vit_jax.run import steps as steps_lib
@@ -46,9 +46,10 @@ def _tunables(spec: RunSpec) -> dict[str, Any]:
   }
 
 
-def _check_start(spec: RunSpec, steps: steps_lib.RunSteps, folder: folder_lib.RunFolder) -> bool:
+def _check_start(steps: steps_lib.RunSteps, folder: folder_lib.RunFolder) -> bool:
   """Every check of the run against its folder, before anything is written; returns
   whether there is a step to resume."""
+  spec = steps.spec
   resumable = checkpoints_lib.check_resume(
     folder.checkpoints,
     spec.data_identity(),
@@ -62,7 +63,7 @@ def _check_start(spec: RunSpec, steps: steps_lib.RunSteps, folder: folder_lib.Ru
       "initialization). Set config.pretrained=<.npz or <workdir>/checkpoints>, or "
       "config.total_steps > 0 to train."
     )
-  folder.check_config(spec.config_json)
+  folder.check_config(spec.config_json, allowed=spec.allowed_changes)
   return resumable
 
 
@@ -81,15 +82,16 @@ def _compile_train_step(steps: steps_lib.RunSteps) -> tuple[jax.stages.Compiled,
     source,
     peak / 2**30,
   )
-  limit, what = accumulation.per_device_limit(steps.mesh)
+  limit, what = memory_fit.per_device_limit(steps.mesh)
   if limit and peak > limit:
     spec = steps.spec
     raise errors.OutOfMemoryError(
       f"The compiled train step needs {peak / 2**30:.2f} GiB per device, more than "
-      f"{limit / 2**30:.2f} GiB ({what}): lower config.batch (now {spec.batch}) or "
-      f"config.pp.crop (now {spec.crop}), raise config.accum_steps (now {spec.accum_steps}; "
-      f"'auto' picks one that fits a device's memory), or set config.model.remat=True "
-      f"(now {spec.model.remat})."
+      f"{limit / 2**30:.2f} GiB ({what}): "
+      + errors.memory_advice(
+        batch=spec.batch, accum_steps=spec.accum_steps, remat=spec.model.remat, crop=spec.crop
+      )
+      + "."
     )
   return compiled, flops
 
@@ -119,7 +121,7 @@ class _Session:
   compiling: concurrent.futures.Future[tuple[jax.stages.Compiled, Optional[float]]]
 
 
-def _train(
+def _steps_until_done(
   steps: steps_lib.RunSteps, state: steps_lib.TrainState, session: _Session
 ) -> tuple[steps_lib.TrainState, dict[str, float]]:
   """Steps from the state's step to ``total_steps``, then saves; the last train metrics.
@@ -180,16 +182,18 @@ def _train(
   return state, metrics
 
 
-def run(spec: RunSpec, steps: steps_lib.RunSteps, workdir: str) -> dict[str, float]:
-  """Trains (or resumes) and evaluates ``spec`` in ``workdir``; returns the final metrics.
+def train(steps: steps_lib.RunSteps, workdir: str) -> dict[str, float]:
+  """Trains (or resumes) and evaluates the run ``steps`` were built for (``steps.spec``)
+  in ``workdir``; returns the final metrics.
 
   ``total_steps=0`` only evaluates the initial (e.g. pretrained) parameters. Every check
   (the settings, the folder's config and checkpoints, the pretrained weights' fit) passes
   before the first byte is written; then the run locks the folder (`RunFolder.lock`).
   SIGTERM / SIGINT stop it after saving the step in flight (`preemption`).
   """
+  spec = steps.spec
   folder = folder_lib.RunFolder(workdir)
-  resumable = _check_start(spec, steps, folder)
+  resumable = _check_start(steps, folder)
   # A fresh run trains (unless total_steps=0); a resumed one only when its step is short.
   compiling = None if resumable or not spec.loop.total_steps else _compile_in_background(steps)
   # A fresh state is built before anything is written: pretrained weights that do not
@@ -229,7 +233,7 @@ def run(spec: RunSpec, steps: steps_lib.RunSteps, workdir: str) -> dict[str, flo
       )
       metrics: dict[str, float] = {}
       if total_steps > start_step:
-        state, metrics = _train(steps, state, session)
+        state, metrics = _steps_until_done(steps, state, session)
       final: dict[str, float] = {}
       for evaluator in session.evaluators.values():
         final.update(evaluator(state.params))
@@ -244,5 +248,4 @@ def run(spec: RunSpec, steps: steps_lib.RunSteps, workdir: str) -> dict[str, flo
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Resolves ``config`` on all devices (`resolver.build`), builds its steps and runs them."""
-  steps = resolver.build(config)
-  return run(steps.spec, steps, workdir)
+  return train(resolver.build(config), workdir)

@@ -19,7 +19,9 @@ import ml_collections
 
 from vit_jax import data, errors, sharding, weights
 from vit_jax.data.dataset import Settings as DataSettings
-from vit_jax.run import accumulation, losses, objectives, step_cost
+from vit_jax.models import posemb
+from vit_jax.models.settings import ModelSettings
+from vit_jax.run import losses, memory_fit, objectives, resume_policy, step_cost
 from vit_jax.run import spec as spec_lib
 from vit_jax.run import steps as steps_lib
 from vit_jax.run.optim import OptimizerSettings
@@ -69,7 +71,7 @@ def _fewshot(config: ml_collections.ConfigDict) -> spec_lib.FewshotSettings:
 
 def _accum_steps(config: ml_collections.ConfigDict, batch: int, data_size: int) -> Any:
   accum = config.accum_steps
-  if accum == accumulation.AUTO:
+  if accum == memory_fit.AUTO:
     return accum
   if not isinstance(accum, int) or isinstance(accum, bool) or accum < 1:
     raise errors.ConfigError(f"config.accum_steps={accum!r} must be an integer >= 1 or 'auto'.")
@@ -107,7 +109,7 @@ def fit_accumulation(
 ) -> spec_lib.RunSpec:
   """``spec`` with ``accum_steps='auto'`` replaced by the fewest micro-batches (then remat)
   whose compiled step fits ``memory_limit_bytes`` per device (None: no limit, 1)."""
-  if spec.accum_steps != accumulation.AUTO:
+  if spec.accum_steps != memory_fit.AUTO:
     return spec
 
   def compile_candidate(accum_steps: int, remat: bool) -> Optional[jax.stages.Compiled]:
@@ -122,7 +124,7 @@ def fit_accumulation(
       raise
 
   try:
-    chosen = accumulation.fit(
+    chosen = memory_fit.fit(
       compile_candidate,
       batch=spec.batch,
       data_size=mesh.shape[sharding.DATA_AXIS],
@@ -140,18 +142,18 @@ def _check_memory(
 ) -> None:
   """Refuses a resolution and batch whose input batches or activations cannot fit, before
   anything is compiled: a lower bound (`step_cost.vit_activation_bytes`) against the
-  device's memory (``limit``, else `accumulation.per_device_limit`), and, when this
+  device's memory (``limit``, else `memory_fit.per_device_limit`), and, when this
   machine will feed the run (``host``), its input batches against this machine's memory."""
   gib = 2.0**30
   what = f"the {limit / gib:.1f} GiB given for a device" if limit else ""
   if limit is None:
-    limit, what = accumulation.per_device_limit(mesh)
+    limit, what = memory_fit.per_device_limit(mesh)
     what = f"{limit / gib:.1f} GiB, {what}" if limit else what
   settings = (
     f"config.pp.crop={spec.crop} with config.batch={spec.batch} and "
     f"config.accum_steps={spec.accum_steps}"
   )
-  available = accumulation.host_memory_available() if host else None
+  available = memory_fit.host_memory_available() if host else None
   images = spec.batch // _process_count(mesh)
   batch_bytes = images * spec.crop**2 * 3 * 4 * (spec.data.prefetch + 2)  # f32 [B, H, W, 3]
   if available and batch_bytes > available:
@@ -168,9 +170,11 @@ def _check_memory(
   if limit and need and need > limit:
     raise errors.ConfigError(
       f"{settings}: the train step keeps at least {need / gib:.1f} GiB of activations per "
-      f"device ({micro_batch} images per device and micro-batch), more than {what}: lower "
-      "config.pp.crop or config.batch, raise config.accum_steps, or set "
-      f"config.model.remat=True (now {spec.model.remat})."
+      f"device ({micro_batch} images per device and micro-batch), more than {what}: "
+      + errors.memory_advice(
+        batch=spec.batch, accum_steps=spec.accum_steps, remat=spec.model.remat, crop=spec.crop
+      )
+      + "."
     )
 
 
@@ -187,6 +191,7 @@ def resolve(
   mesh's first device reports; `vit_jax.plan` passes a TPU's HBM). ``open_data=False``
   takes the class count from ``config.num_classes`` without reading the dataset.
   """
+  model = ModelSettings.from_config(config.model)
   loop = _loop(config)
   objective = _objective(config)
   optimizer = OptimizerSettings.from_config(config)
@@ -196,13 +201,14 @@ def resolve(
   pretrained_source = config.pretrained or None
   if pretrained_source:
     weights.check_source(pretrained_source)
+  posemb.check_resize_method(config.posemb_resize)
   processes = _process_count(mesh)
   data.local_batch_size(data_settings.batch, mesh, "batch", processes)
   data.local_batch_size(data_settings.batch_eval, mesh, "batch_eval", processes)
   accum_steps = _accum_steps(config, data_settings.batch, mesh.shape[sharding.DATA_AXIS])
   num_classes, num_train = _num_classes(config, data_settings, open_data)
   spec = spec_lib.RunSpec(
-    model=ml_collections.FrozenConfigDict(config.model),
+    model=model,
     num_classes=num_classes,
     num_train=num_train,
     data=data_settings,
@@ -217,13 +223,11 @@ def resolve(
     partitioning=config.partitioning,
     accum_steps=accum_steps,
     seed=int(config.seed),
-    allowed_changes=frozenset(
-      key for key in ("allow_changed_seed", "allow_changed_batch") if config[key]
-    ),
+    allowed_changes=frozenset(s for s in resume_policy.SWITCHES if config[s]),
     config_json=json.loads(config.to_json_best_effort()),
   )
   if memory_limit_bytes is None:
-    memory_limit_bytes = accumulation.device_memory_limit(accumulation.local_device(mesh))
+    memory_limit_bytes = memory_fit.device_memory_limit(memory_fit.local_device(mesh))
   spec = fit_accumulation(spec, mesh, memory_limit_bytes)
   _check_memory(spec, mesh, memory_limit_bytes, host=open_data)
   return spec

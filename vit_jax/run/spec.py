@@ -2,7 +2,8 @@
 
 `vit_jax.run.resolve` builds a `RunSpec` from a config file's `ml_collections.ConfigDict`
 once, checking every value on the way; the modules of the run take the section they own
-(`optim.OptimizerSettings`, `LoopSettings`, `data.Settings`, ...), never the config.
+(`optim.OptimizerSettings`, `LoopSettings`, `data.Settings`,
+`vit_jax.models.ModelSettings`, ...), never the config.
 The defaults of every field are `configs/common.py`'s.
 """
 
@@ -14,6 +15,8 @@ from typing import Any, Optional, Union
 import ml_collections
 
 from vit_jax.data.dataset import Settings as DataSettings
+from vit_jax.models.settings import ModelSettings
+from vit_jax.run import resume_policy
 from vit_jax.run.optim import OptimizerSettings
 
 
@@ -43,7 +46,7 @@ class PretrainedSettings:
 
   source: Optional[str]  # None: random initialization
   reset_head: bool
-  posemb_resize: str
+  posemb_resize: str  # `vit_jax.models.posemb.POSEMB_RESIZE_METHODS`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +64,7 @@ class FewshotSettings:
 class RunSpec:
   """Everything a run is, checked. ``accum_steps`` is an int once `resolve` has run."""
 
-  model: ml_collections.FrozenConfigDict  # `vit_jax.models.variants` layout
+  model: ModelSettings
   num_classes: int
   num_train: Optional[int]  # None where the data was not opened (planning)
   data: DataSettings
@@ -74,7 +77,7 @@ class RunSpec:
   partitioning: str
   accum_steps: Union[int, str]
   seed: int
-  allowed_changes: frozenset[str]  # the config's allow_changed_* switches that are on
+  allowed_changes: frozenset[str]  # the `resume_policy.SWITCHES` that are on
   config_json: dict[str, Any] = dataclasses.field(repr=False, compare=False)  # config.json
 
   @property
@@ -86,19 +89,11 @@ class RunSpec:
     return self.data.crop
 
   def data_identity(self) -> dict[str, Any]:
-    """What the run trains on, stored with every checkpoint: resuming on other data fails."""
-    return dict(
-      dataset=self.data.dataset,
-      train_split=self.data.train_split,
-      test_split=self.data.test_split,
-      num_train=self.num_train,
-      seed=self.seed,
-      batch=self.data.batch,
-      shuffle_buffer=self.data.shuffle_buffer,
-    )
+    """What the run trains on, stored with every checkpoint and compared on resume: the
+    keys `resume_policy` records there."""
+    values = {**dataclasses.asdict(self.data), "num_train": self.num_train, "seed": self.seed}
+    return {rule.key: values[rule.key] for rule in resume_policy.rules(resume_policy.CHECKPOINT)}
 
   def with_model(self, **changes: Any) -> "RunSpec":
     """This run with model fields changed (e.g. ``remat=True``)."""
-    model = ml_collections.ConfigDict(self.model.to_dict())
-    model.update(changes)
-    return dataclasses.replace(self, model=ml_collections.FrozenConfigDict(model))
+    return dataclasses.replace(self, model=self.model.replace(**changes))

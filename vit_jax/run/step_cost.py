@@ -1,7 +1,7 @@
 """What a compiled step costs and what the device can do: FLOPs, memory, peak, MFU.
 
 The benchmark (`benchmarks/throughput.py`), the training run's MFU and the memory-fitted
-accumulation (`vit_jax.run.accumulation`) all read a step's cost from here:
+accumulation (`vit_jax.run.memory_fit`) all read a step's cost from here:
 
 - `compiled_flops`, `compiled_bytes_accessed`: XLA's cost analysis of a compiled step,
   the FLOPs and memory traffic of one device's program. XLA counts the body of a loop (a
@@ -24,6 +24,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+
+from vit_jax.models.settings import ModelSettings
 
 # Dense (no sparsity) peak TFLOP/s per JAX device from the vendors' data sheets, by compute
 # dtype. A device is a chip everywhere except TPU v2/v3, whose chips hold two TensorCores
@@ -97,7 +99,11 @@ def peak_bytes(compiled: jax.stages.Compiled) -> int:
 
 
 def vit_flops_per_image(
-  model_config: ml_collections.ConfigDict, image_size: int, num_classes: int, *, train: bool
+  model_config: ModelSettings | ml_collections.ConfigDict,
+  image_size: int,
+  num_classes: int,
+  *,
+  train: bool,
 ) -> Optional[float]:
   """FLOPs of a plain ViT's matrix products for one image (None for a ResNet hybrid).
 
@@ -106,8 +112,8 @@ def vit_flops_per_image(
   forward pass (the backward pass computes two products per forward one). Recomputation
   (remat) is not counted: this is the model's count that MFU is defined on.
   """
-  cfg = model_config
-  if cfg.get("resnet") is not None:
+  cfg = ModelSettings.from_config(model_config)
+  if cfg.resnet is not None:
     return None
   ph, pw = cfg.patches.size
   d, t = cfg.hidden_size, cfg.transformer
@@ -117,7 +123,7 @@ def vit_flops_per_image(
   per_layer = n * 4 * d * d + 2 * n * n * d + 2 * n * d * t.mlp_dim  # [N, D] tokens
   macs += t.num_layers * per_layer
   width = d
-  if cfg.get("representation_size"):
+  if cfg.representation_size:
     macs += d * cfg.representation_size
     width = cfg.representation_size
   macs += width * (num_classes or 0)
@@ -125,7 +131,7 @@ def vit_flops_per_image(
 
 
 def vit_activation_bytes(
-  model_config: ml_collections.ConfigDict,
+  model_config: ModelSettings | ml_collections.ConfigDict,
   image_size: int,
   images: int,
   compiler_rematerializes: bool = False,
@@ -139,8 +145,8 @@ def vit_activation_bytes(
   (``compiler_rematerializes``), so there only the block inputs are certain to stay.
   Used to refuse a resolution or batch that cannot fit before anything is compiled.
   """
-  cfg = model_config
-  if cfg.get("resnet") is not None:
+  cfg = ModelSettings.from_config(model_config)
+  if cfg.resnet is not None:
     return None
   ph, pw = cfg.patches.size
   t = cfg.transformer

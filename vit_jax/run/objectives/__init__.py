@@ -3,7 +3,7 @@
 Each objective has ``model``, ``encoder`` (the `VisionTransformer` whose parameters it
 trains and fine-tuning reads), ``init(rng, images)``, ``loss(params, batch, rng)`` (the
 mean over the batch, for `steps.train_step`) and ``eval_step(params, batch)`` (sums for
-`evaluators.test_split`). A builder takes the model config, the number of classes of the
+`evaluators.test_split`). A builder takes the `ModelSettings`, the number of classes of the
 data and the run's `spec.ObjectiveSettings`.
 """
 
@@ -12,11 +12,10 @@ from __future__ import annotations
 from typing import Any, Callable, Protocol
 
 import jax
-import ml_collections
 
 from vit_jax import errors
 from vit_jax.aliases import Batch
-from vit_jax.models import VisionTransformer, create_model
+from vit_jax.models import ModelSettings, VisionTransformer, create_model
 from vit_jax.run.objectives import classification, masked_patches
 
 
@@ -47,7 +46,7 @@ def check_name(name: str) -> None:
     )
 
 
-def make(model_config: ml_collections.ConfigDict, num_classes: int, settings: Any) -> Objective:
+def make(model_config: ModelSettings, num_classes: int, settings: Any) -> Objective:
   """The objective ``settings.name`` names (`spec.ObjectiveSettings`)."""
   check_name(settings.name)
   return OBJECTIVES[settings.name](model_config, num_classes, settings)

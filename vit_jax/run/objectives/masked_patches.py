@@ -20,7 +20,7 @@ import optax
 
 from vit_jax import errors
 from vit_jax.aliases import Batch
-from vit_jax.models import create_model
+from vit_jax.models import ModelSettings, create_model
 from vit_jax.models import mpp as mpp_model
 
 TARGETS: tuple[str, ...] = ("mean_color", "downsampled", "pixels")
@@ -106,7 +106,7 @@ class MaskedPatchPrediction:
   ``options``: the run's ``config.mpp`` (target, corrupt_rate, mask, random).
   """
 
-  def __init__(self, model_config: ml_collections.ConfigDict, options: ml_collections.ConfigDict):
+  def __init__(self, model_config: ModelSettings, options: ml_collections.ConfigDict):
     mc = options
     _check_target(mc.target)
     self.encoder = create_model(model_config, num_classes=None)

@@ -3,18 +3,20 @@ counted once, padding masked out (logged as ``eval/...``)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+import dataclasses
+from typing import Callable, Iterable
 
 import jax
 import jax.numpy as jnp
 
 from vit_jax import data, errors
-from vit_jax.aliases import Batch
+from vit_jax.aliases import Batch, Params
+from vit_jax.run.steps import RunSteps
 
 
 def evaluate(
-  step_fn: Callable[[Any, Batch], dict[str, jax.Array]],
-  params: Any,
+  step_fn: Callable[[Params, Batch], dict[str, jax.Array]],
+  params: Params,
   batches: Iterable[Batch],
   prefix: str = "eval",
 ) -> dict[str, float]:
@@ -35,13 +37,22 @@ def evaluate(
   }
 
 
-class TestSplit:
-  """`evaluate` over ``spec.data.test_split`` every ``spec.loop.eval_every`` steps."""
+@dataclasses.dataclass
+class Accuracy:
+  """`evaluate` over the run's test split (``spec.data.test_split``) every ``every`` steps."""
 
-  def __init__(self, steps: Any):
-    self.every = steps.spec.loop.eval_every
-    self._eval_step = steps.eval_step
-    self._batches = data.eval_iterator(steps.spec.data, steps.mesh)  # a full pass each time
+  every: int
+  eval_step: Callable[[Params, Batch], dict[str, jax.Array]]  # the objective's sums
+  batches: Iterable[Batch]  # `data.eval_iterator`'s: a full pass each time it is iterated
 
-  def __call__(self, params: Any) -> dict[str, float]:
-    return evaluate(self._eval_step, params, self._batches)
+  def __call__(self, params: Params) -> dict[str, float]:
+    return evaluate(self.eval_step, params, self.batches)
+
+
+def build(steps: RunSteps) -> Accuracy:
+  """The run's test-split evaluation, every ``config.eval_every`` steps."""
+  return Accuracy(
+    every=steps.spec.loop.eval_every,
+    eval_step=steps.eval_step,
+    batches=data.eval_iterator(steps.spec.data, steps.mesh),
+  )

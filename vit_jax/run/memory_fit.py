@@ -1,6 +1,9 @@
-"""`accum_steps='auto'`: the fewest micro-batches whose compiled train step fits the device.
+"""Will a train step fit: the memory probes (a device's limit, this machine's available
+memory) and `accum_steps='auto'`, the fewest micro-batches whose compiled train step fits
+the device.
 
-Run by `vit_jax.run.resolve`, so a built step only ever sees an int.
+Run by `vit_jax.run.resolve` (so a built step only ever sees an int) and the loop's check
+of the compiled step.
 
 Each candidate is compiled (not run) and its peak memory read from XLA's memory analysis
 (`step_cost.peak_bytes`), so a batch that does not fit is found without an out-of-memory

@@ -1,0 +1,179 @@
+"""A model config (the layout of `variants.py`) as typed, checked, immutable settings.
+
+    settings = ModelSettings.from_config(config.model)   # every field checked, once
+
+`vit_jax.run.resolve` builds them before anything is built, and `create_model` for a
+ConfigDict given to it directly; the checks are the model modules' own functions
+(`vit.check_classifier`, `vit.remat_policy`, `posemb.check_posemb`, ...), so each rule is
+written once. The settings read like the ConfigDict (``settings.transformer.num_layers``,
+``settings.get("resnet")``), so code written against the config layout takes either.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from typing import Any, Optional
+
+import jax.numpy as jnp
+
+from vit_jax import errors
+from vit_jax.models import posemb as posemb_lib
+from vit_jax.models import vit
+
+
+def _read(node: Any, key: str, where: str) -> Any:
+  """``node[key]``; a missing key fails naming ``config.<where>.<key>``."""
+  try:
+    return node[key]
+  except (KeyError, AttributeError, TypeError):
+    raise errors.ConfigError(
+      f"config.{where}.{key} is missing: start the model config from "
+      "vit_jax.models.get_model_config(<name>)."
+    ) from None
+
+
+def _int(value: Any, key: str, low: int = 1) -> int:
+  if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < low:
+    raise errors.ConfigError(f"config.model.{key}={value!r} must be an integer >= {low}.")
+  return int(value)
+
+
+def _rate(value: Any, key: str) -> float:
+  if not isinstance(value, numbers.Real) or isinstance(value, bool) or not 0.0 <= value < 1.0:
+    raise errors.ConfigError(f"config.model.{key}={value!r} must be a rate in [0, 1).")
+  return float(value)
+
+
+def _bool(value: Any, key: str) -> bool:
+  if not isinstance(value, bool):
+    raise errors.ConfigError(f"config.model.{key}={value!r} must be True or False.")
+  return value
+
+
+def dtype_name(value: Any) -> str:
+  """The name of the floating-point dtype ``value`` ('bfloat16', jnp.bfloat16, ...)."""
+  try:
+    dtype = jnp.dtype(value)
+  except TypeError:
+    dtype = None
+  if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+    raise errors.ConfigError(
+      f"config.model.dtype={value!r} is not a floating-point dtype: use e.g. 'float32' or "
+      "'bfloat16'."
+    )
+  return dtype.name
+
+
+def check_attention_impl(impl: Optional[str]) -> None:
+  if impl not in vit.ATTENTION_IMPLS:
+    raise errors.ConfigError(
+      f"Unknown config.model.attention_impl={impl!r}; choose one of {vit.ATTENTION_IMPLS}."
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class PatchSettings:
+  size: tuple[int, int]  # patch height and width, in input pixels (hybrids: feature cells)
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerSettings:
+  num_layers: int
+  mlp_dim: int
+  num_heads: int
+  dropout_rate: float
+  attention_dropout_rate: float
+
+
+@dataclasses.dataclass(frozen=True)
+class ResNetSettings:
+  num_layers: tuple[int, ...]  # units per stage; (): the root alone
+  width_factor: float
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSettings:
+  """Every field of a model config (`variants.py`), checked when built."""
+
+  name: str
+  patches: PatchSettings
+  hidden_size: int
+  transformer: TransformerSettings
+  classifier: str  # `vit.CLASSIFIERS`
+  representation_size: Optional[int]  # None: no tanh pre-logits
+  posemb: str  # `posemb.POSEMB_KINDS`
+  gelu_approximate: bool  # tanh GELU (official); False: exact
+  resnet: Optional[ResNetSettings]  # None: a plain ViT
+  scan: bool
+  remat: bool
+  remat_policy: Optional[str]  # a name in `jax.checkpoint_policies`
+  attention_impl: Optional[str]  # `vit.ATTENTION_IMPLS`
+  dtype: str  # the computation's, e.g. 'bfloat16' (parameters stay float32)
+
+  def __post_init__(self):
+    vit.check_classifier(self.classifier)
+    vit.check_heads(self.hidden_size, self.transformer.num_heads)
+    vit.remat_policy(self.remat_policy)
+    posemb_lib.check_posemb(self.posemb, self.hidden_size)
+    check_attention_impl(self.attention_impl)
+    dtype_name(self.dtype)
+    if self.resnet is not None and not self.resnet.width_factor > 0:
+      raise errors.ConfigError(
+        f"config.model.resnet.width_factor={self.resnet.width_factor!r} must be positive."
+      )
+
+  @classmethod
+  def from_config(cls, config: Any) -> "ModelSettings":
+    """Reads a ConfigDict (or a dict) in `variants.py`'s layout; a missing or bad field
+    fails with one ConfigError naming ``config.model.<field>``."""
+    if isinstance(config, ModelSettings):
+      return config
+    t = _read(config, "transformer", "model")
+    resnet = _read(config, "resnet", "model")
+    patch = tuple(_read(_read(config, "patches", "model"), "size", "model.patches"))
+    if len(patch) != 2:
+      raise errors.ConfigError(f"config.model.patches.size={patch!r} must be (height, width).")
+    representation_size = _read(config, "representation_size", "model")
+    return cls(
+      name=str(_read(config, "name", "model")),
+      patches=PatchSettings((_int(patch[0], "patches.size"), _int(patch[1], "patches.size"))),
+      hidden_size=_int(_read(config, "hidden_size", "model"), "hidden_size"),
+      transformer=TransformerSettings(
+        **{
+          key: _int(_read(t, key, "model.transformer"), f"transformer.{key}")
+          for key in ("num_layers", "mlp_dim", "num_heads")
+        },
+        **{
+          key: _rate(_read(t, key, "model.transformer"), f"transformer.{key}")
+          for key in ("dropout_rate", "attention_dropout_rate")
+        },
+      ),
+      classifier=_read(config, "classifier", "model"),
+      representation_size=None
+      if representation_size is None
+      else _int(representation_size, "representation_size"),
+      posemb=_read(config, "posemb", "model"),
+      gelu_approximate=_bool(_read(config, "gelu_approximate", "model"), "gelu_approximate"),
+      resnet=None
+      if resnet is None
+      else ResNetSettings(
+        num_layers=tuple(
+          _int(n, "resnet.num_layers") for n in _read(resnet, "num_layers", "model.resnet")
+        ),
+        width_factor=float(_read(resnet, "width_factor", "model.resnet")),
+      ),
+      scan=_bool(_read(config, "scan", "model"), "scan"),
+      remat=_bool(_read(config, "remat", "model"), "remat"),
+      remat_policy=_read(config, "remat_policy", "model"),
+      attention_impl=_read(config, "attention_impl", "model"),
+      dtype=dtype_name(_read(config, "dtype", "model")),
+    )
+
+  def get(self, key: str, default: Any = None) -> Any:
+    """``self.<key>``, or ``default`` where there is no such field: reads as a ConfigDict does."""
+    return getattr(self, key, default)
+
+  def replace(self, **changes: Any) -> "ModelSettings":
+    """These settings with top-level fields changed (e.g. ``remat=True``), checked again."""
+    return dataclasses.replace(self, **changes)
