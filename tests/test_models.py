@@ -281,7 +281,7 @@ def test_unknown_remat_policy_is_an_error():
     ("posemb", "sincos", "config.model.posemb='sincos'"),
     ("dtype", "int8", "config.model.dtype='int8'"),
     ("attention_impl", "flash", "config.model.attention_impl='flash'"),
-    ("hidden_size", 30, "Width 30 .* num_heads=2"),
+    ("hidden_size", 33, "Width 33 .*num_heads=2"),
   ],
 )
 def test_create_model_checks_a_config_before_building_and_a_module_when_traced(
