@@ -17,78 +17,94 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 from absl import flags
 
-from vit_jax import cli, data, errors, models, paths, sharding, weights
+from vit_jax import cli, data, errors, paths, sharding, weights
 from vit_jax.fewshot import evaluator as evaluator_lib
 from vit_jax.fewshot import linear
 from vit_jax.weights import hub, sources
 
-_CHECKPOINT = flags.DEFINE_string(
-  "checkpoint",
-  None,
-  "An official-layout .npz, a training run (its workdir, checkpoints/ or a step folder), a "
-  "Hugging Face or timm checkpoint, hf-hub:<org>/<name> or an official name (ViT-B_16).",
-)
-_MODEL = flags.DEFINE_enum(
-  "model",
-  None,
-  models.MODEL_NAMES,
-  "The model of an .npz checkpoint (default: inferred from the shapes; a "
-  "run's comes from its config.json).",
-)
-_DATASETS = flags.DEFINE_list("dataset", ["digits"], "tfds names or folder:/path, comma-separated.")
-_SHOTS = flags.DEFINE_list(
-  "shots",
-  [str(s) for s in evaluator_lib.DEFAULT_SHOTS],
-  "Examples per class in the few-shot train set.",
-)
-_SEEDS = flags.DEFINE_integer(
-  "seeds", evaluator_lib.DEFAULT_SEEDS, "Class-balanced samples per shot count."
-)
-_L2_REG = flags.DEFINE_float("l2_reg", linear.DEFAULT_L2_REG, "The ridge term lambda.")
-_TRAIN_SPLIT = flags.DEFINE_string(
-  "train_split",
-  None,
-  "The split to sample shots from (default: the dataset's preset train split, else 'train').",
-)
-_TEST_SPLIT = flags.DEFINE_string(
-  "test_split", None, "The held-out split (default: the dataset's preset test split, else 'test')."
-)
-_CROP = flags.DEFINE_integer(
-  "crop",
-  None,
-  "Image size (default: the run's pp.crop, or "
-  "what an .npz's position embeddings were trained for).",
-)
-_BATCH = flags.DEFINE_integer("batch", 256, "Images per forward pass (all devices).")
-_DATA_DIR = flags.DEFINE_string("data_dir", None, "tfds data_dir (default: the run's, or tfds').")
-flags.mark_flag_as_required("checkpoint")
+
+def _parse(argv: Sequence[str]) -> dict[str, Any]:
+  """The flag values; a `CommandLineError` for a bad command line."""
+  flag_values = cli.new_flag_values()
+  holders = dict(
+    **cli.define_model_flags(flag_values, ("checkpoint", "model")),
+    dataset=flags.DEFINE_list(
+      "dataset", ["digits"], "tfds names or folder:/path, comma-separated.", flag_values=flag_values
+    ),
+    shots=flags.DEFINE_list(
+      "shots",
+      [str(s) for s in evaluator_lib.DEFAULT_SHOTS],
+      "Examples per class in the few-shot train set.",
+      flag_values=flag_values,
+    ),
+    seeds=flags.DEFINE_integer(
+      "seeds",
+      evaluator_lib.DEFAULT_SEEDS,
+      "Class-balanced samples per shot count.",
+      flag_values=flag_values,
+    ),
+    l2_reg=flags.DEFINE_float(
+      "l2_reg", linear.DEFAULT_L2_REG, "The ridge term lambda.", flag_values=flag_values
+    ),
+    train_split=flags.DEFINE_string(
+      "train_split",
+      None,
+      "The split to sample shots from (default: the dataset's preset train split, else 'train').",
+      flag_values=flag_values,
+    ),
+    test_split=flags.DEFINE_string(
+      "test_split",
+      None,
+      "The held-out split (default: the dataset's preset test split, else 'test').",
+      flag_values=flag_values,
+    ),
+    crop=flags.DEFINE_integer(
+      "crop",
+      None,
+      "Image size (default: the run's pp.crop, or what an .npz's position embeddings were "
+      "trained for).",
+      flag_values=flag_values,
+    ),
+    batch=flags.DEFINE_integer(
+      "batch", 256, "Images per forward pass (all devices).", flag_values=flag_values
+    ),
+    data_dir=flags.DEFINE_string(
+      "data_dir", None, "tfds data_dir (default: the run's, or tfds').", flag_values=flag_values
+    ),
+  )
+  return cli.parse_command_flags(flag_values, argv, holders, ("checkpoint",), __doc__)
 
 
-def _from_run(run: paths.RunPaths) -> tuple[ml_collections.ConfigDict, data.Settings]:
+def _from_run(
+  run: paths.RunPaths, values: dict[str, Any]
+) -> tuple[ml_collections.ConfigDict, data.Settings]:
   """The run's model and its data settings (its preprocessing, data_dir, ...)."""
-  if _MODEL.value:
+  if values["model"]:
     raise errors.CommandLineError(
-      f"--model={_MODEL.value} would replace the model of the run in "
+      f"--model={values['model']} would replace the model of the run in "
       f"{run.root}: leave --model out for a run's checkpoints."
     )
   run_config = ml_collections.ConfigDict(run.read_config())
   return run_config.model, data.Settings.from_config(run_config)
 
 
-def _from_weights(checkpoint: str) -> tuple[ml_collections.ConfigDict, data.Settings]:
+def _from_weights(
+  checkpoint: str, values: dict[str, Any]
+) -> tuple[ml_collections.ConfigDict, data.Settings]:
   """An .npz's (or Hugging Face folder's) model, and evaluation-only data settings."""
-  loaded = sources.load(checkpoint, _MODEL.value)
-  if not (_CROP.value or loaded.image_size):
+  loaded = sources.load(checkpoint, values["model"])
+  if not (values["crop"] or loaded.image_size):
     raise errors.CommandLineError(
       f"{checkpoint!r} does not say its image size (no learned position embeddings): pass --crop."
     )
-  crop = loaded.image_size[0] if loaded.image_size else _CROP.value
+  crop = loaded.image_size[0] if loaded.image_size else values["crop"]
   # No augmentation, no shuffling, no skipped images: evaluation only.
   settings = data.Settings(
     dataset="",
@@ -100,8 +116,8 @@ def _from_weights(checkpoint: str) -> tuple[ml_collections.ConfigDict, data.Sett
     crop=crop,
     min_area=1.0,
     flip=False,
-    batch=_BATCH.value,
-    batch_eval=_BATCH.value,
+    batch=values["batch"],
+    batch_eval=values["batch"],
     shuffle_buffer=1,
     prefetch=2,
     seed=0,
@@ -110,12 +126,13 @@ def _from_weights(checkpoint: str) -> tuple[ml_collections.ConfigDict, data.Sett
   return loaded.config, settings
 
 
-def _config(checkpoint: str) -> tuple[ml_collections.ConfigDict, data.Settings, str]:
+def _config(values: dict[str, Any]) -> tuple[ml_collections.ConfigDict, data.Settings, str]:
   """Model, data settings for the evaluator, and the parameters' source."""
+  checkpoint = values["checkpoint"]
   weights = hub.is_hub_source(checkpoint) or sources.is_hf_or_timm(checkpoint)
   run = None if weights else paths.RunPaths.containing(checkpoint)
   if run is not None:
-    model_config, settings = _from_run(run)
+    model_config, settings = _from_run(run, values)
     source = os.fspath(run.checkpoint_source(checkpoint))
   elif paths.as_path(checkpoint).is_dir() and not weights:
     raise errors.MissingError(
@@ -123,33 +140,32 @@ def _config(checkpoint: str) -> tuple[ml_collections.ConfigDict, data.Settings, 
       "checkpoints/ folder or a step folder inside it."
     )
   else:
-    model_config, settings = _from_weights(checkpoint)
+    model_config, settings = _from_weights(checkpoint, values)
     source = checkpoint
   settings = dataclasses.replace(
     settings,
-    crop=_CROP.value or settings.crop,
-    batch=_BATCH.value,
-    batch_eval=_BATCH.value,
-    data_dir=_DATA_DIR.value or settings.data_dir,
+    crop=values["crop"] or settings.crop,
+    batch=values["batch"],
+    batch_eval=values["batch"],
+    data_dir=values["data_dir"] or settings.data_dir,
   )
   return model_config, settings, source
 
 
-def main(args: list[str]) -> None:
-  if args:
-    raise errors.CommandLineError(f"Unexpected arguments: {args}")
-  model_config, settings, checkpoint = _config(_CHECKPOINT.value)
+def _evaluate(values: dict[str, Any]) -> None:
+  """Evaluates the parsed command line's checkpoint and prints a row per dataset and shots."""
+  model_config, settings, checkpoint = _config(values)
   mesh = sharding.make_mesh(((sharding.DATA_AXIS, -1),))
   evaluator = evaluator_lib.FewShotEvaluator(
     model_config,
     settings,
     mesh,
-    _DATASETS.value,
-    shots=[int(s) for s in _SHOTS.value],
-    seeds=_SEEDS.value,
-    l2_reg=_L2_REG.value,
-    train_split=_TRAIN_SPLIT.value,
-    test_split=_TEST_SPLIT.value,
+    values["dataset"],
+    shots=[int(s) for s in values["shots"]],
+    seeds=values["seeds"],
+    l2_reg=values["l2_reg"],
+    train_split=values["train_split"],
+    test_split=values["test_split"],
   )
   crop = settings.crop
   image = jnp.zeros((1, crop, crop, 3))
@@ -169,9 +185,15 @@ def main(args: list[str]) -> None:
   for r in {r.dataset: r for r in results}.values():
     print(
       f"{r.dataset}: features of {r.examples} images in {r.feature_seconds:.1f}s "
-      f"({r.examples / r.feature_seconds:.0f}/s), {_SEEDS.value} seeds per row."
+      f"({r.examples / r.feature_seconds:.0f}/s), {values['seeds']} seeds per row."
     )
 
 
+def main(argv: Sequence[str]) -> int:
+  """The command, callable in-process (`vit_jax.cli`): parses ``argv`` (argv[0]: the
+  program), evaluates and prints; the exit status."""
+  return cli.run_command(argv, _parse, _evaluate)
+
+
 if __name__ == "__main__":
-  cli.exit_with(cli.run(sys.argv, cli.parse_flags, main))
+  cli.exit_with(main(sys.argv))
