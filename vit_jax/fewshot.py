@@ -25,8 +25,8 @@ import ml_collections
 from absl import flags
 
 from vit_jax import cli, data, errors, paths, sharding, weights
-from vit_jax.fewshot import evaluator as evaluator_lib
-from vit_jax.fewshot import linear
+from vit_jax.run.evaluators import fewshot as fewshot_lib
+from vit_jax.run.evaluators import ridge
 from vit_jax.weights import hub, sources
 
 
@@ -40,18 +40,18 @@ def _parse(argv: Sequence[str]) -> dict[str, Any]:
     ),
     shots=flags.DEFINE_list(
       "shots",
-      [str(s) for s in evaluator_lib.DEFAULT_SHOTS],
+      [str(s) for s in fewshot_lib.DEFAULT_SHOTS],
       "Examples per class in the few-shot train set.",
       flag_values=flag_values,
     ),
     seeds=flags.DEFINE_integer(
       "seeds",
-      evaluator_lib.DEFAULT_SEEDS,
+      fewshot_lib.DEFAULT_SEEDS,
       "Class-balanced samples per shot count.",
       flag_values=flag_values,
     ),
     l2_reg=flags.DEFINE_float(
-      "l2_reg", linear.DEFAULT_L2_REG, "The ridge term lambda.", flag_values=flag_values
+      "l2_reg", ridge.DEFAULT_L2_REG, "The ridge term lambda.", flag_values=flag_values
     ),
     train_split=flags.DEFINE_string(
       "train_split",
@@ -156,7 +156,7 @@ def _evaluate(values: dict[str, Any]) -> None:
   """Evaluates the parsed command line's checkpoint and prints a row per dataset and shots."""
   model_config, settings, checkpoint = _config(values)
   mesh = sharding.make_mesh(((sharding.DATA_AXIS, -1),))
-  evaluator = evaluator_lib.FewShotEvaluator(
+  evaluator = fewshot_lib.FewShotEvaluator(
     model_config,
     settings,
     mesh,
