@@ -9,8 +9,7 @@ from __future__ import annotations
 import ml_collections
 
 from vit_jax import models
-from vit_jax.fewshot import evaluator as fewshot
-from vit_jax.fewshot import linear
+from vit_jax.run.evaluators import fewshot, ridge
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -77,13 +76,13 @@ def get_config() -> ml_collections.ConfigDict:
   config.allow_changed_seed = False
   config.allow_changed_batch = False
   # Few-shot linear evaluation of the frozen features every `every` steps, logged as
-  # fewshot/<dataset>_<shots>shot (vit_jax.fewshot); off while `datasets` is empty.
+  # fewshot/<dataset>_<shots>shot (vit_jax.run.evaluators.fewshot); off while `datasets` is empty.
   config.fewshot = ml_collections.ConfigDict(
     dict(
       datasets=(),
       shots=fewshot.DEFAULT_SHOTS,
       seeds=fewshot.DEFAULT_SEEDS,
-      l2_reg=linear.DEFAULT_L2_REG,
+      l2_reg=ridge.DEFAULT_L2_REG,
       every=1000,
     )
   )

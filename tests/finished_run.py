@@ -44,9 +44,9 @@ def tiny_run_config(data_dir: str) -> ml_collections.ConfigDict:
 
 @pytest.fixture(scope="session")
 def finished_run(tmp_path_factory, digits_dir) -> str:
-  """A workdir trained to step 6 by `main.run` (steps 3 and 6 saved)."""
+  """A workdir trained to step 6 by `main.main` (steps 3 and 6 saved)."""
   workdir = str(tmp_path_factory.mktemp("finished") / "run")
-  assert main.run(["main", *tiny_flags(digits_dir), f"--workdir={workdir}"]) == 0
+  assert main.main(["main", *tiny_flags(digits_dir), f"--workdir={workdir}"]) == 0
   return workdir
 
 

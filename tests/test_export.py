@@ -14,7 +14,6 @@ import time
 import jax
 import numpy as np
 import pytest
-from absl import flags
 from flax import traverse_util
 
 from tests import interop_fixtures as fx
@@ -211,9 +210,7 @@ def test_a_failure_mid_write_leaves_no_partial_output(tmp_path, monkeypatch):
 
 
 def _command(tmp_path, *args: str) -> int:
-  values = flags.FlagValues()
-  export.define_flags(values)
-  return export.main(["export", f"--checkpoint={tmp_path / 'model.npz'}", *args], values)
+  return export.main(["export", f"--checkpoint={tmp_path / 'model.npz'}", *args])
 
 
 def test_the_command_prints_what_it_wrote_and_how_to_load_it(tmp_path, capsys):

@@ -14,7 +14,7 @@ from sklearn import linear_model
 
 from tests import train_fixtures
 from vit_jax import data, run, sharding
-from vit_jax.fewshot import evaluator, linear
+from vit_jax.run.evaluators import fewshot, ridge
 from vit_jax.weights import npz, orbax_steps
 
 
@@ -26,10 +26,10 @@ def test_closed_form_equals_independent_solvers(n, d):
   features = rng.normal(size=(n, d)) * rng.uniform(0.1, 5, d) + rng.normal(size=d)
   labels = rng.integers(0, 4, n)
   l2 = 3.0
-  classifier = linear.fit(features, labels, 4, l2_reg=l2)
+  classifier = ridge.fit(features, labels, 4, l2_reg=l2)
 
-  x = linear.design_matrix(features, classifier.mean, classifier.std)
-  y = linear.targets(labels, 4)
+  x = ridge.design_matrix(features, classifier.mean, classifier.std)
+  y = ridge.targets(labels, 4)
   # Ridge as ordinary least squares on the system augmented with sqrt(l2) * I.
   augmented_x = np.concatenate([x, np.sqrt(l2) * np.eye(d + 1)])
   augmented_y = np.concatenate([y, np.zeros((d + 1, 4))])
@@ -47,25 +47,25 @@ def test_separable_features_are_classified_perfectly():
   centers = 10 * rng.normal(size=(5, 32))
   labels = np.repeat(np.arange(5), 40)
   features = centers[labels] + rng.normal(size=(200, 32))
-  train = linear.sample_per_class(labels, 5, seed=0)
+  train = ridge.sample_per_class(labels, 5, seed=0)
   test = np.setdiff1d(np.arange(200), train)
-  classifier = linear.fit(features[train], labels[train], 5)
-  assert linear.accuracy(classifier, features[test], labels[test]) == 1.0
+  classifier = ridge.fit(features[train], labels[train], 5)
+  assert ridge.accuracy(classifier, features[test], labels[test]) == 1.0
 
 
 def test_sampling_is_class_balanced_and_deterministic_per_seed():
   rng = np.random.default_rng(2)
   labels = rng.integers(0, 7, 500)
-  a = linear.sample_per_class(labels, 10, seed=3)
-  np.testing.assert_array_equal(a, linear.sample_per_class(labels, 10, seed=3))
-  assert not np.array_equal(a, linear.sample_per_class(labels, 10, seed=4))
+  a = ridge.sample_per_class(labels, 10, seed=3)
+  np.testing.assert_array_equal(a, ridge.sample_per_class(labels, 10, seed=3))
+  assert not np.array_equal(a, ridge.sample_per_class(labels, 10, seed=4))
   np.testing.assert_array_equal(np.bincount(labels[a], minlength=7), np.full(7, 10))
   assert len(np.unique(a)) == 70
 
 
 def test_too_few_examples_of_a_class_is_an_error():
   with pytest.raises(ValueError, match="Class 1 has 2 examples.*shots=3"):
-    linear.sample_per_class(np.array([0, 0, 0, 1, 1]), 3, seed=0)
+    ridge.sample_per_class(np.array([0, 0, 0, 1, 1]), 3, seed=0)
 
 
 # --- A trained model's features -----------------------------------------------------------
@@ -96,13 +96,13 @@ def trained_run(tmp_path_factory, digits_dir):
 def test_trained_features_beat_random_features(trained_run):
   config, _, metrics = trained_run
   mesh = sharding.make_mesh(((sharding.DATA_AXIS, -1),))
-  fewshot = evaluator.FewShotEvaluator(
+  evaluator = fewshot.FewShotEvaluator(
     config.model, data.Settings.from_config(config), mesh, ["digits"], shots=[10]
   )
-  init = fewshot.model.init(jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 3)))["params"]
-  (random_init,) = fewshot(nn.unbox(init))
+  init = evaluator.model.init(jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 3)))["params"]
+  (random_init,) = evaluator(nn.unbox(init))
   assert random_init.examples == 1797  # every example of both splits once
-  assert len(random_init.accuracies) == evaluator.DEFAULT_SEEDS
+  assert len(random_init.accuracies) == fewshot.DEFAULT_SEEDS
   trained = metrics["fewshot/digits_10shot"]
   assert trained > 0.7 and trained > random_init.mean + 0.15, (trained, random_init)
   assert "fewshot/digits_10shot_spread" in metrics

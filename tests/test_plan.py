@@ -197,7 +197,7 @@ def test_compiled_shardings_are_the_cpu_runs():
 
 @needs_libtpu
 def test_a_step_that_cannot_fit_exits_2_naming_the_shortfall(capsys):
-  status = cli.run(
+  status = cli.main(
     [
       "plan",
       "--config=configs/pretrain.py:b16,imagenet21k",
@@ -222,7 +222,7 @@ def test_a_step_that_cannot_fit_exits_2_naming_the_shortfall(capsys):
 
 @needs_libtpu
 def test_unknown_topology_exits_2(capsys):
-  status = cli.run(["plan", "--config=configs/quickstart.py", "--topology=v9-8"])
+  status = cli.main(["plan", "--config=configs/quickstart.py", "--topology=v9-8"])
   assert status == 2
   assert "Valid forms" in capsys.readouterr().err
 
@@ -232,7 +232,7 @@ def test_unknown_topology_exits_2(capsys):
 def test_b16_pretraining_fits_a_v3_256_and_a_262144_batch_does_not(capsys):
   """The README's example (minutes per compile on a 2-core machine: -m slow)."""
   command = ["plan", "--config=configs/pretrain.py:b16,imagenet21k", "--topology=v3-256"]
-  assert cli.run(command) == 0
+  assert cli.main(command) == 0
   assert "fits" in capsys.readouterr().out
-  assert cli.run([*command, "--config.batch=262144"]) == 2
+  assert cli.main([*command, "--config.batch=262144"]) == 2
   assert capsys.readouterr().err.startswith("Error: the train step needs ")

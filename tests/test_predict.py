@@ -11,7 +11,6 @@ import os
 import jax
 import numpy as np
 import pytest
-from absl import flags
 from flax import traverse_util
 from PIL import Image
 
@@ -156,20 +155,17 @@ def test_corrupt_files_are_reported_and_skipped(tmp_path, caplog, capsys):
   (folder / "notes.txt").write_text("not an image")
   (tmp_path / "labels.txt").write_text("\n".join("abcde") + "\n")
 
-  values = flags.FlagValues()
-  predict.define_flags(values)
-  values(
-    [
-      "predict",
-      f"--checkpoint={tmp_path / 'm.npz'}",
-      f"--labels={tmp_path / 'labels.txt'}",
-      "--top_k=2",
-      "--json",
-      "--batch=2",
-    ]
-  )
+  argv = [
+    "predict",
+    f"--checkpoint={tmp_path / 'm.npz'}",
+    f"--labels={tmp_path / 'labels.txt'}",
+    "--top_k=2",
+    "--json",
+    "--batch=2",
+    str(folder),
+  ]
   with caplog.at_level("WARNING"):
-    predict.run([str(folder)], values)
+    assert predict.main(argv) == 0
   rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
   assert [os.path.basename(r["file"]) for r in rows] == ["a_rgb.jpg", "b_rgba.png", "c_grey.jpg"]
   for row in rows:

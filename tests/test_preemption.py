@@ -106,7 +106,7 @@ def test_a_live_lock_refuses_and_a_stale_one_is_taken_over(
   try:
     _write_lock(workdir, host=socket.gethostname(), pid=holder.pid, started=time.time())
     before = snapshot(workdir)
-    assert main.run(["main", *tiny_flags(digits_dir), f"--workdir={workdir}"]) == 2
+    assert main.main(["main", *tiny_flags(digits_dir), f"--workdir={workdir}"]) == 2
     err = capsys.readouterr().err
     assert f"in use by the run of pid {holder.pid}" in err and "delete" in err, err[-2000:]
     assert snapshot(workdir) == before
@@ -120,7 +120,7 @@ def test_a_live_lock_refuses_and_a_stale_one_is_taken_over(
     dict(host="gone-vm", pid=1, started=0.0, beat=time.time() - folder_lib.STALE_SECONDS - 1),
   ):
     _write_lock(workdir, **lock)
-    assert main.run(["main", *tiny_flags(digits_dir), f"--workdir={workdir}"]) == 0
+    assert main.main(["main", *tiny_flags(digits_dir), f"--workdir={workdir}"]) == 0
     assert not os.path.exists(os.path.join(workdir, folder_lib.LOCK_FILE))
   # Another host's lock with a fresh heartbeat cannot be checked from here: refused.
   _write_lock(workdir, host="other-vm", pid=1, started=time.time(), beat=time.time())
@@ -135,7 +135,7 @@ def test_an_allowed_change_is_recorded_and_config_json_is_kept(finished_run, tmp
   with open(config_json) as f:
     original = f.read()
   args = ["--config.batch=32", "--config.allow_changed_batch=True"]
-  assert main.run(["main", *tiny_flags(digits_dir), f"--workdir={workdir}", *args]) == 0
+  assert main.main(["main", *tiny_flags(digits_dir), f"--workdir={workdir}", *args]) == 0
   with open(config_json) as f:
     assert f.read() == original  # what the checkpoints were trained with
   with open(os.path.join(workdir, folder_lib.HISTORY_FILE)) as f:

@@ -1,8 +1,19 @@
-"""Start-up of the command: TensorFlow without Keras, the persistent compilation cache."""
+"""Start-up of the commands: TensorFlow without Keras, the persistent compilation cache, no
+backend noise on a host with libtpu but no TPU."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
 from tests import fresh_python
+from tests import interop_fixtures as fx
 
 
 def test_command_start_up_skips_keras_and_caches_compilations(tmp_path):
@@ -27,3 +38,42 @@ def test_command_start_up_skips_keras_and_caches_compilations(tmp_path):
   assert out["blocked_left"] == []  # and Keras still imports if asked for
   assert out["tf_works"] == 3.0
   assert out["cache"] == str(tmp_path / "vit_jax" / "xla")
+
+
+@pytest.mark.skipif(
+  importlib.util.find_spec("libtpu") is None, reason="the CPU is chosen only where libtpu is"
+)
+def test_a_command_on_a_host_with_libtpu_and_no_accelerator_runs_on_the_cpu_quietly(tmp_path):
+  """Without a platform chosen, JAX would start libtpu's TPU backend (and any GPU
+  plugin's) and log its failure; `cli.run_command` chooses the CPU before anything starts
+  a backend, for every command, and `import vit_jax` starts nothing."""
+  fx.write_npz(tmp_path / "m.npz", "vit_ti16")
+  env = fresh_python.clean_env()
+  for name in ("JAX_PLATFORMS", "CUDA_VISIBLE_DEVICES"):
+    env.pop(name, None)  # as a user's shell: nothing chosen, nothing hidden
+  code = f"""
+    import json
+    import vit_jax
+    from jax._src import xla_bridge
+    started_by_import = xla_bridge.backends_are_initialized()
+    from vit_jax import convert
+    status = convert.main(["convert", "{tmp_path}/m.npz", "--out={tmp_path}/o.npz"])
+    import jax
+    print(json.dumps(dict(status=status, started_by_import=started_by_import,
+                          platforms=jax.config.jax_platforms, device=jax.devices()[0].platform)))
+    """
+  proc = subprocess.run(
+    [sys.executable, "-c", textwrap.dedent(code)],
+    cwd=fresh_python.REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert json.loads(proc.stdout) == dict(
+    status=0, started_by_import=False, platforms="cpu", device="cpu"
+  )
+  lines = proc.stderr.splitlines()
+  ours = [line for line in lines if re.match(r"I\d{4} .* (sources|convert)\.py:\d+\] ", line)]
+  assert lines == ours and any("Wrote" in line for line in ours), proc.stderr[-3000:]

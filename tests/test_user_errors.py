@@ -1,7 +1,7 @@
 """One user-error path for every command: a bad input prints one line, exits 2 and
 changes nothing.
 
-The tables run the commands in-process (`vit_jax.main.run`, `predict.main`, `export.main`);
+The tables run the commands in-process (`main.main`, `predict.main`, `export.main`);
 `test_each_command_entry_prints_only_the_error_line` and tests/test_main.py run real
 subprocesses for the exit status and a stderr without traceback.
 """
@@ -14,7 +14,6 @@ import sys
 import ml_collections
 import orbax.checkpoint as ocp
 import pytest
-from absl import flags
 
 from tests import fresh_python
 from tests import interop_fixtures as fx
@@ -131,7 +130,7 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(
     flags = [f for f in flags if not f.startswith("--config")]
   capsys.readouterr()
 
-  assert main.run(["main", *flags, f"--workdir={workdir}", *args]) == 2
+  assert main.main(["main", *flags, f"--workdir={workdir}", *args]) == 2
 
   err = capsys.readouterr().err
   message = [line for line in err.splitlines() if line.startswith("Error: ")]
@@ -154,7 +153,7 @@ def test_out_of_disk_is_one_error_naming_the_workdir_and_bytes(
 
   monkeypatch.setattr(ocp.CheckpointManager, "save", full_disk)
   workdir = str(tmp_path / "run")
-  assert main.run(["main", *tiny_flags(digits_dir), f"--workdir={workdir}"]) == 2
+  assert main.main(["main", *tiny_flags(digits_dir), f"--workdir={workdir}"]) == 2
   err = capsys.readouterr().err
   assert f"Error: Out of disk space writing to {workdir}/checkpoints" in err
   assert "bytes free; a checkpoint step of this run needs about" in err
@@ -187,7 +186,7 @@ def test_an_unusable_workdir_is_one_line_exit_2(workdir, digits_dir, tmp_path, c
   (tmp_path / "file.txt").write_text("a file, not a folder\n")
   workdir = workdir.format(tmp=tmp_path)
   capsys.readouterr()
-  assert main.run(["main", *tiny_flags(digits_dir), f"--workdir={workdir}"]) == 2
+  assert main.main(["main", *tiny_flags(digits_dir), f"--workdir={workdir}"]) == 2
   err = capsys.readouterr().err
   message = [line for line in err.splitlines() if line.startswith("Error: ")]
   assert len(message) == 1 and f"Cannot write to {workdir} (" in message[0], err[-2000:]
@@ -254,7 +253,7 @@ COMMAND_CASES = [
     "--chekpoint={tmp}/m.npz {tmp}/image.png",
     "Unknown command line flag 'chekpoint'",
   ),
-  ("predict no --checkpoint", predict, "{tmp}/image.png", "--checkpoint must have a value"),
+  ("predict no --checkpoint", predict, "{tmp}/image.png", "--checkpoint is required"),
   (
     "export out not empty",
     export,
@@ -279,7 +278,7 @@ COMMAND_CASES = [
     "--checkpoint={tmp}/none.npz --format=npz --out={tmp}/o",
     "No checkpoint at",
   ),
-  ("export no --out", export, "--checkpoint={tmp}/m.npz --format=npz", "--out must have a value"),
+  ("export no --out", export, "--checkpoint={tmp}/m.npz --format=npz", "--out is required"),
   (
     "export positional",
     export,
@@ -315,12 +314,10 @@ def test_bad_command_input_is_one_line_exit_2_and_changes_nothing(
 ):
   _command_inputs(tmp_path)
   before = _tree(tmp_path)
-  values = flags.FlagValues()
-  command.define_flags(values)
   capsys.readouterr()
 
   argv = [command.__name__, *args.format(tmp=tmp_path).split()]
-  assert command.main(argv, values) == 2
+  assert command.main(argv) == 2
 
   captured = capsys.readouterr()
   message = [line for line in captured.err.splitlines() if line.startswith("Error: ")]

@@ -1,14 +1,24 @@
 """The entry of every command: its flags, quiet logging, and one line for a user error.
 
-    def main(argv, values=flags.FLAGS) -> int:  # the whole command, callable in-process
-      return cli.run(argv, lambda a: cli.parse_flags(a, values), lambda args: ...)
+Every command (`main`, `predict`, `export`, `convert`, `fewshot`, `plan`) is written one
+way: its own `flags.FlagValues` from `new_flag_values`, the shared flags of the commands
+that read a model from `define_model_flags`, one `parse_command_flags` call, and
+`run_command` as the whole command, callable in-process:
+
+    def _parse(argv):
+      flag_values = cli.new_flag_values()
+      holders = dict(**cli.define_model_flags(flag_values), out=flags.DEFINE_string(...))
+      return cli.parse_command_flags(flag_values, argv, holders, ("checkpoint",), __doc__)
+
+    def main(argv: Sequence[str]) -> int:  # the exit status
+      return cli.run_command(argv, _parse, lambda values: ...)
 
     if __name__ == "__main__":
-      define_flags()
       cli.exit_with(main(sys.argv))
 
 Import this module before TensorFlow (it sets TensorFlow's C++ log level, which is read when
-TensorFlow loads). What a terminal shows:
+TensorFlow loads). `run_command` keeps JAX off a TPU backend that is installed but has no
+TPU (`vit_jax.platforms`) before anything starts a backend. What a terminal shows:
 
 * the command's own log lines (progress, results) and every warning and error;
 * not: the libraries' INFO lines (JAX probing for a TPU, Orbax's per-save and per-read
@@ -41,10 +51,14 @@ import ml_collections  # noqa: E402  # pylint: disable=g-import-not-at-top
 from absl import flags, logging  # noqa: E402  # pylint: disable=g-import-not-at-top
 from ml_collections import config_flags  # noqa: E402  # pylint: disable=g-import-not-at-top
 
-from vit_jax import errors  # noqa: E402  # pylint: disable=g-import-not-at-top
+from vit_jax import errors, platforms  # noqa: E402  # pylint: disable=g-import-not-at-top
 
 if TYPE_CHECKING:
   from vit_jax.weights import sources
+
+# The flags defined here for a command are the command's own: its --help lists them beside
+# its other flags, not under this module.
+flags.disclaim_key_flags()
 
 USER_ERROR_STATUS = 2
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -58,19 +72,6 @@ Parsed = TypeVar("Parsed")
 
 class HelpRequested(Exception):
   """--help on the command line: the text to print instead of running."""
-
-
-def parse_flags(argv: Sequence[str], flag_values: flags.FlagValues = flags.FLAGS) -> list[str]:
-  """Parses ``argv`` (argv[0]: the program) into absl's ``flag_values``; the positional
-  arguments. A bad command line is a `CommandLineError` with absl's message."""
-  if any(arg in HELP_FLAGS for arg in argv[1:]):
-    doc = sys.modules["__main__"].__doc__ or ""
-    raise HelpRequested(f"{doc.strip()}\n\n{flag_values.main_module_help()}")
-  try:
-    rest = flag_values(list(argv))
-  except flags.Error as e:
-    raise errors.CommandLineError(str(e).strip()) from e
-  return rest[1:]
 
 
 def _config_keys(config: Any, prefix: str = "") -> list[str]:
@@ -111,16 +112,23 @@ def last_line(message: str) -> str:
   return lines[-1] if "Traceback (most recent call last)" in message else " ".join(lines)
 
 
+def new_flag_values() -> flags.FlagValues:
+  """A command's own flags, holding absl's logging flags (--verbosity, ...) to begin with.
+
+  The logging flags are absl's own flag objects, shared with `flags.FLAGS`: parsing them
+  here sets what absl's logging reads."""
+  flag_values = flags.FlagValues()
+  for flag in flags.FLAGS.flags_by_module_dict().get(logging.__name__, []):
+    flags.DEFINE_flag(flag, flag_values, module_name=logging.__name__)
+  return flag_values
+
+
 def define_config_flags(flag_values: flags.FlagValues, argv: Sequence[str], help_text: str) -> Any:
-  """Defines ``--config`` (a config file, its fields as ``--config.<key>``) and absl's
-  logging flags (--verbosity, ...) on ``flag_values``; returns the config flag's holder.
-  Parse with `parse_config_flags`."""
-  holder = config_flags.DEFINE_config_file(
+  """Defines ``--config`` (a config file, its fields as ``--config.<key>``) on
+  ``flag_values``; returns its holder."""
+  return config_flags.DEFINE_config_file(
     "config", None, help_text, flag_values=flag_values, lock_config=True, sys_argv=list(argv)
   )
-  for flag in flags.FLAGS.flags_by_module_dict().get(logging.__name__, []):
-    flags.DEFINE_flag(flag, flag_values)
-  return holder
 
 
 def parse_config_flags(flag_values: flags.FlagValues, argv: Sequence[str]) -> list[str]:
@@ -145,26 +153,63 @@ def parse_command_flags(
   holders: dict[str, Any],
   required: Sequence[str],
   help_intro: str = "",
+  *,
+  positional: Optional[str] = None,
 ) -> dict[str, Any]:
   """The values of ``holders`` (flags defined on ``flag_values``, ``--config`` among them)
-  parsed from ``argv``. --help is a `HelpRequested` (``help_intro`` above the flags' help);
-  a positional argument or a missing ``required`` flag is a `CommandLineError`."""
+  parsed from ``argv`` (argv[0]: the program), by name.
+
+  positional: the name under which the positional arguments (a list, possibly empty) are
+    returned, for a command that takes some; None: a positional argument is an error.
+  --help is a `HelpRequested` (``help_intro`` above the flags' help); an unexpected
+  positional argument or a missing ``required`` flag is a `CommandLineError`.
+  """
   if any(arg in HELP_FLAGS for arg in argv[1:]):
     raise HelpRequested("\n\n".join(filter(None, (help_intro.strip(), flag_values.get_help()))))
-  rest = parse_config_flags(flag_values, argv)
-  if len(rest) > 1:
-    raise errors.CommandLineError(f"Unexpected arguments: {rest[1:]} (flags are --name=value).")
+  rest = parse_config_flags(flag_values, argv)[1:]
+  if rest and positional is None:
+    raise errors.CommandLineError(f"Unexpected arguments: {rest} (flags are --name=value).")
   for name in required:
     if holders[name].value is None:
       raise errors.CommandLineError(f"--{name} is required.")
-  return {name: holder.value for name, holder in holders.items()}
+  values = {name: holder.value for name, holder in holders.items()}
+  if positional is not None:
+    values[positional] = rest
+  return values
 
 
-# The flags of the commands that read a model (predict, export, fewshot, convert): what
-# their values mean.
+# The flags of the commands that read a model (predict, export, fewshot, convert): one
+# definition each, and what their values mean.
 
 IMAGENET2012 = "imagenet2012"  # --labels value of the class names shipped with the package
 _IMAGENET2012_FILE = "imagenet2012_labels.txt"  # in vit_jax/data, class-index order
+
+
+_MODEL_FLAG_HELP = {
+  "checkpoint": "An official-layout .npz, a training run (its workdir, checkpoints/ or a step "
+  "folder), a Hugging Face or timm checkpoint, hf-hub:<org>/<name> or an official name "
+  "(ViT-B_16).",
+  "model": "The official variant name (e.g. ViT-B_16) of an .npz; default: inferred from the "
+  "array shapes (a run's model comes from its config.json).",
+  "labels": f"{IMAGENET2012!r} or a file of class names, one per line; default: the "
+  "source's own names (a run's: its dataset's), ImageNet-1k's for a 1000-class head, else "
+  "class indices.",
+  "resolution": "Square input size; default: what the position embeddings were trained "
+  "for (needed for a model without learned ones).",
+}
+MODEL_FLAGS = tuple(_MODEL_FLAG_HELP)
+
+
+def define_model_flags(
+  flag_values: flags.FlagValues, names: Sequence[str] = MODEL_FLAGS
+) -> dict[str, Any]:
+  """Defines the shared flags ``names`` (of `MODEL_FLAGS`) on ``flag_values``; their
+  holders by name. Their values mean what `class_names` and `image_size` read."""
+  holders = {}
+  for name in names:
+    define = flags.DEFINE_integer if name == "resolution" else flags.DEFINE_string
+    holders[name] = define(name, None, _MODEL_FLAG_HELP[name], flag_values=flag_values)
+  return holders
 
 
 def imagenet2012_class_names() -> list[str]:
@@ -242,7 +287,7 @@ def _no_context(_: Any) -> tuple[Optional[str], Any]:
   return None, None
 
 
-def run(
+def run_command(
   argv: Sequence[str],
   parse: Callable[[Sequence[str]], Parsed],
   command: Callable[[Parsed], Optional[int]],
@@ -252,10 +297,12 @@ def run(
   """Runs ``command(parse(argv))`` with the command's logging; the exit status.
 
   parse: raises a `UserError` (e.g. `CommandLineError`) for a bad command line, or
-    `HelpRequested`. It parses absl's logging flags (--verbosity) into `flags.FLAGS`.
+    `HelpRequested`; parses absl's logging flags (`new_flag_values`) with the command's.
   context: (the folder the command writes to, its config) for ``parse``'s result: what
     the errors of a full disk, an unusable folder and too little device memory name.
   """
+  # First: parsing may load a config file, and nothing may start a backend before this.
+  platforms.cpu_unless_accelerator_attached()  # libtpu installed, no TPU: the CPU, quietly
   try:
     parsed = parse(argv)
   except HelpRequested as e:

@@ -14,7 +14,7 @@ GELU choice: code reading it runs the tanh GELU, as the official weights were tr
 from __future__ import annotations
 
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
 from absl import flags, logging
 
@@ -37,36 +37,40 @@ def convert(source: str, out: str, *, scanned: bool = False, model_name: str | N
   )
 
 
-def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
-  flags.DEFINE_string("out", None, "The .npz file to write.", flag_values=values)
-  flags.DEFINE_bool(
-    "scanned",
-    False,
-    "Stack the encoder blocks (Transformer/encoderblock [L, ...], big_vision).",
-    flag_values=values,
+def _parse(argv: Sequence[str]) -> dict[str, Any]:
+  """The flag values and the source named; a `CommandLineError` for a bad command line."""
+  flag_values = cli.new_flag_values()
+  holders = dict(
+    **cli.define_model_flags(flag_values, ("model",)),
+    out=flags.DEFINE_string("out", None, "The .npz file to write.", flag_values=flag_values),
+    scanned=flags.DEFINE_bool(
+      "scanned",
+      False,
+      "Stack the encoder blocks (Transformer/encoderblock [L, ...], big_vision).",
+      flag_values=flag_values,
+    ),
   )
-  flags.DEFINE_string(
-    "model",
-    None,
-    "An official variant name for an .npz source; default: inferred.",
-    flag_values=values,
+  values = cli.parse_command_flags(
+    flag_values, argv, holders, ("out",), __doc__, positional="sources"
   )
-  flags.mark_flag_as_required("out", flag_values=values)
-
-
-def run(sources: Sequence[str], values: flags.FlagValues = flags.FLAGS) -> None:
-  if len(sources) != 1:
+  if len(values["sources"]) != 1:
     raise errors.CommandLineError(
-      f"Name one source (got {list(sources)}): python -m vit_jax.convert SOURCE --out=FILE.npz"
+      f"Name one source (got {values['sources']}): python -m vit_jax.convert SOURCE --out=FILE.npz"
     )
-  convert(sources[0], values.out, scanned=values.scanned, model_name=values.model)
+  return values
 
 
-def main(argv: Sequence[str], values: flags.FlagValues = flags.FLAGS) -> int:
-  """The command (`vit_jax.cli`): parses ``argv`` into ``values``, converts; the exit status."""
-  return cli.run(argv, lambda a: cli.parse_flags(a, values), lambda sources: run(sources, values))
+def main(argv: Sequence[str]) -> int:
+  """The command, callable in-process (`vit_jax.cli`): parses ``argv`` (argv[0]: the
+  program), converts; the exit status."""
+  return cli.run_command(
+    argv,
+    _parse,
+    lambda values: convert(
+      values["sources"][0], values["out"], scanned=values["scanned"], model_name=values["model"]
+    ),
+  )
 
 
 if __name__ == "__main__":
-  define_flags()
   cli.exit_with(main(sys.argv))

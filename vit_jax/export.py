@@ -32,7 +32,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import jax.numpy as jnp
 from absl import flags, logging
@@ -214,63 +214,39 @@ def export_model(
   return _summary(fmt, model.source, out)
 
 
-def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
-  """The command's flags (defined only when run as a command: `vit_jax.predict` has some
-  of the same names)."""
-  flags.DEFINE_string(
-    "checkpoint",
-    None,
-    "An official-layout .npz, a training run, a Hugging Face or timm checkpoint, "
-    "hf-hub:<org>/<name> or an official name (ViT-B_16).",
-    flag_values=values,
+def _parse(argv: Sequence[str]) -> dict[str, Any]:
+  """The flag values; a `CommandLineError` for a bad command line."""
+  flag_values = cli.new_flag_values()
+  holders = dict(
+    **cli.define_model_flags(flag_values),
+    format=flags.DEFINE_enum("format", None, FORMATS, "What to write.", flag_values=flag_values),
+    out=flags.DEFINE_string(
+      "out", None, "A new (or empty) folder for the files.", flag_values=flag_values
+    ),
   )
-  flags.DEFINE_enum("format", None, FORMATS, "What to write.", flag_values=values)
-  flags.DEFINE_string("out", None, "A new (or empty) folder for the files.", flag_values=values)
-  flags.DEFINE_string(
-    "model",
-    None,
-    "An official variant name for an .npz; default: inferred from the array shapes.",
-    flag_values=values,
+  return cli.parse_command_flags(
+    flag_values, argv, holders, ("checkpoint", "format", "out"), __doc__
   )
-  flags.DEFINE_string(
-    "labels",
-    None,
-    "'imagenet2012' or a file of class names; default as in vit_jax.predict.",
-    flag_values=values,
-  )
-  flags.DEFINE_integer(
-    "resolution",
-    None,
-    "Input size, for models without learned position embeddings.",
-    flag_values=values,
-  )
-  flags.mark_flags_as_required(["checkpoint", "format", "out"], flag_values=values)
 
 
-def _run(args: Sequence[str], values: flags.FlagValues) -> None:
-  if args:
-    raise errors.CommandLineError(f"Unexpected arguments: {list(args)}")
+def _export(values: dict[str, Any]) -> None:
+  """Exports for the parsed command line and prints the summary."""
   summary = export(
-    values.checkpoint,
-    values.format,
-    values.out,
-    model_name=values.model,
-    labels=values.labels,
-    resolution=values.resolution,
+    values["checkpoint"],
+    values["format"],
+    values["out"],
+    model_name=values["model"],
+    labels=values["labels"],
+    resolution=values["resolution"],
   )
   print(summary)
 
 
-def main(argv: Sequence[str], values: flags.FlagValues = flags.FLAGS) -> int:
-  """The command (`vit_jax.cli`): parses ``argv`` into ``values``, exports; the exit status."""
-  return cli.run(
-    argv,
-    lambda a: cli.parse_flags(a, values),
-    lambda args: _run(args, values),
-    context=lambda _: (values.out, None),
-  )
+def main(argv: Sequence[str]) -> int:
+  """The command, callable in-process (`vit_jax.cli`): parses ``argv`` (argv[0]: the
+  program), exports; the exit status."""
+  return cli.run_command(argv, _parse, _export, context=lambda values: (values["out"], None))
 
 
 if __name__ == "__main__":
-  define_flags()
   cli.exit_with(main(sys.argv))

@@ -7,7 +7,7 @@ closest valid keys. Distributed start-up comes first (see
 Logging and errors as for every command (`vit_jax.cli`): an error the user can cause
 prints one line and exits with status 2. SIGTERM (preemption) or SIGINT (Ctrl-C) saves the
 step in flight and exits with 143 or 130 (`vit_jax.run.preemption`); running the command
-again resumes. `run(argv)` is the whole job, callable in-process; it returns the exit status.
+again resumes. `main(argv)` is the whole job, callable in-process; it returns the exit status.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import jax
 import ml_collections
 from absl import flags, logging
 
-from vit_jax import cli, distributed, errors, platforms
+from vit_jax import cli, distributed, errors
 
 # TensorFlow imports Keras's optimizers at its own import (to register them for SavedModels,
 # ~3 s of every start-up) and goes on without them when that import fails. The job reads
@@ -30,7 +30,7 @@ _CACHE_MAX_BYTES = 2 * 2**30
 
 
 def _define_flags(flag_values: flags.FlagValues, argv: Sequence[str]) -> dict[str, Any]:
-  """The job's flags, and absl's logging flags (--verbosity, --log_dir, ...), on ``flag_values``."""
+  """The job's flags on ``flag_values``."""
   holders = dict(
     config=cli.define_config_flags(
       flag_values,
@@ -74,7 +74,7 @@ def _define_flags(flag_values: flags.FlagValues, argv: Sequence[str]) -> dict[st
 
 def _parse(argv: Sequence[str]) -> dict[str, Any]:
   """The flag values; a `CommandLineError` for a bad command line."""
-  flag_values = flags.FlagValues()
+  flag_values = cli.new_flag_values()
   holders = _define_flags(flag_values, argv)
   values = cli.parse_command_flags(flag_values, argv, holders, ("config", "workdir"))
   if not isinstance(values["config"], ml_collections.ConfigDict):
@@ -136,25 +136,20 @@ def _train(values: dict[str, Any]) -> int:
     metrics = run_lib.train_and_evaluate(config, workdir)
   except preemption.Stopped as e:  # saved
     logging.warning("%s", e)
-    # `main` leaves with os._exit: leave the cluster first, all processes together (a
-    # coordinator gone early would abort the others).
+    # The command leaves with os._exit (`cli.exit_with`): leave the cluster first, all
+    # processes together (a coordinator gone early would abort the others).
     jax.distributed.shutdown()
     return e.status
   logging.info("Final metrics: %s", {k: round(v, 5) for k, v in metrics.items()})
   return 0
 
 
-def run(argv: Sequence[str]) -> int:
+def main(argv: Sequence[str]) -> int:
   """Parses ``argv`` (argv[0]: the program), trains and evaluates; the exit status."""
   _import_tensorflow()  # before the config file, which imports it (configs/common.py)
-  return cli.run(argv, _parse, _train, context=lambda v: (v["workdir"], v["config"]))
-
-
-def main() -> None:
-  platforms.cpu_unless_accelerator_attached()  # libtpu installed, no TPU: the CPU, quietly
-  _enable_compilation_cache()  # the command's; `run` in-process leaves JAX's config alone
-  cli.exit_with(run(sys.argv))
+  return cli.run_command(argv, _parse, _train, context=lambda v: (v["workdir"], v["config"]))
 
 
 if __name__ == "__main__":
-  main()
+  _enable_compilation_cache()  # the command's; `main` in-process leaves JAX's config alone
+  cli.exit_with(main(sys.argv))

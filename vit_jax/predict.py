@@ -20,7 +20,7 @@ import json
 import os
 import re
 import sys
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import Any, Iterable, Iterator, Optional, Sequence
 
 from vit_jax import cli  # isort: skip  (first: it sets TensorFlow's log level before it loads)
 import jax
@@ -161,64 +161,46 @@ def predict(
     yield Prediction(path, top_k(probs, names, k))
 
 
-def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
-  """The command's flags (defined only when run as a command: `vit_jax.export` has some of
-  the same names)."""
-  flags.DEFINE_string(
-    "checkpoint",
-    None,
-    "An official-layout .npz, a training run (workdir, checkpoints/ or step folder), a "
-    "Hugging Face or timm checkpoint, hf-hub:<org>/<name> or an official name (ViT-B_16).",
-    flag_values=values,
+def _parse(argv: Sequence[str]) -> dict[str, Any]:
+  """The flag values and the images named; a `CommandLineError` for a bad command line."""
+  flag_values = cli.new_flag_values()
+  holders = dict(
+    **cli.define_model_flags(flag_values),
+    top_k=flags.DEFINE_integer("top_k", 5, "Classes printed per image.", flag_values=flag_values),
+    batch=flags.DEFINE_integer(
+      "batch", DEFAULT_BATCH, "Images per jitted batch.", flag_values=flag_values
+    ),
+    json=flags.DEFINE_bool(
+      "json", False, "JSON lines instead of text lines.", flag_values=flag_values
+    ),
   )
-  flags.DEFINE_string(
-    "model",
-    None,
-    "An official variant name (e.g. ViT-B_16) for an .npz; "
-    "default: inferred from the array shapes.",
-    flag_values=values,
+  values = cli.parse_command_flags(
+    flag_values, argv, holders, ("checkpoint",), __doc__, positional="inputs"
   )
-  flags.DEFINE_string(
-    "labels",
-    None,
-    "'imagenet2012' or a file of class names, one per line; "
-    "default: the run's dataset names, ImageNet-1k's for a 1000-class head, "
-    "else class indices.",
-    flag_values=values,
-  )
-  flags.DEFINE_integer("top_k", 5, "Classes printed per image.", flag_values=values)
-  flags.DEFINE_integer(
-    "resolution",
-    None,
-    "Square input size; default: what the position embeddings were trained for.",
-    flag_values=values,
-  )
-  flags.DEFINE_integer("batch", DEFAULT_BATCH, "Images per jitted batch.", flag_values=values)
-  flags.DEFINE_bool("json", False, "JSON lines instead of text lines.", flag_values=values)
-  flags.mark_flag_as_required("checkpoint", flag_values=values)
-
-
-def run(inputs: Sequence[str], values: flags.FlagValues = flags.FLAGS) -> None:
-  """Prints a line per image for the parsed flags ``values``."""
-  if not inputs:
+  if not values["inputs"]:
     raise errors.CommandLineError("Name at least one image file or folder.")
+  return values
+
+
+def _print_predictions(values: dict[str, Any]) -> None:
+  """Prints a line per image for the parsed command line."""
   for prediction in predict(
-    values.checkpoint,
-    inputs,
-    model_name=values.model,
-    labels=values.labels,
-    k=values.top_k,
-    resolution=values.resolution,
-    batch=values.batch,
+    values["checkpoint"],
+    values["inputs"],
+    model_name=values["model"],
+    labels=values["labels"],
+    k=values["top_k"],
+    resolution=values["resolution"],
+    batch=values["batch"],
   ):
-    print(prediction.json() if values.json else prediction.line(), file=sys.stdout, flush=True)
+    print(prediction.json() if values["json"] else prediction.line(), file=sys.stdout, flush=True)
 
 
-def main(argv: Sequence[str], values: flags.FlagValues = flags.FLAGS) -> int:
-  """The command (`vit_jax.cli`): parses ``argv`` into ``values``, prints; the exit status."""
-  return cli.run(argv, lambda a: cli.parse_flags(a, values), lambda inputs: run(inputs, values))
+def main(argv: Sequence[str]) -> int:
+  """The command, callable in-process (`vit_jax.cli`): parses ``argv`` (argv[0]: the
+  program), prints a line per image; the exit status."""
+  return cli.run_command(argv, _parse, _print_predictions)
 
 
 if __name__ == "__main__":
-  define_flags()
   cli.exit_with(main(sys.argv))

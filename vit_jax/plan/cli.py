@@ -16,7 +16,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import sys
 from typing import Any, Sequence
 
 # vit_jax.cli first: it quiets TensorFlow's C++ logging, read when TensorFlow loads.
@@ -34,7 +33,7 @@ MAX_BATCH_HALVINGS = 4
 
 def _parse(argv: Sequence[str]) -> dict[str, Any]:
   """The flag values; a `CommandLineError` for a bad command line."""
-  flag_values = flags.FlagValues()
+  flag_values = cli_lib.new_flag_values()
   holders = dict(
     config=cli_lib.define_config_flags(
       flag_values, argv, "The run's config file, e.g. configs/pretrain.py:b16,imagenet21k."
@@ -115,10 +114,7 @@ def _plan(values: dict[str, Any]) -> int:
   raise errors.OutOfMemoryError(planner.shortfall(plan))
 
 
-def run(argv: Sequence[str]) -> int:
-  """Parses ``argv`` (argv[0]: the program), plans and prints; the exit status."""
-  return cli_lib.run(argv, _parse, _plan, context=lambda values: (None, values["config"]))
-
-
-def main() -> None:
-  cli_lib.exit_with(run(sys.argv))
+def main(argv: Sequence[str]) -> int:
+  """The command, callable in-process: parses ``argv`` (argv[0]: the program), plans and
+  prints; the exit status."""
+  return cli_lib.run_command(argv, _parse, _plan, context=lambda values: (None, values["config"]))

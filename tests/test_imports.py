@@ -1,0 +1,115 @@
+"""The package's layers, read from its import statements: the commands sit on top (no
+other module imports one), and no module or package imports one that imports it back."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "vit_jax"
+# The command-line entries and what only they use.
+COMMANDS = frozenset(
+  {
+    "vit_jax.cli",
+    "vit_jax.main",
+    "vit_jax.predict",
+    "vit_jax.export",
+    "vit_jax.convert",
+    "vit_jax.fewshot",
+    "vit_jax.plan.cli",
+    "vit_jax.plan.__main__",
+  }
+)
+
+
+def _modules() -> dict[str, pathlib.Path]:
+  """Every module of the package by dotted name (a package by its own name)."""
+  found = {}
+  for path in PACKAGE.rglob("*.py"):
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+  return found
+
+
+def _imports(name: str, path: pathlib.Path, modules: dict[str, pathlib.Path]) -> set[str]:
+  """The package's modules that ``name`` imports anywhere in its file (a function's
+  imports too): `from a import b` counts a, and a.b when that is a module. The packages
+  that hold ``name`` do not count: Python imports them before it in any case."""
+  package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+  targets = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Import):
+      targets.update(alias.name for alias in node.names)
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:
+        parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+        base = f"{parent}.{base}".rstrip(".")
+      targets.update(f"{base}.{alias.name}" for alias in node.names)
+      targets.add(base)
+  resolved = set()
+  for target in targets:
+    while target and target not in modules:
+      target = target.rpartition(".")[0]
+    if target and not (name == target or name.startswith(target + ".")):
+      resolved.add(target)
+  return resolved
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+  modules = _modules()
+  return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str]:
+  """One cycle of ``graph`` (as its nodes, the first repeated at the end), or []."""
+  state: dict[str, str] = {}  # "open" while on the path, "done" after
+  path: list[str] = []
+
+  def visit(node: str) -> list[str]:
+    state[node] = "open"
+    path.append(node)
+    for target in sorted(graph.get(node, ())):
+      if state.get(target) == "open":
+        return path[path.index(target) :] + [target]
+      if target not in state and (found := visit(target)):
+        return found
+    path.pop()
+    state[node] = "done"
+    return []
+
+  for node in sorted(graph):
+    if node not in state and (found := visit(node)):
+      return found
+  return []
+
+
+def test_the_commands_are_the_top_layer(graph):
+  assert COMMANDS <= set(graph)
+  upward = {
+    name: sorted(graph[name] & COMMANDS)
+    for name in graph
+    if name not in COMMANDS and graph[name] & COMMANDS
+  }
+  assert not upward, f"modules that import a command: {upward}"
+
+
+def test_no_module_imports_itself_back(graph):
+  assert not _cycle(graph)
+
+
+def test_no_package_imports_itself_back(graph):
+  """`vit_jax.run` importing `vit_jax.weights` means no module of `weights` imports `run`."""
+  top = lambda name: ".".join(name.split(".")[:2])  # noqa: E731
+  packages: dict[str, set[str]] = {}
+  for name, targets in graph.items():
+    packages.setdefault(top(name), set()).update(top(t) for t in targets if top(t) != top(name))
+  assert not _cycle(packages)
+
+
+def test_a_cycle_is_found():
+  assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+  assert _cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []

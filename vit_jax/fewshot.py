@@ -1,0 +1,199 @@
+r"""Few-shot linear evaluation of a checkpoint: prints accuracy per dataset and shot count.
+
+    python -m vit_jax.fewshot --checkpoint=/tmp/vit_quickstart/checkpoints \
+        --dataset=digits --shots=1,5,10,25
+    python -m vit_jax.fewshot --checkpoint=ViT-B_16.npz --model=ViT-B_16 --dataset=cifar10
+
+A training run (its workdir, `checkpoints/` or one step folder) brings its model and
+preprocessing in its `config.json` (a masked-patch-prediction run's too); an official
+`.npz` takes --model, or its architecture and resolution are inferred from the array
+shapes; Hugging Face and timm checkpoints, `hf-hub:<org>/<name>` and official names
+(`ViT-B_16`) are read as `vit_jax.predict` reads them. --crop changes the resolution
+(position embeddings are interpolated as for fine-tuning).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from absl import flags
+
+from vit_jax import cli, data, errors, paths, sharding, weights
+from vit_jax.run.evaluators import fewshot as fewshot_lib
+from vit_jax.run.evaluators import ridge
+from vit_jax.weights import hub, sources
+
+
+def _parse(argv: Sequence[str]) -> dict[str, Any]:
+  """The flag values; a `CommandLineError` for a bad command line."""
+  flag_values = cli.new_flag_values()
+  holders = dict(
+    **cli.define_model_flags(flag_values, ("checkpoint", "model")),
+    dataset=flags.DEFINE_list(
+      "dataset", ["digits"], "tfds names or folder:/path, comma-separated.", flag_values=flag_values
+    ),
+    shots=flags.DEFINE_list(
+      "shots",
+      [str(s) for s in fewshot_lib.DEFAULT_SHOTS],
+      "Examples per class in the few-shot train set.",
+      flag_values=flag_values,
+    ),
+    seeds=flags.DEFINE_integer(
+      "seeds",
+      fewshot_lib.DEFAULT_SEEDS,
+      "Class-balanced samples per shot count.",
+      flag_values=flag_values,
+    ),
+    l2_reg=flags.DEFINE_float(
+      "l2_reg", ridge.DEFAULT_L2_REG, "The ridge term lambda.", flag_values=flag_values
+    ),
+    train_split=flags.DEFINE_string(
+      "train_split",
+      None,
+      "The split to sample shots from (default: the dataset's preset train split, else 'train').",
+      flag_values=flag_values,
+    ),
+    test_split=flags.DEFINE_string(
+      "test_split",
+      None,
+      "The held-out split (default: the dataset's preset test split, else 'test').",
+      flag_values=flag_values,
+    ),
+    crop=flags.DEFINE_integer(
+      "crop",
+      None,
+      "Image size (default: the run's pp.crop, or what an .npz's position embeddings were "
+      "trained for).",
+      flag_values=flag_values,
+    ),
+    batch=flags.DEFINE_integer(
+      "batch", 256, "Images per forward pass (all devices).", flag_values=flag_values
+    ),
+    data_dir=flags.DEFINE_string(
+      "data_dir", None, "tfds data_dir (default: the run's, or tfds').", flag_values=flag_values
+    ),
+  )
+  return cli.parse_command_flags(flag_values, argv, holders, ("checkpoint",), __doc__)
+
+
+def _from_run(
+  run: paths.RunPaths, values: dict[str, Any]
+) -> tuple[ml_collections.ConfigDict, data.Settings]:
+  """The run's model and its data settings (its preprocessing, data_dir, ...)."""
+  if values["model"]:
+    raise errors.CommandLineError(
+      f"--model={values['model']} would replace the model of the run in "
+      f"{run.root}: leave --model out for a run's checkpoints."
+    )
+  run_config = ml_collections.ConfigDict(run.read_config())
+  return run_config.model, data.Settings.from_config(run_config)
+
+
+def _from_weights(
+  checkpoint: str, values: dict[str, Any]
+) -> tuple[ml_collections.ConfigDict, data.Settings]:
+  """An .npz's (or Hugging Face folder's) model, and evaluation-only data settings."""
+  loaded = sources.load(checkpoint, values["model"])
+  if not (values["crop"] or loaded.image_size):
+    raise errors.CommandLineError(
+      f"{checkpoint!r} does not say its image size (no learned position embeddings): pass --crop."
+    )
+  crop = loaded.image_size[0] if loaded.image_size else values["crop"]
+  # No augmentation, no shuffling, no skipped images: evaluation only.
+  settings = data.Settings(
+    dataset="",
+    data_dir=None,
+    manual_dir=None,
+    train_split="train",
+    test_split="test",
+    num_classes=None,
+    crop=crop,
+    min_area=1.0,
+    flip=False,
+    batch=values["batch"],
+    batch_eval=values["batch"],
+    shuffle_buffer=1,
+    prefetch=2,
+    seed=0,
+    skip_corrupt_images=False,
+  )
+  return loaded.config, settings
+
+
+def _config(values: dict[str, Any]) -> tuple[ml_collections.ConfigDict, data.Settings, str]:
+  """Model, data settings for the evaluator, and the parameters' source."""
+  checkpoint = values["checkpoint"]
+  weights = hub.is_hub_source(checkpoint) or sources.is_hf_or_timm(checkpoint)
+  run = None if weights else paths.RunPaths.containing(checkpoint)
+  if run is not None:
+    model_config, settings = _from_run(run, values)
+    source = os.fspath(run.checkpoint_source(checkpoint))
+  elif paths.as_path(checkpoint).is_dir() and not weights:
+    raise errors.MissingError(
+      f"No config.json in or above {checkpoint!r}: pass a run's workdir, its "
+      "checkpoints/ folder or a step folder inside it."
+    )
+  else:
+    model_config, settings = _from_weights(checkpoint, values)
+    source = checkpoint
+  settings = dataclasses.replace(
+    settings,
+    crop=values["crop"] or settings.crop,
+    batch=values["batch"],
+    batch_eval=values["batch"],
+    data_dir=values["data_dir"] or settings.data_dir,
+  )
+  return model_config, settings, source
+
+
+def _evaluate(values: dict[str, Any]) -> None:
+  """Evaluates the parsed command line's checkpoint and prints a row per dataset and shots."""
+  model_config, settings, checkpoint = _config(values)
+  mesh = sharding.make_mesh(((sharding.DATA_AXIS, -1),))
+  evaluator = fewshot_lib.FewShotEvaluator(
+    model_config,
+    settings,
+    mesh,
+    values["dataset"],
+    shots=[int(s) for s in values["shots"]],
+    seeds=values["seeds"],
+    l2_reg=values["l2_reg"],
+    train_split=values["train_split"],
+    test_split=values["test_split"],
+  )
+  crop = settings.crop
+  image = jnp.zeros((1, crop, crop, 3))
+  init_params = jax.jit(evaluator.model.init)(jax.random.PRNGKey(0), image)["params"]
+  params = weights.load_pretrained(
+    checkpoint,
+    jax.device_get(init_params),
+    model_config,
+    new_grid_hw=evaluator.model.grid_hw((crop, crop)),
+  )
+  params = jax.device_put(params, sharding.replicated(mesh))
+
+  results = evaluator(params)
+  print(f"{'dataset':<20} {'shots':>5} {'accuracy':>9} {'spread':>7} {'seconds':>8}")
+  for r in results:
+    print(f"{r.dataset:<20} {r.shots:>5} {r.mean:>9.4f} {r.spread:>7.4f} {r.seconds:>8.2f}")
+  for r in {r.dataset: r for r in results}.values():
+    print(
+      f"{r.dataset}: features of {r.examples} images in {r.feature_seconds:.1f}s "
+      f"({r.examples / r.feature_seconds:.0f}/s), {values['seeds']} seeds per row."
+    )
+
+
+def main(argv: Sequence[str]) -> int:
+  """The command, callable in-process (`vit_jax.cli`): parses ``argv`` (argv[0]: the
+  program), evaluates and prints; the exit status."""
+  return cli.run_command(argv, _parse, _evaluate)
+
+
+if __name__ == "__main__":
+  cli.exit_with(main(sys.argv))
