@@ -101,6 +101,7 @@ def _from_weights(checkpoint: str) -> tuple[ml_collections.ConfigDict, data.Sett
     crop=crop,
     min_area=1.0,
     flip=False,
+    randaug=None,
     batch=_BATCH.value,
     batch_eval=_BATCH.value,
     shuffle_buffer=1,
