@@ -330,8 +330,7 @@ def load_pretrained(
   source = os.fspath(source)
   if posemb_resize_method not in POSEMB_RESIZE_METHODS:
     raise errors.CheckpointError(
-      f"Unknown posemb_resize_method {posemb_resize_method!r}; use one of "
-      f"{POSEMB_RESIZE_METHODS}."
+      f"Unknown posemb_resize_method {posemb_resize_method!r}; use one of {POSEMB_RESIZE_METHODS}."
     )
   init_tree = nn.unbox(dict(init_params))
   want = traverse_util.flatten_dict(init_tree, sep="/")
