@@ -59,12 +59,15 @@ def _blend(degenerate: tf.Tensor, image: tf.Tensor, factor: float) -> tf.Tensor:
   return tf.cast(tf.clip_by_value(mixed, 0.0, 255.0), tf.uint8)
 
 
-def grayscale(image: tf.Tensor) -> tf.Tensor:
-  """uint8 [H, W, 3] -> uint8 [H, W]: PIL's convert('L'), ITU-R 601-2 luma in 16-bit
-  fixed point, rounded."""
-  rgb = tf.cast(image, tf.int32)
-  luma = rgb[..., 0] * 19595 + rgb[..., 1] * 38470 + rgb[..., 2] * 7471 + (1 << 15)
-  return tf.cast(tf.bitwise.right_shift(luma, 16), tf.uint8)
+def _grey(image: tf.Tensor) -> tf.Tensor:
+  """uint8 [H, W, 3] -> float32 [H, W, 1]: PIL's convert('L'), ITU-R 601-2 luma in 16-bit
+  fixed point, rounded down after adding 1/2. Exact in float32: every partial sum is an
+  integer below 2**24."""
+  weights = tf.constant([[19595.0], [38470.0], [7471.0]])  # [3, 1]
+  luma = tf.linalg.matmul(tf.reshape(tf.cast(image, tf.float32), [-1, 3]), weights)
+  return tf.reshape(
+    tf.math.floor((luma + 32768.0) / 65536.0), tf.concat([tf.shape(image)[:2], [1]], 0)
+  )
 
 
 def _histograms(image: tf.Tensor) -> tf.Tensor:
@@ -136,33 +139,33 @@ def solarize_add(image: tf.Tensor, addition: int, threshold: int) -> tf.Tensor:
 
 def color(image: tf.Tensor, factor: float) -> tf.Tensor:
   """PIL's ImageEnhance.Color: blend from the grey image (0) through the image (1)."""
-  grey = tf.repeat(grayscale(image)[..., None], 3, axis=-1)
-  return _blend(grey, image, factor)
+  return _blend(_grey(image), image, factor)  # the grey image broadcast over channels
 
 
 def contrast(image: tf.Tensor, factor: float) -> tf.Tensor:
   """PIL's ImageEnhance.Contrast: blend from a flat image of the grey image's mean,
   rounded (0) through the image (1)."""
-  mean = tf.math.floor(tf.reduce_mean(tf.cast(grayscale(image), tf.float64)) + 0.5)
-  return _blend(tf.fill(tf.shape(image), tf.cast(mean, tf.float32)), image, factor)
+  mean = tf.math.floor(tf.reduce_mean(tf.cast(_grey(image), tf.float64)) + 0.5)
+  return _blend(tf.cast(mean, tf.float32), image, factor)
 
 
 def brightness(image: tf.Tensor, factor: float) -> tf.Tensor:
-  """PIL's ImageEnhance.Brightness: blend from black (0) through the image (1)."""
-  return _blend(tf.zeros_like(image), image, factor)
+  """PIL's ImageEnhance.Brightness: blend from black (0) through the image (1), i.e. the
+  image times `factor`, clipped and truncated."""
+  return tf.cast(tf.clip_by_value(factor * tf.cast(image, tf.float32), 0.0, 255.0), tf.uint8)
 
 
 def sharpness(image: tf.Tensor, factor: float) -> tf.Tensor:
   """PIL's ImageEnhance.Sharpness: blend from the image smoothed by PIL's SMOOTH filter
   (3x3, centre 5, others 1, / 13, rounded; border pixels kept) (0) through the image (1)."""
-  x = tf.cast(image, tf.int32)
+  if image.shape[0] is not None and min(image.shape[0], image.shape[1]) < 3:
+    return image  # Only border pixels: nothing is smoothed.
+  x = tf.cast(image, tf.float32)
   rows = x[:, :-2] + x[:, 1:-1] + x[:, 2:]  # [H, W-2, 3] sums of 3 horizontal neighbours
-  box = rows[:-2] + rows[1:-1] + rows[2:]  # [H-2, W-2, 3] 3x3 sums
-  smooth = (box + 4 * x[1:-1, 1:-1] + 6) // 13  # rounded (never a tie: 13 is odd)
-  border = [[1, 1], [1, 1], [0, 0]]
-  inner = tf.pad(tf.ones_like(smooth), border)  # 1 inside, 0 on the border
-  degenerate = tf.pad(smooth, border) + (1 - inner) * x  # [H, W, 3]
-  return _blend(degenerate, image, factor)
+  box = rows[:-2] + rows[1:-1] + rows[2:]  # [H-2, W-2, 3] 3x3 sums, exact in float32
+  smooth = tf.round((box + 4.0 * x[1:-1, 1:-1]) / 13.0)  # never a tie: 13 is odd
+  middle = tf.concat([x[1:-1, :1], smooth, x[1:-1, -1:]], axis=1)
+  return _blend(tf.concat([x[:1], middle, x[-1:]], axis=0), image, factor)
 
 
 def _affine(image: tf.Tensor, matrix: list) -> tf.Tensor:
@@ -173,7 +176,7 @@ def _affine(image: tf.Tensor, matrix: list) -> tf.Tensor:
     images=image[None],
     transforms=transform,
     output_shape=tf.shape(image)[:2],
-    fill_value=float(_REPLACE),
+    fill_value=float(_REPLACE),  # grey on all three channels
     interpolation="NEAREST",
     fill_mode="CONSTANT",
   )
@@ -206,12 +209,13 @@ def _shift(image: tf.Tensor, pixels: float | tf.Tensor, axis: int) -> tf.Tensor:
   columns), grey beyond the edges: a nearest-pixel translation, done by slicing."""
   size = tf.shape(image)[axis]
   shift = tf.cast(tf.math.floor(tf.cast(pixels, tf.float32) + 0.5), tf.int32)
+  begin, end = tf.clip_by_value(shift, 0, size), tf.clip_by_value(size + shift, 0, size)
+  kept = image[begin:end] if axis == 0 else image[:, begin:end]
   padding = [[0, 0], [0, 0], [0, 0]]
-  padding[axis] = [size, size]
-  padded = tf.pad(image, padding, constant_values=_REPLACE)  # [H, 3W, 3] or [3H, W, 3]
-  begin = [0, 0, 0]
-  begin[axis] = tf.clip_by_value(size + shift, 0, 2 * size)
-  return tf.slice(padded, tf.stack(begin), tf.shape(image))
+  padding[axis] = [tf.clip_by_value(-shift, 0, size), tf.clip_by_value(shift, 0, size)]
+  out = tf.pad(kept, padding, constant_values=_REPLACE)
+  out.set_shape(image.shape)
+  return out
 
 
 def translate_x(image: tf.Tensor, pixels: float | tf.Tensor) -> tf.Tensor:
@@ -231,11 +235,13 @@ def cutout(image: tf.Tensor, half_size: int, seed: tf.Tensor) -> tf.Tensor:
   y_seed, x_seed = tf.unstack(tf.random.experimental.stateless_split(seed, num=2))
   cy = tf.random.stateless_uniform([], y_seed, maxval=height, dtype=tf.int32)
   cx = tf.random.stateless_uniform([], x_seed, maxval=width, dtype=tf.int32)
-  dy, dx = tf.range(height) - cy, tf.range(width) - cx  # rows / columns from the centre
-  in_rows = tf.cast((dy >= -half_size) & (dy < half_size), tf.uint8)
-  in_cols = tf.cast((dx >= -half_size) & (dx < half_size), tf.uint8)
-  inside = (in_rows[:, None] * in_cols[None, :])[..., None]  # [H, W, 1] 1 in the square
-  return image - inside * image + inside * _REPLACE
+  y0, y1 = tf.maximum(cy - half_size, 0), tf.minimum(cy + half_size, height)
+  x0, x1 = tf.maximum(cx - half_size, 0), tf.minimum(cx + half_size, width)
+  grey = tf.fill(tf.stack([y1 - y0, x1 - x0, 3]), tf.constant(_REPLACE, tf.uint8))
+  band = tf.concat([image[y0:y1, :x0], grey, image[y0:y1, x1:]], axis=1)  # rows y0..y1-1
+  out = tf.concat([image[:y0], band, image[y1:]], axis=0)
+  out.set_shape(image.shape)
+  return out
 
 
 # The policy: magnitude -> each op's argument (big_vision's scale), random op per layer.
