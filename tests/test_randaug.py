@@ -243,9 +243,9 @@ def test_contrast_blends_towards_the_grey_mean_not_hw_over_256():
 
 
 def test_solarize_grows_stronger_with_magnitude_and_inverts_all_at_ten():
-  # big_vision issue #110: its threshold int(25.6 m) rises with m and wraps 256 to 0 in
-  # uint8, so m = 10 inverts everything but m = 9 inverts only pixels >= 230 and m = 15 or
-  # 20 those >= 128. Ours inverts pixels >= 256 - int(25.6 m): none at 0, all from 10 on.
+  # big_vision issue #110: its threshold int(25.6 m) rises with m and wraps modulo 256 in
+  # uint8, so m = 10 inverts everything but m = 9 inverts only pixels >= 230 and m = 15
+  # those >= 128. Ours inverts pixels >= 256 - int(25.6 m): none at 0, all from 10 on.
   ramp = np.tile(np.arange(256, dtype=np.uint8)[None, :, None], (2, 1, 3))
   inverted = []
   for magnitude in range(21):

@@ -19,14 +19,15 @@ Two ops differ from big_vision on purpose (docs/architecture.md, "RandAugment"):
     does; big_vision's blends towards sum(histogram) / 256 = H * W / 256 (196 at 224x224),
     whatever the image (big_vision issue #109).
   * Solarize inverts pixels >= 256 - int(25.6m): stronger with m, as every other op.
-    big_vision's threshold int(25.6m) grows with m, and its uint8 comparison wraps 256 to
-    0, so m = 10 inverts everything (as here) while m < 10 weakens as m grows and m = 15
-    or 20 inverts only pixels >= 128 (big_vision issue #110).
+    big_vision's threshold int(25.6m) grows with m, and its uint8 comparison wraps it
+    modulo 256, so m = 10 and 20 invert everything (as here) while m < 10 weakens as m
+    grows and m = 15 inverts only pixels >= 128 (big_vision issue #110).
 
 Every random choice comes from an explicit seed (int64 [2]) through stateless ops, so an
 image's augmentation is a function of its seed alone (the pipeline keys it by run seed,
-epoch and example). The single ops are exact equivalents of Pillow's (tests/test_randaug.py
-compares each on photo-like images).
+epoch and example). The single ops compute Pillow's equivalents (tests/test_randaug.py
+compares each on photo-like images; rotate and shear may round a half-pixel tie the
+other way).
 """
 
 from __future__ import annotations
