@@ -4,9 +4,12 @@ Two cases, each on data the script writes itself: synthetic photo-like JPEGs (~5
 smooth structure, gradients and noise, so they compress like photographs, ~60 KiB).
 
   * Default: a JPEG folder; times `vit_jax.data.train_iterator` / `eval_iterator` end to
-    end (read, decode, crop/resize, normalise, batch, global jax.Array) at each crop.
+    end (read, decode, crop/resize, normalise, batch, global jax.Array) at each crop, and
+    the train pipeline again with RandAugment (`config.pp.randaug`, `--randaug`, default
+    (2, 10)); the rows alternate within each of `--rounds` rounds.
 
-      python benchmarks/input_pipeline.py [--images 400] [--batch 64] [--steps 20]
+      python benchmarks/input_pipeline.py [--images 400] [--batch 64] [--steps 20] \
+        [--rounds 3] [--randaug 2 10]
 
   * `--tfds`: a tfds dataset of such JPEGs in 4 shards, prepared as TFRecord and as
     ArrayRecord (preparation time and size are printed), read by the train pipeline at the
@@ -77,17 +80,8 @@ def write_jpeg_folder(root: str, num_images: int, classes: int = _NUM_CLASSES) -
 def _config(dataset: str, crop: int, batch: int, **overrides):
   """configs/common.py's defaults with this benchmark's data keys."""
   config = common.get_config()
-  config.update(
-    dict(
-      dataset=dataset,
-      train_split="train",
-      test_split="test",
-      pp=dict(crop=crop),
-      batch=batch,
-      batch_eval=batch,
-      **overrides,
-    )
-  )
+  keys = dict(dataset=dataset, train_split="train", test_split="test", pp=dict(crop=crop))
+  config.update(dict(keys, batch=batch, batch_eval=batch, **overrides))
   return config
 
 
@@ -133,6 +127,8 @@ def folder_case(args) -> None:
 
   cores = len(os.sched_getaffinity(0))
   mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(-1, 1), ("data", "model"))
+  randaug = (args.randaug[0], float(args.randaug[1]))
+  rows = (("train", None), (f"train, randaug{randaug}", randaug), ("eval", None))
   with tempfile.TemporaryDirectory() as root:
     kib = write_jpeg_folder(root, args.images)
     print(
@@ -140,15 +136,25 @@ def folder_case(args) -> None:
       f"{args.batch}, {args.steps} timed batches, {cores} CPU cores, "
       f"devices: {jax.device_count()} x {jax.devices()[0].platform}\n"
     )
-    print("| pipeline | crop | images/s | images/s per core |")
-    print("|---|---|---|---|")
-    for crop in args.crops:
-      config = _config(f"folder:{root}", crop, args.batch, shuffle_buffer=10_000)
-      for name, rate in (
-        ("train", _train_rate(config, mesh, args.steps)),
-        ("eval", _eval_rate(config, mesh, args.steps * args.batch, args.images)),
-      ):
-        print(f"| {name} | {crop} | {rate:.0f} | {rate / cores:.0f} |", flush=True)
+    rates: dict = {}
+    for round_ in range(args.rounds):
+      for crop in args.crops:
+        for name, pp_randaug in rows:
+          pp = dict(crop=crop, randaug=pp_randaug)
+          config = _config(f"folder:{root}", crop, args.batch, shuffle_buffer=10_000, pp=pp)
+          load = os.getloadavg()[0]
+          if name == "eval":
+            rate = _eval_rate(config, mesh, args.steps * args.batch, args.images)
+          else:
+            rate = _train_rate(config, mesh, args.steps)
+          rates.setdefault((name, crop), []).append(rate)
+          print(f"round {round_} {name} {crop}: {rate:.0f} img/s (load {load:.1f})", flush=True)
+    print("\n| pipeline | crop | images/s per round | median per core | median / train |")
+    print("|---|---|---|---|---|")
+    for (name, crop), rs in rates.items():
+      median, train = np.median(rs), np.median(rates[("train", crop)])
+      per_round = ", ".join(f"{r:.0f}" for r in rs)
+      print(f"| {name} | {crop} | {per_round} | {median / cores:.0f} | {median / train:.2f} |")
 
 
 # The tfds case: prepared datasets, pipelines in fresh processes.
@@ -278,7 +284,12 @@ def _plain(args, file_format: str, process: int, count: int, decode: bool = True
   def example(i, ex):
     seed = tf.stack([tf.constant(settings.seed, tf.int64), i])
     image = preprocess.train_image(
-      ex["image"], seed, crop=settings.crop, min_area=settings.min_area, flip=settings.flip
+      ex["image"],
+      seed,
+      crop=settings.crop,
+      min_area=settings.min_area,
+      flip=settings.flip,
+      randaug=settings.randaug,
     )
     return image, tf.one_hot(ex["label"], _NUM_CLASSES)
 
@@ -306,7 +317,12 @@ def _grain(args, file_format: str, process: int, count: int, decode: bool = True
   settings = _settings(args, "array_record")
   crop = tf.function(
     lambda data, seed: preprocess.train_image(
-      data, seed, crop=settings.crop, min_area=settings.min_area, flip=settings.flip
+      data,
+      seed,
+      crop=settings.crop,
+      min_area=settings.min_area,
+      flip=settings.flip,
+      randaug=settings.randaug,
     )
   )
 
@@ -443,7 +459,10 @@ def main() -> None:
   parser.add_argument("--crops", type=int, nargs="+", default=[224, 384])
   parser.add_argument("--root", default="/tmp/vit_jax_photos", help="tfds case: data")
   parser.add_argument("--paper-batch", type=int, default=4096, help="gives the window")
-  parser.add_argument("--rounds", type=int, default=3)
+  parser.add_argument("--rounds", type=int, default=3, help="rows alternate in each round")
+  parser.add_argument(
+    "--randaug", type=int, nargs=2, default=[2, 10], help="folder case: (layers, magnitude)"
+  )
   parser.add_argument("--epochs", type=float, default=2, help="tfds case: timed epochs")
   parser.add_argument("--bytes-epochs", type=float, default=5, help="0: no bytes table")
   parser.add_argument("--processes", type=int, nargs="+", default=[1, 4])

@@ -24,6 +24,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.test_split = "test"
   config.num_classes = ml_collections.FieldReference(None, field_type=int)  # None: from data
   config.pp = ml_collections.ConfigDict(dict(crop=224, min_area=0.05, flip=True))
+  config.pp.randaug = ml_collections.FieldReference(None, field_type=tuple)  # (layers, magnitude)
   config.batch = 512
   config.batch_eval = 512
   config.shuffle_buffer = 50_000

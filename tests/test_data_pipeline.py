@@ -14,7 +14,8 @@ from PIL import Image
 
 from tests import train_fixtures
 from vit_jax import data
-from vit_jax.data import batching, folder, tfds_source
+from vit_jax.data import batching, folder, pipeline, tfds_source
+from vit_jax.data.dataset import Dataset
 
 
 def _mesh():
@@ -41,7 +42,16 @@ def _take(iterator, count):
   return [{k: np.asarray(v) for k, v in next(iterator).items()} for _ in range(count)]
 
 
-def test_start_step_equals_running_that_many_steps(digits_config):
+def _with_randaug(config: ml_collections.ConfigDict, randaug) -> ml_collections.ConfigDict:
+  config = config.copy_and_resolve_references()
+  config.pp.randaug = randaug
+  return config
+
+
+# RandAugment on: every random choice is keyed by (seed, epoch, example) as crop and flip.
+@pytest.mark.parametrize("randaug", [None, (2, 3)])
+def test_start_step_equals_running_that_many_steps(digits_config, randaug):
+  digits_config = _with_randaug(digits_config, randaug)
   # 1437 examples / 128 = 11.2 steps per epoch: step 10..13 crosses into epoch 1.
   settings = data.Settings.from_config(digits_config)
   from_zero = _take(data.train_iterator(settings, _mesh()), 14)
@@ -62,6 +72,21 @@ def test_start_step_equals_running_that_many_steps(digits_config):
 def test_the_train_iterator_takes_settings_not_a_config(digits_config):
   with pytest.raises(TypeError, match="data.Settings.from_config"):
     data.train_iterator(digits_config, _mesh())
+
+
+def test_randaug_changes_the_images_not_their_order_nor_the_process_split(digits_config):
+  augmented_config = _with_randaug(digits_config, (2, 3))
+  plain = _take(data.train_iterator(data.Settings.from_config(digits_config), _mesh()), 1)[0]
+  augmented = _take(data.train_iterator(data.Settings.from_config(augmented_config), _mesh()), 1)[0]
+  np.testing.assert_array_equal(plain["label"], augmented["label"])
+  # A row may pass unchanged where both picks leave it so (AutoContrast on a crop that
+  # already spans 0..255); the rest are augmented.
+  assert (plain["image"] != augmented["image"]).any(axis=(1, 2, 3)).mean() > 0.8
+  # Two processes' rows together are the one process's batch.
+  dataset = Dataset(data.Settings.from_config(augmented_config))
+  halves = [pipeline.local_train_batches(dataset, 64, 0, p, 2) for p in range(2)]
+  rows = np.concatenate([next(half)["image"] for half in halves])
+  np.testing.assert_array_equal(rows, augmented["image"])
 
 
 def test_train_batches_are_global_arrays_without_mask(digits_config):

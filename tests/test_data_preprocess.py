@@ -29,7 +29,8 @@ def test_output_within_minus_one_one_exactly(fmt, value):
   array = NOISE if value is None else np.full((75, 100, 3), value, np.uint8)
   data = _encode(array, fmt)
   outputs = [preprocess.eval_image(data, crop=32)] + [
-    preprocess.train_image(data, _seed(u), crop=32, min_area=0.05, flip=True) for u in range(4)
+    preprocess.train_image(data, _seed(u), crop=32, min_area=0.05, flip=True, randaug=None)
+    for u in range(4)
   ]
   for out in outputs:
     out = out.numpy()
@@ -54,7 +55,9 @@ def test_grey_and_rgba_become_rgb(mode, shape):
 
 def test_augmentation_is_a_function_of_the_seed():
   data = _encode(NOISE, "JPEG")
-  aug = lambda u: preprocess.train_image(data, _seed(u), crop=16, min_area=0.05, flip=True).numpy()
+  aug = lambda u: preprocess.train_image(
+    data, _seed(u), crop=16, min_area=0.05, flip=True, randaug=None
+  ).numpy()
   np.testing.assert_array_equal(aug(3), aug(3))
   assert not np.array_equal(aug(3), aug(4))
 
@@ -88,7 +91,7 @@ def test_flip_off_keeps_orientation():
   ramp = np.tile(np.arange(0, 256, 8, dtype=np.uint8)[None, :, None], (32, 1, 3))
   data = _encode(ramp, "PNG")
   for u in range(6):  # With min_area=1 the crop is the whole image.
-    out = preprocess.train_image(data, _seed(u), crop=32, min_area=1.0, flip=False)
+    out = preprocess.train_image(data, _seed(u), crop=32, min_area=1.0, flip=False, randaug=None)
     assert out.numpy()[0, 0, 0] < out.numpy()[0, -1, 0]
 
 

@@ -116,6 +116,7 @@ def _from_weights(
     crop=crop,
     min_area=1.0,
     flip=False,
+    randaug=None,
     batch=values["batch"],
     batch_eval=values["batch"],
     shuffle_buffer=1,

@@ -32,6 +32,7 @@ class Settings:
   crop: int
   min_area: float
   flip: bool
+  randaug: tuple[int, float] | None  # (layers, magnitude) of the train images' RandAugment
   batch: int
   batch_eval: int
   shuffle_buffer: int  # examples per shuffle window of a tfds dataset
@@ -64,6 +65,9 @@ class Settings:
       crop=int(get("crop", pp, "pp.")),
       min_area=float(get("min_area", pp, "pp.")),
       flip=bool(get("flip", pp, "pp.")),
+      # Absent from config files that set config.pp whole and from the config.json of runs
+      # made before RandAugment existed: they train(ed) without it.
+      randaug=_randaug(pp.get("randaug")),
       batch=int(get("batch")),
       batch_eval=int(get("batch_eval")),
       shuffle_buffer=int(get("shuffle_buffer")),
@@ -83,6 +87,24 @@ class Settings:
         f"the usual value)."
       )
     return settings
+
+
+def _randaug(value: Any) -> tuple[int, float] | None:
+  """config.pp.randaug: None, or (layers, magnitude) with layers an int >= 0 and
+  magnitude a finite number >= 0 (a list, as config.json stores it, is read alike)."""
+  if value is None:
+    return None
+  is_int = lambda v: isinstance(v, int) and not isinstance(v, bool)
+  if isinstance(value, (tuple, list)) and len(value) == 2:
+    layers, magnitude = value
+    if is_int(layers) and layers >= 0 and (is_int(magnitude) or isinstance(magnitude, float)):
+      if 0 <= magnitude < float("inf"):
+        return layers, float(magnitude)
+  raise errors.ConfigError(
+    f"config.pp.randaug={value!r} must be None (off) or (layers, magnitude): the number "
+    f"of RandAugment ops per image (an int >= 0) and their strength (a number >= 0 on "
+    f"big_vision's scale, 10 the usual value), e.g. --config.pp.randaug='(2, 10)'."
+  )
 
 
 def as_settings(settings_or_config: Any) -> Settings:

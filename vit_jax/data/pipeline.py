@@ -82,6 +82,7 @@ def _example_fn(settings: Settings, kind: str, num_classes: int, train: bool):
         crop=settings.crop,
         min_area=settings.min_area,
         flip=settings.flip,
+        randaug=settings.randaug,
       )
     else:
       image = preprocess.eval_image(data, crop=settings.crop)

@@ -3,8 +3,8 @@
 Every function maps tensors to tensors and is usable inside `tf.data.Dataset.map`.
 Randomness comes only from stateless ops keyed by an explicit seed (int64 [2]); the
 pipeline derives it from (config.seed, epoch, example index), so the same example in
-the same epoch always gets the same crop and flip, whatever the batch size or the step
-the run was resumed at.
+the same epoch always gets the same crop, flip and RandAugment ops, whatever the batch
+size or the step the run was resumed at.
 
 Output convention (shared with the official checkpoints): float32 [crop, crop, 3] with
 values (x - 127.5) / 127.5, clipped so they lie within [-1, 1] exactly.
@@ -13,6 +13,8 @@ values (x - 127.5) / 127.5, clipped so they lie within [-1, 1] exactly.
 from __future__ import annotations
 
 import tensorflow as tf
+
+from vit_jax.data import randaug as randaug_lib
 
 # Aspect ratios (width / height) of the inception crop, as in Szegedy et al. (2015).
 CROP_ASPECT_RANGE = (3.0 / 4.0, 4.0 / 3.0)
@@ -84,21 +86,34 @@ def normalize(image: tf.Tensor) -> tf.Tensor:
 
 
 def train_image(
-  data: tf.Tensor, seed: tf.Tensor, *, crop: int, min_area: float, flip: bool
+  data: tf.Tensor,
+  seed: tf.Tensor,
+  *,
+  crop: int,
+  min_area: float,
+  flip: bool,
+  randaug: tuple[int, float] | None,
 ) -> tf.Tensor:
   """Encoded bytes -> float32 [crop, crop, 3] in [-1, 1], randomly augmented.
 
   Inception crop (area min_area..1, aspect 3/4..4/3), optional horizontal flip,
-  bilinear resize to `crop`. `seed`: int64 [2]; the crop and the flip use
-  independent seeds derived from it.
+  bilinear resize to `crop`, then with `randaug` = (layers, magnitude) RandAugment on
+  the resized image rounded to uint8 (as big_vision: `inception_crop | flip_lr |
+  randaug`). `seed`: int64 [2]; the crop, the flip and RandAugment use independent
+  seeds derived from it (the first two as before RandAugment existed: a split into
+  three begins with the split into two).
   """
-  crop_seed, flip_seed = tf.unstack(
-    tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), num=2)
+  crop_seed, flip_seed, randaug_seed = tf.unstack(
+    tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), num=3)
   )
   image = decode_inception_crop(data, crop_seed, min_area)  # [h, w, 3]
   if flip:
     image = tf.image.stateless_random_flip_left_right(image, flip_seed)
-  return normalize(resize(image, crop))  # [crop, crop, 3]
+  image = resize(image, crop)  # [crop, crop, 3] float32
+  if randaug is not None:
+    pixels = tf.cast(tf.clip_by_value(tf.round(image), 0.0, 255.0), tf.uint8)
+    image = randaug_lib.randaugment(pixels, randaug_seed, *randaug)
+  return normalize(image)
 
 
 def eval_image(data: tf.Tensor, *, crop: int) -> tf.Tensor:

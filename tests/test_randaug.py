@@ -1,0 +1,331 @@
+"""RandAugment: each op against Pillow's, big_vision's magnitude scale and its two fixed
+bugs, the seeded policy, config.pp.randaug. The train stream with it on (exact resume,
+process count): tests/test_data_pipeline.py."""
+
+import ml_collections
+import numpy as np
+import pytest
+import tensorflow as tf
+from PIL import Image, ImageEnhance, ImageOps
+
+from tests import train_fixtures
+from vit_jax import data, errors
+from vit_jax.data import preprocess
+from vit_jax.data import randaug as ra
+
+GREY = (128, 128, 128)
+
+
+def photo(seed: int, height: int = 96, width: int = 128) -> np.ndarray:
+  """A photo-like uint8 [H, W, 3]: smooth random structure over a colour gradient, plus
+  sensor-like noise (as benchmarks/input_pipeline.py's JPEGs, not encoded)."""
+  rng = np.random.default_rng(seed)
+  coarse = rng.integers(0, 256, (6, 8, 3), dtype=np.uint8)
+  smooth = np.asarray(Image.fromarray(coarse).resize((width, height), Image.BICUBIC), np.float32)
+  ramp = np.linspace(-40, 40, width, dtype=np.float32)[None, :, None] * rng.uniform(-1, 1, 3)
+  noisy = smooth + ramp + rng.normal(0, 8, (height, width, 3))
+  return np.clip(noisy, 0, 255).astype(np.uint8)
+
+
+PHOTOS = [photo(s) for s in range(3)]
+
+
+def _ours(op, image: np.ndarray, *args) -> np.ndarray:
+  return np.asarray(op(tf.constant(image), *args), np.int32)
+
+
+def _pil(image: Image.Image) -> np.ndarray:
+  return np.asarray(image, np.int32)
+
+
+def _affine_pil(image: np.ndarray, matrix: tuple) -> np.ndarray:
+  """PIL's affine transform, nearest pixel, grey fill; `matrix` in PIL's coordinates
+  (pixel centres at +0.5)."""
+  pil = Image.fromarray(image)
+  return _pil(pil.transform(pil.size, Image.AFFINE, matrix, Image.NEAREST, fillcolor=GREY))
+
+
+# Each op against Pillow's. The table and integer ops are exact (max difference 0).
+
+
+@pytest.mark.parametrize("image", PHOTOS)
+def test_table_ops_equal_pillow_exactly(image):
+  pil = Image.fromarray(image)
+  pairs = [
+    (_ours(ra.autocontrast, image), _pil(ImageOps.autocontrast(pil))),
+    (_ours(ra.equalize, image), _pil(ImageOps.equalize(pil))),
+    (_ours(ra.invert, image), _pil(ImageOps.invert(pil))),
+  ]
+  pairs += [(_ours(ra.posterize, image, b), _pil(ImageOps.posterize(pil, b))) for b in range(1, 9)]
+  pairs += [
+    (_ours(ra.solarize, image, t), _pil(ImageOps.solarize(pil, t))) for t in (0, 77, 128, 200, 256)
+  ]
+  # SolarizeAdd has no PIL op: its rule as a PIL lookup table (timm's implementation).
+  table = [min(255, v + 66) if v < 128 else v for v in range(256)] * 3
+  pairs += [(_ours(ra.solarize_add, image, 66, 128), _pil(pil.point(table)))]
+  for ours, theirs in pairs:
+    np.testing.assert_array_equal(ours, theirs)
+
+
+def test_autocontrast_and_equalize_on_flat_and_two_level_channels():
+  # The corner cases of PIL's tables: a constant channel (identity) and two values.
+  image = np.zeros((10, 12, 3), np.uint8)
+  image[..., 0] = 90
+  image[:, :6, 1], image[:, 6:, 1] = 30, 200
+  image[..., 2] = PHOTOS[0][:10, :12, 2]
+  pil = Image.fromarray(image)
+  np.testing.assert_array_equal(_ours(ra.autocontrast, image), _pil(ImageOps.autocontrast(pil)))
+  np.testing.assert_array_equal(_ours(ra.equalize, image), _pil(ImageOps.equalize(pil)))
+
+
+def test_posterize_below_one_bit_keeps_one_as_big_vision_does():
+  # big_vision's scale gives 0 bits below magnitude 2.5: its uint8 shift by 8 is clamped to
+  # 7 by TensorFlow, i.e. 1 bit (PIL refuses bits < 1).
+  image = tf.constant(PHOTOS[0])
+  big_vision = tf.bitwise.left_shift(tf.bitwise.right_shift(image, 8), 8)
+  np.testing.assert_array_equal(_ours(ra.posterize, PHOTOS[0], 0), big_vision)
+  np.testing.assert_array_equal(
+    _ours(ra.posterize, PHOTOS[0], 0), _ours(ra.posterize, PHOTOS[0], 1)
+  )
+
+
+ENHANCERS = [
+  (ra.color, ImageEnhance.Color),
+  (ra.contrast, ImageEnhance.Contrast),
+  (ra.brightness, ImageEnhance.Brightness),
+  (ra.sharpness, ImageEnhance.Sharpness),
+]
+
+
+@pytest.mark.parametrize("ours,enhancer", ENHANCERS, ids=lambda v: getattr(v, "__name__", ""))
+@pytest.mark.parametrize("factor", [0.0, 0.1, 0.55, 1.0, 1.9, 3.7])
+def test_enhance_ops_equal_pillow(ours, enhancer, factor):
+  # Both blend d + factor * (x - d) in float32 and truncate: a value that lands within
+  # round-off of an integer may truncate the other way (max 1, mean < 0.01).
+  for image in PHOTOS:
+    diff = np.abs(
+      _ours(ours, image, factor) - _pil(enhancer(Image.fromarray(image)).enhance(factor))
+    )
+    assert diff.max() <= 1 and diff.mean() < 0.01
+
+
+def _assert_equal_but_ties(ours: np.ndarray, theirs: np.ndarray, matrix: tuple, max_mean: float):
+  """Equal, except output pixels whose source (x, y) = (a x + b y + c, d x + e y + f) in
+  pixel indices (`matrix` = (a, b, c, d, e, f)) lies within 1e-3 of a half-pixel tie in x
+  or y: there the two libraries' round-off picks either neighbour. Mean absolute
+  difference <= max_mean."""
+  assert np.abs(ours - theirs).mean() <= max_mean
+  a, b, c, d, e, f = matrix
+  y, x = np.mgrid[: ours.shape[0], : ours.shape[1]].astype(np.float64)
+  near_tie = lambda v: np.abs(v - np.floor(v) - 0.5) < 1e-3
+  ties = near_tie(a * x + b * y + c) | near_tie(d * x + e * y + f)
+  assert ((ours == theirs).all(axis=-1) | ties).all()
+
+
+@pytest.mark.parametrize("degrees", [-30.0, -17.5, 12.0, 30.0, 45.0])
+def test_rotate_equals_pillow(degrees):
+  for image in PHOTOS:
+    pil = Image.fromarray(image).rotate(degrees, resample=Image.NEAREST, fillcolor=GREY)
+    # Ties are rare for rotations: measured <= 0.06% of the pixels, mean difference < 0.01.
+    cos, sin = np.cos(np.radians(degrees)), np.sin(np.radians(degrees))
+    cy, cx = (image.shape[0] - 1) / 2, (image.shape[1] - 1) / 2
+    matrix = (cos, -sin, cx - cos * cx + sin * cy, sin, cos, cy - sin * cx - cos * cy)
+    _assert_equal_but_ties(_ours(ra.rotate, image, degrees), _pil(pil), matrix, max_mean=0.05)
+
+
+@pytest.mark.parametrize("level", [-0.3, -0.15, 0.15, 0.3])
+def test_shear_equals_pillow(level):
+  for image in PHOTOS:
+    # Ours shears about the top-left pixel's centre (big_vision's pixel-index convention):
+    # in PIL's coordinates the same map has the offset -level / 2. At |level| 0.3 every
+    # tenth row lies on exact half-pixel ties (measured: 8% of the pixels, mean 0.87).
+    x_pil = _affine_pil(image, (1, level, -level / 2, 0, 1, 0))
+    y_pil = _affine_pil(image, (1, 0, 0, level, 1, -level / 2))
+    _assert_equal_but_ties(_ours(ra.shear_x, image, level), x_pil, (1, level, 0, 0, 1, 0), 1.5)
+    _assert_equal_but_ties(_ours(ra.shear_y, image, level), y_pil, (1, 0, 0, level, 1, 0), 1.5)
+
+
+@pytest.mark.parametrize("pixels", [-100.0, -37.0, 0.0, 50.0])
+def test_translate_equals_pillow_exactly(pixels):
+  for image in PHOTOS:
+    x_pil = _affine_pil(image, (1, 0, pixels, 0, 1, 0))
+    y_pil = _affine_pil(image, (1, 0, 0, 0, 1, pixels))
+    np.testing.assert_array_equal(_ours(ra.translate_x, image, pixels), x_pil)
+    np.testing.assert_array_equal(_ours(ra.translate_y, image, pixels), y_pil)
+
+
+def test_cutout_is_one_grey_square_cut_by_the_edges():
+  image = np.where(PHOTOS[0] == 128, 127, PHOTOS[0]).astype(np.uint8)  # no grey before
+  height, width = image.shape[:2]
+  centres = set()
+  for k in range(20):
+    out = _ours(ra.cutout, image, 20, tf.constant([k, 1], tf.int64))
+    grey = (out == 128).all(axis=-1)
+    rows, cols = np.flatnonzero(grey.any(axis=1)), np.flatnonzero(grey.any(axis=0))
+    # The square's rows/columns: centre - 20 .. centre + 19, cut to the image.
+    assert grey[rows.min() : rows.max() + 1, cols.min() : cols.max() + 1].all()
+    assert len(rows) <= 40 and len(cols) <= 40
+    assert len(rows) == 40 or rows.min() == 0 or rows.max() == height - 1
+    assert len(cols) == 40 or cols.min() == 0 or cols.max() == width - 1
+    np.testing.assert_array_equal(out[~grey], image[~grey])
+    centres.add((rows.min(), cols.min()))
+  assert len(centres) > 10  # The position is random (keyed by the seed).
+
+
+# big_vision's magnitude scale, and the two ops fixed.
+
+
+def _outputs(name: str, image: np.ndarray, magnitude: float, seeds: int = 12) -> list:
+  op = next(op for op in ra.OPS if op.name == name)
+  return [_ours(op.apply, image, magnitude, tf.constant([s, 9], tf.int64)) for s in range(seeds)]
+
+
+SIGNED = [
+  # name, magnitude, the op at big_vision's argument for that magnitude (sign: +/-)
+  ("Rotate", 10, lambda x, sign: _ours(ra.rotate, x, sign * 30.0)),
+  ("Rotate", 5, lambda x, sign: _ours(ra.rotate, x, sign * 15.0)),
+  ("ShearX", 10, lambda x, sign: _ours(ra.shear_x, x, sign * 0.3)),
+  ("ShearY", 15, lambda x, sign: _ours(ra.shear_y, x, sign * 0.45)),
+  ("TranslateX", 10, lambda x, sign: _ours(ra.translate_x, x, sign * 100.0)),
+  ("TranslateY", 3, lambda x, sign: _ours(ra.translate_y, x, sign * 30.0)),
+]
+
+
+@pytest.mark.parametrize("name,magnitude,expected", SIGNED, ids=[f"{n}-{m}" for n, m, _ in SIGNED])
+def test_signed_ops_take_big_vision_arguments_with_either_sign(name, magnitude, expected):
+  image = PHOTOS[1]
+  plus, minus = expected(image, 1.0), expected(image, -1.0)
+  signs = []
+  for out in _outputs(name, image, magnitude):
+    assert np.array_equal(out, plus) or np.array_equal(out, minus)
+    signs.append(np.array_equal(out, plus))
+  assert 0 < sum(signs) < len(signs)
+
+
+UNSIGNED = [
+  ("AutoContrast", 7, lambda x: _ours(ra.autocontrast, x)),
+  ("Equalize", 7, lambda x: _ours(ra.equalize, x)),
+  ("Invert", 7, lambda x: _ours(ra.invert, x)),
+  ("Posterize", 10, lambda x: _ours(ra.posterize, x, 4)),
+  ("Posterize", 15, lambda x: _ours(ra.posterize, x, 6)),
+  ("Posterize", 25, lambda x: x.astype(np.int32)),  # 10 bits: capped at 8, the image
+  ("Color", 10, lambda x: _ours(ra.color, x, 1.9)),
+  ("Contrast", 0, lambda x: _ours(ra.contrast, x, 0.1)),
+  ("Brightness", 5, lambda x: _ours(ra.brightness, x, 1.0)),
+  ("Sharpness", 20, lambda x: _ours(ra.sharpness, x, 3.7)),
+  ("SolarizeAdd", 10, lambda x: _ours(ra.solarize_add, x, 110, 128)),
+  ("SolarizeAdd", 5, lambda x: _ours(ra.solarize_add, x, 55, 128)),
+]
+
+
+@pytest.mark.parametrize(
+  "name,magnitude,expected", UNSIGNED, ids=[f"{n}-{m}" for n, m, _ in UNSIGNED]
+)
+def test_unsigned_ops_take_big_vision_arguments(name, magnitude, expected):
+  for out in _outputs(name, PHOTOS[2], magnitude, seeds=2):
+    np.testing.assert_array_equal(out, expected(PHOTOS[2]))
+
+
+def test_cutout_half_size_is_four_pixels_per_magnitude():
+  image = np.where(PHOTOS[0] == 128, 127, PHOTOS[0]).astype(np.uint8)
+  sizes = [(out == 128).all(axis=-1).sum(axis=1).max() for out in _outputs("Cutout", image, 10)]
+  assert max(sizes) == 80  # 2 * 40 at magnitude 10 (big_vision's cutout_const 40)
+
+
+def test_contrast_blends_towards_the_grey_mean_not_hw_over_256():
+  # big_vision issue #109: its degenerate image is sum(histogram) / 256 = H * W / 256 (here
+  # 96 * 128 / 256 = 48) whatever the image. Ours is the grey image's rounded mean, as
+  # PIL's ImageEnhance.Contrast: on a bright image the two are far apart.
+  bright = np.clip(PHOTOS[0].astype(int) + 120, 0, 255).astype(np.uint8)
+  grey_mean = np.asarray(Image.fromarray(bright).convert("L"), np.float64).mean()
+  flat = _ours(ra.contrast, bright, 0.0)
+  assert (flat == int(grey_mean + 0.5)).all() and grey_mean > 150
+
+
+def test_solarize_grows_stronger_with_magnitude_and_inverts_all_at_ten():
+  # big_vision issue #110: its threshold int(25.6 m) rises with m and wraps modulo 256 in
+  # uint8, so m = 10 inverts everything but m = 9 inverts only pixels >= 230 and m = 15
+  # those >= 128. Ours inverts pixels >= 256 - int(25.6 m): none at 0, all from 10 on.
+  ramp = np.tile(np.arange(256, dtype=np.uint8)[None, :, None], (2, 1, 3))
+  inverted = []
+  for magnitude in range(21):
+    out = _outputs("Solarize", ramp, magnitude, seeds=1)[0]
+    threshold = 256 - int(magnitude / 10 * 256)
+    np.testing.assert_array_equal(out, _ours(ra.solarize, ramp, max(0, threshold)))
+    inverted.append(int((out != ramp).sum()))  # 255 - x never equals x
+  assert inverted == sorted(inverted) and inverted[0] == 0 and inverted[10] == ramp.size
+
+
+# The policy: random ops keyed by the seed.
+
+
+def test_each_round_applies_the_op_its_seed_picks():
+  image = tf.constant(PHOTOS[0])
+  for k in range(8):
+    seed = tf.constant([k, 3], tf.int64)
+    indices, arguments = ra.choices(seed, 2)
+    expected = image
+    for index, argument in zip(indices.numpy(), tf.unstack(arguments)):
+      expected = ra.OPS[index].apply(expected, 10.0, argument)
+    np.testing.assert_array_equal(ra.randaugment(image, seed, 2, 10.0), expected)
+    np.testing.assert_array_equal(ra.randaugment(image, seed, 2, 10.0), expected)  # again
+
+
+def test_ops_are_drawn_uniformly_and_zero_layers_is_the_identity():
+  picks = np.concatenate(
+    [ra.choices(tf.constant([k, 0], tf.int64), 2)[0].numpy() for k in range(800)]
+  )
+  counts = np.bincount(picks, minlength=len(ra.OPS))
+  assert len(ra.OPS) == 16 and counts.min() > 60 and counts.max() < 140  # 100 expected
+  image = tf.constant(PHOTOS[0])
+  np.testing.assert_array_equal(ra.randaugment(image, tf.constant([1, 2], tf.int64), 0, 10), image)
+
+
+def test_train_image_keeps_crop_and_flip_seeds_and_augments_after_resize():
+  # A split into three begins with the split into two: crop and flip draw what they drew
+  # before RandAugment existed, so runs without it are unchanged.
+  for seed in ([0, 0], [7, 12345], [-3, 2**40]):
+    seed = tf.constant(seed, tf.int64)
+    three = tf.random.experimental.stateless_split(seed, num=3)
+    two = tf.random.experimental.stateless_split(seed, num=2)
+    np.testing.assert_array_equal(three[:2], two)
+  encoded = tf.io.encode_png(PHOTOS[1])
+  seed = tf.constant([7, 5], tf.int64)
+  kwargs = dict(crop=32, min_area=0.05, flip=True)
+  plain = preprocess.train_image(encoded, seed, randaug=None, **kwargs).numpy()
+  augmented = preprocess.train_image(encoded, seed, randaug=(2, 10.0), **kwargs).numpy()
+  assert augmented.shape == (32, 32, 3) and -1 <= augmented.min() and augmented.max() <= 1
+  # RandAugment on the uint8-rounded resized image, with the seed's third part.
+  pixels = tf.cast(tf.round(plain * 127.5 + 127.5), tf.uint8)
+  third = tf.random.experimental.stateless_split(seed, num=3)[2]
+  expected = preprocess.normalize(ra.randaugment(pixels, third, 2, 10.0)).numpy()
+  np.testing.assert_allclose(augmented, expected, atol=1e-6)
+  assert not np.array_equal(augmented, plain)
+
+
+# config.pp.randaug and the train stream with it on.
+
+
+@pytest.mark.parametrize(
+  "value", [(2,), (2, -1), (-1, 10), (2.5, 10), (True, 10), (2, "a"), (2, float("nan"))]
+)
+def test_bad_randaug_setting_names_the_key(value):
+  config = train_fixtures.common_config()
+  config.pp.randaug = value
+  with pytest.raises(errors.ConfigError, match=r"config\.pp\.randaug=.*\(layers, magnitude\)"):
+    data.Settings.from_config(config)
+
+
+def test_randaug_setting_read_from_a_tuple_or_a_json_list():
+  config = train_fixtures.common_config()
+  assert data.Settings.from_config(config).randaug is None
+  for value in ((2, 10), [2, 10], (1, 7.5)):
+    config.pp.randaug = tuple(value)
+    assert data.Settings.from_config(config).randaug == (value[0], float(value[1]))
+  # A config.json from before RandAugment existed, or a config file setting pp whole.
+  older = ml_collections.ConfigDict(config.to_dict())
+  older.pp = ml_collections.ConfigDict(dict(crop=16, min_area=0.8, flip=False))
+  assert data.Settings.from_config(older).randaug is None
+  as_json = ml_collections.ConfigDict(config.to_dict())
+  as_json.pp.randaug = [2, 10]  # as a resumed run's config.json gives it back
+  assert data.Settings.from_config(as_json).randaug == (2, 10.0)
