@@ -32,6 +32,8 @@ def create_model(
     scan=cfg.scan,
     remat=cfg.remat,
     remat_policy=cfg.remat_policy,
+    # Configs saved before these keys existed train and evaluate as before without them.
+    stoch_depth=float(cfg.get("stoch_depth", 0.0)),
     dtype=jnp.dtype(cfg.dtype),
   )
   for name in _EXECUTION_FIELDS & overrides.keys():
@@ -47,6 +49,7 @@ def create_model(
     posemb=cfg.posemb,
     gelu_approximate=cfg.gelu_approximate,
     representation_size=cfg.representation_size,
+    head_bias_init=float(cfg.get("head_bias_init", 0.0)),
     resnet_units=None if cfg.resnet is None else tuple(cfg.resnet.num_layers),
     resnet_width_factor=1.0 if cfg.resnet is None else cfg.resnet.width_factor,
     execution=ExecutionOptions(**execution),
