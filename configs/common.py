@@ -25,6 +25,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.test_split = "test"
   config.num_classes = ml_collections.FieldReference(None, field_type=int)  # None: from data
   config.pp = ml_collections.ConfigDict(dict(crop=224, min_area=0.05, flip=True))
+  # RandAugment (layers, magnitude), None: off. Declared here for the recipe configs; the
+  # input pipeline's RandAugment (vit_jax/data/randaug.py) reads it once merged.
+  config.pp.randaug = ml_collections.FieldReference(None, field_type=tuple)
   config.batch = 512
   config.batch_eval = 512
   config.shuffle_buffer = 50_000
@@ -42,6 +45,10 @@ def get_config() -> ml_collections.ConfigDict:
 
   # Optimization (vit_jax.run.optim).
   config.loss = "softmax_xent"  # or 'sigmoid_xent' (vit_jax.run.losses)
+  config.label_smoothing = 0.0  # of the training labels, in [0, 1)
+  # Mixup of each example with its neighbour in the compiled step (vit_jax.run.mixup): the
+  # mixing weight ~ Beta(p, p), p = 0: off; cutmix=True pastes a box instead of blending.
+  config.mixup = ml_collections.ConfigDict(dict(p=0.0, cutmix=False))
   config.total_steps = 10_000
   # Micro-batches per step (an int), or 'auto': the fewest whose compiled step fits the
   # device memory, then model.remat if none does (vit_jax.run.accumulation).

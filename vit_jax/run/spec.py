@@ -2,7 +2,8 @@
 
 `vit_jax.run.resolve` builds a `RunSpec` from a config file's `ml_collections.ConfigDict`
 once, checking every value on the way; the modules of the run take the section they own
-(`optim.OptimizerSettings`, `LoopSettings`, `data.Settings`, ...), never the config.
+(`optim.OptimizerSettings`, `mixup.MixupSettings`, `LoopSettings`, `data.Settings`,
+...), never the config.
 The defaults of every field are `configs/common.py`'s.
 """
 
@@ -14,6 +15,7 @@ from typing import Any, Optional, Union
 import ml_collections
 
 from vit_jax.data.dataset import Settings as DataSettings
+from vit_jax.run.mixup import MixupSettings
 from vit_jax.run.optim import OptimizerSettings
 
 
@@ -34,6 +36,7 @@ class ObjectiveSettings:
 
   name: str  # a key of objectives.OBJECTIVES
   loss: str  # a key of losses.LOSSES (classification)
+  label_smoothing: float  # of the training labels (classification), in [0, 1)
   options: ml_collections.FrozenConfigDict  # the objective's own section (config.mpp)
 
 
@@ -67,6 +70,7 @@ class RunSpec:
   data: DataSettings
   objective: ObjectiveSettings
   optimizer: OptimizerSettings
+  mixup: MixupSettings
   loop: LoopSettings
   pretrained: PretrainedSettings
   fewshot: FewshotSettings
