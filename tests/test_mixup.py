@@ -26,6 +26,25 @@ def test_the_weight_keeps_at_least_half(p):
   assert a.std() > 0.01
 
 
+@pytest.mark.parametrize("p", [0.2, 0.5, 0.8])
+def test_the_weight_is_the_folded_beta_of_big_vision(p):
+  """20,000 draws against scipy's Beta(p, p) folded to max(a, 1 - a) (in float32, whose
+  rounding puts a share of the draws at exactly 1): two-sample Kolmogorov-Smirnov."""
+  stats = pytest.importorskip("scipy.stats")
+  keys = jax.random.split(jax.random.key(7), 20_000)
+  ours = np.asarray(jax.vmap(lambda r: mixup.mixing_weight(r, p))(keys))
+  theirs = stats.beta(p, p).rvs(100_000, random_state=0)
+  theirs = np.maximum(theirs, 1 - theirs).astype(np.float32)
+  assert stats.ks_2samp(ours, theirs).pvalue > 1e-3
+
+
+def test_the_weight_compiles_without_a_loop_on_tpu():
+  """jax.random.beta rejects in a while loop; a looping step hides its FLOPs from XLA's
+  count (the plan's FLOPs and step-time bound), so the weight is drawn loop-free."""
+  lowered = jax.jit(lambda r: mixup.mixing_weight(r, 0.2)).trace(jax.random.key(0))
+  assert "stablehlo.while" not in lowered.lower(lowering_platforms=("tpu",)).as_text()
+
+
 def test_the_weight_tends_to_one_as_p_tends_to_zero():
   keys = jax.random.split(jax.random.key(1), 2000)
   a = np.asarray(jax.vmap(lambda r: mixup.mixing_weight(r, 1e-4))(keys))
