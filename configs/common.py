@@ -42,6 +42,10 @@ def get_config() -> ml_collections.ConfigDict:
 
   # Optimization (vit_jax.run.optim).
   config.loss = "softmax_xent"  # or 'sigmoid_xent' (vit_jax.run.losses)
+  config.label_smoothing = 0.0  # of the training labels, in [0, 1)
+  # Mixup of each example with its neighbour in the compiled step (vit_jax.run.mixup): the
+  # mixing weight ~ Beta(p, p), p = 0: off; cutmix=True pastes a box instead of blending.
+  config.mixup = ml_collections.ConfigDict(dict(p=0.0, cutmix=False))
   config.total_steps = 10_000
   # Micro-batches per step (an int), or 'auto': the fewest whose compiled step fits the
   # device memory, then model.remat if none does (vit_jax.run.memory_fit).

@@ -96,12 +96,12 @@ def test_a_user_error_is_one_line_without_traceback_and_exit_status_2(tmp_path, 
   )
 
 
-def test_resumed_run_continues_at_the_saved_step_with_identical_parameters(
-  tmp_path, tiny_config, monkeypatch
-):
-  straight = run.train_and_evaluate(tiny_config, str(tmp_path / "straight"))
+def assert_resume_is_exact(config, tmp_path, monkeypatch):
+  """A run stopped after step 4 (step 3 saved) and resumed ends with the parameters and
+  accuracy of an uninterrupted run, bit for bit."""
+  straight = run.train_and_evaluate(config, str(tmp_path / "straight"))
 
-  train_fixtures.run_preempted(tiny_config, str(tmp_path / "resumed"), monkeypatch)
+  train_fixtures.run_preempted(config, str(tmp_path / "resumed"), monkeypatch)
   # Step 3 was saved (checkpoint_every=3) and survived the failure; step 4 was not saved.
   assert sorted(os.listdir(tmp_path / "resumed" / "checkpoints")) == ["3"]
 
@@ -112,13 +112,37 @@ def test_resumed_run_continues_at_the_saved_step_with_identical_parameters(
     "train_iterator",
     lambda *a, **kw: (starts.append(kw.get("start_step")), real_iterator(*a, **kw))[1],
   )
-  resumed = run.train_and_evaluate(tiny_config, str(tmp_path / "resumed"))
+  resumed = run.train_and_evaluate(config, str(tmp_path / "resumed"))
   assert starts == [3]
   assert resumed["eval/accuracy"] == straight["eval/accuracy"]
   a = orbax_steps.read_params(tmp_path / "straight" / "checkpoints" / "6")
   b = orbax_steps.read_params(tmp_path / "resumed" / "checkpoints" / "6")
   for k, v in traverse_util.flatten_dict(a, sep="/").items():
     np.testing.assert_array_equal(traverse_util.flatten_dict(b, sep="/")[k], v, err_msg=k)
+
+
+def test_resumed_run_continues_at_the_saved_step_with_identical_parameters(
+  tmp_path, tiny_config, monkeypatch
+):
+  assert_resume_is_exact(tiny_config, tmp_path, monkeypatch)
+
+
+def test_resume_is_exact_with_every_regularizer_on(tmp_path, tiny_config, monkeypatch):
+  """Mixup, stochastic depth, label smoothing, the sigmoid loss with AugReg's head bias,
+  Adam's first moment in bfloat16 and dropout: every draw is keyed by (seed, step)."""
+  train_fixtures.override(
+    tiny_config,
+    {
+      "mixup.p": 0.5,
+      "model.stoch_depth": 0.2,
+      "model.transformer.dropout_rate": 0.1,
+      "label_smoothing": 0.1,
+      "loss": "sigmoid_xent",
+      "model.head_bias_init": -6.9,
+      "optim.momentum_dtype": "bfloat16",
+    },
+  )
+  assert_resume_is_exact(tiny_config, tmp_path, monkeypatch)
 
 
 def test_resume_with_another_model_is_an_error_and_keeps_the_run(tmp_path, tiny_config):

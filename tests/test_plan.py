@@ -13,7 +13,7 @@ from tests import train_fixtures
 from vit_jax import run as run_lib
 from vit_jax import sharding
 from vit_jax.models import get_model_config
-from vit_jax.plan import cli, hlo, planner, topology
+from vit_jax.plan import chips, cli, hlo, planner, report, topology
 
 needs_libtpu = pytest.mark.skipif(
   importlib.util.find_spec("libtpu") is None,
@@ -155,6 +155,48 @@ def test_plan_flops_match_the_analytic_count(data_parallel_plans, name):
   # Data parallel: the gradients are all-reduced, as many bytes as the parameters.
   assert plan.train.collectives.bytes["all-reduce"] == pytest.approx(plan.params_bytes, rel=0.02)
   assert plan.time.bound_s > 0 and 0 < plan.time.mfu <= 1
+
+
+@needs_libtpu
+@pytest.mark.parametrize("name, tensorcores", [("v5e:2x2", 4), ("v3:2x2", 8)])
+def test_the_plan_tells_the_whole_run(data_parallel_plans, name, tensorcores):
+  """Hours = total steps x the step bound; core-days count TensorCores (2 per v3 chip);
+  EFLOPs = 3 x forward per image x images seen, XLA's step count x steps beside it."""
+  plan = data_parallel_plans[name]
+  steps = plan.total_steps
+  assert steps == pretrain.steps_for("imagenet21k")
+  assert plan.run_hours_at_bound == pytest.approx(steps * plan.time.bound_s / 3600, rel=1e-12)
+  assert plan.run_core_days == pytest.approx(plan.run_hours_at_bound * tensorcores / 24)
+  analytic = plan.model_flops_per_image * plan.batch * steps / 1e18
+  assert plan.run_exaflops == pytest.approx(analytic, rel=1e-12)
+  assert plan.run_exaflops_xla == pytest.approx(plan.step_flops * steps / 1e18, rel=1e-12)
+  assert f"run: {steps} steps >= " in planner.format_plan(plan)
+
+
+def test_run_totals_arithmetic():
+  v3 = chips.CHIPS["v3"]
+  totals = report.run_totals(
+    total_steps=1000,
+    batch=8,
+    chip=v3,
+    chips=4,
+    bound_s=0.36,
+    train_flops_per_image=1e15,
+    step_flops=9e15,
+  )
+  assert totals.hours_at_bound == pytest.approx(0.1)
+  assert totals.core_days == pytest.approx(0.1 * 8 / 24)
+  assert totals.exaflops == pytest.approx(8.0) and totals.exaflops_xla == pytest.approx(9.0)
+  unknown = report.run_totals(
+    total_steps=1000,
+    batch=8,
+    chip=v3,
+    chips=4,
+    bound_s=None,
+    train_flops_per_image=None,
+    step_flops=None,
+  )
+  assert unknown == report.RunTotals(None, None, None, None)
 
 
 @needs_libtpu

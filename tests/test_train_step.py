@@ -31,7 +31,7 @@ def fixed_batch(seed=0):
 
 
 def step(state, batch, model, tx, accum_steps=1):
-  loss_fn = classification.Classification(model, "softmax_xent").loss
+  loss_fn = classification.Classification(model, "softmax_xent", 0.0).loss
   return run.train_step(state, batch, loss_fn=loss_fn, tx=tx, accum_steps=accum_steps)
 
 
@@ -115,7 +115,7 @@ def test_eval_loss_is_the_training_loss(loss):
   )
   batch = fixed_batch()
   batch["mask"] = jnp.array([1.0] * 12 + [0.0] * 4)  # the last 4 rows are padding
-  sums = classification.Classification(model, loss).eval_step(params, batch)
+  sums = classification.Classification(model, loss, 0.0).eval_step(params, batch)
   z = np.asarray(model.apply({"params": params}, batch["image"], train=False), np.float64)
   y = np.asarray(batch["label"], np.float64)
   if loss == "sigmoid_xent":  # sum over classes of -y log s(z) - (1 - y) log(1 - s(z))

@@ -37,6 +37,7 @@ def create_model(
     scan=cfg.scan,
     remat=cfg.remat,
     remat_policy=cfg.remat_policy,
+    stoch_depth=cfg.stoch_depth,
     dtype=jnp.dtype(cfg.dtype),
   )
   for name in _EXECUTION_FIELDS & overrides.keys():
@@ -52,6 +53,7 @@ def create_model(
     posemb=cfg.posemb,
     gelu_approximate=cfg.gelu_approximate,
     representation_size=cfg.representation_size,
+    head_bias_init=cfg.head_bias_init,
     resnet_units=None if cfg.resnet is None else cfg.resnet.num_layers,
     resnet_width_factor=1.0 if cfg.resnet is None else cfg.resnet.width_factor,
     execution=ExecutionOptions(**execution),

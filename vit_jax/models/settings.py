@@ -12,6 +12,7 @@ written once. The settings read like the ConfigDict (``settings.transformer.num_
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 from typing import Any, Optional
 
@@ -42,6 +43,12 @@ def _int(value: Any, key: str, low: int = 1) -> int:
 def _rate(value: Any, key: str) -> float:
   if not isinstance(value, numbers.Real) or isinstance(value, bool) or not 0.0 <= value < 1.0:
     raise errors.ConfigError(f"config.model.{key}={value!r} must be a rate in [0, 1).")
+  return float(value)
+
+
+def _finite(value: Any, key: str) -> float:
+  if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value):
+    raise errors.ConfigError(f"config.model.{key}={value!r} must be a finite number.")
   return float(value)
 
 
@@ -110,6 +117,8 @@ class ModelSettings:
   remat_policy: Optional[str]  # a name in `jax.checkpoint_policies`
   attention_impl: Optional[str]  # `vit.ATTENTION_IMPLS`
   dtype: str  # the computation's, e.g. 'bfloat16' (parameters stay float32)
+  stoch_depth: float = 0.0  # the last block's drop-path rate (timm's linear schedule)
+  head_bias_init: float = 0.0  # the head's initial bias (AugReg's sigmoid runs: -6.9)
 
   def __post_init__(self):
     vit.check_classifier(self.classifier)
@@ -168,6 +177,9 @@ class ModelSettings:
       remat_policy=_read(config, "remat_policy", "model"),
       attention_impl=_read(config, "attention_impl", "model"),
       dtype=dtype_name(_read(config, "dtype", "model")),
+      # Configs saved before these keys existed train and evaluate as before without them.
+      stoch_depth=_rate(config.get("stoch_depth", 0.0), "stoch_depth"),
+      head_bias_init=_finite(config.get("head_bias_init", 0.0), "head_bias_init"),
     )
 
   def get(self, key: str, default: Any = None) -> Any:

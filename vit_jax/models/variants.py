@@ -10,8 +10,9 @@ directory: notebooks and user code need the variants without the repository chec
 Fields: ``patches.size``, ``hidden_size``, ``transformer.{num_layers, mlp_dim, num_heads,
 dropout_rate, attention_dropout_rate}``, ``classifier``, ``representation_size``,
 ``resnet`` (None, or ``{num_layers: units per stage, width_factor}``), plus this project's
-``posemb``, ``gelu_approximate`` and execution options (``scan``, ``remat``,
-``remat_policy``, ``attention_impl``, ``dtype``). `vit_jax.models.create_model` builds the module.
+``posemb``, ``gelu_approximate``, ``head_bias_init`` and execution options (``scan``,
+``remat``, ``remat_policy``, ``stoch_depth``, ``attention_impl``, ``dtype``).
+`vit_jax.models.create_model` builds the module.
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ def _vit(
   config.posemb = "learn"
   # The tanh approximation, as the official model and checkpoints; False: exact GELU.
   config.gelu_approximate = True
+  # The classifier's bias at initialisation: 0, or e.g. AugReg's -6.9 for the sigmoid loss
+  # (every class starts near probability 1e-3).
+  config.head_bias_init = 0.0
   config.resnet = ml_collections.FieldReference(None, field_type=ml_collections.ConfigDict)
   if resnet_units is not None:
     config.resnet = ml_collections.ConfigDict(
@@ -55,6 +59,9 @@ def _vit(
   config.scan = False
   config.remat = False
   config.remat_policy = ml_collections.FieldReference(None, field_type=str)
+  # Stochastic depth in training: the last block's drop-path rate (0: off; see
+  # `vit.drop_path_rates`).
+  config.stoch_depth = 0.0
   config.attention_impl = ml_collections.FieldReference(None, field_type=str)
   config.dtype = "float32"
   return config

@@ -19,6 +19,7 @@ from typing import Callable, Optional, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from vit_jax import errors
 from vit_jax.models import posemb as posemb_lib
@@ -88,6 +89,9 @@ class ExecutionOptions:
   scan: bool = False  # the encoder blocks as one `nn.scan` (faster to compile)
   remat: bool = False  # recompute each block's activations in the backward pass
   remat_policy: Optional[str] = None  # a name in `jax.checkpoint_policies`
+  # Stochastic depth: the last block's drop-path rate; rates grow linearly from 0 at the
+  # first block (`drop_path_rates`). Training only, like dropout.
+  stoch_depth: float = 0.0
   dtype: jnp.dtype = jnp.float32  # computation
   param_dtype: jnp.dtype = jnp.float32  # storage
 
@@ -215,6 +219,37 @@ class MlpBlock(nn.Module):
     return nn.Dropout(rate)(x, deterministic=deterministic)
 
 
+def drop_path_rates(num_layers: int, stoch_depth: float) -> tuple[float, ...]:
+  """Each block's drop-path rate: linear from 0 at the first block to ``stoch_depth`` at
+  the last, timm's schedule (``torch.linspace(0, rate, depth)``, in float32 as there)."""
+  if not 0.0 <= stoch_depth < 1.0:
+    raise errors.ConfigError(
+      f"config.model.stoch_depth={stoch_depth} must be in [0, 1): the last block's "
+      "drop-path rate (0: off; AugReg uses 0.1)."
+    )
+  rates = np.linspace(0.0, stoch_depth, num_layers, dtype=np.float32)
+  return tuple(float(r) for r in rates)
+
+
+class DropPath(nn.Module):
+  """Stochastic depth (Huang et al., 2016) on a residual branch: per example, the whole
+  branch is dropped with probability ``rate`` and kept scaled by 1 / (1 - rate), as
+  timm's ``DropPath``, so its expectation is the branch. Identity in evaluation.
+
+  ``rate`` is a Python float (0: no random key drawn) or, under `nn.scan`, a traced
+  scalar of this layer.
+  """
+
+  @nn.compact
+  def __call__(self, y: jax.Array, rate: float | jax.Array, deterministic: bool) -> jax.Array:
+    if deterministic or (isinstance(rate, (int, float)) and rate == 0.0):
+      return y
+    keep = 1.0 - jnp.asarray(rate, jnp.float32)
+    shape = (y.shape[0],) + (1,) * (y.ndim - 1)  # [B, 1, 1]: one draw per example
+    kept = jax.random.bernoulli(self.make_rng("dropout"), keep, shape)
+    return jnp.where(kept, y / keep.astype(y.dtype), jnp.zeros((), y.dtype))
+
+
 def _layer_norm(name: str, execution: ExecutionOptions) -> nn.LayerNorm:
   return nn.LayerNorm(
     epsilon=1e-6,
@@ -238,17 +273,20 @@ class Encoder1DBlock(nn.Module):
   execution: ExecutionOptions = ExecutionOptions()
 
   @nn.compact
-  def __call__(self, x: jax.Array, deterministic: bool) -> tuple[jax.Array, None]:
+  def __call__(
+    self, x: jax.Array, deterministic: bool, drop_path: float | jax.Array = 0.0
+  ) -> tuple[jax.Array, None]:
+    """``drop_path``: this block's stochastic-depth rate (`DropPath`), on each branch."""
     ex = self.execution
     y = _layer_norm("LayerNorm_0", ex)(x)
     y = MultiHeadDotProductAttention(self.num_heads, ex, name="MultiHeadDotProductAttention_1")(
       y, deterministic
     )
     y = nn.Dropout(ex.dropout_rate)(y, deterministic=deterministic)
-    x = x + y  # [B, N, D]
+    x = x + DropPath(name="drop_path_attention")(y, drop_path, deterministic)  # [B, N, D]
     y = _layer_norm("LayerNorm_2", ex)(x)
     y = MlpBlock(self.mlp_dim, self.gelu_approximate, ex, name="MlpBlock_3")(y, deterministic)
-    x = x + y
+    x = x + DropPath(name="drop_path_mlp")(y, drop_path, deterministic)
     self.sow("intermediates", "tokens", x)
     return x, None
 
@@ -274,13 +312,18 @@ class Encoder(nn.Module):
     )(x)
     x = nn.Dropout(ex.dropout_rate)(x, deterministic=deterministic)
 
+    rates = drop_path_rates(self.num_layers, ex.stoch_depth)
+    # With stochastic depth off the blocks get no rate: the model of before, bit for bit.
+    drop_path = () if deterministic or not ex.stoch_depth else (rates,)
     block_cls = Encoder1DBlock
     if ex.remat:
-      # Argument 2 (`deterministic`, counting self) is a Python bool: static.
+      # Argument 2 (`deterministic`, counting self) is a Python bool: static; so is 3, the
+      # drop-path rate, in the loop (under scan it is a scanned array).
+      static = (2,) if ex.scan or not drop_path else (2, 3)
       block_cls = nn.remat(
         block_cls,
         prevent_cse=not ex.scan,
-        static_argnums=(2,),
+        static_argnums=static,
         policy=remat_policy(ex.remat_policy),
       )
     block_kwargs = dict(
@@ -294,14 +337,16 @@ class Encoder(nn.Module):
         block_cls,
         variable_axes={"params": 0, "intermediates": 0},
         split_rngs={"params": True, "dropout": True},
-        in_axes=nn.broadcast,
+        in_axes=(nn.broadcast,) + (0,) * len(drop_path),  # the rates: one per layer
         length=self.num_layers,
         metadata_params={nn.PARTITION_NAME: LAYERS},
       )
-      x, _ = scanned(name="encoderblock", **block_kwargs)(x, deterministic)
+      scanned_rates = tuple(jnp.asarray(r, jnp.float32) for r in drop_path)  # [L]
+      x, _ = scanned(name="encoderblock", **block_kwargs)(x, deterministic, *scanned_rates)
     else:
       for i in range(self.num_layers):
-        x, _ = block_cls(name=f"encoderblock_{i}", **block_kwargs)(x, deterministic)
+        layer_rate = tuple(r[i] for r in drop_path)
+        x, _ = block_cls(name=f"encoderblock_{i}", **block_kwargs)(x, deterministic, *layer_rate)
     return _layer_norm("encoder_norm", ex)(x)
 
 

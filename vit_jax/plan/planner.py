@@ -62,6 +62,12 @@ class Plan:
   flops_source: str  # 'xla', or 'analytic' where the step loops
   model_flops_per_image: Optional[float]  # analytic
   time: Optional[report.StepTime]
+  # The whole run (`report.RunTotals`): config.total_steps at the step bound.
+  total_steps: int
+  run_hours_at_bound: Optional[float]
+  run_core_days: Optional[float]
+  run_exaflops: Optional[float]
+  run_exaflops_xla: Optional[float]
 
   @property
   def fits(self) -> bool:
@@ -98,6 +104,15 @@ def make_plan(config: ml_collections.ConfigDict, topology: Topology) -> Plan:
       model_flops=per_image and per_image * spec.batch,
     )
   data_size = mesh.shape[sharding.DATA_AXIS]
+  totals = report.run_totals(
+    total_steps=spec.loop.total_steps,
+    batch=spec.batch,
+    chip=chip,
+    chips=topology.chips,
+    bound_s=timing and timing.bound_s,
+    train_flops_per_image=per_image,
+    step_flops=step_flops,
+  )
   return Plan(
     topology=topology.name,
     slice=topology.libtpu_name,
@@ -129,6 +144,11 @@ def make_plan(config: ml_collections.ConfigDict, topology: Topology) -> Plan:
     flops_source=source,
     model_flops_per_image=per_image,
     time=timing,
+    total_steps=spec.loop.total_steps,
+    run_hours_at_bound=totals.hours_at_bound,
+    run_core_days=totals.core_days,
+    run_exaflops=totals.exaflops,
+    run_exaflops_xla=totals.exaflops_xla,
   )
 
 
@@ -211,10 +231,25 @@ def format_plan(plan: Plan) -> str:
       f"{t.compute_s * 1e3:.1f} ms, HBM {t.hbm_s * 1e3:.1f} ms, ICI {t.ici_s * 1e3:.1f} ms)"
       + (f"; MFU at that bound {t.mfu:.0%}" if t.mfu else "")
     )
+  if plan.run_hours_at_bound is not None:
+    lines.append(_run_line(plan))
   seconds = (plan.train.compile_seconds, plan.eval.compile_seconds)
   lines.append(f"compiled in {seconds[0]:.1f} s (train), {seconds[1]:.1f} s (eval)")
   lines.append("fits" if plan.fits else "does not fit (below)")
   return "\n".join(lines)
+
+
+def _run_line(plan: Plan) -> str:
+  """The whole run at the bound: hours, TensorCore-days and total FLOPs."""
+  flops = ""
+  if plan.run_exaflops:
+    flops = f"; {plan.run_exaflops:.4g} EFLOPs (analytic, 3 x forward per image)"
+    if plan.run_exaflops_xla:
+      flops += f", {plan.run_exaflops_xla:.4g} ({plan.flops_source} count)"
+  return (
+    f"run: {plan.total_steps} steps >= {plan.run_hours_at_bound:.2f} h at that bound, "
+    f"{plan.run_core_days:.3g} TensorCore-days{flops}"
+  )
 
 
 def shortfall(plan: Plan) -> str:

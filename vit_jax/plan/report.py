@@ -151,5 +151,46 @@ def step_time(
   return StepTime(times["compute"], times["HBM"], times["ICI"], bound, limited_by, mfu)
 
 
+# TensorCores per chip, the unit of the papers' "TPUv3 core-days" (v4 and v5p join their
+# two into one JAX device; v5e and v6e have one).
+TENSORCORES_PER_CHIP = {"v2": 2, "v3": 2, "v4": 2, "v5p": 2, "v5e": 1, "v6e": 1}
+
+
+@dataclasses.dataclass(frozen=True)
+class RunTotals:
+  """The whole run at the step bound: ``total_steps`` steps of ``batch`` images."""
+
+  hours_at_bound: Optional[float]  # total_steps x the step-time bound
+  core_days: Optional[float]  # TensorCore-days at that bound, as the papers count compute
+  exaflops: Optional[float]  # analytic: 3 x forward FLOPs per image x images seen
+  exaflops_xla: Optional[float]  # XLA's (or the looped step's analytic) step FLOPs x steps
+
+
+def run_totals(
+  *,
+  total_steps: int,
+  batch: int,
+  chip: Chip,
+  chips: int,
+  bound_s: Optional[float],
+  train_flops_per_image: Optional[float],
+  step_flops: Optional[float],
+) -> RunTotals:
+  """`RunTotals` of a run; None where the step's bound or FLOPs are unknown.
+
+  ``train_flops_per_image``: the analytic forward count x 3 (forward and backward), as
+  the ViT paper counts a training image (`step_cost.vit_flops_per_image`).
+  """
+  hours = total_steps * bound_s / 3600 if bound_s else None
+  cores = chips * TENSORCORES_PER_CHIP.get(chip.name, chip.devices_per_chip)
+  exa = 1e18
+  return RunTotals(
+    hours_at_bound=hours,
+    core_days=hours * cores / 24 if hours is not None else None,
+    exaflops=train_flops_per_image * batch * total_steps / exa if train_flops_per_image else None,
+    exaflops_xla=step_flops * total_steps / exa if step_flops else None,
+  )
+
+
 def gib(value: float) -> str:
   return f"{value / GIB:.2f} GiB"

@@ -24,6 +24,7 @@ from vit_jax.models.settings import ModelSettings
 from vit_jax.run import losses, memory_fit, objectives, resume_policy, step_cost
 from vit_jax.run import spec as spec_lib
 from vit_jax.run import steps as steps_lib
+from vit_jax.run.mixup import MixupSettings
 from vit_jax.run.optim import OptimizerSettings
 
 # Loop settings: the smallest value each may take.
@@ -47,10 +48,24 @@ def _loop(config: ml_collections.ConfigDict) -> spec_lib.LoopSettings:
 def _objective(config: ml_collections.ConfigDict) -> spec_lib.ObjectiveSettings:
   objectives.check_name(config.objective)
   losses.check_loss(config.loss)
+  losses.check_label_smoothing(config.label_smoothing)
   options = config.get(config.objective, ml_collections.ConfigDict())
   return spec_lib.ObjectiveSettings(
-    config.objective, config.loss, ml_collections.FrozenConfigDict(options)
+    config.objective,
+    config.loss,
+    float(config.label_smoothing),
+    ml_collections.FrozenConfigDict(options),
   )
+
+
+def _mixup(config: ml_collections.ConfigDict) -> MixupSettings:
+  settings = MixupSettings.from_config(config)
+  if settings.p and config.objective != "classification":
+    raise errors.ConfigError(
+      f"config.mixup.p={settings.p} mixes images and labels, which "
+      f"config.objective={config.objective!r} does not train on: set config.mixup.p=0."
+    )
+  return settings
 
 
 def _fewshot(config: ml_collections.ConfigDict) -> spec_lib.FewshotSettings:
@@ -214,6 +229,7 @@ def resolve(
     data=data_settings,
     objective=objective,
     optimizer=optimizer,
+    mixup=_mixup(config),
     loop=loop,
     pretrained=spec_lib.PretrainedSettings(
       pretrained_source, bool(config.reset_head), config.posemb_resize

@@ -60,6 +60,8 @@ RULES: tuple[Rule, ...] = (
     "array check: an error)",
   ),
   Rule("accum_steps", WARNING, CONFIG_JSON, "the same update in other micro-batches"),
+  Rule("mixup", WARNING, CONFIG_JSON, "the regularization of the steps still to run"),
+  Rule("label_smoothing", WARNING, CONFIG_JSON, "the regularization of the steps still to run"),
 )
 
 SWITCHES: tuple[str, ...] = tuple(sorted({r.switch for r in RULES if r.switch}))

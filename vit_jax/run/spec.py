@@ -2,7 +2,7 @@
 
 `vit_jax.run.resolve` builds a `RunSpec` from a config file's `ml_collections.ConfigDict`
 once, checking every value on the way; the modules of the run take the section they own
-(`optim.OptimizerSettings`, `LoopSettings`, `data.Settings`,
+(`optim.OptimizerSettings`, `mixup.MixupSettings`, `LoopSettings`, `data.Settings`,
 `vit_jax.models.ModelSettings`, ...), never the config.
 The defaults of every field are `configs/common.py`'s.
 """
@@ -17,6 +17,7 @@ import ml_collections
 from vit_jax.data.dataset import Settings as DataSettings
 from vit_jax.models.settings import ModelSettings
 from vit_jax.run import resume_policy
+from vit_jax.run.mixup import MixupSettings
 from vit_jax.run.optim import OptimizerSettings
 
 
@@ -37,6 +38,7 @@ class ObjectiveSettings:
 
   name: str  # a key of objectives.OBJECTIVES
   loss: str  # a key of losses.LOSSES (classification)
+  label_smoothing: float  # of the training labels (classification), in [0, 1)
   options: ml_collections.FrozenConfigDict  # the objective's own section (config.mpp)
 
 
@@ -70,6 +72,7 @@ class RunSpec:
   data: DataSettings
   objective: ObjectiveSettings
   optimizer: OptimizerSettings
+  mixup: MixupSettings
   loop: LoopSettings
   pretrained: PretrainedSettings
   fewshot: FewshotSettings

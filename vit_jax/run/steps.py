@@ -30,7 +30,7 @@ from jax.experimental import multihost_utils
 
 from vit_jax import sharding, weights
 from vit_jax.aliases import Batch
-from vit_jax.run import objectives, optim, step_cost
+from vit_jax.run import mixup, objectives, optim, step_cost
 from vit_jax.run.spec import RunSpec
 
 # XLA options for programs that run once (initialization) on a CPU: without backend
@@ -54,16 +54,20 @@ def train_step(
   loss_fn: Callable[[Any, Batch, jax.Array], jax.Array],
   tx: optax.GradientTransformation,
   accum_steps: int,
+  mix: Optional[Callable[[Batch, jax.Array], Batch]] = None,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
   """One optimizer update from a global batch, in ``accum_steps`` (1: one) micro-batches.
 
   ``loss_fn(params, batch, rng)``: the objective's mean loss over a (micro-)batch, e.g.
-  `objectives.classification.Classification.loss`.
+  `objectives.classification.Classification.loss`. ``mix(batch, rng)``: Mixup / CutMix
+  (`run.mixup`) of the whole batch before it is split, keyed by the step.
 
   Micro-batch j takes examples j, j + A, j + 2A, ... so that each one is spread over all
   devices; the mean of the micro-batch gradients equals the full-batch gradient.
   """
   step_rng = jax.random.fold_in(state.rng, state.step)
+  if mix is not None:
+    batch = mix(batch, jax.random.fold_in(step_rng, mixup.RNG_TAG))
   grad_fn = jax.value_and_grad(loss_fn)
   if accum_steps == 1:
     loss_value, grads = grad_fn(state.params, batch, step_rng)
@@ -203,7 +207,13 @@ def build_steps(spec: RunSpec, mesh: jax.sharding.Mesh) -> RunSteps:
     abstract_state=abstract_state,
     batch_sharding=batch_sharding,
     train_step=jax.jit(
-      functools.partial(train_step, loss_fn=objective.loss, tx=tx, accum_steps=spec.accum_steps),
+      functools.partial(
+        train_step,
+        loss_fn=objective.loss,
+        tx=tx,
+        accum_steps=spec.accum_steps,
+        mix=mixup.make_mixer(spec.mixup, blocks=mesh.shape[sharding.DATA_AXIS]),
+      ),
       in_shardings=(state_shardings, batch_sharding),
       out_shardings=(state_shardings, replicated),
       donate_argnums=0,

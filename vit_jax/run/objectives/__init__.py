@@ -33,7 +33,7 @@ class Objective(Protocol):
 # name -> builder(model_config, num_classes, settings)
 OBJECTIVES: dict[str, Callable[..., Objective]] = {
   "classification": lambda model, k, s: classification.Classification(
-    create_model(model, num_classes=k), s.loss
+    create_model(model, num_classes=k), s.loss, s.label_smoothing
   ),
   "mpp": lambda model, k, s: masked_patches.MaskedPatchPrediction(model, s.options),
 }

@@ -13,11 +13,13 @@ from vit_jax.run import losses
 
 
 class Classification:
-  """Trains ``model`` on the labels with the `losses.LOSSES` kind ``loss_kind``."""
+  """Trains ``model`` on the labels with the `losses.LOSSES` kind ``loss_kind``, the
+  training labels smoothed by ``label_smoothing`` (`losses.smooth_labels`)."""
 
-  def __init__(self, model: VisionTransformer, loss_kind: str):
+  def __init__(self, model: VisionTransformer, loss_kind: str, label_smoothing: float):
     self.model = self.encoder = model
     self.loss_kind = loss_kind
+    self.label_smoothing = label_smoothing
 
   def init(self, rng: jax.Array, images: jax.Array) -> Any:
     """Boxed parameters (with their logical axis names)."""
@@ -25,7 +27,8 @@ class Classification:
 
   def loss(self, params: Any, batch: Batch, rng: jax.Array) -> jax.Array:
     logits = self.model.apply({"params": params}, batch["image"], train=True, rngs={"dropout": rng})
-    return jnp.mean(losses.per_example_loss(logits, batch["label"], self.loss_kind))
+    labels = losses.smooth_labels(batch["label"], self.label_smoothing)  # [B, K]
+    return jnp.mean(losses.per_example_loss(logits, labels, self.loss_kind))
 
   def eval_step(self, params: Any, batch: Batch) -> dict[str, jax.Array]:
     """Sums of loss and correct predictions over the real (mask == 1) examples of a batch;
