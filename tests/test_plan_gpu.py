@@ -162,6 +162,46 @@ def test_gpu_plan_of_a_data_parallel_step(name):
   assert "NVLink" in text and "memory JAX may use" in text
 
 
+def _parameter_bytes(config) -> int:
+  """Bytes of the model's f32 parameters, unsharded."""
+  model = create_model(config.model, num_classes=config.num_classes)
+  crop = config.pp.crop
+  shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((1, crop, crop, 3)))
+  return sum(leaf.size * 4 for leaf in jax.tree.leaves(shapes))
+
+
+@needs_cuda_plugin
+@pytest.mark.parametrize(
+  "changes, split",
+  [
+    (dict(partitioning="fsdp"), 8),  # parameters split over the 8 'data' devices
+    # Heads and MLP units over 'model' pairs, bf16, every block rematerialized.
+    (
+      dict(
+        partitioning="tensor_parallel",
+        mesh=(("data", -1), ("model", 2)),
+        model__dtype="bfloat16",
+        model__remat=True,
+      ),
+      2,
+    ),
+  ],
+)
+def test_gpu_plans_of_sharded_steps(changes, split):
+  """The README's GPU settings compile for 8 H100s: FSDP, and tensor parallelism with
+  bf16 and remat; each device holds its share of the parameters."""
+  config = test_plan.tiny_config(**changes)
+  plan = planner.make_plan(config, topology.parse("h100x8"))
+  assert plan.fits and plan.time.bound_s > 0
+  whole = _parameter_bytes(config)
+  if split == 8:  # FSDP: every large kernel split; the parameters gathered in the step
+    assert plan.params_bytes == pytest.approx(whole / split, rel=0.05)
+    assert plan.train.collectives.runs["all-gather"] > 0
+  else:  # the encoder's kernels split; embeddings, norms and head replicated
+    assert whole / split < plan.params_bytes < 0.8 * whole
+    assert plan.mesh == {"data": 4, "model": 2} and plan.remat and plan.dtype == "bfloat16"
+
+
 @needs_cuda_plugin
 def test_a_gpu_step_that_cannot_fit_exits_2_naming_the_shortfall(capsys):
   status = cli.run(
