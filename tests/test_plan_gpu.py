@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import types
 
 import jax
 import jax.numpy as jnp
@@ -267,3 +268,33 @@ def test_commands_start_on_the_cpu_without_the_plugins_error(choose_cpu):
     assert proc.stderr == ""
   else:
     assert "Jax plugin configuration error" in proc.stderr
+
+
+def test_suggest_shows_the_budget_of_a_larger_allocator_share(monkeypatch):
+  """--suggest on GPUs: the step measured against 90% of the GPU (no compile), then the
+  compiled levers (stubbed here: each variant's plan is refused)."""
+  nodes = topology.parse("h100x8")
+  gib = 2**30
+  step = types.SimpleNamespace(needed_bytes=60 * gib)  # over 0.75 x 79.14 x 0.9 = 53.4
+  plan = types.SimpleNamespace(
+    partitioning="data_parallel",
+    remat=False,
+    dtype="float32",
+    mesh={"data": 8, "model": 1},
+    accum_steps=1,
+    batch=64,
+    train=step,
+    eval=types.SimpleNamespace(needed_bytes=gib),
+  )
+  tried = []
+
+  def refuse(config, target):
+    tried.append(config)
+    raise topology.errors.ConfigError("refused")
+
+  monkeypatch.setattr(planner, "make_plan", refuse)
+  lines = cli.suggestions(test_plan.tiny_config(), nodes, plan)
+  # 0.9 x 79.14 GiB x 0.9 = 64.11 GiB: 60 GiB fits.
+  assert lines[0] == "  XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 (environment): budget 64.11 GiB, fits"
+  assert lines[1] == "  config.model.dtype=bfloat16: refused"
+  assert tried[0].model.dtype == "bfloat16" and len(lines) == len(tried) + 1
