@@ -40,6 +40,10 @@ EXTRAS_REQUIRE = {
   # Planning a TPU run on any machine (`python -m vit_jax.plan`): libtpu, the TPU
   # compiler, at the version the installed jax pins.
   "tpu": [f"jax[tpu]{JAX_VERSIONS}"],
+  # Planning a GPU run on any machine (`python -m vit_jax.plan --topology=h100x8`): JAX's
+  # CUDA plugin at the installed jax's version without the CUDA libraries (cuda13-local),
+  # and cuDNN, which compiling the cuDNN attention needs (the plugin's own range).
+  "gpu-plan": [f"jax[cuda13-local]{JAX_VERSIONS}", "nvidia-cudnn-cu13>=9.12,<10"],
 }
 
 setuptools.setup(
@@ -49,7 +53,11 @@ setuptools.setup(
   description="Vision Transformer (Dosovitskiy et al., 2021) in JAX/Flax: models, "
   "official checkpoints, sharded training and fine-tuning.",
   packages=setuptools.find_packages(include=["vit_jax", "vit_jax.*"]),
-  package_data={"vit_jax.data": ["imagenet2012_labels.txt"], "vit_jax.weights": ["hub_names.tsv"]},
+  package_data={
+    "vit_jax.data": ["imagenet2012_labels.txt"],
+    "vit_jax.weights": ["hub_names.tsv"],
+    "vit_jax.plan": ["gpu_targets/*.txtpb"],
+  },
   python_requires=">=3.10",
   install_requires=INSTALL_REQUIRES,
   extras_require=EXTRAS_REQUIRE,

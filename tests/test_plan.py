@@ -120,7 +120,7 @@ def test_hlo_collectives_counts_loops_channels_and_reduce_scatter():
   assert totals.unknown_trip_counts == 0
 
 
-def _tiny_config(**changes):
+def tiny_config(**changes):
   """The pre-training recipe (Adam, representation layer) on a 1-layer, width-256 ViT:
   wide enough that matrix products are all but the whole FLOP count."""
   config = pretrain.get_config("b16,imagenet21k")
@@ -138,7 +138,7 @@ def _tiny_config(**changes):
 @pytest.fixture(scope="module")
 def data_parallel_plans():
   """The tiny config planned on v5e:2x2 and v3:2x2 (compiled once for the module)."""
-  return {name: planner.make_plan(_tiny_config(), topology.parse(name)) for name in PLANNED}
+  return {name: planner.make_plan(tiny_config(), topology.parse(name)) for name in PLANNED}
 
 
 PLANNED = ("v5e:2x2", "v3:2x2")
@@ -202,7 +202,7 @@ def test_run_totals_arithmetic():
 @needs_libtpu
 def test_fsdp_divides_parameter_bytes_by_the_data_axis(data_parallel_plans):
   replicated = data_parallel_plans["v5e:2x2"]
-  fsdp = planner.make_plan(_tiny_config(partitioning="fsdp"), topology.parse("v5e:2x2"))
+  fsdp = planner.make_plan(tiny_config(partitioning="fsdp"), topology.parse("v5e:2x2"))
   data_size = fsdp.mesh[sharding.DATA_AXIS]
   assert data_size == 4
   assert fsdp.params_bytes == pytest.approx(replicated.params_bytes / data_size, rel=0.02)
@@ -213,7 +213,7 @@ def test_fsdp_divides_parameter_bytes_by_the_data_axis(data_parallel_plans):
 
 @needs_libtpu
 def test_compiled_shardings_are_the_cpu_runs():
-  config = _tiny_config(partitioning="fsdp")
+  config = tiny_config(partitioning="fsdp")
   slice_ = topology.parse("v3:2x2")
   tpu_mesh = sharding.make_mesh(tuple(config.mesh), devices=slice_.devices())
   cpu_mesh = sharding.make_mesh(tuple(config.mesh))
@@ -237,20 +237,26 @@ def test_compiled_shardings_are_the_cpu_runs():
   )
 
 
+# The pre-training recipe on a 1-layer, width-256 ViT at 32x32, as command-line flags.
+TINY_PRETRAINING_COMMAND = (
+  "plan",
+  "--config=configs/pretrain.py:b16,imagenet21k",
+  "--config.model.hidden_size=256",
+  "--config.model.representation_size=256",
+  "--config.model.transformer.num_heads=4",
+  "--config.model.transformer.num_layers=1",
+  "--config.pp.crop=32",
+  "--config.batch=64",
+  "--config.batch_eval=64",
+)
+
+
 @needs_libtpu
 def test_a_step_that_cannot_fit_exits_2_naming_the_shortfall(capsys):
   status = cli.main(
     [
-      "plan",
-      "--config=configs/pretrain.py:b16,imagenet21k",
+      *TINY_PRETRAINING_COMMAND,
       "--topology=v5e:2x2",
-      "--config.model.hidden_size=256",
-      "--config.model.representation_size=256",
-      "--config.model.transformer.num_heads=4",
-      "--config.model.transformer.num_layers=1",
-      "--config.pp.crop=32",
-      "--config.batch=64",
-      "--config.batch_eval=64",
       # A 4M-class head: 3.8 GiB of parameters, three times that with Adam's moments.
       "--config.num_classes=4000000",
     ]

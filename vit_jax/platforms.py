@@ -1,12 +1,13 @@
-"""Keeps JAX off the TPU backend on hosts with libtpu installed but no TPU attached.
+"""Keeps JAX off the TPU and GPU backends on hosts with their compilers but no accelerator.
 
 With libtpu installed (the `tpu` extra, for `vit_jax.plan`), JAX initialises its TPU
 backend in every process that does not name its platforms, and on a host without a TPU
-libtpu logs an error about missing TPU workers before JAX falls back to the CPU.
-`cpu_unless_accelerator_attached()` sets ``jax_platforms='cpu'`` in exactly that case:
-libtpu importable, no TPU chip on the PCI bus (the check JAX itself makes), no GPU
-visible, and neither ``JAX_PLATFORMS`` nor ``jax_platforms`` chosen by the user. Call
-it before anything touches a JAX backend.
+libtpu logs an error about missing TPU workers before JAX falls back to the CPU; JAX's
+CUDA plugin (the `gpu-plan` extra) logs a traceback (its CUDA check fails) on a host
+without a GPU. `cpu_unless_accelerator_attached()` sets ``jax_platforms='cpu'`` in
+exactly that case: libtpu or the plugin importable, no TPU chip on the PCI bus and no
+GPU visible (the checks JAX itself makes), and neither ``JAX_PLATFORMS`` nor
+``jax_platforms`` chosen by the user. Call it before anything touches a JAX backend.
 """
 
 from __future__ import annotations
@@ -14,6 +15,17 @@ from __future__ import annotations
 import importlib.util
 
 import jax
+
+# JAX's CUDA plugin modules, by CUDA major version (`jax[cuda13-local]` installs the first).
+CUDA_PLUGINS = ("jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12")
+
+
+def installed(module: str) -> bool:
+  """Whether ``module`` can be imported (False too when its parent package is missing)."""
+  try:
+    return importlib.util.find_spec(module) is not None
+  except ModuleNotFoundError:
+    return False
 
 
 def _accelerator_attached() -> bool:
@@ -27,8 +39,9 @@ def _accelerator_attached() -> bool:
 
 
 def cpu_unless_accelerator_attached() -> bool:
-  """Chooses the CPU backend when only libtpu (no TPU) is present; whether it did."""
-  if jax.config.jax_platforms or importlib.util.find_spec("libtpu") is None:
+  """Chooses the CPU backend when only accelerator compilers (no TPU or GPU) are present;
+  whether it did."""
+  if jax.config.jax_platforms or not any(map(installed, ("libtpu", *CUDA_PLUGINS))):
     return False
   if _accelerator_attached():
     return False

@@ -129,6 +129,33 @@ class _Projection(nn.Module):
     return kernel.astype(ex.dtype), bias.astype(ex.dtype)
 
 
+# Sequence lengths a fused implementation needs: JAX's cuDNN attention differentiates only
+# even lengths (jax 0.10, `check_is_flash_attention`), and ViT-B/16 at 224 has 197 tokens.
+SEQUENCE_MULTIPLE: dict[str, int] = {"cudnn": 2}
+
+
+def padded_dot_product_attention(
+  q: jax.Array, k: jax.Array, v: jax.Array, implementation: str, multiple: int
+) -> jax.Array:
+  """`jax.nn.dot_product_attention` of [B, N, H, Dh] inputs with N padded to ``multiple``.
+
+  The padded keys are masked out by length (``key_value_seq_lengths``, which cuDNN takes
+  as a padding mask, not as a bias) and the padded queries' rows are dropped: the same
+  function as the unpadded attention, values and gradients.
+  """
+  b, n = q.shape[:2]
+  padded = -(-n // multiple) * multiple
+  if padded == n:
+    return jax.nn.dot_product_attention(q, k, v, implementation=implementation)
+  widths = ((0, 0), (0, padded - n), (0, 0), (0, 0))
+  q, k, v = (jnp.pad(t, widths) for t in (q, k, v))  # [B, padded, H, Dh]
+  lengths = jnp.full((b,), n, jnp.int32)
+  y = jax.nn.dot_product_attention(
+    q, k, v, key_value_seq_lengths=lengths, implementation=implementation
+  )
+  return y[:, :n]  # [B, N, H, Dh]
+
+
 class MultiHeadDotProductAttention(nn.Module):
   """Self-attention with the official `query/key/value/out` parameter layout.
 
@@ -138,7 +165,8 @@ class MultiHeadDotProductAttention(nn.Module):
   divides the [B, H, N, Dh] product rather than the [B, H, N, N] weights (the weights are
   formed only when sown or dropped out); any other
   value goes to `jax.nn.dot_product_attention` as its ``implementation`` ('xla', or a fused
-  kernel such as 'cudnn' on GPU) with [B, N, H, Dh] inputs. On the CPU the einsum path
+  kernel such as 'cudnn' on GPU) with [B, N, H, Dh] inputs, padded to the sequence lengths
+  the kernel takes (`padded_dot_product_attention`). On the CPU the einsum path
   compiled to less memory traffic and faster steps in training and inference (README,
   Performance). When the weights are needed (sown for inspection, or attention dropout in
   training) the einsum path runs whatever the choice.
@@ -163,7 +191,8 @@ class MultiHeadDotProductAttention(nn.Module):
     need_weights = use_dropout or self.is_mutable_collection("intermediates")
     if (ex.attention_impl or EINSUM) != EINSUM and not need_weights:
       q, k, v = (jnp.einsum("bnd,dhk->bnhk", x, w) + b for w, b in qkv)  # [B, N, H, Dh]
-      y = jax.nn.dot_product_attention(q, k, v, implementation=ex.attention_impl)
+      multiple = SEQUENCE_MULTIPLE.get(ex.attention_impl, 1)
+      y = padded_dot_product_attention(q, k, v, ex.attention_impl, multiple)
       return jnp.einsum("bnhk,hkd->bnd", y, w_out) + b_out  # [B, N, D]
     q, k, v = (jnp.einsum("bnd,dhk->bhnk", x, w) + b[:, None] for w, b in qkv)  # [B, H, N, Dh]
     q = q / jnp.sqrt(dh).astype(ex.dtype)

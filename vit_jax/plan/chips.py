@@ -1,5 +1,7 @@
 """What one Cloud TPU chip offers: memory, peak FLOP/s, bandwidths, chips per host.
 
+(`Chip` describes the GPUs of `vit_jax.plan.gpus` too.)
+
 Figures are Google's published per-chip specifications (the Cloud TPU system architecture
 pages, cloud.google.com/tpu/docs/<version>), except the interconnect of v2-v4, which those
 pages do not list: it comes from Google's papers on those systems (cited per entry).
@@ -13,6 +15,7 @@ divides by `devices_per_chip` accordingly.
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 GIB = 2**30
 
@@ -30,10 +33,22 @@ class Chip:
   devices_per_chip: int
   chips_per_host: int  # chips of one host (one JAX process) in a multi-host slice
   cloud_counts_cores: bool  # 'v3-256' counts TensorCores (v2-v4, v5p), 'v5e-16' chips
+  # GPUs (`vit_jax.plan.gpus`): the links of ``ici_bytes_per_s`` are NVLink within a node,
+  # and collectives between nodes go over the network at ``network_bytes_per_s``
+  # (bidirectional, per GPU); f32 products run as TF32 at ``f32_peak_flops``.
+  platform: str = "tpu"  # JAX's platform of its devices: 'tpu' or 'cuda'
+  interconnect: str = "ICI"
+  network_bytes_per_s: Optional[float] = None
+  f32_peak_flops: Optional[float] = None
 
   def per_device(self, value: float) -> float:
     """A per-chip figure shared by the chip's JAX devices."""
     return value / self.devices_per_chip
+
+  def peak_flops_for(self, dtype: str) -> float:
+    """One device's dense peak for products computed in ``dtype`` ('float32', 'bfloat16')."""
+    peak = self.f32_peak_flops if dtype == "float32" and self.f32_peak_flops else self.peak_flops
+    return self.per_device(peak)
 
 
 CHIPS: dict[str, Chip] = {

@@ -1,10 +1,11 @@
-r"""Plans a training run on a Cloud TPU slice from any machine, TPU or not.
+r"""Plans a training run on a Cloud TPU slice or NVIDIA GPU nodes from any machine.
 
     python -m vit_jax.plan --config=configs/pretrain.py:b16,imagenet21k --topology=v3-256 \
         [--config.key=value ...] [--json] [--suggest]
 
 Compiles the run's own train and eval steps for the slice (libtpu, from the `tpu` extra,
-compiles for TPU devices without one) and prints per device: parameters, optimizer
+compiles for TPU devices without one; JAX's CUDA plugin, from the `gpu-plan` extra, for
+GPUs: ``--topology=h100x8``) and prints per device: parameters, optimizer
 state, batch, temporaries and code against the chip's memory; FLOPs per step and per
 image; the collectives' bytes; a step-time lower bound with the MFU it implies; the
 process count and per-host batch. Exit status 0 when the steps fit, 2 with one message
@@ -25,7 +26,7 @@ import ml_collections
 from absl import flags
 
 from vit_jax import errors, sharding
-from vit_jax.plan import planner, report, topology
+from vit_jax.plan import gpu_topology, planner, report, topology
 
 # --suggest halves the batch at most this many times looking for one that fits.
 MAX_BATCH_HALVINGS = 4
@@ -39,7 +40,10 @@ def _parse(argv: Sequence[str]) -> dict[str, Any]:
       flag_values, argv, "The run's config file, e.g. configs/pretrain.py:b16,imagenet21k."
     ),
     topology=flags.DEFINE_string(
-      "topology", None, f"The TPU slice: {topology.VALID_FORMS}.", flag_values=flag_values
+      "topology",
+      None,
+      f"The TPU slice or GPU nodes: {topology.VALID_FORMS}.",
+      flag_values=flag_values,
     ),
     json=flags.DEFINE_bool("json", False, "Print the plan as JSON.", flag_values=flag_values),
     suggest=flags.DEFINE_bool(
@@ -60,10 +64,21 @@ def _variant(config: ml_collections.ConfigDict, **changes: Any) -> ml_collection
 
 
 def suggestions(
-  config: ml_collections.ConfigDict, slice_: topology.Topology, plan: planner.Plan
+  config: ml_collections.ConfigDict, slice_: topology.AnyTopology, plan: planner.Plan
 ) -> list[str]:
   """What each lever gives, compiled: one line per setting tried."""
+  lines = []
+  if isinstance(slice_, gpu_topology.GpuTopology):  # the same programs, a larger allocator
+    fraction = gpu_topology.LARGER_MEM_FRACTION
+    budget = slice_.chip.hbm_bytes * fraction * (1 - planner.HEADROOM)
+    fits = max(plan.train.needed_bytes, plan.eval.needed_bytes) <= budget
+    lines.append(
+      f"  {gpu_topology.MEM_FRACTION_VARIABLE}={fraction} (environment): budget "
+      f"{report.gib(budget)}, {'fits' if fits else 'does not fit'}"
+    )
   tries: list[tuple[str, ml_collections.ConfigDict]] = []
+  if plan.dtype == "float32":
+    tries.append(("config.model.dtype=bfloat16", _variant(config, **{"model.dtype": "bfloat16"})))
   if plan.partitioning != "fsdp":
     tries.append(("config.partitioning=fsdp", _variant(config, partitioning="fsdp")))
   if not plan.remat:
@@ -76,7 +91,6 @@ def suggestions(
     if batch < unit:
       break
     tries.append((f"config.batch={batch}", _variant(config, batch=batch)))
-  lines = []
   for label, variant in tries:
     try:
       tried = planner.make_plan(variant, slice_)
@@ -98,9 +112,9 @@ def suggestions(
 
 
 def _plan(values: dict[str, Any]) -> int:
-  topology.prepare_environment()
   config = values["config"]
   slice_ = topology.parse(values["topology"])
+  topology.prepare_environment(slice_)
   plan = planner.make_plan(config, slice_)
   if values["json"]:
     print(json.dumps({**dataclasses.asdict(plan), "fits": plan.fits}, indent=1))

@@ -95,6 +95,9 @@ class Totals:
   bytes: dict[str, float]
   traffic_bytes: dict[str, float]
   unknown_trip_counts: int  # loops whose trip count could not be read (counted once)
+  # Of all kinds, the ring traffic of collectives whose groups are larger than a node (GPU
+  # nodes: they cross the network); 0 when no node size was given.
+  network_traffic_bytes: float = 0.0
 
 
 def _shape_bytes(shape_text: str) -> list[float]:
@@ -227,8 +230,14 @@ def collectives(hlo_text: str, num_devices: int) -> tuple[list[Collective], int]
   return list(found.values()), unknown
 
 
-def totals(hlo_text: str, num_devices: int) -> Totals:
-  """Runs, bytes and ring traffic per collective kind over one execution of the program."""
+def totals(hlo_text: str, num_devices: int, node_size: Optional[int] = None) -> Totals:
+  """Runs, bytes and ring traffic per collective kind over one execution of the program.
+
+  ``node_size``: devices per node where nodes are joined by a slower network (GPUs). A
+  group of more devices must cross it; smaller groups are taken to be within a node, as
+  the mesh puts them (`sharding.make_mesh` orders the devices node by node, the 'model'
+  axis innermost).
+  """
   found, unknown = collectives(hlo_text, num_devices)
   runs: dict[str, int] = collections.Counter()
   size: dict[str, float] = collections.defaultdict(float)
@@ -237,9 +246,11 @@ def totals(hlo_text: str, num_devices: int) -> Totals:
     runs[c.kind] += c.runs
     size[c.kind] += c.bytes * c.runs
     traffic[c.kind] += c.traffic_bytes * c.runs
+  crossing = [c for c in found if node_size and c.group_size > node_size]
   return Totals(
     runs={k: runs.get(k, 0) for k in KINDS},
     bytes={k: size.get(k, 0.0) for k in KINDS},
     traffic_bytes={k: traffic.get(k, 0.0) for k in KINDS},
     unknown_trip_counts=unknown,
+    network_traffic_bytes=sum(c.traffic_bytes * c.runs for c in crossing),
   )

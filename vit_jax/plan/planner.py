@@ -1,12 +1,12 @@
-"""A run's own train and eval steps compiled for a TPU slice, and what they need.
+"""A run's own train and eval steps compiled for a TPU slice or GPU nodes, and what they need.
 
     plan = make_plan(config, topology)   # compiles both steps for the slice's devices
     print(format_plan(plan)); plan.fits
 
 The steps are the training command's: `vit_jax.run` resolves the config against a mesh
 of the topology's devices (``config.mesh``), with ``accum_steps='auto'`` fitted to the
-chip's memory, and builds the same jitted steps a run builds; they are lowered with
-abstract inputs and compiled, never run.
+device's memory (on a GPU, JAX's allocator's share of it), and builds the same jitted
+steps a run builds; they are lowered with abstract inputs and compiled, never run.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import ml_collections
 
 from vit_jax import run as run_lib
 from vit_jax import sharding
-from vit_jax.plan import hlo, report
+from vit_jax.plan import gpu_topology, hlo, report
 from vit_jax.plan.report import gib
-from vit_jax.plan.topology import Topology
+from vit_jax.plan.topology import AnyTopology
 from vit_jax.run import memory_fit, step_cost
 
 # The share of the chip's memory a step may fill: the same headroom as
@@ -33,7 +33,7 @@ class Plan:
   """Everything `format_plan` prints; JSON-ready through `dataclasses.asdict`."""
 
   topology: str
-  slice: str  # libtpu's name, e.g. 'v3:8x16'
+  slice: str  # libtpu's name, e.g. 'v3:8x16'; the CUDA plugin's for GPUs, e.g. '1x1x8'
   device_kind: str
   chips: int
   devices: int
@@ -54,7 +54,7 @@ class Plan:
   batch_bytes: int
   eval_batch: int
   eval_batch_bytes: int
-  hbm_bytes: float  # one device's share of the chip's HBM
+  hbm_bytes: float  # one device's share of the chip's HBM (GPUs: JAX's allocator's share)
   budget_bytes: float  # hbm_bytes x (1 - HEADROOM)
   train: report.Measure
   eval: report.Measure
@@ -68,6 +68,8 @@ class Plan:
   run_core_days: Optional[float]
   run_exaflops: Optional[float]
   run_exaflops_xla: Optional[float]
+  memory_note: str = ""  # what hbm_bytes is, where not the device's whole HBM
+  interconnect: str = "ICI"
 
   @property
   def fits(self) -> bool:
@@ -76,24 +78,33 @@ class Plan:
     )
 
 
-def _mesh(config: ml_collections.ConfigDict, topology: Topology) -> Any:
+def _mesh(config: ml_collections.ConfigDict, topology: AnyTopology) -> Any:
   return sharding.make_mesh(tuple(config.mesh), devices=topology.devices())
 
 
-def make_plan(config: ml_collections.ConfigDict, topology: Topology) -> Plan:
+def make_plan(config: ml_collections.ConfigDict, topology: AnyTopology) -> Plan:
   """Compiles ``config``'s train and eval steps for ``topology``; see `Plan`."""
   mesh = _mesh(config, topology)
   chip = topology.chip
-  hbm = chip.per_device(chip.hbm_bytes)
+  hbm = topology.device_memory_bytes
   # The class count comes from config.num_classes (the presets set it): no data is read.
   spec = run_lib.resolve(config, mesh=mesh, memory_limit_bytes=int(hbm), open_data=False)
   steps = run_lib.build_steps(spec, mesh)
   n = mesh.size
+  node = topology.node_size
+  options = gpu_topology.COMPILER_OPTIONS if chip.platform == "cuda" else None
   train_batch, eval_batch = steps.abstract_train_batch(), steps.abstract_eval_batch()
-  train, compiled = report.measure(steps.train_step.lower(steps.abstract_state, train_batch), n)
-  evaluation, _ = report.measure(steps.eval_step.lower(steps.abstract_state.params, eval_batch), n)
-  step_flops, source = steps.step_flops(compiled) if compiled else (None, "none")
+  train, compiled = report.measure(
+    steps.train_step.lower(steps.abstract_state, train_batch), n, node, options
+  )
+  evaluation, _ = report.measure(
+    steps.eval_step.lower(steps.abstract_state.params, eval_batch), n, node, options
+  )
   per_image = step_cost.vit_flops_per_image(spec.model, spec.crop, spec.num_classes, train=True)
+  step_flops, source = steps.step_flops(compiled) if compiled else (None, "none")
+  if compiled and chip.platform != "tpu":
+    # XLA:GPU's matrix products are cuBLAS/cuDNN calls that its cost analysis does not count.
+    step_flops, source = (per_image and per_image * spec.batch), "analytic"
   timing = None
   if step_flops:
     timing = report.step_time(
@@ -102,6 +113,7 @@ def make_plan(config: ml_collections.ConfigDict, topology: Topology) -> Plan:
       num_devices=n,
       step_flops=step_flops,
       model_flops=per_image and per_image * spec.batch,
+      dtype=str(spec.model.dtype),
     )
   data_size = mesh.shape[sharding.DATA_AXIS]
   totals = report.run_totals(
@@ -115,7 +127,7 @@ def make_plan(config: ml_collections.ConfigDict, topology: Topology) -> Plan:
   )
   return Plan(
     topology=topology.name,
-    slice=topology.libtpu_name,
+    slice=topology.slice_name,
     device_kind=chip.device_kind,
     chips=topology.chips,
     devices=n,
@@ -149,6 +161,8 @@ def make_plan(config: ml_collections.ConfigDict, topology: Topology) -> Plan:
     run_core_days=totals.core_days,
     run_exaflops=totals.exaflops,
     run_exaflops_xla=totals.exaflops_xla,
+    memory_note=topology.memory_note,
+    interconnect=chip.interconnect,
   )
 
 
@@ -176,13 +190,8 @@ def _memory_rows(plan: Plan) -> list[tuple[str, str, str]]:
   def headroom(m: report.Measure) -> str:
     return f"{(plan.hbm_bytes - m.needed_bytes) / 2**30:+.2f} GiB"
 
-  rows.append(
-    (
-      f"HBM ({plan.device_kind}, per device)",
-      gib(plan.hbm_bytes),
-      f"budget {gib(plan.budget_bytes)}",
-    )
-  )
+  label = "memory JAX may use" if plan.memory_note else f"HBM ({plan.device_kind}, per device)"
+  rows.append((label, gib(plan.hbm_bytes), f"budget {gib(plan.budget_bytes)}"))
   rows.append(("headroom", headroom(plan.train), headroom(plan.eval)))
   return rows
 
@@ -213,23 +222,27 @@ def format_plan(plan: Plan) -> str:
     f"{'per device':26s} {'train step':>22s} {'eval step':>22s}",
   ]
   lines += [f"  {name:24s} {a:>22s} {b:>22s}" for name, a, b in _memory_rows(plan)]
+  if plan.memory_note:
+    lines.append(f"  (memory JAX may use: {plan.memory_note})")
   lines.append("")
   if plan.step_flops:
     per_image = plan.step_flops / plan.batch
     analytic = plan.model_flops_per_image
     lines.append(
       f"FLOPs per step {plan.step_flops:.4g} ({plan.flops_source} count), per image "
-      f"{per_image:.4g}" + (f" (analytic {analytic:.4g})" if analytic else "")
+      f"{per_image:.4g}"
+      + (f" (analytic {analytic:.4g})" if analytic and plan.flops_source != "analytic" else "")
     )
   lines.append(
     f"collectives per train step, per device: {_collective_line(plan.train.collectives)}"
   )
   if plan.time:
     t = plan.time
+    network = f", network {t.network_s * 1e3:.1f} ms" if plan.processes > 1 and t.network_s else ""
     lines.append(
       f"step time >= {t.bound_s * 1e3:.1f} ms ({t.limited_by}-bound; compute "
-      f"{t.compute_s * 1e3:.1f} ms, HBM {t.hbm_s * 1e3:.1f} ms, ICI {t.ici_s * 1e3:.1f} ms)"
-      + (f"; MFU at that bound {t.mfu:.0%}" if t.mfu else "")
+      f"{t.compute_s * 1e3:.1f} ms, HBM {t.hbm_s * 1e3:.1f} ms, {plan.interconnect} "
+      f"{t.ici_s * 1e3:.1f} ms{network})" + (f"; MFU at that bound {t.mfu:.0%}" if t.mfu else "")
     )
   if plan.run_hours_at_bound is not None:
     lines.append(_run_line(plan))
@@ -275,6 +288,7 @@ def shortfall(plan: Plan) -> str:
   )
   return (
     f"the {worst_name} step needs {gib(worst.needed_bytes)} per device, {gib(over)} more than "
-    f"the budget of {gib(plan.budget_bytes)} ({1 - HEADROOM:.0%} of the {gib(plan.hbm_bytes)} "
-    f"of a {plan.device_kind} device). Levers: " + "; ".join(levers) + "."
+    f"the budget of {gib(plan.budget_bytes)} ({1 - HEADROOM:.0%} of the {gib(plan.hbm_bytes)}"
+    f"{' (' + plan.memory_note + ')' if plan.memory_note else ''} of a {plan.device_kind} "
+    "device). Levers: " + "; ".join(levers) + "."
   )

@@ -1,11 +1,12 @@
-"""What a compiled step needs and costs on a TPU slice: memory, FLOPs, collectives, time.
+"""What a compiled step needs and costs on a TPU slice or GPUs: memory, FLOPs, collectives, time.
 
 `measure` compiles one lowered step and reads XLA's memory and cost analyses and the
 collectives of its HLO text (`vit_jax.plan.hlo`). `StepTime` is the lower bound
 
     max(FLOPs / peak, HBM traffic / HBM bandwidth, ICI traffic / ICI bandwidth)
 
-per device, with the model FLOPs utilisation (MFU) a step of exactly that time would
+per device (on GPUs: NVLink within a node and, separately, the network between nodes in
+place of ICI), with the model FLOPs utilisation (MFU) a step of exactly that time would
 have. It is a bound, not a forecast: every unit at its published peak, nothing waiting.
 """
 
@@ -71,12 +72,35 @@ def too_large_bytes(error: BaseException) -> Optional[int]:
   return int(float(match.group(1)) * _UNIT[match.group(2)]) if match else None
 
 
-def measure(lowered: Any, num_devices: int) -> tuple[Measure, Optional[jax.stages.Compiled]]:
-  """Compiles ``lowered`` (a `jax.stages.Lowered`) and reads its needs and costs; the
-  compiled step too (None when XLA refused it)."""
+def _cost_analysis(compiled: jax.stages.Compiled) -> tuple[float, float]:
+  """XLA's (FLOPs, bytes accessed) of one device's compiled program.
+
+  A compile-only GPU executable has no cost analysis: XLA's analysis is then run on its
+  optimized module through the CPU client. It counts each fusion's and custom call's
+  operands and results (the HBM traffic), but no FLOPs of the cuBLAS and cuDNN calls that
+  do the matrix products.
+  """
+  if compiled.cost_analysis() is not None:
+    return step_cost.compiled_flops(compiled), step_cost.compiled_bytes_accessed(compiled)
+  from jax._src.lib import _jax  # pylint: disable=g-import-not-at-top
+
+  (module,) = compiled.runtime_executable().hlo_modules()
+  analysis = _jax.hlo_module_cost_analysis(jax.devices("cpu")[0].client, module)
+  return float(analysis.get("flops", 0.0)), float(analysis.get("bytes accessed", 0.0))
+
+
+def measure(
+  lowered: Any,
+  num_devices: int,
+  node_size: Optional[int] = None,
+  compiler_options: Optional[dict[str, Any]] = None,
+) -> tuple[Measure, Optional[jax.stages.Compiled]]:
+  """Compiles ``lowered`` (a `jax.stages.Lowered`, with XLA's ``compiler_options``) and
+  reads its needs and costs; the compiled step too (None when XLA refused it).
+  ``node_size``: see `hlo.totals`."""
   start = time.perf_counter()
   try:
-    compiled = lowered.compile()
+    compiled = lowered.compile(compiler_options=compiler_options)
   except Exception as e:  # pylint: disable=broad-except
     needed = too_large_bytes(e)
     if needed is None:
@@ -94,13 +118,14 @@ def measure(lowered: Any, num_devices: int) -> tuple[Measure, Optional[jax.stage
     total,
   )
   text = compiled.as_text()
+  flops, bytes_accessed = _cost_analysis(compiled)
   measured = Measure(
     memory,
     total,
-    step_cost.compiled_flops(compiled),
-    step_cost.compiled_bytes_accessed(compiled),
+    flops,
+    bytes_accessed,
     step_cost.has_loops(compiled),
-    hlo.totals(text, num_devices),
+    hlo.totals(text, num_devices, node_size),
     seconds,
   )
   return measured, compiled
@@ -112,10 +137,11 @@ class StepTime:
 
   compute_s: float  # step FLOPs per device / peak FLOP/s
   hbm_s: float  # HBM bytes per device / HBM bandwidth
-  ici_s: float  # ring traffic of the collectives / ICI bandwidth (both directions)
+  ici_s: float  # ring traffic of the collectives / ICI (GPUs: NVLink) bandwidth, both ways
   bound_s: float
-  limited_by: str  # 'compute', 'HBM' or 'ICI'
+  limited_by: str  # 'compute', 'HBM', 'ICI', or on GPUs 'NVLink' or 'network'
   mfu: Optional[float]  # model FLOPs / (bound x devices x peak): the best MFU possible
+  network_s: float = 0.0  # GPU nodes: traffic of the collectives between nodes / network
 
 
 def step_time(
@@ -125,30 +151,44 @@ def step_time(
   num_devices: int,
   step_flops: float,
   model_flops: Optional[float],
+  dtype: str = "bfloat16",
 ) -> StepTime:
-  """The lower bound for ``measured`` on ``chip``.
+  """The lower bound for ``measured`` on ``chip``, whose products run in ``dtype``.
 
   ``step_flops``: every FLOP the step executes (XLA's count, or the analytic one where
   the step loops); ``model_flops``: the model's analytic count that MFU is defined on.
   Where XLA counted loop bodies once, its HBM traffic is scaled by the same factor as
-  the FLOPs (the loop bodies dominate both).
+  the FLOPs (the loop bodies dominate both); not on GPUs, where XLA's count leaves out the
+  products (cuBLAS and cuDNN calls) and the traffic stays counted once per loop body.
   """
   flops_per_device = step_flops / num_devices
   traffic = measured.xla_bytes_accessed
-  if measured.has_loops and measured.xla_flops > 0:
+  if measured.has_loops and measured.xla_flops > 0 and chip.platform == "tpu":
     traffic *= flops_per_device / measured.xla_flops
-  ici = sum(measured.collectives.traffic_bytes.values()) if measured.collectives else 0.0
-  peak = chip.per_device(chip.peak_flops)
+  totals = measured.collectives
+  ici = sum(totals.traffic_bytes.values()) - totals.network_traffic_bytes if totals else 0.0
+  network = totals.network_traffic_bytes if totals else 0.0
+  peak = chip.peak_flops_for(dtype)
   times = {
     "compute": flops_per_device / peak,
     "HBM": traffic / chip.per_device(chip.hbm_bytes_per_s),
     # A device sends and receives its traffic: both directions of its share of the links.
-    "ICI": 2 * ici / chip.per_device(chip.ici_bytes_per_s),
+    chip.interconnect: 2 * ici / chip.per_device(chip.ici_bytes_per_s),
   }
+  if chip.network_bytes_per_s:
+    times["network"] = 2 * network / chip.network_bytes_per_s
   limited_by = max(times, key=times.get)
   bound = times[limited_by]
   mfu = model_flops / (bound * num_devices * peak) if model_flops and bound > 0 else None
-  return StepTime(times["compute"], times["HBM"], times["ICI"], bound, limited_by, mfu)
+  return StepTime(
+    times["compute"],
+    times["HBM"],
+    times[chip.interconnect],
+    bound,
+    limited_by,
+    mfu,
+    times.get("network", 0.0),
+  )
 
 
 # TensorCores per chip, the unit of the papers' "TPUv3 core-days" (v4 and v5p join their

@@ -6,7 +6,8 @@ libtpu (installed by the `tpu` extra) for that slice's devices through
 
 Cloud names count TensorCores for v2, v3, v4 and v5p (`v3-256`: 128 chips of 2 cores)
 and chips for v5e and v6e (`v5litepod-16`: 16 chips). The `vN:AxB[xC]` form gives the
-chip grid itself, as libtpu and GKE spell it.
+chip grid itself, as libtpu and GKE spell it. GPU nodes (`h100x8`) are
+`vit_jax.plan.gpu_topology`'s; `parse` gives either.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ import os
 import re
 import sys
 import tempfile
-from typing import Any, Iterator
+from typing import Any, Iterator, Union
 
 import jax
 
 from vit_jax import errors
+from vit_jax.plan import gpu_topology
 from vit_jax.plan.chips import CHIPS, Chip
 
 # Cloud name prefix -> chip generation; libtpu's name of each generation.
@@ -41,7 +43,7 @@ MEGACORE = ("v4", "v5p")  # two TensorCores as one JAX device
 VALID_FORMS = (
   "a Cloud name (v2-8, v3-8 ... v3-2048, v4-32, v5p-128: TensorCores; v5litepod-16 or "
   "v5e-16, v6e-64: chips) or a chip grid vN:AxB[xC] (v3:8x16, v4:2x2x4, v5e:4x4, "
-  "v5p:4x4x4, v6e:8x8)"
+  "v5p:4x4x4, v6e:8x8); or " + gpu_topology.VALID_FORMS
 )
 _CLOUD = re.compile(r"^(v[0-9a-z]+)-(\d+)$")
 _GRID = re.compile(r"^(v[0-9a-z]+):(\d+(?:x\d+){1,2})$")
@@ -66,6 +68,16 @@ class Topology:
   @property
   def libtpu_name(self) -> str:
     return f"{self.chip.name}:{'x'.join(map(str, self.grid))}"
+
+  slice_name = libtpu_name
+
+  @property
+  def device_memory_bytes(self) -> float:
+    """One device's share of the chip's HBM."""
+    return self.chip.per_device(self.chip.hbm_bytes)
+
+  memory_note = ""  # what `device_memory_bytes` is, where not the device's whole HBM
+  node_size = None  # every collective goes over ICI (see `hlo.totals`)
 
   @property
   def chips_per_host(self) -> tuple[int, int, int]:
@@ -152,8 +164,15 @@ def _unknown(name: str, why: str) -> errors.UserError:
   return errors.UserError(f"--topology={name}: {why}. Valid forms: {VALID_FORMS}.")
 
 
-def parse(name: str) -> Topology:
-  """The `Topology` a Cloud name (`v3-256`) or a chip grid (`v3:8x16`) denotes."""
+AnyTopology = Union[Topology, gpu_topology.GpuTopology]
+
+
+def parse(name: str) -> AnyTopology:
+  """The `Topology` a Cloud name (`v3-256`) or a chip grid (`v3:8x16`) denotes, or the
+  `gpu_topology.GpuTopology` of a GPU name (`h100x8`)."""
+  gpu = gpu_topology.parse(name)
+  if gpu is not None:
+    return gpu
   text = name.strip().lower()
   cloud, grid = _CLOUD.match(text), _GRID.match(text)
   match = cloud or grid
@@ -181,6 +200,9 @@ def parse(name: str) -> Topology:
   return Topology(name, chip, _near_square_grid(chips, dims))
 
 
-def prepare_environment() -> None:
+def prepare_environment(target: AnyTopology) -> None:
   """Compile on the CPU backend: planning runs nothing, and a TPU of this host stays free."""
-  jax.config.update("jax_platforms", "cpu")
+  if isinstance(target, gpu_topology.GpuTopology):
+    gpu_topology.prepare_environment()
+  else:
+    jax.config.update("jax_platforms", "cpu")
