@@ -23,7 +23,7 @@ from vit_jax import errors
 from vit_jax.models.mpp import MPP_PARAMS
 from vit_jax.models.posemb import (
   POSEMB_REINIT,
-  POSEMB_RESIZE_METHODS,
+  check_resize_method,
   resize_posemb,
   resize_posemb_2d,
   square_grid,
@@ -286,10 +286,7 @@ def load_pretrained(
   Anything else that does not fit (patch, width, depth, heads, MLP) raises one ValueError.
   """
   source = os.fspath(source)
-  if posemb_resize_method not in POSEMB_RESIZE_METHODS:
-    raise errors.CheckpointError(
-      f"Unknown posemb_resize_method {posemb_resize_method!r}; use one of {POSEMB_RESIZE_METHODS}."
-    )
+  check_resize_method(posemb_resize_method)
   init_tree = nn.unbox(dict(init_params))
   want = traverse_util.flatten_dict(init_tree, sep="/")
   where = f"checkpoint {source!r}"
