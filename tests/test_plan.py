@@ -4,6 +4,7 @@ and v3:2x2 (compiled for TPU devices on this CPU host; needs libtpu, the `tpu` e
 from __future__ import annotations
 
 import importlib.util
+import json
 
 import jax
 import pytest
@@ -284,3 +285,14 @@ def test_b16_pretraining_fits_a_v3_256_and_a_262144_batch_does_not(capsys):
   assert "fits" in capsys.readouterr().out
   assert cli.main([*command, "--config.batch=262144"]) == 2
   assert capsys.readouterr().err.startswith("Error: the train step needs ")
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_plain_vit_s16_90_epochs_fits_a_v3_8_under_the_published_seven_hours(capsys):
+  """docs/recipes.md's row (minutes per compile on a 2-core machine: -m slow)."""
+  command = ["plan", "--config=configs/plain_vit_i1k.py:s16", "--topology=v3-8", "--json"]
+  assert cli.run(command) == 0
+  plan = json.loads(capsys.readouterr().out)
+  assert plan["fits"] and plan["total_steps"] == 111_477
+  assert 0 < plan["run_hours_at_bound"] < 7.0
