@@ -205,7 +205,7 @@ def test_gpu_plans_of_sharded_steps(changes, split):
 
 @needs_cuda_plugin
 def test_a_gpu_step_that_cannot_fit_exits_2_naming_the_shortfall(capsys):
-  status = cli.run(
+  status = cli.main(
     [
       *test_plan.TINY_PRETRAINING_COMMAND,
       "--topology=h100x8",
