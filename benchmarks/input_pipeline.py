@@ -11,6 +11,14 @@ smooth structure, gradients and noise, so they compress like photographs, ~60 Ki
       python benchmarks/input_pipeline.py [--images 400] [--batch 64] [--steps 20] \
         [--rounds 3] [--randaug 2 10]
 
+  * `--randaug-cost`: CPU milliseconds per image (process time, so other jobs on the
+    machine count less than in images/s) of the train preprocessing of one such JPEG at
+    `--crops`[0] in a one-thread tf.data map, without and with RandAugment `--randaug`,
+    and of each RandAugment op alone on the resized image; the rows alternate in each of
+    `--rounds` rounds, medians printed.
+
+      python benchmarks/input_pipeline.py --randaug-cost [--rounds 3] [--randaug 2 10]
+
   * `--tfds`: a tfds dataset of such JPEGs in 4 shards, prepared as TFRecord and as
     ArrayRecord (preparation time and size are printed), read by the train pipeline at the
     shuffle window the defaults give at `--paper-batch` (config.shuffle_buffer //
@@ -155,6 +163,47 @@ def folder_case(args) -> None:
       median, train = np.median(rs), np.median(rates[("train", crop)])
       per_round = ", ".join(f"{r:.0f}" for r in rs)
       print(f"| {name} | {crop} | {per_round} | {median / cores:.0f} | {median / train:.2f} |")
+
+
+def _cpu_ms_per_image(fn, count: int = 512) -> float:
+  """Process CPU ms per element of a one-thread tf.data map of `fn(index)` (second pass)."""
+  import tensorflow as tf
+
+  ds = tf.data.Dataset.range(count).map(fn, num_parallel_calls=1).batch(64)
+  for _ in ds:  # Traces and warms up.
+    pass
+  start = time.process_time()
+  for _ in ds:
+    pass
+  return (time.process_time() - start) / count * 1e3
+
+
+def randaug_cost_case(args) -> None:
+  import tensorflow as tf
+
+  from vit_jax.data import preprocess, randaug
+
+  crop, (layers, magnitude) = args.crops[0], args.randaug
+  jpeg = tf.constant(photo_jpeg(np.random.default_rng(0)))
+  seed = lambda i: tf.stack([tf.constant(0, tf.int64), i])
+  train = lambda setting: (
+    lambda i: preprocess.train_image(
+      jpeg, seed(i), crop=crop, min_area=0.05, flip=True, randaug=setting
+    )
+  )
+  resized = tf.cast(tf.image.resize(tf.io.decode_jpeg(jpeg), [crop, crop]), tf.uint8)
+  rows = {"train": train(None), f"train, randaug({layers}, {magnitude})": train(args.randaug)}
+  for op in randaug.OPS:
+    rows[f"op {op.name}"] = lambda i, op=op: op.apply(resized, float(magnitude), seed(i))
+  rows["op none (the map's own cost)"] = lambda i: resized
+  costs: dict = {}
+  for _ in range(args.rounds):
+    for name, fn in rows.items():
+      costs.setdefault(name, []).append(_cpu_ms_per_image(fn))
+  print(f"CPU ms per image at {crop}x{crop}, load {os.getloadavg()[0]:.1f} at the end:")
+  print("| row | CPU ms per round | median |\n|---|---|---|")
+  for name, ms in costs.items():
+    print(f"| {name} | {', '.join(f'{m:.2f}' for m in ms)} | {np.median(ms):.2f} |")
 
 
 # The tfds case: prepared datasets, pipelines in fresh processes.
@@ -473,10 +522,13 @@ def main() -> None:
     default=[("plain", "tfrecord"), ("ours", "tfrecord"), ("ours", "array_record")],
     help="pipeline:format pairs (plain, ours, ours@/other/checkout, grain: needs grain)",
   )
+  parser.add_argument("--randaug-cost", action="store_true", help="RandAugment's CPU cost")
   parser.add_argument("--worker", help=argparse.SUPPRESS)
   parser.add_argument("--barrier", help=argparse.SUPPRESS)
   args = parser.parse_args()
-  if not args.tfds:
+  if args.randaug_cost:
+    randaug_cost_case(args)
+  elif not args.tfds:
     args.images, args.batch = args.images or 400, args.batch or 64
     folder_case(args)
   else:

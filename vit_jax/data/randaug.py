@@ -305,16 +305,33 @@ def choices(seed: tf.Tensor, layers: int) -> tuple[tf.Tensor, tf.Tensor]:
   return indices, tf.random.experimental.stateless_split(argument, num=layers)
 
 
+def _branches(magnitude: float) -> list:
+  """Each op of OPS at `magnitude` as a concrete function of (image, seed)."""
+  specs = (tf.TensorSpec([None, None, 3], tf.uint8), tf.TensorSpec([2], tf.int64))
+  return [
+    tf.function(
+      lambda x, s, op=op: op.apply(x, magnitude, s), autograph=False
+    ).get_concrete_function(*specs)
+    for op in OPS
+  ]
+
+
 def randaugment(image: tf.Tensor, seed: tf.Tensor, layers: int, magnitude: float) -> tf.Tensor:
   """uint8 [H, W, 3] -> uint8 [H, W, 3]: `layers` ops drawn from OPS, each at `magnitude`.
 
-  seed: int64 [2]; the image's augmentation is a function of it alone.
+  seed: int64 [2]; the image's augmentation is a function of it alone. Each layer is one
+  `Case` op over the 16 ops, made directly: `tf.switch_case` marks its Case for lowering
+  to Switch/Merge, and the lowered graph walks every branch's nodes (dead) on each call,
+  ~0.75 CPU ms per layer at 224 px against ~0.15 for the unlowered call.
   """
   if layers <= 0:
     return image
+  shape = image.shape
   indices, arguments = choices(seed, layers)
+  branches = _branches(float(magnitude))
   for k in range(layers):
-    branches = [lambda op=op, k=k: op.apply(image, float(magnitude), arguments[k]) for op in OPS]
-    image = tf.switch_case(indices[k], branches)
-    image.set_shape([None, None, 3])
+    (image,) = tf.raw_ops.Case(
+      branch_index=indices[k], input=[image, arguments[k]], Tout=[tf.uint8], branches=branches
+    )
+    image.set_shape(shape)
   return image
