@@ -168,3 +168,14 @@ def test_the_folder_check_follows_the_policy_for_the_keys_config_json_records(
   assert f"Resuming with a changed lr.base: {saved['lr']['base']} -> 0.5" in changed(lr__base=0.5)
   # The batch and the seed are recorded with the checkpoints (check_resume), not here.
   assert changed(batch=32, seed=7) == ""
+
+
+def test_a_model_option_added_after_the_run_started_is_no_change(tmp_path):
+  """A run saved before `model.stoch_depth` existed resumes; a changed width still stops."""
+  folder = folder_lib.RunFolder(tmp_path)
+  (tmp_path / "checkpoints").mkdir()
+  saved = {"model": {"hidden_size": 16}, "num_classes": 10, "pp": {"crop": 8}}
+  (tmp_path / "config.json").write_text(json.dumps(saved))
+  folder.check_config({**saved, "model": {"hidden_size": 16, "stoch_depth": 0.0}})
+  with pytest.raises(errors.ResumeError, match=r"model.hidden_size: 16 -> 32"):
+    folder.check_config({**saved, "model": {"hidden_size": 32, "stoch_depth": 0.0}})

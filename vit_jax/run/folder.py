@@ -32,13 +32,18 @@ from vit_jax.run import resume_policy
 STALE_SECONDS = 15 * 60
 
 
-def _differences(saved: Any, current: Any, prefix: str) -> list[str]:
-  """`key: old -> new` for each leaf that differs between two JSON trees."""
+def _differences(saved: Any, current: Any, prefix: str, *, new_keys: bool = True) -> list[str]:
+  """`key: old -> new` for each leaf that differs between two JSON trees. With
+  ``new_keys=False`` a key the saved tree lacks is no difference: the run was saved
+  before the option existed, and a config without it reads as the option's default."""
   if isinstance(saved, dict) and isinstance(current, dict):
+    keys = set(saved) | set(current) if new_keys else set(saved)
     return [
       line
-      for key in sorted(set(saved) | set(current))
-      for line in _differences(saved.get(key), current.get(key), f"{prefix}.{key}")
+      for key in sorted(keys)
+      for line in _differences(
+        saved.get(key), current.get(key), f"{prefix}.{key}", new_keys=new_keys
+      )
     ]
   return [] if saved == current else [f"{prefix}: {saved!r} -> {current!r}"]
 
@@ -66,7 +71,7 @@ class RunFolder(paths.RunPaths):
     saved = self.read_config()
     refused, warned = [], []
     for rule in resume_policy.rules(resume_policy.CONFIG_JSON):
-      lines = _differences(saved.get(rule.key), current.get(rule.key), rule.key)
+      lines = _differences(saved.get(rule.key), current.get(rule.key), rule.key, new_keys=False)
       if lines:
         (refused if resume_policy.is_error(rule, allowed) else warned).append((rule.key, lines))
     if refused and self.checkpoints.is_dir():
