@@ -8,6 +8,7 @@ from typing import Any, Optional
 import jax.numpy as jnp
 import ml_collections
 
+from vit_jax.models.options import check_model_config, with_family_defaults
 from vit_jax.models.posemb import POSEMB_KINDS, resize_grid, sincos_2d
 from vit_jax.models.variants import MODEL_NAMES, get_model_config
 from vit_jax.models.vit import CLASSIFIERS, ExecutionOptions, VisionTransformer
@@ -22,8 +23,10 @@ def create_model(
 
   ``overrides`` replace module attributes (``classifier="gap"``) or fields of its
   `ExecutionOptions` (``dropout_rate=0.1``, ``scan=True``, ``dtype=jnp.bfloat16``).
+  The config's options are checked first (`check_model_config`).
   """
-  cfg = model_config
+  cfg = with_family_defaults(model_config)
+  check_model_config(cfg)
   t = cfg.transformer
   execution = dict(
     dropout_rate=t.dropout_rate,
@@ -49,6 +52,14 @@ def create_model(
     representation_size=cfg.representation_size,
     resnet_units=None if cfg.resnet is None else tuple(cfg.resnet.num_layers),
     resnet_width_factor=1.0 if cfg.resnet is None else cfg.resnet.width_factor,
+    num_registers=cfg.num_registers,
+    class_token=cfg.class_token,
+    posemb_patches_only=cfg.posemb_patches_only,
+    norm_pre=cfg.norm_pre,
+    fc_norm=cfg.fc_norm,
+    layer_scale_init=cfg.layer_scale_init,
+    layer_norm_epsilon=cfg.layer_norm_epsilon,
+    activation=cfg.activation,
     execution=ExecutionOptions(**execution),
   )
   attributes.update(overrides)
@@ -61,8 +72,10 @@ __all__ = [
   "MODEL_NAMES",
   "POSEMB_KINDS",
   "VisionTransformer",
+  "check_model_config",
   "create_model",
   "get_model_config",
   "resize_grid",
   "sincos_2d",
+  "with_family_defaults",
 ]
