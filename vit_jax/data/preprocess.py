@@ -7,7 +7,9 @@ the same epoch always gets the same crop and flip, whatever the batch size or th
 the run was resumed at.
 
 Output convention (shared with the official checkpoints): float32 [crop, crop, 3] with
-values (x - 127.5) / 127.5, clipped so they lie within [-1, 1] exactly.
+values (x - 127.5) / 127.5, clipped so they lie within [-1, 1] exactly. Weights trained
+with another normalisation (timm's ImageNet or CLIP mean/std; the model config's
+``input_mean``/``input_std``) get (x / 255 - mean) / std per channel instead.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ import tensorflow as tf
 
 # Aspect ratios (width / height) of the inception crop, as in Szegedy et al. (2015).
 CROP_ASPECT_RANGE = (3.0 / 4.0, 4.0 / 3.0)
+# The official normalisation as a mean and std on the 0..1 scale: (x / 255 - 0.5) / 0.5.
+OFFICIAL_MEAN = OFFICIAL_STD = (0.5, 0.5, 0.5)
+RGB = tuple[float, float, float]
 _CROP_ATTEMPTS = 10  # Proposals tried before the crop falls back to the whole image.
 
 
@@ -77,14 +82,25 @@ def resize(image: tf.Tensor, crop: int) -> tf.Tensor:
   return tf.image.resize(image, [crop, crop], method="bilinear")
 
 
-def normalize(image: tf.Tensor) -> tf.Tensor:
-  """float32 in 0..255 -> (x - 127.5) / 127.5, clipped to [-1, 1] exactly."""
-  image = (tf.cast(image, tf.float32) - 127.5) / 127.5
-  return tf.clip_by_value(image, -1.0, 1.0)
+def normalize(image: tf.Tensor, mean: RGB = OFFICIAL_MEAN, std: RGB = OFFICIAL_STD) -> tf.Tensor:
+  """float32 in 0..255 -> (x - 127.5) / 127.5, clipped to [-1, 1] exactly; with another
+  ``mean``/``std`` (per RGB channel, 0..1 scale) -> (x / 255 - mean) / std."""
+  if tuple(mean) == OFFICIAL_MEAN and tuple(std) == OFFICIAL_STD:
+    image = (tf.cast(image, tf.float32) - 127.5) / 127.5
+    return tf.clip_by_value(image, -1.0, 1.0)
+  scaled = tf.cast(image, tf.float32) / 255.0
+  return (scaled - tf.constant(mean, tf.float32)) / tf.constant(std, tf.float32)
 
 
 def train_image(
-  data: tf.Tensor, seed: tf.Tensor, *, crop: int, min_area: float, flip: bool
+  data: tf.Tensor,
+  seed: tf.Tensor,
+  *,
+  crop: int,
+  min_area: float,
+  flip: bool,
+  mean: RGB = OFFICIAL_MEAN,
+  std: RGB = OFFICIAL_STD,
 ) -> tf.Tensor:
   """Encoded bytes -> float32 [crop, crop, 3] in [-1, 1], randomly augmented.
 
@@ -98,12 +114,15 @@ def train_image(
   image = decode_inception_crop(data, crop_seed, min_area)  # [h, w, 3]
   if flip:
     image = tf.image.stateless_random_flip_left_right(image, flip_seed)
-  return normalize(resize(image, crop))  # [crop, crop, 3]
+  return normalize(resize(image, crop), mean, std)  # [crop, crop, 3]
 
 
-def eval_image(data: tf.Tensor, *, crop: int) -> tf.Tensor:
-  """Encoded bytes -> float32 [crop, crop, 3] in [-1, 1]: the whole image resized."""
-  return normalize(resize(decode_rgb(data), crop))
+def eval_image(
+  data: tf.Tensor, *, crop: int, mean: RGB = OFFICIAL_MEAN, std: RGB = OFFICIAL_STD
+) -> tf.Tensor:
+  """Encoded bytes -> float32 [crop, crop, 3], normalised (`normalize`): the whole image
+  resized."""
+  return normalize(resize(decode_rgb(data), crop), mean, std)
 
 
 def one_hot(label: tf.Tensor, num_classes: int) -> tf.Tensor:

@@ -106,6 +106,8 @@ def _from_weights(checkpoint: str) -> tuple[ml_collections.ConfigDict, data.Sett
     prefetch=2,
     seed=0,
     skip_corrupt_images=False,
+    input_mean=tuple(models.with_family_defaults(loaded.config).input_mean),
+    input_std=tuple(models.with_family_defaults(loaded.config).input_std),
   )
   return loaded.config, settings
 
