@@ -12,6 +12,7 @@ import functools
 import os
 import sys
 
+import jax
 import ml_collections
 import numpy as np
 import pytest
@@ -261,3 +262,22 @@ def test_family_finetunes_on_digits_with_a_new_head_and_grid(
     if not key.startswith("head/") and key != posemb:
       np.testing.assert_array_equal(adapted[key], value, err_msg=key)
   assert np.isfinite(result["train/loss"]) and 0.0 <= result["eval/accuracy"] <= 1.0
+
+
+@pytest.mark.parametrize("name", ["siglip", "dinov2_reg4"])
+def test_map_and_registers_export_to_saved_model_and_stablehlo(timm_sources, name, tmp_path):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  from vit_jax import export  # pylint: disable=g-import-not-at-top
+  from vit_jax.weights import serving  # pylint: disable=g-import-not-at-top
+
+  loaded = sources.load(timm_sources(name)[0])
+  images = fx.images(3, loaded.image_size[0])
+  ours = fx.our_logits(loaded, images)
+  export.export_model(loaded, "stablehlo", str(tmp_path / "hlo"))
+  exported = jax.export.deserialize((tmp_path / "hlo" / serving.JAX_EXPORTED).read_bytes())
+  assert fx.relative_error(np.asarray(exported.call(images)), ours) <= TOLERANCE
+  export.export_model(loaded, "saved_model", str(tmp_path / "sm"))
+  serve = tf.saved_model.load(str(tmp_path / "sm")).signatures["serving_default"]
+  got = next(iter(serve(images=tf.constant(images)).values())).numpy()
+  assert fx.relative_error(got, ours) <= TOLERANCE
