@@ -85,3 +85,38 @@ def images(n: int, size: int, seed: int = 0) -> np.ndarray:
 def relative_error(got: np.ndarray, want: np.ndarray) -> float:
   """max |got - want| / max |want|."""
   return float(np.max(np.abs(np.asarray(got) - want)) / np.max(np.abs(want)))
+
+
+def torch_logits(model, images: np.ndarray) -> np.ndarray:
+  """A timm model's or a transformers classifier's logits on NHWC ``images`` (torch is
+  imported here: the rest of this module does not need it)."""
+  import torch  # pylint: disable=g-import-not-at-top
+
+  x = torch.from_numpy(np.ascontiguousarray(images.transpose(0, 3, 1, 2)))
+  with torch.no_grad():
+    hf = type(model).__module__.startswith("transformers.")
+    out = model(pixel_values=x) if hf else model(x)
+  return (out.logits if hasattr(out, "logits") else out).numpy()
+
+
+def our_logits(loaded, images: np.ndarray, **overrides) -> np.ndarray:
+  """A `weights.sources.LoadedModel`'s logits, its module built with ``overrides``."""
+  module = loaded.module(**overrides)
+  return np.asarray(jax.jit(lambda p, x: module.apply({"params": p}, x))(loaded.params, images))
+
+
+def hf_vit_classifier(layer_norm_eps: float, num_labels: int = NUM_CLASSES):
+  """A transformers `ViTForImageClassification` of width 64, 2 layers, 32x32 inputs."""
+  import transformers  # pylint: disable=g-import-not-at-top
+
+  config = transformers.ViTConfig(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=128,
+    image_size=32,
+    patch_size=16,
+    num_labels=num_labels,
+    layer_norm_eps=layer_norm_eps,
+  )
+  return transformers.ViTForImageClassification(config).eval()

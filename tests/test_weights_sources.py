@@ -19,7 +19,6 @@ import shutil
 import subprocess
 import sys
 
-import jax
 import ml_collections
 import numpy as np
 import pytest
@@ -75,17 +74,8 @@ def _source(name: str, root: str):
   torch.manual_seed(0)
   directory = os.path.join(root, name)
   if name == "hf_vit":
-    config = transformers.ViTConfig(
-      hidden_size=64,
-      num_hidden_layers=2,
-      num_attention_heads=2,
-      intermediate_size=128,
-      image_size=32,
-      patch_size=16,
-      num_labels=NUM_CLASSES,
-      layer_norm_eps=1e-6,  # ours (the official); google/vit-* configs say 1e-12
-    )
-    model = transformers.ViTForImageClassification(config).eval()
+    # 1e-6: the official epsilon; google/vit-* configs say 1e-12 (tests/test_vit_family.py)
+    model = fx.hf_vit_classifier(layer_norm_eps=1e-6, num_labels=NUM_CLASSES)
     _randomise(model)
     model.save_pretrained(directory)
     return directory, model, 32, False
@@ -104,16 +94,7 @@ def sources(tmp_path_factory):
   return lambda name: _source(name, root)
 
 
-def _theirs(model, images: np.ndarray) -> np.ndarray:
-  x = torch.from_numpy(np.ascontiguousarray(images.transpose(0, 3, 1, 2)))
-  with torch.no_grad():
-    out = model(pixel_values=x) if isinstance(model, transformers.PreTrainedModel) else model(x)
-  return (out.logits if hasattr(out, "logits") else out).numpy()
-
-
-def _ours(loaded: weight_sources.LoadedModel, images: np.ndarray, **overrides) -> np.ndarray:
-  module = loaded.module(**overrides)
-  return np.asarray(jax.jit(lambda p, x: module.apply({"params": p}, x))(loaded.params, images))
+_theirs, _ours = fx.torch_logits, fx.our_logits
 
 
 def _flat(tree) -> dict[str, np.ndarray]:

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import ml_collections
 from absl import flags
 
-from vit_jax import cli, data, errors, paths, sharding, weights
+from vit_jax import cli, data, errors, models, paths, sharding, weights
 from vit_jax.run.evaluators import fewshot as fewshot_lib
 from vit_jax.run.evaluators import ridge
 from vit_jax.weights import hub, sources
@@ -123,6 +123,8 @@ def _from_weights(
     prefetch=2,
     seed=0,
     skip_corrupt_images=False,
+    input_mean=tuple(models.with_family_defaults(loaded.config).input_mean),
+    input_std=tuple(models.with_family_defaults(loaded.config).input_std),
   )
   return loaded.config, settings
 

@@ -7,9 +7,11 @@ PATH: an official-layout `.npz`, a training run (workdir, `checkpoints/` or a st
 folder), a Hugging Face or timm checkpoint, `hf-hub:<org>/<name>` or an official name
 such as `ViT-B_16` (`vit_jax.weights.sources`). Images are prepared
 as the eval pipeline prepares them (`vit_jax.data.preprocess.eval_image`: the whole
-image resized bilinearly to the model's resolution, values in [-1, 1]) and classified in
-jitted batches. A file that cannot be decoded is reported on stderr and skipped; a path
-that does not exist is an error (`vit_jax.cli`: one line, exit status 2).
+image resized bilinearly to the model's resolution, normalised with the checkpoint's own
+mean and std, the model config's ``input_mean``/``input_std``: [-1, 1] for the official
+weights) and classified in jitted batches. A file that cannot be decoded is reported on
+stderr and skipped; a path that does not exist is an error (`vit_jax.cli`: one line,
+exit status 2).
 Output: one line per image, ``FILE<TAB>label:probability ...``, or JSON lines.
 """
 
@@ -29,7 +31,7 @@ import numpy as np
 import tensorflow as tf
 from absl import flags, logging
 
-from vit_jax import errors
+from vit_jax import errors, models
 from vit_jax.data import preprocess
 from vit_jax.weights import sources
 
@@ -98,13 +100,15 @@ class Classifier:
     self._params = jax.device_put(model.params)
     self._probs = jax.jit(lambda p, x: jax.nn.softmax(module.apply({"params": p}, x)))
     crop = image_size[0]
+    config = models.with_family_defaults(model.config)
+    mean, std = tuple(config.input_mean), tuple(config.input_std)
     self._prepare = tf.function(
-      lambda data: preprocess.eval_image(data, crop=crop),
+      lambda data: preprocess.eval_image(data, crop=crop, mean=mean, std=std),
       input_signature=[tf.TensorSpec([], tf.string)],
     )
 
   def prepare(self, path: str) -> Optional[np.ndarray]:
-    """float32 [H, W, 3] in [-1, 1], or None (logged) when the file cannot be read."""
+    """float32 [H, W, 3] normalised for the model, or None (logged) when the file cannot be read."""
     try:
       with open(path, "rb") as f:
         return self._prepare(tf.constant(f.read())).numpy()

@@ -12,8 +12,8 @@ from typing import Any
 
 from vit_jax import errors
 from vit_jax.data import folder as folder_lib
+from vit_jax.data import preprocess, tfds_source
 from vit_jax.data import splits as splits_lib
-from vit_jax.data import tfds_source
 
 # Keys that may hold None: no local tfds dir, no manual-download dir, classes from the data.
 _OPTIONAL = ("data_dir", "manual_dir", "num_classes")
@@ -39,6 +39,9 @@ class Settings:
   prefetch: int
   seed: int
   skip_corrupt_images: bool
+  # The normalisation the model's weights expect (config.model.input_mean/input_std).
+  input_mean: tuple[float, ...] = preprocess.OFFICIAL_MEAN
+  input_std: tuple[float, ...] = preprocess.OFFICIAL_STD
 
   @classmethod
   def from_config(cls, config: Any) -> "Settings":
@@ -55,6 +58,7 @@ class Settings:
       return node[key]
 
     pp = get("pp")
+    model = config.get("model") or {}
     settings = cls(
       dataset=str(get("dataset")),
       data_dir=get("data_dir"),
@@ -74,6 +78,8 @@ class Settings:
       prefetch=int(get("prefetch")),
       seed=int(get("seed")),
       skip_corrupt_images=bool(get("skip_corrupt_images")),
+      input_mean=tuple(model.get("input_mean", preprocess.OFFICIAL_MEAN)),
+      input_std=tuple(model.get("input_std", preprocess.OFFICIAL_STD)),
     )
     for key in ("crop", "batch", "batch_eval", "shuffle_buffer"):
       if getattr(settings, key) <= 0:

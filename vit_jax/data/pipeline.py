@@ -83,9 +83,13 @@ def _example_fn(settings: Settings, kind: str, num_classes: int, train: bool):
         min_area=settings.min_area,
         flip=settings.flip,
         randaug=settings.randaug,
+        mean=settings.input_mean,
+        std=settings.input_std,
       )
     else:
-      image = preprocess.eval_image(data, crop=settings.crop)
+      image = preprocess.eval_image(
+        data, crop=settings.crop, mean=settings.input_mean, std=settings.input_std
+      )
     return position, image, preprocess.one_hot(label, num_classes)
 
   return fn

@@ -7,7 +7,9 @@ the same epoch always gets the same crop, flip and RandAugment ops, whatever the
 size or the step the run was resumed at.
 
 Output convention (shared with the official checkpoints): float32 [crop, crop, 3] with
-values (x - 127.5) / 127.5, clipped so they lie within [-1, 1] exactly.
+values (x - 127.5) / 127.5, clipped so they lie within [-1, 1] exactly. Weights trained
+with another normalisation (timm's ImageNet or CLIP mean/std; the model config's
+``input_mean``/``input_std``) get (x / 255 - mean) / std per channel instead.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from vit_jax.data import randaug as randaug_lib
 
 # Aspect ratios (width / height) of the inception crop, as in Szegedy et al. (2015).
 CROP_ASPECT_RANGE = (3.0 / 4.0, 4.0 / 3.0)
+# The official normalisation as a mean and std on the 0..1 scale: (x / 255 - 0.5) / 0.5.
+OFFICIAL_MEAN = OFFICIAL_STD = (0.5, 0.5, 0.5)
+RGB = tuple[float, float, float]
 _CROP_ATTEMPTS = 10  # Proposals tried before the crop falls back to the whole image.
 
 
@@ -79,10 +84,14 @@ def resize(image: tf.Tensor, crop: int) -> tf.Tensor:
   return tf.image.resize(image, [crop, crop], method="bilinear")
 
 
-def normalize(image: tf.Tensor) -> tf.Tensor:
-  """float32 in 0..255 -> (x - 127.5) / 127.5, clipped to [-1, 1] exactly."""
-  image = (tf.cast(image, tf.float32) - 127.5) / 127.5
-  return tf.clip_by_value(image, -1.0, 1.0)
+def normalize(image: tf.Tensor, mean: RGB = OFFICIAL_MEAN, std: RGB = OFFICIAL_STD) -> tf.Tensor:
+  """float32 in 0..255 -> (x - 127.5) / 127.5, clipped to [-1, 1] exactly; with another
+  ``mean``/``std`` (per RGB channel, 0..1 scale) -> (x / 255 - mean) / std."""
+  if tuple(mean) == OFFICIAL_MEAN and tuple(std) == OFFICIAL_STD:
+    image = (tf.cast(image, tf.float32) - 127.5) / 127.5
+    return tf.clip_by_value(image, -1.0, 1.0)
+  scaled = tf.cast(image, tf.float32) / 255.0
+  return (scaled - tf.constant(mean, tf.float32)) / tf.constant(std, tf.float32)
 
 
 def train_image(
@@ -93,8 +102,10 @@ def train_image(
   min_area: float,
   flip: bool,
   randaug: tuple[int, float] | None,
+  mean: RGB = OFFICIAL_MEAN,
+  std: RGB = OFFICIAL_STD,
 ) -> tf.Tensor:
-  """Encoded bytes -> float32 [crop, crop, 3] in [-1, 1], randomly augmented.
+  """Encoded bytes -> float32 [crop, crop, 3], normalised (`normalize`), randomly augmented.
 
   Inception crop (area min_area..1, aspect 3/4..4/3), optional horizontal flip,
   bilinear resize to `crop`, then with `randaug` = (layers, magnitude) RandAugment on
@@ -113,12 +124,15 @@ def train_image(
   if randaug is not None:
     pixels = tf.cast(tf.clip_by_value(tf.round(image), 0.0, 255.0), tf.uint8)
     image = randaug_lib.randaugment(pixels, randaug_seed, *randaug)
-  return normalize(image)
+  return normalize(image, mean, std)
 
 
-def eval_image(data: tf.Tensor, *, crop: int) -> tf.Tensor:
-  """Encoded bytes -> float32 [crop, crop, 3] in [-1, 1]: the whole image resized."""
-  return normalize(resize(decode_rgb(data), crop))
+def eval_image(
+  data: tf.Tensor, *, crop: int, mean: RGB = OFFICIAL_MEAN, std: RGB = OFFICIAL_STD
+) -> tf.Tensor:
+  """Encoded bytes -> float32 [crop, crop, 3], normalised (`normalize`): the whole image
+  resized."""
+  return normalize(resize(decode_rgb(data), crop), mean, std)
 
 
 def one_hot(label: tf.Tensor, num_classes: int) -> tf.Tensor:

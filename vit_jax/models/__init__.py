@@ -8,6 +8,7 @@ from typing import Any, Optional
 import jax.numpy as jnp
 import ml_collections
 
+from vit_jax.models.options import check_model_config, with_family_defaults
 from vit_jax.models.posemb import POSEMB_KINDS, resize_grid, sincos_2d
 from vit_jax.models.settings import ModelSettings
 from vit_jax.models.variants import MODEL_NAMES, get_model_config
@@ -27,6 +28,8 @@ def create_model(
 
   ``overrides`` replace module attributes (``classifier="gap"``) or fields of its
   `ExecutionOptions` (``dropout_rate=0.1``, ``scan=True``, ``dtype=jnp.bfloat16``).
+  A config saved before the later family's options existed builds the official model
+  (`ModelSettings` reads each missing option at its official value).
   """
   cfg = ModelSettings.from_config(model_config)
   t = cfg.transformer
@@ -56,6 +59,14 @@ def create_model(
     head_bias_init=cfg.head_bias_init,
     resnet_units=None if cfg.resnet is None else cfg.resnet.num_layers,
     resnet_width_factor=1.0 if cfg.resnet is None else cfg.resnet.width_factor,
+    num_registers=cfg.num_registers,
+    class_token=cfg.class_token,
+    posemb_patches_only=cfg.posemb_patches_only,
+    norm_pre=cfg.norm_pre,
+    fc_norm=cfg.fc_norm,
+    layer_scale_init=cfg.layer_scale_init,
+    layer_norm_epsilon=cfg.layer_norm_epsilon,
+    activation=cfg.activation,
     execution=ExecutionOptions(**execution),
   )
   attributes.update(overrides)
@@ -69,8 +80,10 @@ __all__ = [
   "ModelSettings",
   "POSEMB_KINDS",
   "VisionTransformer",
+  "check_model_config",
   "create_model",
   "get_model_config",
   "resize_grid",
   "sincos_2d",
+  "with_family_defaults",
 ]

@@ -70,15 +70,18 @@ def sincos_2d(grid_hw: tuple[int, int], width: int, temperature: float = 10_000.
 
 
 class AddPositionEmbs(nn.Module):
-  """Adds position embeddings of the chosen kind to [B, N(+1), D] tokens.
+  """Adds position embeddings of the chosen kind to [B, P + N, D] tokens.
 
-  ``grid_hw`` is the patch grid; ``num_prefix`` is 1 when a class token leads the sequence.
+  ``grid_hw`` is the patch grid; ``num_prefix`` the P tokens before the patches (class
+  token, registers). ``embed_prefix``: the learned 1-D table has rows for them (the
+  official layout), else it covers the patches only (timm's ``no_embed_class``).
   """
 
   kind: PosembKind
   grid_hw: tuple[int, int]
   num_prefix: int
   param_dtype: jnp.dtype = jnp.float32
+  embed_prefix: bool = True
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -93,9 +96,11 @@ class AddPositionEmbs(nn.Module):
       return x
     if self.kind == "learn":
       init = nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02), (None, None, EMBED))
-      posemb = self.param("pos_embedding", init, (1, n, d), self.param_dtype)
-      return x + posemb.astype(x.dtype)
-    if self.kind == "learn_2d":
+      rows = n if self.embed_prefix else gh * gw
+      posemb = self.param("pos_embedding", init, (1, rows, d), self.param_dtype)
+      if rows == n:
+        return x + posemb.astype(x.dtype)
+    elif self.kind == "learn_2d":
       init = nn.with_logical_partitioning(
         nn.initializers.normal(stddev=0.02), (None, None, None, EMBED)
       )
@@ -108,7 +113,7 @@ class AddPositionEmbs(nn.Module):
       posemb = grid.reshape(1, gh * gw, d)  # [1, N, D]
     else:  # sincos2d
       posemb = jnp.asarray(sincos_2d(self.grid_hw, d))[None]  # [1, N, D]
-    posemb = jnp.pad(posemb, ((0, 0), (self.num_prefix, 0), (0, 0)))  # no embedding for cls
+    posemb = jnp.pad(posemb, ((0, 0), (self.num_prefix, 0), (0, 0)))  # none for the prefix
     return x + posemb.astype(x.dtype)
 
 

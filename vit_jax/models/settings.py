@@ -17,10 +17,11 @@ import numbers
 from typing import Any, Optional
 
 import jax.numpy as jnp
+import ml_collections
 
 from vit_jax import errors
+from vit_jax.models import options, variants, vit
 from vit_jax.models import posemb as posemb_lib
-from vit_jax.models import vit
 
 
 def _read(node: Any, key: str, where: str) -> Any:
@@ -79,6 +80,18 @@ def check_attention_impl(impl: Optional[str]) -> None:
     )
 
 
+def _family_options(config: Any) -> dict[str, Any]:
+  """The later family's options of ``config``, each at its official value where the config
+  predates it; left as written (lists as tuples) for `options.check_model_config`."""
+  found = {}
+  for key, default in variants.family_options().items():
+    if isinstance(default, ml_collections.FieldReference):
+      default = default.get()
+    value = config.get(key, default)
+    found[key] = tuple(value) if isinstance(value, (list, tuple)) else value
+  return found
+
+
 @dataclasses.dataclass(frozen=True)
 class PatchSettings:
   size: tuple[int, int]  # patch height and width, in input pixels (hybrids: feature cells)
@@ -119,6 +132,18 @@ class ModelSettings:
   dtype: str  # the computation's, e.g. 'bfloat16' (parameters stay float32)
   stoch_depth: float = 0.0  # the last block's drop-path rate (timm's linear schedule)
   head_bias_init: float = 0.0  # the head's initial bias (AugReg's sigmoid runs: -6.9)
+  # The later family's options (`variants.family_options`, checked by `options`); the
+  # defaults are the official model's, for configs saved before these keys existed.
+  num_registers: int = 0  # register tokens after the class token (DINOv2-reg)
+  class_token: Optional[bool] = None  # None: only with classifier='token'
+  posemb_patches_only: bool = False  # timm's no_embed_class
+  norm_pre: bool = False  # a LayerNorm before the blocks (CLIP)
+  fc_norm: bool = False  # the final LayerNorm after pooling (timm's fc_norm)
+  layer_scale_init: Optional[float] = None  # None: no LayerScale (DINOv2: 1e-5)
+  layer_norm_epsilon: float = 1e-6
+  activation: str = "gelu"  # `layers.ACTIVATIONS`
+  input_mean: tuple[float, ...] = (0.5, 0.5, 0.5)  # the inputs the weights expect, per RGB
+  input_std: tuple[float, ...] = (0.5, 0.5, 0.5)
 
   def __post_init__(self):
     vit.check_classifier(self.classifier)
@@ -131,6 +156,7 @@ class ModelSettings:
       raise errors.ConfigError(
         f"config.model.resnet.width_factor={self.resnet.width_factor!r} must be positive."
       )
+    options.check_model_config(self)
 
   @classmethod
   def from_config(cls, config: Any) -> "ModelSettings":
@@ -180,6 +206,7 @@ class ModelSettings:
       # Configs saved before these keys existed train and evaluate as before without them.
       stoch_depth=_rate(config.get("stoch_depth", 0.0), "stoch_depth"),
       head_bias_init=_finite(config.get("head_bias_init", 0.0), "head_bias_init"),
+      **_family_options(config),
     )
 
   def get(self, key: str, default: Any = None) -> Any:

@@ -10,8 +10,9 @@ directory: notebooks and user code need the variants without the repository chec
 Fields: ``patches.size``, ``hidden_size``, ``transformer.{num_layers, mlp_dim, num_heads,
 dropout_rate, attention_dropout_rate}``, ``classifier``, ``representation_size``,
 ``resnet`` (None, or ``{num_layers: units per stage, width_factor}``), plus this project's
-``posemb``, ``gelu_approximate``, ``head_bias_init`` and execution options (``scan``,
-``remat``, ``remat_policy``, ``stoch_depth``, ``attention_impl``, ``dtype``).
+``posemb``, ``gelu_approximate``, ``head_bias_init``, the later family's options
+(`family_options`) and execution options (``scan``, ``remat``, ``remat_policy``,
+``stoch_depth``, ``attention_impl``, ``dtype``).
 `vit_jax.models.create_model` builds the module.
 """
 
@@ -22,6 +23,25 @@ from typing import Callable, Optional, Sequence
 import ml_collections
 
 from vit_jax import errors
+
+
+def family_options() -> dict[str, object]:
+  """The options of the ViTs that came after the paper, each at the official model's value
+  (`vit_jax.models.options` checks them; `VisionTransformer` documents them)."""
+  return dict(
+    num_registers=0,  # register tokens after the class token (DINOv2-reg)
+    class_token=ml_collections.FieldReference(None, field_type=bool),  # None: iff 'token'
+    posemb_patches_only=False,  # timm's no_embed_class: no position rows for the prefix
+    norm_pre=False,  # a LayerNorm before the blocks (CLIP)
+    fc_norm=False,  # the final LayerNorm after pooling instead of before (timm's fc_norm)
+    layer_scale_init=ml_collections.FieldReference(None, field_type=float),  # LayerScale
+    layer_norm_epsilon=1e-6,
+    activation="gelu",  # or 'quick_gelu' (OpenAI CLIP); 'gelu' is tanh or exact by gelu_approximate
+    # The inputs the weights expect, (x / 255 - mean) / std per RGB channel; 0.5 and 0.5
+    # are the official [-1, 1]. Recorded from a checkpoint's own preprocessing on import.
+    input_mean=(0.5, 0.5, 0.5),
+    input_std=(0.5, 0.5, 0.5),
+  )
 
 
 def _vit(
@@ -51,6 +71,7 @@ def _vit(
   # (every class starts near probability 1e-3).
   config.head_bias_init = 0.0
   config.resnet = ml_collections.FieldReference(None, field_type=ml_collections.ConfigDict)
+  config.update(family_options())
   if resnet_units is not None:
     config.resnet = ml_collections.ConfigDict(
       {"num_layers": tuple(resnet_units), "width_factor": 1.0}

@@ -12,7 +12,6 @@ Inspection: apply with ``mutable=['intermediates']`` and every block sows
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Callable, Optional, Sequence
 
@@ -22,21 +21,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax import errors
+from vit_jax.models import embeddings, heads, layers, options
 from vit_jax.models import posemb as posemb_lib
+from vit_jax.models.heads import CLASSIFIERS
+from vit_jax.models.layers import MlpBlock
+from vit_jax.models.layers import partitioned as _partitioned
 from vit_jax.models.resnet import resnet_root
-from vit_jax.sharding import EMBED, HEADS, KV, LAYERS, MLP
-
-CLASSIFIERS: tuple[str, ...] = ("token", "gap", "unpooled")
+from vit_jax.sharding import EMBED, HEADS, KV, LAYERS
 
 EINSUM = "einsum"  # `ExecutionOptions.attention_impl` of the module's own einsum attention
 # `ExecutionOptions.attention_impl` values: None or EINSUM (the einsum attention), or an
 # ``implementation`` of `jax.nn.dot_product_attention`.
 ATTENTION_IMPLS: tuple[Optional[str], ...] = (None, EINSUM, "xla", "cudnn")
-_normal_init = nn.initializers.normal(stddev=1e-6)
-
-
-def _partitioned(init, names: tuple[Optional[str], ...]):
-  return nn.with_logical_partitioning(init, names)
 
 
 # The checks of the model's options: `vit_jax.models.settings.ModelSettings` (which
@@ -213,41 +209,6 @@ class MultiHeadDotProductAttention(nn.Module):
     return jnp.einsum("bhnk,hkd->bnd", y, w_out) + b_out  # [B, N, D]
 
 
-class MlpBlock(nn.Module):
-  """Dense -> GELU -> dropout -> Dense -> dropout.
-
-  ``gelu_approximate``: the tanh approximation (Flax's default, what the official model
-  and its checkpoints use) or the exact erf GELU (what timm and Hugging Face compute).
-  """
-
-  mlp_dim: int
-  gelu_approximate: bool
-  execution: ExecutionOptions = ExecutionOptions()
-
-  @nn.compact
-  def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
-    d = x.shape[-1]
-    rate = self.execution.dropout_rate
-    dense = functools.partial(
-      nn.Dense, dtype=self.execution.dtype, param_dtype=self.execution.param_dtype
-    )
-    x = dense(
-      self.mlp_dim,
-      name="Dense_0",
-      kernel_init=_partitioned(nn.initializers.xavier_uniform(), (EMBED, MLP)),
-      bias_init=_partitioned(_normal_init, (MLP,)),
-    )(x)  # [B, N, M]
-    x = nn.gelu(x, approximate=self.gelu_approximate)
-    x = nn.Dropout(rate)(x, deterministic=deterministic)
-    x = dense(
-      d,
-      name="Dense_1",
-      kernel_init=_partitioned(nn.initializers.xavier_uniform(), (MLP, EMBED)),
-      bias_init=_partitioned(_normal_init, (EMBED,)),
-    )(x)  # [B, N, D]
-    return nn.Dropout(rate)(x, deterministic=deterministic)
-
-
 def drop_path_rates(num_layers: int, stoch_depth: float) -> tuple[float, ...]:
   """Each block's drop-path rate: linear from 0 at the first block to ``stoch_depth`` at
   the last, timm's schedule (``torch.linspace(0, rate, depth)``, in float32 as there)."""
@@ -279,27 +240,26 @@ class DropPath(nn.Module):
     return jnp.where(kept, y / keep.astype(y.dtype), jnp.zeros((), y.dtype))
 
 
-def _layer_norm(name: str, execution: ExecutionOptions) -> nn.LayerNorm:
-  return nn.LayerNorm(
-    epsilon=1e-6,
-    name=name,
-    dtype=execution.dtype,
-    param_dtype=execution.param_dtype,
-    scale_init=_partitioned(nn.initializers.ones, (EMBED,)),
-    bias_init=_partitioned(nn.initializers.zeros, (EMBED,)),
-  )
-
-
 class Encoder1DBlock(nn.Module):
   """Pre-LayerNorm block: x + MSA(LN(x)), then x + MLP(LN(x)).
 
-  Returns ``(x, None)`` so that the same class serves as the body of `nn.scan`.
+  With ``layer_scale_init`` each branch is scaled by a learned per-channel LayerScale
+  before the residual sum (timm's ``ls1``/``ls2``; DINOv2). Returns ``(x, None)`` so that
+  the same class serves as the body of `nn.scan`.
   """
 
   mlp_dim: int
   num_heads: int
   gelu_approximate: bool
   execution: ExecutionOptions = ExecutionOptions()
+  activation: str = layers.GELU
+  layer_norm_epsilon: float = 1e-6
+  layer_scale_init: Optional[float] = None
+
+  def _scaled(self, y: jax.Array, name: str) -> jax.Array:
+    if self.layer_scale_init is None:
+      return y
+    return layers.LayerScale(self.layer_scale_init, self.execution.param_dtype, name=name)(y)
 
   @nn.compact
   def __call__(
@@ -307,21 +267,31 @@ class Encoder1DBlock(nn.Module):
   ) -> tuple[jax.Array, None]:
     """``drop_path``: this block's stochastic-depth rate (`DropPath`), on each branch."""
     ex = self.execution
-    y = _layer_norm("LayerNorm_0", ex)(x)
+    norm = lambda name: layers.layer_norm(name, self.layer_norm_epsilon, ex.dtype, ex.param_dtype)
+    y = norm("LayerNorm_0")(x)
     y = MultiHeadDotProductAttention(self.num_heads, ex, name="MultiHeadDotProductAttention_1")(
       y, deterministic
     )
     y = nn.Dropout(ex.dropout_rate)(y, deterministic=deterministic)
+    # As timm's: x + drop_path(ls(branch)).
+    y = self._scaled(y, "LayerScale_attention")
     x = x + DropPath(name="drop_path_attention")(y, drop_path, deterministic)  # [B, N, D]
-    y = _layer_norm("LayerNorm_2", ex)(x)
-    y = MlpBlock(self.mlp_dim, self.gelu_approximate, ex, name="MlpBlock_3")(y, deterministic)
+    y = norm("LayerNorm_2")(x)
+    mlp = MlpBlock(self.mlp_dim, self.gelu_approximate, ex, self.activation, name="MlpBlock_3")
+    y = self._scaled(mlp(y, deterministic), "LayerScale_mlp")
     x = x + DropPath(name="drop_path_mlp")(y, drop_path, deterministic)
     self.sow("intermediates", "tokens", x)
     return x, None
 
 
 class Encoder(nn.Module):
-  """Position embeddings, ``num_layers`` blocks (a Python loop or `nn.scan`), final LayerNorm."""
+  """Position embeddings, ``num_layers`` blocks (a Python loop or `nn.scan`), final LayerNorm.
+
+  ``posemb_patches_only``: the position embeddings cover the patches, not the prefix
+  tokens (timm's ``no_embed_class``); ``norm_pre``: a LayerNorm ``norm_pre`` before the
+  blocks (CLIP's); ``final_norm`` False: no ``encoder_norm`` (the head normalises after
+  pooling, timm's ``fc_norm``).
+  """
 
   num_layers: int
   mlp_dim: int
@@ -331,15 +301,29 @@ class Encoder(nn.Module):
   gelu_approximate: bool
   posemb: str = "learn"
   execution: ExecutionOptions = ExecutionOptions()
+  posemb_patches_only: bool = False
+  norm_pre: bool = False
+  final_norm: bool = True
+  activation: str = layers.GELU
+  layer_norm_epsilon: float = 1e-6
+  layer_scale_init: Optional[float] = None
 
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
     ex = self.execution
     deterministic = not train
+    norm = lambda name: layers.layer_norm(name, self.layer_norm_epsilon, ex.dtype, ex.param_dtype)
     x = posemb_lib.AddPositionEmbs(
-      self.posemb, self.grid_hw, self.num_prefix, param_dtype=ex.param_dtype, name="posembed_input"
+      self.posemb,
+      self.grid_hw,
+      self.num_prefix,
+      param_dtype=ex.param_dtype,
+      embed_prefix=not self.posemb_patches_only,
+      name="posembed_input",
     )(x)
     x = nn.Dropout(ex.dropout_rate)(x, deterministic=deterministic)
+    if self.norm_pre:
+      x = norm("norm_pre")(x)
 
     rates = drop_path_rates(self.num_layers, ex.stoch_depth)
     # With stochastic depth off the blocks get no rate: the model of before, bit for bit.
@@ -360,6 +344,9 @@ class Encoder(nn.Module):
       num_heads=self.num_heads,
       gelu_approximate=self.gelu_approximate,
       execution=ex,
+      activation=self.activation,
+      layer_norm_epsilon=self.layer_norm_epsilon,
+      layer_scale_init=self.layer_scale_init,
     )
     if ex.scan:
       scanned = nn.scan(
@@ -376,7 +363,7 @@ class Encoder(nn.Module):
       for i in range(self.num_layers):
         layer_rate = tuple(r[i] for r in drop_path)
         x, _ = block_cls(name=f"encoderblock_{i}", **block_kwargs)(x, deterministic, *layer_rate)
-    return _layer_norm("encoder_norm", ex)(x)
+    return norm("encoder_norm")(x) if self.final_norm else x
 
 
 class VisionTransformer(nn.Module):
@@ -385,8 +372,14 @@ class VisionTransformer(nn.Module):
   With ``classifier='unpooled'`` the output keeps every token, [B, N, K or D];
   with ``num_classes`` 0 or None there is no head and the output is the representation.
   Masked patch prediction (`vit_jax.models.mpp`) passes ``corrupt``, applied to the patch
-  embeddings [B, N, D] before the class token and the position embeddings, and
-  ``pool=False``: the output is then every token after the encoder, [B, N(+1), D].
+  embeddings [B, N, D] before the prefix tokens and the position embeddings, and
+  ``pool=False``: the output is then every token after the encoder, [B, P + N, D].
+
+  The later members of the family (each option's default is the official model's):
+  ``num_registers`` register tokens after the class token, ``class_token`` (None: only
+  with ``classifier='token'``), ``posemb_patches_only``, ``norm_pre``, ``fc_norm``,
+  ``layer_scale_init``, ``layer_norm_epsilon`` and ``activation`` (`vit_jax.models.layers`;
+  ``classifier='map'``: `vit_jax.models.heads`).
   """
 
   num_classes: Optional[int]
@@ -402,6 +395,14 @@ class VisionTransformer(nn.Module):
   gelu_approximate: bool = True  # tanh GELU as the official weights; False: exact (timm, HF)
   resnet_units: Optional[Sequence[int]] = None  # None: plain ViT; (): root only; (3, 4, 9): R50
   resnet_width_factor: float = 1.0
+  num_registers: int = 0
+  class_token: Optional[bool] = None
+  posemb_patches_only: bool = False
+  norm_pre: bool = False
+  fc_norm: bool = False
+  layer_scale_init: Optional[float] = None
+  layer_norm_epsilon: float = 1e-6
+  activation: str = layers.GELU
   execution: ExecutionOptions = ExecutionOptions()
 
   @property
@@ -409,6 +410,15 @@ class VisionTransformer(nn.Module):
     """How many input pixels one token covers along H and W."""
     root = 1 if self.resnet_units is None else 4 * 2 ** max(len(self.resnet_units) - 1, 0)
     return root * self.patch_size[0], root * self.patch_size[1]
+
+  @property
+  def has_class_token(self) -> bool:
+    return self.classifier == heads.TOKEN if self.class_token is None else self.class_token
+
+  @property
+  def num_prefix_tokens(self) -> int:
+    """Tokens before the patches: the class token and the registers."""
+    return int(self.has_class_token) + self.num_registers
 
   def grid_hw(self, image_hw: tuple[int, int]) -> tuple[int, int]:
     """The token grid for an image size; raises if the size is not a multiple of the patch."""
@@ -432,6 +442,7 @@ class VisionTransformer(nn.Module):
     pool: bool = True,
   ) -> jax.Array:
     check_classifier(self.classifier)
+    options.check_class_token(self.classifier, self.class_token)
     ex = self.execution
     grid_hw = self.grid_hw(images.shape[1:3])
     x = images.astype(ex.dtype)  # [B, H, W, C]
@@ -439,68 +450,52 @@ class VisionTransformer(nn.Module):
       x = resnet_root(
         x, self.resnet_units, self.resnet_width_factor, dtype=ex.dtype, param_dtype=ex.param_dtype
       )  # [B, H/s, W/s, C']
-    x = nn.Conv(
-      self.hidden_size,
-      self.patch_size,
-      strides=self.patch_size,
-      padding="VALID",
-      dtype=ex.dtype,
-      param_dtype=ex.param_dtype,
-      name="embedding",
-      kernel_init=_partitioned(nn.initializers.lecun_normal(), (None, None, None, EMBED)),
-      bias_init=_partitioned(nn.initializers.zeros, (EMBED,)),
-    )(x)
+    x = embeddings.patch_embedding(x, self.hidden_size, self.patch_size, ex.dtype, ex.param_dtype)
     b, gh, gw, d = x.shape  # [B, gh, gw, D]
     assert (gh, gw) == grid_hw, ((gh, gw), grid_hw)
     x = x.reshape(b, gh * gw, d)  # [B, N, D]
     if corrupt is not None:
       x = corrupt(x)
-
-    num_prefix = 0
-    if self.classifier == "token":
-      cls = self.param(
-        "cls", _partitioned(nn.initializers.zeros, (None, None, EMBED)), (1, 1, d), ex.param_dtype
-      )
-      x = jnp.concatenate([jnp.broadcast_to(cls.astype(x.dtype), (b, 1, d)), x], axis=1)
-      num_prefix = 1
+    x = embeddings.prepend_prefix_tokens(
+      self, x, self.has_class_token, self.num_registers, ex.param_dtype
+    )  # [B, P + N, D]
 
     x = Encoder(
       self.num_layers,
       self.mlp_dim,
       self.num_heads,
       grid_hw,
-      num_prefix,
+      self.num_prefix_tokens,
       self.gelu_approximate,
       posemb=self.posemb,
       execution=ex,
+      posemb_patches_only=self.posemb_patches_only,
+      norm_pre=self.norm_pre,
+      final_norm=not self.fc_norm,
+      activation=self.activation,
+      layer_norm_epsilon=self.layer_norm_epsilon,
+      layer_scale_init=self.layer_scale_init,
       name="Transformer",
-    )(x, train=train)  # [B, N(+1), D]
+    )(x, train=train)  # [B, P + N, D]
     if not pool:
       return x.astype(jnp.float32)
 
-    if self.classifier == "token":
-      x = x[:, 0]  # [B, D]
-    elif self.classifier == "gap":
-      x = jnp.mean(x, axis=1)  # [B, D]
-
+    map_head = None
+    if self.classifier == heads.MAP:
+      map_head = heads.MAPHead(
+        self.num_heads,
+        self.mlp_dim,
+        self.gelu_approximate,
+        self.activation,
+        self.layer_norm_epsilon,
+        ex,
+        name=heads.MAP_HEAD,
+      )
+    x = heads.pool(x, self.classifier, self.num_prefix_tokens, map_head)  # [B, D]
+    if self.fc_norm:
+      x = layers.layer_norm(heads.FC_NORM, self.layer_norm_epsilon, ex.dtype, ex.param_dtype)(x)
     if self.representation_size is not None:
-      x = nn.Dense(
-        self.representation_size,
-        dtype=ex.dtype,
-        param_dtype=ex.param_dtype,
-        kernel_init=_partitioned(nn.initializers.lecun_normal(), (EMBED, None)),
-        bias_init=_partitioned(nn.initializers.zeros, (None,)),
-        name="pre_logits",
-      )(x)
-      x = jnp.tanh(x)
-
+      x = heads.representation(x, self.representation_size, ex.dtype, ex.param_dtype)
     if self.num_classes:
-      x = nn.Dense(
-        self.num_classes,
-        dtype=ex.dtype,
-        param_dtype=ex.param_dtype,
-        kernel_init=_partitioned(nn.initializers.zeros, (EMBED, None)),
-        bias_init=_partitioned(nn.initializers.constant(self.head_bias_init), (None,)),
-        name="head",
-      )(x)
+      x = heads.linear_head(x, self.num_classes, self.head_bias_init, ex.dtype, ex.param_dtype)
     return x.astype(jnp.float32)

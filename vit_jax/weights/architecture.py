@@ -8,6 +8,10 @@ embedding kind of a parameter-free table (``sincos2d`` / ``none``) is in the sha
     .../query/kernel                     [D, H, Dh]      heads
     .../MlpBlock_3/Dense_0/kernel        [D, M]          MLP width
     cls                                  present: classifier 'token', else 'gap'
+    MAPHead_0/...                        classifier 'map' (the class token then kept apart)
+    registers                            [1, R, D]       register tokens
+    .../LayerScale_attention/scale       LayerScale (its init, unknowable, set to DINOv2's)
+    Transformer/norm_pre, fc_norm        CLIP's norm before the blocks; the norm after pooling
     pre_logits/kernel                    [D, R]          representation size
     head/kernel                          [D or R, K]     classes
     Transformer/posembed_input/...       'learn' [1, N, D] / 'learn_2d' tables: grid
@@ -17,6 +21,7 @@ embedding kind of a parameter-free table (``sincos2d`` / ``none``) is in the sha
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Mapping, Optional
 
@@ -37,6 +42,8 @@ _QUERY = "MultiHeadDotProductAttention_1/query/kernel"  # inside a block
 _MLP = "MlpBlock_3/Dense_0/kernel"
 _RESNET_UNIT = re.compile(r"^block(\d+)/unit(\d+)/")
 _ROOT_WIDTH = 64  # conv_root's output channels at width factor 1
+_LAYER_SCALE = "LayerScale_attention/scale"  # inside a block
+LAYER_SCALE_INIT = 1e-5  # a loaded LayerScale's init (DINOv2's; the stored scales replace it)
 
 
 def _shapes(params: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
@@ -162,7 +169,7 @@ def infer_model_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
   config.transformer.num_layers = arch["depth"]
   config.transformer.mlp_dim = arch["MLP dim"]
   config.transformer.num_heads = arch["heads"]
-  config.classifier = "token" if "cls" in shapes else "gap"
+  _read_family_options(config, shapes)
   config.posemb = arch["position embedding"]
   if "pre_logits/kernel" in shapes:
     config.representation_size = shapes["pre_logits/kernel"][-1]
@@ -170,6 +177,37 @@ def infer_model_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
     config.resnet = resnet
   config.name = _official_name(config) or "custom"
   return config
+
+
+def _read_family_options(config: ml_collections.ConfigDict, shapes: Mapping[str, tuple]) -> None:
+  """The options of the later ViTs that the shapes show: pooling, prefix tokens, norms,
+  LayerScale, and whether the position table has rows for the prefix tokens."""
+  has_cls = "cls" in shapes
+  config.classifier = "map" if any(k.startswith("MAPHead_0/") for k in shapes) else "gap"
+  if has_cls:
+    config.classifier = "token" if config.classifier == "gap" else config.classifier
+    config.class_token = True if config.classifier != "token" else None
+  config.num_registers = shapes["registers"][1] if "registers" in shapes else 0
+  config.norm_pre = "Transformer/norm_pre/scale" in shapes
+  config.fc_norm = "fc_norm/scale" in shapes
+  if _LAYER_SCALE in _block_shapes(shapes)[1]:
+    config.layer_scale_init = LAYER_SCALE_INIT
+  prefix = int(has_cls) + config.num_registers
+  if POSEMB in shapes and prefix:  # a square table without the prefix rows: patches only
+    rows = shapes[POSEMB][1]
+    config.posemb_patches_only = _is_square(rows) and not _is_square(rows - prefix)
+
+
+def _is_square(n: int) -> bool:
+  return n >= 0 and math.isqrt(n) ** 2 == n
+
+
+def num_prefix_rows(config: ml_collections.ConfigDict) -> int:
+  """Rows of the learned 1-D position table before the grid's: the prefix tokens', unless
+  the table covers the patches only."""
+  if config.get("posemb_patches_only", False):
+    return 0
+  return models.create_model(config, num_classes=None).num_prefix_tokens
 
 
 def num_classes(params: Mapping[str, Any]) -> Optional[int]:
@@ -185,7 +223,7 @@ def trained_image_size(
   a learned table. A 1-D table is taken to be a square grid."""
   shapes = _shapes(params)
   if POSEMB in shapes:
-    prefix = 1 if config.get("classifier", "token") == "token" else 0
+    prefix = num_prefix_rows(config)
     grid = posemb_lib.square_grid(shapes[POSEMB][1] - prefix, "pass the image size (--resolution)")
   elif POSEMB_X in shapes and POSEMB_Y in shapes:
     grid = shapes[POSEMB_Y][1], shapes[POSEMB_X][2]

@@ -19,7 +19,8 @@ import numpy as np
 from absl import logging
 from flax import traverse_util
 
-from vit_jax import errors
+from vit_jax import errors, models
+from vit_jax.models.embeddings import REGISTERS
 from vit_jax.models.mpp import MPP_PARAMS
 from vit_jax.models.posemb import (
   POSEMB_REINIT,
@@ -126,25 +127,40 @@ def _adapt_representation_and_head(
       notes.append(f"head: using the fresh one from init_params ({reason})")
 
 
-def _adapt_class_token(
+def _adapt_prefix_tokens(
   got: dict[str, Any], want: Mapping[str, Any], classifier: str, notes: list[str]
-) -> tuple[int, int]:
-  """Drops a surplus stored class token or takes a missing one fresh; (stored, new) prefix."""
-  stored_prefix = 1 if "cls" in got else 0
-  new_prefix = 1 if "cls" in want else 0
-  if stored_prefix and not new_prefix:
+) -> None:
+  """Drops a surplus stored class token or registers, takes missing ones fresh (and
+  registers of another count)."""
+  if "cls" in got and "cls" not in want:
     del got["cls"]
     notes.append(f"dropped the stored class token: the model's classifier is {classifier!r}")
-  elif new_prefix and not stored_prefix:
+  elif "cls" in want and "cls" not in got:
     got["cls"] = want["cls"]
     notes.append("the checkpoint has no class token: using the fresh one")
-  return stored_prefix, new_prefix
+  stored, wanted = (np.shape(t[REGISTERS])[1] if REGISTERS in t else 0 for t in (got, want))
+  if stored != wanted:
+    got.pop(REGISTERS, None)
+    if wanted:
+      got[REGISTERS] = want[REGISTERS]
+    notes.append(f"registers: {stored} stored, {wanted} in the model; using the fresh ones")
+
+
+def _posemb_prefix_rows(tree: Mapping[str, Any], config: Optional[Any], model_config: Any) -> int:
+  """Rows before the grid in ``tree``'s 1-D position table: from its config where the
+  source has one, else its class token and registers unless the model's table covers the
+  patches only (an `.npz` does not say; the model's layout is assumed)."""
+  if config is not None:
+    return architecture.num_prefix_rows(config)
+  if model_config.get("posemb_patches_only", False):
+    return 0
+  return int("cls" in tree) + (np.shape(tree[REGISTERS])[1] if REGISTERS in tree else 0)
 
 
 @dataclasses.dataclass(frozen=True)
 class _Grids:
-  """The stored and the new position-embedding layouts: class-token rows and grids (None:
-  square, read from the table)."""
+  """The stored and the new position-embedding layouts: prefix-token rows (class token,
+  registers) and grids (None: square, read from the table)."""
 
   stored_prefix: int
   new_prefix: int
@@ -204,12 +220,13 @@ def _adapt_posemb(
     except ValueError as e:
       raise errors.CheckpointError(f"Position embeddings of the {where}: {e}") from e
     notes += _interpolation_note("position embeddings", "grid", method, old_hw, grid_hw)
-    if stored_prefix and not new_prefix:
-      resized = resized[:, 1:]
-      notes.append("dropped the class token's position-embedding row")
-    elif new_prefix and not stored_prefix:
-      resized = np.concatenate([fresh[:, :1].astype(resized.dtype), resized], axis=1)
-      notes.append("using the fresh class-token position-embedding row")
+    if stored_prefix != new_prefix:  # the prefix rows of another token layout: fresh ones
+      prefix = fresh[:, :new_prefix].astype(resized.dtype)
+      resized = np.concatenate([prefix, resized[:, stored_prefix:]], axis=1)
+      notes.append(
+        f"position rows of the prefix tokens: {stored_prefix} stored, {new_prefix} in the "
+        "model; using the model's fresh ones"
+      )
     got[POSEMB] = resized
   elif posemb_kind == "learn_2d" and all(k in got and k in want for k in (POSEMB_X, POSEMB_Y)):
     grid_hw = (want[POSEMB_Y].shape[1], want[POSEMB_X].shape[2])
@@ -277,9 +294,10 @@ def load_pretrained(
   * ``pre_logits``: dropped when the config has no ``representation_size``, kept at the same
     size, fresh at another size (the head is then fresh too).
   * position embeddings: interpolated to the new grid (``posemb_resize_method``) with the
-    class-token row kept apart; a missing class token/row is taken fresh, a surplus one
-    dropped. The stored grid is square unless ``stored_grid_hw`` is given; the new grid is
-    read from ``init_params`` (pass ``new_grid_hw`` when it is not square).
+    prefix-token rows (class token, registers) kept apart; missing prefix tokens or rows are
+    taken fresh, surplus ones dropped. The stored grid is square unless ``stored_grid_hw``
+    is given; the new grid is read from ``init_params`` (pass ``new_grid_hw`` when it is
+    not square).
     ``posemb_resize_method='reinit'`` takes them all fresh from ``init_params`` instead.
   * masked patch prediction's ``mask_embedding`` and ``mpp_head``: dropped when the model
     has none (fine-tuning an MPP run), fresh when the checkpoint has none.
@@ -296,7 +314,8 @@ def load_pretrained(
   representation_size = model_config.representation_size
   posemb_kind = model_config.posemb
   rep_in_init = want["pre_logits/kernel"].shape[-1] if "pre_logits/kernel" in want else None
-  if (classifier == "token") != ("cls" in want) or representation_size != rep_in_init:
+  has_cls = models.create_model(model_config, num_classes=None).has_class_token
+  if has_cls != ("cls" in want) or representation_size != rep_in_init:
     raise errors.CheckpointError(
       f"model_config (classifier={classifier!r}, representation_size={representation_size}) "
       f"does not describe init_params (class token: {'cls' in want}, representation size: "
@@ -316,7 +335,9 @@ def load_pretrained(
 
   _adapt_objective_params(got, want, notes)
   _adapt_representation_and_head(got, want, representation_size, reset_head, notes)
-  stored_prefix, new_prefix = _adapt_class_token(got, want, classifier, notes)
+  stored_prefix = _posemb_prefix_rows(got, stored_config, model_config)
+  new_prefix = architecture.num_prefix_rows(model_config)
+  _adapt_prefix_tokens(got, want, classifier, notes)
   grids = _Grids(stored_prefix, new_prefix, stored_grid_hw, new_grid_hw)
   notes += _adapt_posemb(got, want, posemb_kind, posemb_resize_method, grids, where)
 

@@ -19,11 +19,11 @@ from typing import Any, Callable, Optional
 
 import ml_collections
 import numpy as np
-from absl import logging
 from flax import traverse_util
 
 from vit_jax import errors
 from vit_jax.aliases import Params
+from vit_jax.models import variants
 from vit_jax.weights import architecture, files
 
 WEIGHTS = "model.safetensors"
@@ -33,7 +33,7 @@ _BASE = "vit."  # ViTForImageClassification's prefix of the ViTModel inside it
 # hidden_act <-> our GELU: the tanh approximation (official weights) or exact erf GELU.
 _HIDDEN_ACT = {True: "gelu_pytorch_tanh", False: "gelu"}
 _APPROXIMATE = {"gelu_pytorch_tanh": True, "gelu_new": True, "gelu": False}
-_LAYER_NORM_EPS = 1e-6  # ours, as the official model
+_DEFAULT_EPS = 1e-12  # transformers' ViTConfig default (google/vit-* say it too)
 _IGNORED = ("embeddings.mask_token",)  # masked-image-modelling only
 
 Mapping = tuple[str, str, Callable[[np.ndarray], np.ndarray], Callable[[np.ndarray], np.ndarray]]
@@ -114,6 +114,12 @@ def check_exportable(config: ml_collections.ConfigDict, num_classes: Optional[in
       "a representation layer (pre_logits) before the head, which "
       "ViTForImageClassification does not have"
     )
+  official = variants.family_options()
+  for key in ("num_registers", "posemb_patches_only", "norm_pre", "fc_norm", "layer_scale_init"):
+    if config.get(key, official[key]) not in (official[key], None):
+      problems.append(f"{key}={config[key]!r} (HF's ViT has none; export it to timm)")
+  if config.get("activation", "gelu") != "gelu":
+    problems.append(f"activation {config.activation!r} (HF's ViT: GELU)")
   if not num_classes:
     problems.append("no classification head")
   if problems:
@@ -153,7 +159,7 @@ def to_hf(
     "num_attention_heads": t.num_heads,
     "intermediate_size": t.mlp_dim,
     "hidden_act": _HIDDEN_ACT[config.gelu_approximate],
-    "layer_norm_eps": _LAYER_NORM_EPS,
+    "layer_norm_eps": config.get("layer_norm_epsilon", 1e-6),
     "hidden_dropout_prob": 0.0,
     "attention_probs_dropout_prob": 0.0,
     "image_size": square(image_size),
@@ -165,7 +171,7 @@ def to_hf(
     "id2label": {str(i): n for i, n in enumerate(class_names)},
     "label2id": {n: i for i, n in enumerate(class_names)},
   }
-  preprocessor = {  # the [-1, 1] inputs: (x / 255 - 0.5) / 0.5
+  preprocessor = {  # the model's inputs: (x / 255 - mean) / std
     "image_processor_type": "ViTImageProcessor",
     "do_resize": True,
     "size": {"height": image_size[0], "width": image_size[1]},
@@ -173,8 +179,8 @@ def to_hf(
     "do_rescale": True,
     "rescale_factor": 1 / 255,
     "do_normalize": True,
-    "image_mean": [0.5, 0.5, 0.5],
-    "image_std": [0.5, 0.5, 0.5],
+    "image_mean": list(config.get("input_mean", (0.5, 0.5, 0.5))),
+    "image_std": list(config.get("input_std", (0.5, 0.5, 0.5))),
   }
   return tensors, hf_config, preprocessor
 
@@ -220,6 +226,40 @@ def _read_tensors(directory: str) -> dict[str, np.ndarray]:
   return tensors
 
 
+def _normalization(
+  directory: str, config: ml_collections.ConfigDict
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+  """(mean, std) of the folder's image processor (`preprocessor_config.json`); without
+  one, the model config's (the official [-1, 1])."""
+  path = os.path.join(directory, PREPROCESSOR)
+  if not os.path.lexists(path):
+    return tuple(config.input_mean), tuple(config.input_std)
+  processor = files.read_json(path)
+  if not processor.get("do_normalize", True):
+    return (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)
+
+  def rgb(key: str) -> tuple[float, ...]:
+    value = processor.get(key, [0.5] * 3)
+    values = value if isinstance(value, list) else [value] * 3
+    if len(values) != 3 or not all(_is_number(v) for v in values):
+      raise errors.CheckpointError(f"{path!r}: {key} is {value!r}, not a number or 3 numbers.")
+    return tuple(float(v) for v in values)
+
+  return rgb("image_mean"), rgb("image_std")
+
+
+def _is_number(value: Any) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _layer_norm_eps(hf_config: dict[str, Any], path: str) -> float:
+  """config.json's ``layer_norm_eps`` (transformers' default when absent), a positive number."""
+  eps = hf_config.get("layer_norm_eps", _DEFAULT_EPS)
+  if not _is_number(eps) or not eps > 0:
+    raise errors.CheckpointError(f"{path!r}: layer_norm_eps is {eps!r}, not a positive number.")
+  return float(eps)
+
+
 def read_dir(
   directory: str,
 ) -> tuple[ml_collections.ConfigDict, Params, Optional[list[str]], tuple[int, int]]:
@@ -230,14 +270,6 @@ def read_dir(
   if act not in _APPROXIMATE:
     raise errors.CheckpointError(
       f"{directory!r}: hidden_act {act!r} is not a GELU this model has ({', '.join(_APPROXIMATE)})."
-    )
-  eps = hf_config.get("layer_norm_eps", 1e-12)
-  if eps != _LAYER_NORM_EPS:
-    logging.warning(
-      "%s: layer_norm_eps %g; this model uses %g (logits differ slightly).",
-      directory,
-      eps,
-      _LAYER_NORM_EPS,
     )
   tensors = {
     k[len(_BASE) :] if k.startswith(_BASE) else k: v for k, v in _read_tensors(directory).items()
@@ -258,7 +290,9 @@ def read_dir(
     )
   unused = set(tensors) - {hf for _, hf, _, _ in maps} - set(_IGNORED)
   if unused:
-    logging.warning("%s: ignoring %d arrays: %s", directory, len(unused), sorted(unused)[:5])
+    raise errors.CheckpointError(
+      f"{directory!r}: {len(unused)} arrays have no place in this ViT: {sorted(unused)}."
+    )
   params = traverse_util.unflatten_dict(
     {
       ours: from_hf(np.asarray(tensors[hf], np.float32))
@@ -269,6 +303,8 @@ def read_dir(
   )
   config = architecture.infer_model_config(params)
   config.gelu_approximate = _APPROXIMATE[act]
+  config.layer_norm_epsilon = _layer_norm_eps(hf_config, config_path)
+  config.input_mean, config.input_std = _normalization(directory, config)
   size = hf_config.get("image_size", 224)
   size = tuple(size) if isinstance(size, (list, tuple)) else (size, size)
   names = None

@@ -2,10 +2,14 @@
 
 The inverse of `vit_jax.weights.timm`'s export. A timm checkpoint is a `model.safetensors`
 (timm's state dict) with, from the hub or `timm.models.save_for_hf`, a `config.json`
-naming the architecture (``architecture``, ``model_args``, ``global_pool``), or with our
-export's `timm_model.json`. The arrays give everything but the head count and the GELU:
-those come from the config (``num_heads``; ``act_layer``, timm's default being exact
-GELU), else from timm's size in the architecture name or the width of an official variant.
+naming the architecture (``architecture``, ``model_args``, ``global_pool``,
+``pretrained_cfg`` with the input ``mean``/``std``), or with our export's `timm_model.json`.
+The arrays give the shapes and which parts exist (class token, registers, LayerScale,
+``norm_pre``, ``fc_norm``, the MAP head); the rest comes from the config's ``model_args``,
+else from the family's registered defaults in timm (`_family_args`: CLIP's LayerNorm
+epsilon 1e-5 and QuickGELU, DINOv2-reg's and the register-gap ViTs' position table
+without prefix rows, SigLIP's MAP pooling), else from timm's size in the architecture name
+or the width of an official variant (the head count). timm's default GELU is exact.
 
 Hybrid kernels: timm standardises as (w - mean) / sqrt(var + 1e-8), our model as
 (w - mean) / (std + 1e-5); each kernel is rescaled so that our model computes timm's.
@@ -30,7 +34,10 @@ from vit_jax.weights import timm as timm_export
 CONFIG = "config.json"  # timm's hub config (architecture, model_args, pretrained_cfg)
 _APPROXIMATE = {v: k for k, v in timm_export._ACT_LAYER.items()}  # act_layer -> tanh GELU?
 _APPROXIMATE.update({"gelu_pytorch_tanh": True, None: False})  # None: timm's nn.GELU
-_ACT_NAMES = ", ".join(repr(k) for k in _APPROXIMATE if k)
+_QUICK_GELU = "quick_gelu"  # timm's act_layer name; ours is the same
+_ACT_NAMES = ", ".join(repr(k) for k in (*_APPROXIMATE, _QUICK_GELU) if k)
+# timm global_pool -> our classifier ('' : no pooling, a head on every token)
+_CLASSIFIERS = {"token": "token", "avg": "gap", "map": "map", "": "unpooled"}
 _HEADS_BY_SIZE = {"tiny": 3, "small": 6, "base": 12, "large": 16, "huge": 16}  # timm's ViTs
 _SIZE = re.compile(r"^vit_(tiny|small|base|large|huge)_")
 _BLOCK = re.compile(r"^blocks\.(\d+)\.")
@@ -50,31 +57,85 @@ def is_timm_dir(path: str) -> bool:
   return spec or is_timm_config(os.path.join(path, CONFIG))
 
 
-def _arguments(directory: str) -> tuple[str, dict[str, Any], Optional[list[str]]]:
-  """(architecture, model arguments, class names) from the config beside the weights."""
+def _clip_args(name: str) -> dict[str, Any]:
+  """OpenAI/LAION CLIP towers: LayerNorm(eps=1e-5) everywhere, QuickGELU where named."""
+  if "_clip_" not in name:
+    return {}
+  return {"layer_norm_eps": 1e-5, **({"act_layer": "quick_gelu"} if "_quickgelu" in name else {})}
+
+
+def _dinov2_args(name: str) -> dict[str, Any]:
+  """DINOv2 (LayerScale 1e-5); with registers the position table has no prefix rows."""
+  if not name.endswith("_dinov2"):
+    return {}
+  return {"init_values": 1e-5, **({"no_embed_class": True} if "_reg" in name else {})}
+
+
+def _deit3_args(name: str) -> dict[str, Any]:
+  """DeiT III: LayerScale 1e-6, no position rows for the class token."""
+  return {"init_values": 1e-6, "no_embed_class": True} if name.startswith("deit3_") else {}
+
+
+def _siglip_args(name: str) -> dict[str, Any]:
+  """SigLIP towers: no class token; MAP pooling unless the name says gap."""
+  if "_siglip" not in name:
+    return {}
+  return {"class_token": False, "global_pool": "avg" if "_gap" in name else "map"}
+
+
+def _gap_args(name: str) -> dict[str, Any]:
+  """`vit_*_gap_*` and `vit_*_reg4_gap_*`: no class token, average pooling; the register
+  ones without position rows for the registers."""
+  if "_gap_" not in name or "_siglip" in name:
+    return {}
+  return {
+    "class_token": False,
+    "global_pool": "avg",
+    **({"no_embed_class": True} if "_reg" in name else {}),
+  }
+
+
+def _family_args(name: str) -> dict[str, Any]:
+  """timm's registered model arguments of ``name``'s family that the arrays do not show."""
+  args: dict[str, Any] = {}
+  for family in (_clip_args, _dinov2_args, _deit3_args, _siglip_args, _gap_args):
+    args.update(family(name))
+  return args
+
+
+def _arguments(directory: str) -> tuple[str, dict[str, Any], Optional[list[str]], dict[str, Any]]:
+  """(architecture, model arguments, class names, pretrained config) from the config beside
+  the weights; the arguments are the family's defaults updated with the stored ones."""
   spec_path, config_path = (os.path.join(directory, n) for n in (timm_export.SPEC, CONFIG))
   if os.path.isfile(spec_path):  # our export
     spec = files.read_json(spec_path)
     if not isinstance(spec.get("model_name"), str) or not isinstance(spec.get("kwargs"), dict):
       raise errors.CheckpointError(f"{spec_path!r} has no model_name and kwargs: re-export it.")
-    return spec["model_name"], dict(spec["kwargs"]), None
+    overlay = _object(spec, "pretrained_cfg_overlay", spec_path)
+    name = spec["model_name"]
+    return name, {**_family_args(name), **spec["kwargs"]}, None, overlay
   if is_timm_config(config_path):
     config = files.read_json(config_path)
-    if not isinstance(config["architecture"], str) or not isinstance(
-      config.get("model_args") or {}, dict
-    ):
-      raise errors.CheckpointError(
-        f"{config_path!r}: architecture must be a name and model_args an object."
-      )
-    args = dict(config.get("model_args") or {})
-    if config.get("global_pool"):
-      args.setdefault("global_pool", config["global_pool"])
+    if not isinstance(config["architecture"], str):
+      raise errors.CheckpointError(f"{config_path!r}: architecture must be a name.")
+    name = config["architecture"]
+    args = {**_family_args(name), **_object(config, "model_args", config_path)}
+    if config.get("global_pool") is not None:
+      args["global_pool"] = config["global_pool"]
     names = config.get("label_names")
     named = isinstance(names, list) and all(isinstance(n, str) for n in names)
     if names is not None and not named:
       raise errors.CheckpointError(f"{config_path!r}: label_names must be a list of names.")
-    return config["architecture"], args, names
-  return "", {}, None
+    return name, args, names, _object(config, "pretrained_cfg", config_path)
+  return "", {}, None, {}
+
+
+def _object(config: dict[str, Any], key: str, path: str) -> dict[str, Any]:
+  """``config[key]`` as a dict (absent or null: empty); anything else is one error."""
+  value = config.get(key) or {}
+  if not isinstance(value, dict):
+    raise errors.CheckpointError(f"{path!r}: {key} is {value!r}, not an object.")
+  return dict(value)
 
 
 def _num_heads(timm_name: str, args: dict[str, Any], width: int, source: str) -> int:
@@ -138,54 +199,124 @@ def _resnet(tensors: dict[str, np.ndarray], take) -> dict[str, np.ndarray]:
   return out
 
 
+def _heads_in(weight: np.ndarray, num_heads: int) -> np.ndarray:
+  """A torch projection weight [H*Dh, D] -> our per-head kernel [D, H, Dh]."""
+  return np.ascontiguousarray(weight.T).reshape(weight.shape[1], num_heads, -1)
+
+
+def _heads_out(weight: np.ndarray, num_heads: int) -> np.ndarray:
+  """A torch output projection [D, H*Dh] -> our kernel [H, Dh, D]."""
+  return np.ascontiguousarray(weight.T).reshape(num_heads, -1, weight.shape[0])
+
+
+def _norm(take, theirs: str, ours: str) -> dict[str, np.ndarray]:
+  return {f"{ours}/scale": take(f"{theirs}.weight"), f"{ours}/bias": take(f"{theirs}.bias")}
+
+
+def _mlp(take, theirs: str, ours: str) -> dict[str, np.ndarray]:
+  out = {}
+  for dense, fc in (("Dense_0", "fc1"), ("Dense_1", "fc2")):
+    out[f"{ours}/{dense}/kernel"] = np.ascontiguousarray(take(f"{theirs}.{fc}.weight").T)
+    out[f"{ours}/{dense}/bias"] = take(f"{theirs}.{fc}.bias")
+  return out
+
+
+def _block(take, tensors, i: int, num_heads: int) -> dict[str, np.ndarray]:
+  """Encoder block ``i``: fused qkv split into query/key/value, LayerScale when present."""
+  theirs, ours = f"blocks.{i}.", f"Transformer/encoderblock_{i}/"
+  att = ours + "MultiHeadDotProductAttention_1/"
+  qkv_w = take(theirs + "attn.qkv.weight")  # [3 D, D]
+  qkv_b = take(theirs + "attn.qkv.bias").reshape(3, num_heads, -1)
+  flat = {}
+  for j, (name, w) in enumerate(zip(("query", "key", "value"), np.split(qkv_w, 3))):
+    flat[f"{att}{name}/kernel"], flat[f"{att}{name}/bias"] = _heads_in(w, num_heads), qkv_b[j]
+  flat[f"{att}out/kernel"] = _heads_out(take(theirs + "attn.proj.weight"), num_heads)
+  flat[f"{att}out/bias"] = take(theirs + "attn.proj.bias")
+  flat.update(_norm(take, theirs + "norm1", ours + "LayerNorm_0"))
+  flat.update(_norm(take, theirs + "norm2", ours + "LayerNorm_2"))
+  flat.update(_mlp(take, theirs + "mlp", ours + "MlpBlock_3"))
+  for ls, scale in (("ls1", "LayerScale_attention"), ("ls2", "LayerScale_mlp")):
+    if f"{theirs}{ls}.gamma" in tensors:  # DINOv2, DeiT III
+      flat[f"{ours}{scale}/scale"] = take(f"{theirs}{ls}.gamma")
+  return flat
+
+
+def _map_head(take, num_heads: int) -> dict[str, np.ndarray]:
+  """timm's `AttentionPoolLatent` (latent, q, fused kv, proj, norm, mlp) -> big_vision's
+  `MAPHead_0` names."""
+  ours = "MAPHead_0/"
+  att = ours + "MultiHeadDotProductAttention_0/"
+  key_w, value_w = np.split(take("attn_pool.kv.weight"), 2)
+  key_b, value_b = np.split(take("attn_pool.kv.bias"), 2)
+  flat = {
+    ours + "probe": take("attn_pool.latent"),
+    att + "query/kernel": _heads_in(take("attn_pool.q.weight"), num_heads),
+    att + "query/bias": take("attn_pool.q.bias").reshape(num_heads, -1),
+    att + "key/kernel": _heads_in(key_w, num_heads),
+    att + "key/bias": key_b.reshape(num_heads, -1),
+    att + "value/kernel": _heads_in(value_w, num_heads),
+    att + "value/bias": value_b.reshape(num_heads, -1),
+    att + "out/kernel": _heads_out(take("attn_pool.proj.weight"), num_heads),
+    att + "out/bias": take("attn_pool.proj.bias"),
+  }
+  flat.update(_norm(take, "attn_pool.norm", ours + "LayerNorm_0"))
+  flat.update(_mlp(take, "attn_pool.mlp", ours + "MlpBlock_0"))
+  return flat
+
+
+def _embeddings(take, tensors) -> dict[str, np.ndarray]:
+  """Patch embedding (CLIP's has no bias: zeros), position table, class token, registers."""
+  kernel = take("patch_embed.proj.weight")
+  bias = "patch_embed.proj.bias"
+  flat = {
+    "embedding/kernel": _conv(kernel),
+    "embedding/bias": take(bias) if bias in tensors else np.zeros(kernel.shape[0], np.float32),
+    architecture.POSEMB: take("pos_embed"),
+  }
+  if "cls_token" in tensors:
+    flat["cls"] = take("cls_token")
+  if "reg_token" in tensors:
+    flat["registers"] = take("reg_token")
+  return flat
+
+
 def from_timm(tensors: dict[str, np.ndarray], num_heads: int, source: str) -> Params:
   """Our per-layer parameter tree (official layout) of timm's state dict; one error names
-  every timm array this model has no place for (fc_norm, layer scale, registers, ...)."""
+  every timm array this model has no place for."""
   tensors = {k: np.asarray(v, np.float32) for k, v in tensors.items()}
+  if "dist_token" in tensors:
+    raise errors.CheckpointError(
+      f"{source}: a distilled DeiT (dist_token, head_dist): timm averages the logits of its "
+      "class-token and distillation-token heads, which this ViT does not have; load the "
+      "non-distilled deit_* checkpoint of the same size instead."
+    )
   unused = set(tensors)
 
   def take(key: str) -> np.ndarray:
     unused.discard(key)
     return tensors[key]
 
-  t = lambda key: np.ascontiguousarray(take(key).T)
-  width = tensors["patch_embed.proj.weight"].shape[0]
-  dh = width // num_heads
-  flat = {
-    "embedding/kernel": _conv(take("patch_embed.proj.weight")),
-    "embedding/bias": take("patch_embed.proj.bias"),
-    architecture.POSEMB: take("pos_embed"),
-    "Transformer/encoder_norm/scale": take("norm.weight"),
-    "Transformer/encoder_norm/bias": take("norm.bias"),
-  }
-  for key, ours in (("cls_token", "cls"), ("head", "head"), ("pre_logits.fc", "pre_logits")):
-    if key == "cls_token" and key in tensors:
-      flat[ours] = take(key)
-    elif f"{key}.weight" in tensors:
-      flat[f"{ours}/kernel"], flat[f"{ours}/bias"] = t(f"{key}.weight"), take(f"{key}.bias")
+  flat = _embeddings(take, tensors)
+  for ours, theirs in (
+    ("Transformer/norm_pre", "norm_pre"),  # CLIP
+    ("Transformer/encoder_norm", "norm"),  # absent with fc_norm
+    ("fc_norm", "fc_norm"),
+  ):
+    if f"{theirs}.weight" in tensors:
+      flat.update(_norm(take, theirs, ours))
+  for key, ours in (("head", "head"), ("pre_logits.fc", "pre_logits")):
+    if f"{key}.weight" in tensors:
+      flat[f"{ours}/kernel"] = np.ascontiguousarray(take(f"{key}.weight").T)
+      flat[f"{ours}/bias"] = take(f"{key}.bias")
   for i in sorted({int(m[1]) for k in tensors if (m := _BLOCK.match(k))}):
-    theirs, ours = f"blocks.{i}.", f"Transformer/encoderblock_{i}/"
-    att = ours + "MultiHeadDotProductAttention_1/"
-    qkv_w = take(theirs + "attn.qkv.weight").reshape(3, width, width)  # [3, D out, D in]
-    qkv_b = take(theirs + "attn.qkv.bias").reshape(3, num_heads, dh)
-    for j, name in enumerate(("query", "key", "value")):
-      flat[f"{att}{name}/kernel"] = np.ascontiguousarray(qkv_w[j].T).reshape(width, num_heads, dh)
-      flat[f"{att}{name}/bias"] = qkv_b[j]
-    flat[f"{att}out/kernel"] = t(theirs + "attn.proj.weight").reshape(num_heads, dh, width)
-    flat[f"{att}out/bias"] = take(theirs + "attn.proj.bias")
-    for ln, norm in (("LayerNorm_0", "norm1"), ("LayerNorm_2", "norm2")):
-      flat[f"{ours}{ln}/scale"] = take(f"{theirs}{norm}.weight")
-      flat[f"{ours}{ln}/bias"] = take(f"{theirs}{norm}.bias")
-    for dense, fc in (("Dense_0", "fc1"), ("Dense_1", "fc2")):
-      flat[f"{ours}MlpBlock_3/{dense}/kernel"] = t(f"{theirs}mlp.{fc}.weight")
-      flat[f"{ours}MlpBlock_3/{dense}/bias"] = take(f"{theirs}mlp.{fc}.bias")
+    flat.update(_block(take, tensors, i, num_heads))
+  if "attn_pool.latent" in tensors:
+    flat.update(_map_head(take, num_heads))
   if any(k.startswith(_BACKBONE) for k in tensors):
     flat.update(_resnet(tensors, take))
   if unused:
     raise errors.CheckpointError(
-      f"{source}: {len(unused)} timm arrays have no place in this ViT (it has a class "
-      "token or global average pooling after the final norm, a learned 1-D position table, "
-      f"no layer scale, fc_norm or register tokens): {sorted(unused)[:6]}."
+      f"{source}: {len(unused)} timm arrays have no place in this ViT: {sorted(unused)}."
     )
   return traverse_util.unflatten_dict(flat, sep="/")
 
@@ -200,7 +331,7 @@ def read(
     if os.path.isdir(path)
     else (os.path.dirname(path), path)
   )
-  timm_name, args, names = _arguments(directory)
+  timm_name, args, names, pretrained_cfg = _arguments(directory)
   if not os.path.isfile(weights):
     raise errors.CheckpointError(
       f"No {timm_export.WEIGHTS} in {directory!r} (a pickled pytorch_model.bin is not read: "
@@ -212,22 +343,61 @@ def read(
       f"{weights!r} is not a timm ViT state dict (no patch_embed.proj.weight): a "
       "Hugging Face transformers checkpoint is read from its folder (with config.json)."
     )
-  pool = args.get("global_pool", "token" if "cls_token" in tensors else "avg")
-  if pool not in ("token", "avg", "") or (pool == "avg" and "cls_token" in tensors):
-    raise errors.CheckpointError(
-      f"{path!r}: timm global_pool {pool!r} with{'' if 'cls_token' in tensors else 'out'} "
-      "a class token; this ViT pools by the class token ('token') or, without one, by the "
-      "average ('avg')."
-    )
   width = tensors["patch_embed.proj.weight"].shape[0]
   params = from_timm(tensors, _num_heads(timm_name, args, width, repr(path)), repr(path))
   config = architecture.infer_model_config(params)
-  act = args.get("act_layer")
-  if act not in _APPROXIMATE:
-    raise errors.CheckpointError(
-      f"{path!r}: timm act_layer {act!r} is not a GELU this model has ({_ACT_NAMES})."
-    )
-  config.gelu_approximate = _APPROXIMATE[act]
+  _apply_args(config, args, pretrained_cfg, "cls_token" in tensors, repr(path))
   if names is not None and len(names) != architecture.num_classes(params):
     names = None
   return config, params, names, architecture.trained_image_size(params, config)
+
+
+def _apply_args(
+  config: ml_collections.ConfigDict,
+  args: dict[str, Any],
+  pretrained_cfg: dict[str, Any],
+  has_cls: bool,
+  source: str,
+) -> None:
+  """What the arrays cannot say, from timm's arguments: pooling, the position table's
+  prefix rows, LayerNorm epsilon, activation, LayerScale init, input mean and std."""
+  pool = args.get("global_pool", "token" if has_cls else "avg")
+  if pool not in _CLASSIFIERS or (pool == "token" and not has_cls):
+    raise errors.CheckpointError(
+      f"{source}: timm global_pool {pool!r} with{'' if has_cls else 'out'} a class token; "
+      f"this ViT pools by {', '.join(repr(p) for p in _CLASSIFIERS if p)} ('token' with a "
+      "class token)."
+    )
+  if config.classifier != "map":  # the MAP head's arrays decide
+    config.classifier = _CLASSIFIERS[pool]
+    config.class_token = has_cls if config.classifier != "token" else None
+  if "no_embed_class" in args:
+    config.posemb_patches_only = bool(args["no_embed_class"])
+  eps = args.get("layer_norm_eps", timm_export.LAYER_NORM_EPS)
+  init_values = args.get("init_values")
+  for key, value in (("layer_norm_eps", eps), ("init_values", init_values)):
+    if value is not None and not _is_number(value):
+      raise errors.CheckpointError(f"{source}: timm {key} is {value!r}, not a number.")
+  config.layer_norm_epsilon = float(eps)
+  if config.layer_scale_init is not None and init_values:
+    config.layer_scale_init = float(init_values)
+  act = args.get("act_layer")
+  if act not in _APPROXIMATE and act != _QUICK_GELU:
+    raise errors.CheckpointError(
+      f"{source}: timm act_layer {act!r} is not an activation this model has ({_ACT_NAMES})."
+    )
+  config.activation = _QUICK_GELU if act == _QUICK_GELU else "gelu"
+  config.gelu_approximate = _APPROXIMATE.get(act, False)
+  for ours, theirs in (("input_mean", "mean"), ("input_std", "std")):
+    value = pretrained_cfg.get(theirs)
+    if value is None:
+      continue
+    if not isinstance(value, list) or len(value) != 3 or not all(_is_number(v) for v in value):
+      raise errors.CheckpointError(
+        f"{source}: pretrained_cfg {theirs} is {value!r}, not three numbers (one per RGB channel)."
+      )
+    config[ours] = tuple(float(v) for v in value)
+
+
+def _is_number(value: Any) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
