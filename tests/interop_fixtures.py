@@ -15,6 +15,7 @@ from vit_jax import models
 from vit_jax.weights import npz
 
 NUM_CLASSES = 5
+TOLERANCE = 1e-5  # relative logit difference, float32, of an import or export
 
 
 def vit_ti16_config() -> ml_collections.ConfigDict:

@@ -25,8 +25,6 @@ from vit_jax.weights import npz, serving, sources
 # torch on the CPU, where triton is unused: make its import fail as if it were absent.
 sys.modules.setdefault("triton", None)
 
-TOLERANCE = 1e-5  # relative logit difference, float32
-
 
 def _model(name: str, **overrides) -> sources.LoadedModel:
   config, params, size = fx.random_model(name, **overrides)
@@ -57,10 +55,10 @@ def test_hf_logits_equal_ours(tmp_path, gelu_approximate):
   with torch.no_grad():
     got = hf(pixel_values=_nchw(images)).logits.numpy()
   want = _ours(model, images)
-  assert fx.relative_error(got, want) <= TOLERANCE
+  assert fx.relative_error(got, want) <= fx.TOLERANCE
   # The other GELU is measurably different: the check above sees a wrong hidden_act.
   other = _ours(model, images, gelu_approximate=not gelu_approximate)
-  assert fx.relative_error(other, want) > 20 * TOLERANCE
+  assert fx.relative_error(other, want) > 20 * fx.TOLERANCE
 
   config = json.loads((tmp_path / "hf" / "config.json").read_text())
   assert config["hidden_act"] == ("gelu_pytorch_tanh" if gelu_approximate else "gelu")
@@ -100,10 +98,10 @@ R26_TOLERANCE = 5e-5
 @pytest.mark.parametrize(
   "name, overrides, tolerance",
   [
-    ("vit_ti16", {}, TOLERANCE),
-    ("vit_ti16", {"classifier": "gap", "gelu_approximate": False}, TOLERANCE),
+    ("vit_ti16", {}, fx.TOLERANCE),
+    ("vit_ti16", {"classifier": "gap", "gelu_approximate": False}, fx.TOLERANCE),
     ("r26_s32", {}, R26_TOLERANCE),
-    ("r_ti16", {}, TOLERANCE),
+    ("r_ti16", {}, fx.TOLERANCE),
   ],
 )
 def test_timm_logits_equal_ours(tmp_path, name, overrides, tolerance):
@@ -139,7 +137,7 @@ def test_saved_model_logits_equal_ours_for_any_batch(tmp_path, name):
   for batch in (3, 1):
     images = fx.images(batch, model.image_size[0], seed=batch)
     got = next(iter(serve(images=tf.constant(images)).values())).numpy()
-    assert fx.relative_error(got, _ours(model, images)) <= TOLERANCE
+    assert fx.relative_error(got, _ours(model, images)) <= fx.TOLERANCE
 
 
 @pytest.mark.parametrize("name", ["vit_ti16", "r_ti16"])
@@ -150,7 +148,7 @@ def test_jax_exported_logits_equal_ours_for_any_batch(tmp_path, name):
   for batch in (2, 5):
     images = fx.images(batch, model.image_size[0], seed=batch)
     got = np.asarray(exported.call(images))
-    assert fx.relative_error(got, _ours(model, images)) <= TOLERANCE
+    assert fx.relative_error(got, _ours(model, images)) <= fx.TOLERANCE
 
 
 def _nothing_written(tmp_path, out, *, out_existed: bool) -> None:

@@ -29,8 +29,6 @@ torch = pytest.importorskip("torch")
 timm = pytest.importorskip("timm")
 transformers = pytest.importorskip("transformers")
 
-TOLERANCE = 1e-5  # relative logit difference, float32
-NUM_CLASSES = 5
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 _SMALL = dict(depth=1, embed_dim=64, num_heads=2)
@@ -97,7 +95,7 @@ def _timm_source(name: str, root: str):
   torch.manual_seed(0)
   arch, kwargs, size, _ = FAMILIES[name]
   model = timm.create_model(
-    arch, pretrained=False, img_size=size, num_classes=NUM_CLASSES, **kwargs
+    arch, pretrained=False, img_size=size, num_classes=fx.NUM_CLASSES, **kwargs
   ).eval()
   perturb(model)
   directory = os.path.join(root, name)
@@ -124,13 +122,13 @@ def test_timm_family_gives_the_librarys_logits_and_exports_back(timm_sources, na
   imported = fx.relative_error(ours, want)
 
   # Export: timm builds the exported architecture, loads the arrays strictly, gives ours.
-  spec = timm_export.model_spec(loaded.config, num_classes=NUM_CLASSES, image_size=(size, size))
+  spec = timm_export.model_spec(loaded.config, num_classes=fx.NUM_CLASSES, image_size=(size, size))
   rebuilt = timm.create_model(spec["model_name"], pretrained=False, **spec["kwargs"]).eval()
   tensors = timm_export.to_timm(loaded.params, loaded.config)
   rebuilt.load_state_dict({k: torch.from_numpy(v) for k, v in tensors.items()}, strict=True)
   exported = fx.relative_error(fx.torch_logits(rebuilt, images), ours)
   print(f"| timm `{FAMILIES[name][0]}` | {imported:.1e} | {exported:.1e} |")
-  assert imported <= TOLERANCE and exported <= TOLERANCE
+  assert imported <= fx.TOLERANCE and exported <= fx.TOLERANCE
   assert spec["pretrained_cfg_overlay"]["mean"] == list(loaded.config.input_mean)
 
 
@@ -151,7 +149,7 @@ def test_the_options_are_seen_in_the_logits(timm_sources):
         flat[f"Transformer/encoder_norm/{part}"] = flat.pop(f"fc_norm/{part}")
       loaded.params = traverse_util.unflatten_dict(flat, sep="/")
     other = fx.our_logits(loaded, images, **overrides)
-    assert fx.relative_error(other, fx.torch_logits(model, images)) > 5 * TOLERANCE, name
+    assert fx.relative_error(other, fx.torch_logits(model, images)) > 5 * fx.TOLERANCE, name
 
 
 def test_transformers_vit_reads_its_epsilon_and_image_processor(tmp_path):
@@ -169,8 +167,9 @@ def test_transformers_vit_reads_its_epsilon_and_image_processor(tmp_path):
   want = fx.torch_logits(model, images)
   error = fx.relative_error(fx.our_logits(loaded, images), want)
   print(f"| transformers `ViTForImageClassification`, `layer_norm_eps=1e-12` | {error:.1e} | - |")
-  assert error <= TOLERANCE
-  assert fx.relative_error(fx.our_logits(loaded, images, layer_norm_epsilon=1e-6), want) > TOLERANCE
+  assert error <= fx.TOLERANCE
+  other_epsilon = fx.our_logits(loaded, images, layer_norm_epsilon=1e-6)
+  assert fx.relative_error(other_epsilon, want) > fx.TOLERANCE
 
 
 def test_what_has_no_place_is_refused_with_one_error(timm_sources, tmp_path):
@@ -276,8 +275,8 @@ def test_map_and_registers_export_to_saved_model_and_stablehlo(timm_sources, nam
   ours = fx.our_logits(loaded, images)
   export.export_model(loaded, "stablehlo", str(tmp_path / "hlo"))
   exported = jax.export.deserialize((tmp_path / "hlo" / serving.JAX_EXPORTED).read_bytes())
-  assert fx.relative_error(np.asarray(exported.call(images)), ours) <= TOLERANCE
+  assert fx.relative_error(np.asarray(exported.call(images)), ours) <= fx.TOLERANCE
   export.export_model(loaded, "saved_model", str(tmp_path / "sm"))
   serve = tf.saved_model.load(str(tmp_path / "sm")).signatures["serving_default"]
   got = next(iter(serve(images=tf.constant(images)).values())).numpy()
-  assert fx.relative_error(got, ours) <= TOLERANCE
+  assert fx.relative_error(got, ours) <= fx.TOLERANCE

@@ -36,8 +36,6 @@ torch = pytest.importorskip("torch")
 timm = pytest.importorskip("timm")
 transformers = pytest.importorskip("transformers")
 
-TOLERANCE = 1e-5  # relative logit difference, float32
-NUM_CLASSES = 5
 
 # name -> (timm architecture, tiny keyword arguments, image size). The hybrids keep timm's
 # ResNet stages (R50 (3, 4, 9), R26 (2, 2, 2, 2), root only) under a 1-layer encoder.
@@ -75,13 +73,13 @@ def _source(name: str, root: str):
   directory = os.path.join(root, name)
   if name == "hf_vit":
     # 1e-6: the official epsilon; google/vit-* configs say 1e-12 (tests/test_vit_family.py)
-    model = fx.hf_vit_classifier(layer_norm_eps=1e-6, num_labels=NUM_CLASSES)
+    model = fx.hf_vit_classifier(layer_norm_eps=1e-6, num_labels=fx.NUM_CLASSES)
     _randomise(model)
     model.save_pretrained(directory)
     return directory, model, 32, False
   arch, kwargs, size = TIMM_MODELS[name.removeprefix("timm_")]
   model = timm.create_model(
-    arch, pretrained=False, img_size=size, num_classes=NUM_CLASSES, **kwargs
+    arch, pretrained=False, img_size=size, num_classes=fx.NUM_CLASSES, **kwargs
   ).eval()
   _randomise(model)
   timm.models.save_for_hf(model, directory, safe_serialization=True)  # the hub's layout
@@ -105,14 +103,14 @@ def _flat(tree) -> dict[str, np.ndarray]:
 def test_import_gives_the_source_librarys_logits(sources, name):
   directory, model, size, tanh = sources(name)
   loaded = weight_sources.load(directory)
-  assert loaded.image_size == (size, size) and loaded.num_classes == NUM_CLASSES
+  assert loaded.image_size == (size, size) and loaded.num_classes == fx.NUM_CLASSES
   assert loaded.config.gelu_approximate is tanh  # the source's GELU, recorded
   images = fx.images(2, size)
   want = _theirs(model, images)
-  assert fx.relative_error(_ours(loaded, images), want) <= TOLERANCE
+  assert fx.relative_error(_ours(loaded, images), want) <= fx.TOLERANCE
   if name in ("timm_vit", "timm_vit_gap_tanh", "hf_vit"):  # a wrong GELU would be seen
     other = _ours(loaded, images, gelu_approximate=not tanh)
-    assert fx.relative_error(other, want) > 5 * TOLERANCE
+    assert fx.relative_error(other, want) > 5 * fx.TOLERANCE
   # The bare .safetensors file reads the same (its config.json beside it).
   weights = weight_sources.load(os.path.join(directory, "model.safetensors"))
   for key, value in _flat(loaded.params).items():
