@@ -1,13 +1,15 @@
-"""Flax models of the paper: `VisionTransformer` (plain and hybrid) and its builder."""
+"""Flax models of the official repository: `VisionTransformer` (plain and hybrid),
+`MlpMixer`, and the builder that picks one from a config."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import jax.numpy as jnp
 import ml_collections
 
+from vit_jax.models.mixer import MIXER, MlpMixer, create_mixer, is_mixer
 from vit_jax.models.posemb import POSEMB_KINDS, resize_grid, sincos_2d
 from vit_jax.models.variants import MODEL_NAMES, get_model_config
 from vit_jax.models.vit import CLASSIFIERS, ExecutionOptions, VisionTransformer
@@ -17,12 +19,15 @@ _EXECUTION_FIELDS = frozenset(f.name for f in dataclasses.fields(ExecutionOption
 
 def create_model(
   model_config: ml_collections.ConfigDict, *, num_classes: Optional[int], **overrides: Any
-) -> VisionTransformer:
-  """Builds a `VisionTransformer` from a config in the layout of `variants.py`.
+) -> Union[VisionTransformer, MlpMixer]:
+  """Builds a `VisionTransformer`, or an `MlpMixer` for a Mixer config (``model_type``
+  'mixer'), from a config in the layout of `variants.py`.
 
   ``overrides`` replace module attributes (``classifier="gap"``) or fields of its
   `ExecutionOptions` (``dropout_rate=0.1``, ``scan=True``, ``dtype=jnp.bfloat16``).
   """
+  if is_mixer(model_config):
+    return create_mixer(model_config, num_classes=num_classes, **overrides)
   cfg = model_config
   t = cfg.transformer
   execution = dict(
@@ -58,11 +63,14 @@ def create_model(
 __all__ = [
   "CLASSIFIERS",
   "ExecutionOptions",
+  "MIXER",
   "MODEL_NAMES",
+  "MlpMixer",
   "POSEMB_KINDS",
   "VisionTransformer",
   "create_model",
   "get_model_config",
+  "is_mixer",
   "resize_grid",
   "sincos_2d",
 ]

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax import errors
+from vit_jax.models import layers
 from vit_jax.models import posemb as posemb_lib
 from vit_jax.models.resnet import resnet_root
 from vit_jax.sharding import EMBED, HEADS, KV, LAYERS, MLP
@@ -53,6 +54,18 @@ class ExecutionOptions:
   remat_policy: Optional[str] = None  # a name in `jax.checkpoint_policies`
   dtype: jnp.dtype = jnp.float32  # computation
   param_dtype: jnp.dtype = jnp.float32  # storage
+
+
+def resolve_remat_policy(name: Optional[str]) -> Optional[Callable[..., bool]]:
+  """The `jax.checkpoint_policies` entry ``name`` names (None: save nothing extra)."""
+  if not name:
+    return None
+  if not hasattr(jax.checkpoint_policies, name):
+    raise errors.ConfigError(
+      f"Unknown remat_policy {name!r}: use a name from "
+      "jax.checkpoint_policies, e.g. 'nothing_saveable'."
+    )
+  return getattr(jax.checkpoint_policies, name)
 
 
 class _Projection(nn.Module):
@@ -180,14 +193,7 @@ class MlpBlock(nn.Module):
 
 
 def _layer_norm(name: str, execution: ExecutionOptions) -> nn.LayerNorm:
-  return nn.LayerNorm(
-    epsilon=1e-6,
-    name=name,
-    dtype=execution.dtype,
-    param_dtype=execution.param_dtype,
-    scale_init=_partitioned(nn.initializers.ones, (EMBED,)),
-    bias_init=_partitioned(nn.initializers.zeros, (EMBED,)),
-  )
+  return layers.layer_norm(name, execution.dtype, execution.param_dtype)
 
 
 class Encoder1DBlock(nn.Module):
@@ -240,14 +246,7 @@ class Encoder(nn.Module):
 
     block_cls = Encoder1DBlock
     if ex.remat:
-      policy = None
-      if ex.remat_policy:
-        if not hasattr(jax.checkpoint_policies, ex.remat_policy):
-          raise errors.ConfigError(
-            f"Unknown remat_policy {ex.remat_policy!r}: use a name from "
-            "jax.checkpoint_policies, e.g. 'nothing_saveable'."
-          )
-        policy = getattr(jax.checkpoint_policies, ex.remat_policy)
+      policy = resolve_remat_policy(ex.remat_policy)
       # Argument 2 (`deterministic`, counting self) is a Python bool: static.
       block_cls = nn.remat(block_cls, prevent_cse=not ex.scan, static_argnums=(2,), policy=policy)
     block_kwargs = dict(
@@ -335,16 +334,8 @@ class VisionTransformer(nn.Module):
       x = resnet_root(
         x, self.resnet_units, self.resnet_width_factor, dtype=ex.dtype, param_dtype=ex.param_dtype
       )  # [B, H/s, W/s, C']
-    x = nn.Conv(
-      self.hidden_size,
-      self.patch_size,
-      strides=self.patch_size,
-      padding="VALID",
-      dtype=ex.dtype,
-      param_dtype=ex.param_dtype,
-      name="embedding",
-      kernel_init=_partitioned(nn.initializers.lecun_normal(), (None, None, None, EMBED)),
-      bias_init=_partitioned(nn.initializers.zeros, (EMBED,)),
+    x = layers.patch_embedding(
+      self.hidden_size, self.patch_size, ex.dtype, ex.param_dtype, "embedding"
     )(x)
     b, gh, gw, d = x.shape  # [B, gh, gw, D]
     assert (gh, gw) == grid_hw, ((gh, gw), grid_hw)
@@ -391,12 +382,5 @@ class VisionTransformer(nn.Module):
       x = jnp.tanh(x)
 
     if self.num_classes:
-      x = nn.Dense(
-        self.num_classes,
-        dtype=ex.dtype,
-        param_dtype=ex.param_dtype,
-        kernel_init=_partitioned(nn.initializers.zeros, (EMBED, None)),
-        bias_init=_partitioned(nn.initializers.constant(self.head_bias_init), (None,)),
-        name="head",
-      )(x)
+      x = layers.head(self.num_classes, self.head_bias_init, ex.dtype, ex.param_dtype)(x)
     return x.astype(jnp.float32)

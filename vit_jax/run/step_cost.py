@@ -7,8 +7,8 @@ accumulation (`vit_jax.run.accumulation`) all read a step's cost from here:
   the FLOPs and memory traffic of one device's program. XLA counts the body of a loop (a
   scanned encoder, gradient accumulation) once, whatever its trip count; `has_loops` says
   when that happened.
-- `vit_flops_per_image`: the analytic count of a plain ViT's matrix products, a check on
-  the above and the count for programs with loops.
+- `vit_flops_per_image`: the analytic count of a plain ViT's (or an MLP-Mixer's) matrix
+  products, a check on the above and the count for programs with loops.
 - `peak_bytes`: the device memory a compiled step needs, from XLA's memory analysis.
 - `peak_flops`: the device's dense peak for a compute dtype (a table of published figures;
   on a CPU, a measured f32 matrix product).
@@ -24,6 +24,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+
+from vit_jax.models import mixer
 
 # Dense (no sparsity) peak TFLOP/s per JAX device from the vendors' data sheets, by compute
 # dtype. A device is a chip everywhere except TPU v2/v3, whose chips hold two TensorCores
@@ -107,6 +109,8 @@ def vit_flops_per_image(
   (remat) is not counted: this is the model's count that MFU is defined on.
   """
   cfg = model_config
+  if mixer.is_mixer(cfg):
+    return mixer.flops_per_image(cfg, image_size, num_classes, train=train)
   if cfg.get("resnet") is not None:
     return None
   ph, pw = cfg.patches.size
@@ -140,6 +144,8 @@ def vit_activation_bytes(
   Used to refuse a resolution or batch that cannot fit before anything is compiled.
   """
   cfg = model_config
+  if mixer.is_mixer(cfg):
+    return mixer.activation_bytes(cfg, image_size, images, compiler_rematerializes)
   if cfg.get("resnet") is not None:
     return None
   ph, pw = cfg.patches.size

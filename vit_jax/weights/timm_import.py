@@ -1,4 +1,5 @@
-"""timm `VisionTransformer` (and its ResNet hybrids) -> our parameters, numpy only.
+"""timm `VisionTransformer` (and its ResNet hybrids) -> our parameters, numpy only; a timm
+`MlpMixer` (a ``stem.proj`` instead of a ``patch_embed``) goes to `timm_mixer`.
 
 The inverse of `vit_jax.weights.timm`'s export. A timm checkpoint is a `model.safetensors`
 (timm's state dict) with, from the hub or `timm.models.save_for_hf`, a `config.json`
@@ -58,7 +59,10 @@ def _arguments(directory: str) -> tuple[str, dict[str, Any], Optional[list[str]]
   if os.path.isfile(spec_path):  # our export
     with open(spec_path) as f:
       spec = json.load(f)
-    return spec["model_name"], dict(spec["kwargs"]), None
+    args = dict(spec["kwargs"])
+    if "act_layer" in spec:  # a Mixer's, given apart (timm's MlpMixer takes a class)
+      args["act_layer"] = spec["act_layer"]
+    return spec["model_name"], args, None
   if is_timm_config(config_path):
     with open(config_path) as f:
       config = json.load(f)
@@ -182,12 +186,23 @@ def from_timm(tensors: dict[str, np.ndarray], num_heads: int, source: str) -> Pa
   return traverse_util.unflatten_dict(flat, sep="/")
 
 
+def _zero_class_posemb(params: Params) -> Params:
+  """timm's ``no_embed_class`` (FlexiViT): the table covers the patches only and the class
+  token gets no position embedding, which is this ViT's table with a zero class row."""
+  flat = traverse_util.flatten_dict(params, sep="/")
+  table = flat[architecture.POSEMB]  # [1, N, D]
+  flat[architecture.POSEMB] = np.concatenate([np.zeros_like(table[:, :1]), table], axis=1)
+  return traverse_util.unflatten_dict(flat, sep="/")
+
+
 def read(
   path: str,
 ) -> tuple[ml_collections.ConfigDict, Params, Optional[list[str]], Optional[tuple[int, int]]]:
   """(model config, per-layer params, class names or None, image size) of a timm
   `.safetensors` file or a directory holding `model.safetensors`."""
   from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+
+  from vit_jax.weights import timm_mixer  # pylint: disable=g-import-not-at-top  (it imports this)
 
   directory, weights = (
     (path, os.path.join(path, timm_export.WEIGHTS))
@@ -201,6 +216,8 @@ def read(
       "save the state dict with safetensors.torch.save_file first)."
     )
   tensors = load_file(weights)
+  if timm_mixer.STEM in tensors:
+    return loaded(timm_mixer.from_timm(tensors, repr(path)), args, names, path)
   if "patch_embed.proj.weight" not in tensors:
     raise errors.CheckpointError(
       f"{weights!r} is not a timm ViT state dict (no patch_embed.proj.weight): a "
@@ -215,13 +232,28 @@ def read(
     )
   width = tensors["patch_embed.proj.weight"].shape[0]
   params = from_timm(tensors, _num_heads(timm_name, args, width, repr(path)), repr(path))
-  config = architecture.infer_model_config(params)
+  if args.get("no_embed_class") and "cls" in params:
+    params = _zero_class_posemb(params)
+  return loaded(params, args, names, path)
+
+
+def gelu_approximate(args: dict[str, Any], path: str) -> bool:
+  """Whether timm's ``act_layer`` (a model argument) is the tanh GELU; other than a GELU: an
+  error."""
   act = args.get("act_layer")
   if act not in _APPROXIMATE:
     raise errors.CheckpointError(
       f"{path!r}: timm act_layer {act!r} is not a GELU this model has ({_ACT_NAMES})."
     )
-  config.gelu_approximate = _APPROXIMATE[act]
+  return _APPROXIMATE[act]
+
+
+def loaded(
+  params: Params, args: dict[str, Any], names: Optional[list[str]], path: str
+) -> tuple[ml_collections.ConfigDict, Params, Optional[list[str]], Optional[tuple[int, int]]]:
+  """`read`'s result for imported ``params``: the inferred config with timm's GELU."""
+  config = architecture.infer_model_config(params)
+  config.gelu_approximate = gelu_approximate(args, path)
   if names is not None and len(names) != architecture.num_classes(params):
     names = None
   return config, params, names, architecture.trained_image_size(params, config)
