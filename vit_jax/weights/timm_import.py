@@ -38,6 +38,7 @@ _SIZE = re.compile(r"^vit_(tiny|small|base|large|huge)_")
 _BLOCK = re.compile(r"^blocks\.(\d+)\.")
 _STAGE_UNIT = re.compile(r"^patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.")
 _BACKBONE = "patch_embed.backbone."
+_FLEXIVIT = "flexivit_"  # timm's FlexiViT architectures (no position embedding on the class token)
 
 
 def is_timm_config(path: str) -> bool:
@@ -232,7 +233,8 @@ def read(
     )
   width = tensors["patch_embed.proj.weight"].shape[0]
   params = from_timm(tensors, _num_heads(timm_name, args, width, repr(path)), repr(path))
-  if args.get("no_embed_class") and "cls" in params:
+  # FlexiViT's factories set no_embed_class themselves: the hub config does not record it.
+  if args.get("no_embed_class", timm_name.startswith(_FLEXIVIT)) and "cls" in params:
     params = _zero_class_posemb(params)
   return loaded(params, args, names, path)
 
