@@ -326,8 +326,11 @@ def test_the_training_command_trains_and_fine_tunes_a_mixer(digits_dir, tmp_path
 
   from vit_jax import run  # pylint: disable=g-import-not-at-top
 
-  result = run.train_and_evaluate(_run_config(digits_dir), str(tmp_path / "scratch"))
+  # With few-shot evaluation of the frozen Mixer features at the end.
+  config = _run_config(digits_dir, fewshot__datasets=("digits",), fewshot__shots=(2,))
+  result = run.train_and_evaluate(config, str(tmp_path / "scratch"))
   assert np.isfinite(result["train/loss"]) and 0.0 <= result["eval/accuracy"] <= 1.0
+  assert 0.0 <= result["fewshot/digits_2shot"] <= 1.0
   # Fine-tuning from the run's checkpoints: the head replaced, the rest as stored.
   config = _run_config(digits_dir, total_steps=2, lr__warmup_steps=1, reset_head=True)
   config.pretrained = str(tmp_path / "scratch" / "checkpoints")
@@ -363,3 +366,16 @@ def test_plan_compiles_a_mixer_for_a_tpu_slice():
   assert plan.fits and plan.flops_source == "xla" and plan.model == "Mixer-tiny"
   assert plan.step_flops == pytest.approx(plan.model_flops_per_image * plan.batch, rel=0.05)
   assert plan.train.collectives.bytes["all-reduce"] == pytest.approx(plan.params_bytes, rel=0.02)
+
+
+def test_stablehlo_export_gives_our_logits_for_any_batch(tmp_path):
+  from vit_jax.weights import serving  # pylint: disable=g-import-not-at-top
+
+  config = tiny_config()
+  model = sources.LoadedModel(config, random_params(config), 5, (16, 16), None, "tiny")
+  export.export_model(model, "stablehlo", str(tmp_path / "hlo"))
+  exported = jax.export.deserialize((tmp_path / "hlo" / serving.JAX_EXPORTED).read_bytes())
+  for batch in (1, 3):
+    images = fx.images(batch, 16)
+    got = np.asarray(exported.call(images))
+    assert fx.relative_error(got, apply(config, model.params, images)) <= TOLERANCE

@@ -94,7 +94,7 @@ class FewShotEvaluator:
     train_split: str | None = None,
     test_split: str | None = None,
   ):
-    if model_config.classifier == "unpooled":
+    if model_config.get("classifier") == "unpooled":  # a Mixer has none: it averages
       raise errors.ConfigError(
         "Few-shot evaluation needs one representation per image; the model "
         "has classifier='unpooled': use 'token' or 'gap'."
