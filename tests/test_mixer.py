@@ -185,6 +185,8 @@ def test_an_official_npz_loads_with_the_mixer_inferred(tmp_path):
   np.testing.assert_array_equal(
     apply(loaded.config, loaded.params, images), apply(config, params, images)
   )
+  with pytest.raises(errors.CheckpointError, match="an MLP-Mixer has no scanned layout"):
+    npz.save_npz(tmp_path / "scanned.npz", params, scanned=True)
   official = jax.eval_shape(
     models.create_model(models.get_model_config("Mixer-L_16"), num_classes=0).init,
     jax.random.key(0),
