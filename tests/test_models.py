@@ -25,6 +25,17 @@ PARAM_COUNTS = {
   "R50+ViT-B_16": 98_659_112,
   "R26+ViT-S_32": 36_431_912,
   "R+ViT-Ti_16": 6_337_704,
+  # The rest of the official repository's table (its models_test.py).
+  "R26+ViT-B_32": 101_383_976,
+  "R50+ViT-L_32": 328_994_856,
+  "ViT-S_16-gap-norep": 22_049_896,
+  "ViT-S_32-gap-norep": 22_878_184,
+  "ViT-B_16-gap-norep": 86_566_120,
+  "ViT-B_32-gap-norep": 88_222_696,
+  "testing-unpooled": 21_370,
+  "Mixer-B_16": 59_880_472,
+  "Mixer-B_32": 60_293_428,
+  "Mixer-L_16": 208_196_168,
 }
 
 

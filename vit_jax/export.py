@@ -37,9 +37,9 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import jax.numpy as jnp
 from absl import flags, logging
 
-from vit_jax import cli, errors
+from vit_jax import cli, errors, models
 from vit_jax.weights import hf as hf_lib
-from vit_jax.weights import npz, serving, sources
+from vit_jax.weights import npz, serving, sources, timm_mixer
 from vit_jax.weights import timm as timm_lib
 
 FORMATS = ("hf", "timm", "saved_model", "stablehlo", "npz")
@@ -70,6 +70,12 @@ def _writer(
   params = model.params
   names = cli.class_names(labels, model)
   size = cli.image_size(model, resolution)
+  mixer = models.is_mixer(model.config)
+  if fmt == "hf" and mixer:
+    raise errors.CommandLineError(
+      "transformers has no MLP-Mixer: export this model with --format=timm, npz, "
+      "saved_model or stablehlo."
+    )
   if fmt == "hf":
     files = hf_lib.to_hf(
       params,
@@ -79,12 +85,13 @@ def _writer(
     )
     return lambda d: hf_lib.write_dir(d, *files)
   if fmt == "timm":
-    spec = timm_lib.model_spec(
+    timm_writer = timm_mixer if mixer else timm_lib
+    spec = timm_writer.model_spec(
       model.config,
       num_classes=model.num_classes,
       image_size=size,
     )
-    tensors = timm_lib.to_timm(params, model.config)
+    tensors = timm_writer.to_timm(params, model.config)
     write = lambda d: timm_lib.write_dir(d, tensors, spec)
   elif fmt == "saved_model":
     write = lambda d: serving.write_saved_model(d, module, params, size)

@@ -1,16 +1,18 @@
-"""Flax models of the paper: `VisionTransformer` (plain and hybrid) and its builder."""
+"""Flax models of the official repository: `VisionTransformer` (plain and hybrid),
+`MlpMixer`, and the builder that picks one from a config."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import jax.numpy as jnp
 import ml_collections
 
+from vit_jax.models.mixer import MIXER, MlpMixer, create_mixer, is_mixer
 from vit_jax.models.options import check_model_config, with_family_defaults
 from vit_jax.models.posemb import POSEMB_KINDS, resize_grid, sincos_2d
-from vit_jax.models.settings import ModelSettings
+from vit_jax.models.settings import MixerSettings, ModelSettings, model_settings
 from vit_jax.models.variants import MODEL_NAMES, get_model_config
 from vit_jax.models.vit import CLASSIFIERS, ExecutionOptions, VisionTransformer
 
@@ -18,20 +20,23 @@ _EXECUTION_FIELDS = frozenset(f.name for f in dataclasses.fields(ExecutionOption
 
 
 def create_model(
-  model_config: ml_collections.ConfigDict | ModelSettings,
+  model_config: ml_collections.ConfigDict | ModelSettings | MixerSettings,
   *,
   num_classes: Optional[int],
   **overrides: Any,
-) -> VisionTransformer:
-  """Builds a `VisionTransformer` from a config in the layout of `variants.py` (a
-  ConfigDict, checked here by `ModelSettings.from_config`, or `ModelSettings`).
+) -> Union[VisionTransformer, MlpMixer]:
+  """Builds a `VisionTransformer`, or an `MlpMixer` for a Mixer config (``model_type``
+  'mixer'), from a config in the layout of `variants.py` (a ConfigDict, checked here by
+  `model_settings`, or the settings themselves).
 
   ``overrides`` replace module attributes (``classifier="gap"``) or fields of its
   `ExecutionOptions` (``dropout_rate=0.1``, ``scan=True``, ``dtype=jnp.bfloat16``).
   A config saved before the later family's options existed builds the official model
   (`ModelSettings` reads each missing option at its official value).
   """
-  cfg = ModelSettings.from_config(model_config)
+  cfg = model_settings(model_config)
+  if isinstance(cfg, MixerSettings):
+    return create_mixer(cfg, num_classes=num_classes, **overrides)
   t = cfg.transformer
   execution = dict(
     dropout_rate=t.dropout_rate,
@@ -76,13 +81,17 @@ def create_model(
 __all__ = [
   "CLASSIFIERS",
   "ExecutionOptions",
+  "MIXER",
   "MODEL_NAMES",
+  "MixerSettings",
+  "MlpMixer",
   "ModelSettings",
   "POSEMB_KINDS",
   "VisionTransformer",
   "check_model_config",
   "create_model",
   "get_model_config",
+  "is_mixer",
   "resize_grid",
   "sincos_2d",
   "with_family_defaults",

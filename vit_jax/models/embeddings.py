@@ -29,8 +29,10 @@ def patch_embedding(
   patch_size: tuple[int, int],
   dtype: jnp.dtype,
   param_dtype: jnp.dtype,
+  name: str = "embedding",
 ) -> jax.Array:
-  """[B, H, W, C] -> [B, gh, gw, D]: the non-overlapping patches, linearly embedded."""
+  """[B, H, W, C] -> [B, gh, gw, D]: the non-overlapping patches, linearly embedded
+  (``name``: the ViT's ``embedding``, the Mixer's ``stem``)."""
   return nn.Conv(
     hidden_size,
     patch_size,
@@ -38,7 +40,7 @@ def patch_embedding(
     padding="VALID",
     dtype=dtype,
     param_dtype=param_dtype,
-    name="embedding",
+    name=name,
     kernel_init=partitioned(nn.initializers.lecun_normal(), (None, None, None, EMBED)),
     bias_init=partitioned(nn.initializers.zeros, (EMBED,)),
   )(x)

@@ -22,6 +22,7 @@ GELU = "gelu"  # tanh or exact, as `gelu_approximate` says
 QUICK_GELU = "quick_gelu"  # x * sigmoid(1.702 x), OpenAI CLIP's
 ACTIVATIONS: tuple[str, ...] = (GELU, QUICK_GELU)
 _normal_init = nn.initializers.normal(stddev=1e-6)
+LAYER_NORM_EPSILON = 1e-6  # the official models' (Flax's default)
 
 
 def partitioned(init, names: tuple[Optional[str], ...]):

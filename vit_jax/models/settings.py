@@ -1,6 +1,9 @@
 """A model config (the layout of `variants.py`) as typed, checked, immutable settings.
 
-    settings = ModelSettings.from_config(config.model)   # every field checked, once
+    settings = model_settings(config.model)   # every field checked, once
+
+A ViT config gives `ModelSettings`, an MLP-Mixer config (``model_type`` 'mixer') gives
+`MixerSettings`.
 
 `vit_jax.run.resolve` builds them before anything is built, and `create_model` for a
 ConfigDict given to it directly; the checks are the model modules' own functions
@@ -20,7 +23,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from vit_jax import errors
-from vit_jax.models import options, variants, vit
+from vit_jax.models import mixer, options, variants, vit
 from vit_jax.models import posemb as posemb_lib
 
 
@@ -216,3 +219,90 @@ class ModelSettings:
   def replace(self, **changes: Any) -> "ModelSettings":
     """These settings with top-level fields changed (e.g. ``remat=True``), checked again."""
     return dataclasses.replace(self, **changes)
+
+
+@dataclasses.dataclass(frozen=True)
+class MixerSettings:
+  """Every field of an MLP-Mixer config (`variants.py`'s ``_mixer``), checked when built.
+
+  The fields a ViT has and a Mixer has not read as the Mixer is: no scan, no stochastic
+  depth, no attention, global average pooling.
+  """
+
+  name: str
+  patches: PatchSettings
+  hidden_dim: int
+  num_blocks: int
+  tokens_mlp_dim: int
+  channels_mlp_dim: int
+  gelu_approximate: bool  # tanh GELU (official); False: exact (timm)
+  remat: bool
+  remat_policy: Optional[str]
+  dtype: str
+  head_bias_init: float = 0.0
+  input_mean: tuple[float, ...] = (0.5, 0.5, 0.5)
+  input_std: tuple[float, ...] = (0.5, 0.5, 0.5)
+  model_type: str = mixer.MIXER
+  scan: bool = False
+  stoch_depth: float = 0.0
+  attention_impl: Optional[str] = None
+  classifier: str = "gap"
+  resnet: None = None
+
+  def __post_init__(self):
+    vit.remat_policy(self.remat_policy)
+    dtype_name(self.dtype)
+    if self.scan:
+      raise errors.ConfigError(
+        "config.model.scan=True: the Mixer's blocks are not scanned; set it to False."
+      )
+    if self.stoch_depth:
+      raise errors.ConfigError(
+        f"config.model.stoch_depth={self.stoch_depth!r}: the official Mixer has no "
+        "stochastic depth; set it to 0."
+      )
+    options.check_input_stats("input_mean", self.input_mean)
+    options.check_input_stats("input_std", self.input_std)
+
+  @classmethod
+  def from_config(cls, config: Any) -> "MixerSettings":
+    if isinstance(config, MixerSettings):
+      return config
+    patch = tuple(_read(_read(config, "patches", "model"), "size", "model.patches"))
+    if len(patch) != 2:
+      raise errors.ConfigError(f"config.model.patches.size={patch!r} must be (height, width).")
+    ints = {
+      key: _int(_read(config, key, "model"), key)
+      for key in ("hidden_dim", "num_blocks", "tokens_mlp_dim", "channels_mlp_dim")
+    }
+    defaults = variants.family_options()
+    return cls(
+      name=str(_read(config, "name", "model")),
+      patches=PatchSettings((_int(patch[0], "patches.size"), _int(patch[1], "patches.size"))),
+      **ints,
+      gelu_approximate=_bool(_read(config, "gelu_approximate", "model"), "gelu_approximate"),
+      remat=_bool(_read(config, "remat", "model"), "remat"),
+      remat_policy=_read(config, "remat_policy", "model"),
+      dtype=dtype_name(_read(config, "dtype", "model")),
+      head_bias_init=_finite(config.get("head_bias_init", 0.0), "head_bias_init"),
+      input_mean=tuple(config.get("input_mean", defaults["input_mean"])),
+      input_std=tuple(config.get("input_std", defaults["input_std"])),
+      scan=_bool(config.get("scan", False), "scan"),
+      stoch_depth=_rate(config.get("stoch_depth", 0.0), "stoch_depth"),
+    )
+
+  get = ModelSettings.get
+  replace = ModelSettings.replace
+
+
+Settings = ModelSettings | MixerSettings
+
+
+def model_settings(config: Any) -> Settings:
+  """The checked settings of a model config: `MixerSettings` for a Mixer (``model_type``
+  'mixer'), else `ModelSettings`."""
+  if isinstance(config, (ModelSettings, MixerSettings)):
+    return config
+  if mixer.is_mixer(config):
+    return MixerSettings.from_config(config)
+  return ModelSettings.from_config(config)

@@ -1,4 +1,4 @@
-"""Every ViT variant of the paper under its official name, in the official config layout.
+"""Every model of the official repository's table under its official name and config layout.
 
     from vit_jax import models
     cfg = models.get_model_config("ViT-B_16")   # an ml_collections.ConfigDict
@@ -12,8 +12,11 @@ dropout_rate, attention_dropout_rate}``, ``classifier``, ``representation_size``
 ``resnet`` (None, or ``{num_layers: units per stage, width_factor}``), plus this project's
 ``posemb``, ``gelu_approximate``, ``head_bias_init``, the later family's options
 (`family_options`) and execution options (``scan``, ``remat``, ``remat_policy``,
-``stoch_depth``, ``attention_impl``, ``dtype``).
-`vit_jax.models.create_model` builds the module.
+``stoch_depth``, ``attention_impl``, ``dtype``). An MLP-Mixer config (``model_type``
+'mixer') has the official Mixer fields instead: ``patches.size``, ``hidden_dim``,
+``num_blocks``, ``tokens_mlp_dim``, ``channels_mlp_dim``, plus ``gelu_approximate``,
+``head_bias_init`` and ``remat``, ``remat_policy``, ``dtype``.
+`vit_jax.models.create_model` builds either module.
 """
 
 from __future__ import annotations
@@ -88,6 +91,39 @@ def _vit(
   return config
 
 
+def _mixer(
+  name: str, patch: int, width: int, depth: int, tokens_mlp: int, channels_mlp: int
+) -> ml_collections.ConfigDict:
+  """An MLP-Mixer config: the official fields (`configs/models.py` of the official
+  repository) and ``model_type`` 'mixer', which `create_model` dispatches on."""
+  config = ml_collections.ConfigDict()
+  config.name = name
+  config.model_type = "mixer"
+  config.patches = ml_collections.ConfigDict({"size": (patch, patch)})
+  config.hidden_dim = width
+  config.num_blocks = depth
+  config.tokens_mlp_dim = tokens_mlp
+  config.channels_mlp_dim = channels_mlp
+  config.gelu_approximate = True  # as the official model and checkpoints (Flax's nn.gelu)
+  config.scan = False  # the Mixer's blocks are never scanned; present for the run's checks
+  config.remat = False
+  config.remat_policy = ml_collections.FieldReference(None, field_type=str)
+  config.dtype = "float32"
+  return config
+
+
+def _variant(base: Callable[[], ml_collections.ConfigDict], name: str, **changes):
+  """A registered config with fields changed (the official gap-norep and testing-unpooled)."""
+
+  def make() -> ml_collections.ConfigDict:
+    config = base()
+    config.name = name
+    config.update(changes)
+    return config
+
+  return make
+
+
 _TI = dict(width=192, depth=12, mlp=768, heads=3)
 _S = dict(width=384, depth=12, mlp=1536, heads=6)
 _B = dict(width=768, depth=12, mlp=3072, heads=12)
@@ -110,9 +146,26 @@ _MODEL_CONFIGS: dict[str, Callable[[], ml_collections.ConfigDict]] = {
   # The root alone downsamples 4x; with 8x8 patches as in the official config the grid
   # is the input downsampled 32x.
   "R+ViT-Ti_16": lambda: _vit("R+ViT-Ti_16", 8, **_TI, resnet_units=()),
+  "R26+ViT-B_32": lambda: _vit("R26+ViT-B_32", 1, **_B, resnet_units=(2, 2, 2, 2)),
+  # The full R50 (3, 4, 6, 3): stem and four stages downsample 32x.
+  "R50+ViT-L_32": lambda: _vit("R50+ViT-L_32", 1, **_L, resnet_units=(3, 4, 6, 3)),
+  "Mixer-B_16": lambda: _mixer("Mixer-B_16", 16, 768, 12, 384, 3072),
+  "Mixer-B_32": lambda: _mixer("Mixer-B_32", 32, 768, 12, 384, 3072),
+  "Mixer-L_16": lambda: _mixer("Mixer-L_16", 16, 1024, 24, 512, 4096),
   # A tiny model for tests and the CPU quickstart.
   "testing": lambda: _vit("testing", 4, width=32, depth=2, mlp=64, heads=2),
 }
+# The official table's variants of the above: global average pooling, no representation
+# layer (as every config here), and the official `testing` model without pooling.
+for _name in ("ViT-S_16", "ViT-S_32", "ViT-B_16", "ViT-B_32"):
+  _MODEL_CONFIGS[f"{_name}-gap-norep"] = _variant(
+    _MODEL_CONFIGS[_name], f"{_name}-gap-norep", classifier="gap"
+  )
+_MODEL_CONFIGS["testing-unpooled"] = _variant(
+  lambda: _vit("testing-unpooled", 16, width=10, depth=1, mlp=10, heads=2),
+  "testing-unpooled",
+  classifier="unpooled",
+)
 MODEL_NAMES: tuple[str, ...] = tuple(_MODEL_CONFIGS)
 
 

@@ -20,7 +20,7 @@ import ml_collections
 from vit_jax import data, errors, sharding, weights
 from vit_jax.data.dataset import Settings as DataSettings
 from vit_jax.models import posemb
-from vit_jax.models.settings import ModelSettings
+from vit_jax.models.settings import model_settings
 from vit_jax.run import losses, memory_fit, objectives, resume_policy, step_cost
 from vit_jax.run import spec as spec_lib
 from vit_jax.run import steps as steps_lib
@@ -206,7 +206,7 @@ def resolve(
   mesh's first device reports; `vit_jax.plan` passes a TPU's HBM). ``open_data=False``
   takes the class count from ``config.num_classes`` without reading the dataset.
   """
-  model = ModelSettings.from_config(config.model)
+  model = model_settings(config.model)
   loop = _loop(config)
   objective = _objective(config)
   optimizer = OptimizerSettings.from_config(config)

@@ -15,7 +15,7 @@ from typing import Any, Optional, Union
 import ml_collections
 
 from vit_jax.data.dataset import Settings as DataSettings
-from vit_jax.models.settings import ModelSettings
+from vit_jax.models.settings import Settings
 from vit_jax.run import resume_policy
 from vit_jax.run.mixup import MixupSettings
 from vit_jax.run.optim import OptimizerSettings
@@ -66,7 +66,7 @@ class FewshotSettings:
 class RunSpec:
   """Everything a run is, checked. ``accum_steps`` is an int once `resolve` has run."""
 
-  model: ModelSettings
+  model: Settings  # `ModelSettings`, or `MixerSettings` for an MLP-Mixer
   num_classes: int
   num_train: Optional[int]  # None where the data was not opened (planning)
   data: DataSettings

@@ -7,8 +7,8 @@ accumulation (`vit_jax.run.memory_fit`) all read a step's cost from here:
   the FLOPs and memory traffic of one device's program. XLA counts the body of a loop (a
   scanned encoder, gradient accumulation) once, whatever its trip count; `has_loops` says
   when that happened.
-- `vit_flops_per_image`: the analytic count of a plain ViT's matrix products, a check on
-  the above and the count for programs with loops.
+- `vit_flops_per_image`: the analytic count of a plain ViT's (or an MLP-Mixer's) matrix
+  products, a check on the above and the count for programs with loops.
 - `peak_bytes`: the device memory a compiled step needs, from XLA's memory analysis.
 - `peak_flops`: the device's dense peak for a compute dtype (a table of published figures;
   on a CPU, a measured f32 matrix product).
@@ -25,7 +25,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vit_jax.models.settings import ModelSettings
+from vit_jax.models import mixer
+from vit_jax.models.settings import Settings, model_settings
 
 # Dense (no sparsity) peak TFLOP/s per JAX device from the vendors' data sheets, by compute
 # dtype. A device is a chip everywhere except TPU v2/v3, whose chips hold two TensorCores
@@ -99,7 +100,7 @@ def peak_bytes(compiled: jax.stages.Compiled) -> int:
 
 
 def vit_flops_per_image(
-  model_config: ModelSettings | ml_collections.ConfigDict,
+  model_config: Settings | ml_collections.ConfigDict,
   image_size: int,
   num_classes: int,
   *,
@@ -112,7 +113,9 @@ def vit_flops_per_image(
   forward pass (the backward pass computes two products per forward one). Recomputation
   (remat) is not counted: this is the model's count that MFU is defined on.
   """
-  cfg = ModelSettings.from_config(model_config)
+  cfg = model_settings(model_config)
+  if mixer.is_mixer(cfg):
+    return mixer.flops_per_image(cfg, image_size, num_classes, train=train)
   if cfg.resnet is not None:
     return None
   ph, pw = cfg.patches.size
@@ -131,7 +134,7 @@ def vit_flops_per_image(
 
 
 def vit_activation_bytes(
-  model_config: ModelSettings | ml_collections.ConfigDict,
+  model_config: Settings | ml_collections.ConfigDict,
   image_size: int,
   images: int,
   compiler_rematerializes: bool = False,
@@ -145,7 +148,9 @@ def vit_activation_bytes(
   (``compiler_rematerializes``), so there only the block inputs are certain to stay.
   Used to refuse a resolution or batch that cannot fit before anything is compiled.
   """
-  cfg = ModelSettings.from_config(model_config)
+  cfg = model_settings(model_config)
+  if mixer.is_mixer(cfg):
+    return mixer.activation_bytes(cfg, image_size, images, compiler_rematerializes)
   if cfg.resnet is not None:
     return None
   ph, pw = cfg.patches.size

@@ -17,6 +17,13 @@ embedding kind of a parameter-free table (``sincos2d`` / ``none``) is in the sha
     Transformer/posembed_input/...       'learn' [1, N, D] / 'learn_2d' tables: grid
     conv_root/kernel                     [7, 7, C, 64 w] ResNet root, width factor w
     block{s}/unit{u}/...                 ResNet stages and units per stage
+
+and of an MLP-Mixer's (the official `models_mixer.py` tree, told apart by its ``stem``):
+
+    stem/kernel                                  [ph, pw, C, D]  patch size, width
+    MixerBlock_{i}/...                           depth
+    MixerBlock_0/token_mixing/Dense_0/kernel     [N, Dt]         patches, token MLP
+    MixerBlock_0/channel_mixing/Dense_0/kernel   [D, Dc]         channel MLP
 """
 
 from __future__ import annotations
@@ -44,6 +51,10 @@ _RESNET_UNIT = re.compile(r"^block(\d+)/unit(\d+)/")
 _ROOT_WIDTH = 64  # conv_root's output channels at width factor 1
 _LAYER_SCALE = "LayerScale_attention/scale"  # inside a block
 LAYER_SCALE_INIT = 1e-5  # a loaded LayerScale's init (DINOv2's; the stored scales replace it)
+MIXER_STEM = "stem/kernel"
+_MIXER_BLOCK = re.compile(r"^MixerBlock_(\d+)/")
+_TOKEN_MLP = "MixerBlock_0/token_mixing/Dense_0/kernel"
+_CHANNEL_MLP = "MixerBlock_0/channel_mixing/Dense_0/kernel"
 
 
 def _shapes(params: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
@@ -86,6 +97,9 @@ def _official_name(config: ml_collections.ConfigDict) -> Optional[str]:
   """The registered variant with this architecture, if any."""
 
   def arch(c: ml_collections.ConfigDict) -> tuple:
+    if models.is_mixer(c):
+      fields = ("hidden_dim", "num_blocks", "tokens_mlp_dim", "channels_mlp_dim")
+      return (models.MIXER, tuple(c.patches.size), *(c[f] for f in fields))
     t, r = c.transformer, c.get("resnet")
     return (
       tuple(c.patches.size),
@@ -97,7 +111,12 @@ def _official_name(config: ml_collections.ConfigDict) -> Optional[str]:
     )
 
   target = arch(config)
-  return next((n for n in models.MODEL_NAMES if arch(models.get_model_config(n)) == target), None)
+  same = [n for n in models.MODEL_NAMES if arch(models.get_model_config(n)) == target]
+  # The gap-norep variants share their architecture with the class-token ones.
+  pooling = [
+    n for n in same if models.get_model_config(n).get("classifier") == config.get("classifier")
+  ]
+  return (pooling or same or [None])[0]
 
 
 def posemb_kind(params: Mapping[str, Any]) -> Optional[str]:
@@ -111,10 +130,32 @@ def posemb_kind(params: Mapping[str, Any]) -> Optional[str]:
   return None
 
 
+def is_mixer(params: Mapping[str, Any]) -> bool:
+  """Whether a parameter tree is an MLP-Mixer's (it has the Mixer's ``stem``)."""
+  return MIXER_STEM in _shapes(params)
+
+
+def _describe_mixer(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
+  kernel = shapes[MIXER_STEM]
+  tokens, channels = shapes.get(_TOKEN_MLP), shapes.get(_CHANNEL_MLP)
+  return {
+    "patch size": kernel[:2],
+    "input channels": kernel[2],
+    "width": kernel[3],
+    "depth": len({m.group(1) for k in shapes if (m := _MIXER_BLOCK.match(k))}) or None,
+    "patches": tokens[0] if tokens else None,
+    "token MLP dim": tokens[1] if tokens else None,
+    "channel MLP dim": channels[1] if channels else None,
+  }
+
+
 def describe(params: Mapping[str, Any]) -> dict[str, Any]:
   """What the shapes say of the model, each None where they do not say it: patch size,
-  input channels, width, depth, heads, MLP dim, position embedding, ResNet root."""
+  input channels, width, depth, heads, MLP dim, position embedding, ResNet root (for a
+  Mixer: patch size, input channels, width, depth, patches, token and channel MLP dims)."""
   shapes = _shapes(params)
+  if MIXER_STEM in shapes:
+    return _describe_mixer(shapes)
   kernel = shapes.get("embedding/kernel")
   kernel = kernel if kernel and len(kernel) == 4 else None
   depth, block = _block_shapes(shapes)
@@ -140,6 +181,8 @@ def infer_model_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
   """
   shapes = _shapes(params)
   arch = describe(params)
+  if MIXER_STEM in shapes:
+    return _infer_mixer(arch)
   unknown: list[str] = []
   if arch["width"] is None:
     unknown.append("patch size and width (no embedding/kernel [ph, pw, C, D])")
@@ -210,6 +253,24 @@ def num_prefix_rows(config: ml_collections.ConfigDict) -> int:
   return models.create_model(config, num_classes=None).num_prefix_tokens
 
 
+def _infer_mixer(arch: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  missing = [name for name, value in arch.items() if value is None]
+  if missing:
+    raise errors.CheckpointError(
+      "Cannot infer the Mixer architecture from the checkpoint's arrays: no "
+      + ", ".join(missing)
+      + f" (from MixerBlock_{{i}}, {_TOKEN_MLP} and {_CHANNEL_MLP})."
+    )
+  config = models.get_model_config("Mixer-B_16")  # every field, then overwritten
+  config.patches.size = tuple(arch["patch size"])
+  config.hidden_dim = arch["width"]
+  config.num_blocks = arch["depth"]
+  config.tokens_mlp_dim = arch["token MLP dim"]
+  config.channels_mlp_dim = arch["channel MLP dim"]
+  config.name = _official_name(config) or "custom"
+  return config
+
+
 def num_classes(params: Mapping[str, Any]) -> Optional[int]:
   """The head's class count; None for a checkpoint without a head."""
   head = _shapes(params).get("head/kernel")
@@ -222,7 +283,12 @@ def trained_image_size(
   """The (height, width) the learned position embeddings were trained for; None without
   a learned table. A 1-D table is taken to be a square grid."""
   shapes = _shapes(params)
-  if POSEMB in shapes:
+  if MIXER_STEM in shapes:  # the token-mixing MLP fixes the number of patches
+    tokens = shapes.get(_TOKEN_MLP)
+    if tokens is None:
+      return None
+    grid = posemb_lib.square_grid(tokens[0], "pass the image size (--resolution)")
+  elif POSEMB in shapes:
     prefix = num_prefix_rows(config)
     grid = posemb_lib.square_grid(shapes[POSEMB][1] - prefix, "pass the image size (--resolution)")
   elif POSEMB_X in shapes and POSEMB_Y in shapes:

@@ -22,6 +22,7 @@ from flax import traverse_util
 from vit_jax import errors, models
 from vit_jax.models.embeddings import REGISTERS
 from vit_jax.models.mpp import MPP_PARAMS
+from vit_jax.models.patchemb import resample_patch_kernel
 from vit_jax.models.posemb import (
   POSEMB_REINIT,
   check_resize_method,
@@ -244,6 +245,24 @@ def _adapt_posemb(
   return notes
 
 
+_PATCH_KERNELS = ("embedding/kernel", architecture.MIXER_STEM)  # a ViT's, a Mixer's
+
+
+def _adapt_patch_size(got: dict[str, Any], want: Mapping[str, Any]) -> list[str]:
+  """Resamples a stored patch-embedding kernel to the model's patch size (FlexiViT's
+  pseudo-inverse resize, `models.patchemb`); notes of what changed."""
+  notes = []
+  for key in _PATCH_KERNELS:
+    if key not in got or key not in want:
+      continue
+    stored, wanted = np.shape(got[key]), np.shape(want[key])
+    if len(stored) == len(wanted) == 4 and stored[2:] == wanted[2:] and stored[:2] != wanted[:2]:
+      got[key] = resample_patch_kernel(got[key], wanted[:2])
+      old, new = "x".join(map(str, stored[:2])), "x".join(map(str, wanted[:2]))
+      notes.append(f"patch embedding: {old} kernel resampled to {new} patches (FlexiViT)")
+  return notes
+
+
 def _fit_error(
   error: ValueError, got: Mapping[str, Any], want: Mapping[str, Any], where: str
 ) -> str:
@@ -263,10 +282,17 @@ def _fit_error(
   if diffs:
     lines += ["  architecture differences:", *diffs]
   lines += details
-  lines.append(
-    "  Fix: build the model with the checkpoint's architecture (patch size, width, "
-    "depth, heads, MLP dim, posemb), or load a checkpoint of this model."
-  )
+  if architecture.MIXER_STEM in want:
+    lines.append(
+      "  Fix: build the Mixer with the checkpoint's architecture (width, depth, token and "
+      "channel MLP dims) and its number of patches (the token-mixing MLP fixes it: "
+      "config.pp.crop = patches per side x patch size), or load a checkpoint of this model."
+    )
+  else:
+    lines.append(
+      "  Fix: build the model with the checkpoint's architecture (width, depth, heads, MLP "
+      "dim, posemb), or load a checkpoint of this model."
+    )
   return "\n".join(lines)
 
 
@@ -301,7 +327,11 @@ def load_pretrained(
     ``posemb_resize_method='reinit'`` takes them all fresh from ``init_params`` instead.
   * masked patch prediction's ``mask_embedding`` and ``mpp_head``: dropped when the model
     has none (fine-tuning an MPP run), fresh when the checkpoint has none.
-  Anything else that does not fit (patch, width, depth, heads, MLP) raises one ValueError.
+  * patch size: a stored patch-embedding kernel of another patch size is resampled to the
+    model's (FlexiViT, `vit_jax.models.patchemb`).
+  * an MLP-Mixer checkpoint fits a Mixer of the same shape and number of patches (its
+    token-mixing MLP fixes them); only the head is adapted.
+  Anything else that does not fit (width, depth, heads, MLP) raises one ValueError.
   """
   source = os.fspath(source)
   check_resize_method(posemb_resize_method)
@@ -309,10 +339,11 @@ def load_pretrained(
   want = traverse_util.flatten_dict(init_tree, sep="/")
   where = f"checkpoint {source!r}"
 
-  # The config must describe the model that init_params came from.
-  classifier = model_config.classifier
-  representation_size = model_config.representation_size
-  posemb_kind = model_config.posemb
+  # The config must describe the model that init_params came from (a Mixer's has no class
+  # token, representation layer or position embeddings).
+  classifier = model_config.get("classifier", "gap")
+  representation_size = model_config.get("representation_size")
+  posemb_kind = model_config.get("posemb", "none")
   rep_in_init = want["pre_logits/kernel"].shape[-1] if "pre_logits/kernel" in want else None
   has_cls = models.create_model(model_config, num_classes=None).has_class_token
   if has_cls != ("cls" in want) or representation_size != rep_in_init:
@@ -340,6 +371,7 @@ def load_pretrained(
   _adapt_prefix_tokens(got, want, classifier, notes)
   grids = _Grids(stored_prefix, new_prefix, stored_grid_hw, new_grid_hw)
   notes += _adapt_posemb(got, want, posemb_kind, posemb_resize_method, grids, where)
+  notes += _adapt_patch_size(got, want)
 
   # What remains must fit exactly.
   try:

@@ -52,6 +52,10 @@ def layers_to_scanned(params: Params) -> Params:
   """Stacks `encoderblock_{0..L-1}` into `Transformer/encoderblock` [L, ...] (exact)."""
   if is_scanned(params):
     return params
+  if "Transformer" not in params:
+    raise errors.CheckpointError(
+      "No Transformer encoder to stack: an MLP-Mixer has no scanned layout (leave --scanned out)."
+    )
   transformer = dict(params["Transformer"])
   layers = sorted((int(m.group(1)), k) for k in transformer if (m := _LAYER_BLOCK.match(k)))
   if [i for i, _ in layers] != list(range(len(layers))):

@@ -1,4 +1,5 @@
-"""timm `VisionTransformer` (and its ResNet hybrids) -> our parameters, numpy only.
+"""timm `VisionTransformer` (and its ResNet hybrids) -> our parameters, numpy only; a timm
+`MlpMixer` (a ``stem.proj`` instead of a ``patch_embed``) goes to `timm_mixer`.
 
 The inverse of `vit_jax.weights.timm`'s export. A timm checkpoint is a `model.safetensors`
 (timm's state dict) with, from the hub or `timm.models.save_for_hf`, a `config.json`
@@ -28,7 +29,7 @@ from flax import traverse_util
 
 from vit_jax import errors, models
 from vit_jax.aliases import Params
-from vit_jax.weights import architecture, files
+from vit_jax.weights import architecture, files, timm_mixer
 from vit_jax.weights import timm as timm_export
 
 CONFIG = "config.json"  # timm's hub config (architecture, model_args, pretrained_cfg)
@@ -95,10 +96,15 @@ def _gap_args(name: str) -> dict[str, Any]:
   }
 
 
+def _flexivit_args(name: str) -> dict[str, Any]:
+  """FlexiViT (timm's ``flexivit_*`` factories): no position embedding on the class token."""
+  return {"no_embed_class": True} if name.startswith("flexivit_") else {}
+
+
 def _family_args(name: str) -> dict[str, Any]:
   """timm's registered model arguments of ``name``'s family that the arrays do not show."""
   args: dict[str, Any] = {}
-  for family in (_clip_args, _dinov2_args, _deit3_args, _siglip_args, _gap_args):
+  for family in (_clip_args, _dinov2_args, _deit3_args, _siglip_args, _gap_args, _flexivit_args):
     args.update(family(name))
   return args
 
@@ -109,11 +115,16 @@ def _arguments(directory: str) -> tuple[str, dict[str, Any], Optional[list[str]]
   spec_path, config_path = (os.path.join(directory, n) for n in (timm_export.SPEC, CONFIG))
   if os.path.isfile(spec_path):  # our export
     spec = files.read_json(spec_path)
-    if not isinstance(spec.get("model_name"), str) or not isinstance(spec.get("kwargs"), dict):
+    # model_name None: a Mixer of a shape timm has no name for (built as its class).
+    name = spec.get("model_name")
+    if not isinstance(name, (str, type(None))) or not isinstance(spec.get("kwargs"), dict):
       raise errors.CheckpointError(f"{spec_path!r} has no model_name and kwargs: re-export it.")
     overlay = _object(spec, "pretrained_cfg_overlay", spec_path)
-    name = spec["model_name"]
-    return name, {**_family_args(name), **spec["kwargs"]}, None, overlay
+    name = name or ""
+    args = {**_family_args(name), **spec["kwargs"]}
+    if "act_layer" in spec:  # a Mixer's, given apart (timm's MlpMixer takes a class)
+      args["act_layer"] = spec["act_layer"]
+    return name, args, None, overlay
   if is_timm_config(config_path):
     config = files.read_json(config_path)
     if not isinstance(config["architecture"], str):
@@ -338,6 +349,16 @@ def read(
       "save the state dict with safetensors.torch.save_file first)."
     )
   tensors = files.read_safetensors(weights)
+  if timm_mixer.STEM in tensors:
+    params = timm_mixer.from_timm(tensors, repr(path))
+    config = architecture.infer_model_config(params)
+    activation, config.gelu_approximate = _activation(args, repr(path))
+    if activation != "gelu":
+      raise errors.CheckpointError(
+        f"{path!r}: a timm MlpMixer with act_layer {activation!r}: the Mixer computes a GELU."
+      )
+    _read_input_stats(config, pretrained_cfg, repr(path))
+    return _loaded(config, params, names)
   if "patch_embed.proj.weight" not in tensors:
     raise errors.CheckpointError(
       f"{weights!r} is not a timm ViT state dict (no patch_embed.proj.weight): a "
@@ -347,6 +368,13 @@ def read(
   params = from_timm(tensors, _num_heads(timm_name, args, width, repr(path)), repr(path))
   config = architecture.infer_model_config(params)
   _apply_args(config, args, pretrained_cfg, "cls_token" in tensors, repr(path))
+  return _loaded(config, params, names)
+
+
+def _loaded(
+  config: ml_collections.ConfigDict, params: Params, names: Optional[list[str]]
+) -> tuple[ml_collections.ConfigDict, Params, Optional[list[str]], Optional[tuple[int, int]]]:
+  """`read`'s result: class names only where they match the head."""
   if names is not None and len(names) != architecture.num_classes(params):
     names = None
   return config, params, names, architecture.trained_image_size(params, config)
@@ -381,13 +409,24 @@ def _apply_args(
   config.layer_norm_epsilon = float(eps)
   if config.layer_scale_init is not None and init_values:
     config.layer_scale_init = float(init_values)
+  config.activation, config.gelu_approximate = _activation(args, source)
+  _read_input_stats(config, pretrained_cfg, source)
+
+
+def _activation(args: dict[str, Any], source: str) -> tuple[str, bool]:
+  """(our activation, tanh GELU?) of timm's ``act_layer`` model argument."""
   act = args.get("act_layer")
   if act not in _APPROXIMATE and act != _QUICK_GELU:
     raise errors.CheckpointError(
       f"{source}: timm act_layer {act!r} is not an activation this model has ({_ACT_NAMES})."
     )
-  config.activation = _QUICK_GELU if act == _QUICK_GELU else "gelu"
-  config.gelu_approximate = _APPROXIMATE.get(act, False)
+  return (_QUICK_GELU if act == _QUICK_GELU else "gelu"), _APPROXIMATE.get(act, False)
+
+
+def _read_input_stats(
+  config: ml_collections.ConfigDict, pretrained_cfg: dict[str, Any], source: str
+) -> None:
+  """The checkpoint's input ``mean``/``std`` (timm's ``pretrained_cfg``) into ``config``."""
   for ours, theirs in (("input_mean", "mean"), ("input_std", "std")):
     value = pretrained_cfg.get(theirs)
     if value is None:

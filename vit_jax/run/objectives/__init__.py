@@ -15,7 +15,8 @@ import jax
 
 from vit_jax import errors
 from vit_jax.aliases import Batch
-from vit_jax.models import ModelSettings, VisionTransformer, create_model
+from vit_jax.models import VisionTransformer, create_model
+from vit_jax.models.settings import Settings
 from vit_jax.run.objectives import classification, masked_patches
 
 
@@ -46,7 +47,7 @@ def check_name(name: str) -> None:
     )
 
 
-def make(model_config: ModelSettings, num_classes: int, settings: Any) -> Objective:
+def make(model_config: Settings, num_classes: int, settings: Any) -> Objective:
   """The objective ``settings.name`` names (`spec.ObjectiveSettings`)."""
   check_name(settings.name)
   return OBJECTIVES[settings.name](model_config, num_classes, settings)
