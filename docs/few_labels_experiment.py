@@ -1,4 +1,4 @@
-r"""The paper's two other methods at the scale of the built-in digits (README table).
+r"""The paper's two other methods at the scale of the built-in digits (docs/evaluation.md table).
 
     PYTHONPATH=. python docs/few_labels_experiment.py --out=/tmp/few_labels [--shots=10]
 

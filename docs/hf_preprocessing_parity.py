@@ -27,7 +27,7 @@ from vit_jax import export, predict
 from vit_jax.data import preprocess
 from vit_jax.weights import sources
 
-sys.modules.setdefault("triton", None)  # torch's CUDA wheel vs TensorFlow (README)
+sys.modules.setdefault("triton", None)  # CUDA torch vs TensorFlow: docs/inference_export.md
 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "A checkpoint with a head.", required=True)
 _OUT = flags.DEFINE_string(
