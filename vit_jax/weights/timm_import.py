@@ -154,10 +154,8 @@ def _num_heads(timm_name: str, args: dict[str, Any], width: int, source: str) ->
     return int(args["num_heads"])
   if m := _SIZE.match(timm_name):
     return _HEADS_BY_SIZE[m.group(1)]
-  official = {
-    models.get_model_config(n).hidden_size: models.get_model_config(n).transformer.num_heads
-    for n in models.MODEL_NAMES
-  }
+  configs = [models.get_model_config(n) for n in models.MODEL_NAMES]
+  official = {c.hidden_size: c.transformer.num_heads for c in configs if "transformer" in c}
   if width in official:
     return official[width]
   raise errors.CheckpointError(
