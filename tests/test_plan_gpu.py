@@ -4,6 +4,7 @@ attention, and tiny runs planned for compile-only H100s (needs JAX's CUDA plugin
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -81,12 +82,29 @@ def test_target_descriptions_agree_with_the_gpu_table(name):
 def test_memory_jax_may_use_follows_its_variable(monkeypatch):
   nodes = topology.parse("h100x8")
   monkeypatch.delenv(gpu_topology.MEM_FRACTION_VARIABLE, raising=False)
-  assert nodes.device_memory_bytes == pytest.approx(0.75 * gpus.GPUS["h100"].hbm_bytes)
-  monkeypatch.setenv(gpu_topology.MEM_FRACTION_VARIABLE, ".9")
+  # Unset: the share the commands give JAX (they set the variable to it when unset).
   assert nodes.device_memory_bytes == pytest.approx(0.9 * gpus.GPUS["h100"].hbm_bytes)
+  monkeypatch.setenv(gpu_topology.MEM_FRACTION_VARIABLE, ".75")
+  assert nodes.device_memory_bytes == pytest.approx(0.75 * gpus.GPUS["h100"].hbm_bytes)
   monkeypatch.setenv(gpu_topology.MEM_FRACTION_VARIABLE, "most")
   with pytest.raises(topology.errors.ConfigError, match="XLA_PYTHON_CLIENT_MEM_FRACTION"):
     nodes.device_memory_bytes
+
+
+def test_commands_give_jax_ninety_percent_of_each_gpu_unless_told(monkeypatch):
+  """The share the plan budgets with is the one every command sets before JAX starts."""
+  from vit_jax import cli as commands  # pylint: disable=g-import-not-at-top
+
+  seen = []
+
+  def command(parsed):
+    seen.append(os.environ.get(gpu_topology.MEM_FRACTION_VARIABLE))
+
+  monkeypatch.delenv(gpu_topology.MEM_FRACTION_VARIABLE, raising=False)
+  assert commands.run_command([], lambda argv: None, command) == 0
+  monkeypatch.setenv(gpu_topology.MEM_FRACTION_VARIABLE, "0.6")
+  assert commands.run_command([], lambda argv: None, command) == 0
+  assert seen == [str(gpu_topology.DEFAULT_MEM_FRACTION), "0.6"]
 
 
 @pytest.mark.parametrize("multiple", [2, 8, 64])
@@ -271,11 +289,11 @@ def test_commands_start_on_the_cpu_without_the_plugins_error(choose_cpu):
 
 
 def test_suggest_shows_the_budget_of_a_larger_allocator_share(monkeypatch):
-  """--suggest on GPUs: the step measured against 90% of the GPU (no compile), then the
+  """--suggest on GPUs: the step measured against 95% of the GPU (no compile), then the
   compiled levers (stubbed here: each variant's plan is refused)."""
   nodes = topology.parse("h100x8")
   gib = 2**30
-  step = types.SimpleNamespace(needed_bytes=60 * gib)  # over 0.75 x 79.14 x 0.9 = 53.4
+  step = types.SimpleNamespace(needed_bytes=73 * gib)  # over 0.9 x 79.14 = 71.23
   plan = types.SimpleNamespace(
     partitioning="data_parallel",
     remat=False,
@@ -294,7 +312,7 @@ def test_suggest_shows_the_budget_of_a_larger_allocator_share(monkeypatch):
 
   monkeypatch.setattr(planner, "make_plan", refuse)
   lines = cli.suggestions(test_plan.tiny_config(), nodes, plan)
-  # 0.9 x 79.14 GiB x 0.9 = 64.11 GiB: 60 GiB fits.
-  assert lines[0] == "  XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 (environment): budget 64.11 GiB, fits"
+  # 0.95 x 79.14 GiB = 75.19 GiB: 73 GiB fits.
+  assert lines[0] == "  XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 (environment): budget 75.19 GiB, fits"
   assert lines[1] == "  config.model.dtype=bfloat16: refused"
   assert tried[0].model.dtype == "bfloat16" and len(lines) == len(tried) + 1

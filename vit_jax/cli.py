@@ -303,6 +303,7 @@ def run_command(
   """
   # First: parsing may load a config file, and nothing may start a backend before this.
   platforms.cpu_unless_accelerator_attached()  # libtpu installed, no TPU: the CPU, quietly
+  platforms.default_gpu_memory_fraction()
   try:
     parsed = parse(argv)
   except HelpRequested as e:

@@ -70,7 +70,7 @@ def suggestions(
   lines = []
   if isinstance(slice_, gpu_topology.GpuTopology):  # the same programs, a larger allocator
     fraction = gpu_topology.LARGER_MEM_FRACTION
-    budget = slice_.chip.hbm_bytes * fraction * (1 - planner.HEADROOM)
+    budget = slice_.chip.hbm_bytes * fraction
     fits = max(plan.train.needed_bytes, plan.eval.needed_bytes) <= budget
     lines.append(
       f"  {gpu_topology.MEM_FRACTION_VARIABLE}={fraction} (environment): budget "

@@ -32,12 +32,12 @@ _GPU_NAME = re.compile(r"^([a-z]\d+)x(\d+)(?:x(\d+))?$")
 # ("Couldn't find output tile sizes"); with Triton GEMMs off they go to cuBLAS. Given to
 # each compile of the plan, and as XLA_FLAGS to the compiles of accum_steps='auto'.
 COMPILER_OPTIONS: dict[str, Any] = {"xla_gpu_enable_triton_gemm": False}
-# The share of a GPU's memory JAX's allocator takes (JAX's default; the variable is JAX's).
-MEM_FRACTION_VARIABLE = "XLA_PYTHON_CLIENT_MEM_FRACTION"
-DEFAULT_MEM_FRACTION = 0.75
-# What --suggest offers instead: the rest of the GPU stays for what JAX's allocator does
-# not hold (the CUDA context, NCCL's buffers).
-LARGER_MEM_FRACTION = 0.9
+# The share of a GPU's memory JAX's allocator takes in the planned run: the variable where
+# set, else what the commands set (`platforms.GPU_MEMORY_FRACTION`).
+MEM_FRACTION_VARIABLE = platforms.MEM_FRACTION_VARIABLE
+DEFAULT_MEM_FRACTION = platforms.GPU_MEMORY_FRACTION
+# What --suggest offers beside it: 5% of the GPU left outside the allocator.
+LARGER_MEM_FRACTION = 0.95
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,11 +86,14 @@ class GpuTopology:
     """What one device's steps may use: JAX's share of the GPU's memory."""
     return self.chip.hbm_bytes * self.memory_fraction
 
+  # The budget is the whole allocator's share: the GPU memory outside it is the headroom.
+  headroom = 0.0
+
   @property
   def memory_note(self) -> str:
     return (
       f"{self.memory_fraction:.0%} of the GPU's {self.chip.hbm_bytes / 2**30:.2f} GiB: "
-      f"{MEM_FRACTION_VARIABLE}, JAX's default {DEFAULT_MEM_FRACTION}"
+      f"{MEM_FRACTION_VARIABLE}, the commands' default {DEFAULT_MEM_FRACTION}"
     )
 
   def devices(self) -> list[Any]:

@@ -21,11 +21,7 @@ from vit_jax import sharding
 from vit_jax.plan import gpu_topology, hlo, report
 from vit_jax.plan.report import gib
 from vit_jax.plan.topology import AnyTopology
-from vit_jax.run import memory_fit, step_cost
-
-# The share of the chip's memory a step may fill: the same headroom as
-# accum_steps='auto' leaves (XLA's analysis omits the runtime's own buffers).
-HEADROOM = memory_fit.HEADROOM
+from vit_jax.run import step_cost
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +51,7 @@ class Plan:
   eval_batch: int
   eval_batch_bytes: int
   hbm_bytes: float  # one device's share of the chip's HBM (GPUs: JAX's allocator's share)
-  budget_bytes: float  # hbm_bytes x (1 - HEADROOM)
+  budget_bytes: float  # hbm_bytes x (1 - the topology's headroom)
   train: report.Measure
   eval: report.Measure
   step_flops: Optional[float]  # all devices, one step
@@ -149,7 +145,7 @@ def make_plan(config: ml_collections.ConfigDict, topology: AnyTopology) -> Plan:
     eval_batch=eval_batch["image"].shape[0],
     eval_batch_bytes=report.tree_bytes_per_device(eval_batch),
     hbm_bytes=hbm,
-    budget_bytes=hbm * (1 - HEADROOM),
+    budget_bytes=hbm * (1 - topology.headroom),
     train=train,
     eval=evaluation,
     step_flops=step_flops,
@@ -288,7 +284,8 @@ def shortfall(plan: Plan) -> str:
   )
   return (
     f"the {worst_name} step needs {gib(worst.needed_bytes)} per device, {gib(over)} more than "
-    f"the budget of {gib(plan.budget_bytes)} ({1 - HEADROOM:.0%} of the {gib(plan.hbm_bytes)}"
+    f"the budget of {gib(plan.budget_bytes)} ({plan.budget_bytes / plan.hbm_bytes:.0%} of the "
+    f"{gib(plan.hbm_bytes)}"
     f"{' (' + plan.memory_note + ')' if plan.memory_note else ''} of a {plan.device_kind} "
     "device). Levers: " + "; ".join(levers) + "."
   )

@@ -27,6 +27,7 @@ import jax
 from vit_jax import errors
 from vit_jax.plan import gpu_topology
 from vit_jax.plan.chips import CHIPS, Chip
+from vit_jax.run import memory_fit
 
 # Cloud name prefix -> chip generation; libtpu's name of each generation.
 CLOUD_PREFIXES: dict[str, str] = {
@@ -77,6 +78,9 @@ class Topology:
     return self.chip.per_device(self.chip.hbm_bytes)
 
   memory_note = ""  # what `device_memory_bytes` is, where not the device's whole HBM
+  # The share of it kept free: XLA's analysis omits the runtime's own buffers (the same
+  # headroom as accum_steps='auto' leaves).
+  headroom = memory_fit.HEADROOM
   node_size = None  # every collective goes over ICI (see `hlo.totals`)
 
   @property
