@@ -36,6 +36,15 @@ PARAM_COUNTS = {
   "Mixer-B_16": 59_880_472,
   "Mixer-B_32": 60_293_428,
   "Mixer-L_16": 208_196_168,
+  # The later families: timm's counts of the same architectures at 1000 classes and 224
+  # (CLIP: timm's + 768, the patch embedding's bias, which timm's CLIP has not: zero on
+  # import).
+  "SigLIP-B_16": 93_653_224,
+  "DINOv2-S_14-reg4": 22_014_952,
+  "DINOv2-B_14-reg4": 86_496_232,
+  "DINOv2-L_14-reg4": 304_255_976,
+  "CLIP-B_16": 86_569_192,
+  "CLIP-B_16-quickgelu": 86_569_192,
 }
 
 

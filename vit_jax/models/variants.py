@@ -166,6 +166,35 @@ _MODEL_CONFIGS["testing-unpooled"] = _variant(
   "testing-unpooled",
   classifier="unpooled",
 )
+
+# The later ViTs people fine-tune, under their common names, at 224x224 and with the
+# options and input normalisation of timm's architectures (`vit_base_patch16_siglip_224`,
+# `vit_*_patch14_reg4_dinov2`, `vit_base_patch16_clip_224`, `..._clip_quickgelu_224`):
+# exact GELU, as timm computes them all (SigLIP was trained in JAX with the tanh one).
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+_LATER = dict(gelu_approximate=False)
+_DINOV2 = dict(
+  _LATER,
+  num_registers=4,
+  layer_scale_init=1e-5,
+  posemb_patches_only=True,
+  input_mean=IMAGENET_MEAN,
+  input_std=IMAGENET_STD,
+)
+_CLIP = dict(
+  _LATER, norm_pre=True, layer_norm_epsilon=1e-5, input_mean=CLIP_MEAN, input_std=CLIP_STD
+)
+for _name, _base, _changes in (
+  ("SigLIP-B_16", lambda: _vit("", 16, **_B), dict(_LATER, classifier="map")),
+  ("DINOv2-S_14-reg4", lambda: _vit("", 14, **_S), _DINOV2),
+  ("DINOv2-B_14-reg4", lambda: _vit("", 14, **_B), _DINOV2),
+  ("DINOv2-L_14-reg4", lambda: _vit("", 14, **_L), _DINOV2),
+  ("CLIP-B_16", lambda: _vit("", 16, **_B), _CLIP),
+  ("CLIP-B_16-quickgelu", lambda: _vit("", 16, **_B), dict(_CLIP, activation="quick_gelu")),
+):
+  _MODEL_CONFIGS[_name] = _variant(_base, _name, **_changes)
 MODEL_NAMES: tuple[str, ...] = tuple(_MODEL_CONFIGS)
 
 

@@ -112,11 +112,21 @@ def _official_name(config: ml_collections.ConfigDict) -> Optional[str]:
 
   target = arch(config)
   same = [n for n in models.MODEL_NAMES if arch(models.get_model_config(n)) == target]
-  # The gap-norep variants share their architecture with the class-token ones.
-  pooling = [
-    n for n in same if models.get_model_config(n).get("classifier") == config.get("classifier")
-  ]
-  return (pooling or same or [None])[0]
+
+  # Variants that share an architecture (gap-norep and ViT, SigLIP and ViT-B/16, ...)
+  # differ in what the shapes also show: pooling, registers, norms, LayerScale.
+  def visible(c: ml_collections.ConfigDict) -> tuple:
+    return (
+      c.get("classifier"),
+      c.get("num_registers", 0),
+      bool(c.get("norm_pre")),
+      bool(c.get("fc_norm")),
+      c.get("layer_scale_init") is not None,
+      bool(c.get("posemb_patches_only")),
+    )
+
+  alike = [n for n in same if visible(models.get_model_config(n)) == visible(config)]
+  return (alike or same or [None])[0]
 
 
 def posemb_kind(params: Mapping[str, Any]) -> Optional[str]:
