@@ -49,6 +49,9 @@ MODELS: dict[str, str] = {
   "r50_b16": "R50+ViT-B_16",
   "r26_s32": "R26+ViT-S_32",
   "r_ti16": "R+ViT-Ti_16",
+  # Later families with a 16x16 patch (the fine-tuning crop, 384, is a multiple of it).
+  "siglip_b16": "SigLIP-B_16",
+  "clip_b16": "CLIP-B_16",
 }
 
 FINETUNE_WARMUP_STEPS = 500  # The official repository's fine-tuning warm-up.
