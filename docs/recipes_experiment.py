@@ -27,6 +27,9 @@ SETTINGS: dict[str, dict[str, object]] = {
   "mixup0.2": {"mixup.p": 0.2},
   "sd0.1": {"model.stoch_depth": 0.1},
   "mixup0.2+sd0.1": {"mixup.p": 0.2, "model.stoch_depth": 0.1},
+  # AugReg's settings (configs/augreg.py SETTINGS): RandAugment (layers, magnitude) + Mixup.
+  "light2": {"pp.randaug": (2, 10), "mixup.p": 0.2},
+  "medium2": {"pp.randaug": (2, 15), "mixup.p": 0.5},
 }
 
 _OUT = flags.DEFINE_string("out", "/tmp/recipes_digits", "Where the runs and results go.")
