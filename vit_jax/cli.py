@@ -131,11 +131,32 @@ def define_config_flags(flag_values: flags.FlagValues, argv: Sequence[str], help
   )
 
 
+def _check_config_file(argv: Sequence[str]) -> None:
+  """A ``--config=<file>[:<arg>]`` whose file is not there: one line saying where it was
+  looked for (a relative path is read from the current directory)."""
+  for arg in argv:
+    if not arg.startswith("--config="):
+      continue
+    path = arg[len("--config=") :].split(":", 1)[0]
+    if path and not os.path.isfile(path):
+      fix = (
+        "give an existing config file"
+        if os.path.isabs(path)
+        else "run the command from the repository root (where configs/ is), or give the "
+        "config file's absolute path"
+      )
+      raise errors.CommandLineError(
+        f"--config={path}: no such file (looked for {os.path.abspath(path)}): {fix}."
+      )
+
+
 def parse_config_flags(flag_values: flags.FlagValues, argv: Sequence[str]) -> list[str]:
   """Parses ``argv`` onto flags that include a `config_flags` config (``--config`` and its
   ``--config.<key>=value`` overrides); the arguments left. A bad command line is a
-  `CommandLineError`: an unknown key lists the closest valid keys, a config file that
-  fails to load gives its error's own line."""
+  `CommandLineError`: a config file that is not there says where it was looked for, an
+  unknown key lists the closest valid keys, a config file that fails to load gives its
+  error's own line."""
+  _check_config_file(argv)
   try:
     return flag_values(list(argv))
   except (AttributeError, KeyError):  # ml_collections' error for an unknown --config.<key>
