@@ -34,10 +34,11 @@ def _config(dataset, data_dir, **overrides) -> ml_collections.ConfigDict:
   return config
 
 
-def test_digits_builds_offline_with_documented_splits(tmp_path):
+def test_digits_builds_offline_with_documented_splits(tmp_path, capsys):
   start = time.time()
   info = data.dataset_info(_config("digits", tmp_path))
   assert time.time() - start < 30
+  assert capsys.readouterr().out == ""  # no tfds "Downloading and preparing dataset ..."
   assert info.num_classes == 10 and info.class_names == [str(d) for d in range(10)]
   assert (info.num_train, info.num_test) == (digits.NUM_TRAIN, digits.NUM_TEST)
   assert (digits.NUM_TRAIN, digits.NUM_TEST) == (1437, 360)

@@ -20,7 +20,9 @@ Import this module before TensorFlow (it sets TensorFlow's C++ log level, which 
 TensorFlow loads). `run_command` keeps JAX off a TPU backend that is installed but has no
 TPU (`vit_jax.platforms`) before anything starts a backend. What a terminal shows:
 
-* the command's own log lines (progress, results) and every warning and error;
+* the command's own log lines (progress, results) and every warning and error, as plain
+  text (`PlainFormatter`: the message, "Warning: " before a warning); with
+  ``--verbosity`` given, in absl's format (level, time, thread, file:line) instead;
 * not: the libraries' INFO lines (JAX probing for a TPU, Orbax's per-save and per-read
   lines, tfds' reads), nor TensorFlow's and XLA's C++ INFO and WARNING lines (its start-up
   notices, `Local rendezvous is aborting` at exit, `jpeg::Uncompress failed` beside a file
@@ -339,6 +341,9 @@ def run_command(
   handler = logging.get_absl_handler()
   quiet = _quiet_filter(show_library_info=verbose)
   handler.addFilter(quiet)
+  absl_formatter = handler.python_handler.formatter
+  if not verbose:
+    handler.setFormatter(PlainFormatter())
   try:
     return command(parsed) or 0
   except Exception as e:  # pylint: disable=broad-except
@@ -350,6 +355,22 @@ def run_command(
     return _report(user_error)
   finally:
     handler.removeFilter(quiet)
+    handler.setFormatter(absl_formatter)
+
+
+class PlainFormatter(std_logging.Formatter):
+  """A log line as a user reads it: the message alone, a warning or error marked as one,
+  without absl's prefix (level letter, date, time, thread id, file:line), which
+  ``--verbosity`` brings back."""
+
+  _MARKS = {std_logging.WARNING: "Warning: ", std_logging.ERROR: "ERROR: "}
+
+  def __init__(self):
+    super().__init__("%(message)s")
+
+  def format(self, record: std_logging.LogRecord) -> str:
+    mark = self._MARKS.get(min(record.levelno, std_logging.ERROR), "")
+    return mark + super().format(record)
 
 
 def exit_with(status: int) -> None:
