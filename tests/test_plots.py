@@ -2,7 +2,6 @@
 
 import io
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -105,14 +104,7 @@ def test_make_figures_writes_where_told_and_by_default_not_into_the_repository(
   env = fresh_python.clean_env(TMPDIR=str(tmp_path), MPLBACKEND="Agg")
   script = os.path.join(fresh_python.REPO, "docs", "make_figures.py")
   for out in ([], [f"--out={tmp_path}/told"]):
-    proc = subprocess.run(
-      [sys.executable, script, f"--workdir={finished_run}", *out],
-      cwd=fresh_python.REPO,
-      env=env,
-      capture_output=True,
-      text=True,
-      timeout=300,
-    )
+    proc = fresh_python.run([script, f"--workdir={finished_run}", *out], env)
     assert proc.returncode == 0, proc.stderr[-3000:]
   (default,) = [p for p in os.listdir(tmp_path) if p.startswith("vit_figures_")]
   for folder in (tmp_path / default, tmp_path / "told"):
