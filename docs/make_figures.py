@@ -1,7 +1,11 @@
-r"""Regenerates the "Inspecting ViT" figures in docs/figures/ from a trained run.
+r"""Draws the "Inspecting ViT" figures (those in docs/figures/) for a trained run.
 
-    python docs/make_figures.py --workdir=/tmp/vit_quickstart          # the quickstart run
-    python docs/make_figures.py --workdir=... --out=docs/figures --data_dir=...
+    python docs/make_figures.py --workdir=/tmp/vit_quickstart      # into a new temp folder
+    python docs/make_figures.py --workdir=... --out=/tmp/figures --data_dir=...
+    python docs/make_figures.py --workdir=... --out=docs/figures   # replace the repository's
+
+The figures go where ``--out`` says, by default a new folder under the system's temp
+folder (printed); the repository's PNGs change only when ``--out`` names docs/figures.
 
 Reads ``<workdir>/config.json`` (written by `run.train_and_evaluate`) and the newest
 step of ``<workdir>/checkpoints``, runs the model on the first test batch and writes
@@ -24,7 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pathlib
+import tempfile
 
 import ml_collections
 import numpy as np
@@ -34,9 +38,9 @@ from vit_jax import analysis, data, plots, sharding
 from vit_jax.models import create_model
 from vit_jax.weights import orbax_steps
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 DPI = 80  # small PNGs for the repository
 GREY_DATASETS = ("digits",)  # grey images decoded to RGB with R = G = B
+PAPER_COMPONENTS = 28  # principal components of the embedding filters in Fig. 7 (left)
 
 
 def _save(fig, path: str) -> None:
@@ -103,17 +107,20 @@ def make_figures(
   Image.fromarray(np.concatenate(rows, axis=0)).save(path, optimize=True)
   print("wrote", path)
 
+  kernel = np.asarray(params["embedding"]["kernel"])  # [P, P, 3, D]
+  ph, pw, channels, width = kernel.shape  # D filters of P*P*3 values: at most that many
+  components = min(PAPER_COMPONENTS, width, ph * pw * channels)  # components (a tiny model)
   _save(
-    plots.plot_embedding_filters(analysis.embedding_filter_components(params)),
+    plots.plot_embedding_filters(analysis.embedding_filter_components(params, components)),
     os.path.join(out, "embedding_filters.png"),
   )
   if config.dataset in GREY_DATASETS:
-    kernel = np.asarray(params["embedding"]["kernel"])  # [P, P, 3, D]
-    grey_kernel = np.repeat(kernel.mean(axis=2, keepdims=True), kernel.shape[2], axis=2)
+    grey_kernel = np.repeat(kernel.mean(axis=2, keepdims=True), channels, axis=2)
     grey = {**params, "embedding": {**params["embedding"], "kernel": grey_kernel}}
-    ph, pw = kernel.shape[:2]  # a grey filter has only ph * pw independent entries
+    # A grey filter has only ph * pw independent entries.
+    grey_components = min(PAPER_COMPONENTS, width, ph * pw)
     fig = plots.plot_embedding_filters(
-      analysis.embedding_filter_components(grey, num_components=min(28, ph * pw)), columns=8
+      analysis.embedding_filter_components(grey, num_components=grey_components), columns=8
     )
     fig.suptitle("principal components of the channel-averaged embedding filters", fontsize="small")
     _save(fig, os.path.join(out, "embedding_filters_grey.png"))
@@ -155,11 +162,14 @@ def main() -> None:
   parser.add_argument(
     "--workdir", required=True, help="a train_and_evaluate workdir (config.json + checkpoints/)"
   )
-  parser.add_argument("--out", default=str(REPO_ROOT / "docs" / "figures"))
+  parser.add_argument(
+    "--out", default=None, help="folder for the PNGs (default: a new temp folder)"
+  )
   parser.add_argument("--data_dir", default=None, help="tfds data_dir override")
   parser.add_argument("--num_overlays", type=int, default=4)
   args = parser.parse_args()
-  make_figures(args.workdir, args.out, data_dir=args.data_dir, num_overlays=args.num_overlays)
+  out = args.out or tempfile.mkdtemp(prefix="vit_figures_")
+  make_figures(args.workdir, out, data_dir=args.data_dir, num_overlays=args.num_overlays)
 
 
 if __name__ == "__main__":

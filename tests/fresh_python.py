@@ -35,6 +35,13 @@ def clean_env(**extra: str) -> dict[str, str]:
   return env
 
 
+def run(args: list[str], env: dict[str, str], timeout: int = 300) -> subprocess.CompletedProcess:
+  """``python <args>`` in a fresh Python from the repository root, its output captured."""
+  return subprocess.run(
+    [sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+  )
+
+
 def run_json(code: str, env: dict[str, str], timeout: int = 120) -> dict:
   """Runs ``code`` in a fresh Python; its last stdout line is JSON."""
   proc = subprocess.run(

@@ -1,5 +1,6 @@
 """tfds datasets by name: the built-in digits, mocked cifar10, clear errors offline."""
 
+import logging
 import time
 
 import jax
@@ -33,10 +34,11 @@ def _config(dataset, data_dir, **overrides) -> ml_collections.ConfigDict:
   return config
 
 
-def test_digits_builds_offline_with_documented_splits(tmp_path):
+def test_digits_builds_offline_with_documented_splits(tmp_path, capsys):
   start = time.time()
   info = data.dataset_info(_config("digits", tmp_path))
   assert time.time() - start < 30
+  assert capsys.readouterr().out == ""  # no tfds "Downloading and preparing dataset ..."
   assert info.num_classes == 10 and info.class_names == [str(d) for d in range(10)]
   assert (info.num_train, info.num_test) == (digits.NUM_TRAIN, digits.NUM_TEST)
   assert (digits.NUM_TRAIN, digits.NUM_TEST) == (1437, 360)
@@ -80,12 +82,15 @@ def test_mocked_cifar10_through_the_tfds_path(tmp_path):
   np.testing.assert_array_equal(masks[1], [1, 1, 0, 0, 0, 0, 0, 0])
 
 
-def test_unprepared_dataset_is_one_clear_error(tmp_path):
-  with pytest.raises(FileNotFoundError) as e:
+def test_unprepared_dataset_is_one_clear_error(tmp_path, caplog):
+  with caplog.at_level(logging.INFO, logger="absl"), pytest.raises(FileNotFoundError) as e:
     data.dataset_info(_config("cifar10", tmp_path))
   message = str(e.value)
   assert "'cifar10'" in message and str(tmp_path) in message
-  assert "tfds build cifar10" in message
+  assert f"`tfds build cifar10 --data_dir={tmp_path}`" in message
+  assert "gs://" in message
+  # Nothing said before it about reading a split that is not there.
+  assert "whole split" not in caplog.text
 
 
 def test_unknown_dataset_name(tmp_path):

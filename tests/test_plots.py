@@ -1,6 +1,7 @@
 """Tests of `vit_jax.plots` (Fig. 6-7 figures) and of matplotlib staying optional."""
 
 import io
+import os
 import sys
 
 import numpy as np
@@ -9,6 +10,8 @@ from matplotlib.figure import Figure
 
 from tests import fresh_python
 from vit_jax import plots
+
+pytest_plugins = ["tests.finished_run"]  # the finished_run fixture
 
 
 def _render(fig):
@@ -90,3 +93,22 @@ def test_every_module_imports_without_matplotlib():
   ours = [m for m in result["attempts"] if m.split(".")[0] == "vit_jax"]
   assert not ours, f"these vit_jax modules import matplotlib: {ours}"
   assert not result["loaded"]
+
+
+def test_make_figures_writes_where_told_and_by_default_not_into_the_repository(
+  finished_run, tmp_path
+):
+  """docs/make_figures.py: the tracked PNGs in docs/figures change only when --out names it."""
+  figures = os.path.join(fresh_python.REPO, "docs", "figures")
+  tracked = {name: open(os.path.join(figures, name), "rb").read() for name in os.listdir(figures)}
+  env = fresh_python.clean_env(TMPDIR=str(tmp_path), MPLBACKEND="Agg")
+  script = os.path.join(fresh_python.REPO, "docs", "make_figures.py")
+  for out in ([], [f"--out={tmp_path}/told"]):
+    proc = fresh_python.run([script, f"--workdir={finished_run}", *out], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+  (default,) = [p for p in os.listdir(tmp_path) if p.startswith("vit_figures_")]
+  for folder in (tmp_path / default, tmp_path / "told"):
+    assert "rollout_digits.png" in os.listdir(folder) and "posemb_similarity.png" in os.listdir(
+      folder
+    )
+  assert {n: open(os.path.join(figures, n), "rb").read() for n in os.listdir(figures)} == tracked

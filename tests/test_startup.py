@@ -1,9 +1,10 @@
 """Start-up of the commands: TensorFlow without Keras, the persistent compilation cache, no
-backend noise on a host with libtpu but no TPU."""
+backend noise on a host with libtpu but no TPU, log lines without absl's prefix unless asked."""
 
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import re
 import subprocess
@@ -11,9 +12,11 @@ import sys
 import textwrap
 
 import pytest
+from absl import flags, logging
 
 from tests import fresh_python
 from tests import interop_fixtures as fx
+from vit_jax import cli
 
 
 def test_command_start_up_skips_keras_and_caches_compilations(tmp_path):
@@ -74,6 +77,32 @@ def test_a_command_on_a_host_with_libtpu_and_no_accelerator_runs_on_the_cpu_quie
   assert json.loads(proc.stdout) == dict(
     status=0, started_by_import=False, platforms="cpu", device="cpu"
   )
+  # The command's own two lines (sources.py, convert.py), as a user reads them.
   lines = proc.stderr.splitlines()
-  ours = [line for line in lines if re.match(r"I\d{4} .* (sources|convert)\.py:\d+\] ", line)]
-  assert lines == ours and any("Wrote" in line for line in ours), proc.stderr[-3000:]
+  assert lines == [
+    f"{tmp_path}/m.npz: inferred architecture custom.",
+    lines[-1],
+  ], proc.stderr[-3000:]
+  assert re.fullmatch(rf"Wrote {tmp_path}/o\.npz \(custom, 5 classes\) from .*GELU\.", lines[-1])
+
+
+def test_log_lines_are_plain_by_default_and_in_absl_format_with_verbosity(monkeypatch):
+  """What a user reads has no absl prefix (level, time, thread, file:line); --verbosity
+  brings it back. (A whole command's output: tests/test_main.py.)"""
+  stream = io.StringIO()
+  monkeypatch.setattr(logging.get_absl_handler().python_handler, "stream", stream)
+  verbosity = flags.FLAGS["verbosity"]
+  monkeypatch.setattr(verbosity, "present", verbosity.present)  # restored after the test
+  monkeypatch.setattr(verbosity, "value", verbosity.value)
+
+  def parse(argv):
+    return cli.parse_command_flags(cli.new_flag_values(), argv, {}, ())
+
+  def command(values):
+    logging.warning("careful: %d", 1)
+
+  assert cli.run_command(["command"], parse, command) == 0
+  assert stream.getvalue() == "Warning: careful: 1\n"
+  assert cli.run_command(["command", "--verbosity=1"], parse, command) == 0
+  prefixed = stream.getvalue().splitlines()[1]
+  assert re.fullmatch(r"W\d{4} [\d:.]+ +\d+ test_startup\.py:\d+\] careful: 1", prefixed)

@@ -1,6 +1,7 @@
 """step_cost: XLA's FLOP and memory counts of compiled steps, the analytic ViT count, peaks,
 and the MFU the progress line shows."""
 
+import logging
 import types
 
 import jax
@@ -81,19 +82,30 @@ def test_peak_table(kind, dtype, tflops):
 
 def test_unknown_device_has_no_peak_and_cpu_is_measured():
   assert step_cost.peak_flops(types.SimpleNamespace(platform="gpu", device_kind="GTX 480")) is None
+  h100 = types.SimpleNamespace(platform="gpu", device_kind="NVIDIA H100 80GB HBM3")
+  assert step_cost.peak_source(h100, jnp.bfloat16) == (
+    "the published bfloat16 peak of one NVIDIA H100 80GB HBM3"
+  )
+  assert step_cost.format_flops_rate(step_cost.peak_flops(h100, jnp.bfloat16)) == "989 TFLOP/s"
+  assert step_cost.format_flops_rate(1.2e11) == "120 GFLOP/s"
   measured = step_cost.measured_cpu_peak_flops(256, repeats=2)
   assert 1e8 < measured < 1e14  # a real FLOP/s figure, not a placeholder
 
 
-def test_progress_reports_mfu(tmp_path, monkeypatch):
-  clock = iter([0.0, 0.0, 10.0, 10.0, 20.0])  # init, start, report, peak, report
+def test_progress_reports_mfu_against_one_peak_taken_at_start(tmp_path, monkeypatch, caplog):
+  clock = iter([0.0, 0.0, 10.0, 20.0])  # init, start, report, report
   monkeypatch.setattr(progress_lib.time, "perf_counter", lambda: next(clock))
-  monkeypatch.setattr(step_cost, "peak_flops", lambda device, dtype: 1e9)
+  peaks_taken = []
+  monkeypatch.setattr(step_cost, "peak_flops", lambda device, dtype: peaks_taken.append(1) or 1e9)
   progress = progress_lib.Progress(str(tmp_path), total_steps=20, global_batch=8, start_step=0)
-  progress.start(step_flops=2e9, compute_dtype=np.float32)  # clock 0
-  first = progress.report_train(5, {"train/loss": 1.0})  # 5 steps in 10 s, peak measured
+  with caplog.at_level(logging.INFO, logger="absl"):
+    progress.start(step_flops=2e9, compute_dtype=np.float32)  # clock 0, before any step
+  assert peaks_taken == [1]
+  assert "MFU against 1 GFLOP/s per device (the CPU's peak, measured at start" in caplog.text
+  first = progress.report_train(5, {"train/loss": 1.0})  # 5 steps in 10 s
   second = progress.report_train(15, {"train/loss": 1.0})  # 10 steps in 10 s
   progress.close()
+  assert peaks_taken == [1]  # never taken again during the run
   n = jax.device_count()
   assert first["mfu"] == pytest.approx(0.5 * 2e9 / (1e9 * n))
   assert second["mfu"] == pytest.approx(1.0 * 2e9 / (1e9 * n))

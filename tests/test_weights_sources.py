@@ -164,7 +164,7 @@ def test_config_pretrained_finetunes_from_each_source(
   loaded = weight_sources.load(directory)
   crop = FINETUNE[name]
   config = _finetune_config(loaded, directory, digits_dir, crop)
-  weights.check_source(config.pretrained)
+  weights.check_source(config.pretrained, fetch=True)
 
   adapted = {}
   real_load = weights.load_pretrained
@@ -265,11 +265,11 @@ def test_the_name_table_resolves_every_official_name_timm_lists(monkeypatch):
     hub.resolve("ViT-B_8")
   assert hub.resolve("/no/such/ViT-B_8.npz") == "/no/such/ViT-B_8.npz"  # a path stays a path
 
-  # config.pretrained takes hub sources without touching the network at check time.
+  # A plan (fetch=False) checks hub names in config.pretrained without touching the network.
   for source in ("hf-hub:org/name", "ViT-B_16", "gs://vit_models/imagenet21k/ViT-B_16.npz"):
-    weights.check_source(source)
+    weights.check_source(source, fetch=False)
   with pytest.raises(errors.MissingError, match="no hub copy"):
-    weights.check_source("ViT-B_8")
+    weights.check_source("ViT-B_8", fetch=False)
 
 
 def test_pickles_are_refused_unread(sources, tmp_path, monkeypatch):

@@ -20,7 +20,9 @@ Import this module before TensorFlow (it sets TensorFlow's C++ log level, which 
 TensorFlow loads). `run_command` keeps JAX off a TPU backend that is installed but has no
 TPU (`vit_jax.platforms`) before anything starts a backend. What a terminal shows:
 
-* the command's own log lines (progress, results) and every warning and error;
+* the command's own log lines (progress, results) and every warning and error, as plain
+  text (`PlainFormatter`: the message, "Warning: " before a warning); with
+  ``--verbosity`` given, in absl's format (level, time, thread, file:line) instead;
 * not: the libraries' INFO lines (JAX probing for a TPU, Orbax's per-save and per-read
   lines, tfds' reads), nor TensorFlow's and XLA's C++ INFO and WARNING lines (its start-up
   notices, `Local rendezvous is aborting` at exit, `jpeg::Uncompress failed` beside a file
@@ -131,11 +133,32 @@ def define_config_flags(flag_values: flags.FlagValues, argv: Sequence[str], help
   )
 
 
+def _check_config_file(argv: Sequence[str]) -> None:
+  """A ``--config=<file>[:<arg>]`` whose file is not there: one line saying where it was
+  looked for (a relative path is read from the current directory)."""
+  for arg in argv:
+    if not arg.startswith("--config="):
+      continue
+    path = arg[len("--config=") :].split(":", 1)[0]
+    if path and not os.path.isfile(path):
+      fix = (
+        "give an existing config file"
+        if os.path.isabs(path)
+        else "run the command from the repository root (where configs/ is), or give the "
+        "config file's absolute path"
+      )
+      raise errors.CommandLineError(
+        f"--config={path}: no such file (looked for {os.path.abspath(path)}): {fix}."
+      )
+
+
 def parse_config_flags(flag_values: flags.FlagValues, argv: Sequence[str]) -> list[str]:
   """Parses ``argv`` onto flags that include a `config_flags` config (``--config`` and its
   ``--config.<key>=value`` overrides); the arguments left. A bad command line is a
-  `CommandLineError`: an unknown key lists the closest valid keys, a config file that
-  fails to load gives its error's own line."""
+  `CommandLineError`: a config file that is not there says where it was looked for, an
+  unknown key lists the closest valid keys, a config file that fails to load gives its
+  error's own line."""
+  _check_config_file(argv)
   try:
     return flag_values(list(argv))
   except (AttributeError, KeyError):  # ml_collections' error for an unknown --config.<key>
@@ -319,6 +342,9 @@ def run_command(
   handler = logging.get_absl_handler()
   quiet = _quiet_filter(show_library_info=verbose)
   handler.addFilter(quiet)
+  absl_formatter = handler.python_handler.formatter
+  if not verbose:
+    handler.setFormatter(PlainFormatter())
   try:
     return command(parsed) or 0
   except Exception as e:  # pylint: disable=broad-except
@@ -330,6 +356,22 @@ def run_command(
     return _report(user_error)
   finally:
     handler.removeFilter(quiet)
+    handler.setFormatter(absl_formatter)
+
+
+class PlainFormatter(std_logging.Formatter):
+  """A log line as a user reads it: the message alone, a warning or error marked as one,
+  without absl's prefix (level letter, date, time, thread id, file:line), which
+  ``--verbosity`` brings back."""
+
+  _MARKS = {std_logging.WARNING: "Warning: ", std_logging.ERROR: "ERROR: "}
+
+  def __init__(self):
+    super().__init__("%(message)s")
+
+  def format(self, record: std_logging.LogRecord) -> str:
+    mark = self._MARKS.get(min(record.levelno, std_logging.ERROR), "")
+    return mark + super().format(record)
 
 
 def exit_with(status: int) -> None:

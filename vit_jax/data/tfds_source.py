@@ -95,13 +95,17 @@ class TfdsDataset:
     )
 
   def not_prepared_error(self) -> errors.MissingError:
+    """The error for a dataset not prepared in the data_dir: the command that prepares it
+    (into config.data_dir, or tfds' default), or where else it may already be."""
+    data_dir = f" --data_dir={self._data_dir}" if self._data_dir else ""
     return errors.MissingError(
       f"tfds dataset {self.name!r} is not prepared in {self._data_dir_text()} "
       f"(looked for {self.builder.data_dir!r}), and this pipeline does not download. "
-      f"Prepare it once: `tfds build {self.name} --data_dir=<dir>` (add "
-      f"`--manual_dir=<dir>` for datasets such as imagenet2012 whose archives you "
-      f"download yourself, or set config.manual_dir to prepare from there), then set "
-      f"config.data_dir=<dir>."
+      f"Prepare it once: `tfds build {self.name}{data_dir}` (add `--manual_dir=<dir>` "
+      f"for datasets such as imagenet2012 whose archives you download yourself, or set "
+      f"config.manual_dir to prepare from there; the tfds command line needs `pip install "
+      f"apache-beam`); or set config.data_dir to where a prepared copy is, a local folder "
+      f"or a gs:// bucket."
     )
 
   def split_sizes(self) -> dict[str, int]:
@@ -166,14 +170,17 @@ class TfdsSplit:
         isinstance(r, records_lib.ArrayRecordSplit) for r in self._records.values()
       )
     else:
-      logging.warning(
-        "tfds has no split sizes for %s; reading the whole split into memory to count it.",
-        self.name,
-      )
+      # No sizes: mock data, or a dataset not prepared, which `load` reports (with the
+      # command that prepares it) before anything is said about reading it.
       self._in_memory = dataset.load(spec)
       self.num_examples = len(self._in_memory[1])
       if not self.num_examples:
         raise errors.ConfigError(f"Split {spec!r} of {dataset.name!r} is empty.")
+      logging.warning(
+        "tfds has no split sizes for %s: read the whole split (%d examples) into memory.",
+        self.name,
+        self.num_examples,
+      )
 
   def read(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
     """Encoded images and labels of examples [start, stop)."""

@@ -427,8 +427,9 @@ class VisionTransformer(nn.Module):
     if h % sh or w % sw:
       what = "patch size" if self.resnet_units is None else "patch size times the ResNet stride"
       raise errors.ConfigError(
-        f"Image size {h}x{w} is not a multiple of the {what} {sh}x{sw}: "
-        f"resize the images to a multiple of {sh}x{sw}."
+        f"Image size {h}x{w} is not a multiple of the {what} {sh}x{sw}: give the model "
+        f"images whose sides are multiples of it (a run's config.pp.crop, a command's "
+        f"--resolution)."
       )
     return h // sh, w // sw
 

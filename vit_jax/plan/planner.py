@@ -12,9 +12,11 @@ steps a run builds; they are lowered with abstract inputs and compiled, never ru
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+import time
+from typing import Any, Callable, Optional
 
 import ml_collections
+from absl import logging
 
 from vit_jax import run as run_lib
 from vit_jax import sharding
@@ -78,23 +80,64 @@ def _mesh(config: ml_collections.ConfigDict, topology: AnyTopology) -> Any:
   return sharding.make_mesh(tuple(config.mesh), devices=topology.devices())
 
 
+def _measure(
+  what: str,
+  where: str,
+  lower: Callable[[], Any],
+  num_devices: int,
+  topology: AnyTopology,
+  options: Any,
+) -> tuple[report.Measure, Any]:
+  """`report.measure` of the step ``lower()`` gives, with a log line when its compile
+  starts and one when it ends (minutes for a large model on a small host)."""
+  logging.info("Compiling the %s for %s...", what, where)
+  start = time.perf_counter()
+  measured, compiled = report.measure(lower(), num_devices, topology.node_size, options)
+  outcome = (
+    f"needs >= {gib(measured.needed_bytes)} per device, refused by XLA"
+    if compiled is None
+    else f"{gib(measured.needed_bytes)} per device"
+  )
+  logging.info("Compiled the %s in %.1f s (%s).", what, time.perf_counter() - start, outcome)
+  return measured, compiled
+
+
 def make_plan(config: ml_collections.ConfigDict, topology: AnyTopology) -> Plan:
   """Compiles ``config``'s train and eval steps for ``topology``; see `Plan`."""
   mesh = _mesh(config, topology)
   chip = topology.chip
   hbm = topology.device_memory_bytes
+  n = mesh.size
+  slice_name = "" if topology.slice_name == topology.name else f"{topology.slice_name}, "
+  where = f"{topology.name} ({slice_name}{n} {chip.device_kind} devices)"
+  auto = " (accum_steps='auto': compiling candidate steps)" if config.accum_steps == "auto" else ""
+  logging.info(
+    "Planning %s, batch %d, for %s%s.",
+    config.model.get("name", "the model"),
+    config.batch,
+    where,
+    auto,
+  )
   # The class count comes from config.num_classes (the presets set it): no data is read.
   spec = run_lib.resolve(config, mesh=mesh, memory_limit_bytes=int(hbm), open_data=False)
   steps = run_lib.build_steps(spec, mesh)
-  n = mesh.size
-  node = topology.node_size
   options = gpu_topology.COMPILER_OPTIONS if chip.platform == "cuda" else None
   train_batch, eval_batch = steps.abstract_train_batch(), steps.abstract_eval_batch()
-  train, compiled = report.measure(
-    steps.train_step.lower(steps.abstract_state, train_batch), n, node, options
+  train, compiled = _measure(
+    f"train step (batch {spec.batch}, accum_steps {spec.accum_steps})",
+    where,
+    lambda: steps.train_step.lower(steps.abstract_state, train_batch),
+    n,
+    topology,
+    options,
   )
-  evaluation, _ = report.measure(
-    steps.eval_step.lower(steps.abstract_state.params, eval_batch), n, node, options
+  evaluation, _ = _measure(
+    f"eval step (batch {eval_batch['image'].shape[0]})",
+    where,
+    lambda: steps.eval_step.lower(steps.abstract_state.params, eval_batch),
+    n,
+    topology,
+    options,
   )
   per_image = step_cost.vit_flops_per_image(spec.model, spec.crop, spec.num_classes, train=True)
   step_flops, source = steps.step_flops(compiled) if compiled else (None, "none")

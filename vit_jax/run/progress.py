@@ -34,8 +34,7 @@ class Progress:
     self._last_step = start_step
     self._last_time = time.perf_counter()
     self._step_flops: Optional[float] = None
-    self._compute_dtype: Any = None
-    self._peak_flops: Optional[float] = None  # per device; measured at the first report on CPU
+    self._peak_flops: Optional[float] = None  # per device, set once by `start`
     self._writer = None
     if self.is_writer:
       import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -43,8 +42,23 @@ class Progress:
       self._writer = tf.summary.create_file_writer(events_dir)
 
   def start(self, step_flops: Optional[float], compute_dtype: Any) -> None:
-    """Starts the clock (after compilation) with the FLOPs of one step over all devices."""
-    self._step_flops, self._compute_dtype = step_flops, compute_dtype
+    """Starts the clock (after compilation, before the first step) with the FLOPs of one
+    step over all devices. The peak MFU divides by is taken here, once for the run (a
+    CPU's measured now, while no step runs), and named in the log."""
+    self._step_flops = step_flops
+    if step_flops:
+      device = jax.devices()[0]
+      self._peak_flops = step_cost.peak_flops(device, compute_dtype)
+      if self.is_writer:
+        if self._peak_flops:
+          logging.info(
+            "MFU against %s per device (%s).",
+            step_cost.format_flops_rate(self._peak_flops),
+            step_cost.peak_source(device, compute_dtype),
+          )
+        else:
+          kind = device.device_kind
+          logging.info("No MFU: no peak is known for one %s (%s).", kind, compute_dtype)
     self._last_time = time.perf_counter()
 
   def _mfu(self, steps_per_sec: float) -> Optional[float]:
@@ -68,9 +82,6 @@ class Progress:
     steps = step - self._last_step
     seconds = now - self._last_time
     self._last_step, self._last_time = step, now
-    if self._step_flops and self._peak_flops is None:  # once, outside the timed windows
-      self._peak_flops = step_cost.peak_flops(jax.devices()[0], self._compute_dtype) or 0.0
-      self._last_time = time.perf_counter()
     scalars = dict(metrics)
     if steps > 0 and seconds > 0:
       img_s = steps * self.global_batch / seconds

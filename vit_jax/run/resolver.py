@@ -3,24 +3,26 @@
     spec = resolve(config, mesh=mesh)
 
 Nothing is built or written here except what the checks need: the data's class count
-and train size (read from the dataset unless ``open_data=False``), and, for
-``accum_steps='auto'``, compiled (never run) candidate steps. Every problem is a
-`vit_jax.errors.UserError` naming the config key, its value and the fix.
+and train size (read from the dataset unless ``open_data=False``), a hub name in
+``config.pretrained`` fetched into the Hugging Face cache (or failed on, offline) before
+anything compiles, and, for ``accum_steps='auto'``, compiled (never run) candidate steps.
+Every problem is a `vit_jax.errors.UserError` naming the config key, its value and the fix.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import Any, Optional
 
 import jax
 import ml_collections
 
-from vit_jax import data, errors, sharding, weights
+from vit_jax import data, errors, models, sharding, weights
 from vit_jax.data.dataset import Settings as DataSettings
 from vit_jax.models import posemb
-from vit_jax.models.settings import model_settings
+from vit_jax.models.settings import Settings, model_settings
 from vit_jax.run import losses, memory_fit, objectives, resume_policy, step_cost
 from vit_jax.run import spec as spec_lib
 from vit_jax.run import steps as steps_lib
@@ -82,6 +84,22 @@ def _fewshot(config: ml_collections.ConfigDict) -> spec_lib.FewshotSettings:
     l2_reg=float(fs.l2_reg),
     every=int(fs.every),
   )
+
+
+def _check_crop(model: Settings, crop: int) -> None:
+  """config.pp.crop is a whole number of patches along each side (hybrids: of the patch
+  size times the ResNet root's stride), said with the key to change before the model
+  would say it of an image size."""
+  sh, sw = models.create_model(model, num_classes=None).input_stride
+  unit = math.lcm(sh, sw)
+  if crop % unit:
+    what = "patch size" if model.resnet is None else "patch size times the ResNet stride"
+    below, above = crop // unit * unit, (crop // unit + 1) * unit
+    choices = f"{below} or {above}" if below else f"{above}"
+    raise errors.ConfigError(
+      f"config.pp.crop={crop} is not a multiple of the model's {what} {sh}x{sw} "
+      f"(config.model.patches.size={tuple(model.patches.size)}): use config.pp.crop={choices}."
+    )
 
 
 def _accum_steps(config: ml_collections.ConfigDict, batch: int, data_size: int) -> Any:
@@ -204,18 +222,20 @@ def resolve(
 
   ``memory_limit_bytes``: a device's memory for ``accum_steps='auto'`` (default: what the
   mesh's first device reports; `vit_jax.plan` passes a TPU's HBM). ``open_data=False``
-  takes the class count from ``config.num_classes`` without reading the dataset.
+  takes the class count from ``config.num_classes`` without reading the dataset, and
+  checks a hub name in ``config.pretrained`` without fetching it (`weights.check_source`).
   """
   model = model_settings(config.model)
   loop = _loop(config)
   objective = _objective(config)
   optimizer = OptimizerSettings.from_config(config)
   data_settings = DataSettings.from_config(config)
+  _check_crop(model, data_settings.crop)
   sharding.logical_rules(config.partitioning)  # an unknown strategy fails by name
   fewshot = _fewshot(config)
   pretrained_source = config.pretrained or None
   if pretrained_source:
-    weights.check_source(pretrained_source)
+    weights.check_source(pretrained_source, fetch=open_data)
   posemb.check_resize_method(config.posemb_resize)
   processes = _process_count(mesh)
   data.local_batch_size(data_settings.batch, mesh, "batch", processes)

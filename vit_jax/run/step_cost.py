@@ -191,6 +191,21 @@ def peak_flops(device: Any, dtype: Any = jnp.float32) -> Optional[float]:
   return None
 
 
+def peak_source(device: Any, dtype: Any = jnp.float32) -> str:
+  """What `peak_flops` of ``device`` is, for the log: measured (a CPU) or published."""
+  if device.platform == "cpu":
+    n = CPU_MATMUL_SIZE
+    return f"the CPU's peak, measured at start: XLA's f32 {n}x{n} matrix product"
+  return f"the published {np.dtype(dtype).name} peak of one {device.device_kind}"
+
+
+def format_flops_rate(flops_per_s: float) -> str:
+  """1.2e11 -> '120 GFLOP/s'; 9.89e14 -> '989 TFLOP/s'."""
+  if flops_per_s >= 1e12:
+    return f"{flops_per_s / 1e12:.4g} TFLOP/s"
+  return f"{flops_per_s / 1e9:.4g} GFLOP/s"
+
+
 def step_flops(
   compiled: jax.stages.Compiled, num_devices: int, analytic: Optional[float]
 ) -> tuple[Optional[float], str]:

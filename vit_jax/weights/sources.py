@@ -82,12 +82,19 @@ def load(path: str | os.PathLike, model_name: Optional[str] = None) -> LoadedMod
   return loaded
 
 
-def check_source(source: str) -> None:
+def check_source(source: str, *, fetch: bool) -> None:
   """Fails before a run compiles anything when ``source`` (``config.pretrained``) is not
-  there."""
+  there. ``fetch``: a hub source is fetched now (found in the Hugging Face cache or
+  downloaded; offline and not cached, one error line), so that a run learns in seconds
+  what it would otherwise learn after compiling its steps; without it (a plan, which reads
+  no weights) only the name is checked and nothing touches the network."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top  (gs:// paths)
 
-  if not hub.is_hub_source(source) and not tf.io.gfile.exists(source):
+  if hub.is_hub_source(source):
+    if fetch:
+      hub.resolve(source)  # the cached folder, reused when the run reads the weights
+    return
+  if not tf.io.gfile.exists(source):
     hub.resolve(source)  # an official name without a hub copy: that error
     raise errors.MissingError(
       f"config.pretrained={source!r} does not exist: give an official .npz file, a run's "
