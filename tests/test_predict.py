@@ -186,7 +186,7 @@ def test_corrupt_files_are_reported_and_skipped(tmp_path, caplog, capsys):
     probs = [t["probability"] for t in row["top_k"]]
     assert len(probs) == 2 and probs[0] >= probs[1] and sum(probs) <= 1.0
     assert {t["label"] for t in row["top_k"]} <= set("abcde")
-  assert "Skipping" in caplog.text and "d_corrupt.jpg" in caplog.text
+  assert "Skipped 1 of 4 files" in caplog.text and "d_corrupt.jpg" in caplog.text
 
 
 def test_batches_give_the_logits_of_one_call(tmp_path):

@@ -53,7 +53,7 @@ import ml_collections  # noqa: E402  # pylint: disable=g-import-not-at-top
 from absl import flags, logging  # noqa: E402  # pylint: disable=g-import-not-at-top
 from ml_collections import config_flags  # noqa: E402  # pylint: disable=g-import-not-at-top
 
-from vit_jax import errors, platforms  # noqa: E402  # pylint: disable=g-import-not-at-top
+from vit_jax import errors, input_files, platforms  # noqa: E402  # pylint: disable=g-import-not-at-top
 
 if TYPE_CHECKING:
   from vit_jax.weights import sources
@@ -128,6 +128,7 @@ def new_flag_values() -> flags.FlagValues:
 def define_config_flags(flag_values: flags.FlagValues, argv: Sequence[str], help_text: str) -> Any:
   """Defines ``--config`` (a config file, its fields as ``--config.<key>``) on
   ``flag_values``; returns its holder."""
+  check_config_file(argv)
   return config_flags.DEFINE_config_file(
     "config", None, help_text, flag_values=flag_values, lock_config=True, sys_argv=list(argv)
   )
@@ -168,6 +169,35 @@ def parse_config_flags(flag_values: flags.FlagValues, argv: Sequence[str]) -> li
     raise errors.CommandLineError(message) from None
   except (flags.Error, OSError, errors.UserError) as e:  # a bad value, a missing config file
     raise errors.CommandLineError(last_line(str(e))) from e
+  except Exception as e:  # pylint: disable=broad-except  (the config file raised, or is no Python)
+    raise errors.CommandLineError(
+      f"The config file {config_file_arg(argv)!r} cannot be loaded "
+      f"({type(e).__name__}: {last_line(str(e))}): fix it."
+    ) from e
+
+
+def config_file_arg(argv: Sequence[str]) -> Optional[str]:
+  """The file of ``--config=FILE[:ARG]`` (or ``--config FILE``) in ``argv``; None if absent."""
+  for i, arg in enumerate(argv):
+    if arg.startswith("--config="):
+      value = arg[len("--config=") :]
+    elif arg == "--config" and i + 1 < len(argv):
+      value = argv[i + 1]
+    else:
+      continue
+    return value.split(":", 1)[0]
+  return None
+
+
+def check_config_file(argv: Sequence[str]) -> None:
+  """A config file that exists must be a regular file within `input_files.MAX_TEXT_BYTES`
+  before it is loaded (a FIFO or /dev/zero would hang or fill memory); one that does not
+  exist is left to the config loader's own error."""
+  path = config_file_arg(argv)
+  if path and os.path.lexists(path):
+    input_files.regular_file(
+      path, input_files.MAX_TEXT_BYTES, what="config file", error=errors.CommandLineError
+    )
 
 
 def parse_command_flags(
@@ -253,12 +283,12 @@ def class_names(labels: Optional[str], model: "sources.LoadedModel") -> list[str
       raise errors.MissingError(
         f"--labels={labels!r} is neither {IMAGENET2012!r} nor a file of class names (one per line)."
       )
-    with open(labels) as f:
-      names = [line.rstrip("\n") for line in f if line.strip()]
+    text = input_files.read_text(labels, what="--labels file")
+    names = [line.rstrip("\r") for line in text.split("\n") if line.strip()]
   elif model.class_names:
     names = list(model.class_names)
-  elif model.run_config is not None and (run_names := _run_class_names(model.run_config)):
-    names = run_names
+  elif model.run_config is not None:
+    return _unnamed_run_classes(model)
   elif k == 1000:
     names = imagenet2012_class_names()
   else:
@@ -274,6 +304,8 @@ def class_names(labels: Optional[str], model: "sources.LoadedModel") -> list[str
 def image_size(model: "sources.LoadedModel", resolution: Optional[int]) -> tuple[int, int]:
   """``resolution`` (square), else the size the model was trained for."""
   trained = model.image_size
+  if resolution is not None and resolution < 1:
+    raise errors.CommandLineError(f"--resolution={resolution} must be a positive image size.")
   if resolution:
     learned = model.config.get("posemb", "learn") in ("learn", "learn_2d")
     if learned and trained and trained != (resolution, resolution):
@@ -291,19 +323,15 @@ def image_size(model: "sources.LoadedModel", resolution: Optional[int]) -> tuple
   return trained
 
 
-def _run_class_names(run_config: ml_collections.ConfigDict) -> Optional[list[str]]:
-  """The class names of a training run's dataset; None (with a warning) when unavailable."""
-  from vit_jax import data  # pylint: disable=g-import-not-at-top  (TensorFlow: after this module)
-
-  try:
-    return data.dataset_info(run_config).class_names
-  except Exception as e:  # pylint: disable=broad-except
-    logging.warning(
-      "Class names of the run's dataset %r are not available (%s); printing class indices.",
-      run_config.get("dataset"),
-      e,
-    )
-    return None
+def _unnamed_run_classes(model: "sources.LoadedModel") -> list[str]:
+  """The class indices of a run that saved no class names (it predates them): the run's
+  dataset is not opened (a read-only command never builds or fetches data)."""
+  logging.warning(
+    "The run %s saved no class names (made before runs saved them): printing class "
+    "indices; pass --labels=FILE to name them.",
+    model.source,
+  )
+  return [str(i) for i in range(model.num_classes or 0)]
 
 
 def _no_context(_: Any) -> tuple[Optional[str], Any]:

@@ -50,6 +50,11 @@ class OutOfDiskError(UserError):
   """A write failed because the workdir's disk is full."""
 
 
+class InputFileError(UserError, ValueError):
+  """An input file that is not a regular file, is larger than its bound or is not what it
+  should be (text that is not UTF-8, an image of too many pixels)."""
+
+
 class OutputExistsError(UserError, FileExistsError):
   """The output folder exists and is not empty: nothing is overwritten."""
 

@@ -24,7 +24,6 @@ success the command prints the files written and how to load them. No torch is n
 from __future__ import annotations
 
 import contextlib
-import glob
 import os
 import shutil
 import signal
@@ -137,8 +136,14 @@ def _check_out(out: str) -> None:
 
 
 def _remove_stale_temporaries(out: str) -> None:
-  """Removes the temporary folders of exports to ``out`` killed over an hour ago."""
-  for path in glob.glob(os.path.join(os.path.dirname(out), _temporary_prefix(out) + "*")):
+  """Removes the temporary folders of exports to ``out`` killed over an hour ago: the
+  entries of its folder whose names start with its prefix, compared as text (no glob:
+  ``out`` may hold ``*``, ``?`` or ``[``)."""
+  parent, prefix = os.path.dirname(out), _temporary_prefix(out)
+  for name in os.listdir(parent):
+    path = os.path.join(parent, name)
+    if not name.startswith(prefix) or os.path.islink(path):
+      continue
     if os.path.isdir(path) and time.time() - os.path.getmtime(path) > STALE_SECONDS:
       logging.warning("Removing %s, left by an export to %s that was killed.", path, out)
       shutil.rmtree(path, ignore_errors=True)

@@ -15,6 +15,7 @@ shapes; Hugging Face and timm checkpoints, `hf-hub:<org>/<name>` and official na
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 from typing import Any, Sequence
@@ -22,12 +23,14 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import ml_collections
-from absl import flags
+from absl import flags, logging
 
 from vit_jax import cli, data, errors, models, paths, sharding, weights
 from vit_jax.run.evaluators import fewshot as fewshot_lib
 from vit_jax.run.evaluators import ridge
 from vit_jax.weights import hub, sources
+
+MAX_BATCH = 65536  # images per forward pass, all devices together
 
 
 def _parse(argv: Sequence[str]) -> dict[str, Any]:
@@ -79,7 +82,38 @@ def _parse(argv: Sequence[str]) -> dict[str, Any]:
       "data_dir", None, "tfds data_dir (default: the run's, or tfds').", flag_values=flag_values
     ),
   )
-  return cli.parse_command_flags(flag_values, argv, holders, ("checkpoint",), __doc__)
+  values = cli.parse_command_flags(flag_values, argv, holders, ("checkpoint",), __doc__)
+  values["shots"] = _shot_counts(values["shots"])
+  _check_values(values)
+  return values
+
+
+def _shot_counts(shots: Sequence[str]) -> list[int]:
+  """--shots as positive integers; anything else names the flag's value."""
+  text = ",".join(shots)
+  try:
+    counts = [int(s) for s in shots]
+  except ValueError:
+    counts = []
+  if not counts or min(counts) < 1:
+    raise errors.CommandLineError(
+      f"--shots={text} must be positive integers, comma-separated (e.g. --shots=1,5,10)."
+    )
+  return counts
+
+
+def _check_values(values: dict[str, Any]) -> None:
+  """The numeric flags within their bounds, and --data_dir a folder if it exists."""
+  for name, low in (("seeds", 1), ("batch", 1), ("crop", 1)):
+    if values[name] is not None and values[name] < low:
+      raise errors.CommandLineError(f"--{name}={values[name]} must be at least {low}.")
+  if values["batch"] > MAX_BATCH:
+    raise errors.CommandLineError(f"--batch={values['batch']} must be at most {MAX_BATCH}.")
+  if not (math.isfinite(values["l2_reg"]) and values["l2_reg"] >= 0):
+    raise errors.CommandLineError(
+      f"--l2_reg={values['l2_reg']} must be a finite number >= 0 (the ridge term)."
+    )
+  data.check_data_dir(values["data_dir"], "--data_dir")
 
 
 def _from_run(
@@ -91,8 +125,17 @@ def _from_run(
       f"--model={values['model']} would replace the model of the run in "
       f"{run.root}: leave --model out for a run's checkpoints."
     )
-  run_config = ml_collections.ConfigDict(run.read_config())
-  return run_config.model, data.Settings.from_config(run_config)
+  run_config, _ = sources.run_model_config(run)
+  settings = data.Settings.from_config(run_config)
+  data_dir = settings.data_dir
+  if data_dir and "://" not in data_dir and not os.path.isdir(data_dir):
+    # A read-only command builds nothing where a run's config.json points.
+    logging.warning(
+      "The run's data_dir %r is not a folder here: using tfds' default (or pass --data_dir).",
+      data_dir,
+    )
+    settings = dataclasses.replace(settings, data_dir=None)
+  return run_config.model, settings
 
 
 def _from_weights(
@@ -164,7 +207,7 @@ def _evaluate(values: dict[str, Any]) -> None:
     settings,
     mesh,
     values["dataset"],
-    shots=[int(s) for s in values["shots"]],
+    shots=values["shots"],
     seeds=values["seeds"],
     l2_reg=values["l2_reg"],
     train_split=values["train_split"],

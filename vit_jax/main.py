@@ -13,6 +13,7 @@ again resumes. `main(argv)` is the whole job, callable in-process; it returns th
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from typing import Any, Sequence
 
@@ -134,6 +135,9 @@ def _train(values: dict[str, Any]) -> int:
 
   try:
     metrics = run_lib.train_and_evaluate(config, workdir)
+  except KeyboardInterrupt:  # Ctrl-C before the run's own signal handling (start-up)
+    logging.warning("Interrupted while starting; the workdir %s is left as it was.", workdir)
+    return 128 + signal.SIGINT
   except preemption.Stopped as e:  # saved
     logging.warning("%s", e)
     # The command leaves with os._exit (`cli.exit_with`): leave the cluster first, all

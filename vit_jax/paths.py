@@ -5,6 +5,7 @@ Every location a user gives (a local path, a ``file://`` URL, an `epath.Path`, a
 folders. A run's folder (the ``--workdir`` of `vit_jax.main`):
 
     <root>/config.json            the run's config, written once, by the run that starts it
+    <root>/class_names.json       its dataset's class names (a JSON list), written with it
     <root>/config_history.jsonl   changes a resumed run was allowed to make, one JSON a line
     <root>/checkpoints/<step>/    Orbax steps (`vit_jax.weights.orbax_steps` reads them)
     <root>/tensorboard/           TensorBoard events (`vit_jax.run.progress`)
@@ -22,9 +23,10 @@ from typing import Any, Optional, Union
 
 from etils import epath
 
-from vit_jax import errors
+from vit_jax import errors, input_files
 
 CONFIG_FILE = "config.json"
+CLASS_NAMES_FILE = "class_names.json"
 HISTORY_FILE = "config_history.jsonl"
 CHECKPOINTS = "checkpoints"
 EVENTS = "tensorboard"
@@ -79,12 +81,43 @@ class RunPaths:
     path = as_path(location)
     return self.checkpoints if path == self.root else path
 
+  @property
+  def class_names_path(self) -> epath.Path:
+    return self.root / CLASS_NAMES_FILE
+
   def has_config(self) -> bool:
     return self.config_path.exists()
+
+  def _check_file(self, path: epath.Path) -> None:
+    """A local file of the run must be a regular file within `input_files.MAX_TEXT_BYTES`
+    before it is read (a FIFO would block, a huge file fill memory)."""
+    if input_files.is_local(os.fspath(path)):
+      input_files.regular_file(
+        os.fspath(path), input_files.MAX_TEXT_BYTES, what="run file", error=errors.ResumeError
+      )
+
+  def read_class_names(self) -> Optional[list[str]]:
+    """The class names the run saved; None for a run that saved none (made before runs
+    saved them, or a dataset without names)."""
+    path = self.class_names_path
+    if not path.exists():
+      return None
+    self._check_file(path)
+    try:
+      names = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+      names = e
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+      raise errors.CheckpointError(
+        f"{path} is not a JSON list of class names ({str(names)[:100]}): fix it, move it "
+        "away, or pass --labels."
+      )
+    return names
 
   def read_config(self) -> dict[str, Any]:
     """The JSON config the run saved; an unreadable one is an error naming the file."""
     path = self.config_path
+    self._check_file(path)
     try:
       saved = json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError, OSError) as e:

@@ -9,10 +9,15 @@ such as `ViT-B_16` (`vit_jax.weights.sources`). Images are prepared
 as the eval pipeline prepares them (`vit_jax.data.preprocess.eval_image`: the whole
 image resized bilinearly to the model's resolution, normalised with the checkpoint's own
 mean and std, the model config's ``input_mean``/``input_std``: [-1, 1] for the official
-weights) and classified in jitted batches. A file that cannot be decoded is reported on
-stderr and skipped; a path that does not exist is an error (`vit_jax.cli`: one line,
-exit status 2).
-Output: one line per image, ``FILE<TAB>label:probability ...``, or JSON lines.
+weights) and classified in jitted batches. Every file is checked before it is opened
+(`vit_jax.input_files`): a named path that does not exist or is no regular file (a FIFO,
+a device) is an error (`vit_jax.cli`: one line, exit status 2); inside a folder such a
+file, one larger than `input_files.MAX_IMAGE_BYTES`, one whose header claims more than
+`input_files.MAX_IMAGE_PIXELS` pixels (read before anything is decoded) or one that does
+not decode is skipped, and one warning at the end names the files skipped. When no file
+at all is readable, that is the error.
+Output: one line per image, ``FILE<TAB>label:probability ...``, or JSON lines; names and
+labels with control characters are printed escaped (`vit_jax.printable`).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import json
 import os
 import re
 import sys
+import warnings
 from typing import Any, Iterable, Iterator, Optional, Sequence
 
 from vit_jax import cli  # isort: skip  (first: it sets TensorFlow's log level before it loads)
@@ -30,13 +36,17 @@ import jax.numpy as jnp
 import numpy as np
 import tensorflow as tf
 from absl import flags, logging
+from PIL import Image
 
-from vit_jax import errors, models
+from vit_jax import errors, input_files, models
 from vit_jax.data import preprocess
+from vit_jax.printable import printable
 from vit_jax.weights import sources
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp")  # what decode_rgb reads
 DEFAULT_BATCH = 32
+MAX_BATCH = 4096  # images per jitted batch: [4096, 224, 224, 3] float32 is 2.3 GiB
+_LISTED_SKIPS = 5  # files named in the one warning (or error) about skipped files
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +55,8 @@ class Prediction:
   top: list[tuple[str, float]]  # (label, probability), most probable first
 
   def line(self) -> str:
-    return self.path + "\t" + " ".join(f"{label}:{p:.4f}" for label, p in self.top)
+    top = " ".join(f"{printable(label)}:{p:.4f}" for label, p in self.top)
+    return printable(self.path) + "\t" + top
 
   def json(self) -> str:
     return json.dumps(
@@ -58,28 +69,58 @@ class Prediction:
 
 def image_files(paths: Iterable[str]) -> list[str]:
   """The files named, and the image files under each folder named (sorted, recursive); a
-  `MissingError` for a path that does not exist, or when there is no image at all."""
+  `MissingError` for a path that does not exist, or when there is no image at all, an
+  `InputFileError` for a path named that is neither a folder nor a regular file. A file
+  found in a folder is checked when it is read (`Classifier.prepare`)."""
   paths = list(paths)
   missing = [path for path in paths if not os.path.exists(path)]
   if missing:
     raise errors.MissingError(
-      f"{', '.join(missing)}: no such file or folder (name image files or folders)."
+      f"{printable(', '.join(missing))}: no such file or folder (name image files or folders)."
     )
   files = []
   for path in paths:
-    if os.path.isdir(path):
+    if not os.path.isdir(path):
+      input_files.regular_file(path, None, what="image")
+      files.append(path)
+    else:
       for root, dirs, names in os.walk(path):
         dirs.sort()
         files.extend(
           os.path.join(root, n) for n in sorted(names) if n.lower().endswith(IMAGE_EXTENSIONS)
         )
-    else:
-      files.append(path)
   if not files:
     raise errors.MissingError(
-      f"No image files in {paths} (extensions {', '.join(IMAGE_EXTENSIONS)})."
+      f"No image files in {printable(str(paths))} (extensions {', '.join(IMAGE_EXTENSIONS)})."
     )
   return files
+
+
+def unreadable_image(path: str) -> Optional[str]:
+  """Why ``path`` is not an image to decode (no regular file, too large, more pixels than
+  `input_files.MAX_IMAGE_PIXELS` in its header, not an image); None when it may be.
+  Nothing but the header is read."""
+  why = input_files.not_regular(path)
+  if why:
+    return why
+  size = os.stat(path).st_size
+  if size > input_files.MAX_IMAGE_BYTES:
+    return f"{size:,} bytes, more than {input_files.MAX_IMAGE_BYTES:,}"
+  too_many = f"more than {input_files.MAX_IMAGE_PIXELS:,} pixels"
+  try:
+    with warnings.catch_warnings():  # PIL's warning below its own error: the bound is ours
+      warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+      with Image.open(path) as image:  # the header only: nothing is decoded yet
+        width, height = image.size
+  except Image.DecompressionBombError:
+    return f"its header claims {too_many}"
+  except Image.UnidentifiedImageError:
+    return "not a JPEG, PNG, GIF, BMP or WebP image"
+  except (OSError, ValueError, SyntaxError) as e:  # PIL's errors for what is not an image
+    return f"not an image ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+  if width * height > input_files.MAX_IMAGE_PIXELS:
+    return f"{width}x{height}, {too_many}"
+  return None
 
 
 class Classifier:
@@ -88,6 +129,7 @@ class Classifier:
   def __init__(
     self, model: sources.LoadedModel, image_size: tuple[int, int], batch: int = DEFAULT_BATCH
   ):
+    self.skipped: list[tuple[str, str]] = []  # (path, why) of the files not classified
     if image_size[0] != image_size[1]:
       raise errors.CommandLineError(
         f"Image size {image_size} is not square; the eval pipeline resizes to "
@@ -108,15 +150,24 @@ class Classifier:
     )
 
   def prepare(self, path: str) -> Optional[np.ndarray]:
-    """float32 [H, W, 3] normalised for the model, or None (logged) when the file cannot be read."""
-    try:
-      with open(path, "rb") as f:
-        return self._prepare(tf.constant(f.read())).numpy()
-    except (OSError, tf.errors.OpError) as e:
-      message = e.message if isinstance(e, tf.errors.OpError) else str(e)
-      message = re.sub(r"\{\{.*?\}\}\s*", "", message).strip().splitlines()[0]  # TF's node names
-      logging.warning("Skipping %s: not a readable image (%s).", path, message)
-      return None
+    """float32 [H, W, 3] normalised for the model, or None (added to `skipped`) when the
+    file is not an image to decode (`unreadable_image`) or cannot be decoded."""
+    why = unreadable_image(path)
+    if why is None:
+      try:
+        with open(path, "rb") as f:
+          return self._prepare(tf.constant(f.read(input_files.MAX_IMAGE_BYTES))).numpy()
+      except (OSError, tf.errors.OpError) as e:
+        message = e.message if isinstance(e, tf.errors.OpError) else str(e)
+        why = re.sub(r"\{\{.*?\}\}\s*", "", message).strip().splitlines()[0]  # TF's node names
+    self.skipped.append((path, why))
+    return None
+
+  def skipped_message(self) -> str:
+    """The files skipped and why (the first few), for one warning or error."""
+    listed = "; ".join(f"{printable(path)} ({why})" for path, why in self.skipped[:_LISTED_SKIPS])
+    more = len(self.skipped) - _LISTED_SKIPS
+    return listed + (f"; and {more} more" if more > 0 else "")
 
   def probabilities(self, images: np.ndarray) -> np.ndarray:
     """[N, H, W, 3] -> [N, K]; every call runs full batches (one compilation)."""
@@ -154,15 +205,45 @@ def predict(
   resolution: Optional[int] = None,
   batch: int = DEFAULT_BATCH,
 ) -> Iterator[Prediction]:
-  """Top-``k`` predictions for every readable image among ``inputs`` (files, folders)."""
+  """Top-``k`` predictions for every readable image among ``inputs`` (files, folders);
+  the files skipped get one warning at the end, and none readable is an error."""
+  check_counts(k=k, batch=batch)
   files = image_files(inputs)  # before the model: a wrong path fails at once
   model = sources.load(checkpoint, model_name)
   if not model.num_classes:
     raise errors.CheckpointError(f"{checkpoint!r} has no classification head: nothing to predict.")
+  if k > model.num_classes:
+    raise errors.CommandLineError(
+      f"--top_k={k} is more than the {model.num_classes} classes of {checkpoint!r}: use "
+      f"--top_k={model.num_classes} or fewer."
+    )
   names = cli.class_names(labels, model)
-  classifier = Classifier(model, cli.image_size(model, resolution), batch)
+  classifier = Classifier(model, cli.image_size(model, resolution), min(batch, len(files)))
+  printed = 0
   for path, probs in classifier.classify(files):
+    printed += 1
     yield Prediction(path, top_k(probs, names, k))
+  if not printed:
+    raise errors.InputFileError(
+      f"None of the {len(files)} image files is readable: {classifier.skipped_message()}."
+    )
+  if classifier.skipped:
+    logging.warning(
+      "Skipped %d of %d files, not readable images: %s.",
+      len(classifier.skipped),
+      len(files),
+      classifier.skipped_message(),
+    )
+
+
+def check_counts(*, k: int, batch: int) -> None:
+  """--top_k and --batch within their bounds (the class count is checked with the model)."""
+  if k < 1:
+    raise errors.CommandLineError(f"--top_k={k} must be at least 1 (classes printed per image).")
+  if not 1 <= batch <= MAX_BATCH:
+    raise errors.CommandLineError(
+      f"--batch={batch} must be between 1 and {MAX_BATCH} (images per jitted batch)."
+    )
 
 
 def _parse(argv: Sequence[str]) -> dict[str, Any]:

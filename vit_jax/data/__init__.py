@@ -16,7 +16,7 @@ Importing this package registers the `digits` tfds builder.
 
 from vit_jax.data import digits  # Registers tfds.builder('digits').
 from vit_jax.data.batching import local_batch_size, make_global_batch
-from vit_jax.data.dataset import DatasetInfo, Settings, dataset_info
+from vit_jax.data.dataset import DatasetInfo, Settings, check_data_dir, dataset_info
 from vit_jax.data.pipeline import eval_iterator, train_iterator
 from vit_jax.data.presets import PRESETS, Preset
 
@@ -25,6 +25,7 @@ __all__ = [
   "PRESETS",
   "Preset",
   "Settings",
+  "check_data_dir",
   "dataset_info",
   "digits",
   "eval_iterator",

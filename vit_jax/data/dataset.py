@@ -8,7 +8,8 @@ wrong key fails here, once, with the key's name.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import os
+from typing import Any, Optional
 
 from vit_jax import errors
 from vit_jax.data import folder as folder_lib
@@ -144,6 +145,7 @@ class Dataset:
         settings.dataset[len(folder_lib.PREFIX) :], settings.train_split
       )
     else:
+      check_data_dir(settings.data_dir, "config.data_dir")
       self._source = tfds_source.TfdsDataset(
         settings.dataset, settings.data_dir, settings.manual_dir
       )
@@ -163,6 +165,17 @@ class Dataset:
 
   def split(self, spec: str) -> splits_lib.SplitSource:
     return self._source.split(spec)
+
+
+def check_data_dir(data_dir: Optional[str], name: str) -> None:
+  """A tfds data_dir (``name``: the key or flag that set it) that exists must be a folder:
+  tfds would fail inside a file with an error about its sub-folders."""
+  if data_dir and "://" not in data_dir and os.path.exists(data_dir):
+    if not os.path.isdir(data_dir):
+      raise errors.ConfigError(
+        f"{name}={data_dir!r} is a file, not a folder: name the folder of prepared tfds "
+        "datasets (or a new one to build into)."
+      )
 
 
 def dataset_info(settings: Any) -> DatasetInfo:

@@ -14,9 +14,11 @@ import os
 
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
-from vit_jax import errors
+from vit_jax import errors, input_files
 from vit_jax.data import splits as splits_lib
+from vit_jax.printable import printable
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")  # Matched case-insensitively.
 PREFIX = "folder:"  # config.dataset = 'folder:/path/to/root'
@@ -29,6 +31,23 @@ def _subdirs(path: str) -> list[str]:
   return sorted(
     n for n in names if not n.startswith(".") and tf.io.gfile.isdir(os.path.join(path, n))
   )
+
+
+def _regular_files(folder: str, names: list[str]) -> list[str]:
+  """``names`` in ``folder`` without those that are no regular file (a FIFO would block the
+  input pipeline for ever, a device never end), with one warning naming them. Checked
+  locally only: a bucket holds nothing else."""
+  if not input_files.is_local(folder):
+    return names
+  skipped = [(n, why) for n in names if (why := input_files.not_regular(os.path.join(folder, n)))]
+  if skipped:
+    logging.warning(
+      "Skipping %d files of %s that are not regular files: %s.",
+      len(skipped),
+      printable(folder),
+      "; ".join(f"{printable(n)} ({why})" for n, why in skipped[:5]),
+    )
+  return [n for n in names if n not in dict(skipped)]
 
 
 class ImageFolder:
@@ -81,8 +100,9 @@ class ImageFolder:
             f"({len(self.class_names)} classes: {self.class_names[:10]}...). Rename "
             f"or remove it, or add it to the train split."
           )
-        found = sorted(
-          f for f in tf.io.gfile.listdir(folder) if f.lower().endswith(IMAGE_EXTENSIONS)
+        found = _regular_files(
+          folder,
+          sorted(f for f in tf.io.gfile.listdir(folder) if f.lower().endswith(IMAGE_EXTENSIONS)),
         )
         if not found:
           raise errors.ConfigError(

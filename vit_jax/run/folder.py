@@ -17,15 +17,16 @@ import json
 import os
 import socket
 import time
-from typing import Any, Collection, Iterator
+from typing import Any, Collection, Iterator, Optional, Sequence
 
 import jax
 from absl import logging
 from etils import epath
 
 from vit_jax import errors, paths
-from vit_jax.paths import CONFIG_FILE, HISTORY_FILE, LOCK_FILE
+from vit_jax.paths import CLASS_NAMES_FILE, CONFIG_FILE, HISTORY_FILE, LOCK_FILE
 from vit_jax.run import resume_policy
+from vit_jax.weights import orbax_steps
 
 # A lock whose heartbeat (refreshed at every log step and save) is older than this is
 # stale: its run died on a host that cannot be asked (preempted VMs come back as others).
@@ -85,13 +86,20 @@ class RunFolder(paths.RunPaths):
       for line in lines:
         logging.warning("Resuming with a changed %s.", line)
 
-  def write_config(self, current: dict[str, Any], *, step: int) -> None:
+  def write_config(
+    self, current: dict[str, Any], *, step: int, class_names: Optional[Sequence[str]] = None
+  ) -> None:
     """Writes config.json when the run starts (process 0; every process may call it),
     atomically; a resumed run keeps the original and appends what it changed, at ``step``,
-    to the history (`HISTORY_FILE`)."""
+    to the history (`HISTORY_FILE`). The dataset's ``class_names`` are saved once
+    (`CLASS_NAMES_FILE`): the read-only commands print them without opening the data."""
     if jax.process_index() != 0:
       return
     self.root.mkdir(parents=True, exist_ok=True)
+    if class_names is not None and not self.class_names_path.exists():
+      tmp = self.root / (CLASS_NAMES_FILE + ".tmp")
+      tmp.write_text(json.dumps(list(class_names), ensure_ascii=False))
+      tmp.replace(self.class_names_path)
     if not self.has_config():
       tmp = self.root / (CONFIG_FILE + ".tmp")
       tmp.write_text(json.dumps(current, indent=2, sort_keys=True))
@@ -102,6 +110,32 @@ class RunFolder(paths.RunPaths):
       entry = dict(time=time.strftime("%Y-%m-%dT%H:%M:%S"), step=step, changes=changes)
       with (self.root / HISTORY_FILE).open("a") as f:
         f.write(json.dumps(entry) + "\n")
+
+  @contextlib.contextmanager
+  def untouched_unless_saved(self) -> Iterator[None]:
+    """Leaves a fresh folder (absent or empty) as it was found when the block fails, is
+    interrupted or is stopped before the run saved a step: a run that never trained leaves
+    no config.json, events, lock or empty checkpoints/ behind (and no failed setting in a
+    config.json that a later run would resume). Only a run that took the lock cleans up:
+    one refused by another run's lock leaves that run's files alone."""
+    existed = self.root.exists()
+    empty = not existed or (self.root.is_dir() and not any(self.root.iterdir()))
+    fresh = jax.process_index() == 0 and empty
+    try:
+      yield
+    except BaseException:
+      locked = getattr(self, "_lock_holder", None) is not None
+      if fresh and locked and not orbax_steps.finalized_steps(self.checkpoints):
+        if existed:
+          for child in self.root.iterdir():
+            if child.is_dir():
+              child.rmtree()
+            else:
+              child.unlink()
+        elif self.root.exists():
+          self.root.rmtree()
+        logging.info("Nothing was saved: %s is left as it was.", self.root)
+      raise
 
   @contextlib.contextmanager
   def lock(self) -> Iterator[None]:

@@ -199,7 +199,7 @@ def train(steps: steps_lib.RunSteps, workdir: str) -> dict[str, float]:
   # A fresh state is built before anything is written: pretrained weights that do not
   # fit the model fail here, leaving no config.json or checkpoints behind.
   fresh = None if resumable else steps.init_state()
-  with preemption.StopSignals() as stop, folder.lock():
+  with folder.untouched_unless_saved(), preemption.StopSignals() as stop, folder.lock():
     manager = checkpoints_lib.RunCheckpoints(
       folder.checkpoints, keep=spec.loop.keep_checkpoints, data=spec.data_identity()
     )
@@ -212,7 +212,7 @@ def train(steps: steps_lib.RunSteps, workdir: str) -> dict[str, float]:
       start_step = int(jax.device_get(state.step))
       if compiling is None and start_step < spec.loop.total_steps:
         compiling = _compile_in_background(steps)
-      folder.write_config(spec.config_json, step=start_step)
+      folder.write_config(spec.config_json, step=start_step, class_names=spec.class_names)
       guard = divergence.Guard(_tunables(spec), restored_step=restored_step)
       total_steps = spec.loop.total_steps
       progress = progress_lib.Progress(

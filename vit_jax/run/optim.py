@@ -21,6 +21,7 @@ shard them like the parameters.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import flax.linen as nn
@@ -63,6 +64,15 @@ class OptimizerSettings:
 
   def __post_init__(self):
     checks = (
+      (
+        math.isfinite(self.lr_base) and self.lr_base > 0,
+        f"config.lr.base={self.lr_base} must be a positive, finite learning rate (a negative "
+        "one trains uphill, nan or inf diverges at once).",
+      ),
+      (
+        math.isfinite(self.lr_end) and self.lr_end >= 0,
+        f"config.lr.end={self.lr_end} must be a finite learning rate >= 0.",
+      ),
       (self.decay in DECAYS, f"Unknown config.lr.decay={self.decay!r}; choose one of {DECAYS}."),
       (
         self.warmup_steps >= 0,

@@ -119,18 +119,38 @@ def _accum_steps(config: ml_collections.ConfigDict, batch: int, data_size: int) 
 
 def _num_classes(
   config: ml_collections.ConfigDict, data_settings: DataSettings, open_data: bool
-) -> tuple[int, Optional[int]]:
-  """(classes, train examples): from the data (which rejects a contradicting
+) -> tuple[int, Optional[int], Optional[tuple[str, ...]]]:
+  """(classes, train examples, class names): from the data (which rejects a contradicting
   config.num_classes), or config.num_classes alone when the data is not opened."""
   if open_data:
     info = data.dataset_info(data_settings)
-    return info.num_classes, info.num_train
+    names = tuple(info.class_names) if info.class_names else None
+    _check_data_size(config, data_settings, info.num_classes, info.num_train)
+    return info.num_classes, info.num_train, names
   if not config.num_classes:
     raise errors.ConfigError(
       f"config.num_classes is not set and the data of {config.dataset!r} is not read "
       "here: set config.num_classes."
     )
-  return int(config.num_classes), None
+  return int(config.num_classes), None, None
+
+
+def _check_data_size(
+  config: ml_collections.ConfigDict, settings: DataSettings, num_classes: int, num_train: int
+) -> None:
+  """A train split that fills no global batch, or a classification with one class (its
+  loss is 0 from the start), cannot train: refused before anything is written."""
+  if config.total_steps and num_train < settings.batch:
+    raise errors.ConfigError(
+      f"config.train_split={settings.train_split!r} of {settings.dataset!r} has {num_train} "
+      f"examples, fewer than config.batch={settings.batch}: use a larger split or a "
+      "smaller config.batch."
+    )
+  if config.objective == "classification" and num_classes < 2:
+    raise errors.ConfigError(
+      f"config.dataset={settings.dataset!r} has {num_classes} class: a classifier needs at "
+      "least 2 (add a class, or check config.train_split)."
+    )
 
 
 def _process_count(mesh: jax.sharding.Mesh) -> int:
@@ -241,7 +261,7 @@ def resolve(
   data.local_batch_size(data_settings.batch, mesh, "batch", processes)
   data.local_batch_size(data_settings.batch_eval, mesh, "batch_eval", processes)
   accum_steps = _accum_steps(config, data_settings.batch, mesh.shape[sharding.DATA_AXIS])
-  num_classes, num_train = _num_classes(config, data_settings, open_data)
+  num_classes, num_train, class_names = _num_classes(config, data_settings, open_data)
   spec = spec_lib.RunSpec(
     model=model,
     num_classes=num_classes,
@@ -261,6 +281,7 @@ def resolve(
     seed=int(config.seed),
     allowed_changes=frozenset(s for s in resume_policy.SWITCHES if config[s]),
     config_json=json.loads(config.to_json_best_effort()),
+    class_names=class_names,
   )
   if memory_limit_bytes is None:
     memory_limit_bytes = memory_fit.device_memory_limit(memory_fit.local_device(mesh))

@@ -82,6 +82,9 @@ class RunSpec:
   seed: int
   allowed_changes: frozenset[str]  # the `resume_policy.SWITCHES` that are on
   config_json: dict[str, Any] = dataclasses.field(repr=False, compare=False)  # config.json
+  # The dataset's class names (saved beside config.json); None where the data does not
+  # name them or was not opened (planning).
+  class_names: Optional[tuple[str, ...]] = dataclasses.field(default=None, repr=False)
 
   @property
   def batch(self) -> int:

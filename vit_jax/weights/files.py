@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import struct
 from typing import Any
 
 import numpy as np
 
-from vit_jax import errors
+from vit_jax import errors, input_files
 
 MAX_JSON_BYTES = 16 * 2**20  # configs and indexes are kilobytes
 MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit for the JSON header
@@ -28,17 +27,9 @@ _FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")  # safetensors' names
 
 def regular_file(path: str, max_bytes: int | None = None) -> int:
   """The size of ``path`` when it is a regular file (links followed) within ``max_bytes``."""
-  try:
-    info = os.stat(path)
-  except OSError as e:
-    raise errors.MissingError(f"{path!r} cannot be read: {e.strerror}.") from e
-  if not stat.S_ISREG(info.st_mode):
-    raise errors.CheckpointError(f"{path!r} is not a regular file (a folder, FIFO or device).")
-  if max_bytes is not None and info.st_size > max_bytes:
-    raise errors.CheckpointError(
-      f"{path!r} has {info.st_size:,} bytes, more than the {max_bytes:,} such a file may have."
-    )
-  return info.st_size
+  return input_files.regular_file(
+    path, max_bytes, what="checkpoint file", error=errors.CheckpointError
+  )
 
 
 def read_json(path: str) -> dict[str, Any]:

@@ -189,15 +189,31 @@ def _load_run(path: str) -> LoadedModel:
       f"{CONFIG_FILE} in it or up to two levels above) nor a Hugging Face "
       "ViT directory (config.json with model_type 'vit')."
     )
-  run_config = ml_collections.ConfigDict(run.read_config())
+  run_config, crop = run_model_config(run)
+  names = run.read_class_names()
   source = run.checkpoint_source(path)
   params = npz.scanned_to_layers(nn.unbox(dict(orbax_steps.read_params(source))))
   config = run_config.model
   config.scan = False  # the parameters are per-layer now
-  crop = run_config.pp.crop
   return LoadedModel(
-    config, params, architecture.num_classes(params), (crop, crop), None, path, run_config
+    config, params, architecture.num_classes(params), (crop, crop), names, path, run_config
   )
+
+
+def run_model_config(run: RunPaths) -> tuple[ml_collections.ConfigDict, int]:
+  """A run's saved config and its crop, checked to hold a model (an object) and a
+  positive integer ``pp.crop``: what the read-only commands use of it (its data settings
+  are never used: nothing is built, written or fetched because of them)."""
+  saved = run.read_config()
+  pp = saved.get("pp")
+  crop = pp.get("crop") if isinstance(pp, dict) else None
+  if not isinstance(saved.get("model"), dict) or not isinstance(crop, int) or crop < 1:
+    raise errors.CheckpointError(
+      f"{run.config_path} is not a run config this package wrote: it needs a 'model' "
+      f"object and a positive integer 'pp.crop' (model: {type(saved.get('model')).__name__}, "
+      f"pp.crop: {crop!r}). Fix it, or put back the config.json the run wrote."
+    )
+  return ml_collections.ConfigDict(saved), crop
 
 
 def _check_fits(loaded: LoadedModel) -> None:
