@@ -24,6 +24,11 @@ and of an MLP-Mixer's (the official `models_mixer.py` tree, told apart by its ``
     MixerBlock_{i}/...                           depth
     MixerBlock_0/token_mixing/Dense_0/kernel     [N, Dt]         patches, token MLP
     MixerBlock_0/channel_mixing/Dense_0/kernel   [D, Dc]         channel MLP
+
+and of a BiT ResNet-v2's (`models.bit`, told apart by its ``root_block``):
+
+    root_block/conv_root/kernel                  [7, 7, C, 64 w] width factor w
+    block{s}/unit{uu}/...                        stages and units per stage
 """
 
 from __future__ import annotations
@@ -55,6 +60,8 @@ MIXER_STEM = "stem/kernel"
 _MIXER_BLOCK = re.compile(r"^MixerBlock_(\d+)/")
 _TOKEN_MLP = "MixerBlock_0/token_mixing/Dense_0/kernel"
 _CHANNEL_MLP = "MixerBlock_0/channel_mixing/Dense_0/kernel"
+BIT_ROOT = "root_block/conv_root/kernel"
+_BIT_UNIT = re.compile(r"^block(\d+)/unit(\d+)/")
 
 
 def _shapes(params: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
@@ -100,6 +107,8 @@ def _official_name(config: ml_collections.ConfigDict) -> Optional[str]:
     if models.is_mixer(c):
       fields = ("hidden_dim", "num_blocks", "tokens_mlp_dim", "channels_mlp_dim")
       return (models.MIXER, tuple(c.patches.size), *(c[f] for f in fields))
+    if models.is_bit(c):
+      return (models.BIT, tuple(c.resnet.num_layers), c.resnet.width_factor)
     t, r = c.transformer, c.get("resnet")
     return (
       tuple(c.patches.size),
@@ -180,6 +189,8 @@ def infer_model_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
   Raises one ValueError naming everything that cannot be read from the shapes.
   """
   shapes = _shapes(params)
+  if BIT_ROOT in shapes:
+    return _infer_bit(shapes)
   arch = describe(params)
   if MIXER_STEM in shapes:
     return _infer_mixer(arch)
@@ -267,6 +278,25 @@ def _infer_mixer(arch: Mapping[str, Any]) -> ml_collections.ConfigDict:
   config.num_blocks = arch["depth"]
   config.tokens_mlp_dim = arch["token MLP dim"]
   config.channels_mlp_dim = arch["channel MLP dim"]
+  config.name = _official_name(config) or "custom"
+  return config
+
+
+def _infer_bit(shapes: Mapping[str, tuple[int, ...]]) -> ml_collections.ConfigDict:
+  units: dict[int, int] = {}
+  for key in shapes:
+    if m := _BIT_UNIT.match(key):
+      units[int(m.group(1))] = max(units.get(int(m.group(1)), 0), int(m.group(2)))
+  width = shapes[BIT_ROOT][-1] / _ROOT_WIDTH
+  if not units or sorted(units) != list(range(1, len(units) + 1)) or not width.is_integer():
+    raise errors.CheckpointError(
+      f"Cannot infer the BiT ResNet from the checkpoint's arrays: stages block{sorted(units)} "
+      f"(expected block1..blockS) and a root of {shapes[BIT_ROOT][-1]} channels (64 x a "
+      "whole width factor)."
+    )
+  config = models.get_model_config("BiT-R50x1")  # every field, then overwritten
+  config.resnet.num_layers = tuple(units[s] for s in sorted(units))
+  config.resnet.width_factor = int(width)
   config.name = _official_name(config) or "custom"
   return config
 
