@@ -18,7 +18,7 @@ import pytest
 from flax import traverse_util
 
 from tests import interop_fixtures as fx
-from vit_jax import errors, export, models, sharding
+from vit_jax import errors, export, models
 from vit_jax.weights import architecture, npz, sources
 
 sys.modules.setdefault("triton", None)  # see tests/test_export.py: triton beside TensorFlow
@@ -52,21 +52,12 @@ def count(config, num_classes, size=224) -> int:
   return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nn.unbox(shapes["params"])))
 
 
-def random_params(config, num_classes=5, size=32, seed=0):
-  """Every array random (norm scales near 1), so that each one counts."""
-  model = models.create_model(config, num_classes=num_classes)
-  dummy = jax.ShapeDtypeStruct((1, size, size, 3), jnp.float32)
-  shapes = nn.unbox(jax.eval_shape(model.init, jax.random.key(0), dummy)["params"])
-  rng = np.random.default_rng(seed)
-  return jax.tree_util.tree_map_with_path(
-    lambda path, s: ((path[-1].key == "scale") + rng.normal(0.0, 0.2, s.shape)).astype(np.float32),
-    shapes,
-  )
+def random_params(config, num_classes=5, size=32):
+  return fx.random_tree(config, num_classes, size)
 
 
 def apply(config, params, images, num_classes=5, **overrides):
-  model = models.create_model(config, num_classes=num_classes, **overrides)
-  return np.asarray(jax.jit(lambda p, x: model.apply({"params": p}, x))(params, images))
+  return fx.logits(config, params, images, num_classes, **overrides)
 
 
 def timm_bit(units, width_factor, num_classes, **kwargs):
@@ -149,15 +140,7 @@ def test_head_is_zero_and_remat_bfloat16_and_any_size_work():
   ],
 )
 def test_every_parameter_has_logical_axes_the_rules_shard(strategy, sharded):
-  model = models.create_model(tiny_config(), num_classes=5)
-  boxed = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 32, 32, 3)))["params"]
-  flat = traverse_util.flatten_dict(boxed, sep="/")
-  assert all(isinstance(v, nn.LogicallyPartitioned) for v in flat.values())
-  rules = sharding.logical_rules(strategy)
-  mesh_axis = sharding.DATA_AXIS if strategy == "fsdp" else sharding.MODEL_AXIS
-  for key, dim in sharded.items():
-    axes = nn.logical_to_mesh_axes(flat[key].names, rules)
-    assert axes[dim] == mesh_axis, (key, axes)
+  fx.check_logical_axes(models.create_model(tiny_config(), num_classes=5), 32, strategy, sharded)
 
 
 def test_an_npz_loads_with_the_bit_inferred(tmp_path):
@@ -172,6 +155,21 @@ def test_an_npz_loads_with_the_bit_inferred(tmp_path):
   np.testing.assert_array_equal(
     apply(loaded.config, loaded.params, images), apply(config, params, images)
   )
+  # Fine-tuning from it: a fresh head for 7 classes; another BiT shape is one fit error.
+  from vit_jax import weights  # pylint: disable=g-import-not-at-top
+
+  for units, classes in (((2, 1), 7), ((1, 1), 5)):
+    other = tiny_config(units=units)
+    init = random_params(other, num_classes=classes)
+    if units != (2, 1):
+      with pytest.raises(errors.CheckpointError, match=r"units per stage: checkpoint \(2, 1\)"):
+        weights.load_pretrained(tmp_path / "bit.npz", init, other)
+      continue
+    adapted = weights.load_pretrained(tmp_path / "bit.npz", init, other)
+    assert adapted["head"]["kernel"].shape == (512, 7)
+    np.testing.assert_array_equal(
+      adapted["block2"]["unit01"]["conv2"]["kernel"], params["block2"]["unit01"]["conv2"]["kernel"]
+    )
   for name in ("BiT-R50x1", "BiT-R152x4"):
     official = jax.eval_shape(
       models.create_model(models.get_model_config(name), num_classes=0).init,
@@ -179,18 +177,6 @@ def test_an_npz_loads_with_the_bit_inferred(tmp_path):
       jnp.zeros((1, 32, 32, 3)),
     )["params"]
     assert architecture.infer_model_config(official).name == name
-
-
-def _perturb(net) -> None:
-  """Every array away from its init: norms off 1 and 0, kernels 5x plus noise (timm's head
-  starts at zero)."""
-  import torch  # pylint: disable=g-import-not-at-top
-
-  gen = torch.Generator().manual_seed(1)
-  with torch.no_grad():
-    for p in net.parameters():
-      noise = torch.randn(p.shape, generator=gen)
-      p.add_(0.1 * noise) if p.ndim == 1 else p.mul_(5.0).add_(0.1 * noise)
 
 
 def write_timm_bit(directory, units=(2, 1, 1, 1), num_classes=5, seed=0):
@@ -204,7 +190,7 @@ def write_timm_bit(directory, units=(2, 1, 1, 1), num_classes=5, seed=0):
   net.pretrained_cfg = timm.models.get_pretrained_cfg(
     "resnetv2_50x1_bit.goog_in21k_ft_in1k"
   ).to_dict()
-  _perturb(net)
+  fx.perturb_torch(net)
   timm.models.save_for_hf(net, str(directory), safe_serialization=True)
   return net
 
@@ -249,6 +235,7 @@ def test_timm_export_gives_our_logits(tmp_path):
   assert fx.relative_error(fx.torch_logits(net, images), ours) <= fx.TOLERANCE
   back = sources.load(str(tmp_path / "timm"))  # our export reads back as it was
   np.testing.assert_array_equal(apply(back.config, back.params, images), ours)
+  assert back.image_size == (32, 32)
   with pytest.raises(errors.CommandLineError, match="--format=hf writes ViTs only"):
     export.export_model(model, "hf", str(tmp_path / "hf"))
 

@@ -161,10 +161,13 @@ def _describe_mixer(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
 def describe(params: Mapping[str, Any]) -> dict[str, Any]:
   """What the shapes say of the model, each None where they do not say it: patch size,
   input channels, width, depth, heads, MLP dim, position embedding, ResNet root (for a
-  Mixer: patch size, input channels, width, depth, patches, token and channel MLP dims)."""
+  Mixer: patch size, input channels, width, depth, patches, token and channel MLP dims;
+  for a BiT: stages, units per stage, width factor)."""
   shapes = _shapes(params)
   if MIXER_STEM in shapes:
     return _describe_mixer(shapes)
+  if BIT_ROOT in shapes:
+    return _describe_bit(shapes)
   kernel = shapes.get("embedding/kernel")
   kernel = kernel if kernel and len(kernel) == 4 else None
   depth, block = _block_shapes(shapes)
@@ -189,9 +192,9 @@ def infer_model_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
   Raises one ValueError naming everything that cannot be read from the shapes.
   """
   shapes = _shapes(params)
-  if BIT_ROOT in shapes:
-    return _infer_bit(shapes)
   arch = describe(params)
+  if BIT_ROOT in shapes:
+    return _infer_bit(arch)
   if MIXER_STEM in shapes:
     return _infer_mixer(arch)
   unknown: list[str] = []
@@ -282,20 +285,29 @@ def _infer_mixer(arch: Mapping[str, Any]) -> ml_collections.ConfigDict:
   return config
 
 
-def _infer_bit(shapes: Mapping[str, tuple[int, ...]]) -> ml_collections.ConfigDict:
+def _describe_bit(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
   units: dict[int, int] = {}
   for key in shapes:
     if m := _BIT_UNIT.match(key):
       units[int(m.group(1))] = max(units.get(int(m.group(1)), 0), int(m.group(2)))
-  width = shapes[BIT_ROOT][-1] / _ROOT_WIDTH
-  if not units or sorted(units) != list(range(1, len(units) + 1)) or not width.is_integer():
+  stages = sorted(units)
+  return {
+    "stages": stages,
+    "units per stage": tuple(units[s] for s in stages),
+    "width factor": shapes[BIT_ROOT][-1] / _ROOT_WIDTH,
+  }
+
+
+def _infer_bit(arch: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  stages, width = arch["stages"], arch["width factor"]
+  if not stages or stages != list(range(1, len(stages) + 1)) or not width.is_integer():
     raise errors.CheckpointError(
-      f"Cannot infer the BiT ResNet from the checkpoint's arrays: stages block{sorted(units)} "
-      f"(expected block1..blockS) and a root of {shapes[BIT_ROOT][-1]} channels (64 x a "
+      f"Cannot infer the BiT ResNet from the checkpoint's arrays: stages block{stages} "
+      f"(expected block1..blockS) and a root of {_ROOT_WIDTH * width:g} channels (64 x a "
       "whole width factor)."
     )
   config = models.get_model_config("BiT-R50x1")  # every field, then overwritten
-  config.resnet.num_layers = tuple(units[s] for s in sorted(units))
+  config.resnet.num_layers = arch["units per stage"]
   config.resnet.width_factor = int(width)
   config.name = _official_name(config) or "custom"
   return config

@@ -129,7 +129,7 @@ def model_spec(
   config: ml_collections.ConfigDict, *, num_classes: Optional[int], image_size: tuple[int, int]
 ) -> dict[str, Any]:
   """What rebuilds the model in timm: {'architecture', 'model_name', 'kwargs',
-  'pretrained_cfg_overlay'}.
+  'pretrained_cfg_overlay' (classes, input size, mean and std)}.
 
   A shape timm registers is ``timm.create_model(model_name, **kwargs)``; any other has no
   timm name (``model_name`` None) and is ``timm.models.resnetv2.ResNetV2(**kwargs,
@@ -159,5 +159,11 @@ def model_spec(
     ),
     "model_name": name,
     "kwargs": kwargs,
-    "pretrained_cfg_overlay": {"num_classes": num_classes},
+    # The input size too: a ResNet's weights do not fix it, and a re-import reads it here.
+    "pretrained_cfg_overlay": {
+      "num_classes": num_classes,
+      "input_size": [3, *image_size],
+      "mean": list(config.input_mean),
+      "std": list(config.input_std),
+    },
   }
