@@ -4,13 +4,14 @@ r"""Pre-training a ViT from scratch with the paper's upstream recipe (Sec. 4.1, 
         --config.data_dir=/path/to/tfds --workdir=/tmp/b16_i21k
 
 The argument is ``<model>,<dataset>``: a short model name of `configs/vit.py` (``b16``,
-``l16``, ``r50_b16``, ...) and ``imagenet21k`` (90 epochs) or ``imagenet2012``
+``l16``, ``r50_b16``, ``bit_r50x1``, ...) and ``imagenet21k`` (90 epochs) or ``imagenet2012``
 (300 epochs). imagenet21k is not in the tfds catalog: see `vit_jax/data/presets.py`.
 
 Recipe: Adam (b1 0.9, b2 0.999) with decoupled weight decay 0.1, batch 4096, linear warm-up
 of 10k steps then linear decay to 0, gradient clipping at global norm 1, resolution 224,
-inception crop and flip, dropout 0.1, and the pre-training head: a representation layer
-(``representation_size`` = width, tanh) before the classifier. Steps are the epochs over
+inception crop and flip, and for a ViT dropout 0.1 and the pre-training head: a
+representation layer (``representation_size`` = width, tanh) before the classifier (a BiT
+ResNet has neither). Steps are the epochs over
 the preset's train split at batch 4096 (`TRAIN_IMAGES`; a copy of another size needs
 ``--config.total_steps``). Learning rate: 1e-3 for ImageNet-21k and 3e-3 for ImageNet,
 as we read the paper's Table 3 for ViT-B (``--config.lr.base`` to change it). Fine-tune
@@ -56,8 +57,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.batch_eval = 1024
 
   config.model = models.get_model_config(model_name)
-  config.model.representation_size = config.model.hidden_size
-  config.model.transformer.dropout_rate = 0.1
+  if not models.is_bit(config.model):  # the ResNet baselines have neither
+    config.model.representation_size = config.model.hidden_size
+    config.model.transformer.dropout_rate = 0.1
 
   config.total_steps = steps_for(dataset)
   config.lr.base = LEARNING_RATES[dataset]

@@ -4,7 +4,8 @@ r"""Fine-tuning a pre-trained ViT with the paper's recipe (Sec. 4.1, Appendix B.
         --config.pretrained=ViT-B_16 --workdir=/tmp/b16_cifar10
 
 The argument is ``<model>,<dataset>``: a short model name (`MODELS`, e.g. ``b16`` for
-ViT-B/16, ``r50_b16`` for the R50+ViT-B/16 hybrid) and a dataset of
+ViT-B/16, ``r50_b16`` for the R50+ViT-B/16 hybrid, ``bit_r50x1`` for the BiT ResNet-50x1
+baseline) and a dataset of
 `vit_jax.data.presets.PRESETS` (cifar10, cifar100, imagenet2012, oxford_iiit_pet,
 oxford_flowers102, ...). ``--config.pretrained`` is any weights source of
 `vit_jax.weights.sources`: an official name (``ViT-B_16``: its copy on the Hugging Face
@@ -47,11 +48,19 @@ MODELS: dict[str, str] = {
   "l32": "ViT-L_32",
   "h14": "ViT-H_14",
   "r50_b16": "R50+ViT-B_16",
+  "r50_b32": "R50+ViT-B_32",
+  "r50_l16": "R50+ViT-L_16",
+  "r50_l32": "R50+ViT-L_32",
   "r26_s32": "R26+ViT-S_32",
   "r_ti16": "R+ViT-Ti_16",
   # Later families with a 16x16 patch (the fine-tuning crop, 384, is a multiple of it).
   "siglip_b16": "SigLIP-B_16",
   "clip_b16": "CLIP-B_16",
+  # The paper's ResNet baselines (BiT ResNet-v2).
+  **{
+    f"bit_r{size}": f"BiT-R{size}"
+    for size in ("50x1", "50x2", "101x1", "152x1", "152x2", "152x4", "200x3")
+  },
 }
 
 FINETUNE_WARMUP_STEPS = 500  # The official repository's fine-tuning warm-up.
@@ -91,8 +100,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.num_classes = preset.num_classes
   config.model = models.get_model_config(model_name)
   # A whole grid of patches: the preset's crop, or the next multiple of the patch size
-  # (ViT-H/14 at 384 -> 392, a 28x28 grid).
-  patch = config.model.patches.size[0]
+  # (ViT-H/14 at 384 -> 392, a 28x28 grid); a BiT ResNet takes any size.
+  patch = 1 if models.is_bit(config.model) else config.model.patches.size[0]
   config.pp.crop = -(-preset.crop // patch) * patch
 
   config.total_steps = preset.total_steps

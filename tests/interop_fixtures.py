@@ -1,6 +1,8 @@
 """Small models with random weights, written as official `.npz` files, for the predict and
 export tests: a ViT-Ti/16-shaped ViT (2 layers), an R26+ViT-S/32-shaped hybrid and a
-root-only R+ViT-Ti/16 hybrid (1 layer each), all in the official layout."""
+root-only R+ViT-Ti/16 hybrid (1 layer each), all in the official layout; and what the
+model-family tests share (random trees of any config, perturbed timm models, logits,
+the logical-axes check)."""
 
 from __future__ import annotations
 
@@ -10,8 +12,9 @@ import flax.linen as nn
 import jax
 import ml_collections
 import numpy as np
+from flax import traverse_util
 
-from vit_jax import models
+from vit_jax import models, sharding
 from vit_jax.weights import npz
 
 NUM_CLASSES = 5
@@ -53,17 +56,8 @@ def _config(name: str, overrides: tuple) -> ml_collections.ConfigDict:
 
 @functools.lru_cache(maxsize=None)
 def _random_params(name: str, num_classes: int, seed: int, overrides: tuple) -> dict:
-  size = CONFIGS[name][1]
-  model = models.create_model(_config(name, overrides), num_classes=num_classes)
-  dummy = jax.ShapeDtypeStruct((1, size, size, 3), np.float32)
-  shapes = nn.unbox(jax.eval_shape(model.init, jax.random.PRNGKey(0), dummy)["params"])
-  # Random values without running init (seconds for the hybrid): norms' scales near 1,
-  # everything else near 0 (LayerNorm/GroupNorm scales are the only leaves named 'scale').
-  rng = np.random.default_rng(seed)
-  return jax.tree_util.tree_map_with_path(
-    lambda path, s: ((path[-1].key == "scale") + rng.normal(0.0, 0.05, s.shape)).astype(np.float32),
-    shapes,
-  )
+  # Small values: the official models' activations stay of order 1 through every layer.
+  return random_tree(_config(name, overrides), num_classes, CONFIGS[name][1], seed, std=0.05)
 
 
 def random_model(name: str, num_classes: int = NUM_CLASSES, seed: int = 0, **overrides):
@@ -121,3 +115,49 @@ def hf_vit_classifier(layer_norm_eps: float, num_labels: int = NUM_CLASSES):
     layer_norm_eps=layer_norm_eps,
   )
   return transformers.ViTForImageClassification(config).eval()
+
+
+def random_tree(config, num_classes: int, size: int, seed: int = 0, std: float = 0.2) -> dict:
+  """Random parameters of any model config at ``size`` x ``size`` inputs, without running
+  init (seconds for a hybrid): norm scales (the only leaves named 'scale') near 1,
+  everything else N(0, std), so that each array counts."""
+  model = models.create_model(config, num_classes=num_classes)
+  dummy = jax.ShapeDtypeStruct((1, size, size, 3), np.float32)
+  shapes = nn.unbox(jax.eval_shape(model.init, jax.random.key(0), dummy)["params"])
+  rng = np.random.default_rng(seed)
+  return jax.tree_util.tree_map_with_path(
+    lambda path, s: ((path[-1].key == "scale") + rng.normal(0.0, std, s.shape)).astype(np.float32),
+    shapes,
+  )
+
+
+def logits(config, params, images: np.ndarray, num_classes: int, **overrides) -> np.ndarray:
+  """The logits of ``config``'s model (built with ``overrides``) with ``params``."""
+  model = models.create_model(config, num_classes=num_classes, **overrides)
+  return np.asarray(jax.jit(lambda p, x: model.apply({"params": p}, x))(params, images))
+
+
+def perturb_torch(net) -> None:
+  """Every array of a torch model away from its init: vectors (norms, biases) plus noise,
+  kernels 5x plus noise (timm's heads start at zero)."""
+  import torch  # pylint: disable=g-import-not-at-top
+
+  gen = torch.Generator().manual_seed(1)
+  with torch.no_grad():
+    for p in net.parameters():
+      noise = torch.randn(p.shape, generator=gen)
+      p.add_(0.1 * noise) if p.ndim == 1 else p.mul_(5.0).add_(0.1 * noise)
+
+
+def check_logical_axes(model, size: int, strategy: str, sharded: dict[str, int]) -> None:
+  """Every parameter of ``model`` has logical axis names, and under ``strategy`` dimension
+  ``sharded[key]`` of each named one goes to the strategy's mesh axis."""
+  dummy = np.zeros((1, size, size, 3), np.float32)
+  boxed = jax.eval_shape(model.init, jax.random.key(0), dummy)["params"]
+  flat = traverse_util.flatten_dict(boxed, sep="/")
+  assert all(isinstance(v, nn.LogicallyPartitioned) for v in flat.values())
+  rules = sharding.logical_rules(strategy)
+  mesh_axis = sharding.DATA_AXIS if strategy == "fsdp" else sharding.MODEL_AXIS
+  for key, dim in sharded.items():
+    axes = nn.logical_to_mesh_axes(flat[key].names, rules)
+    assert axes[dim] == mesh_axis, (key, axes)

@@ -17,7 +17,7 @@ import pytest
 from flax import traverse_util
 
 from tests import interop_fixtures as fx
-from vit_jax import errors, export, models, sharding
+from vit_jax import errors, export, models
 from vit_jax.weights import architecture, npz, sources
 
 sys.modules.setdefault("triton", None)  # see tests/test_export.py: triton beside TensorFlow
@@ -36,20 +36,11 @@ def tiny_config(**changes):
 
 
 def random_params(config, num_classes=5, size=16, seed=0):
-  """Every array random (norm scales near 1), so that each one counts."""
-  model = models.create_model(config, num_classes=num_classes)
-  dummy = jax.ShapeDtypeStruct((1, size, size, 3), jnp.float32)
-  shapes = nn.unbox(jax.eval_shape(model.init, jax.random.key(0), dummy)["params"])
-  rng = np.random.default_rng(seed)
-  return jax.tree_util.tree_map_with_path(
-    lambda path, s: ((path[-1].key == "scale") + rng.normal(0.0, 0.2, s.shape)).astype(np.float32),
-    shapes,
-  )
+  return fx.random_tree(config, num_classes, size, seed)
 
 
 def apply(config, params, images, num_classes=5, **overrides):
-  model = models.create_model(config, num_classes=num_classes, **overrides)
-  return np.asarray(jax.jit(lambda p, x: model.apply({"params": p}, x))(params, images))
+  return fx.logits(config, params, images, num_classes, **overrides)
 
 
 def test_b16_tree_equals_the_official_layout():
@@ -161,15 +152,7 @@ def test_head_is_zero_and_remat_and_bfloat16_keep_the_function():
   ],
 )
 def test_every_parameter_has_logical_axes_the_rules_shard(strategy, sharded):
-  model = models.create_model(tiny_config(), num_classes=5)
-  boxed = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 16, 16, 3)))["params"]
-  flat = traverse_util.flatten_dict(boxed, sep="/")
-  assert all(isinstance(v, nn.LogicallyPartitioned) for v in flat.values())
-  rules = sharding.logical_rules(strategy)
-  mesh_axis = sharding.DATA_AXIS if strategy == "fsdp" else sharding.MODEL_AXIS
-  for key, dim in sharded.items():
-    axes = nn.logical_to_mesh_axes(flat[key].names, rules)
-    assert axes[dim] == mesh_axis, (key, axes)
+  fx.check_logical_axes(models.create_model(tiny_config(), num_classes=5), 16, strategy, sharded)
 
 
 def test_an_official_npz_loads_with_the_mixer_inferred(tmp_path):
@@ -221,18 +204,6 @@ timm_families = pytest.mark.parametrize(
 )
 
 
-def _perturb(net) -> None:
-  """Every array away from its init: norms off 1 and 0, kernels 5x plus noise (timm's head
-  starts at zero; MLP inputs of order 1, where the two GELUs differ measurably)."""
-  import torch  # pylint: disable=g-import-not-at-top
-
-  gen = torch.Generator().manual_seed(1)
-  with torch.no_grad():
-    for p in net.parameters():
-      noise = torch.randn(p.shape, generator=gen)
-      p.add_(0.1 * noise) if p.ndim == 1 else p.mul_(5.0).add_(0.1 * noise)
-
-
 def _timm_logits(net, images):
   import torch  # pylint: disable=g-import-not-at-top
 
@@ -256,7 +227,7 @@ def test_timm_import_gives_timms_logits(tmp_path, family, kwargs, tanh):
   torch.manual_seed(0)
   net = mlp_mixer.MlpMixer(num_classes=5, patch_size=16, **kwargs, **_act(tanh)).eval()
   net.pretrained_cfg = timm.models.get_pretrained_cfg(family).to_dict()
-  _perturb(net)
+  fx.perturb_torch(net)
   # timm records its model arguments; an activation class needs a name in their place.
   model_args = dict(act_layer="gelu_tanh") if tanh else None
   timm.models.save_for_hf(net, str(tmp_path), safe_serialization=True, model_args=model_args)

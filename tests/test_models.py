@@ -45,6 +45,17 @@ PARAM_COUNTS = {
   "DINOv2-L_14-reg4": 304_255_976,
   "CLIP-B_16": 86_569_192,
   "CLIP-B_16-quickgelu": 86_569_192,
+  # The paper's other hybrids (Table 6) and its BiT ResNet baselines (= timm's
+  # resnetv2_*_bit, tests/test_bit.py).
+  "R50+ViT-B_32": 110_945_832,
+  "R50+ViT-L_16": 316_483_624,
+  "BiT-R50x1": 25_549_352,
+  "BiT-R50x2": 97_988_712,
+  "BiT-R101x1": 44_541_480,
+  "BiT-R152x1": 60_185_128,
+  "BiT-R152x2": 236_335_208,
+  "BiT-R152x4": 936_533_224,
+  "BiT-R200x3": 568_633_000,
 }
 
 

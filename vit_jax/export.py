@@ -38,7 +38,7 @@ from absl import flags, logging
 
 from vit_jax import cli, errors, models
 from vit_jax.weights import hf as hf_lib
-from vit_jax.weights import npz, serving, sources, timm_mixer
+from vit_jax.weights import npz, serving, sources, timm_bit, timm_mixer
 from vit_jax.weights import timm as timm_lib
 
 FORMATS = ("hf", "timm", "saved_model", "stablehlo", "npz")
@@ -69,11 +69,11 @@ def _writer(
   params = model.params
   names = cli.class_names(labels, model)
   size = cli.image_size(model, resolution)
-  mixer = models.is_mixer(model.config)
-  if fmt == "hf" and mixer:
+  mixer, resnet = models.is_mixer(model.config), models.is_bit(model.config)
+  if fmt == "hf" and (mixer or resnet):
+    why = "transformers has no MLP-Mixer" if mixer else "--format=hf writes ViTs only"
     raise errors.CommandLineError(
-      "transformers has no MLP-Mixer: export this model with --format=timm, npz, "
-      "saved_model or stablehlo."
+      f"{why}: export this model with --format=timm, npz, saved_model or stablehlo."
     )
   if fmt == "hf":
     files = hf_lib.to_hf(
@@ -84,7 +84,7 @@ def _writer(
     )
     return lambda d: hf_lib.write_dir(d, *files)
   if fmt == "timm":
-    timm_writer = timm_mixer if mixer else timm_lib
+    timm_writer = timm_mixer if mixer else timm_bit if resnet else timm_lib
     spec = timm_writer.model_spec(
       model.config,
       num_classes=model.num_classes,

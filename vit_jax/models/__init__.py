@@ -1,5 +1,6 @@
 """Flax models of the official repository: `VisionTransformer` (plain and hybrid),
-`MlpMixer`, and the builder that picks one from a config."""
+`MlpMixer`, the paper's BiT ResNet baselines (`BitResNet`), and the builder that picks one
+from a config."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from typing import Any, Optional, Union
 import jax.numpy as jnp
 import ml_collections
 
+from vit_jax.models.bit import BIT, BitResNet, create_bit, is_bit
 from vit_jax.models.mixer import MIXER, MlpMixer, create_mixer, is_mixer
 from vit_jax.models.options import check_model_config, with_family_defaults
 from vit_jax.models.posemb import POSEMB_KINDS, resize_grid, sincos_2d
-from vit_jax.models.settings import MixerSettings, ModelSettings, model_settings
+from vit_jax.models.settings import BitSettings, MixerSettings, ModelSettings, model_settings
 from vit_jax.models.variants import MODEL_NAMES, get_model_config
 from vit_jax.models.vit import CLASSIFIERS, ExecutionOptions, VisionTransformer
 
@@ -20,14 +22,14 @@ _EXECUTION_FIELDS = frozenset(f.name for f in dataclasses.fields(ExecutionOption
 
 
 def create_model(
-  model_config: ml_collections.ConfigDict | ModelSettings | MixerSettings,
+  model_config: ml_collections.ConfigDict | ModelSettings | MixerSettings | BitSettings,
   *,
   num_classes: Optional[int],
   **overrides: Any,
-) -> Union[VisionTransformer, MlpMixer]:
-  """Builds a `VisionTransformer`, or an `MlpMixer` for a Mixer config (``model_type``
-  'mixer'), from a config in the layout of `variants.py` (a ConfigDict, checked here by
-  `model_settings`, or the settings themselves).
+) -> Union[VisionTransformer, MlpMixer, BitResNet]:
+  """Builds a `VisionTransformer`, an `MlpMixer` for a Mixer config (``model_type``
+  'mixer') or a `BitResNet` for a BiT config ('bit'), from a config in the layout of
+  `variants.py` (a ConfigDict, checked here by `model_settings`, or the settings themselves).
 
   ``overrides`` replace module attributes (``classifier="gap"``) or fields of its
   `ExecutionOptions` (``dropout_rate=0.1``, ``scan=True``, ``dtype=jnp.bfloat16``).
@@ -35,8 +37,13 @@ def create_model(
   (`ModelSettings` reads each missing option at its official value).
   """
   cfg = model_settings(model_config)
-  if isinstance(cfg, MixerSettings):
-    return create_mixer(cfg, num_classes=num_classes, **overrides)
+  if isinstance(cfg, (MixerSettings, BitSettings)):
+    execution = dict(remat=cfg.remat, remat_policy=cfg.remat_policy, dtype=jnp.dtype(cfg.dtype))
+    execution.update({name: overrides.pop(name) for name in _EXECUTION_FIELDS & overrides.keys()})
+    create = create_mixer if isinstance(cfg, MixerSettings) else create_bit
+    return create(
+      cfg, num_classes=num_classes, execution=ExecutionOptions(**execution), **overrides
+    )
   t = cfg.transformer
   execution = dict(
     dropout_rate=t.dropout_rate,
@@ -79,6 +86,9 @@ def create_model(
 
 
 __all__ = [
+  "BIT",
+  "BitResNet",
+  "BitSettings",
   "CLASSIFIERS",
   "ExecutionOptions",
   "MIXER",
@@ -91,6 +101,7 @@ __all__ = [
   "check_model_config",
   "create_model",
   "get_model_config",
+  "is_bit",
   "is_mixer",
   "resize_grid",
   "sincos_2d",

@@ -138,3 +138,13 @@ def linear_head(
     bias_init=partitioned(nn.initializers.constant(bias_init), (None,)),
     name="head",
   )(x)
+
+
+def pooled_logits(
+  x: jax.Array, num_classes: Optional[int], bias_init: float, execution: Any
+) -> jax.Array:
+  """The `linear_head` on pooled features [B, D] when there are classes, else the features;
+  float32 either way (an MLP-Mixer's and a BiT's output)."""
+  if num_classes:
+    x = linear_head(x, num_classes, bias_init, execution.dtype, execution.param_dtype)
+  return x.astype(jnp.float32)

@@ -150,19 +150,21 @@ class MlpMixer(nn.Module):
         name=f"MixerBlock_{i}",
       )(x)
     x = _layer_norm("pre_head_layer_norm", ex)(x)
-    x = jnp.mean(x, axis=1)  # [B, D]
-    if self.num_classes:
-      x = heads.linear_head(x, self.num_classes, self.head_bias_init, ex.dtype, ex.param_dtype)
-    return x.astype(jnp.float32)
+    pooled = jnp.mean(x, axis=1)  # [B, D]
+    return heads.pooled_logits(pooled, self.num_classes, self.head_bias_init, ex)
 
 
-def create_mixer(model_config: Any, *, num_classes: Optional[int], **overrides) -> MlpMixer:
+def create_mixer(
+  model_config: Any,
+  *,
+  num_classes: Optional[int],
+  execution: ExecutionOptions,
+  **overrides,
+) -> MlpMixer:
   """An `MlpMixer` from checked Mixer settings (`vit_jax.models.MixerSettings`, which
-  `create_model` builds from a config); ``overrides`` as `create_model`'s."""
+  `create_model` builds from a config) and ``execution`` (its remat, remat policy and dtype
+  with `create_model`'s overrides); ``overrides`` replace module attributes."""
   cfg = model_config
-  execution = dict(remat=cfg.remat, remat_policy=cfg.remat_policy, dtype=jnp.dtype(cfg.dtype))
-  fields = set(ExecutionOptions.__dataclass_fields__)
-  execution.update({k: overrides.pop(k) for k in fields & overrides.keys()})
   attributes = dict(
     num_classes=num_classes,
     patch_size=tuple(cfg.patches.size),
@@ -172,7 +174,7 @@ def create_mixer(model_config: Any, *, num_classes: Optional[int], **overrides) 
     channels_mlp_dim=cfg.channels_mlp_dim,
     gelu_approximate=cfg.gelu_approximate,
     head_bias_init=cfg.head_bias_init,
-    execution=ExecutionOptions(**execution),
+    execution=execution,
   )
   attributes.update(overrides)
   return MlpMixer(**attributes)

@@ -7,7 +7,7 @@ Parameter names equal the official hybrid checkpoints: ``conv_root``, ``gn_root`
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import flax.linen as nn
 import jax
@@ -15,20 +15,27 @@ import jax.numpy as jnp
 
 
 class StdConv(nn.Conv):
-  """A convolution whose kernel is standardised over its receptive field (per output).
+  """A convolution whose kernel is standardised over its receptive field (per output), in
+  float32 whatever the computation dtype.
 
   As the official hybrids: ``(w - mean) / (std + 1e-5)``, the epsilon added to the
-  standard deviation (not to the variance under a square root).
+  standard deviation. With ``variance_epsilon`` (the BiT ResNets, `models.bit`):
+  ``(w - mean) / sqrt(var + variance_epsilon)``, as timm's ``StdConv2d``.
   """
+
+  variance_epsilon: Optional[float] = None
 
   def param(self, name: str, *args, **kwargs):
     param = super().param(name, *args, **kwargs)
     if name == "kernel":
-      # Statistics in float32 whatever the computation dtype.
       kernel = param.astype(jnp.float32)  # [kh, kw, Cin, Cout]
-      mean = jnp.mean(kernel, axis=(0, 1, 2), keepdims=True)
-      std = jnp.std(kernel, axis=(0, 1, 2), keepdims=True)
-      param = ((kernel - mean) / (std + 1e-5)).astype(param.dtype)
+      centred = kernel - jnp.mean(kernel, axis=(0, 1, 2), keepdims=True)
+      if self.variance_epsilon is None:
+        kernel = centred / (jnp.std(kernel, axis=(0, 1, 2), keepdims=True) + 1e-5)
+      else:
+        var = jnp.var(kernel, axis=(0, 1, 2), keepdims=True)
+        kernel = centred * jax.lax.rsqrt(var + self.variance_epsilon)
+      param = kernel.astype(param.dtype)
     return param
 
 

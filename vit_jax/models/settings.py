@@ -3,7 +3,7 @@
     settings = model_settings(config.model)   # every field checked, once
 
 A ViT config gives `ModelSettings`, an MLP-Mixer config (``model_type`` 'mixer') gives
-`MixerSettings`.
+`MixerSettings`, a BiT ResNet config (``model_type`` 'bit') `BitSettings`.
 
 `vit_jax.run.resolve` builds them before anything is built, and `create_model` for a
 ConfigDict given to it directly; the checks are the model modules' own functions
@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from vit_jax import errors
-from vit_jax.models import mixer, options, variants, vit
+from vit_jax.models import bit, mixer, options, variants, vit
 from vit_jax.models import posemb as posemb_lib
 
 
@@ -221,8 +221,61 @@ class ModelSettings:
     return dataclasses.replace(self, **changes)
 
 
+def _check_convolutional_family(settings: Any, blocks_are: str, family_has: str) -> None:
+  """The checks a Mixer's and a BiT's settings share: remat policy, dtype, input
+  statistics, and no scan or stochastic depth (neither family has them)."""
+  vit.remat_policy(settings.remat_policy)
+  dtype_name(settings.dtype)
+  if settings.scan:
+    raise errors.ConfigError(f"config.model.scan=True: {blocks_are} not scanned; set it to False.")
+  if settings.stoch_depth:
+    raise errors.ConfigError(
+      f"config.model.stoch_depth={settings.stoch_depth!r}: {family_has} no stochastic "
+      "depth; set it to 0."
+    )
+  options.check_input_stats("input_mean", settings.input_mean)
+  options.check_input_stats("input_std", settings.input_std)
+
+
+def _execution_fields(config: Any) -> dict[str, Any]:
+  """A Mixer's or a BiT's remat, remat policy, dtype, head bias, input statistics, scan and
+  stochastic depth, read from ``config`` (the last five at their defaults where absent)."""
+  defaults = variants.family_options()
+  return dict(
+    remat=_bool(_read(config, "remat", "model"), "remat"),
+    remat_policy=_read(config, "remat_policy", "model"),
+    dtype=dtype_name(_read(config, "dtype", "model")),
+    head_bias_init=_finite(config.get("head_bias_init", 0.0), "head_bias_init"),
+    input_mean=tuple(config.get("input_mean", defaults["input_mean"])),
+    input_std=tuple(config.get("input_std", defaults["input_std"])),
+    scan=_bool(config.get("scan", False), "scan"),
+    stoch_depth=_rate(config.get("stoch_depth", 0.0), "stoch_depth"),
+  )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _FamilySettings:
+  """The fields an MLP-Mixer's and a BiT's settings share: how they run, the head's bias,
+  the inputs the weights expect, and the ViT fields they read as they are (no scan,
+  stochastic depth or attention; global average pooling)."""
+
+  remat: bool
+  remat_policy: Optional[str]
+  dtype: str
+  head_bias_init: float = 0.0
+  input_mean: tuple[float, ...] = (0.5, 0.5, 0.5)
+  input_std: tuple[float, ...] = (0.5, 0.5, 0.5)
+  scan: bool = False
+  stoch_depth: float = 0.0
+  attention_impl: Optional[str] = None
+  classifier: str = "gap"
+
+  get = ModelSettings.get
+  replace = ModelSettings.replace
+
+
 @dataclasses.dataclass(frozen=True)
-class MixerSettings:
+class MixerSettings(_FamilySettings):
   """Every field of an MLP-Mixer config (`variants.py`'s ``_mixer``), checked when built.
 
   The fields a ViT has and a Mixer has not read as the Mixer is: no scan, no stochastic
@@ -236,33 +289,11 @@ class MixerSettings:
   tokens_mlp_dim: int
   channels_mlp_dim: int
   gelu_approximate: bool  # tanh GELU (official); False: exact (timm)
-  remat: bool
-  remat_policy: Optional[str]
-  dtype: str
-  head_bias_init: float = 0.0
-  input_mean: tuple[float, ...] = (0.5, 0.5, 0.5)
-  input_std: tuple[float, ...] = (0.5, 0.5, 0.5)
   model_type: str = mixer.MIXER
-  scan: bool = False
-  stoch_depth: float = 0.0
-  attention_impl: Optional[str] = None
-  classifier: str = "gap"
   resnet: None = None
 
   def __post_init__(self):
-    vit.remat_policy(self.remat_policy)
-    dtype_name(self.dtype)
-    if self.scan:
-      raise errors.ConfigError(
-        "config.model.scan=True: the Mixer's blocks are not scanned; set it to False."
-      )
-    if self.stoch_depth:
-      raise errors.ConfigError(
-        f"config.model.stoch_depth={self.stoch_depth!r}: the official Mixer has no "
-        "stochastic depth; set it to 0."
-      )
-    options.check_input_stats("input_mean", self.input_mean)
-    options.check_input_stats("input_std", self.input_std)
+    _check_convolutional_family(self, "the Mixer's blocks are", "the official Mixer has")
 
   @classmethod
   def from_config(cls, config: Any) -> "MixerSettings":
@@ -275,34 +306,68 @@ class MixerSettings:
       key: _int(_read(config, key, "model"), key)
       for key in ("hidden_dim", "num_blocks", "tokens_mlp_dim", "channels_mlp_dim")
     }
-    defaults = variants.family_options()
     return cls(
       name=str(_read(config, "name", "model")),
       patches=PatchSettings((_int(patch[0], "patches.size"), _int(patch[1], "patches.size"))),
       **ints,
       gelu_approximate=_bool(_read(config, "gelu_approximate", "model"), "gelu_approximate"),
-      remat=_bool(_read(config, "remat", "model"), "remat"),
-      remat_policy=_read(config, "remat_policy", "model"),
-      dtype=dtype_name(_read(config, "dtype", "model")),
-      head_bias_init=_finite(config.get("head_bias_init", 0.0), "head_bias_init"),
-      input_mean=tuple(config.get("input_mean", defaults["input_mean"])),
-      input_std=tuple(config.get("input_std", defaults["input_std"])),
-      scan=_bool(config.get("scan", False), "scan"),
-      stoch_depth=_rate(config.get("stoch_depth", 0.0), "stoch_depth"),
+      **_execution_fields(config),
     )
 
-  get = ModelSettings.get
-  replace = ModelSettings.replace
+
+@dataclasses.dataclass(frozen=True)
+class BitSettings(_FamilySettings):
+  """Every field of a BiT ResNet-v2 config (`variants.py`'s ``_bit``), checked when built.
+
+  The fields a ViT has and a ResNet has not read as the ResNet is: no scan, no stochastic
+  depth, no attention, global average pooling.
+  """
+
+  name: str
+  resnet: ResNetSettings  # units per stage (1 to 4 stages), an integer width factor
+  model_type: str = bit.BIT
+
+  def __post_init__(self):
+    _check_convolutional_family(self, "a ResNet's units are", "the BiT ResNet has")
+    units, width = self.resnet.num_layers, self.resnet.width_factor
+    if not 1 <= len(units) <= 4:
+      raise errors.ConfigError(
+        f"config.model.resnet.num_layers={units!r} must give the units of 1 to 4 stages, "
+        "e.g. (3, 4, 6, 3) for a ResNet-50."
+      )
+    if not (width >= 1 and float(width).is_integer()):
+      raise errors.ConfigError(
+        f"config.model.resnet.width_factor={width!r} must be a whole number >= 1 (the x in "
+        "R50x2), as timm's BiT."
+      )
+
+  @classmethod
+  def from_config(cls, config: Any) -> "BitSettings":
+    if isinstance(config, BitSettings):
+      return config
+    resnet = _read(config, "resnet", "model")
+    return cls(
+      name=str(_read(config, "name", "model")),
+      resnet=ResNetSettings(
+        num_layers=tuple(
+          _int(n, "resnet.num_layers") for n in _read(resnet, "num_layers", "model.resnet")
+        ),
+        width_factor=_finite(_read(resnet, "width_factor", "model.resnet"), "resnet.width_factor"),
+      ),
+      **_execution_fields(config),
+    )
 
 
-Settings = ModelSettings | MixerSettings
+Settings = ModelSettings | MixerSettings | BitSettings
 
 
 def model_settings(config: Any) -> Settings:
   """The checked settings of a model config: `MixerSettings` for a Mixer (``model_type``
-  'mixer'), else `ModelSettings`."""
-  if isinstance(config, (ModelSettings, MixerSettings)):
+  'mixer'), `BitSettings` for a BiT ResNet ('bit'), else `ModelSettings`."""
+  if isinstance(config, (ModelSettings, MixerSettings, BitSettings)):
     return config
   if mixer.is_mixer(config):
     return MixerSettings.from_config(config)
+  if bit.is_bit(config):
+    return BitSettings.from_config(config)
   return ModelSettings.from_config(config)

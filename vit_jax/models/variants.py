@@ -15,12 +15,15 @@ dropout_rate, attention_dropout_rate}``, ``classifier``, ``representation_size``
 ``stoch_depth``, ``attention_impl``, ``dtype``). An MLP-Mixer config (``model_type``
 'mixer') has the official Mixer fields instead: ``patches.size``, ``hidden_dim``,
 ``num_blocks``, ``tokens_mlp_dim``, ``channels_mlp_dim``, plus ``gelu_approximate``,
-``head_bias_init`` and ``remat``, ``remat_policy``, ``dtype``.
-`vit_jax.models.create_model` builds either module.
+``head_bias_init`` and ``remat``, ``remat_policy``, ``dtype``. A BiT ResNet-v2 config
+(``model_type`` 'bit', the paper's ResNet baselines) has ``resnet`` ({num_layers: units per
+stage, width_factor}), ``head_bias_init``, ``input_mean``/``input_std`` and ``remat``,
+``remat_policy``, ``dtype``. `vit_jax.models.create_model` builds each module.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Optional, Sequence
 
 import ml_collections
@@ -112,6 +115,25 @@ def _mixer(
   return config
 
 
+def _bit(name: str, units: Sequence[int], width_factor: int) -> ml_collections.ConfigDict:
+  """A BiT ResNet-v2 config (``model_type`` 'bit'): ``units`` per stage, e.g. (3, 4, 6, 3)
+  for R50, and the width factor (the x in R50x2)."""
+  config = ml_collections.ConfigDict()
+  config.name = name
+  config.model_type = "bit"
+  config.resnet = ml_collections.ConfigDict(
+    {"num_layers": tuple(units), "width_factor": width_factor}
+  )
+  config.head_bias_init = 0.0
+  defaults = family_options()
+  config.input_mean, config.input_std = defaults["input_mean"], defaults["input_std"]
+  config.scan = False  # units of different shapes are never scanned; present for the checks
+  config.remat = False
+  config.remat_policy = ml_collections.FieldReference(None, field_type=str)
+  config.dtype = "float32"
+  return config
+
+
 def _variant(base: Callable[[], ml_collections.ConfigDict], name: str, **changes):
   """A registered config with fields changed (the official gap-norep and testing-unpooled)."""
 
@@ -149,9 +171,26 @@ _MODEL_CONFIGS: dict[str, Callable[[], ml_collections.ConfigDict]] = {
   "R26+ViT-B_32": lambda: _vit("R26+ViT-B_32", 1, **_B, resnet_units=(2, 2, 2, 2)),
   # The full R50 (3, 4, 6, 3): stem and four stages downsample 32x.
   "R50+ViT-L_32": lambda: _vit("R50+ViT-L_32", 1, **_L, resnet_units=(3, 4, 6, 3)),
+  # The paper's other two hybrids (Sec. 4.1, Table 6): B/32 on the full R50's stage-4
+  # output (as L/32), L/16 on the R50 with stage 4 removed (as B/16).
+  "R50+ViT-B_32": lambda: _vit("R50+ViT-B_32", 1, **_B, resnet_units=(3, 4, 6, 3)),
+  "R50+ViT-L_16": lambda: _vit("R50+ViT-L_16", 1, **_L, resnet_units=(3, 4, 9)),
   "Mixer-B_16": lambda: _mixer("Mixer-B_16", 16, 768, 12, 384, 3072),
   "Mixer-B_32": lambda: _mixer("Mixer-B_32", 32, 768, 12, 384, 3072),
   "Mixer-L_16": lambda: _mixer("Mixer-L_16", 16, 1024, 24, 512, 4096),
+  # The paper's ResNet baselines (BiT ResNet-v2; Table 6 and Fig. 12), by depth and width.
+  **{
+    f"BiT-R{depth}x{wf}": functools.partial(_bit, f"BiT-R{depth}x{wf}", units, wf)
+    for depth, units, wf in (
+      (50, (3, 4, 6, 3), 1),
+      (50, (3, 4, 6, 3), 2),
+      (101, (3, 4, 23, 3), 1),
+      (152, (3, 8, 36, 3), 1),
+      (152, (3, 8, 36, 3), 2),
+      (152, (3, 8, 36, 3), 4),
+      (200, (3, 24, 36, 3), 3),
+    )
+  },
   # A tiny model for tests and the CPU quickstart.
   "testing": lambda: _vit("testing", 4, width=32, depth=2, mlp=64, heads=2),
 }

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vit_jax.models import mixer
+from vit_jax.models import bit, mixer
 from vit_jax.models.settings import Settings, model_settings
 
 # Dense (no sparsity) peak TFLOP/s per JAX device from the vendors' data sheets, by compute
@@ -116,6 +116,8 @@ def vit_flops_per_image(
   cfg = model_settings(model_config)
   if mixer.is_mixer(cfg):
     return mixer.flops_per_image(cfg, image_size, num_classes, train=train)
+  if bit.is_bit(cfg):
+    return None  # no analytic count of a BiT ResNet's convolutions yet: XLA's is used
   if cfg.resnet is not None:
     return None
   ph, pw = cfg.patches.size
@@ -151,6 +153,8 @@ def vit_activation_bytes(
   cfg = model_settings(model_config)
   if mixer.is_mixer(cfg):
     return mixer.activation_bytes(cfg, image_size, images, compiler_rematerializes)
+  if bit.is_bit(cfg):
+    return None  # no bound for a BiT ResNet's feature maps yet
   if cfg.resnet is not None:
     return None
   ph, pw = cfg.patches.size

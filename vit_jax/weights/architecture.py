@@ -24,6 +24,11 @@ and of an MLP-Mixer's (the official `models_mixer.py` tree, told apart by its ``
     MixerBlock_{i}/...                           depth
     MixerBlock_0/token_mixing/Dense_0/kernel     [N, Dt]         patches, token MLP
     MixerBlock_0/channel_mixing/Dense_0/kernel   [D, Dc]         channel MLP
+
+and of a BiT ResNet-v2's (`models.bit`, told apart by its ``root_block``):
+
+    root_block/conv_root/kernel                  [7, 7, C, 64 w] width factor w
+    block{s}/unit{uu}/...                        stages and units per stage
 """
 
 from __future__ import annotations
@@ -55,6 +60,8 @@ MIXER_STEM = "stem/kernel"
 _MIXER_BLOCK = re.compile(r"^MixerBlock_(\d+)/")
 _TOKEN_MLP = "MixerBlock_0/token_mixing/Dense_0/kernel"
 _CHANNEL_MLP = "MixerBlock_0/channel_mixing/Dense_0/kernel"
+BIT_ROOT = "root_block/conv_root/kernel"
+_BIT_UNIT = re.compile(r"^block(\d+)/unit(\d+)/")
 
 
 def _shapes(params: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
@@ -100,6 +107,8 @@ def _official_name(config: ml_collections.ConfigDict) -> Optional[str]:
     if models.is_mixer(c):
       fields = ("hidden_dim", "num_blocks", "tokens_mlp_dim", "channels_mlp_dim")
       return (models.MIXER, tuple(c.patches.size), *(c[f] for f in fields))
+    if models.is_bit(c):
+      return (models.BIT, tuple(c.resnet.num_layers), c.resnet.width_factor)
     t, r = c.transformer, c.get("resnet")
     return (
       tuple(c.patches.size),
@@ -162,10 +171,13 @@ def _describe_mixer(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
 def describe(params: Mapping[str, Any]) -> dict[str, Any]:
   """What the shapes say of the model, each None where they do not say it: patch size,
   input channels, width, depth, heads, MLP dim, position embedding, ResNet root (for a
-  Mixer: patch size, input channels, width, depth, patches, token and channel MLP dims)."""
+  Mixer: patch size, input channels, width, depth, patches, token and channel MLP dims;
+  for a BiT: stages, units per stage, width factor)."""
   shapes = _shapes(params)
   if MIXER_STEM in shapes:
     return _describe_mixer(shapes)
+  if BIT_ROOT in shapes:
+    return _describe_bit(shapes)
   kernel = shapes.get("embedding/kernel")
   kernel = kernel if kernel and len(kernel) == 4 else None
   depth, block = _block_shapes(shapes)
@@ -191,6 +203,8 @@ def infer_model_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
   """
   shapes = _shapes(params)
   arch = describe(params)
+  if BIT_ROOT in shapes:
+    return _infer_bit(arch)
   if MIXER_STEM in shapes:
     return _infer_mixer(arch)
   unknown: list[str] = []
@@ -277,6 +291,34 @@ def _infer_mixer(arch: Mapping[str, Any]) -> ml_collections.ConfigDict:
   config.num_blocks = arch["depth"]
   config.tokens_mlp_dim = arch["token MLP dim"]
   config.channels_mlp_dim = arch["channel MLP dim"]
+  config.name = _official_name(config) or "custom"
+  return config
+
+
+def _describe_bit(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
+  units: dict[int, int] = {}
+  for key in shapes:
+    if m := _BIT_UNIT.match(key):
+      units[int(m.group(1))] = max(units.get(int(m.group(1)), 0), int(m.group(2)))
+  stages = sorted(units)
+  return {
+    "stages": stages,
+    "units per stage": tuple(units[s] for s in stages),
+    "width factor": shapes[BIT_ROOT][-1] / _ROOT_WIDTH,
+  }
+
+
+def _infer_bit(arch: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  stages, width = arch["stages"], arch["width factor"]
+  if not stages or stages != list(range(1, len(stages) + 1)) or not width.is_integer():
+    raise errors.CheckpointError(
+      f"Cannot infer the BiT ResNet from the checkpoint's arrays: stages block{stages} "
+      f"(expected block1..blockS) and a root of {_ROOT_WIDTH * width:g} channels (64 x a "
+      "whole width factor)."
+    )
+  config = models.get_model_config("BiT-R50x1")  # every field, then overwritten
+  config.resnet.num_layers = arch["units per stage"]
+  config.resnet.width_factor = int(width)
   config.name = _official_name(config) or "custom"
   return config
 

@@ -288,6 +288,11 @@ def _fit_error(
       "channel MLP dims) and its number of patches (the token-mixing MLP fixes it: "
       "config.pp.crop = patches per side x patch size), or load a checkpoint of this model."
     )
+  elif architecture.BIT_ROOT in want:
+    lines.append(
+      "  Fix: build the BiT with the checkpoint's units per stage and width factor, or load "
+      "a checkpoint of this model."
+    )
   else:
     lines.append(
       "  Fix: build the model with the checkpoint's architecture (width, depth, heads, MLP "

@@ -275,11 +275,16 @@ def _embedding_tensors(flat, config: ml_collections.ConfigDict) -> dict[str, np.
   return out
 
 
-def to_timm(params: Params, config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
-  """timm's state dict (numpy, float32) of a per-layer parameter tree."""
-  flat = {
+def flat_float32(params: Params) -> dict[str, np.ndarray]:
+  """A parameter tree as {'a/b/kernel': float32 array}, the form every timm writer reads."""
+  return {
     k: np.asarray(v, np.float32) for k, v in traverse_util.flatten_dict(params, sep="/").items()
   }
+
+
+def to_timm(params: Params, config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
+  """timm's state dict (numpy, float32) of a per-layer parameter tree."""
+  flat = flat_float32(params)
   config = models.with_family_defaults(config)
   out = _embedding_tensors(flat, config)
   out["head.weight"], out["head.bias"] = _t(flat["head/kernel"]), flat["head/bias"]

@@ -1,5 +1,6 @@
 """timm `VisionTransformer` (and its ResNet hybrids) -> our parameters, numpy only; a timm
-`MlpMixer` (a ``stem.proj`` instead of a ``patch_embed``) goes to `timm_mixer`.
+`MlpMixer` (a ``stem.proj`` instead of a ``patch_embed``) goes to `timm_mixer`, a BiT
+ResNet-v2 (``stem.conv``) to `timm_bit`.
 
 The inverse of `vit_jax.weights.timm`'s export. A timm checkpoint is a `model.safetensors`
 (timm's state dict) with, from the hub or `timm.models.save_for_hf`, a `config.json`
@@ -29,7 +30,7 @@ from flax import traverse_util
 
 from vit_jax import errors, models
 from vit_jax.aliases import Params
-from vit_jax.weights import architecture, files, timm_mixer
+from vit_jax.weights import architecture, files, timm_bit, timm_mixer
 from vit_jax.weights import timm as timm_export
 
 CONFIG = "config.json"  # timm's hub config (architecture, model_args, pretrained_cfg)
@@ -357,6 +358,12 @@ def read(
       )
     _read_input_stats(config, pretrained_cfg, repr(path))
     return _loaded(config, params, names)
+  if timm_bit.STEM in tensors:
+    timm_bit.check_name(timm_name, args, repr(path))
+    params = timm_bit.from_timm(tensors, repr(path))
+    config = architecture.infer_model_config(params)
+    _read_input_stats(config, pretrained_cfg, repr(path))
+    return _loaded(config, params, names, _input_size(pretrained_cfg))
   if "patch_embed.proj.weight" not in tensors:
     raise errors.CheckpointError(
       f"{weights!r} is not a timm ViT state dict (no patch_embed.proj.weight): a "
@@ -370,12 +377,25 @@ def read(
 
 
 def _loaded(
-  config: ml_collections.ConfigDict, params: Params, names: Optional[list[str]]
+  config: ml_collections.ConfigDict,
+  params: Params,
+  names: Optional[list[str]],
+  image_size: Optional[tuple[int, int]] = None,
 ) -> tuple[ml_collections.ConfigDict, Params, Optional[list[str]], Optional[tuple[int, int]]]:
-  """`read`'s result: class names only where they match the head."""
+  """`read`'s result: class names only where they match the head; the image size the
+  weights fix (position tables, token MLPs), else ``image_size``."""
   if names is not None and len(names) != architecture.num_classes(params):
     names = None
-  return config, params, names, architecture.trained_image_size(params, config)
+  return config, params, names, architecture.trained_image_size(params, config) or image_size
+
+
+def _input_size(pretrained_cfg: dict[str, Any]) -> Optional[tuple[int, int]]:
+  """(height, width) of timm's ``pretrained_cfg`` ``input_size`` [C, H, W], if it has one:
+  the size a model without position tables (a ResNet) was trained or fine-tuned at."""
+  size = pretrained_cfg.get("input_size")
+  if isinstance(size, list) and len(size) == 3 and all(isinstance(v, int) for v in size):
+    return size[1], size[2]
+  return None
 
 
 def _apply_args(

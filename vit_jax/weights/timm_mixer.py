@@ -86,9 +86,7 @@ def from_timm(tensors: dict[str, np.ndarray], source: str) -> Params:
 
 def to_timm(params: Params, config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
   """timm's `MlpMixer` state dict (numpy, float32) of our per-layer Mixer tree."""
-  flat = {
-    k: np.asarray(v, np.float32) for k, v in traverse_util.flatten_dict(params, sep="/").items()
-  }
+  flat = timm_export.flat_float32(params)
   out = {
     STEM: timm_export._conv(flat["stem/kernel"]),
     "stem.proj.bias": flat["stem/bias"],

@@ -1,0 +1,169 @@
+"""timm BiT ResNet-v2 (``resnetv2_*_bit``) <-> our `BitResNet` parameters, numpy only.
+
+timm's names: ``stem.conv``, ``stages.{s}.blocks.{u}.{norm1, downsample.conv, conv1,
+norm2, conv2, norm3, conv3}``, ``norm`` (the final GroupNorm) and ``head.fc`` (a 1x1 conv
+[K, C, 1, 1]). Both standardise kernels as (w - mean) / sqrt(var + 1e-8) (`models.bit`), so
+the kernels are only transposed. timm names BiT models by depth and width
+(``resnetv2_50x1_bit``); the other ResNet-v2s of timm (BatchNorm, other stems and
+epsilons) compute something else and are refused by name.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Optional
+
+import ml_collections
+import numpy as np
+from flax import traverse_util
+
+from vit_jax import errors
+from vit_jax.aliases import Params
+from vit_jax.models import bit
+from vit_jax.weights import timm as timm_export
+
+STEM = "stem.conv.weight"  # the array that tells a timm ResNet-v2 state dict
+_UNIT = re.compile(r"^stages\.(\d+)\.blocks\.(\d+)\.")
+_BIT_NAME = re.compile(r"^resnetv2_(\d+)x(\d+)_bit$")
+# (units per stage, width factor) -> the timm names of BiT (their factories fix both).
+_DEPTHS = {(3, 4, 6, 3): 50, (3, 4, 23, 3): 101, (3, 8, 36, 3): 152}
+_TIMM_WIDTHS = {50: (1, 3), 101: (1, 3), 152: (2, 4)}
+_CONVS = (
+  ("conv1", "conv1"),
+  ("conv2", "conv2"),
+  ("conv3", "conv3"),
+  ("conv_proj", "downsample.conv"),
+)
+_NORMS = (("gn1", "norm1"), ("gn2", "norm2"), ("gn3", "norm3"))
+_HEAD = "head.fc"
+
+
+def _to_ours(weight: np.ndarray) -> np.ndarray:  # [Cout, Cin, kh, kw] -> [kh, kw, Cin, Cout]
+  return np.ascontiguousarray(weight.transpose(2, 3, 1, 0))
+
+
+def check_name(timm_name: str, args: dict[str, Any], source: str) -> None:
+  """A timm architecture name is a BiT's (``resnetv2_<depth>x<width>_bit``) or none, and
+  the model pools by the average (timm's ``global_pool`` 'avg')."""
+  if timm_name and not _BIT_NAME.match(timm_name):
+    raise errors.CheckpointError(
+      f"{source}: timm architecture {timm_name!r} is a ResNet-v2 that is not BiT (other "
+      "norms, stem or weight standardisation); only resnetv2_<depth>x<width>_bit is read."
+    )
+  if args.get("global_pool", "avg") != "avg":
+    raise errors.CheckpointError(
+      f"{source}: timm global_pool {args['global_pool']!r}; the BiT ResNet pools by the "
+      "average ('avg')."
+    )
+
+
+def from_timm(tensors: dict[str, np.ndarray], source: str) -> Params:
+  """Our `BitResNet` tree of timm's ``resnetv2_*_bit`` state dict; one error names every
+  timm array it has no place for."""
+  tensors = {k: np.asarray(v, np.float32) for k, v in tensors.items()}
+  unused = set(tensors)
+
+  def take(key: str) -> np.ndarray:
+    unused.discard(key)
+    if key not in tensors:
+      raise errors.CheckpointError(f"{source}: no {key!r}; this is not a timm BiT state dict.")
+    return tensors[key]
+
+  flat = {
+    f"{bit.ROOT}/conv_root/kernel": _to_ours(take(STEM)),
+    f"{bit.PRE_HEAD_NORM}/scale": take("norm.weight"),
+    f"{bit.PRE_HEAD_NORM}/bias": take("norm.bias"),
+  }
+  if f"{_HEAD}.weight" in tensors:
+    flat["head/kernel"] = np.ascontiguousarray(take(f"{_HEAD}.weight")[:, :, 0, 0].T)
+    flat["head/bias"] = take(f"{_HEAD}.bias")
+  for s, u in sorted({(int(m[1]), int(m[2])) for k in tensors if (m := _UNIT.match(k))}):
+    ours, theirs = f"block{s + 1}/{bit.unit_name(u)}/", f"stages.{s}.blocks.{u}."
+    for conv, timm_conv in _CONVS:
+      if conv != "conv_proj" or f"{theirs}{timm_conv}.weight" in tensors:
+        flat[f"{ours}{conv}/kernel"] = _to_ours(take(f"{theirs}{timm_conv}.weight"))
+    for norm, timm_norm in _NORMS:
+      flat[f"{ours}{norm}/scale"] = take(f"{theirs}{timm_norm}.weight")
+      flat[f"{ours}{norm}/bias"] = take(f"{theirs}{timm_norm}.bias")
+  if unused:
+    raise errors.CheckpointError(
+      f"{source}: {len(unused)} timm arrays have no place in the BiT ResNet (GroupNorm, "
+      f"weight-standardised convs, no biases): {sorted(unused)[:6]}."
+    )
+  return traverse_util.unflatten_dict(flat, sep="/")
+
+
+def to_timm(params: Params, config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
+  """timm's ``ResNetV2`` state dict (numpy, float32) of our `BitResNet` tree."""
+  flat = timm_export.flat_float32(params)
+  out = {
+    STEM: timm_export._conv(flat[f"{bit.ROOT}/conv_root/kernel"]),
+    "norm.weight": flat[f"{bit.PRE_HEAD_NORM}/scale"],
+    "norm.bias": flat[f"{bit.PRE_HEAD_NORM}/bias"],
+    f"{_HEAD}.weight": flat["head/kernel"].T[:, :, None, None],
+    f"{_HEAD}.bias": flat["head/bias"],
+  }
+  for s, num_units in enumerate(config.resnet.num_layers):
+    for u in range(num_units):
+      ours, theirs = f"block{s + 1}/{bit.unit_name(u)}/", f"stages.{s}.blocks.{u}."
+      for conv, timm_conv in _CONVS:
+        if f"{ours}{conv}/kernel" in flat:
+          out[f"{theirs}{timm_conv}.weight"] = timm_export._conv(flat[f"{ours}{conv}/kernel"])
+      for norm, timm_norm in _NORMS:
+        out[f"{theirs}{timm_norm}.weight"] = flat[f"{ours}{norm}/scale"]
+        out[f"{theirs}{timm_norm}.bias"] = flat[f"{ours}{norm}/bias"]
+  return {k: np.ascontiguousarray(v) for k, v in out.items()}
+
+
+def timm_name(config: ml_collections.ConfigDict) -> Optional[str]:
+  """timm's factory name of this BiT shape, or None where timm registers none (of the
+  paper's: R50x2, R152x1, R200x3)."""
+  depth = _DEPTHS.get(tuple(config.resnet.num_layers))
+  width = int(config.resnet.width_factor)
+  if depth is None or width not in _TIMM_WIDTHS[depth]:
+    return None
+  return f"resnetv2_{depth}x{width}_bit"
+
+
+def model_spec(
+  config: ml_collections.ConfigDict, *, num_classes: Optional[int], image_size: tuple[int, int]
+) -> dict[str, Any]:
+  """What rebuilds the model in timm: {'architecture', 'model_name', 'kwargs',
+  'pretrained_cfg_overlay' (classes, input size, mean and std)}.
+
+  A shape timm registers is ``timm.create_model(model_name, **kwargs)``; any other has no
+  timm name (``model_name`` None) and is ``timm.models.resnetv2.ResNetV2(**kwargs,
+  conv_layer=functools.partial(timm.layers.StdConv2d, eps=1e-8))``, as timm's
+  ``_create_resnetv2_bit`` builds its BiTs, with the state dict loaded from
+  `model.safetensors`.
+  """
+  if not num_classes:
+    raise errors.ConfigError("This model cannot be exported to timm: no classification head.")
+  name = timm_name(config)
+  units, width = tuple(config.resnet.num_layers), int(config.resnet.width_factor)
+  kwargs: dict[str, Any] = dict(num_classes=num_classes)
+  if name is None:
+    kwargs.update(layers=list(units), width_factor=width, stem_type="fixed")
+  how = (
+    f"timm.create_model({name!r}, **kwargs)"
+    if name
+    else "timm.models.resnetv2.ResNetV2(**kwargs, conv_layer=functools.partial("
+    f"timm.layers.StdConv2d, eps={bit.KERNEL_VARIANCE_EPSILON})), then load_state_dict of "
+    "model.safetensors"
+  )
+  size = "x".join(map(str, image_size))
+  return {
+    "architecture": (
+      f"BiT ResNet-v2: units per stage {units}, width factor {width}, input {size}, "
+      f"{num_classes} classes; in timm: {how}"
+    ),
+    "model_name": name,
+    "kwargs": kwargs,
+    # The input size too: a ResNet's weights do not fix it, and a re-import reads it here.
+    "pretrained_cfg_overlay": {
+      "num_classes": num_classes,
+      "input_size": [3, *image_size],
+      "mean": list(config.input_mean),
+      "std": list(config.input_std),
+    },
+  }
