@@ -55,6 +55,7 @@ def _vit(
   mlp: int,
   heads: int,
   resnet_units: Optional[Sequence[int]] = None,
+  axial: bool = False,
 ) -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.name = name
@@ -74,7 +75,12 @@ def _vit(
   # (every class starts near probability 1e-3).
   config.head_bias_init = 0.0
   config.resnet = ml_collections.FieldReference(None, field_type=ml_collections.ConfigDict)
+  # Axial-ViT (paper Appendix D.6): each block a row attention + MLP, then a column
+  # attention + MLP, on the patches kept as a grid (no class token: classifier 'gap').
+  config.axial = axial
   config.update(family_options())
+  if axial:
+    config.classifier = "gap"
   if resnet_units is not None:
     config.resnet = ml_collections.ConfigDict(
       {"num_layers": tuple(resnet_units), "width_factor": 1.0}
@@ -149,6 +155,9 @@ _MODEL_CONFIGS: dict[str, Callable[[], ml_collections.ConfigDict]] = {
   "R26+ViT-B_32": lambda: _vit("R26+ViT-B_32", 1, **_B, resnet_units=(2, 2, 2, 2)),
   # The full R50 (3, 4, 6, 3): stem and four stages downsample 32x.
   "R50+ViT-L_32": lambda: _vit("R50+ViT-L_32", 1, **_L, resnet_units=(3, 4, 6, 3)),
+  # Axial-ViT-B (Appendix D.6): ViT-B's sizes, 12 axial blocks, global average pooling.
+  "Axial-ViT-B_32": lambda: _vit("Axial-ViT-B_32", 32, **_B, axial=True),
+  "Axial-ViT-B_16": lambda: _vit("Axial-ViT-B_16", 16, **_B, axial=True),
   "Mixer-B_16": lambda: _mixer("Mixer-B_16", 16, 768, 12, 384, 3072),
   "Mixer-B_32": lambda: _mixer("Mixer-B_32", 32, 768, 12, 384, 3072),
   "Mixer-L_16": lambda: _mixer("Mixer-L_16", 16, 1024, 24, 512, 4096),
