@@ -116,7 +116,7 @@ def test_the_offset_table_is_resized_for_another_grid():
   np.testing.assert_allclose(resized[15], table[8], atol=1e-6)  # offset 0 on offset 0
   np.testing.assert_allclose(resized[[0, 30]], table[[0, 16]], atol=0.5)
   layered = posemb_lib.resize_relative(table[None].repeat(3, 0), 16, has_prefix=True)
-  np.testing.assert_array_equal(layered[1], resized)  # a scanned [L, O, H, Dh] table
+  np.testing.assert_allclose(layered[1], resized, atol=1e-6)  # a scanned [L, O, H, Dh] table
   with pytest.raises(errors.CheckpointError, match="2N - 1"):
     posemb_lib.resize_relative(table, 16, has_prefix=False)
 
