@@ -33,6 +33,9 @@ PARAM_COUNTS = {
   "ViT-B_16-gap-norep": 86_566_120,
   "ViT-B_32-gap-norep": 88_222_696,
   "testing-unpooled": 21_370,
+  # Each Axial-ViT block is two ViT-B blocks (12 x 7,087,872 more than the gap ViT).
+  "Axial-ViT-B_32": 88_222_696 + 12 * 7_087_872,
+  "Axial-ViT-B_16": 86_566_120 + 12 * 7_087_872,
   "Mixer-B_16": 59_880_472,
   "Mixer-B_32": 60_293_428,
   "Mixer-L_16": 208_196_168,

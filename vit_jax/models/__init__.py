@@ -79,6 +79,7 @@ def create_model(
     layer_scale_init=cfg.layer_scale_init,
     layer_norm_epsilon=cfg.layer_norm_epsilon,
     activation=cfg.activation,
+    axial=cfg.axial,
     execution=ExecutionOptions(**execution),
   )
   attributes.update(overrides)

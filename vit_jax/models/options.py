@@ -48,6 +48,20 @@ def check_class_token(classifier: str, class_token: Optional[bool]) -> None:
     )
 
 
+def check_axial(axial: Any, num_prefix_tokens: int) -> None:
+  """Axial-ViT keeps the patches as a 2-D grid: a class token or registers have no row or
+  column, so it pools the grid (paper Appendix D.6 names no class token for it)."""
+  if not isinstance(axial, bool):
+    raise _bad("axial", axial, "True or False")
+  if axial and num_prefix_tokens:
+    raise _bad(
+      "axial",
+      axial,
+      f"Axial-ViT has no prefix tokens ({num_prefix_tokens} here): set "
+      "config.model.classifier='gap' (or 'map'), class_token=None and num_registers=0",
+    )
+
+
 def check_fc_norm(fc_norm: bool, classifier: str) -> None:
   if not isinstance(fc_norm, bool):
     raise _bad("fc_norm", fc_norm, "True or False")
@@ -108,7 +122,10 @@ def _checks(c: Any) -> list[Callable[[], None]]:
     return c.get(key, default)
 
   classifier = c.get("classifier")
+  has_class_token = classifier == heads.TOKEN if get("class_token") is None else get("class_token")
+  registers = get("num_registers") if isinstance(get("num_registers"), numbers.Integral) else 0
   return [
+    lambda: check_axial(c.get("axial", False), int(bool(has_class_token)) + registers),
     lambda: check_class_token(classifier, get("class_token")),
     lambda: check_num_registers(get("num_registers")),
     lambda: check_flag("posemb_patches_only", get("posemb_patches_only")),

@@ -8,10 +8,14 @@ Kinds:
     a learned vector, so a row for it would be redundant).
   * ``sincos2d``: fixed 2-D sine-cosine features, no parameters.
   * ``none``: nothing is added.
+  * ``relative``: nothing is added to the tokens; every attention layer learns one
+    embedding per query-key offset and adds the query's product with it to the attention
+    logits (Appendix D.4, `RelativePositions`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Literal, Optional
 
@@ -21,10 +25,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax import errors
-from vit_jax.sharding import EMBED
+from vit_jax.sharding import EMBED, HEADS, KV
 
-PosembKind = Literal["learn", "learn_2d", "sincos2d", "none"]
-POSEMB_KINDS: tuple[str, ...] = ("learn", "learn_2d", "sincos2d", "none")
+PosembKind = Literal["learn", "learn_2d", "sincos2d", "none", "relative"]
+RELATIVE = "relative"  # the kind whose embeddings live in the attention layers
+POSEMB_KINDS: tuple[str, ...] = ("learn", "learn_2d", "sincos2d", "none", RELATIVE)
+RELATIVE_EMBEDDING = "relative_embedding"  # an attention layer's offset table [O, H, Dh]
 RESIZE_METHODS: tuple[str, ...] = ("bilinear", "bicubic", "nearest")  # jax.image.resize's
 POSEMB_REINIT = "reinit"  # fine-tuning: fresh position embeddings instead of resized ones
 POSEMB_RESIZE_METHODS: tuple[str, ...] = (*RESIZE_METHODS, POSEMB_REINIT)  # config.posemb_resize
@@ -92,7 +98,7 @@ class AddPositionEmbs(nn.Module):
         f"{n} tokens do not match a {gh}x{gw} grid plus {self.num_prefix} prefix."
       )
     check_posemb(self.kind, d)
-    if self.kind == "none":
+    if self.kind in ("none", RELATIVE):
       return x
     if self.kind == "learn":
       init = nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02), (None, None, EMBED))
@@ -115,6 +121,97 @@ class AddPositionEmbs(nn.Module):
       posemb = jnp.asarray(sincos_2d(self.grid_hw, d))[None]  # [1, N, D]
     posemb = jnp.pad(posemb, ((0, 0), (self.num_prefix, 0), (0, 0)))  # none for the prefix
     return x + posemb.astype(x.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class RelativePositions:
+  """The query-key offsets of relative attention over ``num_prefix`` prefix tokens followed
+  by ``num_patches`` patches (paper Appendix D.4, "1-dimensional Relative Attention").
+
+  Offsets are taken along the patch sequence as it is flattened (row-major), as the
+  paper's "1-dimensional" names it: query patch i and key patch j use the embedding of
+  i - j, one of 2N - 1, whatever the grid (on a 2-D grid offset gw is one row down, offset
+  1 one column right or, at a row's end, the next row's start). The Axial-ViT's row and
+  column attentions give each axis its own 1-D sequence (`vit_jax.models.axial`). Prefix
+  tokens (class token, registers) have no place in that sequence; as BEiT's relative
+  position bias (three extra table entries), every pair with a prefix token uses one of
+  three rows of its own: prefix query to patch key, patch query to prefix key, prefix to
+  prefix.
+  """
+
+  num_patches: int
+  num_prefix: int = 0
+
+  @property
+  def num_offsets(self) -> int:
+    """Rows of the table: 2N - 1 offsets, then the three prefix rows when there is a prefix."""
+    return 2 * self.num_patches - 1 + (_PREFIX_ROWS if self.num_prefix else 0)
+
+  def index(self) -> np.ndarray:
+    """[T, T] int32, T = P + N: the table row of each (query, key) pair."""
+    n, p = self.num_patches, self.num_prefix
+    position = np.arange(n)
+    index = np.empty((p + n, p + n), np.int32)
+    index[p:, p:] = position[:, None] - position[None, :] + n - 1  # i - j, shifted to >= 0
+    first = 2 * n - 1  # the prefix rows follow the offsets
+    index[:p, p:], index[p:, :p], index[:p, :p] = first, first + 1, first + 2
+    return index
+
+
+_PREFIX_ROWS = 3  # the relative table's rows for pairs with a prefix token
+
+
+def relative_logits(q: jax.Array, table: jax.Array, positions: RelativePositions) -> jax.Array:
+  """The relative attention's logits [B, H, T, T]: each query [B, H, T, Dh] against the
+  embedding [O, H, Dh] of its offset to each key (the query as the content attention uses
+  it, scaled by 1 / sqrt(Dh)).
+
+  Each query meets each of the O table rows once (one product [B, H, T, O]), and the
+  [T, T] offsets pick from it: O ~ 2T products instead of T x T gathered embeddings.
+  """
+  scores = jnp.einsum("bhqd,ohd->bhqo", q, table)  # [B, H, T, O]
+  index = jnp.asarray(positions.index())[None, None]  # [1, 1, T, T]
+  return jnp.take_along_axis(scores, index, axis=-1)  # [B, H, T, T]
+
+
+def relative_table(
+  module: nn.Module,
+  positions: RelativePositions,
+  num_heads: int,
+  head_dim: int,
+  param_dtype: jnp.dtype,
+) -> jax.Array:
+  """Declares an attention layer's offset table [O, H, Dh] on ``module``, N(0, 0.02^2) as
+  the learned position tables."""
+  init = nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02), (None, HEADS, KV))
+  shape = (positions.num_offsets, num_heads, head_dim)
+  return module.param(RELATIVE_EMBEDDING, init, shape, param_dtype)
+
+
+def resize_relative(
+  table: np.ndarray, new_num_patches: int, has_prefix: bool, method: str = "bilinear"
+) -> np.ndarray:
+  """An offset table [..., O, H, Dh] for a sequence of ``new_num_patches`` patches.
+
+  The 2N - 1 patch offsets are interpolated as a 1-D table (centre on centre: offset 0
+  stays offset 0, the largest offsets stay the largest); the prefix rows are kept. Along
+  a flattened grid of another width an offset is another 2-D displacement, so this is a
+  starting point for fine-tuning, as the interpolated absolute tables are.
+  """
+  table = np.asarray(table)
+  offsets = table.shape[-3] - (_PREFIX_ROWS if has_prefix else 0)
+  if offsets < 1 or offsets % 2 != 1:
+    raise errors.CheckpointError(
+      f"A relative position table of {table.shape[-3]} rows is not 2N - 1 offsets"
+      f"{' plus 3 prefix rows' if has_prefix else ''}: load it into a model with the "
+      "same prefix tokens."
+    )
+  patch_rows = np.moveaxis(table[..., :offsets, :, :], -3, 0)  # [2N - 1, ..., H, Dh]
+  rest = patch_rows.shape[1:]
+  new_offsets = 2 * new_num_patches - 1
+  resized = resize_grid(patch_rows.reshape(offsets, 1, -1), (new_offsets, 1), method)
+  resized = np.moveaxis(resized.reshape(new_offsets, *rest), 0, -3).astype(table.dtype)
+  return np.concatenate([resized, table[..., offsets:, :, :]], axis=-3)
 
 
 def resize_grid(grid: np.ndarray, new_hw: tuple[int, int], method: str = "bilinear") -> np.ndarray:

@@ -135,6 +135,7 @@ class ModelSettings:
   dtype: str  # the computation's, e.g. 'bfloat16' (parameters stay float32)
   stoch_depth: float = 0.0  # the last block's drop-path rate (timm's linear schedule)
   head_bias_init: float = 0.0  # the head's initial bias (AugReg's sigmoid runs: -6.9)
+  axial: bool = False  # Axial-ViT blocks (paper Appendix D.6); configs before it: False
   # The later family's options (`variants.family_options`, checked by `options`); the
   # defaults are the official model's, for configs saved before these keys existed.
   num_registers: int = 0  # register tokens after the class token (DINOv2-reg)
@@ -209,6 +210,7 @@ class ModelSettings:
       # Configs saved before these keys existed train and evaluate as before without them.
       stoch_depth=_rate(config.get("stoch_depth", 0.0), "stoch_depth"),
       head_bias_init=_finite(config.get("head_bias_init", 0.0), "head_bias_init"),
+      axial=_bool(config.get("axial", False), "axial"),
       **_family_options(config),
     )
 

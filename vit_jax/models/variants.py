@@ -58,6 +58,7 @@ def _vit(
   mlp: int,
   heads: int,
   resnet_units: Optional[Sequence[int]] = None,
+  axial: bool = False,
 ) -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.name = name
@@ -77,7 +78,12 @@ def _vit(
   # (every class starts near probability 1e-3).
   config.head_bias_init = 0.0
   config.resnet = ml_collections.FieldReference(None, field_type=ml_collections.ConfigDict)
+  # Axial-ViT (paper Appendix D.6): each block a row attention + MLP, then a column
+  # attention + MLP, on the patches kept as a grid (no class token: classifier 'gap').
+  config.axial = axial
   config.update(family_options())
+  if axial:
+    config.classifier = "gap"
   if resnet_units is not None:
     config.resnet = ml_collections.ConfigDict(
       {"num_layers": tuple(resnet_units), "width_factor": 1.0}
@@ -175,6 +181,9 @@ _MODEL_CONFIGS: dict[str, Callable[[], ml_collections.ConfigDict]] = {
   # output (as L/32), L/16 on the R50 with stage 4 removed (as B/16).
   "R50+ViT-B_32": lambda: _vit("R50+ViT-B_32", 1, **_B, resnet_units=(3, 4, 6, 3)),
   "R50+ViT-L_16": lambda: _vit("R50+ViT-L_16", 1, **_L, resnet_units=(3, 4, 9)),
+  # Axial-ViT-B (Appendix D.6): ViT-B's sizes, 12 axial blocks, global average pooling.
+  "Axial-ViT-B_32": lambda: _vit("Axial-ViT-B_32", 32, **_B, axial=True),
+  "Axial-ViT-B_16": lambda: _vit("Axial-ViT-B_16", 16, **_B, axial=True),
   "Mixer-B_16": lambda: _mixer("Mixer-B_16", 16, 768, 12, 384, 3072),
   "Mixer-B_32": lambda: _mixer("Mixer-B_32", 32, 768, 12, 384, 3072),
   "Mixer-L_16": lambda: _mixer("Mixer-L_16", 16, 1024, 24, 512, 4096),

@@ -170,13 +170,27 @@ class MultiHeadDotProductAttention(nn.Module):
 
   num_heads: int
   execution: ExecutionOptions = ExecutionOptions()
+  # Relative position embeddings (`posemb_lib.RelativePositions`): an offset table whose
+  # logits are added to the content logits; they need the einsum path.
+  relative: Optional[posemb_lib.RelativePositions] = None
 
   @nn.compact
   def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
+    """Attention along the second-last axis of x [..., N, D] (the leading axes are batch:
+    the Axial-ViT's rows or columns); returns [..., N, D]."""
+    lead = x.shape[:-2]
+    x = x.reshape(-1, *x.shape[-2:])  # [B, N, D]
     ex = self.execution
-    d = x.shape[-1]  # x: [B, N, D]
+    d = x.shape[-1]
     check_heads(d, self.num_heads)
     h, dh = self.num_heads, d // self.num_heads
+    relative = None
+    if self.relative is not None:
+      if self.relative.num_patches + self.relative.num_prefix != x.shape[1]:
+        raise errors.ConfigError(
+          f"Relative positions of {self.relative} do not match {x.shape[1]} tokens."
+        )
+      relative = posemb_lib.relative_table(self, self.relative, h, dh, ex.param_dtype)
     qkv = [
       _Projection(1, (d, h, dh), (EMBED, HEADS, KV), (h, dh), (HEADS, KV), ex, name=name)()
       for name in ("query", "key", "value")
@@ -185,14 +199,18 @@ class MultiHeadDotProductAttention(nn.Module):
 
     use_dropout = not deterministic and ex.attention_dropout_rate > 0.0
     need_weights = use_dropout or self.is_mutable_collection("intermediates")
-    if (ex.attention_impl or EINSUM) != EINSUM and not need_weights:
+    if (ex.attention_impl or EINSUM) != EINSUM and not need_weights and relative is None:
       q, k, v = (jnp.einsum("bnd,dhk->bnhk", x, w) + b for w, b in qkv)  # [B, N, H, Dh]
       multiple = SEQUENCE_MULTIPLE.get(ex.attention_impl, 1)
       y = padded_dot_product_attention(q, k, v, ex.attention_impl, multiple)
-      return jnp.einsum("bnhk,hkd->bnd", y, w_out) + b_out  # [B, N, D]
+      out = jnp.einsum("bnhk,hkd->bnd", y, w_out) + b_out  # [B, N, D]
+      return out.reshape(*lead, *out.shape[1:])
     q, k, v = (jnp.einsum("bnd,dhk->bhnk", x, w) + b[:, None] for w, b in qkv)  # [B, H, N, Dh]
     q = q / jnp.sqrt(dh).astype(ex.dtype)
     logits = jnp.einsum("bhqd,bhkd->bhqk", q, k).astype(jnp.float32)  # [B, H, N, N]
+    if relative is not None:  # the same scaled query against the offsets' embeddings
+      rel = posemb_lib.relative_logits(q, relative.astype(ex.dtype), self.relative)
+      logits = logits + rel.astype(jnp.float32)  # [B, H, N, N]
     if need_weights:
       weights = jax.nn.softmax(logits, axis=-1)
       self.sow("intermediates", "attention_weights", weights)
@@ -206,7 +224,8 @@ class MultiHeadDotProductAttention(nn.Module):
       unnormalized = jnp.exp(logits - jax.lax.stop_gradient(logits.max(-1, keepdims=True)))
       y = jnp.einsum("bhqk,bhkd->bhqd", unnormalized.astype(ex.dtype), v)
       y = y / unnormalized.sum(-1, keepdims=True).astype(ex.dtype)
-    return jnp.einsum("bhnk,hkd->bnd", y, w_out) + b_out  # [B, N, D]
+    out = jnp.einsum("bhnk,hkd->bnd", y, w_out) + b_out  # [B, N, D]
+    return out.reshape(*lead, *out.shape[1:])  # [..., N, D]
 
 
 def drop_path_rates(num_layers: int, stoch_depth: float) -> tuple[float, ...]:
@@ -255,6 +274,7 @@ class Encoder1DBlock(nn.Module):
   activation: str = layers.GELU
   layer_norm_epsilon: float = 1e-6
   layer_scale_init: Optional[float] = None
+  relative: Optional[posemb_lib.RelativePositions] = None  # relative position embeddings
 
   def _scaled(self, y: jax.Array, name: str) -> jax.Array:
     if self.layer_scale_init is None:
@@ -269,19 +289,60 @@ class Encoder1DBlock(nn.Module):
     ex = self.execution
     norm = lambda name: layers.layer_norm(name, self.layer_norm_epsilon, ex.dtype, ex.param_dtype)
     y = norm("LayerNorm_0")(x)
-    y = MultiHeadDotProductAttention(self.num_heads, ex, name="MultiHeadDotProductAttention_1")(
-      y, deterministic
+    attention = MultiHeadDotProductAttention(
+      self.num_heads, ex, self.relative, name="MultiHeadDotProductAttention_1"
     )
+    y = attention(y, deterministic)
     y = nn.Dropout(ex.dropout_rate)(y, deterministic=deterministic)
     # As timm's: x + drop_path(ls(branch)).
     y = self._scaled(y, "LayerScale_attention")
-    x = x + DropPath(name="drop_path_attention")(y, drop_path, deterministic)  # [B, N, D]
+    x = x + DropPath(name="drop_path_attention")(y, drop_path, deterministic)  # [B, ..., N, D]
     y = norm("LayerNorm_2")(x)
     mlp = MlpBlock(self.mlp_dim, self.gelu_approximate, ex, self.activation, name="MlpBlock_3")
     y = self._scaled(mlp(y, deterministic), "LayerScale_mlp")
     x = x + DropPath(name="drop_path_mlp")(y, drop_path, deterministic)
     self.sow("intermediates", "tokens", x)
     return x, None
+
+
+class AxialEncoderBlock(Encoder1DBlock):
+  """The Axial-ViT's block (paper Appendix D.6) on the patches kept as a grid: a row block
+  (self-attention along each row of the grid, then an MLP) followed by a column block
+  (self-attention along each column, then an MLP).
+
+  Each half is an `Encoder1DBlock` (parameters ``row/...`` and ``column/...``), pre-LN as
+  the ViT's: x + MSA(LN(x)), then x + MLP(LN(x)); four LayerNorms and four residuals per
+  block, each around one sub-block. Its fields are the ViT block's plus ``grid_hw``; with
+  ``relative`` set, each attention learns the offsets along its own axis (2 gw - 1 for a
+  row, 2 gh - 1 for a column). Takes and returns [B, N, D] (no prefix tokens), as the
+  ViT block, so that the encoder's loop, scan and remat are the same.
+  """
+
+  grid_hw: tuple[int, int] = (1, 1)  # (gh, gw); the encoder sets the model's
+
+  @nn.compact
+  def __call__(
+    self, x: jax.Array, deterministic: bool, drop_path: float | jax.Array = 0.0
+  ) -> tuple[jax.Array, None]:
+    b, n, d = x.shape
+    gh, gw = self.grid_hw
+    if n != gh * gw:
+      raise errors.ConfigError(f"{n} tokens are not a {gh}x{gw} grid: Axial-ViT has no prefix.")
+    fields = {
+      f.name: getattr(self, f.name)
+      for f in dataclasses.fields(Encoder1DBlock)
+      if f.name not in ("parent", "name", "relative")
+    }
+
+    def half(length: int, name: str) -> Encoder1DBlock:
+      relative = None if self.relative is None else posemb_lib.RelativePositions(length)
+      return Encoder1DBlock(**fields, relative=relative, name=name)
+
+    grid = x.reshape(b, gh, gw, d)  # [B, gh, gw, D]: a row is a sequence of gw patches
+    grid, _ = half(gw, "row")(grid, deterministic, drop_path)
+    columns = jnp.swapaxes(grid, 1, 2)  # [B, gw, gh, D]: a column is a sequence of gh
+    columns, _ = half(gh, "column")(columns, deterministic, drop_path)
+    return jnp.swapaxes(columns, 1, 2).reshape(b, n, d), None  # [B, N, D]
 
 
 class Encoder(nn.Module):
@@ -307,6 +368,7 @@ class Encoder(nn.Module):
   activation: str = layers.GELU
   layer_norm_epsilon: float = 1e-6
   layer_scale_init: Optional[float] = None
+  axial: bool = False  # `AxialEncoderBlock`s on the grid (no prefix tokens)
 
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
@@ -328,7 +390,7 @@ class Encoder(nn.Module):
     rates = drop_path_rates(self.num_layers, ex.stoch_depth)
     # With stochastic depth off the blocks get no rate: the model of before, bit for bit.
     drop_path = () if deterministic or not ex.stoch_depth else (rates,)
-    block_cls = Encoder1DBlock
+    block_cls = AxialEncoderBlock if self.axial else Encoder1DBlock
     if ex.remat:
       # Argument 2 (`deterministic`, counting self) is a Python bool: static; so is 3, the
       # drop-path rate, in the loop (under scan it is a scanned array).
@@ -348,6 +410,11 @@ class Encoder(nn.Module):
       layer_norm_epsilon=self.layer_norm_epsilon,
       layer_scale_init=self.layer_scale_init,
     )
+    if self.posemb == posemb_lib.RELATIVE:
+      gh, gw = self.grid_hw
+      block_kwargs["relative"] = posemb_lib.RelativePositions(gh * gw, self.num_prefix)
+    if self.axial:
+      block_kwargs["grid_hw"] = self.grid_hw
     if ex.scan:
       scanned = nn.scan(
         block_cls,
@@ -403,6 +470,7 @@ class VisionTransformer(nn.Module):
   layer_scale_init: Optional[float] = None
   layer_norm_epsilon: float = 1e-6
   activation: str = layers.GELU
+  axial: bool = False  # Axial-ViT (paper Appendix D.6): `AxialEncoderBlock`s, no prefix tokens
   execution: ExecutionOptions = ExecutionOptions()
 
   @property
@@ -444,6 +512,7 @@ class VisionTransformer(nn.Module):
   ) -> jax.Array:
     check_classifier(self.classifier)
     options.check_class_token(self.classifier, self.class_token)
+    options.check_axial(self.axial, self.num_prefix_tokens)
     ex = self.execution
     grid_hw = self.grid_hw(images.shape[1:3])
     x = images.astype(ex.dtype)  # [B, H, W, C]
@@ -476,6 +545,7 @@ class VisionTransformer(nn.Module):
       activation=self.activation,
       layer_norm_epsilon=self.layer_norm_epsilon,
       layer_scale_init=self.layer_scale_init,
+      axial=self.axial,
       name="Transformer",
     )(x, train=train)  # [B, P + N, D]
     if not pool:

@@ -26,6 +26,7 @@ import ml_collections
 import numpy as np
 
 from vit_jax.models import bit, mixer
+from vit_jax.models import posemb as posemb_lib
 from vit_jax.models.settings import Settings, model_settings
 
 # Dense (no sparsity) peak TFLOP/s per JAX device from the vendors' data sheets, by compute
@@ -118,6 +119,8 @@ def vit_flops_per_image(
     return mixer.flops_per_image(cfg, image_size, num_classes, train=train)
   if bit.is_bit(cfg):
     return None  # no analytic count of a BiT ResNet's convolutions yet: XLA's is used
+  if cfg.axial or cfg.posemb == posemb_lib.RELATIVE:
+    return axial_or_relative_flops_per_image(cfg, image_size, num_classes, train=train)
   if cfg.resnet is not None:
     return None
   ph, pw = cfg.patches.size
@@ -133,6 +136,44 @@ def vit_flops_per_image(
     width = cfg.representation_size
   macs += width * (num_classes or 0)
   return 2.0 * macs * (3 if train else 1)
+
+
+def axial_or_relative_flops_per_image(
+  model_config: Settings, image_size: int, num_classes: int, *, train: bool
+) -> Optional[float]:
+  """`vit_flops_per_image` of an Axial-ViT or a ViT with relative position embeddings,
+  with the same conventions (2 per multiply-add, train = 3x forward).
+
+  From the plain ViT's count of the same sizes: an Axial-ViT block (paper Appendix D.6)
+  has two attentions and two MLPs over the N = gh x gw patches, each attention's products
+  along a row (gw keys) or a column (gh keys) instead of all N tokens; relative attention
+  (Appendix D.4) adds each query's product with the O embeddings of its layer's table
+  (`posemb.RelativePositions`: 2 x sequence - 1 offsets, + 3 rows for a prefix).
+  """
+  cfg = model_config
+  plain = vit_flops_per_image(
+    cfg.replace(axial=False, posemb="learn"), image_size, num_classes, train=False
+  )
+  if plain is None:
+    return None
+  ph, pw = cfg.patches.size
+  gh, gw = image_size // ph, image_size // pw
+  d, t = cfg.hidden_size, cfg.transformer
+  n = gh * gw
+  class_token = cfg.classifier == "token" if cfg.class_token is None else cfg.class_token
+  prefix = int(class_token) + cfg.num_registers  # an Axial-ViT has none
+  relative = cfg.posemb == posemb_lib.RELATIVE
+  if cfg.axial:
+    # Minus the plain layer's global products; plus a second projection + MLP set, the
+    # row and column products and the per-axis offset tables.
+    per_layer = n * 4 * d * d + 2 * n * d * t.mlp_dim - 2 * n * n * d + 2 * n * (gw + gh) * d
+    if relative:
+      per_layer += n * (2 * gw - 1) * d + n * (2 * gh - 1) * d
+  else:
+    tokens = n + prefix
+    offsets = posemb_lib.RelativePositions(n, prefix).num_offsets
+    per_layer = tokens * offsets * d
+  return (plain + 2.0 * t.num_layers * per_layer) * (3 if train else 1)
 
 
 def vit_activation_bytes(
@@ -155,6 +196,8 @@ def vit_activation_bytes(
     return mixer.activation_bytes(cfg, image_size, images, compiler_rematerializes)
   if bit.is_bit(cfg):
     return None  # no bound for a BiT ResNet's feature maps yet
+  if cfg.axial:
+    return axial_activation_bytes(cfg, image_size, images, compiler_rematerializes)
   if cfg.resnet is not None:
     return None
   ph, pw = cfg.patches.size
@@ -163,6 +206,22 @@ def vit_activation_bytes(
   per_layer = images * n * cfg.hidden_size
   if not (cfg.remat or compiler_rematerializes):
     per_layer += images * (t.num_heads * n * n + n * t.mlp_dim)
+  return per_layer * t.num_layers * np.dtype(cfg.dtype).itemsize
+
+
+def axial_activation_bytes(
+  model_config: Settings, image_size: int, images: int, compiler_rematerializes: bool = False
+) -> int:
+  """`vit_activation_bytes` of an Axial-ViT: per block the inputs of its row and column
+  halves, 2 x [B, N, D], and without remat the row and column attention weights
+  [B, H, N, gw] and [B, H, N, gh] and both MLPs' hidden units, 2 x [B, N, mlp]."""
+  cfg = model_config
+  ph, pw = cfg.patches.size
+  gh, gw = image_size // ph, image_size // pw
+  t, n = cfg.transformer, gh * gw
+  per_layer = 2 * images * n * cfg.hidden_size
+  if not (cfg.remat or compiler_rematerializes):
+    per_layer += images * (t.num_heads * n * (gw + gh) + 2 * n * t.mlp_dim)
   return per_layer * t.num_layers * np.dtype(cfg.dtype).itemsize
 
 

@@ -15,6 +15,8 @@ embedding kind of a parameter-free table (``sincos2d`` / ``none``) is in the sha
     pre_logits/kernel                    [D, R]          representation size
     head/kernel                          [D or R, K]     classes
     Transformer/posembed_input/...       'learn' [1, N, D] / 'learn_2d' tables: grid
+    .../relative_embedding               [O, H, Dh]      'relative' (O = 2N - 1 (+ 3): grid)
+    .../row/..., .../column/...          an Axial-ViT block (its two halves)
     conv_root/kernel                     [7, 7, C, 64 w] ResNet root, width factor w
     block{s}/unit{u}/...                 ResNet stages and units per stage
 
@@ -52,6 +54,7 @@ POSEMB_Y = "Transformer/posembed_input/pos_embedding_y"
 _BLOCK = re.compile(r"^Transformer/encoderblock_(\d+)/")
 _QUERY = "MultiHeadDotProductAttention_1/query/kernel"  # inside a block
 _MLP = "MlpBlock_3/Dense_0/kernel"
+AXIAL_ROW = "row/"  # inside an Axial-ViT block: its row half (then ``column/``)
 _RESNET_UNIT = re.compile(r"^block(\d+)/unit(\d+)/")
 _ROOT_WIDTH = 64  # conv_root's output channels at width factor 1
 _LAYER_SCALE = "LayerScale_attention/scale"  # inside a block
@@ -117,6 +120,7 @@ def _official_name(config: ml_collections.ConfigDict) -> Optional[str]:
       t.mlp_dim,
       t.num_heads,
       None if r is None else (tuple(r.num_layers), r.width_factor),
+      c.get("axial", False),
     )
 
   target = arch(config)
@@ -139,11 +143,13 @@ def _official_name(config: ml_collections.ConfigDict) -> Optional[str]:
 
 
 def posemb_kind(params: Mapping[str, Any]) -> Optional[str]:
-  """'learn' or 'learn_2d' by the stored table; None without one ('sincos2d' and 'none'
-  have no parameters to tell them apart)."""
+  """'learn' or 'learn_2d' by the stored table, 'relative' by the attention layers' offset
+  tables; None without one ('sincos2d' and 'none' have no parameters to tell them apart)."""
   shapes = _shapes(params)
   if POSEMB in shapes:
     return "learn"
+  if any(k.endswith("/" + posemb_lib.RELATIVE_EMBEDDING) for k in shapes):
+    return posemb_lib.RELATIVE
   if POSEMB_X in shapes and POSEMB_Y in shapes:
     return "learn_2d"
   return None
@@ -181,8 +187,9 @@ def describe(params: Mapping[str, Any]) -> dict[str, Any]:
   kernel = shapes.get("embedding/kernel")
   kernel = kernel if kernel and len(kernel) == 4 else None
   depth, block = _block_shapes(shapes)
-  query = block.get(_QUERY)
-  mlp = block.get(_MLP)
+  axial = AXIAL_ROW + _QUERY in block  # an Axial-ViT block: a row and a column block
+  query = block.get(AXIAL_ROW + _QUERY if axial else _QUERY)
+  mlp = block.get(AXIAL_ROW + _MLP if axial else _MLP)
   return {
     "patch size": kernel[:2] if kernel else None,
     "input channels": kernel[2] if kernel else None,
@@ -192,6 +199,7 @@ def describe(params: Mapping[str, Any]) -> dict[str, Any]:
     "MLP dim": mlp[-1] if mlp else None,
     "position embedding": posemb_kind(params),
     "ResNet root": "conv_root/kernel" in shapes,
+    "axial": axial,
   }
 
 
@@ -238,6 +246,7 @@ def infer_model_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
   config.transformer.num_heads = arch["heads"]
   _read_family_options(config, shapes)
   config.posemb = arch["position embedding"]
+  config.axial = arch["axial"]
   if "pre_logits/kernel" in shapes:
     config.representation_size = shapes["pre_logits/kernel"][-1]
   if resnet is not None:
@@ -323,6 +332,22 @@ def _infer_bit(arch: Mapping[str, Any]) -> ml_collections.ConfigDict:
   return config
 
 
+def _relative_grid(
+  shapes: Mapping[str, tuple[int, ...]], config: ml_collections.ConfigDict
+) -> Optional[tuple[int, int]]:
+  """The grid of the first block's relative offset tables: an Axial-ViT's row and column
+  tables (2 gw - 1, 2 gh - 1 rows), else the square grid of 2N - 1 offsets (+ 3 prefix
+  rows)."""
+  _, block = _block_shapes(shapes)
+  table = "MultiHeadDotProductAttention_1/" + posemb_lib.RELATIVE_EMBEDDING
+  if AXIAL_ROW + table in block and "column/" + table in block:
+    return (block["column/" + table][0] + 1) // 2, (block[AXIAL_ROW + table][0] + 1) // 2
+  if table not in block:
+    return None
+  prefix = 3 if models.create_model(config, num_classes=None).num_prefix_tokens else 0
+  return posemb_lib.square_grid((block[table][0] - prefix + 1) // 2, "pass the image size")
+
+
 def num_classes(params: Mapping[str, Any]) -> Optional[int]:
   """The head's class count; None for a checkpoint without a head."""
   head = _shapes(params).get("head/kernel")
@@ -345,6 +370,8 @@ def trained_image_size(
     grid = posemb_lib.square_grid(shapes[POSEMB][1] - prefix, "pass the image size (--resolution)")
   elif POSEMB_X in shapes and POSEMB_Y in shapes:
     grid = shapes[POSEMB_Y][1], shapes[POSEMB_X][2]
+  elif relative := _relative_grid(shapes, config):
+    grid = relative
   else:
     return None
   stride = models.create_model(config, num_classes=None).input_stride

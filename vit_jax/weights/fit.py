@@ -25,9 +25,11 @@ from vit_jax.models.mpp import MPP_PARAMS
 from vit_jax.models.patchemb import resample_patch_kernel
 from vit_jax.models.posemb import (
   POSEMB_REINIT,
+  RELATIVE_EMBEDDING,
   check_resize_method,
   resize_posemb,
   resize_posemb_2d,
+  resize_relative,
   square_grid,
 )
 from vit_jax.weights import architecture, sources
@@ -245,6 +247,34 @@ def _adapt_posemb(
   return notes
 
 
+def _adapt_relative_tables(
+  got: dict[str, Any], want: Mapping[str, Any], grids: _Grids, method: str
+) -> list[str]:
+  """Every attention layer's offset table (posemb 'relative') resized to the model's
+  sequence (`posemb.resize_relative`, the 2N - 1 patch offsets as a 1-D table), or fresh
+  with 'reinit'; the prefix rows are the stored ones, or fresh where the model's prefix
+  differs."""
+  notes: list[str] = []
+  stored_prefix, new_prefix = grids.stored_prefix > 0, grids.new_prefix > 0
+  for key, fresh in want.items():
+    if not key.endswith("/" + RELATIVE_EMBEDDING) or key not in got:
+      continue
+    old_rows, new_rows = np.shape(got[key])[-3], np.shape(fresh)[-3]
+    if method == POSEMB_REINIT:
+      got[key] = fresh
+      continue
+    if (old_rows, stored_prefix) == (new_rows, new_prefix):
+      continue
+    patches = new_rows - 3 * new_prefix  # 2N - 1 offsets, then the prefix rows
+    resized = resize_relative(got[key], (patches + 1) // 2, stored_prefix, method)
+    prefix_source = resized if stored_prefix == new_prefix else np.asarray(fresh)
+    prefix_rows = prefix_source[..., prefix_source.shape[-3] - 3 * new_prefix :, :, :]
+    got[key] = np.concatenate([resized[..., :patches, :, :], prefix_rows], axis=-3)
+    note = f"relative position tables: {method} interpolation of {old_rows} rows to {new_rows}"
+    notes += [] if note in notes else [note]
+  return notes
+
+
 _PATCH_KERNELS = ("embedding/kernel", architecture.MIXER_STEM)  # a ViT's, a Mixer's
 
 
@@ -376,6 +406,7 @@ def load_pretrained(
   _adapt_prefix_tokens(got, want, classifier, notes)
   grids = _Grids(stored_prefix, new_prefix, stored_grid_hw, new_grid_hw)
   notes += _adapt_posemb(got, want, posemb_kind, posemb_resize_method, grids, where)
+  notes += _adapt_relative_tables(got, want, grids, posemb_resize_method)
   notes += _adapt_patch_size(got, want)
 
   # What remains must fit exactly.

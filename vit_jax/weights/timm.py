@@ -79,6 +79,8 @@ def check_exportable(config: ml_collections.ConfigDict, num_classes: Optional[in
     )
   if config.get("posemb", "learn") != "learn":
     problems.append(f"position embeddings {config.posemb!r} (timm: posemb='learn')")
+  if config.get("axial", False):
+    problems.append("Axial-ViT blocks (timm's ViT has one global attention per block)")
   if config.get("representation_size") is not None:
     problems.append("a representation layer (pre_logits), which timm's ViT no longer has")
   resnet = config.get("resnet")
