@@ -15,7 +15,7 @@ from ml_collections import config_flags
 
 from configs import pretrain, vit
 from tests import train_fixtures
-from vit_jax import models, run, weights
+from vit_jax import main, models, run, weights
 from vit_jax.data import presets
 from vit_jax.models.posemb import resize_posemb
 from vit_jax.run import optim
@@ -85,6 +85,30 @@ def test_pretrain_config_is_the_papers_upstream_recipe():
   assert imagenet.total_steps == math.ceil(300 * 1_268_355 / 4096)
   with pytest.raises(ValueError, match=r"unknown dataset 'cifar10' \(valid: imagenet21k, "):
     pretrain.get_config("b16,cifar10")
+
+
+def test_jft300m_is_a_planning_preset_with_the_papers_epochs():
+  """Table 6's runs: 7 or 14 epochs of JFT-300M's 303M images at batch 4096."""
+  config = pretrain.get_config("l16,jft300m")
+  assert (config.dataset, config.num_classes, config.batch) == ("jft300m", 18_291, 4096)
+  assert config.total_steps == math.ceil(7 * 303_000_000 / 4096) == 517_823
+  assert pretrain.get_config("h14,jft300m,14").total_steps == math.ceil(14 * 303e6 / 4096)
+  assert pretrain.get_config("b16,imagenet21k,30").total_steps == pretrain.steps_for(
+    "imagenet21k", epochs=30
+  )
+  for bad in ("0", "seven", "-3"):
+    with pytest.raises(ValueError, match=rf"the epochs '{bad}' must be a positive integer"):
+      pretrain.get_config(f"l16,jft300m,{bad}")
+
+
+def test_training_on_a_planning_preset_stops_before_writing(tmp_path, capsys):
+  workdir = tmp_path / "run"
+  argv = ["main", f"--config={REPO}/configs/pretrain.py:ti16,jft300m", f"--workdir={workdir}"]
+  assert main.main(argv) == 2
+  err = capsys.readouterr().err
+  assert err.startswith("Error: config.dataset='jft300m' is a planning preset")
+  assert err.count("\n") == 1 and "python -m vit_jax.plan" in err
+  assert not workdir.exists()
 
 
 def test_the_official_command_line_syntax():

@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 from vit_jax import errors
 from vit_jax.data import folder as folder_lib
-from vit_jax.data import preprocess, tfds_source
+from vit_jax.data import preprocess, presets, tfds_source
 from vit_jax.data import splits as splits_lib
 
 # Keys that may hold None: no local tfds dir, no manual-download dir, classes from the data.
@@ -135,11 +135,22 @@ class DatasetInfo:
   class_names: list[str] | None
 
 
+def check_readable(dataset: str) -> None:
+  """Refuses a planning preset (`presets.PLANNING_ONLY`): its data is not public."""
+  if dataset in presets.PLANNING_ONLY:
+    raise errors.ConfigError(
+      f"config.dataset={dataset!r} is a planning preset: the data is not public, so no "
+      "run can read it. Plan with it (python -m vit_jax.plan --config=configs/pretrain.py:"
+      f"<model>,{dataset} --topology=v3-256), or train on imagenet21k or your own data."
+    )
+
+
 class Dataset:
   """The configured dataset: opens splits and knows the number of classes."""
 
   def __init__(self, settings: Settings):
     self.settings = settings
+    check_readable(settings.dataset)
     if settings.dataset.startswith(folder_lib.PREFIX):
       self._source = folder_lib.ImageFolder(
         settings.dataset[len(folder_lib.PREFIX) :], settings.train_split

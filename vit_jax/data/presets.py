@@ -16,6 +16,10 @@ resolution as much as our experiment files do.
   * imagenet21k is not in the tfds catalog: provide a tfds builder named
     'imagenet21k' with one 'full' split (the first 51,200 examples are held out for
     evaluation, as in big_vision), or an image folder with the same slicing.
+  * jft300m (303M images, 18,291 classes; the paper's main pre-training data) is not
+    public: its preset plans the paper's runs (`python -m vit_jax.plan`) and is in
+    `PLANNING_ONLY`, so a run that would read it stops before anything is written.
+    total_steps: 7 epochs at batch 4096.
 """
 
 from __future__ import annotations
@@ -37,7 +41,11 @@ PRESETS: dict[str, Preset] = {
   "cifar100": Preset(100, "train[:98%]", "test", 384, 10_000),
   "imagenet2012": Preset(1000, "train[:99%]", "validation", 384, 20_000),
   "imagenet21k": Preset(21843, "full[51200:]", "full[:51200]", 224, 310_000),
+  "jft300m": Preset(18291, "train", "test", 224, 517_823),
   "oxford_iiit_pet": Preset(37, "train[:90%]", "test", 384, 500),
   "oxford_flowers102": Preset(102, "train", "test", 384, 500),
   "digits": Preset(10, "train", "test", 32, 1_000),
 }
+
+# Presets of data that is not public: they size a plan, never a run (`data.dataset`).
+PLANNING_ONLY: frozenset[str] = frozenset({"jft300m"})

@@ -7,8 +7,10 @@ accumulation (`vit_jax.run.memory_fit`) all read a step's cost from here:
   the FLOPs and memory traffic of one device's program. XLA counts the body of a loop (a
   scanned encoder, gradient accumulation) once, whatever its trip count; `has_loops` says
   when that happened.
-- `vit_flops_per_image`: the analytic count of a plain ViT's (or an MLP-Mixer's) matrix
-  products, a check on the above and the count for programs with loops.
+- `vit_flops_per_image`: the analytic count of a ViT's (plain or hybrid) or an
+  MLP-Mixer's matrix products and convolutions, a check on the above and the count for
+  programs with loops; `resnet_flops_per_image` the same for a ResNet (the hybrids' root,
+  BiT).
 - `peak_bytes`: the device memory a compiled step needs, from XLA's memory analysis.
 - `peak_flops`: the device's dense peak for a compute dtype (a table of published figures;
   on a CPU, a measured f32 matrix product).
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -100,6 +102,68 @@ def peak_bytes(compiled: jax.stages.Compiled) -> int:
   )
 
 
+# A forward multiply-add is 2 FLOPs; a train step is 3 forward passes' worth (the backward
+# pass computes two products, for the input and for the weights, per forward one).
+_FLOPS_PER_MAC = 2.0
+_TRAIN_FACTOR = 3
+
+
+def _flops(macs: float, train: bool) -> float:
+  return _FLOPS_PER_MAC * macs * (_TRAIN_FACTOR if train else 1)
+
+
+def _same_out(size: int, stride: int) -> int:
+  """The output size of a SAME-padded convolution or pooling."""
+  return -(-size // stride)
+
+
+def resnet_macs(
+  units_per_stage: Sequence[int], width_factor: float, image_size: int
+) -> tuple[int, int, int]:
+  """Multiply-adds of a ResNet body for one square image: (MACs, output size, channels).
+
+  The root conv (7x7, stride 2, 64 x width channels; the max-pool after it halves the map
+  and has no products) and per bottleneck unit the 1x1 reduction, the 3x3 conv (strided
+  in the first unit of every stage but the first), the 1x1 expansion to 4x its width and
+  the 1x1 projection of the shortcut where the shape changes: the convolutions of
+  `models/resnet.py` (ResNet-v1.5) and of BiT's pre-activation ResNet-v2, which differ in
+  where the norms sit, not in their convolutions. Norms, ReLUs and weight
+  standardisation are elementwise and not counted.
+  """
+  width = int(64 * width_factor)
+  size = _same_out(image_size, 2)
+  macs = size * size * 7 * 7 * 3 * width  # root conv, [size, size, width]
+  size = _same_out(size, 2)  # max-pool
+  channels = width
+  for stage, units in enumerate(units_per_stage):
+    features = width * 2**stage
+    for unit in range(units):
+      stride = 2 if stage > 0 and unit == 0 else 1
+      out = _same_out(size, stride)
+      macs += size * size * channels * features  # conv1, 1x1 at the input's size
+      macs += out * out * 9 * features * features  # conv2, 3x3, strided
+      macs += out * out * features * 4 * features  # conv3, 1x1 expansion
+      if channels != 4 * features or stride != 1:
+        macs += out * out * channels * 4 * features  # conv_proj, 1x1 (strided)
+      size, channels = out, 4 * features
+  return macs, size, channels
+
+
+def resnet_flops_per_image(
+  num_layers: Sequence[int],
+  width_factor: float,
+  image_size: int,
+  num_classes: int,
+  *,
+  train: bool,
+) -> float:
+  """FLOPs of a ResNet classifier for one square image: `resnet_macs`' convolutions
+  (``num_layers``: units per stage, e.g. (3, 4, 6, 3) for R50) plus the linear head on
+  the globally pooled features (``num_classes`` 0: none); 3x forward for ``train``."""
+  macs, _, channels = resnet_macs(num_layers, width_factor, image_size)
+  return _flops(macs + channels * (num_classes or 0), train)
+
+
 def vit_flops_per_image(
   model_config: Settings | ml_collections.ConfigDict,
   image_size: int,
@@ -107,27 +171,33 @@ def vit_flops_per_image(
   *,
   train: bool,
 ) -> Optional[float]:
-  """FLOPs of a plain ViT's matrix products for one image (None for a ResNet hybrid).
+  """FLOPs of a ViT's matrix products for one image, a hybrid's ResNet root included.
 
   Counts 2 FLOPs per multiply-add of the patch embedding, the attention projections, the
-  two attention products, the MLP, the pre-logits and the head; a train step is 3x the
-  forward pass (the backward pass computes two products per forward one). Recomputation
-  (remat) is not counted: this is the model's count that MFU is defined on.
+  two attention products, the MLP, the pre-logits and the head; a hybrid adds its
+  ResNet root's convolutions (`resnet_macs`) and embeds its feature map's channels. A
+  train step is 3x the forward pass (the backward pass computes two products per forward
+  one). Recomputation (remat) is not counted: this is the model's count that MFU is
+  defined on.
   """
   cfg = model_settings(model_config)
   if mixer.is_mixer(cfg):
     return mixer.flops_per_image(cfg, image_size, num_classes, train=train)
   if bit.is_bit(cfg):
-    return None  # no analytic count of a BiT ResNet's convolutions yet: XLA's is used
+    r = cfg.resnet
+    return resnet_flops_per_image(
+      r.num_layers, r.width_factor, image_size, num_classes, train=train
+    )
   if cfg.axial or cfg.posemb == posemb_lib.RELATIVE:
     return axial_or_relative_flops_per_image(cfg, image_size, num_classes, train=train)
-  if cfg.resnet is not None:
-    return None
   ph, pw = cfg.patches.size
   d, t = cfg.hidden_size, cfg.transformer
-  patches = (image_size // ph) * (image_size // pw)
+  macs, grid, channels = 0, image_size, 3
+  if cfg.resnet is not None:  # the patches are cut from the root's feature map
+    macs, grid, channels = resnet_macs(cfg.resnet.num_layers, cfg.resnet.width_factor, image_size)
+  patches = (grid // ph) * (grid // pw)
   n = patches + (1 if cfg.classifier == "token" else 0)
-  macs = patches * ph * pw * 3 * d  # patch embedding
+  macs += patches * ph * pw * channels * d  # patch embedding
   per_layer = n * 4 * d * d + 2 * n * n * d + 2 * n * d * t.mlp_dim  # [N, D] tokens
   macs += t.num_layers * per_layer
   width = d
@@ -135,7 +205,7 @@ def vit_flops_per_image(
     macs += d * cfg.representation_size
     width = cfg.representation_size
   macs += width * (num_classes or 0)
-  return 2.0 * macs * (3 if train else 1)
+  return _flops(macs, train)
 
 
 def axial_or_relative_flops_per_image(
