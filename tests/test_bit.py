@@ -280,8 +280,10 @@ def test_the_training_command_trains_and_fine_tunes_a_bit(digits_dir, tmp_path, 
 
   from vit_jax import run  # pylint: disable=g-import-not-at-top
 
-  # With few-shot evaluation of the frozen features at the end.
-  config = _run_config(digits_dir, fewshot__datasets=("digits",), fewshot__shots=(2,))
+  # In two accumulated micro-batches, with few-shot evaluation of the frozen features.
+  config = _run_config(
+    digits_dir, accum_steps=2, fewshot__datasets=("digits",), fewshot__shots=(2,)
+  )
   result = run.train_and_evaluate(config, str(tmp_path / "scratch"))
   assert np.isfinite(result["train/loss"]) and 0.0 <= result["eval/accuracy"] <= 1.0
   assert 0.0 <= result["fewshot/digits_2shot"] <= 1.0

@@ -60,7 +60,7 @@ def test_vit_config_is_the_papers_finetuning_recipe():
 @pytest.mark.parametrize(
   "arg, expected",
   [
-    ("b17,cifar10", r"unknown model 'b17' \(valid: ti16, .*r_ti16\)"),
+    ("b17,cifar10", r"unknown model 'b17' \(valid: ti16, .*r_ti16, .*bit_r200x3\)"),
     ("b16,cifar11", r"unknown dataset 'cifar11' \(valid: cifar10, .*digits\)"),
     ("b16", r"'<model>,<dataset>'.*Models: ti16.*Datasets: cifar10"),
   ],
