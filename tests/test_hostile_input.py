@@ -358,6 +358,20 @@ def _limit_address_space() -> None:
   resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE_BYTES, ADDRESS_SPACE_BYTES))
 
 
+def bounded_python(module: str, *args: str) -> subprocess.Popen:
+  """``python -m module args`` from the repository, under the address-space limit; its
+  stderr piped as text."""
+  return subprocess.Popen(
+    [sys.executable, "-m", module, *args],
+    cwd=fresh_python.REPO,
+    env=fresh_python.clean_env(),
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.PIPE,
+    text=True,
+    preexec_fn=_limit_address_space,
+  )
+
+
 def run_cases(groups: list[list[tuple]], tmp: str, digits: str, work: str) -> dict[str, dict]:
   """Every case's result (`tests/hostile_runner.py`), a bounded subprocess per group, the
   groups at the same time."""
@@ -366,15 +380,7 @@ def run_cases(groups: list[list[tuple]], tmp: str, digits: str, work: str) -> di
     cases_path, results_path = (os.path.join(work, f"{name}{i}.json") for name in ("cases", "out"))
     with open(cases_path, "w") as f:
       json.dump([[c[0], c[1], _argv(c, tmp, digits)] for c in cases], f)
-    proc = subprocess.Popen(
-      [sys.executable, "-m", "tests.hostile_runner", cases_path, results_path, tmp],
-      cwd=fresh_python.REPO,
-      env=fresh_python.clean_env(),
-      stdout=subprocess.DEVNULL,
-      stderr=subprocess.PIPE,
-      text=True,
-      preexec_fn=_limit_address_space,
-    )
+    proc = bounded_python("tests.hostile_runner", cases_path, results_path, tmp)
     running.append((proc, results_path))
   results = {}
   for proc, results_path in running:
@@ -503,15 +509,7 @@ def test_training_skips_a_fifo_in_an_image_folder_and_leaves_no_lock(hostile):
 def test_ctrl_c_during_start_up_leaves_a_fresh_workdir_absent(tmp_path, digits_dir):
   """SIGINT as soon as the run takes its folder (the lock), before its first save."""
   workdir = tmp_path / "run"
-  proc = subprocess.Popen(
-    [sys.executable, "-m", "vit_jax.main", *tiny_flags(digits_dir), f"--workdir={workdir}"],
-    cwd=fresh_python.REPO,
-    env=fresh_python.clean_env(),
-    stdout=subprocess.PIPE,
-    stderr=subprocess.PIPE,
-    text=True,
-    preexec_fn=_limit_address_space,
-  )
+  proc = bounded_python("vit_jax.main", *tiny_flags(digits_dir), f"--workdir={workdir}")
   deadline = time.monotonic() + GROUP_SECONDS
   while not workdir.exists() and proc.poll() is None and time.monotonic() < deadline:
     time.sleep(0.002)
