@@ -79,7 +79,8 @@ def test_every_official_variant_is_recovered_from_its_shapes(name):
 
 @pytest.mark.parametrize(
   "changes",
-  [dict(scan=True), dict(classifier="gap"), dict(representation_size=48), dict(posemb="learn_2d")],
+  [dict(scan=True), dict(classifier="gap"), dict(representation_size=48), dict(posemb="learn_2d")]
+  + [dict(posemb="relative"), dict(posemb="relative", scan=True)],
 )
 def test_layout_and_options_are_recovered(changes):
   config = models.get_model_config("testing")

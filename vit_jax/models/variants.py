@@ -10,8 +10,8 @@ directory: notebooks and user code need the variants without the repository chec
 Fields: ``patches.size``, ``hidden_size``, ``transformer.{num_layers, mlp_dim, num_heads,
 dropout_rate, attention_dropout_rate}``, ``classifier``, ``representation_size``,
 ``resnet`` (None, or ``{num_layers: units per stage, width_factor}``), plus this project's
-``posemb``, ``gelu_approximate``, ``head_bias_init``, the later family's options
-(`family_options`) and execution options (``scan``, ``remat``, ``remat_policy``,
+``posemb``, ``gelu_approximate``, ``head_bias_init``, ``axial`` (Axial-ViT), the later
+family's options (`family_options`) and execution options (``scan``, ``remat``, ``remat_policy``,
 ``stoch_depth``, ``attention_impl``, ``dtype``). An MLP-Mixer config (``model_type``
 'mixer') has the official Mixer fields instead: ``patches.size``, ``hidden_dim``,
 ``num_blocks``, ``tokens_mlp_dim``, ``channels_mlp_dim``, plus ``gelu_approximate``,
