@@ -125,6 +125,9 @@ def test_resnet50_count_is_the_published_one():
   root = 2 * 112 * 112 * 7 * 7 * 3 * 64
   body = step_cost.resnet_flops_per_image(*r50, 0, train=False) - root
   assert wide == pytest.approx(4 * body + 2 * root)
+  # ResNet-v1's stride in the 1x1 reduction: He et al. give 3.8 x 10^9 multiply-adds.
+  v1, _, _ = step_cost.resnet_macs(*r50, stride_in_reduction=True)
+  assert 3.8e9 <= v1 < 3.9e9
 
 
 def test_peak_bytes_grows_with_the_batch():
