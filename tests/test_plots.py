@@ -90,3 +90,18 @@ def test_every_module_imports_without_matplotlib():
   ours = [m for m in result["attempts"] if m.split(".")[0] == "vit_jax"]
   assert not ours, f"these vit_jax modules import matplotlib: {ours}"
   assert not result["loaded"]
+
+
+def test_plot_inference_cost():
+  curves = {
+    "ViT-B_16": ([224, 384], [900.0, 250.0], [400, 120]),
+    "BiT-R50x1": ([224, 384], [1200.0, 400.0], [300, 90]),
+  }
+  fig = plots.plot_inference_cost(curves)
+  _render(fig)
+  speed, batch = fig.axes
+  assert [line.get_linestyle() for line in batch.lines] == ["-", "--"]
+  assert list(speed.lines[0].get_ydata()) == [900.0, 250.0]
+  assert speed.get_yscale() == batch.get_xscale() == "log"
+  with pytest.raises(ValueError, match="2 sizes, 1 speeds"):
+    plots.plot_inference_cost({"ViT-B_16": ([224, 384], [1.0], [1, 2])})
