@@ -99,8 +99,9 @@ def _notes() -> dict[str, str]:
   l16 = [r for r in ROWS if r.model == "R50+ViT-L_16"]
   return {
     "a": (
-      f"the one ViT row off its tokens: 49 patches + the class token; without the token "
-      f"{no_token:.1f}, but L/32 (the same 50 tokens) agrees"
+      f"B/32 has 50 tokens (49 patches + the class token); without the token it would be "
+      f"{no_token:.1f}, but L/32, with the same 50 tokens, matches Table 6: the paper's "
+      "B/32 figure is rounded or counted otherwise"
     ),
     "b": (
       f"every ResNet row is {_percent(min(ours), 1)} to {_percent(max(ours), 1)} above, "

@@ -139,12 +139,15 @@ def plot_inference_cost(
     style = "--" if name.startswith("BiT") else "-"
     speed_ax.plot(sizes, speeds, style, marker="o", markersize=4, label=name)
     batch_ax.plot(sizes, batches, style, marker="o", markersize=4, label=name)
+  sizes_drawn = sorted({int(size) for sizes, _, _ in curves.values() for size in sizes})
   for ax, label in (
     (speed_ax, "peak inference speed [img/sec/core]"),
     (batch_ax, "largest per-core batch size"),
   ):
     ax.set_xscale("log")
     ax.set_yscale("log")
+    ax.set_xticks(sizes_drawn, [str(size) for size in sizes_drawn], minor=False)
+    ax.set_xticks([], minor=True)
     ax.set_xlabel("input size [px]")
     ax.set_ylabel(label)
     ax.grid(True, which="both", alpha=0.3)
