@@ -112,3 +112,18 @@ def test_make_figures_writes_where_told_and_by_default_not_into_the_repository(
       folder
     )
   assert {n: open(os.path.join(figures, n), "rb").read() for n in os.listdir(figures)} == tracked
+
+
+def test_plot_inference_cost():
+  curves = {
+    "ViT-B_16": ([224, 384], [900.0, 250.0], [400, 120]),
+    "BiT-R50x1": ([224, 384], [1200.0, 400.0], [300, 90]),
+  }
+  fig = plots.plot_inference_cost(curves)
+  _render(fig)
+  speed, batch = fig.axes
+  assert [line.get_linestyle() for line in batch.lines] == ["-", "--"]
+  assert list(speed.lines[0].get_ydata()) == [900.0, 250.0]
+  assert speed.get_yscale() == batch.get_xscale() == "log"
+  with pytest.raises(ValueError, match="2 sizes, 1 speeds"):
+    plots.plot_inference_cost({"ViT-B_16": ([224, 384], [1.0], [1, 2])})

@@ -9,7 +9,7 @@ matplotlib is an optional extra, imported only when a figure is drawn, so import
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
@@ -119,4 +119,38 @@ def plot_embedding_filters(components: np.ndarray, columns: int = 7) -> Figure:
     if i < k:
       ax.imshow(np.clip(components[i], 0, 1))
   fig.suptitle("principal components of the embedding filters", fontsize="small")
+  return fig
+
+
+def plot_inference_cost(
+  curves: dict[str, tuple[Sequence[int], Sequence[float], Sequence[int]]],
+) -> Figure:
+  """Inference speed and the largest batch per core against the input size (Fig. 12).
+
+  ``curves``: model name -> (input sizes, images per second per core, largest batch per
+  core), one point per size. Left: speed; right: batch; both on log axes, a line and
+  markers per model (the BiT ResNets dashed).
+  """
+  fig = _figure(9, 3.6)
+  speed_ax, batch_ax = fig.subplots(1, 2)
+  for name, (sizes, speeds, batches) in curves.items():
+    if not len(sizes) == len(speeds) == len(batches):
+      raise ValueError(f"{name}: {len(sizes)} sizes, {len(speeds)} speeds, {len(batches)} batches")
+    style = "--" if name.startswith("BiT") else "-"
+    speed_ax.plot(sizes, speeds, style, marker="o", markersize=4, label=name)
+    batch_ax.plot(sizes, batches, style, marker="o", markersize=4, label=name)
+  sizes_drawn = sorted({int(size) for sizes, _, _ in curves.values() for size in sizes})
+  for ax, label in (
+    (speed_ax, "peak inference speed [img/sec/core]"),
+    (batch_ax, "largest per-core batch size"),
+  ):
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xticks(sizes_drawn, [str(size) for size in sizes_drawn], minor=False)
+    ax.set_xticks([], minor=True)
+    ax.set_xlabel("input size [px]")
+    ax.set_ylabel(label)
+    ax.grid(True, which="both", alpha=0.3)
+  batch_ax.legend(fontsize="x-small")
+  fig.tight_layout()
   return fig

@@ -118,7 +118,10 @@ def _same_out(size: int, stride: int) -> int:
 
 
 def resnet_macs(
-  units_per_stage: Sequence[int], width_factor: float, image_size: int
+  units_per_stage: Sequence[int],
+  width_factor: float,
+  image_size: int,
+  stride_in_reduction: bool = False,
 ) -> tuple[int, int, int]:
   """Multiply-adds of a ResNet body for one square image: (MACs, output size, channels).
 
@@ -128,7 +131,8 @@ def resnet_macs(
   the 1x1 projection of the shortcut where the shape changes: the convolutions of
   `models/resnet.py` (ResNet-v1.5) and of BiT's pre-activation ResNet-v2, which differ in
   where the norms sit, not in their convolutions. Norms, ReLUs and weight
-  standardisation are elementwise and not counted.
+  standardisation are elementwise and not counted. ``stride_in_reduction``: the stride
+  in the 1x1 reduction instead (the original ResNet-v1), only to compare published counts.
   """
   width = int(64 * width_factor)
   size = _same_out(image_size, 2)
@@ -140,7 +144,8 @@ def resnet_macs(
     for unit in range(units):
       stride = 2 if stage > 0 and unit == 0 else 1
       out = _same_out(size, stride)
-      macs += size * size * channels * features  # conv1, 1x1 at the input's size
+      reduced = out if stride_in_reduction else size
+      macs += reduced * reduced * channels * features  # conv1, 1x1 (at the input's size)
       macs += out * out * 9 * features * features  # conv2, 3x3, strided
       macs += out * out * features * 4 * features  # conv3, 1x1 expansion
       if channels != 4 * features or stride != 1:
