@@ -39,6 +39,13 @@ def _real(value: Any) -> bool:
   return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+def num_prefix_tokens(classifier: str, class_token: Optional[bool], num_registers: int) -> int:
+  """Tokens before the patches: the class token (``class_token`` None: only with
+  classifier='token') and the registers."""
+  has_class_token = classifier == heads.TOKEN if class_token is None else class_token
+  return int(has_class_token) + num_registers
+
+
 def check_class_token(classifier: str, class_token: Optional[bool]) -> None:
   if class_token not in (None, True, False):
     raise _bad("class_token", class_token, "None (only with classifier='token'), True or False")

@@ -214,6 +214,11 @@ class ModelSettings:
       **_family_options(config),
     )
 
+  @property
+  def num_prefix_tokens(self) -> int:
+    """Tokens before the patches (`options.num_prefix_tokens`): class token and registers."""
+    return options.num_prefix_tokens(self.classifier, self.class_token, self.num_registers)
+
   def get(self, key: str, default: Any = None) -> Any:
     """``self.<key>``, or ``default`` where there is no such field: reads as a ConfigDict does."""
     return getattr(self, key, default)

@@ -481,12 +481,12 @@ class VisionTransformer(nn.Module):
 
   @property
   def has_class_token(self) -> bool:
-    return self.classifier == heads.TOKEN if self.class_token is None else self.class_token
+    return self.num_prefix_tokens > self.num_registers
 
   @property
   def num_prefix_tokens(self) -> int:
     """Tokens before the patches: the class token and the registers."""
-    return int(self.has_class_token) + self.num_registers
+    return options.num_prefix_tokens(self.classifier, self.class_token, self.num_registers)
 
   def grid_hw(self, image_hw: tuple[int, int]) -> tuple[int, int]:
     """The token grid for an image size; raises if the size is not a multiple of the patch."""

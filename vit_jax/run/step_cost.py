@@ -169,12 +169,6 @@ def resnet_flops_per_image(
   return _flops(macs + channels * (num_classes or 0), train)
 
 
-def _num_prefix_tokens(cfg: Settings) -> int:
-  """The class token (where the settings have one) and the registers before the patches."""
-  class_token = cfg.classifier == "token" if cfg.class_token is None else cfg.class_token
-  return int(class_token) + cfg.num_registers
-
-
 def vit_flops_per_image(
   model_config: Settings | ml_collections.ConfigDict,
   image_size: int,
@@ -207,7 +201,7 @@ def vit_flops_per_image(
   if cfg.resnet is not None:  # the patches are cut from the root's feature map
     macs, grid, channels = resnet_macs(cfg.resnet.num_layers, cfg.resnet.width_factor, image_size)
   patches = (grid // ph) * (grid // pw)
-  n = patches + _num_prefix_tokens(cfg)
+  n = patches + cfg.num_prefix_tokens
   macs += patches * ph * pw * channels * d  # patch embedding
   per_layer = n * 4 * d * d + 2 * n * n * d + 2 * n * d * t.mlp_dim  # [N, D] tokens
   macs += t.num_layers * per_layer
@@ -241,7 +235,7 @@ def axial_or_relative_flops_per_image(
   gh, gw = image_size // ph, image_size // pw
   d, t = cfg.hidden_size, cfg.transformer
   n = gh * gw
-  prefix = _num_prefix_tokens(cfg)  # an Axial-ViT has none
+  prefix = cfg.num_prefix_tokens  # an Axial-ViT has none
   relative = cfg.posemb == posemb_lib.RELATIVE
   if cfg.axial:
     # Minus the plain layer's global products; plus a second projection + MLP set, the
@@ -282,7 +276,7 @@ def vit_activation_bytes(
     return None
   ph, pw = cfg.patches.size
   t = cfg.transformer
-  n = (image_size // ph) * (image_size // pw) + _num_prefix_tokens(cfg)
+  n = (image_size // ph) * (image_size // pw) + cfg.num_prefix_tokens
   per_layer = images * n * cfg.hidden_size
   if not (cfg.remat or compiler_rematerializes):
     per_layer += images * (t.num_heads * n * n + n * t.mlp_dim)
