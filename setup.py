@@ -2,7 +2,7 @@
 
 import setuptools
 
-JAX_VERSIONS = ">=0.6,<0.11"
+JAX_VERSIONS = ">=0.6,<0.12"  # 0.11.2 ran the GPU check (docs/performance.md)
 INSTALL_REQUIRES = [
   "absl-py>=1.4",
   "chex>=0.1.87",

@@ -6,7 +6,10 @@ from __future__ import annotations
 import ast
 import pathlib
 
+import numpy as np
 import pytest
+
+from tests import fresh_python
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "vit_jax"
 # The command-line entries and what only they use.
@@ -113,3 +116,57 @@ def test_no_package_imports_itself_back(graph):
 def test_a_cycle_is_found():
   assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
   assert _cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
+
+
+# Imported with TensorFlow unimportable, then a tiny train step built and run: what a GPU
+# machine without TensorFlow (and a plan or weights import anywhere) needs.
+_WITHOUT_TENSORFLOW = """
+import importlib, json, sys
+
+class NoTensorFlow:
+  def find_spec(self, name, path=None, target=None):
+    if name.split(".")[0] in ("tensorflow", "tensorflow_datasets"):
+      raise ImportError(f"{name} is made unimportable by the test")
+
+sys.meta_path.insert(0, NoTensorFlow())
+for name in (
+  "vit_jax.models", "vit_jax.weights", "vit_jax.run", "vit_jax.plan.planner",
+  "vit_jax.predict", "vit_jax.export", "configs.common",
+):
+  importlib.import_module(name)
+import jax, numpy as np
+from configs import common
+from vit_jax import models, run
+
+config = common.get_config()
+config.model = models.get_model_config("testing")
+config.pp.crop, config.batch, config.batch_eval, config.num_classes = 8, 4, 4, 3
+steps = run.build(config, open_data=False)
+labels = np.eye(3, dtype=np.float32)[[0, 1, 2, 0]]
+batch = {"image": np.zeros((4, 8, 8, 3), np.float32), "label": labels}
+state, metrics = steps.train_step(steps.init_state(), jax.device_put(batch, steps.batch_sharding))
+loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("tensorflow", "tensorflow_datasets"))
+print(json.dumps({"loss": float(metrics["train/loss"]), "loaded": loaded}))
+"""
+
+
+def test_the_step_the_plan_and_the_weights_need_no_tensorflow():
+  out = fresh_python.run_json(_WITHOUT_TENSORFLOW, fresh_python.clean_env())
+  assert out["loaded"] == []
+  assert abs(out["loss"] - np.log(3)) < 1e-3  # a fresh zero head: uniform over 3 classes
+
+
+def test_the_data_package_loads_its_modules_on_first_use():
+  out = fresh_python.run_json(
+    """
+    import json, sys
+    from vit_jax import data
+    before = "tensorflow" in sys.modules
+    settings_cls = data.Settings  # TensorFlow-free
+    data.train_iterator  # the pipeline: TensorFlow
+    print(json.dumps({"before": before, "after": "tensorflow" in sys.modules,
+                      "name": settings_cls.__module__}))
+    """,
+    fresh_python.clean_env(),
+  )
+  assert out == {"before": False, "after": True, "name": "vit_jax.data.dataset"}

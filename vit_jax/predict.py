@@ -34,12 +34,10 @@ from vit_jax import cli  # isort: skip  (first: it sets TensorFlow's log level b
 import jax
 import jax.numpy as jnp
 import numpy as np
-import tensorflow as tf
 from absl import flags, logging
 from PIL import Image
 
 from vit_jax import errors, input_files, models
-from vit_jax.data import preprocess
 from vit_jax.printable import printable
 from vit_jax.weights import sources
 
@@ -144,6 +142,11 @@ class Classifier:
     crop = image_size[0]
     config = models.with_family_defaults(model.config)
     mean, std = tuple(config.input_mean), tuple(config.input_std)
+    # TensorFlow decodes as the eval pipeline does; imported here, where it is used.
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    from vit_jax.data import preprocess  # pylint: disable=g-import-not-at-top
+
     self._prepare = tf.function(
       lambda data: preprocess.eval_image(data, crop=crop, mean=mean, std=std),
       input_signature=[tf.TensorSpec([], tf.string)],
@@ -152,6 +155,8 @@ class Classifier:
   def prepare(self, path: str) -> Optional[np.ndarray]:
     """float32 [H, W, 3] normalised for the model, or None (added to `skipped`) when the
     file is not an image to decode (`unreadable_image`) or cannot be decoded."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
     why = unreadable_image(path)
     if why is None:
       try:

@@ -11,25 +11,33 @@ read through `Settings.from_config`):
   make_global_batch(local_batch, mesh) -> global jax.Arrays
   local_batch_size(global_batch, mesh, key) -> this process's rows; fails on a batch
       that does not split over the processes and the 'data' devices
-Importing this package registers the `digits` tfds builder.
+The names load on first use (PEP 562): the pipeline's modules import TensorFlow, which a
+step, a plan or a weights import never needs. Using the pipeline or tfds registers the
+`digits` builder.
 """
 
-from vit_jax.data import digits  # Registers tfds.builder('digits').
-from vit_jax.data.batching import local_batch_size, make_global_batch
-from vit_jax.data.dataset import DatasetInfo, Settings, check_data_dir, dataset_info
-from vit_jax.data.pipeline import eval_iterator, train_iterator
-from vit_jax.data.presets import PRESETS, Preset
+from __future__ import annotations
 
-__all__ = [
-  "DatasetInfo",
-  "PRESETS",
-  "Preset",
-  "Settings",
-  "check_data_dir",
-  "dataset_info",
-  "digits",
-  "eval_iterator",
-  "local_batch_size",
-  "make_global_batch",
-  "train_iterator",
-]
+import importlib
+from typing import Any
+
+# Public name -> the module that defines it.
+_WHERE = {
+  "DatasetInfo": "dataset",
+  "PRESETS": "presets",
+  "Preset": "presets",
+  "Settings": "dataset",
+  "check_data_dir": "dataset",
+  "dataset_info": "dataset",
+  "eval_iterator": "pipeline",
+  "local_batch_size": "batching",
+  "make_global_batch": "batching",
+  "train_iterator": "pipeline",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+  if name not in _WHERE:
+    raise AttributeError(f"module 'vit_jax.data' has no attribute {name!r}")
+  return getattr(importlib.import_module(f"vit_jax.data.{_WHERE[name]}"), name)

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from vit_jax import errors
-from vit_jax.data import folder as folder_lib
-from vit_jax.data import preprocess, presets, tfds_source
-from vit_jax.data import splits as splits_lib
+from vit_jax.data import presets
+from vit_jax.models.settings import OFFICIAL_INPUT_MEAN, OFFICIAL_INPUT_STD
+
+if TYPE_CHECKING:
+  from vit_jax.data.splits import SplitSource
 
 # Keys that may hold None: no local tfds dir, no manual-download dir, classes from the data.
 _OPTIONAL = ("data_dir", "manual_dir", "num_classes")
@@ -41,8 +43,8 @@ class Settings:
   seed: int
   skip_corrupt_images: bool
   # The normalisation the model's weights expect (config.model.input_mean/input_std).
-  input_mean: tuple[float, ...] = preprocess.OFFICIAL_MEAN
-  input_std: tuple[float, ...] = preprocess.OFFICIAL_STD
+  input_mean: tuple[float, ...] = OFFICIAL_INPUT_MEAN
+  input_std: tuple[float, ...] = OFFICIAL_INPUT_STD
 
   @classmethod
   def from_config(cls, config: Any) -> "Settings":
@@ -79,8 +81,8 @@ class Settings:
       prefetch=int(get("prefetch")),
       seed=int(get("seed")),
       skip_corrupt_images=bool(get("skip_corrupt_images")),
-      input_mean=tuple(model.get("input_mean", preprocess.OFFICIAL_MEAN)),
-      input_std=tuple(model.get("input_std", preprocess.OFFICIAL_STD)),
+      input_mean=tuple(model.get("input_mean", OFFICIAL_INPUT_MEAN)),
+      input_std=tuple(model.get("input_std", OFFICIAL_INPUT_STD)),
     )
     for key in ("crop", "batch", "batch_eval", "shuffle_buffer"):
       if getattr(settings, key) <= 0:
@@ -149,6 +151,10 @@ class Dataset:
   """The configured dataset: opens splits and knows the number of classes."""
 
   def __init__(self, settings: Settings):
+    # The readers import TensorFlow: only a run that opens its data pays for it.
+    from vit_jax.data import folder as folder_lib  # pylint: disable=g-import-not-at-top
+    from vit_jax.data import tfds_source  # pylint: disable=g-import-not-at-top
+
     self.settings = settings
     check_readable(settings.dataset)
     if settings.dataset.startswith(folder_lib.PREFIX):
@@ -174,7 +180,7 @@ class Dataset:
         f"{settings.dataset!r} does not say how many classes it has; set config.num_classes."
       )
 
-  def split(self, spec: str) -> splits_lib.SplitSource:
+  def split(self, spec: str) -> SplitSource:
     return self._source.split(spec)
 
 

@@ -17,11 +17,11 @@ from __future__ import annotations
 import tensorflow as tf
 
 from vit_jax.data import randaug as randaug_lib
+from vit_jax.models.settings import OFFICIAL_INPUT_MEAN as OFFICIAL_MEAN
+from vit_jax.models.settings import OFFICIAL_INPUT_STD as OFFICIAL_STD
 
 # Aspect ratios (width / height) of the inception crop, as in Szegedy et al. (2015).
 CROP_ASPECT_RANGE = (3.0 / 4.0, 4.0 / 3.0)
-# The official normalisation as a mean and std on the 0..1 scale: (x / 255 - 0.5) / 0.5.
-OFFICIAL_MEAN = OFFICIAL_STD = (0.5, 0.5, 0.5)
 RGB = tuple[float, float, float]
 _CROP_ATTEMPTS = 10  # Proposals tried before the crop falls back to the whole image.
 

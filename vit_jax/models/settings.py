@@ -26,6 +26,9 @@ from vit_jax import errors
 from vit_jax.models import bit, mixer, options, variants, vit
 from vit_jax.models import posemb as posemb_lib
 
+# The inputs the official weights expect: pixels in [0, 1] mapped to [-1, 1], per RGB.
+OFFICIAL_INPUT_MEAN = OFFICIAL_INPUT_STD = (0.5, 0.5, 0.5)
+
 
 def _read(node: Any, key: str, where: str) -> Any:
   """``node[key]``; a missing key fails naming ``config.<where>.<key>``."""
@@ -146,8 +149,8 @@ class ModelSettings:
   layer_scale_init: Optional[float] = None  # None: no LayerScale (DINOv2: 1e-5)
   layer_norm_epsilon: float = 1e-6
   activation: str = "gelu"  # `layers.ACTIVATIONS`
-  input_mean: tuple[float, ...] = (0.5, 0.5, 0.5)  # the inputs the weights expect, per RGB
-  input_std: tuple[float, ...] = (0.5, 0.5, 0.5)
+  input_mean: tuple[float, ...] = OFFICIAL_INPUT_MEAN  # the inputs the weights expect, per RGB
+  input_std: tuple[float, ...] = OFFICIAL_INPUT_STD
 
   def __post_init__(self):
     vit.check_classifier(self.classifier)
@@ -270,8 +273,8 @@ class _FamilySettings:
   remat_policy: Optional[str]
   dtype: str
   head_bias_init: float = 0.0
-  input_mean: tuple[float, ...] = (0.5, 0.5, 0.5)
-  input_std: tuple[float, ...] = (0.5, 0.5, 0.5)
+  input_mean: tuple[float, ...] = OFFICIAL_INPUT_MEAN
+  input_std: tuple[float, ...] = OFFICIAL_INPUT_STD
   scan: bool = False
   stoch_depth: float = 0.0
   attention_impl: Optional[str] = None
