@@ -97,7 +97,15 @@ SPEEDS = (
   Speed("infer", "ViT-B_16", 512, "cudnn"),
   Speed("train", "ViT-B_16", 256, "xla"),
 )
-ROWS = ("correctness", *(s.name for s in SPEEDS[:2]), "timm", *(s.name for s in SPEEDS[2:]))
+PROFILED = SPEEDS[1]  # the `profile` row: this step again, under `jax.profiler`
+PROFILE_STEPS = 5
+ROWS = (
+  "correctness",
+  *(s.name for s in SPEEDS[:2]),
+  "timm",
+  *(s.name for s in SPEEDS[2:]),
+  "profile",
+)
 RESOLUTION = 224
 # --smoke: every row on the CPU with a 2-layer, 32-wide model at 32x32.
 SMOKE = dict(resolution=32, batch=4, steps=2, warmup=1)
@@ -309,8 +317,9 @@ def _time(fn: Callable[[], Any], steps: int, warmup: int) -> list[float]:
   return times
 
 
-def row_speed(speed: Speed, smoke: bool) -> dict[str, Any]:
-  """Our train step or forward pass for ``speed``: img/s, MFU, memory, compile time."""
+def row_speed(speed: Speed, smoke: bool, profile: bool = False) -> dict[str, Any]:
+  """Our train step or forward pass for ``speed``: img/s, MFU, memory, compile time; with
+  ``profile``, where the device's time goes over `PROFILE_STEPS` more steps."""
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
 
@@ -361,7 +370,9 @@ def row_speed(speed: Speed, smoke: bool) -> dict[str, Any]:
   final_loss = None
   if speed.mode == "train":
     final_loss = float(step()["train/loss"])
+  summary = profile_steps(step, PROFILE_STEPS) if profile else None
   return dict(
+    profile=summary,
     device=_device_info(),
     img_s=img_s,
     step_ms_median=1e3 * median,
@@ -461,9 +472,97 @@ def row_timm(smoke: bool) -> dict[str, Any]:
   return results
 
 
+# Kernel families by name (lower case), first match wins: cuBLAS / CUTLASS / Triton matrix
+# products, cuDNN's fused attention, XLA's own fused elementwise and reduction kernels.
+KERNEL_KINDS = (
+  ("attention (cuDNN)", ("fmha", "flash", "sdpa", "attention")),
+  ("convolution", ("convolution", "fprop", "dgrad", "wgrad")),
+  ("matmul", ("gemm", "xmma", "cutlass", "cublas", "matmul", "dot", "wgmma")),
+  ("copy / memset", ("memcpy", "memset", "copy")),
+  ("XLA fusion", ("fusion", "reduce", "loop", "input", "triton", "transpose", "broadcast")),
+)
+
+
+def _kernel_kind(name: str) -> str:
+  lower = name.lower()
+  return next((kind for kind, keys in KERNEL_KINDS if any(k in lower for k in keys)), "other")
+
+
+def summarise_trace(events: list[dict[str, Any]], steps: int) -> dict[str, Any]:
+  """Device time per step by kernel kind, the top kernels, and the share of the traced span
+  in which the device ran nothing (launch gaps, host work). Device events are those of a
+  ``/device:...`` process (a GPU's streams); without one (a CPU), XLA's op threads."""
+  names = {}
+  for e in events:
+    if e.get("ph") == "M" and e.get("name") in ("process_name", "thread_name"):
+      names[(e.get("pid"), e.get("tid") if e["name"] == "thread_name" else None)] = e["args"][
+        "name"
+      ]
+  device_pids = {pid for (pid, tid), n in names.items() if tid is None and n.startswith("/device:")}
+  if device_pids:
+    on_device = lambda e: e.get("pid") in device_pids  # noqa: E731
+  else:
+    op_threads = {key for key, n in names.items() if key[1] is not None and n.startswith("tf_XLA")}
+    on_device = lambda e: (e.get("pid"), e.get("tid")) in op_threads  # noqa: E731
+  kernels = [
+    e
+    for e in events
+    if e.get("ph") == "X" and on_device(e) and e.get("dur") and "Thunk" not in e["name"]
+  ]  # a CPU's ThunkExecutor events wrap its kernels
+  if not kernels:
+    return dict(error="no device events in the trace")
+  # Streams can overlap: busy time is the union of the kernels' intervals.
+  spans = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in kernels)
+  busy, end = 0.0, spans[0][0]
+  for a, b in spans:
+    busy += max(0.0, b - max(a, end))
+    end = max(end, b)
+  total = spans[-1][1] - spans[0][0]
+  kinds: dict[str, float] = {}
+  by_name: dict[str, list[float]] = {}
+  for e in kernels:
+    kinds[_kernel_kind(e["name"])] = kinds.get(_kernel_kind(e["name"]), 0.0) + float(e["dur"])
+    by_name.setdefault(e["name"], []).append(float(e["dur"]))
+  per_step = lambda us: us / 1e3 / steps  # noqa: E731  (microseconds -> ms per step)
+  top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:12]
+  return dict(
+    span_ms=per_step(total),
+    busy_ms=per_step(busy),
+    idle_fraction=1.0 - busy / total if total else None,
+    kernels_per_step=len(kernels) / steps,
+    kinds_ms={k: per_step(v) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
+    top=[dict(name=n[:90], kind=_kernel_kind(n), ms=per_step(sum(d)), calls=len(d) / steps)
+         for n, d in top],
+  )  # fmt: skip
+
+
+def profile_steps(step: Callable[[], Any], steps: int) -> dict[str, Any]:
+  """``steps`` blocked steps under `jax.profiler.trace` (a Perfetto JSON trace in a
+  temporary folder), summarised by `summarise_trace`."""
+  import glob  # pylint: disable=g-import-not-at-top
+  import gzip  # pylint: disable=g-import-not-at-top
+  import tempfile  # pylint: disable=g-import-not-at-top
+
+  import jax  # pylint: disable=g-import-not-at-top
+
+  with tempfile.TemporaryDirectory() as folder:
+    with jax.profiler.trace(folder, create_perfetto_trace=True):
+      for _ in range(steps):
+        jax.block_until_ready(step())
+    found = glob.glob(os.path.join(folder, "**", "perfetto_trace.json.gz"), recursive=True)
+    if not found:
+      return dict(error="jax.profiler wrote no perfetto_trace.json.gz")
+    with gzip.open(found[0]) as f:
+      trace = json.load(f)
+  events = trace["traceEvents"] if isinstance(trace, dict) else trace
+  return summarise_trace(events, steps)
+
+
 def run_child(row: str, smoke: bool) -> dict[str, Any]:
   if row == "correctness":
     return row_correctness(smoke)
+  if row == "profile":
+    return row_speed(PROFILED, smoke, profile=True)
   if row == "timm":
     return row_timm(smoke)
   for speed in SPEEDS:
@@ -660,6 +759,19 @@ def table(report: dict[str, Any]) -> str:
         f"{timm['train']['batch']} (peak {_f(timm['train']['peak_bytes'], '.2f', 2**-30)} GiB), "
         f"inference {_f(timm['infer']['img_s'], '.0f')} img/s at batch {timm['infer']['batch']}."
       )
+  summary = results.get("profile", {}).get("profile")
+  if summary and "kinds_ms" in summary:
+    lines.append(
+      f"\nProfile of {PROFILED.name} ({PROFILE_STEPS} steps): per step {summary['span_ms']:.1f} ms "
+      f"traced, the device busy {summary['busy_ms']:.1f} ms ({summary['idle_fraction']:.0%} idle), "
+      f"{summary['kernels_per_step']:.0f} kernels."
+    )
+    lines.append("\n| kernel kind | ms per step |\n|---|---|")
+    lines += [f"| {kind} | {ms:.2f} |" for kind, ms in summary["kinds_ms"].items()]
+    lines.append("\n| top kernel | kind | ms per step | calls per step |\n|---|---|---|---|")
+    lines += [
+      f"| `{t['name']}` | {t['kind']} | {t['ms']:.2f} | {t['calls']:.0f} |" for t in summary["top"]
+    ]
   failed = [k for k, r in results.items() if not r.get("ok")]
   lines.append("\nFailed rows: " + (", ".join(failed) if failed else "none"))
   return "\n".join(lines) + "\n"

@@ -43,6 +43,8 @@ def test_smoke_runs_every_row_on_the_cpu(tmp_path, gpu_check):
     assert row["img_s"] > 0 and row["step_ms_min"] <= row["step_ms_median"]
     assert row["device"]["platform"] == "cpu"
   assert results["timm"]["train"]["img_s"] > 0 and results["timm"]["infer"]["img_s"] > 0
+  profile = results["profile"]["profile"]
+  assert 0 < profile["busy_ms"] <= profile["span_ms"] and profile["kinds_ms"]["XLA fusion"] > 0
   table = (tmp_path / "gpu_check.md").read_text()
   assert "Failed rows: none" in table
   assert all(f"| {s.name} |" in table for s in gpu_check.SPEEDS)
@@ -87,3 +89,26 @@ def test_a_row_that_does_not_exist_is_refused(tmp_path):
   )
   assert proc.returncode == 2
   assert "--only: train/ViT-X not among the rows" in proc.stderr
+
+
+def test_the_trace_summary_counts_overlapping_kernels_once(gpu_check):
+  meta = lambda name, pid, tid=None: dict(  # noqa: E731
+    ph="M", name="thread_name" if tid else "process_name", pid=pid, tid=tid, args=dict(name=name)
+  )
+  kernel = lambda name, ts, dur, pid=1: dict(ph="X", name=name, pid=pid, tid=7, ts=ts, dur=dur)  # noqa: E731
+  events = [
+    meta("/device:GPU:0", 1),
+    meta("/host:CPU", 2),
+    kernel("sm90_xmma_gemm_bf16bf16", 0, 400),
+    kernel("cudnn_generated_fort_native_sdpa_sm90_flash_fprop", 300, 200),  # overlaps 100
+    kernel("loop_multiply_fusion", 1000, 100),
+    kernel("PjitFunction(step)", 0, 5000, pid=2),  # the host's: not counted
+  ]
+  summary = gpu_check.summarise_trace(events, steps=2)
+  assert summary["span_ms"] == pytest.approx(1100 / 1e3 / 2)
+  assert summary["busy_ms"] == pytest.approx(600 / 1e3 / 2)  # the overlap counted once
+  assert summary["kinds_ms"] == pytest.approx(
+    {"matmul": 0.2, "attention (cuDNN)": 0.1, "XLA fusion": 0.05}
+  )
+  assert summary["kernels_per_step"] == 1.5
+  assert [t["kind"] for t in summary["top"]] == ["matmul", "attention (cuDNN)", "XLA fusion"]
