@@ -1,0 +1,125 @@
+"""Text to fixed-length token ids for an image-text model's text tower.
+
+    tokenizer = load_tokenizer("path/to/checkpoint")   # a folder, a .model or tokenizer.json
+    ids = tokenizer.encode(["a photo of a cat", "a dog"], length=64)   # int32 [2, 64]
+
+Two formats, each read by its own library (the `text` extra):
+- SentencePiece models (``*.model``: big_vision's SigLIP and LiT, T5, Gemma) through
+  `sentencepiece`;
+- Hugging Face ``tokenizer.json`` (CLIP, SigLIP 2 through transformers, most hub
+  checkpoints) through `tokenizers`, with the file's own pre- and post-processing (CLIP's
+  start and end tokens included).
+
+Every text becomes exactly ``length`` ids: longer ones are truncated, shorter ones padded
+with the tokenizer's pad id (0 where it names none). ``eos``, for SentencePiece models
+(whose encoders add no end token): 'none' adds nothing; 'yes' appends the end token, which
+truncation may cut; 'sticky' (big_vision's SigLIP) keeps it as the last id even then.
+"""
+
+from __future__ import annotations
+
+import abc
+import glob
+import os
+from typing import Sequence
+
+import numpy as np
+
+from vit_jax import errors
+
+EOS_MODES = ("none", "yes", "sticky")
+HF_FILE = "tokenizer.json"
+
+
+def _check_eos(eos: str) -> None:
+  if eos not in EOS_MODES:
+    raise errors.ConfigError(f"eos={eos!r}: choose one of {EOS_MODES}.")
+
+
+class Tokenizer(abc.ABC):
+  """Texts -> int32 [N, length] ids, padded with `pad_id`."""
+
+  pad_id: int
+  vocab_size: int
+
+  @abc.abstractmethod
+  def _ids(self, text: str) -> list[int]:
+    """One text's ids, with whatever start and end tokens the format adds."""
+
+  def _fit(self, ids: list[int], length: int) -> list[int]:
+    return ids[:length]
+
+  def encode(self, texts: Sequence[str] | str, length: int) -> np.ndarray:
+    if length <= 0:
+      raise errors.ConfigError(f"text length={length} must be positive (e.g. 64).")
+    texts = [texts] if isinstance(texts, str) else list(texts)
+    out = np.full((len(texts), length), self.pad_id, np.int32)
+    for row, text in enumerate(texts):
+      ids = self._fit(self._ids(text), length)
+      out[row, : len(ids)] = ids
+    return out
+
+
+class SentencePieceTokenizer(Tokenizer):
+  """A SentencePiece ``.model``; ``eos`` as the module says."""
+
+  def __init__(self, path: str, eos: str = "none"):
+    import sentencepiece  # pylint: disable=g-import-not-at-top
+
+    _check_eos(eos)
+    self._model = sentencepiece.SentencePieceProcessor(model_file=path)
+    self._eos = eos
+    self.vocab_size = self._model.get_piece_size()
+    self.pad_id = max(self._model.pad_id(), 0)  # -1: the model has no pad piece
+
+  def _ids(self, text: str) -> list[int]:
+    ids = self._model.encode(text)
+    return ids + [self._model.eos_id()] if self._eos != "none" else ids
+
+  def _fit(self, ids: list[int], length: int) -> list[int]:
+    if self._eos == "sticky" and len(ids) > length:
+      return ids[: length - 1] + [self._model.eos_id()]
+    return ids[:length]
+
+
+class HuggingFaceTokenizer(Tokenizer):
+  """A ``tokenizer.json``, with its own normalisation and special tokens."""
+
+  def __init__(self, path: str):
+    import tokenizers  # pylint: disable=g-import-not-at-top
+
+    self._tokenizer = tokenizers.Tokenizer.from_file(path)
+    self._tokenizer.no_padding()
+    self._tokenizer.no_truncation()
+    self.vocab_size = self._tokenizer.get_vocab_size()
+    padding = self._tokenizer.padding
+    self.pad_id = int(padding["pad_id"]) if padding else 0
+
+  def _ids(self, text: str) -> list[int]:
+    return self._tokenizer.encode(text).ids
+
+
+def load_tokenizer(path: str, eos: str = "none") -> Tokenizer:
+  """The tokenizer in ``path``: a ``.model`` or ``tokenizer.json`` file, or a folder that
+  holds one (``tokenizer.json`` first)."""
+  _check_eos(eos)
+  if os.path.isdir(path):
+    found = [os.path.join(path, HF_FILE)] if os.path.isfile(os.path.join(path, HF_FILE)) else []
+    found = found or sorted(glob.glob(os.path.join(glob.escape(path), "*.model")))
+    if not found:
+      raise errors.MissingError(
+        f"No tokenizer in {path!r}: it needs a {HF_FILE} or a SentencePiece .model file "
+        "(the checkpoint's tokenizer, saved beside its weights)."
+      )
+    path = found[0]
+  if not os.path.isfile(path):
+    raise errors.MissingError(f"Tokenizer {path!r} does not exist: name a {HF_FILE} or a .model.")
+  try:
+    if os.path.basename(path).endswith(".json"):
+      return HuggingFaceTokenizer(path)
+    return SentencePieceTokenizer(path, eos)
+  except ImportError as e:
+    raise errors.UserError(f"Reading {path!r} needs {e.name}: pip install -e '.[text]'.") from None
+  except (RuntimeError, OSError, ValueError) as e:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    raise errors.InputFileError(f"Tokenizer {path!r} could not be read: {first}") from None
