@@ -52,7 +52,12 @@ class LoadedModel:
   run_config: Optional[ml_collections.ConfigDict] = None  # a training run's saved config
 
   def module(self, **overrides: Any) -> models.VisionTransformer:
-    return models.create_model(self.config, num_classes=self.num_classes, **overrides)
+    """The Flax module of these parameters; ``overrides`` are `create_model`'s arguments:
+    ``num_classes=5`` a new head (train it: the parameters have none of that size),
+    ``num_classes=0`` or None no head (the pre-logits features, as timm's 0)."""
+    kwargs = {"num_classes": self.num_classes, **overrides}
+    kwargs["num_classes"] = kwargs["num_classes"] or None
+    return models.create_model(self.config, **kwargs)
 
 
 def load(path: str | os.PathLike, model_name: Optional[str] = None) -> LoadedModel:
