@@ -34,7 +34,7 @@ from jax.experimental import multihost_utils
 
 from vit_jax import errors
 from vit_jax.paths import as_path
-from vit_jax.run import resume_policy
+from vit_jax.run import resume_policy, save_loop
 from vit_jax.weights.orbax_steps import (
   META,
   STATE,
@@ -133,6 +133,7 @@ class RunCheckpoints:
     self._data = dict(data or {})
     self._verified: Optional[int] = None  # newest step known intact
     self._state_bytes: Optional[int] = None
+    save_loop.drain_before_close()  # a failed save ends in its one error, nothing printed
     options = ocp.CheckpointManagerOptions(
       max_to_keep=None, create=True, enable_async_checkpointing=async_save
     )
