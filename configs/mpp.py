@@ -45,9 +45,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config = quickstart.get_config()
     _objective(config)
     config.total_steps = 1_000
-    config.lr = ml_collections.ConfigDict(
-      dict(base=1e-3, warmup_steps=100, decay="cosine", end=0.0)
-    )
+    config.lr.base, config.lr.warmup_steps = 1e-3, 100
     config.fewshot.datasets = ("digits",)
     config.fewshot.every = 500
     return config
@@ -64,9 +62,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model = models.get_model_config(model_name)
 
   config.total_steps = pretrain.steps_for(dataset)
-  config.lr = ml_collections.ConfigDict(
-    dict(base=2e-4, warmup_steps=pretrain.WARMUP_STEPS, decay="cosine", end=0.0)
-  )
+  config.lr.base, config.lr.warmup_steps = 2e-4, pretrain.WARMUP_STEPS
 
   config.log_every = 100
   config.eval_every = 10_000

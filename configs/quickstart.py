@@ -19,7 +19,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.train_split = "train"
   config.test_split = "test"
   # 8x8 digits upsampled to 16x16, 4x4 patches: a 4x4 grid of tokens plus the class token.
-  config.pp = ml_collections.ConfigDict(dict(crop=16, min_area=0.8, flip=False))
+  config.pp.crop, config.pp.min_area, config.pp.flip = 16, 0.8, False
 
   config.model = models.get_model_config("testing")
   config.model.name = "ViT-quickstart"

@@ -34,6 +34,26 @@ def anchors(text: str) -> set[str]:
   return result
 
 
+def unclosed_fence(text: str):
+  """The line number of a code fence that opens and never closes, else None."""
+  opened = None
+  for number, line in enumerate(text.splitlines(), 1):
+    if line.lstrip().startswith("```"):
+      opened = None if opened else number
+  return opened
+
+
+def test_an_unclosed_fence_is_found():
+  assert unclosed_fence("a\n```bash\nx\n```\nb\n") is None
+  assert unclosed_fence("a\n```\nx\n```\n\n```\nthe rest renders as code\n") == 6
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_code_fence_closes(page):
+  line = unclosed_fence(page.read_text())
+  assert line is None, f"{page.name}:{line}: a code fence that never closes"
+
+
 def test_anchors_follow_github_rules():
   text = "# A\n## Many hosts: TPU pod slices\n```\n# not a heading\n```\n## `x='y'` z\n## A\n"
   assert anchors(text) == {"a", "many-hosts-tpu-pod-slices", "xy-z", "a-1"}

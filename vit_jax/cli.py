@@ -98,7 +98,7 @@ def _unknown_key_message(argv: Sequence[str]) -> Optional[str]:
   valid = _config_keys(base.value)
   for key in overrides:
     if key not in valid:
-      close = difflib.get_close_matches(key, valid, n=3, cutoff=0.5)
+      close = closest_keys(key, valid)
       hint = (
         f"closest valid keys: {', '.join(close)}"
         if close
@@ -106,6 +106,23 @@ def _unknown_key_message(argv: Sequence[str]) -> Optional[str]:
       )
       return f"Unknown config key {key!r} (--config.{key}); {hint}."
   return None
+
+
+_MOST_LETTERS = 0.75  # difflib's similarity a key without a shared section needs
+
+
+def closest_keys(typed: str, valid: Sequence[str]) -> list[str]:
+  """Up to three valid keys like ``typed``: in its section (``lr.bse`` -> ``lr.base``) or,
+  elsewhere, sharing most of its letters (``sed`` -> ``seed``); never one that shares
+  nothing with it (``pp.randaug`` does not suggest ``pretrained``)."""
+  section = typed.rpartition(".")[0]
+
+  def resembles(key: str) -> bool:
+    if section and key.rpartition(".")[0] == section:
+      return True
+    return difflib.SequenceMatcher(None, typed, key).ratio() >= _MOST_LETTERS
+
+  return [k for k in difflib.get_close_matches(typed, valid, n=10, cutoff=0.5) if resembles(k)][:3]
 
 
 def last_line(message: str) -> str:

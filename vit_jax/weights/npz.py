@@ -4,7 +4,7 @@ Official files are flat `np.savez` archives whose keys are Flax parameter paths 
 '/' (keys and shapes: docs/checkpoint_format.md). A scanned encoder (`nn.scan`) keeps every
 block's arrays once, under `Transformer/encoderblock/`, with a leading depth axis; the
 per-layer layout has `Transformer/encoderblock_{i}/`. Files are written per-layer, as the
-official ones. Adapting weights to a new model for fine-tuning is `vit_jax.pretrained`;
+official ones. Adapting weights to a new model for fine-tuning is `vit_jax.weights.fit`;
 saving a training run is `vit_jax.run.checkpoints`.
 """
 

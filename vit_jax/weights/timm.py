@@ -1,4 +1,6 @@
-"""timm `VisionTransformer` (and its ResNet hybrids) <- our parameters, numpy only.
+"""timm `VisionTransformer` (and its ResNet hybrids) <-> our parameters, numpy only: one
+table of arrays (`vit_table`) read both ways (`to_timm`, `from_timm`), and the export's
+`timm_model.json` (`model_spec`); reading a timm folder's config is `timm_import`.
 
 The export is a `model.safetensors` with timm's key names and `timm_model.json`, the
 `timm.create_model` name and keyword arguments that rebuild the architecture. The name
@@ -24,15 +26,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any, Optional
 
 import ml_collections
 import numpy as np
-from flax import traverse_util
 
 from vit_jax import errors, models
 from vit_jax.aliases import Params
-from vit_jax.weights import architecture
+from vit_jax.weights import architecture, tensor_table
+from vit_jax.weights.tensor_table import Row, rows
 
 WEIGHTS = "model.safetensors"
 SPEC = "timm_model.json"
@@ -53,25 +56,42 @@ _GENERIC_VIT = "vit_base_patch16_224"
 _GENERIC_CLIP = "vit_base_patch16_clip_224"  # registered with LayerNorm(eps=1e-5)
 LAYER_NORM_EPS = 1e-6  # timm's ViT LayerNorm default
 _CLIP_EPS = 1e-5
-_POOLS = {"token": "token", "gap": "avg", "map": "map"}  # our classifier -> global_pool
+POOLS = {"token": "token", "gap": "avg", "map": "map"}  # our classifier -> global_pool
 _HYBRID_NAMES = {
   (3, 4, 9): "vit_base_r50_s16_224",
   (2, 2, 2, 2): "vit_small_r26_s32_224",
   (): "vit_tiny_r_s16_p8_224",
 }
-_ACT_LAYER = {True: "gelu_tanh", False: "gelu"}  # our gelu_approximate -> timm act_layer
-_QUICK_GELU = "quick_gelu"
+# (our activation, tanh GELU?) -> timm's act_layer name (QuickGELU has no tanh variant).
+ACT_LAYERS = {
+  ("gelu", False): "gelu",
+  ("gelu", True): "gelu_tanh",
+  ("quick_gelu", False): "quick_gelu",
+}
+# ModelSettings fields that are timm VisionTransformer keyword arguments, given only where
+# not timm's default (falsy); the other fields are set below, or refused by check_exportable.
+FIELD_ARGS = {
+  "num_registers": "reg_tokens",
+  "posemb_patches_only": "no_embed_class",
+  "norm_pre": "pre_norm",
+  "layer_scale_init": "init_values",
+}
 # timm's hybrid kernels standardise as (w - mean) / sqrt(var + 1e-8); ours (official) as
-# (w - mean) / (std + 1e-5). The export scales each kernel so timm computes ours.
+# (w - mean) / (std + 1e-5). Each kernel is rescaled so that the other side computes the same.
 _TIMM_STD_EPS = 1e-8
 _OUR_STD_EPS = 1e-5
+
+
+def act_layer(activation: str, gelu_approximate: bool) -> str:
+  """timm's ``act_layer`` name of our activation."""
+  return ACT_LAYERS[activation, gelu_approximate and activation == "gelu"]
 
 
 def check_exportable(config: ml_collections.ConfigDict, num_classes: Optional[int]) -> None:
   """One ValueError listing what timm's VisionTransformer cannot represent."""
   problems = []
-  if config.get("classifier", "token") not in _POOLS:
-    problems.append(f"classifier {config.classifier!r} (timm: one of {tuple(_POOLS)})")
+  if config.get("classifier", "token") not in POOLS:
+    problems.append(f"classifier {config.classifier!r} (timm: one of {tuple(POOLS)})")
   eps = config.get("layer_norm_epsilon", LAYER_NORM_EPS)
   if eps not in (LAYER_NORM_EPS, _CLIP_EPS):
     problems.append(
@@ -115,7 +135,6 @@ def model_spec(
   else:
     name = _VIT_NAMES.get((patch[0], config.hidden_size, t.num_layers), _GENERIC_VIT)
   module = models.create_model(config, num_classes=num_classes)
-  quick = config.activation == _QUICK_GELU
   kwargs = dict(
     img_size=list(image_size),
     patch_size=patch[0] if patch[0] == patch[1] else list(patch),
@@ -124,18 +143,12 @@ def model_spec(
     num_heads=t.num_heads,
     mlp_ratio=t.mlp_dim / config.hidden_size,
     class_token=module.has_class_token,
-    global_pool=_POOLS[config.classifier],
-    fc_norm=config.fc_norm,
-    act_layer=_QUICK_GELU if quick else _ACT_LAYER[config.gelu_approximate],
+    global_pool=POOLS[config.classifier],
+    fc_norm=config.fc_norm,  # always: timm's default (None) means 'with average pooling'
+    act_layer=act_layer(config.activation, config.gelu_approximate),
     num_classes=num_classes,
   )
-  family = dict(
-    reg_tokens=config.num_registers,
-    no_embed_class=config.posemb_patches_only,
-    pre_norm=config.norm_pre,
-    init_values=config.layer_scale_init,
-  )
-  kwargs.update({k: v for k, v in family.items() if v})  # only where not timm's default
+  kwargs.update({arg: config[field] for field, arg in FIELD_ARGS.items() if config[field]})
   size = "x".join(str(s) for s in image_size)
   stem = f"R{'-'.join(map(str, resnet.num_layers)) or ' root'}+" if resnet is not None else ""
   # timm drops a stored head whose class count differs from the pretrained config's.
@@ -155,11 +168,7 @@ def model_spec(
   }
 
 
-def _conv(kernel: np.ndarray) -> np.ndarray:  # [kh, kw, Cin, Cout] -> [Cout, Cin, kh, kw]
-  return np.ascontiguousarray(kernel.transpose(3, 2, 0, 1))
-
-
-def _std_conv(kernel: np.ndarray) -> np.ndarray:
+def _std_conv_to_torch(kernel: np.ndarray) -> np.ndarray:
   """A kernel that timm's standardisation maps onto our standardised kernel exactly.
 
   Ours: s = (w - m) / (sd + 1e-5), with variance v_s < 1. timm applied to c * s gives
@@ -169,141 +178,158 @@ def _std_conv(kernel: np.ndarray) -> np.ndarray:
   mean = w.mean(axis=(0, 1, 2), keepdims=True)
   s = (w - mean) / (w.std(axis=(0, 1, 2), keepdims=True) + _OUR_STD_EPS)
   var = s.var(axis=(0, 1, 2), keepdims=True)
-  return _conv((s * np.sqrt(_TIMM_STD_EPS / (1.0 - var))).astype(np.float32))
+  return tensor_table.conv_to_torch((s * np.sqrt(_TIMM_STD_EPS / (1.0 - var))).astype(np.float32))
 
 
-def _t(x: np.ndarray) -> np.ndarray:
-  return np.ascontiguousarray(x.T)
+def _std_conv_from_torch(weight: np.ndarray) -> np.ndarray:
+  """A kernel that our standardisation maps onto timm's standardised kernel.
+
+  timm: s = (w - m) / sqrt(v + 1e-8), of standard deviation d = sqrt(v / (v + 1e-8)) < 1.
+  Ours applied to c * s gives c s / (c d + 1e-5), which is s for c = 1e-5 / (1 - d),
+  with 1 - d = (1e-8 / (v + 1e-8)) / (1 + d) computed without cancellation.
+  """
+  w = weight.astype(np.float64)
+  mean = w.mean(axis=(1, 2, 3), keepdims=True)
+  var = w.var(axis=(1, 2, 3), keepdims=True)
+  s = (w - mean) / np.sqrt(var + _TIMM_STD_EPS)
+  d = np.sqrt(var / (var + _TIMM_STD_EPS))
+  c = _OUR_STD_EPS * (1 + d) * (var + _TIMM_STD_EPS) / _TIMM_STD_EPS
+  return tensor_table.conv_from_torch((s * c).astype(np.float32))
 
 
-def _resnet_tensors(flat: dict[str, np.ndarray], units: tuple[int, ...]) -> dict[str, np.ndarray]:
-  root = "patch_embed.backbone." if not units else "patch_embed.backbone.stem."
-  out = {
-    root + "conv.weight": _std_conv(flat["conv_root/kernel"]),
-    root + "norm.weight": flat["gn_root/scale"],
-    root + "norm.bias": flat["gn_root/bias"],
-  }
+# The hybrid's weight-standardised convolutions (not bit-exact: each side standardises).
+_STD_CONV = tensor_table.Layout(_std_conv_to_torch, _std_conv_from_torch)
+_BACKBONE = "patch_embed.backbone."
+
+
+def _resnet_rows(units: tuple[int, ...], stem: bool) -> list[Row]:
+  """The hybrid's ResNet root and stages <-> timm's ``patch_embed.backbone``."""
+  root = _BACKBONE + ("stem." if stem else "")
+  table = [
+    Row("conv_root/kernel", root + "conv.weight", _STD_CONV),
+    *rows("gn_root", root + "norm"),
+  ]
   for s, n in enumerate(units):
     for u in range(n):
-      ours, theirs = f"block{s + 1}/unit{u + 1}/", f"patch_embed.backbone.stages.{s}.blocks.{u}."
+      ours, theirs = f"block{s + 1}/unit{u + 1}/", f"{_BACKBONE}stages.{s}.blocks.{u}."
       for r in (1, 2, 3):
-        out[f"{theirs}conv{r}.weight"] = _std_conv(flat[f"{ours}conv{r}/kernel"])
-        out[f"{theirs}norm{r}.weight"] = flat[f"{ours}gn{r}/scale"]
-        out[f"{theirs}norm{r}.bias"] = flat[f"{ours}gn{r}/bias"]
-      if f"{ours}conv_proj/kernel" in flat:
-        out[f"{theirs}downsample.conv.weight"] = _std_conv(flat[f"{ours}conv_proj/kernel"])
-        out[f"{theirs}downsample.norm.weight"] = flat[f"{ours}gn_proj/scale"]
-        out[f"{theirs}downsample.norm.bias"] = flat[f"{ours}gn_proj/bias"]
-  return out
+        table.append(Row(f"{ours}conv{r}/kernel", f"{theirs}conv{r}.weight", _STD_CONV))
+        table += rows(f"{ours}gn{r}", f"{theirs}norm{r}")
+      proj = f"{theirs}downsample."
+      table.append(Row(f"{ours}conv_proj/kernel", proj + "conv.weight", _STD_CONV, required=False))
+      table += rows(f"{ours}gn_proj", proj + "norm", required=False)
+  return table
 
 
-def _in_heads(kernel: np.ndarray) -> np.ndarray:
-  """Our per-head kernel [D, H, Dh] -> torch's projection weight [H*Dh, D]."""
-  return _t(kernel.reshape(kernel.shape[0], -1))
+def _attention_rows(ours: str, theirs: str, num_heads: int, fused: tuple[str, ...]) -> list[Row]:
+  """Our query/key/value/out <-> timm's attention: the ``fused`` ones (``qkv``: all three;
+  the MAP head's ``kv``: key and value) as parts of one array, ``q`` and ``proj`` apart."""
+  table = []
+  for name in ("query", "key", "value"):
+    key = f"{theirs}q" if name not in fused else f"{theirs}{'qkv' if len(fused) == 3 else 'kv'}"
+    part = (fused.index(name), len(fused)) if name in fused else None
+    table += [
+      Row(f"{ours}{name}/kernel", f"{key}.weight", tensor_table.heads_in(num_heads), part),
+      Row(f"{ours}{name}/bias", f"{key}.bias", tensor_table.heads_bias(num_heads), part),
+    ]
+  table.append(Row(f"{ours}out/kernel", f"{theirs}proj.weight", tensor_table.heads_out(num_heads)))
+  table.append(Row(f"{ours}out/bias", f"{theirs}proj.bias"))
+  return table
 
 
-def _out_heads(kernel: np.ndarray) -> np.ndarray:
-  """Our output kernel [H, Dh, D] -> torch's projection weight [D, H*Dh]."""
-  return _t(kernel.reshape(-1, kernel.shape[-1]))
+def _mlp_rows(ours: str, theirs: str) -> list[Row]:
+  return [
+    *rows(f"{ours}/Dense_0", f"{theirs}.fc1", tensor_table.DENSE),
+    *rows(f"{ours}/Dense_1", f"{theirs}.fc2", tensor_table.DENSE),
+  ]
 
 
-def _norms_and_mlp(flat, ours: str, theirs: str, norms, mlp: str) -> dict[str, np.ndarray]:
-  out = {}
-  for ln, norm in norms:
-    out[f"{theirs}{norm}.weight"] = flat[f"{ours}{ln}/scale"]
-    out[f"{theirs}{norm}.bias"] = flat[f"{ours}{ln}/bias"]
-  for dense, fc in (("Dense_0", "fc1"), ("Dense_1", "fc2")):
-    out[f"{theirs}mlp.{fc}.weight"] = _t(flat[f"{ours}{mlp}/{dense}/kernel"])
-    out[f"{theirs}mlp.{fc}.bias"] = flat[f"{ours}{mlp}/{dense}/bias"]
-  return out
-
-
-def _block_tensors(flat, i: int) -> dict[str, np.ndarray]:
-  ours, theirs = f"Transformer/encoderblock_{i}/", f"blocks.{i}."
-  att = ours + "MultiHeadDotProductAttention_1/"
-  out = {
-    theirs + "attn.qkv.weight": np.concatenate(
-      [_in_heads(flat[f"{att}{n}/kernel"]) for n in ("query", "key", "value")]
-    ),
-    theirs + "attn.qkv.bias": np.concatenate(
-      [flat[f"{att}{n}/bias"].reshape(-1) for n in ("query", "key", "value")]
-    ),
-    theirs + "attn.proj.weight": _out_heads(flat[f"{att}out/kernel"]),
-    theirs + "attn.proj.bias": flat[f"{att}out/bias"],
-  }
-  norms = (("LayerNorm_0", "norm1"), ("LayerNorm_2", "norm2"))
-  out.update(_norms_and_mlp(flat, ours, theirs, norms, "MlpBlock_3"))
-  for scale, ls in (("LayerScale_attention", "ls1"), ("LayerScale_mlp", "ls2")):
-    if f"{ours}{scale}/scale" in flat:
-      out[f"{theirs}{ls}.gamma"] = flat[f"{ours}{scale}/scale"]
-  return out
-
-
-def _map_tensors(flat) -> dict[str, np.ndarray]:
-  """Our `MAPHead_0` -> timm's `attn_pool` (query ``q``, key and value fused as ``kv``)."""
-  ours, att = "MAPHead_0/", "MAPHead_0/MultiHeadDotProductAttention_0/"
-  out = {
-    "attn_pool.latent": flat[ours + "probe"],
-    "attn_pool.q.weight": _in_heads(flat[att + "query/kernel"]),
-    "attn_pool.q.bias": flat[att + "query/bias"].reshape(-1),
-    "attn_pool.kv.weight": np.concatenate(
-      [_in_heads(flat[f"{att}{n}/kernel"]) for n in ("key", "value")]
-    ),
-    "attn_pool.kv.bias": np.concatenate(
-      [flat[f"{att}{n}/bias"].reshape(-1) for n in ("key", "value")]
-    ),
-    "attn_pool.proj.weight": _out_heads(flat[att + "out/kernel"]),
-    "attn_pool.proj.bias": flat[att + "out/bias"],
-  }
-  out.update(_norms_and_mlp(flat, ours, "attn_pool.", (("LayerNorm_0", "norm"),), "MlpBlock_0"))
-  return out
-
-
-def _embedding_tensors(flat, config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
-  """Patch embedding, position table, class token, registers; with ``norm_pre`` the patch
-  bias (timm has none there) is added to the position rows of the patches."""
-  posemb = flat["Transformer/posembed_input/pos_embedding"]
-  out = {"patch_embed.proj.weight": _conv(flat["embedding/kernel"])}
-  if config.norm_pre:
-    prefix = architecture.num_prefix_rows(config)
-    posemb = posemb.copy()
-    posemb[:, prefix:] += flat["embedding/bias"]
-  else:
-    out["patch_embed.proj.bias"] = flat["embedding/bias"]
-  out["pos_embed"] = posemb
-  for ours, theirs in (("cls", "cls_token"), ("registers", "reg_token")):
-    if ours in flat:
-      out[theirs] = flat[ours]
-  return out
-
-
-def flat_float32(params: Params) -> dict[str, np.ndarray]:
-  """A parameter tree as {'a/b/kernel': float32 array}, the form every timm writer reads."""
-  return {
-    k: np.asarray(v, np.float32) for k, v in traverse_util.flatten_dict(params, sep="/").items()
-  }
+def vit_table(
+  depth: int, num_heads: int, *, map_head: bool, resnet: Optional[tuple[tuple[int, ...], bool]]
+) -> list[Row]:
+  """Every array of a timm ViT (``resnet``: the hybrid's units per stage and whether its
+  root is timm's ``stem``), ours <-> timm's; the optional ones where a model may lack them."""
+  optional = dict(required=False)
+  table = [
+    Row("embedding/kernel", "patch_embed.proj.weight", tensor_table.CONV),
+    Row("embedding/bias", "patch_embed.proj.bias", **optional),  # none with pre_norm
+    Row(architecture.POSEMB, "pos_embed"),
+    Row("cls", "cls_token", **optional),
+    Row("registers", "reg_token", **optional),
+    *rows("Transformer/norm_pre", "norm_pre", **optional),  # CLIP
+    *rows("Transformer/encoder_norm", "norm", **optional),  # absent with fc_norm
+    *rows("fc_norm", "fc_norm", **optional),
+    *rows("head", "head", tensor_table.DENSE, **optional),
+    *rows("pre_logits", "pre_logits.fc", tensor_table.DENSE, **optional),
+  ]
+  for i in range(depth):
+    ours, theirs = f"Transformer/encoderblock_{i}/", f"blocks.{i}."
+    att = ours + "MultiHeadDotProductAttention_1/"
+    table += _attention_rows(att, theirs + "attn.", num_heads, ("query", "key", "value"))
+    table += rows(ours + "LayerNorm_0", theirs + "norm1")
+    table += rows(ours + "LayerNorm_2", theirs + "norm2")
+    table += _mlp_rows(ours + "MlpBlock_3", theirs + "mlp")
+    table.append(Row(ours + "LayerScale_attention/scale", theirs + "ls1.gamma", **optional))
+    table.append(Row(ours + "LayerScale_mlp/scale", theirs + "ls2.gamma", **optional))
+  if map_head:  # timm's AttentionPoolLatent (latent, q, fused kv, proj, norm, mlp)
+    att = "MAPHead_0/MultiHeadDotProductAttention_0/"
+    table.append(Row("MAPHead_0/probe", "attn_pool.latent"))
+    table += _attention_rows(att, "attn_pool.", num_heads, ("key", "value"))
+    table += rows("MAPHead_0/LayerNorm_0", "attn_pool.norm")
+    table += _mlp_rows("MAPHead_0/MlpBlock_0", "attn_pool.mlp")
+  if resnet is not None:
+    table += _resnet_rows(*resnet)
+  return table
 
 
 def to_timm(params: Params, config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
-  """timm's state dict (numpy, float32) of a per-layer parameter tree."""
-  flat = flat_float32(params)
+  """timm's state dict (numpy, float32) of a per-layer parameter tree. timm's ViT with
+  ``pre_norm`` has no patch bias: ours is added to the position rows of the patches."""
+  flat = tensor_table.flat_float32(params)
   config = models.with_family_defaults(config)
-  out = _embedding_tensors(flat, config)
-  out["head.weight"], out["head.bias"] = _t(flat["head/kernel"]), flat["head/bias"]
-  for ours, theirs in (
-    ("Transformer/norm_pre", "norm_pre"),
-    ("Transformer/encoder_norm", "norm"),
-    ("fc_norm", "fc_norm"),
-  ):
-    if f"{ours}/scale" in flat:
-      out[f"{theirs}.weight"], out[f"{theirs}.bias"] = flat[f"{ours}/scale"], flat[f"{ours}/bias"]
-  for i in range(config.transformer.num_layers):
-    out.update(_block_tensors(flat, i))
-  if "MAPHead_0/probe" in flat:
-    out.update(_map_tensors(flat))
-  if config.get("resnet") is not None:
-    out.update(_resnet_tensors(flat, tuple(config.resnet.num_layers)))
-  return {k: np.ascontiguousarray(v) for k, v in out.items()}
+  if config.norm_pre:
+    posemb = flat[architecture.POSEMB].copy()
+    posemb[:, architecture.num_prefix_rows(config) :] += flat.pop("embedding/bias")
+    flat[architecture.POSEMB] = posemb
+  resnet = config.get("resnet")
+  units = None if resnet is None else tuple(resnet.num_layers)
+  table = vit_table(
+    config.transformer.num_layers,
+    config.transformer.num_heads,
+    map_head="MAPHead_0/probe" in flat,
+    resnet=None if units is None else (units, bool(units)),
+  )
+  return tensor_table.to_torch(table, flat)
+
+
+_BLOCK = re.compile(r"^blocks\.(\d+)\.")
+_STAGE_UNIT = re.compile(r"^patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.")
+
+
+def from_timm(tensors: dict[str, np.ndarray], num_heads: int, source: str) -> Params:
+  """Our per-layer parameter tree (official layout) of timm's ViT state dict (CLIP's patch
+  embedding has no bias: zeros); one error names every timm array this model has no place
+  for."""
+  if "dist_token" in tensors:
+    raise errors.CheckpointError(
+      f"{source}: a distilled DeiT (dist_token, head_dist): timm averages the logits of its "
+      "class-token and distillation-token heads, which this ViT does not have; load the "
+      "non-distilled deit_* checkpoint of the same size instead."
+    )
+  tensors = dict(tensors)
+  width = tensors["patch_embed.proj.weight"].shape[0]
+  tensors.setdefault("patch_embed.proj.bias", np.zeros(width, np.float32))
+  depth = 1 + max((int(m[1]) for k in tensors if (m := _BLOCK.match(k))), default=-1)
+  units: dict[int, int] = {}
+  for k in tensors:
+    if m := _STAGE_UNIT.match(k):
+      units[int(m[1])] = max(units.get(int(m[1]), 0), int(m[2]) + 1)
+  hybrid = any(k.startswith(_BACKBONE) for k in tensors)
+  resnet = (tuple(units[s] for s in sorted(units)), _BACKBONE + "stem.conv.weight" in tensors)
+  table = vit_table(
+    depth, num_heads, map_head="attn_pool.latent" in tensors, resnet=resnet if hybrid else None
+  )
+  return tensor_table.from_torch(table, tensors, source, "ViT")
 
 
 def write_dir(directory: str, tensors: dict[str, np.ndarray], spec: dict[str, Any]) -> None:

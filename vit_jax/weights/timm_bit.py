@@ -15,12 +15,12 @@ from typing import Any, Optional
 
 import ml_collections
 import numpy as np
-from flax import traverse_util
 
 from vit_jax import errors
 from vit_jax.aliases import Params
 from vit_jax.models import bit
-from vit_jax.weights import timm as timm_export
+from vit_jax.weights import tensor_table
+from vit_jax.weights.tensor_table import Row, rows
 
 STEM = "stem.conv.weight"  # the array that tells a timm ResNet-v2 state dict
 _UNIT = re.compile(r"^stages\.(\d+)\.blocks\.(\d+)\.")
@@ -38,10 +38,6 @@ _NORMS = (("gn1", "norm1"), ("gn2", "norm2"), ("gn3", "norm3"))
 _HEAD = "head.fc"
 
 
-def _to_ours(weight: np.ndarray) -> np.ndarray:  # [Cout, Cin, kh, kw] -> [kh, kw, Cin, Cout]
-  return np.ascontiguousarray(weight.transpose(2, 3, 1, 0))
-
-
 def check_name(timm_name: str, args: dict[str, Any], source: str) -> None:
   """A timm architecture name is a BiT's (``resnetv2_<depth>x<width>_bit``) or none, and
   the model pools by the average (timm's ``global_pool`` 'avg')."""
@@ -57,62 +53,42 @@ def check_name(timm_name: str, args: dict[str, Any], source: str) -> None:
     )
 
 
+def bit_table(units: tuple[int, ...]) -> list[Row]:
+  """Every array of timm's ``resnetv2_*_bit`` with ``units`` per stage, ours <-> timm's."""
+  table = [
+    Row(f"{bit.ROOT}/conv_root/kernel", STEM, tensor_table.CONV),
+    *rows(bit.PRE_HEAD_NORM, "norm"),
+    *rows("head", _HEAD, tensor_table.DENSE_AS_CONV, required=False),
+  ]
+  for s, num_units in enumerate(units):
+    for u in range(num_units):
+      ours, theirs = f"block{s + 1}/{bit.unit_name(u)}/", f"stages.{s}.blocks.{u}."
+      for conv, timm_conv in _CONVS:
+        optional = dict(required=False) if conv == "conv_proj" else {}
+        table.append(
+          Row(f"{ours}{conv}/kernel", f"{theirs}{timm_conv}.weight", tensor_table.CONV, **optional)
+        )
+      for norm, timm_norm in _NORMS:
+        table += rows(f"{ours}{norm}", f"{theirs}{timm_norm}")
+  return table
+
+
 def from_timm(tensors: dict[str, np.ndarray], source: str) -> Params:
   """Our `BitResNet` tree of timm's ``resnetv2_*_bit`` state dict; one error names every
   timm array it has no place for."""
-  tensors = {k: np.asarray(v, np.float32) for k, v in tensors.items()}
-  unused = set(tensors)
-
-  def take(key: str) -> np.ndarray:
-    unused.discard(key)
-    if key not in tensors:
-      raise errors.CheckpointError(f"{source}: no {key!r}; this is not a timm BiT state dict.")
-    return tensors[key]
-
-  flat = {
-    f"{bit.ROOT}/conv_root/kernel": _to_ours(take(STEM)),
-    f"{bit.PRE_HEAD_NORM}/scale": take("norm.weight"),
-    f"{bit.PRE_HEAD_NORM}/bias": take("norm.bias"),
-  }
-  if f"{_HEAD}.weight" in tensors:
-    flat["head/kernel"] = np.ascontiguousarray(take(f"{_HEAD}.weight")[:, :, 0, 0].T)
-    flat["head/bias"] = take(f"{_HEAD}.bias")
-  for s, u in sorted({(int(m[1]), int(m[2])) for k in tensors if (m := _UNIT.match(k))}):
-    ours, theirs = f"block{s + 1}/{bit.unit_name(u)}/", f"stages.{s}.blocks.{u}."
-    for conv, timm_conv in _CONVS:
-      if conv != "conv_proj" or f"{theirs}{timm_conv}.weight" in tensors:
-        flat[f"{ours}{conv}/kernel"] = _to_ours(take(f"{theirs}{timm_conv}.weight"))
-    for norm, timm_norm in _NORMS:
-      flat[f"{ours}{norm}/scale"] = take(f"{theirs}{timm_norm}.weight")
-      flat[f"{ours}{norm}/bias"] = take(f"{theirs}{timm_norm}.bias")
-  if unused:
-    raise errors.CheckpointError(
-      f"{source}: {len(unused)} timm arrays have no place in the BiT ResNet (GroupNorm, "
-      f"weight-standardised convs, no biases): {sorted(unused)[:6]}."
-    )
-  return traverse_util.unflatten_dict(flat, sep="/")
+  units: dict[int, int] = {}
+  for k in tensors:
+    if m := _UNIT.match(k):
+      units[int(m[1])] = max(units.get(int(m[1]), 0), int(m[2]) + 1)
+  table = bit_table(tuple(units.get(s, 0) for s in range(max(units, default=-1) + 1)))
+  what = " (GroupNorm, weight-standardised convs, no biases)"
+  return tensor_table.from_torch(table, tensors, source, "BiT ResNet", what)
 
 
 def to_timm(params: Params, config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
   """timm's ``ResNetV2`` state dict (numpy, float32) of our `BitResNet` tree."""
-  flat = timm_export.flat_float32(params)
-  out = {
-    STEM: timm_export._conv(flat[f"{bit.ROOT}/conv_root/kernel"]),
-    "norm.weight": flat[f"{bit.PRE_HEAD_NORM}/scale"],
-    "norm.bias": flat[f"{bit.PRE_HEAD_NORM}/bias"],
-    f"{_HEAD}.weight": flat["head/kernel"].T[:, :, None, None],
-    f"{_HEAD}.bias": flat["head/bias"],
-  }
-  for s, num_units in enumerate(config.resnet.num_layers):
-    for u in range(num_units):
-      ours, theirs = f"block{s + 1}/{bit.unit_name(u)}/", f"stages.{s}.blocks.{u}."
-      for conv, timm_conv in _CONVS:
-        if f"{ours}{conv}/kernel" in flat:
-          out[f"{theirs}{timm_conv}.weight"] = timm_export._conv(flat[f"{ours}{conv}/kernel"])
-      for norm, timm_norm in _NORMS:
-        out[f"{theirs}{timm_norm}.weight"] = flat[f"{ours}{norm}/scale"]
-        out[f"{theirs}{timm_norm}.bias"] = flat[f"{ours}{norm}/bias"]
-  return {k: np.ascontiguousarray(v) for k, v in out.items()}
+  table = bit_table(tuple(config.resnet.num_layers))
+  return tensor_table.to_torch(table, tensor_table.flat_float32(params))
 
 
 def timm_name(config: ml_collections.ConfigDict) -> Optional[str]:

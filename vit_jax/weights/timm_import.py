@@ -1,21 +1,19 @@
-"""timm `VisionTransformer` (and its ResNet hybrids) -> our parameters, numpy only; a timm
-`MlpMixer` (a ``stem.proj`` instead of a ``patch_embed``) goes to `timm_mixer`, a BiT
-ResNet-v2 (``stem.conv``) to `timm_bit`.
+"""A timm folder or `.safetensors` file -> our model config and parameters, numpy only:
+what the arrays do not say, read from the folder's config; the arrays themselves go
+through the family's table (`timm.from_timm` for a ViT or hybrid, `timm_mixer` for a
+``stem.proj`` Mixer, `timm_bit` for a ``stem.conv`` BiT ResNet-v2).
 
-The inverse of `vit_jax.weights.timm`'s export. A timm checkpoint is a `model.safetensors`
-(timm's state dict) with, from the hub or `timm.models.save_for_hf`, a `config.json`
-naming the architecture (``architecture``, ``model_args``, ``global_pool``,
-``pretrained_cfg`` with the input ``mean``/``std``), or with our export's `timm_model.json`.
-The arrays give the shapes and which parts exist (class token, registers, LayerScale,
-``norm_pre``, ``fc_norm``, the MAP head); the rest comes from the config's ``model_args``,
-else from the family's registered defaults in timm (`_family_args`: CLIP's LayerNorm
-epsilon 1e-5 and QuickGELU, DINOv2-reg's and the register-gap ViTs' position table
-without prefix rows, SigLIP's MAP pooling), else from timm's size in the architecture name
-or the width of an official variant (the head count). timm's default GELU is exact.
-
-Hybrid kernels: timm standardises as (w - mean) / sqrt(var + 1e-8), our model as
-(w - mean) / (std + 1e-5); each kernel is rescaled so that our model computes timm's.
-Pickled checkpoints (`.bin`, `.pth`) are never read (`vit_jax.weights.sources`).
+A timm checkpoint is a `model.safetensors` (timm's state dict) with, from the hub or
+`timm.models.save_for_hf`, a `config.json` naming the architecture (``architecture``,
+``model_args``, ``global_pool``, ``pretrained_cfg`` with the input ``mean``/``std``), or
+with our export's `timm_model.json`. The arrays give the shapes and which parts exist
+(class token, registers, LayerScale, ``norm_pre``, ``fc_norm``, the MAP head); the rest
+comes from the config's ``model_args``, else from the family's registered defaults in timm
+(`_family_args`: CLIP's LayerNorm epsilon 1e-5 and QuickGELU, DINOv2-reg's and the
+register-gap ViTs' position table without prefix rows, SigLIP's MAP pooling), else from
+timm's size in the architecture name or the width of an official variant (the head
+count). timm's default GELU is exact. Pickled checkpoints (`.bin`, `.pth`) are never read
+(`vit_jax.weights.sources`).
 """
 
 from __future__ import annotations
@@ -25,26 +23,21 @@ import re
 from typing import Any, Optional
 
 import ml_collections
-import numpy as np
-from flax import traverse_util
 
 from vit_jax import errors, models
 from vit_jax.aliases import Params
 from vit_jax.weights import architecture, files, timm_bit, timm_mixer
-from vit_jax.weights import timm as timm_export
+from vit_jax.weights import timm as timm_vit
 
 CONFIG = "config.json"  # timm's hub config (architecture, model_args, pretrained_cfg)
-_APPROXIMATE = {v: k for k, v in timm_export._ACT_LAYER.items()}  # act_layer -> tanh GELU?
-_APPROXIMATE.update({"gelu_pytorch_tanh": True, None: False})  # None: timm's nn.GELU
-_QUICK_GELU = "quick_gelu"  # timm's act_layer name; ours is the same
-_ACT_NAMES = ", ".join(repr(k) for k in (*_APPROXIMATE, _QUICK_GELU) if k)
+# timm act_layer -> (our activation, tanh GELU?); None: timm's default nn.GELU.
+_ACTIVATIONS = {name: ours for ours, name in timm_vit.ACT_LAYERS.items()}
+_ACTIVATIONS.update({"gelu_pytorch_tanh": ("gelu", True), None: ("gelu", False)})
+_ACT_NAMES = ", ".join(repr(k) for k in _ACTIVATIONS if k)
 # timm global_pool -> our classifier ('' : no pooling, a head on every token)
-_CLASSIFIERS = {"token": "token", "avg": "gap", "map": "map", "": "unpooled"}
+_CLASSIFIERS = {pool: ours for ours, pool in timm_vit.POOLS.items()} | {"": "unpooled"}
 _HEADS_BY_SIZE = {"tiny": 3, "small": 6, "base": 12, "large": 16, "huge": 16}  # timm's ViTs
 _SIZE = re.compile(r"^vit_(tiny|small|base|large|huge)_")
-_BLOCK = re.compile(r"^blocks\.(\d+)\.")
-_STAGE_UNIT = re.compile(r"^patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.")
-_BACKBONE = "patch_embed.backbone."
 
 
 def is_timm_config(path: str) -> bool:
@@ -55,7 +48,7 @@ def is_timm_config(path: str) -> bool:
 
 
 def is_timm_dir(path: str) -> bool:
-  spec = os.path.isfile(os.path.join(path, timm_export.SPEC))
+  spec = os.path.isfile(os.path.join(path, timm_vit.SPEC))
   return spec or is_timm_config(os.path.join(path, CONFIG))
 
 
@@ -113,7 +106,7 @@ def _family_args(name: str) -> dict[str, Any]:
 def _arguments(directory: str) -> tuple[str, dict[str, Any], Optional[list[str]], dict[str, Any]]:
   """(architecture, model arguments, class names, pretrained config) from the config beside
   the weights; the arguments are the family's defaults updated with the stored ones."""
-  spec_path, config_path = (os.path.join(directory, n) for n in (timm_export.SPEC, CONFIG))
+  spec_path, config_path = (os.path.join(directory, n) for n in (timm_vit.SPEC, CONFIG))
   if os.path.isfile(spec_path):  # our export
     spec = files.read_json(spec_path)
     # model_name None: a Mixer of a shape timm has no name for (built as its class).
@@ -166,185 +159,20 @@ def _num_heads(timm_name: str, args: dict[str, Any], width: int, source: str) ->
   )
 
 
-def _conv(weight: np.ndarray) -> np.ndarray:  # [Cout, Cin, kh, kw] -> [kh, kw, Cin, Cout]
-  return np.ascontiguousarray(weight.transpose(2, 3, 1, 0))
-
-
-def _std_conv(weight: np.ndarray) -> np.ndarray:
-  """A kernel that our standardisation maps onto timm's standardised kernel.
-
-  timm: s = (w - m) / sqrt(v + 1e-8), of standard deviation d = sqrt(v / (v + 1e-8)) < 1.
-  Ours applied to c * s gives c s / (c d + 1e-5), which is s for c = 1e-5 / (1 - d),
-  with 1 - d = (1e-8 / (v + 1e-8)) / (1 + d) computed without cancellation.
-  """
-  w = weight.astype(np.float64)
-  mean = w.mean(axis=(1, 2, 3), keepdims=True)
-  var = w.var(axis=(1, 2, 3), keepdims=True)
-  eps = timm_export._TIMM_STD_EPS
-  s = (w - mean) / np.sqrt(var + eps)
-  d = np.sqrt(var / (var + eps))
-  c = timm_export._OUR_STD_EPS * (1 + d) * (var + eps) / eps
-  return _conv((s * c).astype(np.float32))
-
-
-def _resnet(tensors: dict[str, np.ndarray], take) -> dict[str, np.ndarray]:
-  """Our ResNet root and stages from timm's `patch_embed.backbone` (R50/R26 or root only)."""
-  root = _BACKBONE + ("stem." if _BACKBONE + "stem.conv.weight" in tensors else "")
-  out = {
-    "conv_root/kernel": _std_conv(take(root + "conv.weight")),
-    "gn_root/scale": take(root + "norm.weight"),
-    "gn_root/bias": take(root + "norm.bias"),
-  }
-  units = sorted({(int(m[1]), int(m[2])) for k in tensors if (m := _STAGE_UNIT.match(k))})
-  for s, u in units:
-    theirs, ours = f"{_BACKBONE}stages.{s}.blocks.{u}.", f"block{s + 1}/unit{u + 1}/"
-    for r in (1, 2, 3):
-      out[f"{ours}conv{r}/kernel"] = _std_conv(take(f"{theirs}conv{r}.weight"))
-      out[f"{ours}gn{r}/scale"] = take(f"{theirs}norm{r}.weight")
-      out[f"{ours}gn{r}/bias"] = take(f"{theirs}norm{r}.bias")
-    if f"{theirs}downsample.conv.weight" in tensors:
-      out[f"{ours}conv_proj/kernel"] = _std_conv(take(f"{theirs}downsample.conv.weight"))
-      out[f"{ours}gn_proj/scale"] = take(f"{theirs}downsample.norm.weight")
-      out[f"{ours}gn_proj/bias"] = take(f"{theirs}downsample.norm.bias")
-  return out
-
-
-def _heads_in(weight: np.ndarray, num_heads: int) -> np.ndarray:
-  """A torch projection weight [H*Dh, D] -> our per-head kernel [D, H, Dh]."""
-  return np.ascontiguousarray(weight.T).reshape(weight.shape[1], num_heads, -1)
-
-
-def _heads_out(weight: np.ndarray, num_heads: int) -> np.ndarray:
-  """A torch output projection [D, H*Dh] -> our kernel [H, Dh, D]."""
-  return np.ascontiguousarray(weight.T).reshape(num_heads, -1, weight.shape[0])
-
-
-def _norm(take, theirs: str, ours: str) -> dict[str, np.ndarray]:
-  return {f"{ours}/scale": take(f"{theirs}.weight"), f"{ours}/bias": take(f"{theirs}.bias")}
-
-
-def _mlp(take, theirs: str, ours: str) -> dict[str, np.ndarray]:
-  out = {}
-  for dense, fc in (("Dense_0", "fc1"), ("Dense_1", "fc2")):
-    out[f"{ours}/{dense}/kernel"] = np.ascontiguousarray(take(f"{theirs}.{fc}.weight").T)
-    out[f"{ours}/{dense}/bias"] = take(f"{theirs}.{fc}.bias")
-  return out
-
-
-def _block(take, tensors, i: int, num_heads: int) -> dict[str, np.ndarray]:
-  """Encoder block ``i``: fused qkv split into query/key/value, LayerScale when present."""
-  theirs, ours = f"blocks.{i}.", f"Transformer/encoderblock_{i}/"
-  att = ours + "MultiHeadDotProductAttention_1/"
-  qkv_w = take(theirs + "attn.qkv.weight")  # [3 D, D]
-  qkv_b = take(theirs + "attn.qkv.bias").reshape(3, num_heads, -1)
-  flat = {}
-  for j, (name, w) in enumerate(zip(("query", "key", "value"), np.split(qkv_w, 3))):
-    flat[f"{att}{name}/kernel"], flat[f"{att}{name}/bias"] = _heads_in(w, num_heads), qkv_b[j]
-  flat[f"{att}out/kernel"] = _heads_out(take(theirs + "attn.proj.weight"), num_heads)
-  flat[f"{att}out/bias"] = take(theirs + "attn.proj.bias")
-  flat.update(_norm(take, theirs + "norm1", ours + "LayerNorm_0"))
-  flat.update(_norm(take, theirs + "norm2", ours + "LayerNorm_2"))
-  flat.update(_mlp(take, theirs + "mlp", ours + "MlpBlock_3"))
-  for ls, scale in (("ls1", "LayerScale_attention"), ("ls2", "LayerScale_mlp")):
-    if f"{theirs}{ls}.gamma" in tensors:  # DINOv2, DeiT III
-      flat[f"{ours}{scale}/scale"] = take(f"{theirs}{ls}.gamma")
-  return flat
-
-
-def _map_head(take, num_heads: int) -> dict[str, np.ndarray]:
-  """timm's `AttentionPoolLatent` (latent, q, fused kv, proj, norm, mlp) -> big_vision's
-  `MAPHead_0` names."""
-  ours = "MAPHead_0/"
-  att = ours + "MultiHeadDotProductAttention_0/"
-  key_w, value_w = np.split(take("attn_pool.kv.weight"), 2)
-  key_b, value_b = np.split(take("attn_pool.kv.bias"), 2)
-  flat = {
-    ours + "probe": take("attn_pool.latent"),
-    att + "query/kernel": _heads_in(take("attn_pool.q.weight"), num_heads),
-    att + "query/bias": take("attn_pool.q.bias").reshape(num_heads, -1),
-    att + "key/kernel": _heads_in(key_w, num_heads),
-    att + "key/bias": key_b.reshape(num_heads, -1),
-    att + "value/kernel": _heads_in(value_w, num_heads),
-    att + "value/bias": value_b.reshape(num_heads, -1),
-    att + "out/kernel": _heads_out(take("attn_pool.proj.weight"), num_heads),
-    att + "out/bias": take("attn_pool.proj.bias"),
-  }
-  flat.update(_norm(take, "attn_pool.norm", ours + "LayerNorm_0"))
-  flat.update(_mlp(take, "attn_pool.mlp", ours + "MlpBlock_0"))
-  return flat
-
-
-def _embeddings(take, tensors) -> dict[str, np.ndarray]:
-  """Patch embedding (CLIP's has no bias: zeros), position table, class token, registers."""
-  kernel = take("patch_embed.proj.weight")
-  bias = "patch_embed.proj.bias"
-  flat = {
-    "embedding/kernel": _conv(kernel),
-    "embedding/bias": take(bias) if bias in tensors else np.zeros(kernel.shape[0], np.float32),
-    architecture.POSEMB: take("pos_embed"),
-  }
-  if "cls_token" in tensors:
-    flat["cls"] = take("cls_token")
-  if "reg_token" in tensors:
-    flat["registers"] = take("reg_token")
-  return flat
-
-
-def from_timm(tensors: dict[str, np.ndarray], num_heads: int, source: str) -> Params:
-  """Our per-layer parameter tree (official layout) of timm's state dict; one error names
-  every timm array this model has no place for."""
-  tensors = {k: np.asarray(v, np.float32) for k, v in tensors.items()}
-  if "dist_token" in tensors:
-    raise errors.CheckpointError(
-      f"{source}: a distilled DeiT (dist_token, head_dist): timm averages the logits of its "
-      "class-token and distillation-token heads, which this ViT does not have; load the "
-      "non-distilled deit_* checkpoint of the same size instead."
-    )
-  unused = set(tensors)
-
-  def take(key: str) -> np.ndarray:
-    unused.discard(key)
-    return tensors[key]
-
-  flat = _embeddings(take, tensors)
-  for ours, theirs in (
-    ("Transformer/norm_pre", "norm_pre"),  # CLIP
-    ("Transformer/encoder_norm", "norm"),  # absent with fc_norm
-    ("fc_norm", "fc_norm"),
-  ):
-    if f"{theirs}.weight" in tensors:
-      flat.update(_norm(take, theirs, ours))
-  for key, ours in (("head", "head"), ("pre_logits.fc", "pre_logits")):
-    if f"{key}.weight" in tensors:
-      flat[f"{ours}/kernel"] = np.ascontiguousarray(take(f"{key}.weight").T)
-      flat[f"{ours}/bias"] = take(f"{key}.bias")
-  for i in sorted({int(m[1]) for k in tensors if (m := _BLOCK.match(k))}):
-    flat.update(_block(take, tensors, i, num_heads))
-  if "attn_pool.latent" in tensors:
-    flat.update(_map_head(take, num_heads))
-  if any(k.startswith(_BACKBONE) for k in tensors):
-    flat.update(_resnet(tensors, take))
-  if unused:
-    raise errors.CheckpointError(
-      f"{source}: {len(unused)} timm arrays have no place in this ViT: {sorted(unused)}."
-    )
-  return traverse_util.unflatten_dict(flat, sep="/")
-
-
 def read(
   path: str,
 ) -> tuple[ml_collections.ConfigDict, Params, Optional[list[str]], Optional[tuple[int, int]]]:
   """(model config, per-layer params, class names or None, image size) of a timm
   `.safetensors` file or a directory holding `model.safetensors`."""
   directory, weights = (
-    (path, os.path.join(path, timm_export.WEIGHTS))
+    (path, os.path.join(path, timm_vit.WEIGHTS))
     if os.path.isdir(path)
     else (os.path.dirname(path), path)
   )
   timm_name, args, names, pretrained_cfg = _arguments(directory)
   if not os.path.isfile(weights):
     raise errors.CheckpointError(
-      f"No {timm_export.WEIGHTS} in {directory!r} (a pickled pytorch_model.bin is not read: "
+      f"No {timm_vit.WEIGHTS} in {directory!r} (a pickled pytorch_model.bin is not read: "
       "save the state dict with safetensors.torch.save_file first)."
     )
   tensors = files.read_safetensors(weights)
@@ -370,7 +198,7 @@ def read(
       "Hugging Face transformers checkpoint is read from its folder (with config.json)."
     )
   width = tensors["patch_embed.proj.weight"].shape[0]
-  params = from_timm(tensors, _num_heads(timm_name, args, width, repr(path)), repr(path))
+  params = timm_vit.from_timm(tensors, _num_heads(timm_name, args, width, repr(path)), repr(path))
   config = architecture.infer_model_config(params)
   _apply_args(config, args, pretrained_cfg, "cls_token" in tensors, repr(path))
   return _loaded(config, params, names)
@@ -419,7 +247,7 @@ def _apply_args(
     config.class_token = has_cls if config.classifier != "token" else None
   if "no_embed_class" in args:
     config.posemb_patches_only = bool(args["no_embed_class"])
-  eps = args.get("layer_norm_eps", timm_export.LAYER_NORM_EPS)
+  eps = args.get("layer_norm_eps", timm_vit.LAYER_NORM_EPS)
   init_values = args.get("init_values")
   for key, value in (("layer_norm_eps", eps), ("init_values", init_values)):
     if value is not None and not _is_number(value):
@@ -434,11 +262,11 @@ def _apply_args(
 def _activation(args: dict[str, Any], source: str) -> tuple[str, bool]:
   """(our activation, tanh GELU?) of timm's ``act_layer`` model argument."""
   act = args.get("act_layer")
-  if act not in _APPROXIMATE and act != _QUICK_GELU:
+  if act not in _ACTIVATIONS:
     raise errors.CheckpointError(
       f"{source}: timm act_layer {act!r} is not an activation this model has ({_ACT_NAMES})."
     )
-  return (_QUICK_GELU if act == _QUICK_GELU else "gelu"), _APPROXIMATE.get(act, False)
+  return _ACTIVATIONS[act]
 
 
 def _read_input_stats(

@@ -16,11 +16,12 @@ from typing import Any, Optional
 
 import ml_collections
 import numpy as np
-from flax import traverse_util
 
 from vit_jax import errors
 from vit_jax.aliases import Params
-from vit_jax.weights import timm as timm_export
+from vit_jax.weights import tensor_table
+from vit_jax.weights import timm as timm_vit
+from vit_jax.weights.tensor_table import Row, rows
 
 STEM = "stem.proj.weight"  # the array that tells a timm Mixer state dict
 _BLOCK = re.compile(r"^blocks\.(\d+)\.")
@@ -37,74 +38,35 @@ _MLPS = (("token_mixing", "mlp_tokens"), ("channel_mixing", "mlp_channels"))
 _NORMS = (("LayerNorm_0", "norm1"), ("LayerNorm_1", "norm2"))
 
 
-def _conv(weight: np.ndarray) -> np.ndarray:  # [Cout, Cin, kh, kw] -> [kh, kw, Cin, Cout]
-  return np.ascontiguousarray(weight.transpose(2, 3, 1, 0))
-
-
-def _t(x: np.ndarray) -> np.ndarray:
-  return np.ascontiguousarray(x.T)
+def mixer_table(depth: int) -> list[Row]:
+  """Every array of timm's `MlpMixer` of ``depth`` blocks, ours <-> timm's."""
+  table = [
+    Row("stem/kernel", STEM, tensor_table.CONV),
+    Row("stem/bias", "stem.proj.bias"),
+    *rows("pre_head_layer_norm", "norm"),
+    *rows("head", "head", tensor_table.DENSE, required=False),
+  ]
+  for i in range(depth):
+    ours, theirs = f"MixerBlock_{i}/", f"blocks.{i}."
+    for ln, norm in _NORMS:
+      table += rows(f"{ours}{ln}", f"{theirs}{norm}")
+    for mlp, timm_mlp in _MLPS:
+      for dense, fc in (("Dense_0", "fc1"), ("Dense_1", "fc2")):
+        table += rows(f"{ours}{mlp}/{dense}", f"{theirs}{timm_mlp}.{fc}", tensor_table.DENSE)
+  return table
 
 
 def from_timm(tensors: dict[str, np.ndarray], source: str) -> Params:
   """Our per-layer Mixer tree of timm's `MlpMixer` state dict; one error names every timm
   array it has no place for (e.g. a stem norm, or ResMLP/gMLP layers)."""
-  tensors = {k: np.asarray(v, np.float32) for k, v in tensors.items()}
-  unused = set(tensors)
-
-  def take(key: str) -> np.ndarray:
-    unused.discard(key)
-    if key not in tensors:
-      raise errors.CheckpointError(
-        f"{source}: no {key!r}; this is not a timm MlpMixer state dict (mixer_*)."
-      )
-    return tensors[key]
-
-  flat = {
-    "stem/kernel": _conv(take(STEM)),
-    "stem/bias": take("stem.proj.bias"),
-    "pre_head_layer_norm/scale": take("norm.weight"),
-    "pre_head_layer_norm/bias": take("norm.bias"),
-  }
-  if "head.weight" in tensors:
-    flat["head/kernel"], flat["head/bias"] = _t(take("head.weight")), take("head.bias")
-  for i in sorted({int(m[1]) for k in tensors if (m := _BLOCK.match(k))}):
-    ours, theirs = f"MixerBlock_{i}/", f"blocks.{i}."
-    for ln, norm in _NORMS:
-      flat[f"{ours}{ln}/scale"] = take(f"{theirs}{norm}.weight")
-      flat[f"{ours}{ln}/bias"] = take(f"{theirs}{norm}.bias")
-    for mlp, timm_mlp in _MLPS:
-      for dense, fc in (("Dense_0", "fc1"), ("Dense_1", "fc2")):
-        flat[f"{ours}{mlp}/{dense}/kernel"] = _t(take(f"{theirs}{timm_mlp}.{fc}.weight"))
-        flat[f"{ours}{mlp}/{dense}/bias"] = take(f"{theirs}{timm_mlp}.{fc}.bias")
-  if unused:
-    raise errors.CheckpointError(
-      f"{source}: {len(unused)} timm arrays have no place in the MLP-Mixer (LayerNorm "
-      f"blocks, no stem norm, average pooling): {sorted(unused)[:6]}."
-    )
-  return traverse_util.unflatten_dict(flat, sep="/")
+  depth = 1 + max((int(m[1]) for k in tensors if (m := _BLOCK.match(k))), default=-1)
+  what = " (LayerNorm blocks, no stem norm, average pooling)"
+  return tensor_table.from_torch(mixer_table(depth), tensors, source, "MlpMixer", what)
 
 
 def to_timm(params: Params, config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
   """timm's `MlpMixer` state dict (numpy, float32) of our per-layer Mixer tree."""
-  flat = timm_export.flat_float32(params)
-  out = {
-    STEM: timm_export._conv(flat["stem/kernel"]),
-    "stem.proj.bias": flat["stem/bias"],
-    "norm.weight": flat["pre_head_layer_norm/scale"],
-    "norm.bias": flat["pre_head_layer_norm/bias"],
-    "head.weight": _t(flat["head/kernel"]),
-    "head.bias": flat["head/bias"],
-  }
-  for i in range(config.num_blocks):
-    ours, theirs = f"MixerBlock_{i}/", f"blocks.{i}."
-    for ln, norm in _NORMS:
-      out[f"{theirs}{norm}.weight"] = flat[f"{ours}{ln}/scale"]
-      out[f"{theirs}{norm}.bias"] = flat[f"{ours}{ln}/bias"]
-    for mlp, timm_mlp in _MLPS:
-      for dense, fc in (("Dense_0", "fc1"), ("Dense_1", "fc2")):
-        out[f"{theirs}{timm_mlp}.{fc}.weight"] = _t(flat[f"{ours}{mlp}/{dense}/kernel"])
-        out[f"{theirs}{timm_mlp}.{fc}.bias"] = flat[f"{ours}{mlp}/{dense}/bias"]
-  return {k: np.ascontiguousarray(v) for k, v in out.items()}
+  return tensor_table.to_torch(mixer_table(config.num_blocks), tensor_table.flat_float32(params))
 
 
 def _ratio(hidden: int, width: int) -> float:
@@ -155,5 +117,5 @@ def model_spec(
     "pretrained_cfg_overlay": {"num_classes": num_classes},
   }
   if config.gelu_approximate:
-    spec["act_layer"] = timm_export._ACT_LAYER[True]
+    spec["act_layer"] = timm_vit.act_layer("gelu", True)
   return spec
