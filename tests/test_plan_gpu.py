@@ -18,7 +18,7 @@ import pytest
 from tests import fresh_python, test_plan
 from vit_jax import platforms, sharding
 from vit_jax import run as run_lib
-from vit_jax.models import create_model, get_model_config, vit
+from vit_jax.models import attention, create_model, execution, get_model_config
 from vit_jax.plan import cli, gpu_topology, gpus, planner, topology
 
 needs_cuda_plugin = pytest.mark.skipif(
@@ -118,7 +118,7 @@ def test_padded_attention_is_the_attention(multiple):
     return jnp.sum(attention(q, k, v) * cotangent)
 
   plain = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="xla")
-  padded = lambda q, k, v: vit.padded_dot_product_attention(q, k, v, "xla", multiple)
+  padded = lambda q, k, v: attention.padded_dot_product_attention(q, k, v, "xla", multiple)
   np.testing.assert_allclose(jax.jit(padded)(q, k, v), plain(q, k, v), rtol=1e-5, atol=1e-6)
   gradients = jax.jit(jax.grad(loss, argnums=(1, 2, 3)), static_argnums=0)
   want, got = gradients(plain, q, k, v), gradients(padded, q, k, v)
@@ -129,11 +129,11 @@ def test_padded_attention_is_the_attention(multiple):
 def test_model_with_padded_attention_computes_the_einsum_model(monkeypatch):
   """A ViT whose fused attention is padded to 8 (here XLA's, standing in for cuDNN's on
   the CPU) gives the loss and gradients of the default einsum attention."""
-  monkeypatch.setitem(vit.SEQUENCE_MULTIPLE, "xla", 8)
+  monkeypatch.setitem(attention.SEQUENCE_MULTIPLE, "xla", 8)
   config = get_model_config("testing")
   images = jax.random.normal(jax.random.PRNGKey(0), (2, 16, 16, 3))  # 4x4 patches: 17 tokens
   einsum, padded = (
-    create_model(config, num_classes=5, attention_impl=a) for a in (vit.EINSUM, "xla")
+    create_model(config, num_classes=5, attention_impl=a) for a in (execution.EINSUM, "xla")
   )
   params = jax.jit(lambda x: einsum.init(jax.random.PRNGKey(1), x, train=False))(images)
 

@@ -4,21 +4,20 @@ from a config."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Optional, Union
 
 import jax.numpy as jnp
 import ml_collections
 
 from vit_jax.models.bit import BIT, BitResNet, create_bit, is_bit
+from vit_jax.models.execution import EXECUTION_FIELDS, ExecutionOptions
+from vit_jax.models.heads import CLASSIFIERS
 from vit_jax.models.mixer import MIXER, MlpMixer, create_mixer, is_mixer
 from vit_jax.models.options import check_model_config, with_family_defaults
 from vit_jax.models.posemb import POSEMB_KINDS, resize_grid, sincos_2d
 from vit_jax.models.settings import BitSettings, MixerSettings, ModelSettings, model_settings
 from vit_jax.models.variants import MODEL_NAMES, get_model_config
-from vit_jax.models.vit import CLASSIFIERS, ExecutionOptions, VisionTransformer
-
-_EXECUTION_FIELDS = frozenset(f.name for f in dataclasses.fields(ExecutionOptions))
+from vit_jax.models.vit import VisionTransformer
 
 
 def create_model(
@@ -39,7 +38,7 @@ def create_model(
   cfg = model_settings(model_config)
   if isinstance(cfg, (MixerSettings, BitSettings)):
     execution = dict(remat=cfg.remat, remat_policy=cfg.remat_policy, dtype=jnp.dtype(cfg.dtype))
-    execution.update({name: overrides.pop(name) for name in _EXECUTION_FIELDS & overrides.keys()})
+    execution.update({name: overrides.pop(name) for name in EXECUTION_FIELDS & overrides.keys()})
     create = create_mixer if isinstance(cfg, MixerSettings) else create_bit
     return create(
       cfg, num_classes=num_classes, execution=ExecutionOptions(**execution), **overrides
@@ -55,7 +54,7 @@ def create_model(
     stoch_depth=cfg.stoch_depth,
     dtype=jnp.dtype(cfg.dtype),
   )
-  for name in _EXECUTION_FIELDS & overrides.keys():
+  for name in EXECUTION_FIELDS & overrides.keys():
     execution[name] = overrides.pop(name)
   attributes = dict(
     num_classes=num_classes,

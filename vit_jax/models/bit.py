@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax.models import heads, layers, resnet
-from vit_jax.models.vit import ExecutionOptions, remat_policy
+from vit_jax.models.execution import ExecutionOptions, remat_policy
 from vit_jax.sharding import EMBED, MLP
 
 BIT = "bit"  # `model_type` of a BiT config (`variants.py`)

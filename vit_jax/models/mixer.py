@@ -25,7 +25,7 @@ import ml_collections
 
 from vit_jax import errors
 from vit_jax.models import embeddings, heads, layers
-from vit_jax.models.vit import ExecutionOptions, remat_policy
+from vit_jax.models.execution import ExecutionOptions, remat_policy
 from vit_jax.sharding import EMBED, MLP
 
 MIXER = "mixer"  # `model_type` of a Mixer config (`variants.py`); a ViT config has none
