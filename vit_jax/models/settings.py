@@ -1,9 +1,10 @@
 """A model config (the layout of `variants.py`) as typed, checked, immutable settings.
 
-    settings = model_settings(config.model)   # every field checked, once
+    settings = models.model_settings(config.model)   # every field checked, once
 
 A ViT config gives `ModelSettings`, an MLP-Mixer config (``model_type`` 'mixer') gives
-`MixerSettings`, a BiT ResNet config (``model_type`` 'bit') `BitSettings`.
+`MixerSettings`, a BiT ResNet config (``model_type`` 'bit') `BitSettings`; the family
+registry (`models/families.py`) picks the class.
 
 `vit_jax.run.resolve` builds them before anything is built, and `create_model` for a
 ConfigDict given to it directly; the checks are the model modules' own functions
@@ -215,6 +216,20 @@ class ModelSettings:
     """Tokens before the patches (`options.num_prefix_tokens`): class token and registers."""
     return options.num_prefix_tokens(self.classifier, self.class_token, self.num_registers)
 
+  def execution_options(self) -> execution.ExecutionOptions:
+    """How the model these settings describe runs (`create_model` applies its overrides)."""
+    t = self.transformer
+    return execution.ExecutionOptions(
+      dropout_rate=t.dropout_rate,
+      attention_dropout_rate=t.attention_dropout_rate,
+      attention_impl=self.attention_impl,
+      scan=self.scan,
+      remat=self.remat,
+      remat_policy=self.remat_policy,
+      stoch_depth=self.stoch_depth,
+      dtype=jnp.dtype(self.dtype),
+    )
+
   def get(self, key: str, default: Any = None) -> Any:
     """``self.<key>``, or ``default`` where there is no such field: reads as a ConfigDict does."""
     return getattr(self, key, default)
@@ -275,6 +290,12 @@ class _FamilySettings:
 
   get = ModelSettings.get
   replace = ModelSettings.replace
+
+  def execution_options(self) -> execution.ExecutionOptions:
+    """How the model runs: its remat, remat policy and dtype (no dropout or scan)."""
+    return execution.ExecutionOptions(
+      remat=self.remat, remat_policy=self.remat_policy, dtype=jnp.dtype(self.dtype)
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -362,15 +383,3 @@ class BitSettings(_FamilySettings):
 
 
 Settings = ModelSettings | MixerSettings | BitSettings
-
-
-def model_settings(config: Any) -> Settings:
-  """The checked settings of a model config: `MixerSettings` for a Mixer (``model_type``
-  'mixer'), `BitSettings` for a BiT ResNet ('bit'), else `ModelSettings`."""
-  if isinstance(config, (ModelSettings, MixerSettings, BitSettings)):
-    return config
-  if mixer.is_mixer(config):
-    return MixerSettings.from_config(config)
-  if bit.is_bit(config):
-    return BitSettings.from_config(config)
-  return ModelSettings.from_config(config)

@@ -12,7 +12,7 @@ Inspection: apply with ``mutable=['intermediates']`` and every block sows
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import flax.linen as nn
 import jax
@@ -25,6 +25,7 @@ from vit_jax.models.attention import MultiHeadDotProductAttention
 from vit_jax.models.execution import ExecutionOptions, remat_policy
 from vit_jax.models.layers import DropPath, MlpBlock, drop_path_rates
 from vit_jax.models.resnet import resnet_root
+from vit_jax.models.settings import ModelSettings
 from vit_jax.sharding import LAYERS
 
 
@@ -339,3 +340,41 @@ class VisionTransformer(nn.Module):
     if self.num_classes:
       x = heads.linear_head(x, self.num_classes, self.head_bias_init, ex.dtype, ex.param_dtype)
     return x.astype(jnp.float32)
+
+
+def create_vit(
+  settings: ModelSettings,
+  *,
+  num_classes: Optional[int],
+  execution: ExecutionOptions,
+  **overrides: Any,
+) -> VisionTransformer:
+  """A `VisionTransformer` from checked settings and how it runs; ``overrides`` replace
+  module attributes (``classifier="gap"``)."""
+  t, resnet = settings.transformer, settings.resnet
+  attributes = dict(
+    num_classes=num_classes,
+    patch_size=settings.patches.size,
+    hidden_size=settings.hidden_size,
+    num_layers=t.num_layers,
+    mlp_dim=t.mlp_dim,
+    num_heads=t.num_heads,
+    classifier=settings.classifier,
+    posemb=settings.posemb,
+    gelu_approximate=settings.gelu_approximate,
+    representation_size=settings.representation_size,
+    head_bias_init=settings.head_bias_init,
+    resnet_units=None if resnet is None else resnet.num_layers,
+    resnet_width_factor=1.0 if resnet is None else resnet.width_factor,
+    num_registers=settings.num_registers,
+    class_token=settings.class_token,
+    posemb_patches_only=settings.posemb_patches_only,
+    norm_pre=settings.norm_pre,
+    fc_norm=settings.fc_norm,
+    layer_scale_init=settings.layer_scale_init,
+    layer_norm_epsilon=settings.layer_norm_epsilon,
+    activation=settings.activation,
+    axial=settings.axial,
+    execution=execution,
+  )
+  return VisionTransformer(**{**attributes, **overrides})
