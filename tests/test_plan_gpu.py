@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tests import fresh_python, test_plan
-from vit_jax import platforms, sharding
+from vit_jax import hardware, platforms, sharding
 from vit_jax import run as run_lib
 from vit_jax.models import attention, create_model, execution, get_model_config
 from vit_jax.plan import cli, gpu_topology, gpus, planner, topology
@@ -69,9 +69,9 @@ def _field(text: str, name: str) -> str:
   return value
 
 
-@pytest.mark.parametrize("name", list(gpus.GPUS))
+@pytest.mark.parametrize("name", list(hardware.GPUS))
 def test_target_descriptions_agree_with_the_gpu_table(name):
-  gpu = gpus.GPUS[name]
+  gpu = hardware.GPUS[name]
   text = gpus.target_config(gpu)
   assert _field(text, "device_description_str") == gpu.device_kind
   assert int(_field(text, "device_memory_size")) == gpu.hbm_bytes
@@ -83,9 +83,9 @@ def test_memory_jax_may_use_follows_its_variable(monkeypatch):
   nodes = topology.parse("h100x8")
   monkeypatch.delenv(gpu_topology.MEM_FRACTION_VARIABLE, raising=False)
   # Unset: the share the commands give JAX (they set the variable to it when unset).
-  assert nodes.device_memory_bytes == pytest.approx(0.9 * gpus.GPUS["h100"].hbm_bytes)
+  assert nodes.device_memory_bytes == pytest.approx(0.9 * hardware.GPUS["h100"].hbm_bytes)
   monkeypatch.setenv(gpu_topology.MEM_FRACTION_VARIABLE, ".75")
-  assert nodes.device_memory_bytes == pytest.approx(0.75 * gpus.GPUS["h100"].hbm_bytes)
+  assert nodes.device_memory_bytes == pytest.approx(0.75 * hardware.GPUS["h100"].hbm_bytes)
   monkeypatch.setenv(gpu_topology.MEM_FRACTION_VARIABLE, "most")
   with pytest.raises(topology.errors.ConfigError, match="XLA_PYTHON_CLIENT_MEM_FRACTION"):
     nodes.device_memory_bytes

@@ -11,8 +11,8 @@ accumulation (`vit_jax.run.memory_fit`) all read a step's cost from here:
   convolutions (the family registry's, `vit_jax.models.families`), a check on the above
   and the count for programs with loops; `vit_activation_bytes` its activation bound.
 - `peak_bytes`: the device memory a compiled step needs, from XLA's memory analysis.
-- `peak_flops`: the device's dense peak for a compute dtype (a table of published figures;
-  on a CPU, a measured f32 matrix product).
+- `peak_flops`: the device's dense peak for a compute dtype (the published figures of
+  `vit_jax.hardware`, which the plan reads too; on a CPU, a measured f32 matrix product).
 """
 
 from __future__ import annotations
@@ -26,31 +26,9 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vit_jax import models
+from vit_jax import hardware, models
 from vit_jax.models.settings import Settings
 
-# Dense (no sparsity) peak TFLOP/s per JAX device from the vendors' data sheets, by compute
-# dtype. A device is a chip everywhere except TPU v2/v3, whose chips hold two TensorCores
-# that JAX exposes as two devices: their entries are half the chip's (v3: 123 per chip).
-# f32 matrix products run as TF32 on NVIDIA GPUs and as bf16 passes on TPUs at JAX's default
-# precision, so their f32 entries are those rates. Keys are matched as lower-case substrings
-# of `jax.Device.device_kind`, first match wins (so 'h100 pcie' precedes 'h100').
-PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
-  ("tpu v2", {"bfloat16": 22.5, "float32": 22.5}),  # 45 per chip
-  ("tpu v3", {"bfloat16": 61.5, "float32": 61.5}),  # 123 per chip
-  ("tpu v4", {"bfloat16": 275.0, "float32": 275.0}),
-  ("tpu v5 lite", {"bfloat16": 197.0, "float32": 197.0}),  # v5e
-  ("tpu v5e", {"bfloat16": 197.0, "float32": 197.0}),
-  ("tpu v5p", {"bfloat16": 459.0, "float32": 459.0}),
-  ("tpu v5", {"bfloat16": 459.0, "float32": 459.0}),  # v5p reports 'TPU v5'
-  ("tpu v6 lite", {"bfloat16": 918.0, "float32": 918.0}),  # v6e (Trillium)
-  ("tpu v6e", {"bfloat16": 918.0, "float32": 918.0}),
-  ("a100", {"bfloat16": 312.0, "float16": 312.0, "float32": 156.0}),
-  ("h100 pcie", {"bfloat16": 756.0, "float16": 756.0, "float32": 378.0}),
-  ("h100", {"bfloat16": 989.0, "float16": 989.0, "float32": 494.5}),  # SXM
-  ("h200", {"bfloat16": 989.0, "float16": 989.0, "float32": 494.5}),
-  ("l4", {"bfloat16": 121.0, "float16": 121.0, "float32": 60.0}),
-)
 # The CPU's peak is measured: an f32 product of two square matrices of this size.
 CPU_MATMUL_SIZE = 2048
 
@@ -152,12 +130,8 @@ def peak_flops(device: Any, dtype: Any = jnp.float32) -> Optional[float]:
   """
   if device.platform == "cpu":
     return measured_cpu_peak_flops()
-  kind = device.device_kind.lower()
-  name = np.dtype(dtype).name
-  for key, peaks in PEAK_TFLOPS:
-    if key in kind:
-      return peaks[name] * 1e12 if name in peaks else None
-  return None
+  chip = hardware.chip_for_device_kind(device.device_kind)
+  return chip.published_peak_flops(np.dtype(dtype).name) if chip else None
 
 
 def peak_source(device: Any, dtype: Any = jnp.float32) -> str:
