@@ -22,8 +22,8 @@ import json
 import os
 import time
 
-from vit_jax import models, plots
-from vit_jax.plan import chips, inference, topology
+from vit_jax import hardware, models, plots
+from vit_jax.plan import inference, topology
 
 MODELS = (
   "ViT-B_32",
@@ -38,7 +38,7 @@ MODELS = (
   "BiT-R152x2",
 )
 SIZES = (224, 320, 384, 448, 512, 640)
-CHIP = chips.CHIPS["v3"]
+CHIP = hardware.CHIPS["v3"]
 
 
 def stride_of(model_config) -> int:

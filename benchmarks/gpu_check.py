@@ -81,7 +81,7 @@ class Speed:
   mode: str  # 'train' or 'infer'
   model: str
   batch: int
-  attention: str  # `vit_jax.models.vit.ATTENTION_IMPLS`: 'einsum', 'xla', 'cudnn'
+  attention: str  # `vit_jax.models.execution.ATTENTION_IMPLS`: 'einsum', 'xla', 'cudnn'
 
   @property
   def name(self) -> str:

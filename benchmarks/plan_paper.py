@@ -31,8 +31,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from configs import pretrain, vit  # noqa: E402
-from vit_jax import errors  # noqa: E402
-from vit_jax.plan import chips, planner, topology  # noqa: E402
+from vit_jax import errors, hardware  # noqa: E402
+from vit_jax.plan import planner, topology  # noqa: E402
 from vit_jax.run import step_cost  # noqa: E402
 
 GIB = 2**30
@@ -102,7 +102,7 @@ def table(done: list[dict]) -> str:
       continue
     train, t = r["train"], r["time"]
     # Fits against today's chip table: compiled sizes do not depend on it.
-    chip = chips.CHIPS[r["topology"].split("-")[0]]
+    chip = hardware.CHIPS[r["topology"].split("-")[0]]
     hbm = chip.per_device(chip.hbm_bytes)
     measures = (train, r["eval"])
     fits = all(
@@ -126,7 +126,7 @@ def table(done: list[dict]) -> str:
 def utilisation(done: list[dict]) -> str:
   """The paper's runs: compiled FLOPs per step where a v3 row has them, else the analytic
   count (`step_cost.vit_flops_per_image`, matrix products only)."""
-  v3_core_peak = chips.CHIPS["v3"].per_device(chips.CHIPS["v3"].peak_flops)
+  v3_core_peak = hardware.CHIPS["v3"].per_device(hardware.CHIPS["v3"].peak_flops)
   lines = [
     "| run (Table 2) | core-days | FLOPs / step | epochs | steps | utilisation |",
     "|---|---|---|---|---|---|",

@@ -8,7 +8,7 @@ jft300m,<epochs>`: 303M images, 18,291 classes, batch 4096, 224) with the paper'
 exaFLOPs beside ours:
 
 - analytic: `vit_jax.plan`'s ``run_exaflops``, the forward count of the matrix products
-  and convolutions (`step_cost.vit_flops_per_image`; `step_cost.resnet_flops_per_image`
+  and convolutions (`step_cost.vit_flops_per_image`; `cost.resnet_flops_per_image`
   for the BiT ResNets) x 3 for forward and backward, as the paper counts, x the images
   the run sees (steps x 4096);
 - XLA: the compiled train step's own count (``run_exaflops_xla``: XLA's cost analysis of
@@ -41,6 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configs import pretrain, vit  # noqa: E402
 from vit_jax import models  # noqa: E402
 from vit_jax.data import presets  # noqa: E402
+from vit_jax.models import cost  # noqa: E402
 from vit_jax.plan import planner, topology  # noqa: E402
 from vit_jax.run import step_cost  # noqa: E402
 
@@ -170,13 +171,13 @@ def _per_image(model: ml_collections.ConfigDict) -> Optional[float]:
 
 
 def _resnet_exaflops(row: Row, stride_in_reduction: bool = False) -> float:
-  """A ResNet row by `step_cost.resnet_flops_per_image`; with ``stride_in_reduction`` the
-  same count of ResNet-v1's layout (`step_cost.resnet_macs`), for note (b)."""
+  """A ResNet row by `cost.resnet_flops_per_image`; with ``stride_in_reduction`` the
+  same count of ResNet-v1's layout (`cost.resnet_macs`), for note (b)."""
   if stride_in_reduction:
-    macs, _, channels = step_cost.resnet_macs(row.units, row.width_factor, pretrain.CROP, True)
+    macs, _, channels = cost.resnet_macs(row.units, row.width_factor, pretrain.CROP, True)
     per_image = 2.0 * 3 * (macs + channels * CLASSES)  # 2 FLOPs per MAC, 3x for training
   else:
-    per_image = step_cost.resnet_flops_per_image(
+    per_image = cost.resnet_flops_per_image(
       row.units, row.width_factor, pretrain.CROP, CLASSES, train=True
     )
   return per_image * _images(row.epochs) / EXA

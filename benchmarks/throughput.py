@@ -43,7 +43,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configs import common  # pylint: disable=g-import-not-at-top,wrong-import-position
 from vit_jax import run, sharding
-from vit_jax.models import get_model_config, vit
+from vit_jax.models import execution, get_model_config
 from vit_jax.run import step_cost
 
 NUM_CLASSES = 1000
@@ -165,7 +165,7 @@ def jax_row(
     resolution,
     batch,
     dtype,
-    attention or vit.EINSUM,
+    attention or execution.EINSUM,
     f"{'scan' if scan else '-'}/{'remat' if remat else '-'}",
     _timed(step),
     flops_xla=flops / batch if flops else None,
@@ -355,7 +355,7 @@ def main() -> None:
   parser.add_argument("--mode", default="train,infer")
   parser.add_argument(
     "--attention",
-    default=vit.EINSUM,
+    default=execution.EINSUM,
     help="'einsum' (the model's default) or jax.nn.dot_product_attention's 'xla', 'cudnn'",
   )
   parser.add_argument("--scan", default="false")

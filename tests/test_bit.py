@@ -320,6 +320,6 @@ def test_plan_compiles_a_bit_for_a_tpu_slice():
   config.num_classes, config.pp.crop, config.batch, config.batch_eval = 10, 32, 64, 64
   plan = planner.make_plan(config, topology.parse("v5e:2x2"))
   assert plan.fits and plan.flops_source == "xla" and plan.model == "BiT-tiny"
-  # The analytic count (step_cost.resnet_flops_per_image) near XLA's count of the step.
+  # The analytic count (cost.resnet_flops_per_image) near XLA's count of the step.
   assert plan.model_flops_per_image * 64 == pytest.approx(plan.step_flops, rel=0.25)
   assert plan.train.collectives.bytes["all-reduce"] == pytest.approx(plan.params_bytes, rel=0.02)

@@ -13,10 +13,10 @@ import pytest
 
 from configs import pretrain
 from tests import train_fixtures
+from vit_jax import hardware, sharding
 from vit_jax import run as run_lib
-from vit_jax import sharding
 from vit_jax.models import get_model_config
-from vit_jax.plan import chips, cli, hlo, planner, report, topology
+from vit_jax.plan import cli, hlo, planner, report, topology
 
 needs_libtpu = pytest.mark.skipif(
   importlib.util.find_spec("libtpu") is None,
@@ -196,7 +196,7 @@ def test_the_plan_tells_the_whole_run(data_parallel_plans, name, tensorcores):
 
 
 def test_run_totals_arithmetic():
-  v3 = chips.CHIPS["v3"]
+  v3 = hardware.CHIPS["v3"]
   totals = report.run_totals(
     total_steps=1000,
     batch=8,

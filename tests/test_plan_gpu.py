@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from tests import fresh_python, test_plan
-from vit_jax import platforms, sharding
+from vit_jax import hardware, platforms, sharding
 from vit_jax import run as run_lib
-from vit_jax.models import create_model, get_model_config, vit
+from vit_jax.models import attention, create_model, execution, get_model_config
 from vit_jax.plan import cli, gpu_topology, gpus, planner, topology
 
 needs_cuda_plugin = pytest.mark.skipif(
@@ -69,9 +69,9 @@ def _field(text: str, name: str) -> str:
   return value
 
 
-@pytest.mark.parametrize("name", list(gpus.GPUS))
+@pytest.mark.parametrize("name", list(hardware.GPUS))
 def test_target_descriptions_agree_with_the_gpu_table(name):
-  gpu = gpus.GPUS[name]
+  gpu = hardware.GPUS[name]
   text = gpus.target_config(gpu)
   assert _field(text, "device_description_str") == gpu.device_kind
   assert int(_field(text, "device_memory_size")) == gpu.hbm_bytes
@@ -83,9 +83,9 @@ def test_memory_jax_may_use_follows_its_variable(monkeypatch):
   nodes = topology.parse("h100x8")
   monkeypatch.delenv(gpu_topology.MEM_FRACTION_VARIABLE, raising=False)
   # Unset: the share the commands give JAX (they set the variable to it when unset).
-  assert nodes.device_memory_bytes == pytest.approx(0.9 * gpus.GPUS["h100"].hbm_bytes)
+  assert nodes.device_memory_bytes == pytest.approx(0.9 * hardware.GPUS["h100"].hbm_bytes)
   monkeypatch.setenv(gpu_topology.MEM_FRACTION_VARIABLE, ".75")
-  assert nodes.device_memory_bytes == pytest.approx(0.75 * gpus.GPUS["h100"].hbm_bytes)
+  assert nodes.device_memory_bytes == pytest.approx(0.75 * hardware.GPUS["h100"].hbm_bytes)
   monkeypatch.setenv(gpu_topology.MEM_FRACTION_VARIABLE, "most")
   with pytest.raises(topology.errors.ConfigError, match="XLA_PYTHON_CLIENT_MEM_FRACTION"):
     nodes.device_memory_bytes
@@ -118,7 +118,7 @@ def test_padded_attention_is_the_attention(multiple):
     return jnp.sum(attention(q, k, v) * cotangent)
 
   plain = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="xla")
-  padded = lambda q, k, v: vit.padded_dot_product_attention(q, k, v, "xla", multiple)
+  padded = lambda q, k, v: attention.padded_dot_product_attention(q, k, v, "xla", multiple)
   np.testing.assert_allclose(jax.jit(padded)(q, k, v), plain(q, k, v), rtol=1e-5, atol=1e-6)
   gradients = jax.jit(jax.grad(loss, argnums=(1, 2, 3)), static_argnums=0)
   want, got = gradients(plain, q, k, v), gradients(padded, q, k, v)
@@ -129,11 +129,11 @@ def test_padded_attention_is_the_attention(multiple):
 def test_model_with_padded_attention_computes_the_einsum_model(monkeypatch):
   """A ViT whose fused attention is padded to 8 (here XLA's, standing in for cuDNN's on
   the CPU) gives the loss and gradients of the default einsum attention."""
-  monkeypatch.setitem(vit.SEQUENCE_MULTIPLE, "xla", 8)
+  monkeypatch.setitem(attention.SEQUENCE_MULTIPLE, "xla", 8)
   config = get_model_config("testing")
   images = jax.random.normal(jax.random.PRNGKey(0), (2, 16, 16, 3))  # 4x4 patches: 17 tokens
   einsum, padded = (
-    create_model(config, num_classes=5, attention_impl=a) for a in (vit.EINSUM, "xla")
+    create_model(config, num_classes=5, attention_impl=a) for a in (execution.EINSUM, "xla")
   )
   params = jax.jit(lambda x: einsum.init(jax.random.PRNGKey(1), x, train=False))(images)
 

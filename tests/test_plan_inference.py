@@ -7,8 +7,9 @@ import importlib.util
 
 import pytest
 
+from vit_jax import hardware
 from vit_jax.models import get_model_config
-from vit_jax.plan import chips, inference, topology
+from vit_jax.plan import inference, topology
 from vit_jax.run import memory_fit
 
 needs_libtpu = pytest.mark.skipif(
@@ -59,7 +60,7 @@ def test_a_tiny_vit_on_one_v3_core():
   slice_ = topology.parse("v3-2")
   topology.prepare_environment(slice_)
   config = get_model_config("testing")
-  v3 = chips.CHIPS["v3"]
+  v3 = hardware.CHIPS["v3"]
   point = inference.inference_point(config, 32, v3, slice_.devices()[0])
   budget = v3.per_device(v3.hbm_bytes) * (1 - memory_fit.HEADROOM)
   fitting = [c for c in point.compiles if c.fits]

@@ -11,7 +11,7 @@ import pytest
 from vit_jax import errors
 from vit_jax.models import create_model, get_model_config
 from vit_jax.models import posemb as posemb_lib
-from vit_jax.models.vit import MultiHeadDotProductAttention
+from vit_jax.models.attention import MultiHeadDotProductAttention
 
 
 def _numpy_relative_attention(x, p, table, num_prefix, num_heads):

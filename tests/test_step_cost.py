@@ -11,7 +11,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from vit_jax.models import create_model, get_model_config
+from vit_jax.models import cost, create_model, get_model_config
 from vit_jax.models.resnet import resnet_root
 from vit_jax.run import progress as progress_lib
 from vit_jax.run import step_cost
@@ -94,7 +94,7 @@ RESNET_TOLERANCE = (0.95, 1.08)
 )
 def test_analytic_resnet_count_matches_xla(units, width_factor, image_size, train):
   model = _ResNetClassifier(units, width_factor, 10)
-  analytic = step_cost.resnet_flops_per_image(units, width_factor, image_size, 10, train=train)
+  analytic = cost.resnet_flops_per_image(units, width_factor, image_size, 10, train=train)
   low, high = RESNET_TOLERANCE
   assert low <= _xla_flops_per_image(model, image_size, train) / analytic < high
 
@@ -107,7 +107,7 @@ def test_analytic_hybrid_count_matches_xla(train):
   config.resnet = ml_collections.ConfigDict({"num_layers": (1, 1), "width_factor": 1.0})
   model = create_model(config, num_classes=10)
   analytic = step_cost.vit_flops_per_image(config, 64, 10, train=train)
-  root = step_cost.resnet_flops_per_image((1, 1), 1.0, 64, 0, train=train)
+  root = cost.resnet_flops_per_image((1, 1), 1.0, 64, 0, train=train)
   assert analytic > root > 0
   low, high = RESNET_TOLERANCE
   assert low <= _xla_flops_per_image(model, 64, train) / analytic < high
@@ -117,17 +117,17 @@ def test_resnet50_count_is_the_published_one():
   """torchvision documents ResNet-50 (1000 classes, 224) as 4.09 GFLOPS, counting
   multiply-adds; with JFT's 18,291 classes the head adds 2048 x 18,291."""
   r50 = ((3, 4, 6, 3), 1.0, 224)
-  forward = step_cost.resnet_flops_per_image(*r50, 1000, train=False)
+  forward = cost.resnet_flops_per_image(*r50, 1000, train=False)
   assert forward / 2 == pytest.approx(4.09e9, rel=1e-3)
-  jft = step_cost.resnet_flops_per_image(*r50, 18291, train=True)
+  jft = cost.resnet_flops_per_image(*r50, 18291, train=True)
   assert jft == pytest.approx(3 * (forward + 2 * 2048 * 17291))
   # Width x2: every conv but the root's 4x (its input has 3 channels), the head 2x.
-  wide = step_cost.resnet_flops_per_image((3, 4, 6, 3), 2.0, 224, 0, train=False)
+  wide = cost.resnet_flops_per_image((3, 4, 6, 3), 2.0, 224, 0, train=False)
   root = 2 * 112 * 112 * 7 * 7 * 3 * 64
-  body = step_cost.resnet_flops_per_image(*r50, 0, train=False) - root
+  body = cost.resnet_flops_per_image(*r50, 0, train=False) - root
   assert wide == pytest.approx(4 * body + 2 * root)
   # ResNet-v1's stride in the 1x1 reduction: He et al. give 3.8 x 10^9 multiply-adds.
-  v1, _, _ = step_cost.resnet_macs(*r50, stride_in_reduction=True)
+  v1, _, _ = cost.resnet_macs(*r50, stride_in_reduction=True)
   assert 3.8e9 <= v1 < 3.9e9
 
 

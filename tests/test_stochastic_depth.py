@@ -1,4 +1,4 @@
-"""Stochastic depth (`vit.DropPath`, `vit.drop_path_rates`) and the head-bias initialisation."""
+"""Stochastic depth (`layers.DropPath`, `layers.drop_path_rates`) and the head-bias init."""
 
 import flax.linen as nn
 import jax
@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit_jax.models import create_model, get_model_config, vit
+from vit_jax.models import create_model, get_model_config, layers
 
 
 def tiny(**overrides):
@@ -18,19 +18,19 @@ def images(n=4, seed=1):
 
 
 def test_rates_are_timms_linear_schedule():
-  rates = vit.drop_path_rates(12, 0.1)
+  rates = layers.drop_path_rates(12, 0.1)
   assert rates[0] == 0.0 and rates[-1] == pytest.approx(0.1, abs=1e-8)
   np.testing.assert_allclose(np.diff(rates), 0.1 / 11, rtol=1e-5)
-  assert vit.drop_path_rates(1, 0.3) == (0.0,)  # torch.linspace(0, r, 1) == [0]
+  assert layers.drop_path_rates(1, 0.3) == (0.0,)  # torch.linspace(0, r, 1) == [0]
   with pytest.raises(ValueError, match=r"stoch_depth=1.0 must be in \[0, 1\)"):
-    vit.drop_path_rates(12, 1.0)
+    layers.drop_path_rates(12, 1.0)
 
 
 def test_rates_equal_torch_linspace():
   torch = pytest.importorskip("torch")
   for depth, rate in ((12, 0.1), (24, 0.2), (32, 0.3)):
     theirs = [x.item() for x in torch.linspace(0, rate, depth)]
-    np.testing.assert_allclose(vit.drop_path_rates(depth, rate), theirs, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(layers.drop_path_rates(depth, rate), theirs, rtol=1e-6, atol=1e-9)
 
 
 def test_drop_path_drops_whole_examples_and_its_mean_is_the_branch():
@@ -39,7 +39,7 @@ def test_drop_path_drops_whole_examples_and_its_mean_is_the_branch():
   rate, n = 0.3, 20_000
   branch = jax.random.normal(jax.random.key(0), (1, 5, 4))  # [1, N, D]
   y = jnp.broadcast_to(branch, (n, 5, 4))  # the same branch under n masks
-  out = vit.DropPath().apply({}, y, rate, False, rngs={"dropout": jax.random.key(1)})
+  out = layers.DropPath().apply({}, y, rate, False, rngs={"dropout": jax.random.key(1)})
   out = np.asarray(out)
   dropped = np.all(out == 0, axis=(1, 2))
   np.testing.assert_allclose(

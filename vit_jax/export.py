@@ -31,12 +31,14 @@ import sys
 import tempfile
 import threading
 import time
+from types import ModuleType
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import jax.numpy as jnp
 from absl import flags, logging
 
 from vit_jax import cli, errors, models
+from vit_jax.models import families
 from vit_jax.weights import hf as hf_lib
 from vit_jax.weights import npz, serving, sources, timm_bit, timm_mixer
 from vit_jax.weights import timm as timm_lib
@@ -61,6 +63,14 @@ LOAD_HINTS = {
 }
 
 
+# The timm mapping of each family (`models.FAMILIES`).
+_TIMM_WRITERS: dict[families.Family, ModuleType] = {
+  families.VIT: timm_lib,
+  families.MIXER: timm_mixer,
+  families.BIT: timm_bit,
+}
+
+
 def _writer(
   model: sources.LoadedModel, fmt: str, labels: Optional[str], resolution: Optional[int]
 ) -> Callable[[str], None]:
@@ -69,11 +79,10 @@ def _writer(
   params = model.params
   names = cli.class_names(labels, model)
   size = cli.image_size(model, resolution)
-  mixer, resnet = models.is_mixer(model.config), models.is_bit(model.config)
-  if fmt == "hf" and (mixer or resnet):
-    why = "transformers has no MLP-Mixer" if mixer else "--format=hf writes ViTs only"
+  family = models.family_of(model.config)
+  if fmt == "hf" and family.hf_refusal:
     raise errors.CommandLineError(
-      f"{why}: export this model with --format=timm, npz, saved_model or stablehlo."
+      f"{family.hf_refusal}: export this model with --format=timm, npz, saved_model or stablehlo."
     )
   if fmt == "hf":
     files = hf_lib.to_hf(
@@ -84,7 +93,7 @@ def _writer(
     )
     return lambda d: hf_lib.write_dir(d, *files)
   if fmt == "timm":
-    timm_writer = timm_mixer if mixer else timm_bit if resnet else timm_lib
+    timm_writer = _TIMM_WRITERS[family]
     spec = timm_writer.model_spec(
       model.config,
       num_classes=model.num_classes,

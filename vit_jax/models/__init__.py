@@ -1,89 +1,46 @@
 """Flax models of the official repository: `VisionTransformer` (plain and hybrid),
 `MlpMixer`, the paper's BiT ResNet baselines (`BitResNet`), and the builder that picks one
-from a config."""
+from a config through the family registry (`families.FAMILIES`)."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
-import jax.numpy as jnp
+import flax.linen as nn
 import ml_collections
 
-from vit_jax.models.bit import BIT, BitResNet, create_bit, is_bit
-from vit_jax.models.mixer import MIXER, MlpMixer, create_mixer, is_mixer
+from vit_jax.models.bit import BIT, BitResNet
+from vit_jax.models.execution import EXECUTION_FIELDS, ExecutionOptions
+from vit_jax.models.families import FAMILIES, Family, family_of, is_bit, is_mixer, model_settings
+from vit_jax.models.heads import CLASSIFIERS
+from vit_jax.models.mixer import MIXER, MlpMixer
 from vit_jax.models.options import check_model_config, with_family_defaults
 from vit_jax.models.posemb import POSEMB_KINDS, resize_grid, sincos_2d
-from vit_jax.models.settings import BitSettings, MixerSettings, ModelSettings, model_settings
+from vit_jax.models.settings import BitSettings, MixerSettings, ModelSettings, Settings
 from vit_jax.models.variants import MODEL_NAMES, get_model_config
-from vit_jax.models.vit import CLASSIFIERS, ExecutionOptions, VisionTransformer
-
-_EXECUTION_FIELDS = frozenset(f.name for f in dataclasses.fields(ExecutionOptions))
+from vit_jax.models.vit import VisionTransformer
 
 
 def create_model(
-  model_config: ml_collections.ConfigDict | ModelSettings | MixerSettings | BitSettings,
+  model_config: ml_collections.ConfigDict | Settings,
   *,
   num_classes: Optional[int],
   **overrides: Any,
-) -> Union[VisionTransformer, MlpMixer, BitResNet]:
-  """Builds a `VisionTransformer`, an `MlpMixer` for a Mixer config (``model_type``
-  'mixer') or a `BitResNet` for a BiT config ('bit'), from a config in the layout of
-  `variants.py` (a ConfigDict, checked here by `model_settings`, or the settings themselves).
+) -> nn.Module:
+  """The module of a model config in the layout of `variants.py` (a ConfigDict, checked
+  here by `model_settings`, or the settings themselves), built by its family.
 
-  ``overrides`` replace module attributes (``classifier="gap"``) or fields of its
-  `ExecutionOptions` (``dropout_rate=0.1``, ``scan=True``, ``dtype=jnp.bfloat16``).
-  A config saved before the later family's options existed builds the official model
-  (`ModelSettings` reads each missing option at its official value).
+  ``overrides`` replace fields of its `ExecutionOptions` (``dropout_rate=0.1``,
+  ``scan=True``, ``dtype=jnp.bfloat16``) or module attributes (``classifier="gap"``). A
+  config saved before an option existed builds the official model (the settings read each
+  missing option at its official value).
   """
-  cfg = model_settings(model_config)
-  if isinstance(cfg, (MixerSettings, BitSettings)):
-    execution = dict(remat=cfg.remat, remat_policy=cfg.remat_policy, dtype=jnp.dtype(cfg.dtype))
-    execution.update({name: overrides.pop(name) for name in _EXECUTION_FIELDS & overrides.keys()})
-    create = create_mixer if isinstance(cfg, MixerSettings) else create_bit
-    return create(
-      cfg, num_classes=num_classes, execution=ExecutionOptions(**execution), **overrides
-    )
-  t = cfg.transformer
-  execution = dict(
-    dropout_rate=t.dropout_rate,
-    attention_dropout_rate=t.attention_dropout_rate,
-    attention_impl=cfg.attention_impl,
-    scan=cfg.scan,
-    remat=cfg.remat,
-    remat_policy=cfg.remat_policy,
-    stoch_depth=cfg.stoch_depth,
-    dtype=jnp.dtype(cfg.dtype),
-  )
-  for name in _EXECUTION_FIELDS & overrides.keys():
-    execution[name] = overrides.pop(name)
-  attributes = dict(
-    num_classes=num_classes,
-    patch_size=cfg.patches.size,
-    hidden_size=cfg.hidden_size,
-    num_layers=t.num_layers,
-    mlp_dim=t.mlp_dim,
-    num_heads=t.num_heads,
-    classifier=cfg.classifier,
-    posemb=cfg.posemb,
-    gelu_approximate=cfg.gelu_approximate,
-    representation_size=cfg.representation_size,
-    head_bias_init=cfg.head_bias_init,
-    resnet_units=None if cfg.resnet is None else cfg.resnet.num_layers,
-    resnet_width_factor=1.0 if cfg.resnet is None else cfg.resnet.width_factor,
-    num_registers=cfg.num_registers,
-    class_token=cfg.class_token,
-    posemb_patches_only=cfg.posemb_patches_only,
-    norm_pre=cfg.norm_pre,
-    fc_norm=cfg.fc_norm,
-    layer_scale_init=cfg.layer_scale_init,
-    layer_norm_epsilon=cfg.layer_norm_epsilon,
-    activation=cfg.activation,
-    axial=cfg.axial,
-    execution=ExecutionOptions(**execution),
-  )
-  attributes.update(overrides)
-  return VisionTransformer(**attributes)
+  settings = model_settings(model_config)
+  execution = {name: overrides.pop(name) for name in EXECUTION_FIELDS & overrides.keys()}
+  execution_options = dataclasses.replace(settings.execution_options(), **execution)
+  build = family_of(settings).build
+  return build(settings, num_classes=num_classes, execution=execution_options, **overrides)
 
 
 __all__ = [
@@ -92,6 +49,8 @@ __all__ = [
   "BitSettings",
   "CLASSIFIERS",
   "ExecutionOptions",
+  "FAMILIES",
+  "Family",
   "MIXER",
   "MODEL_NAMES",
   "MixerSettings",
@@ -101,9 +60,11 @@ __all__ = [
   "VisionTransformer",
   "check_model_config",
   "create_model",
+  "family_of",
   "get_model_config",
   "is_bit",
   "is_mixer",
+  "model_settings",
   "resize_grid",
   "sincos_2d",
   "with_family_defaults",

@@ -22,14 +22,16 @@ bottleneck as a ViT's MLP (conv1 by its outputs, conv3 by its inputs).
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import re
+from typing import Any, Mapping, Optional
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from vit_jax.models import heads, layers, resnet
-from vit_jax.models.vit import ExecutionOptions, remat_policy
+from vit_jax import errors
+from vit_jax.models import heads, layers, resnet, variants
+from vit_jax.models.execution import ExecutionOptions, remat_policy
 from vit_jax.sharding import EMBED, MLP
 
 BIT = "bit"  # `model_type` of a BiT config (`variants.py`)
@@ -40,12 +42,14 @@ KERNEL_VARIANCE_EPSILON = 1e-8  # timm's BiT StdConv2d: added to the variance
 PRE_HEAD_NORM = "norm-pre-head"
 ROOT = "root_block"
 
+ROOT_KERNEL = f"{ROOT}/conv_root/kernel"  # [7, 7, C, 64 w]: the width factor w
+_UNIT = re.compile(r"^block(\d+)/unit(\d+)/")  # stages and units per stage
+FIT_ADVICE = (
+  "  Fix: build the BiT with the checkpoint's units per stage and width factor, or load "
+  "a checkpoint of this model."
+)
+
 Axes = tuple[Optional[str], ...]
-
-
-def is_bit(model_config: Any) -> bool:
-  """Whether a model config (`variants.py` layout) describes a BiT ResNet."""
-  return model_config.get("model_type") == BIT
 
 
 def unit_name(index: int) -> str:
@@ -204,3 +208,43 @@ def create_bit(
       **overrides,
     }
   )
+
+
+def architecture_key(model_config: Any) -> tuple:
+  """What the parameter shapes fix of a BiT config: units per stage, width factor."""
+  return tuple(model_config.resnet.num_layers), model_config.resnet.width_factor
+
+
+def describe_shapes(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
+  """What a BiT's parameter shapes say: stages, units per stage, width factor."""
+  units: dict[int, int] = {}
+  for key in shapes:
+    if m := _UNIT.match(key):
+      units[int(m.group(1))] = max(units.get(int(m.group(1)), 0), int(m.group(2)))
+  stages = sorted(units)
+  return {
+    "stages": stages,
+    "units per stage": tuple(units[s] for s in stages),
+    "width factor": shapes[ROOT_KERNEL][-1] / ROOT_WIDTH,
+  }
+
+
+def config_from_shapes(shapes: Mapping[str, tuple[int, ...]]) -> Any:
+  """The BiT config (`variants.py` layout, unnamed) that the shapes were made for."""
+  arch = describe_shapes(shapes)
+  stages, width = arch["stages"], arch["width factor"]
+  if not stages or stages != list(range(1, len(stages) + 1)) or not width.is_integer():
+    raise errors.CheckpointError(
+      f"Cannot infer the BiT ResNet from the checkpoint's arrays: stages block{stages} "
+      f"(expected block1..blockS) and a root of {ROOT_WIDTH * width:g} channels (64 x a "
+      "whole width factor)."
+    )
+  config = variants.get_model_config("BiT-R50x1")  # every field, then overwritten
+  config.resnet.num_layers = arch["units per stage"]
+  config.resnet.width_factor = int(width)
+  return config
+
+
+def trained_grid(shapes: Mapping[str, tuple[int, ...]], model_config: Any) -> None:
+  """None: a BiT takes any image size (no position table, no token-mixing MLP)."""
+  del shapes, model_config

@@ -19,13 +19,14 @@ The functions declare their parameters on the calling module (`VisionTransformer
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional
+from typing import Optional
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from vit_jax import errors
+from vit_jax.models.execution import ExecutionOptions
 from vit_jax.models.layers import MlpBlock, layer_norm, partitioned
 from vit_jax.sharding import EMBED, HEADS, KV
 
@@ -42,7 +43,7 @@ class _ProbeAttention(nn.Module):
   [H, Dh, D]) and its 1/sqrt(Dh) scaling."""
 
   num_heads: int
-  execution: Any  # `vit_jax.models.vit.ExecutionOptions`
+  execution: ExecutionOptions
 
   @nn.compact
   def __call__(self, queries: jax.Array, x: jax.Array) -> jax.Array:
@@ -83,7 +84,7 @@ class MAPHead(nn.Module):
   gelu_approximate: bool
   activation: str
   layer_norm_epsilon: float
-  execution: Any  # `vit_jax.models.vit.ExecutionOptions`
+  execution: ExecutionOptions
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -141,7 +142,7 @@ def linear_head(
 
 
 def pooled_logits(
-  x: jax.Array, num_classes: Optional[int], bias_init: float, execution: Any
+  x: jax.Array, num_classes: Optional[int], bias_init: float, execution: ExecutionOptions
 ) -> jax.Array:
   """The `linear_head` on pooled features [B, D] when there are classes, else the features;
   float32 either way (an MLP-Mixer's and a BiT's output)."""

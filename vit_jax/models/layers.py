@@ -1,5 +1,5 @@
 """Small pieces every part of the ViT shares: partitioned initializers, the LayerNorm, the
-MLP's activation, LayerScale.
+MLP's activation, LayerScale, the MLP block and stochastic depth (`DropPath`).
 
 The defaults are the official model's (LayerNorm epsilon 1e-6, tanh GELU); the other
 values exist for the later members of the family loaded from timm and transformers
@@ -9,13 +9,15 @@ values exist for the later members of the family loaded from timm and transforme
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from vit_jax import errors
+from vit_jax.models.execution import ExecutionOptions
 from vit_jax.sharding import EMBED, MLP
 
 GELU = "gelu"  # tanh or exact, as `gelu_approximate` says
@@ -79,7 +81,7 @@ class MlpBlock(nn.Module):
 
   mlp_dim: int
   gelu_approximate: bool
-  execution: Any  # `vit_jax.models.vit.ExecutionOptions`
+  execution: ExecutionOptions
   activation: str = GELU
 
   @nn.compact
@@ -104,3 +106,34 @@ class MlpBlock(nn.Module):
       bias_init=partitioned(_normal_init, (EMBED,)),
     )(x)  # [B, N, D]
     return nn.Dropout(rate)(x, deterministic=deterministic)
+
+
+def drop_path_rates(num_layers: int, stoch_depth: float) -> tuple[float, ...]:
+  """Each block's drop-path rate: linear from 0 at the first block to ``stoch_depth`` at
+  the last, timm's schedule (``torch.linspace(0, rate, depth)``, in float32 as there)."""
+  if not 0.0 <= stoch_depth < 1.0:
+    raise errors.ConfigError(
+      f"config.model.stoch_depth={stoch_depth} must be in [0, 1): the last block's "
+      "drop-path rate (0: off; AugReg uses 0.1)."
+    )
+  rates = np.linspace(0.0, stoch_depth, num_layers, dtype=np.float32)
+  return tuple(float(r) for r in rates)
+
+
+class DropPath(nn.Module):
+  """Stochastic depth (Huang et al., 2016) on a residual branch: per example, the whole
+  branch is dropped with probability ``rate`` and kept scaled by 1 / (1 - rate), as
+  timm's ``DropPath``, so its expectation is the branch. Identity in evaluation.
+
+  ``rate`` is a Python float (0: no random key drawn) or, under `nn.scan`, a traced
+  scalar of this layer.
+  """
+
+  @nn.compact
+  def __call__(self, y: jax.Array, rate: float | jax.Array, deterministic: bool) -> jax.Array:
+    if deterministic or (isinstance(rate, (int, float)) and rate == 0.0):
+      return y
+    keep = 1.0 - jnp.asarray(rate, jnp.float32)
+    shape = (y.shape[0],) + (1,) * (y.ndim - 1)  # [B, 1, 1]: one draw per example
+    kept = jax.random.bernoulli(self.make_rng("dropout"), keep, shape)
+    return jnp.where(kept, y / keep.astype(y.dtype), jnp.zeros((), y.dtype))

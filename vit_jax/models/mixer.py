@@ -16,7 +16,8 @@ token MLP's hidden units `MLP` (tensor parallelism splits both hidden layers).
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import re
+from typing import Any, Mapping, Optional
 
 import flax.linen as nn
 import jax
@@ -24,16 +25,21 @@ import jax.numpy as jnp
 import ml_collections
 
 from vit_jax import errors
-from vit_jax.models import embeddings, heads, layers
-from vit_jax.models.vit import ExecutionOptions, remat_policy
+from vit_jax.models import embeddings, heads, layers, posemb, variants
+from vit_jax.models.execution import ExecutionOptions, remat_policy
 from vit_jax.sharding import EMBED, MLP
 
 MIXER = "mixer"  # `model_type` of a Mixer config (`variants.py`); a ViT config has none
-
-
-def is_mixer(model_config: ml_collections.ConfigDict) -> bool:
-  """Whether a model config (`variants.py` layout) describes an MLP-Mixer."""
-  return model_config.get("model_type") == MIXER
+# The parameter shapes that describe a Mixer (`describe_shapes`); ``stem`` is its own.
+STEM_KERNEL = "stem/kernel"  # [ph, pw, C, D]: patch size, width
+_BLOCK = re.compile(r"^MixerBlock_(\d+)/")  # depth
+_TOKEN_MLP = "MixerBlock_0/token_mixing/Dense_0/kernel"  # [N, Dt]: patches, token MLP
+_CHANNEL_MLP = "MixerBlock_0/channel_mixing/Dense_0/kernel"  # [D, Dc]: channel MLP
+FIT_ADVICE = (
+  "  Fix: build the Mixer with the checkpoint's architecture (width, depth, token and "
+  "channel MLP dims) and its number of patches (the token-mixing MLP fixes it: "
+  "config.pp.crop = patches per side x patch size), or load a checkpoint of this model."
+)
 
 
 class MlpBlock(nn.Module):
@@ -210,3 +216,54 @@ def activation_bytes(
   if not (cfg.remat or compiler_rematerializes):
     per_block += images * (d * cfg.tokens_mlp_dim + n * cfg.channels_mlp_dim)
   return per_block * cfg.num_blocks * jnp.dtype(cfg.dtype).itemsize
+
+
+def architecture_key(model_config: Any) -> tuple:
+  """What the parameter shapes fix of a Mixer config: two configs with the same key load
+  the same checkpoints."""
+  fields = ("hidden_dim", "num_blocks", "tokens_mlp_dim", "channels_mlp_dim")
+  return (tuple(model_config.patches.size), *(model_config[f] for f in fields))
+
+
+def describe_shapes(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
+  """What a Mixer's parameter shapes say: patch size, input channels, width, depth,
+  patches, token and channel MLP dims (None where they do not say it)."""
+  kernel = shapes[STEM_KERNEL]
+  tokens, channels = shapes.get(_TOKEN_MLP), shapes.get(_CHANNEL_MLP)
+  return {
+    "patch size": kernel[:2],
+    "input channels": kernel[2],
+    "width": kernel[3],
+    "depth": len({m.group(1) for k in shapes if (m := _BLOCK.match(k))}) or None,
+    "patches": tokens[0] if tokens else None,
+    "token MLP dim": tokens[1] if tokens else None,
+    "channel MLP dim": channels[1] if channels else None,
+  }
+
+
+def config_from_shapes(shapes: Mapping[str, tuple[int, ...]]) -> ml_collections.ConfigDict:
+  """The Mixer config (`variants.py` layout, unnamed) that the shapes were made for."""
+  arch = describe_shapes(shapes)
+  missing = [name for name, value in arch.items() if value is None]
+  if missing:
+    raise errors.CheckpointError(
+      "Cannot infer the Mixer architecture from the checkpoint's arrays: no "
+      + ", ".join(missing)
+      + f" (from MixerBlock_{{i}}, {_TOKEN_MLP} and {_CHANNEL_MLP})."
+    )
+  config = variants.get_model_config("Mixer-B_16")  # every field, then overwritten
+  config.patches.size = tuple(arch["patch size"])
+  config.hidden_dim = arch["width"]
+  config.num_blocks = arch["depth"]
+  config.tokens_mlp_dim = arch["token MLP dim"]
+  config.channels_mlp_dim = arch["channel MLP dim"]
+  return config
+
+
+def trained_grid(shapes: Mapping[str, tuple[int, ...]], model_config: Any) -> Optional[tuple]:
+  """The token grid the token-mixing MLP was made for (it fixes the number of patches)."""
+  del model_config
+  tokens = shapes.get(_TOKEN_MLP)
+  if tokens is None:
+    return None
+  return posemb.square_grid(tokens[0], "pass the image size (--resolution)")

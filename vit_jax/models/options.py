@@ -1,12 +1,13 @@
-"""The later family's model options (`variants.family_options`) checked once.
+"""The ViT's model options checked once: the paper's (classifier, heads) and the later
+family's (`variants.family_options`).
 
 Each rule is one ``check_*`` function raising `ConfigError` with 'config.model.KEY=VALUE:
 why'; `vit_jax.models.settings.ModelSettings` runs them all through `check_model_config`
 (one error listing every bad value), and the modules call the same functions for a module
-constructed directly. The options the paper's model already had (classifier, posemb,
-heads, remat policy) are checked by their modules' own functions (`vit.check_classifier`,
-`posemb.check_posemb`, ...). `with_family_defaults` fills the options into a config written
-before they existed (a run's `config.json`), so every reader sees the official values.
+constructed directly. The position embeddings and the execution options are checked by
+their modules' own functions (`posemb.check_posemb`, `execution.remat_policy`, ...).
+`with_family_defaults` fills the options into a config written before they existed (a
+run's `config.json`), so every reader sees the official values.
 """
 
 from __future__ import annotations
@@ -37,6 +38,21 @@ def _bad(key: str, value: Any, why: str) -> errors.ConfigError:
 
 def _real(value: Any) -> bool:
   return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_classifier(classifier: str) -> None:
+  if classifier not in heads.CLASSIFIERS:
+    raise errors.ConfigError(
+      f"Unknown config.model.classifier={classifier!r}; choose one of {heads.CLASSIFIERS}."
+    )
+
+
+def check_heads(width: int, num_heads: int) -> None:
+  if num_heads < 1 or width % num_heads:
+    raise errors.ConfigError(
+      f"Width {width} (config.model.hidden_size) is not divisible by "
+      f"config.model.transformer.num_heads={num_heads}."
+    )
 
 
 def num_prefix_tokens(classifier: str, class_token: Optional[bool], num_registers: int) -> int:

@@ -1,13 +1,14 @@
 """A model config (the layout of `variants.py`) as typed, checked, immutable settings.
 
-    settings = model_settings(config.model)   # every field checked, once
+    settings = models.model_settings(config.model)   # every field checked, once
 
 A ViT config gives `ModelSettings`, an MLP-Mixer config (``model_type`` 'mixer') gives
-`MixerSettings`, a BiT ResNet config (``model_type`` 'bit') `BitSettings`.
+`MixerSettings`, a BiT ResNet config (``model_type`` 'bit') `BitSettings`; the family
+registry (`models/families.py`) picks the class.
 
 `vit_jax.run.resolve` builds them before anything is built, and `create_model` for a
 ConfigDict given to it directly; the checks are the model modules' own functions
-(`vit.check_classifier`, `vit.remat_policy`, `posemb.check_posemb`, ...), so each rule is
+(`options.check_classifier`, `execution.remat_policy`, `posemb.check_posemb`, ...), so each rule is
 written once. The settings read like the ConfigDict (``settings.transformer.num_layers``,
 ``settings.get("resnet")``), so code written against the config layout takes either.
 """
@@ -23,7 +24,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from vit_jax import errors
-from vit_jax.models import bit, mixer, options, variants, vit
+from vit_jax.models import bit, execution, mixer, options, variants
 from vit_jax.models import posemb as posemb_lib
 
 # The inputs the official weights expect: pixels in [0, 1] mapped to [-1, 1], per RGB.
@@ -79,13 +80,6 @@ def dtype_name(value: Any) -> str:
   return dtype.name
 
 
-def check_attention_impl(impl: Optional[str]) -> None:
-  if impl not in vit.ATTENTION_IMPLS:
-    raise errors.ConfigError(
-      f"Unknown config.model.attention_impl={impl!r}; choose one of {vit.ATTENTION_IMPLS}."
-    )
-
-
 def _family_options(config: Any) -> dict[str, Any]:
   """The later family's options of ``config``, each at its official value where the config
   predates it; left as written (lists as tuples) for `options.check_model_config`."""
@@ -126,7 +120,7 @@ class ModelSettings:
   patches: PatchSettings
   hidden_size: int
   transformer: TransformerSettings
-  classifier: str  # `vit.CLASSIFIERS`
+  classifier: str  # `heads.CLASSIFIERS`
   representation_size: Optional[int]  # None: no tanh pre-logits
   posemb: str  # `posemb.POSEMB_KINDS`
   gelu_approximate: bool  # tanh GELU (official); False: exact
@@ -134,7 +128,7 @@ class ModelSettings:
   scan: bool
   remat: bool
   remat_policy: Optional[str]  # a name in `jax.checkpoint_policies`
-  attention_impl: Optional[str]  # `vit.ATTENTION_IMPLS`
+  attention_impl: Optional[str]  # `execution.ATTENTION_IMPLS`
   dtype: str  # the computation's, e.g. 'bfloat16' (parameters stay float32)
   stoch_depth: float = 0.0  # the last block's drop-path rate (timm's linear schedule)
   head_bias_init: float = 0.0  # the head's initial bias (AugReg's sigmoid runs: -6.9)
@@ -153,11 +147,11 @@ class ModelSettings:
   input_std: tuple[float, ...] = OFFICIAL_INPUT_STD
 
   def __post_init__(self):
-    vit.check_classifier(self.classifier)
-    vit.check_heads(self.hidden_size, self.transformer.num_heads)
-    vit.remat_policy(self.remat_policy)
+    options.check_classifier(self.classifier)
+    options.check_heads(self.hidden_size, self.transformer.num_heads)
+    execution.remat_policy(self.remat_policy)
     posemb_lib.check_posemb(self.posemb, self.hidden_size)
-    check_attention_impl(self.attention_impl)
+    execution.check_attention_impl(self.attention_impl)
     dtype_name(self.dtype)
     if self.resnet is not None and not self.resnet.width_factor > 0:
       raise errors.ConfigError(
@@ -222,6 +216,20 @@ class ModelSettings:
     """Tokens before the patches (`options.num_prefix_tokens`): class token and registers."""
     return options.num_prefix_tokens(self.classifier, self.class_token, self.num_registers)
 
+  def execution_options(self) -> execution.ExecutionOptions:
+    """How the model these settings describe runs (`create_model` applies its overrides)."""
+    t = self.transformer
+    return execution.ExecutionOptions(
+      dropout_rate=t.dropout_rate,
+      attention_dropout_rate=t.attention_dropout_rate,
+      attention_impl=self.attention_impl,
+      scan=self.scan,
+      remat=self.remat,
+      remat_policy=self.remat_policy,
+      stoch_depth=self.stoch_depth,
+      dtype=jnp.dtype(self.dtype),
+    )
+
   def get(self, key: str, default: Any = None) -> Any:
     """``self.<key>``, or ``default`` where there is no such field: reads as a ConfigDict does."""
     return getattr(self, key, default)
@@ -234,7 +242,7 @@ class ModelSettings:
 def _check_convolutional_family(settings: Any, blocks_are: str, family_has: str) -> None:
   """The checks a Mixer's and a BiT's settings share: remat policy, dtype, input
   statistics, and no scan or stochastic depth (neither family has them)."""
-  vit.remat_policy(settings.remat_policy)
+  execution.remat_policy(settings.remat_policy)
   dtype_name(settings.dtype)
   if settings.scan:
     raise errors.ConfigError(f"config.model.scan=True: {blocks_are} not scanned; set it to False.")
@@ -282,6 +290,12 @@ class _FamilySettings:
 
   get = ModelSettings.get
   replace = ModelSettings.replace
+
+  def execution_options(self) -> execution.ExecutionOptions:
+    """How the model runs: its remat, remat policy and dtype (no dropout or scan)."""
+    return execution.ExecutionOptions(
+      remat=self.remat, remat_policy=self.remat_policy, dtype=jnp.dtype(self.dtype)
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -369,15 +383,3 @@ class BitSettings(_FamilySettings):
 
 
 Settings = ModelSettings | MixerSettings | BitSettings
-
-
-def model_settings(config: Any) -> Settings:
-  """The checked settings of a model config: `MixerSettings` for a Mixer (``model_type``
-  'mixer'), `BitSettings` for a BiT ResNet ('bit'), else `ModelSettings`."""
-  if isinstance(config, (ModelSettings, MixerSettings, BitSettings)):
-    return config
-  if mixer.is_mixer(config):
-    return MixerSettings.from_config(config)
-  if bit.is_bit(config):
-    return BitSettings.from_config(config)
-  return ModelSettings.from_config(config)

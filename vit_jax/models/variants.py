@@ -93,7 +93,7 @@ def _vit(
   config.remat = False
   config.remat_policy = ml_collections.FieldReference(None, field_type=str)
   # Stochastic depth in training: the last block's drop-path rate (0: off; see
-  # `vit.drop_path_rates`).
+  # `layers.drop_path_rates`).
   config.stoch_depth = 0.0
   config.attention_impl = ml_collections.FieldReference(None, field_type=str)
   config.dtype = "float32"

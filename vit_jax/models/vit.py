@@ -12,251 +12,21 @@ Inspection: apply with ``mutable=['intermediates']`` and every block sows
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from vit_jax import errors
 from vit_jax.models import embeddings, heads, layers, options
 from vit_jax.models import posemb as posemb_lib
-from vit_jax.models.heads import CLASSIFIERS
-from vit_jax.models.layers import MlpBlock
-from vit_jax.models.layers import partitioned as _partitioned
+from vit_jax.models.attention import MultiHeadDotProductAttention
+from vit_jax.models.execution import ExecutionOptions, remat_policy
+from vit_jax.models.layers import DropPath, MlpBlock, drop_path_rates
 from vit_jax.models.resnet import resnet_root
-from vit_jax.sharding import EMBED, HEADS, KV, LAYERS
-
-EINSUM = "einsum"  # `ExecutionOptions.attention_impl` of the module's own einsum attention
-# `ExecutionOptions.attention_impl` values: None or EINSUM (the einsum attention), or an
-# ``implementation`` of `jax.nn.dot_product_attention`.
-ATTENTION_IMPLS: tuple[Optional[str], ...] = (None, EINSUM, "xla", "cudnn")
-
-
-# The checks of the model's options: `vit_jax.models.settings.ModelSettings` (which
-# `vit_jax.run.resolve` and `create_model` build) runs them before anything is built; the
-# modules call the same functions for a module constructed directly.
-
-
-def check_classifier(classifier: str) -> None:
-  if classifier not in CLASSIFIERS:
-    raise errors.ConfigError(
-      f"Unknown config.model.classifier={classifier!r}; choose one of {CLASSIFIERS}."
-    )
-
-
-def check_heads(width: int, num_heads: int) -> None:
-  if num_heads < 1 or width % num_heads:
-    raise errors.ConfigError(
-      f"Width {width} (config.model.hidden_size) is not divisible by "
-      f"config.model.transformer.num_heads={num_heads}."
-    )
-
-
-def remat_policy(name: Optional[str]) -> Optional[Callable[..., bool]]:
-  """The `jax.checkpoint_policies` entry ``name`` names (None: JAX's default, save nothing
-  but the block's inputs)."""
-  if name is None:
-    return None
-  policy = getattr(jax.checkpoint_policies, name, None) if name[:1] != "_" else None
-  if not callable(policy):
-    raise errors.ConfigError(
-      f"Unknown config.model.remat_policy={name!r}: use a name from "
-      "jax.checkpoint_policies, e.g. 'nothing_saveable', or None."
-    )
-  return policy
-
-
-@dataclasses.dataclass(frozen=True)
-class ExecutionOptions:
-  """How the model runs: declared once here and passed down the modules as one attribute.
-
-  None of them changes the parameters or the function computed in evaluation; ``scan``
-  stores the blocks' parameters stacked over a leading layer axis.
-  """
-
-  dropout_rate: float = 0.0  # on the embeddings, the attention output and the MLP
-  attention_dropout_rate: float = 0.0  # on the attention weights
-  # None or EINSUM: the einsum attention; else `jax.nn.dot_product_attention`'s
-  # implementation ('xla', 'cudnn'). See `MultiHeadDotProductAttention`.
-  attention_impl: Optional[str] = None
-  scan: bool = False  # the encoder blocks as one `nn.scan` (faster to compile)
-  remat: bool = False  # recompute each block's activations in the backward pass
-  remat_policy: Optional[str] = None  # a name in `jax.checkpoint_policies`
-  # Stochastic depth: the last block's drop-path rate; rates grow linearly from 0 at the
-  # first block (`drop_path_rates`). Training only, like dropout.
-  stoch_depth: float = 0.0
-  dtype: jnp.dtype = jnp.float32  # computation
-  param_dtype: jnp.dtype = jnp.float32  # storage
-
-
-class _Projection(nn.Module):
-  """A projection's ``kernel`` and ``bias`` with `nn.DenseGeneral`'s names and initializers.
-
-  It only declares them (cast to the compute dtype): the attention applies them with the
-  einsum that gives the layout it needs, with no transpose of its own. As in
-  `nn.DenseGeneral`, the kernel is initialized as the matrix [prod(inputs), prod(outputs)]
-  (its first ``num_inputs`` axes are the inputs), so the fans are those of the projection.
-  """
-
-  num_inputs: int
-  kernel_shape: tuple[int, ...]
-  kernel_axes: tuple[str, ...]
-  bias_shape: tuple[int, ...]
-  bias_axes: tuple[str, ...]
-  execution: ExecutionOptions
-
-  @nn.compact
-  def __call__(self) -> tuple[jax.Array, jax.Array]:
-    ex = self.execution
-
-    def kernel_init(key: jax.Array, shape: tuple[int, ...], dtype: jnp.dtype) -> jax.Array:
-      matrix = (math.prod(shape[: self.num_inputs]), math.prod(shape[self.num_inputs :]))
-      return nn.initializers.xavier_uniform()(key, matrix, dtype).reshape(shape)
-
-    kernel = self.param(
-      "kernel", _partitioned(kernel_init, self.kernel_axes), self.kernel_shape, ex.param_dtype
-    )
-    bias = self.param(
-      "bias", _partitioned(nn.initializers.zeros, self.bias_axes), self.bias_shape, ex.param_dtype
-    )
-    return kernel.astype(ex.dtype), bias.astype(ex.dtype)
-
-
-# Sequence lengths a fused implementation needs: JAX's cuDNN attention differentiates only
-# even lengths (jax 0.10, `check_is_flash_attention`), and ViT-B/16 at 224 has 197 tokens.
-SEQUENCE_MULTIPLE: dict[str, int] = {"cudnn": 2}
-
-
-def padded_dot_product_attention(
-  q: jax.Array, k: jax.Array, v: jax.Array, implementation: str, multiple: int
-) -> jax.Array:
-  """`jax.nn.dot_product_attention` of [B, N, H, Dh] inputs with N padded to ``multiple``.
-
-  The padded keys are masked out by length (``key_value_seq_lengths``, which cuDNN takes
-  as a padding mask, not as a bias) and the padded queries' rows are dropped: the same
-  function as the unpadded attention, values and gradients.
-  """
-  b, n = q.shape[:2]
-  padded = -(-n // multiple) * multiple
-  if padded == n:
-    return jax.nn.dot_product_attention(q, k, v, implementation=implementation)
-  widths = ((0, 0), (0, padded - n), (0, 0), (0, 0))
-  q, k, v = (jnp.pad(t, widths) for t in (q, k, v))  # [B, padded, H, Dh]
-  lengths = jnp.full((b,), n, jnp.int32)
-  y = jax.nn.dot_product_attention(
-    q, k, v, key_value_seq_lengths=lengths, implementation=implementation
-  )
-  return y[:, :n]  # [B, N, H, Dh]
-
-
-class MultiHeadDotProductAttention(nn.Module):
-  """Self-attention with the official `query/key/value/out` parameter layout.
-
-  ``attention_impl`` chooses how the product runs, never the parameters or the function:
-  `EINSUM` (the default): the projections write queries, keys and values head-major,
-  [B, H, N, Dh], as the batched products need them, and the softmax's normalisation
-  divides the [B, H, N, Dh] product rather than the [B, H, N, N] weights (the weights are
-  formed only when sown or dropped out); any other
-  value goes to `jax.nn.dot_product_attention` as its ``implementation`` ('xla', or a fused
-  kernel such as 'cudnn' on GPU) with [B, N, H, Dh] inputs, padded to the sequence lengths
-  the kernel takes (`padded_dot_product_attention`). On the CPU the einsum path
-  compiled to less memory traffic and faster steps in training and inference (README,
-  Performance). When the weights are needed (sown for inspection, or attention dropout in
-  training) the einsum path runs whatever the choice.
-  """
-
-  num_heads: int
-  execution: ExecutionOptions = ExecutionOptions()
-  # Relative position embeddings (`posemb_lib.RelativePositions`): an offset table whose
-  # logits are added to the content logits; they need the einsum path.
-  relative: Optional[posemb_lib.RelativePositions] = None
-
-  @nn.compact
-  def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
-    """Attention along the second-last axis of x [..., N, D] (the leading axes are batch:
-    the Axial-ViT's rows or columns); returns [..., N, D]."""
-    lead = x.shape[:-2]
-    x = x.reshape(-1, *x.shape[-2:])  # [B, N, D]
-    ex = self.execution
-    d = x.shape[-1]
-    check_heads(d, self.num_heads)
-    h, dh = self.num_heads, d // self.num_heads
-    relative = None
-    if self.relative is not None:
-      if self.relative.num_patches + self.relative.num_prefix != x.shape[1]:
-        raise errors.ConfigError(
-          f"Relative positions of {self.relative} do not match {x.shape[1]} tokens."
-        )
-      relative = posemb_lib.relative_table(self, self.relative, h, dh, ex.param_dtype)
-    qkv = [
-      _Projection(1, (d, h, dh), (EMBED, HEADS, KV), (h, dh), (HEADS, KV), ex, name=name)()
-      for name in ("query", "key", "value")
-    ]
-    w_out, b_out = _Projection(2, (h, dh, d), (HEADS, KV, EMBED), (d,), (EMBED,), ex, name="out")()
-
-    use_dropout = not deterministic and ex.attention_dropout_rate > 0.0
-    need_weights = use_dropout or self.is_mutable_collection("intermediates")
-    if (ex.attention_impl or EINSUM) != EINSUM and not need_weights and relative is None:
-      q, k, v = (jnp.einsum("bnd,dhk->bnhk", x, w) + b for w, b in qkv)  # [B, N, H, Dh]
-      multiple = SEQUENCE_MULTIPLE.get(ex.attention_impl, 1)
-      y = padded_dot_product_attention(q, k, v, ex.attention_impl, multiple)
-      out = jnp.einsum("bnhk,hkd->bnd", y, w_out) + b_out  # [B, N, D]
-      return out.reshape(*lead, *out.shape[1:])
-    q, k, v = (jnp.einsum("bnd,dhk->bhnk", x, w) + b[:, None] for w, b in qkv)  # [B, H, N, Dh]
-    q = q / jnp.sqrt(dh).astype(ex.dtype)
-    logits = jnp.einsum("bhqd,bhkd->bhqk", q, k).astype(jnp.float32)  # [B, H, N, N]
-    if relative is not None:  # the same scaled query against the offsets' embeddings
-      rel = posemb_lib.relative_logits(q, relative.astype(ex.dtype), self.relative)
-      logits = logits + rel.astype(jnp.float32)  # [B, H, N, N]
-    if need_weights:
-      weights = jax.nn.softmax(logits, axis=-1)
-      self.sow("intermediates", "attention_weights", weights)
-      weights = weights.astype(ex.dtype)
-      if use_dropout:
-        weights = nn.Dropout(ex.attention_dropout_rate)(weights, deterministic=False)
-      y = jnp.einsum("bhqk,bhkd->bhqd", weights, v)  # [B, H, N, Dh]
-    else:
-      # softmax(logits) @ v with the normalisation applied to the [B, H, N, Dh] product
-      # instead of the [B, H, N, N] weights: the same function, a smaller division.
-      unnormalized = jnp.exp(logits - jax.lax.stop_gradient(logits.max(-1, keepdims=True)))
-      y = jnp.einsum("bhqk,bhkd->bhqd", unnormalized.astype(ex.dtype), v)
-      y = y / unnormalized.sum(-1, keepdims=True).astype(ex.dtype)
-    out = jnp.einsum("bhnk,hkd->bnd", y, w_out) + b_out  # [B, N, D]
-    return out.reshape(*lead, *out.shape[1:])  # [..., N, D]
-
-
-def drop_path_rates(num_layers: int, stoch_depth: float) -> tuple[float, ...]:
-  """Each block's drop-path rate: linear from 0 at the first block to ``stoch_depth`` at
-  the last, timm's schedule (``torch.linspace(0, rate, depth)``, in float32 as there)."""
-  if not 0.0 <= stoch_depth < 1.0:
-    raise errors.ConfigError(
-      f"config.model.stoch_depth={stoch_depth} must be in [0, 1): the last block's "
-      "drop-path rate (0: off; AugReg uses 0.1)."
-    )
-  rates = np.linspace(0.0, stoch_depth, num_layers, dtype=np.float32)
-  return tuple(float(r) for r in rates)
-
-
-class DropPath(nn.Module):
-  """Stochastic depth (Huang et al., 2016) on a residual branch: per example, the whole
-  branch is dropped with probability ``rate`` and kept scaled by 1 / (1 - rate), as
-  timm's ``DropPath``, so its expectation is the branch. Identity in evaluation.
-
-  ``rate`` is a Python float (0: no random key drawn) or, under `nn.scan`, a traced
-  scalar of this layer.
-  """
-
-  @nn.compact
-  def __call__(self, y: jax.Array, rate: float | jax.Array, deterministic: bool) -> jax.Array:
-    if deterministic or (isinstance(rate, (int, float)) and rate == 0.0):
-      return y
-    keep = 1.0 - jnp.asarray(rate, jnp.float32)
-    shape = (y.shape[0],) + (1,) * (y.ndim - 1)  # [B, 1, 1]: one draw per example
-    kept = jax.random.bernoulli(self.make_rng("dropout"), keep, shape)
-    return jnp.where(kept, y / keep.astype(y.dtype), jnp.zeros((), y.dtype))
+from vit_jax.models.settings import ModelSettings
+from vit_jax.sharding import LAYERS
 
 
 class Encoder1DBlock(nn.Module):
@@ -510,7 +280,7 @@ class VisionTransformer(nn.Module):
     corrupt: Optional[Callable[[jax.Array], jax.Array]] = None,
     pool: bool = True,
   ) -> jax.Array:
-    check_classifier(self.classifier)
+    options.check_classifier(self.classifier)
     options.check_class_token(self.classifier, self.class_token)
     options.check_axial(self.axial, self.num_prefix_tokens)
     ex = self.execution
@@ -570,3 +340,41 @@ class VisionTransformer(nn.Module):
     if self.num_classes:
       x = heads.linear_head(x, self.num_classes, self.head_bias_init, ex.dtype, ex.param_dtype)
     return x.astype(jnp.float32)
+
+
+def create_vit(
+  settings: ModelSettings,
+  *,
+  num_classes: Optional[int],
+  execution: ExecutionOptions,
+  **overrides: Any,
+) -> VisionTransformer:
+  """A `VisionTransformer` from checked settings and how it runs; ``overrides`` replace
+  module attributes (``classifier="gap"``)."""
+  t, resnet = settings.transformer, settings.resnet
+  attributes = dict(
+    num_classes=num_classes,
+    patch_size=settings.patches.size,
+    hidden_size=settings.hidden_size,
+    num_layers=t.num_layers,
+    mlp_dim=t.mlp_dim,
+    num_heads=t.num_heads,
+    classifier=settings.classifier,
+    posemb=settings.posemb,
+    gelu_approximate=settings.gelu_approximate,
+    representation_size=settings.representation_size,
+    head_bias_init=settings.head_bias_init,
+    resnet_units=None if resnet is None else resnet.num_layers,
+    resnet_width_factor=1.0 if resnet is None else resnet.width_factor,
+    num_registers=settings.num_registers,
+    class_token=settings.class_token,
+    posemb_patches_only=settings.posemb_patches_only,
+    norm_pre=settings.norm_pre,
+    fc_norm=settings.fc_norm,
+    layer_scale_init=settings.layer_scale_init,
+    layer_norm_epsilon=settings.layer_norm_epsilon,
+    activation=settings.activation,
+    axial=settings.axial,
+    execution=execution,
+  )
+  return VisionTransformer(**{**attributes, **overrides})

@@ -19,13 +19,13 @@ from typing import Any, Optional
 
 import jax
 
-from vit_jax import errors, platforms
+from vit_jax import errors, hardware, platforms
+from vit_jax.hardware import Chip
 from vit_jax.plan import gpus
-from vit_jax.plan.chips import Chip
 
 VALID_FORMS = (
   f"a GPU node <gpu>x<GPUs per node> or nodes <gpu>x<GPUs per node>x<nodes> with <gpu> one "
-  f"of {', '.join(gpus.GPUS)} (h100x8, h200x8, a100x8, h100x8x4: 4 nodes of 8 H100s)"
+  f"of {', '.join(hardware.GPUS)} (h100x8, h200x8, a100x8, h100x8x4: 4 nodes of 8 H100s)"
 )
 _GPU_NAME = re.compile(r"^([a-z]\d+)x(\d+)(?:x(\d+))?$")
 # jaxlib 0.10's XLA:GPU fails to pick Triton tiles for some of the model's matrix products
@@ -120,15 +120,15 @@ def require_cuda_plugin() -> None:
 def parse(name: str) -> Optional[GpuTopology]:
   """The `GpuTopology` that ``name`` denotes (``h100x8``, ``h100x8x4``); None for another form."""
   match = _GPU_NAME.match(name.strip().lower())
-  if match is None or match.group(1) not in gpus.GPUS:
+  if match is None or match.group(1) not in hardware.GPUS:
     return None
   per_node, nodes = int(match.group(2)), int(match.group(3) or 1)
-  if not 1 <= per_node <= gpus.GPUS_PER_NODE or nodes < 1:
+  if not 1 <= per_node <= hardware.GPUS_PER_NODE or nodes < 1:
     raise errors.UserError(
-      f"--topology={name}: a node has 1 to {gpus.GPUS_PER_NODE} GPUs and there is at least "
+      f"--topology={name}: a node has 1 to {hardware.GPUS_PER_NODE} GPUs and there is at least "
       f"one node. Valid forms: {VALID_FORMS}."
     )
-  return GpuTopology(name, gpus.GPUS[match.group(1)], per_node, nodes)
+  return GpuTopology(name, hardware.GPUS[match.group(1)], per_node, nodes)
 
 
 def prepare_environment() -> None:

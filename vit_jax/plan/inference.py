@@ -1,6 +1,6 @@
 """A model's inference step on one TPU core, compiled, never run: the paper's Fig. 12.
 
-    point = inference_point(models.get_model_config("ViT-B_16"), 384, chips.CHIPS["v3"])
+    point = inference_point(models.get_model_config("ViT-B_16"), 384, hardware.CHIPS["v3"])
     point.largest_batch, point.images_per_s
 
 The paper (Appendix D.5) measured on TPUv3 cores, across input sizes, the peak inference
@@ -22,8 +22,8 @@ import jax.numpy as jnp
 import ml_collections
 
 from vit_jax import models
+from vit_jax.hardware import Chip
 from vit_jax.plan import report
-from vit_jax.plan.chips import Chip
 from vit_jax.run import memory_fit
 
 # Batches compiled first; memory grows close to linearly with the batch, so the two give

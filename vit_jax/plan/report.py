@@ -21,8 +21,8 @@ from typing import Any, Optional
 import jax
 import numpy as np
 
+from vit_jax.hardware import Chip
 from vit_jax.plan import hlo
-from vit_jax.plan.chips import Chip
 from vit_jax.run import step_cost
 
 GIB = 2**30

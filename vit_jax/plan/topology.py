@@ -25,8 +25,8 @@ from typing import Any, Iterator, Union
 import jax
 
 from vit_jax import errors
+from vit_jax.hardware import CHIPS, Chip
 from vit_jax.plan import gpu_topology
-from vit_jax.plan.chips import CHIPS, Chip
 from vit_jax.run import memory_fit
 
 # Cloud name prefix -> chip generation; libtpu's name of each generation.

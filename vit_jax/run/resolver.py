@@ -21,8 +21,8 @@ import ml_collections
 
 from vit_jax import data, errors, models, sharding, weights
 from vit_jax.data.dataset import Settings as DataSettings
-from vit_jax.models import posemb
-from vit_jax.models.settings import Settings, model_settings
+from vit_jax.models import model_settings, posemb
+from vit_jax.models.settings import Settings
 from vit_jax.run import losses, memory_fit, objectives, resume_policy, step_cost
 from vit_jax.run import spec as spec_lib
 from vit_jax.run import steps as steps_lib

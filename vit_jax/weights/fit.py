@@ -275,7 +275,8 @@ def _adapt_relative_tables(
   return notes
 
 
-_PATCH_KERNELS = ("embedding/kernel", architecture.MIXER_STEM)  # a ViT's, a Mixer's
+# The patch embeddings of the families that have one (a ViT's, a Mixer's).
+_PATCH_KERNELS = tuple(f.patch_kernel for f in models.FAMILIES if f.patch_kernel)
 
 
 def _adapt_patch_size(got: dict[str, Any], want: Mapping[str, Any]) -> list[str]:
@@ -312,22 +313,7 @@ def _fit_error(
   if diffs:
     lines += ["  architecture differences:", *diffs]
   lines += details
-  if architecture.MIXER_STEM in want:
-    lines.append(
-      "  Fix: build the Mixer with the checkpoint's architecture (width, depth, token and "
-      "channel MLP dims) and its number of patches (the token-mixing MLP fixes it: "
-      "config.pp.crop = patches per side x patch size), or load a checkpoint of this model."
-    )
-  elif architecture.BIT_ROOT in want:
-    lines.append(
-      "  Fix: build the BiT with the checkpoint's units per stage and width factor, or load "
-      "a checkpoint of this model."
-    )
-  else:
-    lines.append(
-      "  Fix: build the model with the checkpoint's architecture (width, depth, heads, MLP "
-      "dim, posemb), or load a checkpoint of this model."
-    )
+  lines.append(architecture.family(want).fit_advice)
   return "\n".join(lines)
 
 

@@ -1,0 +1,155 @@
+"""The ViT's self-attention with the official `query/key/value/out` parameter layout: the
+projections, the einsum attention (with relative position logits) and the fused
+`jax.nn.dot_product_attention` path padded to the lengths a kernel takes."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from vit_jax import errors
+from vit_jax.models import options
+from vit_jax.models import posemb as posemb_lib
+from vit_jax.models.execution import EINSUM, ExecutionOptions
+from vit_jax.models.layers import partitioned
+from vit_jax.sharding import EMBED, HEADS, KV
+
+
+class Projection(nn.Module):
+  """A projection's ``kernel`` and ``bias`` with `nn.DenseGeneral`'s names and initializers.
+
+  It only declares them (cast to the compute dtype): the attention applies them with the
+  einsum that gives the layout it needs, with no transpose of its own. As in
+  `nn.DenseGeneral`, the kernel is initialized as the matrix [prod(inputs), prod(outputs)]
+  (its first ``num_inputs`` axes are the inputs), so the fans are those of the projection.
+  """
+
+  num_inputs: int
+  kernel_shape: tuple[int, ...]
+  kernel_axes: tuple[str, ...]
+  bias_shape: tuple[int, ...]
+  bias_axes: tuple[str, ...]
+  execution: ExecutionOptions
+
+  @nn.compact
+  def __call__(self) -> tuple[jax.Array, jax.Array]:
+    ex = self.execution
+
+    def kernel_init(key: jax.Array, shape: tuple[int, ...], dtype: jnp.dtype) -> jax.Array:
+      matrix = (math.prod(shape[: self.num_inputs]), math.prod(shape[self.num_inputs :]))
+      return nn.initializers.xavier_uniform()(key, matrix, dtype).reshape(shape)
+
+    kernel = self.param(
+      "kernel", partitioned(kernel_init, self.kernel_axes), self.kernel_shape, ex.param_dtype
+    )
+    bias = self.param(
+      "bias", partitioned(nn.initializers.zeros, self.bias_axes), self.bias_shape, ex.param_dtype
+    )
+    return kernel.astype(ex.dtype), bias.astype(ex.dtype)
+
+
+# Sequence lengths a fused implementation needs: JAX's cuDNN attention differentiates only
+# even lengths (jax 0.10, `check_is_flash_attention`), and ViT-B/16 at 224 has 197 tokens.
+SEQUENCE_MULTIPLE: dict[str, int] = {"cudnn": 2}
+
+
+def padded_dot_product_attention(
+  q: jax.Array, k: jax.Array, v: jax.Array, implementation: str, multiple: int
+) -> jax.Array:
+  """`jax.nn.dot_product_attention` of [B, N, H, Dh] inputs with N padded to ``multiple``.
+
+  The padded keys are masked out by length (``key_value_seq_lengths``, which cuDNN takes
+  as a padding mask, not as a bias) and the padded queries' rows are dropped: the same
+  function as the unpadded attention, values and gradients.
+  """
+  b, n = q.shape[:2]
+  padded = -(-n // multiple) * multiple
+  if padded == n:
+    return jax.nn.dot_product_attention(q, k, v, implementation=implementation)
+  widths = ((0, 0), (0, padded - n), (0, 0), (0, 0))
+  q, k, v = (jnp.pad(t, widths) for t in (q, k, v))  # [B, padded, H, Dh]
+  lengths = jnp.full((b,), n, jnp.int32)
+  y = jax.nn.dot_product_attention(
+    q, k, v, key_value_seq_lengths=lengths, implementation=implementation
+  )
+  return y[:, :n]  # [B, N, H, Dh]
+
+
+class MultiHeadDotProductAttention(nn.Module):
+  """Self-attention with the official `query/key/value/out` parameter layout.
+
+  ``attention_impl`` chooses how the product runs, never the parameters or the function:
+  `EINSUM` (the default): the projections write queries, keys and values head-major,
+  [B, H, N, Dh], as the batched products need them, and the softmax's normalisation
+  divides the [B, H, N, Dh] product rather than the [B, H, N, N] weights (the weights are
+  formed only when sown or dropped out); any other
+  value goes to `jax.nn.dot_product_attention` as its ``implementation`` ('xla', or a fused
+  kernel such as 'cudnn' on GPU) with [B, N, H, Dh] inputs, padded to the sequence lengths
+  the kernel takes (`padded_dot_product_attention`). On the CPU the einsum path
+  compiled to less memory traffic and faster steps in training and inference (README,
+  Performance). When the weights are needed (sown for inspection, or attention dropout in
+  training) the einsum path runs whatever the choice.
+  """
+
+  num_heads: int
+  execution: ExecutionOptions = ExecutionOptions()
+  # Relative position embeddings (`posemb_lib.RelativePositions`): an offset table whose
+  # logits are added to the content logits; they need the einsum path.
+  relative: Optional[posemb_lib.RelativePositions] = None
+
+  @nn.compact
+  def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
+    """Attention along the second-last axis of x [..., N, D] (the leading axes are batch:
+    the Axial-ViT's rows or columns); returns [..., N, D]."""
+    lead = x.shape[:-2]
+    x = x.reshape(-1, *x.shape[-2:])  # [B, N, D]
+    ex = self.execution
+    d = x.shape[-1]
+    options.check_heads(d, self.num_heads)
+    h, dh = self.num_heads, d // self.num_heads
+    relative = None
+    if self.relative is not None:
+      if self.relative.num_patches + self.relative.num_prefix != x.shape[1]:
+        raise errors.ConfigError(
+          f"Relative positions of {self.relative} do not match {x.shape[1]} tokens."
+        )
+      relative = posemb_lib.relative_table(self, self.relative, h, dh, ex.param_dtype)
+    qkv = [
+      Projection(1, (d, h, dh), (EMBED, HEADS, KV), (h, dh), (HEADS, KV), ex, name=name)()
+      for name in ("query", "key", "value")
+    ]
+    w_out, b_out = Projection(2, (h, dh, d), (HEADS, KV, EMBED), (d,), (EMBED,), ex, name="out")()
+
+    use_dropout = not deterministic and ex.attention_dropout_rate > 0.0
+    need_weights = use_dropout or self.is_mutable_collection("intermediates")
+    if (ex.attention_impl or EINSUM) != EINSUM and not need_weights and relative is None:
+      q, k, v = (jnp.einsum("bnd,dhk->bnhk", x, w) + b for w, b in qkv)  # [B, N, H, Dh]
+      multiple = SEQUENCE_MULTIPLE.get(ex.attention_impl, 1)
+      y = padded_dot_product_attention(q, k, v, ex.attention_impl, multiple)
+      out = jnp.einsum("bnhk,hkd->bnd", y, w_out) + b_out  # [B, N, D]
+      return out.reshape(*lead, *out.shape[1:])
+    q, k, v = (jnp.einsum("bnd,dhk->bhnk", x, w) + b[:, None] for w, b in qkv)  # [B, H, N, Dh]
+    q = q / jnp.sqrt(dh).astype(ex.dtype)
+    logits = jnp.einsum("bhqd,bhkd->bhqk", q, k).astype(jnp.float32)  # [B, H, N, N]
+    if relative is not None:  # the same scaled query against the offsets' embeddings
+      rel = posemb_lib.relative_logits(q, relative.astype(ex.dtype), self.relative)
+      logits = logits + rel.astype(jnp.float32)  # [B, H, N, N]
+    if need_weights:
+      weights = jax.nn.softmax(logits, axis=-1)
+      self.sow("intermediates", "attention_weights", weights)
+      weights = weights.astype(ex.dtype)
+      if use_dropout:
+        weights = nn.Dropout(ex.attention_dropout_rate)(weights, deterministic=False)
+      y = jnp.einsum("bhqk,bhkd->bhqd", weights, v)  # [B, H, N, Dh]
+    else:
+      # softmax(logits) @ v with the normalisation applied to the [B, H, N, Dh] product
+      # instead of the [B, H, N, N] weights: the same function, a smaller division.
+      unnormalized = jnp.exp(logits - jax.lax.stop_gradient(logits.max(-1, keepdims=True)))
+      y = jnp.einsum("bhqk,bhkd->bhqd", unnormalized.astype(ex.dtype), v)
+      y = y / unnormalized.sum(-1, keepdims=True).astype(ex.dtype)
+    out = jnp.einsum("bhnk,hkd->bnd", y, w_out) + b_out  # [B, N, D]
+    return out.reshape(*lead, *out.shape[1:])  # [..., N, D]

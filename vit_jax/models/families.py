@@ -1,0 +1,130 @@
+"""Every model family as one typed record, and the lookups that pick one.
+
+A `Family` holds what the rest of the package needs of a family: its settings class, its
+builder, its analytic FLOPs and activation bound, and the reader of its parameter shapes.
+The run, the plan, the weights readers and the export ask `family_of` (a config or
+settings) or `family_of_shapes` (a parameter tree) instead of testing for a family by
+hand. A new family (a two-tower image-text model, say) is a module of its own and one
+record in `FAMILIES`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping, Optional
+
+import flax.linen as nn
+import ml_collections
+
+from vit_jax import errors
+from vit_jax.models import bit, cost, mixer, vit, vit_shapes
+from vit_jax.models.settings import BitSettings, MixerSettings, ModelSettings, Settings
+
+Shapes = Mapping[str, tuple[int, ...]]  # a parameter tree's shapes by 'a/b/c' path
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Family:
+  """One model family: how its configs and parameter trees are told apart and read, how
+  it is built, and what it costs."""
+
+  name: str  # its configs' ``model_type`` (a ViT config has none)
+  settings: type[ModelSettings] | type[MixerSettings] | type[BitSettings]
+  # (settings, *, num_classes, execution, **module attribute overrides) -> the module
+  build: Callable[..., nn.Module]
+  # (settings, image_size, num_classes, *, train) -> FLOPs of one image (None: unknown)
+  flops_per_image: Callable[..., Optional[float]]
+  # (settings, image_size, images, compiler_rematerializes) -> a lower bound (None: none)
+  activation_bytes: Callable[..., Optional[int]]
+  tree_key: Optional[str]  # a parameter path only its trees have (None: the ViT, the rest)
+  describe_shapes: Callable[[Shapes], dict[str, Any]]  # what the shapes say, by name
+  config_from_shapes: Callable[[Shapes], ml_collections.ConfigDict]  # unnamed config
+  trained_grid: Callable[[Shapes, Any], Optional[tuple[int, int]]]  # the grid it fixes
+  architecture_key: Callable[[Any], tuple]  # what its parameter shapes fix of a config
+  patch_kernel: Optional[str]  # its patch embedding's kernel (resampled by a fit)
+  fit_advice: str  # the last line of a fit error
+  hf_refusal: Optional[str]  # why transformers' ViT cannot hold it (None: it can)
+
+
+VIT = Family(
+  name="vit",
+  settings=ModelSettings,
+  build=vit.create_vit,
+  flops_per_image=cost.vit_flops_per_image,
+  activation_bytes=cost.vit_activation_bytes,
+  tree_key=None,
+  describe_shapes=vit_shapes.describe_shapes,
+  config_from_shapes=vit_shapes.config_from_shapes,
+  trained_grid=vit_shapes.trained_grid,
+  architecture_key=vit_shapes.architecture_key,
+  patch_kernel=vit_shapes.EMBEDDING,
+  fit_advice=vit_shapes.FIT_ADVICE,
+  hf_refusal=None,
+)
+MIXER = Family(
+  name=mixer.MIXER,
+  settings=MixerSettings,
+  build=mixer.create_mixer,
+  flops_per_image=mixer.flops_per_image,
+  activation_bytes=mixer.activation_bytes,
+  tree_key=mixer.STEM_KERNEL,
+  describe_shapes=mixer.describe_shapes,
+  config_from_shapes=mixer.config_from_shapes,
+  trained_grid=mixer.trained_grid,
+  architecture_key=mixer.architecture_key,
+  patch_kernel=mixer.STEM_KERNEL,
+  fit_advice=mixer.FIT_ADVICE,
+  hf_refusal="transformers has no MLP-Mixer",
+)
+BIT = Family(
+  name=bit.BIT,
+  settings=BitSettings,
+  build=bit.create_bit,
+  flops_per_image=cost.bit_flops_per_image,
+  activation_bytes=cost.bit_activation_bytes,
+  tree_key=bit.ROOT_KERNEL,
+  describe_shapes=bit.describe_shapes,
+  config_from_shapes=bit.config_from_shapes,
+  trained_grid=bit.trained_grid,
+  architecture_key=bit.architecture_key,
+  patch_kernel=None,
+  fit_advice=bit.FIT_ADVICE,
+  hf_refusal="--format=hf writes ViTs only",
+)
+FAMILIES: tuple[Family, ...] = (VIT, MIXER, BIT)
+
+
+def family_of(config: Any) -> Family:
+  """The family of a model config (its ``model_type``; none: the ViT) or settings."""
+  for family in FAMILIES:
+    if isinstance(config, family.settings):
+      return family
+  model_type = config.get("model_type") or VIT.name
+  for family in FAMILIES:
+    if family.name == model_type:
+      return family
+  names = ", ".join(repr(f.name) for f in FAMILIES)
+  raise errors.ConfigError(
+    f"Unknown config.model.model_type={model_type!r}; choose one of {names}."
+  )
+
+
+def family_of_shapes(shapes: Shapes) -> Family:
+  """The family whose parameter trees have one of ``shapes``' paths (else the ViT)."""
+  return next((f for f in FAMILIES if f.tree_key is not None and f.tree_key in shapes), VIT)
+
+
+def model_settings(config: Any) -> Settings:
+  """The checked settings of a model config, by its family (settings as they are)."""
+  family = family_of(config)
+  return config if isinstance(config, family.settings) else family.settings.from_config(config)
+
+
+def is_mixer(config: Any) -> bool:
+  """Whether a model config (or settings) describes an MLP-Mixer."""
+  return family_of(config) is MIXER
+
+
+def is_bit(config: Any) -> bool:
+  """Whether a model config (or settings) describes a BiT ResNet."""
+  return family_of(config) is BIT
