@@ -29,6 +29,7 @@ from PIL import Image
 from tests import fresh_python, image_bombs
 from tests import interop_fixtures as fx
 from tests.finished_run import copy_run, tiny_flags
+from tests.test_expressible import write_checkpoint
 
 pytest_plugins = ["tests.finished_run"]  # the finished_run fixture
 # The subprocesses' address-space limit is set between fork and exec (preexec_fn).
@@ -44,6 +45,15 @@ M = "--checkpoint={tmp}/m.npz"  # a ViT-Ti/16 (2 layers) with 5 classes, at 32x3
 IMG = "{tmp}/image.png"
 TO_NPZ = ("--format=npz", "--out={tmp}/o")  # export's output, never written
 TINY = "{tiny}"  # the tiny run's flags (tests/finished_run.py), with a fresh workdir
+
+# timm checkpoints of families this package does not compute: {case: (architecture, family)}.
+UNEXPRESSED_TIMM = {
+  "dinov3": ("vit_small_patch16_dinov3", "DINOv3"),
+  "eva02": ("eva02_base_patch14_224", "EVA-02"),
+  "pe": ("vit_pe_core_base_patch16_224", "Perception Encoder"),
+  "rope": ("vit_base_patch16_rope_reg1_gap_256", "RoPE-ViT"),
+  "naflex": ("naflexvit_base_patch16_gap", "NaFlexViT"),
+}
 
 # (id, command, arguments, fragment of the one Error: line). `{tmp}` is the inputs'
 # folder (`_inputs`), `{digits}` the tfds data_dir of the built-in digits dataset.
@@ -80,6 +90,20 @@ CASES = [
   ("predict run json binary", PREDICT, ["--checkpoint={tmp}/run_binary", IMG], "run_binary"),
   ("predict hf json types", PREDICT, ["--checkpoint={tmp}/hf_types", IMG], "hf_types"),
   ("predict npz huge", PREDICT, ["--checkpoint={tmp}/huge.npz", IMG], "huge.npz"),
+  # predict, export, convert: checkpoints of models this package does not compute.
+  *[
+    (f"predict timm {name}", PREDICT, [f"--checkpoint={{tmp}}/timm_{name}", IMG], f"is {family}")
+    for name, (_, family) in UNEXPRESSED_TIMM.items()
+  ],
+  ("predict timm never seen", PREDICT, ["--checkpoint={tmp}/timm_swin", IMG], "'swin_tiny"),
+  ("predict hf dinov3", PREDICT, ["--checkpoint={tmp}/hf_dinov3", IMG], "model_type 'dinov3_vit'"),
+  ("export timm pe", EXPORT, ["--checkpoint={tmp}/timm_pe", *TO_NPZ], "is Perception Encoder"),
+  (
+    "convert timm eva02 file",
+    CONVERT,
+    ["{tmp}/timm_eva02/model.safetensors", "--out={tmp}/c.npz"],
+    "is EVA-02",
+  ),
   # export.
   ("export out a file", EXPORT, [M, "--format=npz", "--out={tmp}/text.jpg"], "text.jpg"),
   (
@@ -310,6 +334,10 @@ def _inputs(tmp: str) -> None:
   open(os.path.join(tmp, "empty.jpg"), "wb").close()
   _png_header_only(os.path.join(tmp, "big.png"), 20000, 20000)
   image_bombs.gif_claiming(os.path.join(tmp, "frame.gif"), 30000, 30000)
+  for name, (architecture, _) in UNEXPRESSED_TIMM.items():
+    write_checkpoint(os.path.join(tmp, f"timm_{name}"), {"architecture": architecture})
+  write_checkpoint(os.path.join(tmp, "timm_swin"), {"architecture": "swin_tiny_patch4_window7_224"})
+  write_checkpoint(os.path.join(tmp, "hf_dinov3"), {"model_type": "dinov3_vit"})
   image_bombs.animated_webp(os.path.join(tmp, "anim.webp"))
   image_bombs.jpeg_xl(os.path.join(tmp, "jxl.jpg"))
   _image_folder(
