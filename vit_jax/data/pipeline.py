@@ -36,7 +36,7 @@ from absl import logging
 
 from vit_jax import errors
 from vit_jax.aliases import HostBatch
-from vit_jax.data import batching, image_header, order, preprocess, readers
+from vit_jax.data import batching, decodable, order, preprocess, readers
 from vit_jax.data.dataset import Dataset, Settings, as_settings
 
 _EVAL_WINDOW = 10_000  # Examples an eval pass reads at a time.
@@ -69,40 +69,12 @@ def _dataset(reader: readers.Reader, example_fn, local_batch: int) -> tf.data.Da
   return ds.batch(local_batch).prefetch(tf.data.AUTOTUNE).with_options(_OPTIONS)
 
 
-def refusal(data: bytes) -> str:
-  """Why `image_header.decodable` refuses ``data`` (an image file's bytes); "" when it
-  does not."""
-  try:
-    image_header.decodable(data)
-  except ValueError as e:
-    return str(e)
-  return ""
-
-
-@tf.autograph.experimental.do_not_convert
-def _checked_bytes(data: np.ndarray) -> bytes:
-  """`image_header.decodable` of ``data``, or b"" (which fails to decode) when it refuses
-  it: an error raised here would be logged with its Python traceback. `_Failures` names
-  the reason (`refusal`)."""
-  try:
-    return image_header.decodable(np.asarray(data).item())
-  except ValueError:
-    return b""
-
-
-def _decodable(data: tf.Tensor) -> tf.Tensor:
-  """An image file's bytes as `image_header.decodable` passes them (a GIF cut after its
-  first frame), checked before anything is decoded."""
-  checked = tf.numpy_function(_checked_bytes, [data], tf.string, stateful=False)
-  return tf.ensure_shape(checked, [])
-
-
 def _example_fn(settings: Settings, kind: str, num_classes: int, train: bool):
   """(position, uid, value, label) -> (position, image [crop, crop, 3], label [K])."""
   seed = tf.constant(settings.seed, tf.int64)
 
   def fn(position, uid, value, label):
-    data = _decodable(tf.io.read_file(value)) if kind == "path" else value
+    data = decodable.decodable(tf.io.read_file(value)) if kind == "path" else value
     if train:
       image = preprocess.train_image(
         data,
@@ -186,7 +158,7 @@ class _Failures:
     else:
       name = f"example {index} of {source.name}"
     try:
-      reason = refusal(tf.io.read_file(name).numpy()) if source.kind == "path" else ""
+      reason = decodable.refusal(tf.io.read_file(name).numpy()) if source.kind == "path" else ""
       if not reason:  # Run the same function again, eagerly, to recover the decoder's message.
         self.example_fn(
           tf.constant(position, tf.int64),
