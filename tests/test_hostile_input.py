@@ -20,14 +20,16 @@ import subprocess
 import sys
 import time
 import zlib
+from typing import Callable
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from tests import fresh_python
+from tests import fresh_python, image_bombs
 from tests import interop_fixtures as fx
 from tests.finished_run import copy_run, tiny_flags
+from tests.test_expressible import write_checkpoint
 
 pytest_plugins = ["tests.finished_run"]  # the finished_run fixture
 # The subprocesses' address-space limit is set between fork and exec (preexec_fn).
@@ -44,13 +46,25 @@ IMG = "{tmp}/image.png"
 TO_NPZ = ("--format=npz", "--out={tmp}/o")  # export's output, never written
 TINY = "{tiny}"  # the tiny run's flags (tests/finished_run.py), with a fresh workdir
 
+# timm checkpoints of families this package does not compute: {case: (architecture, family)}.
+UNEXPRESSED_TIMM = {
+  "dinov3": ("vit_small_patch16_dinov3", "DINOv3"),
+  "eva02": ("eva02_base_patch14_224", "EVA-02"),
+  "pe": ("vit_pe_core_base_patch16_224", "Perception Encoder"),
+  "rope": ("vit_base_patch16_rope_reg1_gap_256", "RoPE-ViT"),
+  "naflex": ("naflexvit_base_patch16_gap", "NaFlexViT"),
+}
+
 # (id, command, arguments, fragment of the one Error: line). `{tmp}` is the inputs'
 # folder (`_inputs`), `{digits}` the tfds data_dir of the built-in digits dataset.
 CASES = [
   # predict: images.
   ("predict text as image", PREDICT, [M, "{tmp}/text.jpg"], "text.jpg"),
   ("predict empty image", PREDICT, [M, "{tmp}/empty.jpg"], "empty.jpg"),
-  ("predict 20000x20000 png", PREDICT, [M, "{tmp}/big.png"], "big.png (its header claims"),
+  ("predict 20000x20000 png", PREDICT, [M, "{tmp}/big.png"], "big.png (its PNG header claims"),
+  ("predict gif frame 30000x30000", PREDICT, [M, "{tmp}/frame.gif"], "frame.gif (its GIF header"),
+  ("predict animated webp", PREDICT, [M, "{tmp}/anim.webp"], "anim.webp (an animated WebP"),
+  ("predict jpeg xl", PREDICT, [M, "{tmp}/jxl.jpg"], "jxl.jpg (a JPEG XL image"),
   ("predict huge image file", PREDICT, [M, "{tmp}/huge.jpg"], "huge.jpg"),
   ("predict only bad files", PREDICT, [M, "{tmp}/bad_images"], "bad_images"),
   ("predict newline in name", PREDICT, [M, "{tmp}/a\nError: forged.png"], "forged.png"),
@@ -76,6 +90,20 @@ CASES = [
   ("predict run json binary", PREDICT, ["--checkpoint={tmp}/run_binary", IMG], "run_binary"),
   ("predict hf json types", PREDICT, ["--checkpoint={tmp}/hf_types", IMG], "hf_types"),
   ("predict npz huge", PREDICT, ["--checkpoint={tmp}/huge.npz", IMG], "huge.npz"),
+  # predict, export, convert: checkpoints of models this package does not compute.
+  *[
+    (f"predict timm {name}", PREDICT, [f"--checkpoint={{tmp}}/timm_{name}", IMG], f"is {family}")
+    for name, (_, family) in UNEXPRESSED_TIMM.items()
+  ],
+  ("predict timm never seen", PREDICT, ["--checkpoint={tmp}/timm_swin", IMG], "'swin_tiny"),
+  ("predict hf dinov3", PREDICT, ["--checkpoint={tmp}/hf_dinov3", IMG], "model_type 'dinov3_vit'"),
+  ("export timm pe", EXPORT, ["--checkpoint={tmp}/timm_pe", *TO_NPZ], "is Perception Encoder"),
+  (
+    "convert timm eva02 file",
+    CONVERT,
+    ["{tmp}/timm_eva02/model.safetensors", "--out={tmp}/c.npz"],
+    "is EVA-02",
+  ),
   # export.
   ("export out a file", EXPORT, [M, "--format=npz", "--out={tmp}/text.jpg"], "text.jpg"),
   (
@@ -150,6 +178,7 @@ CASES = [
   ("main split < batch", MAIN, [TINY, "--config.train_split=train[:8]"], "train[:8]"),
   ("main one class", MAIN, [TINY, "--config.dataset=folder:{tmp}/one_class"], "one_class"),
   ("main data_dir a file", MAIN, [TINY, "--config.data_dir={tmp}/text.jpg"], "text.jpg"),
+  ("main gif frame 30000x30000", MAIN, [TINY, "--config.dataset=folder:{tmp}/gif_data"], "frame"),
   ("main dataset a file", MAIN, [TINY, "--config.dataset=folder:{tmp}/text.jpg"], "text.jpg"),
   ("main batch 0", MAIN, [TINY, "--config.batch=0"], "config.batch=0"),
   ("main batch -3", MAIN, [TINY, "--config.batch=-3"], "config.batch=-3"),
@@ -211,11 +240,15 @@ LEGIT_CASES = [
   ("run without class names", PREDICT, ["--checkpoint={tmp}/run_old", IMG]),
   ("export out with a glob", EXPORT, [M, "--format=npz", "--out={out}/exports/*"]),
   ("convert overwrite", CONVERT, ["{tmp}/m.npz", "--out={out}/old.npz", "--overwrite"]),
+  ("predict gif of 4000 frames", PREDICT, [M, "{tmp}/bomb.gif"]),
 ]
 TRAINED = "--workdir={out}/trained"  # the legitimate run's workdir
+BOMBS = "--workdir={out}/bombs"  # the run over an image folder holding GIFs of 4000 frames
+BOMB_FRAMES = 4000  # of 1024x1024: 4 GiB decoded whole, more than the address space left
 LEGIT_BLOCKING_CASES = [
   ("mixed folder", PREDICT, [M, "--batch=2", "{tmp}/mixed"]),
   ("train beside a fifo", MAIN, [TINY, "--config.dataset=folder:{tmp}/fifo_data", TRAINED]),
+  ("train beside gif bombs", MAIN, [TINY, "--config.dataset=folder:{tmp}/bomb_data", BOMBS]),
 ]
 ODD_LABELS = ["a\tb", "c\x1b[2Jd", "e\rf", "g\x85h", "i"]
 STALE = "{out}/exports/.victim.tmp-x"  # a stale temporary of another export
@@ -242,6 +275,18 @@ def _png_header_only(path: str, width: int, height: int) -> None:
 def _sparse(path: str, size: int) -> None:
   with open(path, "wb") as f:
     f.truncate(size)
+
+
+def _image_folder(root: str, extra: dict[str, Callable[[str], None]]) -> None:
+  """``root``/{train,test}/{a,b}/ with 16 8x8 PNGs each, and ``extra`` {name: writer}."""
+  for split in ("train", "test"):
+    for label in ("a", "b"):
+      folder = os.path.join(root, split, label)
+      os.makedirs(folder)
+      for i in range(16):
+        _png(os.path.join(folder, f"{i}.png"), 8, i)
+      for name, write in extra.items():
+        write(os.path.join(folder, name))
 
 
 def _legit_inputs(tmp: str, finished_run: str) -> None:
@@ -274,13 +319,10 @@ def _legit_inputs(tmp: str, finished_run: str) -> None:
   os.symlink("/dev/zero", os.path.join(tmp, "mixed", "c.jpg"))
   shutil.copy(os.path.join(tmp, "text.jpg"), os.path.join(tmp, "mixed", "d.jpg"))
   _png(os.path.join(tmp, "mixed", "e.png"), seed=1)
-  for split in ("train", "test"):
-    for label in ("a", "b"):
-      folder = os.path.join(tmp, "fifo_data", split, label)
-      os.makedirs(folder)
-      for i in range(16):
-        _png(os.path.join(folder, f"{i}.png"), 8, i)
-      os.mkfifo(os.path.join(folder, "fifo.png"))
+  _image_folder(os.path.join(tmp, "fifo_data"), {"fifo.png": os.mkfifo})
+  bomb = os.path.join(tmp, "bomb.gif")
+  image_bombs.gif_frames(bomb, BOMB_FRAMES)
+  _image_folder(os.path.join(tmp, "bomb_data"), {"bomb.png": lambda p: shutil.copy(bomb, p)})
 
 
 def _inputs(tmp: str) -> None:
@@ -291,6 +333,17 @@ def _inputs(tmp: str) -> None:
     f.write("not an image\n")
   open(os.path.join(tmp, "empty.jpg"), "wb").close()
   _png_header_only(os.path.join(tmp, "big.png"), 20000, 20000)
+  image_bombs.gif_claiming(os.path.join(tmp, "frame.gif"), 30000, 30000)
+  for name, (architecture, _) in UNEXPRESSED_TIMM.items():
+    write_checkpoint(os.path.join(tmp, f"timm_{name}"), {"architecture": architecture})
+  write_checkpoint(os.path.join(tmp, "timm_swin"), {"architecture": "swin_tiny_patch4_window7_224"})
+  write_checkpoint(os.path.join(tmp, "hf_dinov3"), {"model_type": "dinov3_vit"})
+  image_bombs.animated_webp(os.path.join(tmp, "anim.webp"))
+  image_bombs.jpeg_xl(os.path.join(tmp, "jxl.jpg"))
+  _image_folder(
+    os.path.join(tmp, "gif_data"),
+    {"frame.png": lambda p: image_bombs.gif_claiming(p, 30000, 30000)},
+  )
   _sparse(os.path.join(tmp, "huge.jpg"), 3 * 2**30)
   _sparse(os.path.join(tmp, "huge.txt"), 2**30)
   _sparse(os.path.join(tmp, "huge.npz"), 3 * 2**30)
@@ -420,9 +473,9 @@ def _legit(cases: list[tuple]) -> list[tuple]:
   return [(*case, None) for case in cases]
 
 
-def test_the_table_has_at_least_60_distinct_inputs():
+def test_the_table_has_at_least_100_distinct_inputs():
   ids = [c[0] for c in CASES + BLOCKING_CASES]
-  assert len(ids) >= 60 and len(set(ids)) == len(ids)
+  assert len(ids) >= 100 and len(set(ids)) == len(ids)
 
 
 @pytest.mark.parametrize("case", CASES + BLOCKING_CASES, ids=[c[0] for c in CASES + BLOCKING_CASES])
@@ -504,6 +557,18 @@ def test_training_skips_a_fifo_in_an_image_folder_and_leaves_no_lock(hostile):
   workdir = os.path.join(_out(tmp), "trained")
   assert os.path.exists(os.path.join(workdir, "config.json"))
   assert not os.path.exists(os.path.join(workdir, "run.lock"))
+
+
+def test_predict_reads_the_first_frame_of_a_gif_of_thousands(hostile):
+  tmp, results = hostile
+  lines = _ok(results["predict gif of 4000 frames"]).splitlines()
+  assert len(lines) == 1 and lines[0].startswith(f"{tmp}/bomb.gif\t")
+
+
+def test_training_decodes_the_first_frame_of_gifs_of_thousands(hostile):
+  tmp, results = hostile
+  _ok(results["train beside gif bombs"])
+  assert os.path.isdir(os.path.join(_out(tmp), "bombs", "checkpoints", "6"))
 
 
 def test_ctrl_c_during_start_up_leaves_a_fresh_workdir_absent(tmp_path, digits_dir):

@@ -43,17 +43,13 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, TypeVar
 
-# Before TensorFlow loads (see the module doc). oneDNN only changes TensorFlow's own
-# kernels (the input pipeline's decode and resize do not use it); turning it off also
-# turns off its start-up notice, which ignores the log level.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+# TensorFlow's log level and oneDNN are set before TensorFlow loads by the package's import
+# (`platforms.library_defaults`, see the module doc), before any line of this module runs.
+import ml_collections
+from absl import flags, logging
+from ml_collections import config_flags
 
-import ml_collections  # noqa: E402  # pylint: disable=g-import-not-at-top
-from absl import flags, logging  # noqa: E402  # pylint: disable=g-import-not-at-top
-from ml_collections import config_flags  # noqa: E402  # pylint: disable=g-import-not-at-top
-
-from vit_jax import errors, input_files, platforms  # noqa: E402  # pylint: disable=g-import-not-at-top
+from vit_jax import errors, input_files, platforms
 
 if TYPE_CHECKING:
   from vit_jax.weights import sources

@@ -8,6 +8,12 @@ without a GPU. `cpu_unless_accelerator_attached()` sets ``jax_platforms='cpu'`` 
 exactly that case: libtpu or the plugin importable, no TPU chip on the PCI bus and no
 GPU visible (the checks JAX itself makes), and neither ``JAX_PLATFORMS`` nor
 ``jax_platforms`` chosen by the user. Call it before anything touches a JAX backend.
+
+`library_defaults` is what importing the package does (`vit_jax/__init__.py`), for the
+commands and for a user's own script or notebook alike: TensorFlow's C++ log level and
+oneDNN set before TensorFlow loads, then the CPU chosen as above. Without it, a script
+that imports jax and uses vit_jax on such a host prints the CUDA plugin's 20-line
+"Unable to load cuFFT" / "cuInit(0) failed" traceback and libtpu's TPU warnings.
 """
 
 from __future__ import annotations
@@ -55,6 +61,21 @@ def cpu_unless_accelerator_attached() -> bool:
     return False
   jax.config.update("jax_platforms", "cpu")
   return True
+
+
+def library_defaults() -> None:
+  """The commands' quiet start for any use of the package, where the user has not chosen:
+  TensorFlow's C++ lines at errors only (``TF_CPP_MIN_LOG_LEVEL=2``; ``0`` shows them),
+  oneDNN off (only TensorFlow's own kernels use it, and its start-up notice ignores the
+  log level), and `cpu_unless_accelerator_attached` unless a JAX backend has started
+  (its platform is fixed then)."""
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+  from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
+
+  started = getattr(xla_bridge, "backends_are_initialized", lambda: False)()
+  if not started:
+    cpu_unless_accelerator_attached()
 
 
 def default_gpu_memory_fraction() -> None:

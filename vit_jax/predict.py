@@ -12,9 +12,10 @@ mean and std, the model config's ``input_mean``/``input_std``: [-1, 1] for the o
 weights) and classified in jitted batches. Every file is checked before it is opened
 (`vit_jax.input_files`): a named path that does not exist or is no regular file (a FIFO,
 a device) is an error (`vit_jax.cli`: one line, exit status 2); inside a folder such a
-file, one larger than `input_files.MAX_IMAGE_BYTES`, one whose header claims more than
-`input_files.MAX_IMAGE_PIXELS` pixels (read before anything is decoded) or one that does
-not decode is skipped, and one warning at the end names the files skipped. When no file
+file, one larger than `input_files.MAX_IMAGE_BYTES`, one that `image_header.decodable`
+refuses (more than `image_header.MAX_DECODED_BYTES` decoded bytes by its header, read
+before anything is decoded; only a GIF's first frame is decoded) or one that does not
+decode is skipped, and one warning at the end names the files skipped. When no file
 at all is readable, that is the error.
 Output: one line per image, ``FILE<TAB>label:probability ...``, or JSON lines; names and
 labels with control characters are printed escaped (`vit_jax.printable`).
@@ -27,7 +28,6 @@ import json
 import os
 import re
 import sys
-import warnings
 from typing import Any, Iterable, Iterator, Optional, Sequence
 
 from vit_jax import cli  # isort: skip  (first: it sets TensorFlow's log level before it loads)
@@ -35,9 +35,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import flags, logging
-from PIL import Image
 
 from vit_jax import errors, input_files, models
+from vit_jax.data import image_header
 from vit_jax.printable import printable
 from vit_jax.weights import sources
 
@@ -94,31 +94,18 @@ def image_files(paths: Iterable[str]) -> list[str]:
   return files
 
 
-def unreadable_image(path: str) -> Optional[str]:
-  """Why ``path`` is not an image to decode (no regular file, too large, more pixels than
-  `input_files.MAX_IMAGE_PIXELS` in its header, not an image); None when it may be.
-  Nothing but the header is read."""
+def read_image(path: str) -> bytes:
+  """The bytes of image file ``path``, ready to decode (`image_header.decodable`: the first
+  frame only, its decoded bytes bounded from the header); a ValueError saying why when it
+  is no regular file, larger than `input_files.MAX_IMAGE_BYTES` or no image to decode."""
   why = input_files.not_regular(path)
   if why:
-    return why
+    raise ValueError(why)
   size = os.stat(path).st_size
   if size > input_files.MAX_IMAGE_BYTES:
-    return f"{size:,} bytes, more than {input_files.MAX_IMAGE_BYTES:,}"
-  too_many = f"more than {input_files.MAX_IMAGE_PIXELS:,} pixels"
-  try:
-    with warnings.catch_warnings():  # PIL's warning below its own error: the bound is ours
-      warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-      with Image.open(path) as image:  # the header only: nothing is decoded yet
-        width, height = image.size
-  except Image.DecompressionBombError:
-    return f"its header claims {too_many}"
-  except Image.UnidentifiedImageError:
-    return "not a JPEG, PNG, GIF, BMP or WebP image"
-  except (OSError, ValueError, SyntaxError) as e:  # PIL's errors for what is not an image
-    return f"not an image ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
-  if width * height > input_files.MAX_IMAGE_PIXELS:
-    return f"{width}x{height}, {too_many}"
-  return None
+    raise ValueError(f"{size:,} bytes, more than {input_files.MAX_IMAGE_BYTES:,}")
+  with open(path, "rb") as f:
+    return image_header.decodable(f.read(input_files.MAX_IMAGE_BYTES))
 
 
 class Classifier:
@@ -154,17 +141,16 @@ class Classifier:
 
   def prepare(self, path: str) -> Optional[np.ndarray]:
     """float32 [H, W, 3] normalised for the model, or None (added to `skipped`) when the
-    file is not an image to decode (`unreadable_image`) or cannot be decoded."""
+    file is not an image to decode (`read_image`) or cannot be decoded."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-    why = unreadable_image(path)
-    if why is None:
-      try:
-        with open(path, "rb") as f:
-          return self._prepare(tf.constant(f.read(input_files.MAX_IMAGE_BYTES))).numpy()
-      except (OSError, tf.errors.OpError) as e:
-        message = e.message if isinstance(e, tf.errors.OpError) else str(e)
-        why = re.sub(r"\{\{.*?\}\}\s*", "", message).strip().splitlines()[0]  # TF's node names
+    try:
+      return self._prepare(tf.constant(read_image(path))).numpy()
+    except ValueError as e:
+      why = str(e)
+    except (OSError, tf.errors.OpError) as e:
+      message = e.message if isinstance(e, tf.errors.OpError) else str(e)
+      why = re.sub(r"\{\{.*?\}\}\s*", "", message).strip().splitlines()[0]  # TF's node names
     self.skipped.append((path, why))
     return None
 

@@ -36,7 +36,7 @@ from absl import logging
 
 from vit_jax import errors
 from vit_jax.aliases import HostBatch
-from vit_jax.data import batching, order, preprocess, readers
+from vit_jax.data import batching, decodable, order, preprocess, readers
 from vit_jax.data.dataset import Dataset, Settings, as_settings
 
 _EVAL_WINDOW = 10_000  # Examples an eval pass reads at a time.
@@ -74,7 +74,7 @@ def _example_fn(settings: Settings, kind: str, num_classes: int, train: bool):
   seed = tf.constant(settings.seed, tf.int64)
 
   def fn(position, uid, value, label):
-    data = tf.io.read_file(value) if kind == "path" else value
+    data = decodable.decodable(tf.io.read_file(value)) if kind == "path" else value
     if train:
       image = preprocess.train_image(
         data,
@@ -157,14 +157,16 @@ class _Failures:
       name = value.decode() if isinstance(value, bytes) else str(value)
     else:
       name = f"example {index} of {source.name}"
-    try:  # Run the same function again, eagerly, to recover the decoder's message.
-      self.example_fn(
-        tf.constant(position, tf.int64),
-        tf.constant(uid, tf.int64),
-        tf.constant(value),
-        tf.constant(label, tf.int64),
-      )
-      reason = "it failed inside the input pipeline"
+    try:
+      reason = decodable.refusal(tf.io.read_file(name).numpy()) if source.kind == "path" else ""
+      if not reason:  # Run the same function again, eagerly, to recover the decoder's message.
+        self.example_fn(
+          tf.constant(position, tf.int64),
+          tf.constant(uid, tf.int64),
+          tf.constant(value),
+          tf.constant(label, tf.int64),
+        )
+        reason = "it failed inside the input pipeline"
     except (tf.errors.OpError, ValueError) as e:
       reason = getattr(e, "message", str(e)).strip().splitlines()[0]
     if not self.skip:

@@ -133,12 +133,14 @@ Reader = Callable[
 
 def _reader(path: str) -> Optional[Reader]:
   """The reader of a transformers or timm checkpoint at ``path``; None for other sources."""
-  from vit_jax.weights import hf, timm_import  # pylint: disable=g-import-not-at-top
+  from vit_jax.weights import expressible, hf, timm_import  # pylint: disable=g-import-not-at-top
 
   if path.endswith(_SAFETENSORS) and os.path.isfile(path):
     directory = os.path.dirname(path)
+    expressible.check_transformers_dir(directory)
     return (lambda _: hf.read_dir(directory)) if hf.is_hf_dir(directory) else timm_import.read
   if os.path.isdir(path):
+    expressible.check_transformers_dir(path)
     if hf.is_hf_dir(path):
       return hf.read_dir
     if timm_import.is_timm_dir(path):

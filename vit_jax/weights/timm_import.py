@@ -26,7 +26,7 @@ import ml_collections
 
 from vit_jax import errors, models
 from vit_jax.aliases import Params
-from vit_jax.weights import architecture, files, timm_bit, timm_mixer
+from vit_jax.weights import architecture, expressible, files, timm_bit, timm_mixer
 from vit_jax.weights import timm as timm_vit
 
 CONFIG = "config.json"  # timm's hub config (architecture, model_args, pretrained_cfg)
@@ -170,6 +170,7 @@ def read(
     else (os.path.dirname(path), path)
   )
   timm_name, args, names, pretrained_cfg = _arguments(directory)
+  expressible.check_timm(timm_name, repr(path))
   if not os.path.isfile(weights):
     raise errors.CheckpointError(
       f"No {timm_vit.WEIGHTS} in {directory!r} (a pickled pytorch_model.bin is not read: "

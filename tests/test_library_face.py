@@ -1,0 +1,67 @@
+"""The library is as quiet as the commands: a user's script that imports jax, then uses
+vit_jax (a model, the TensorFlow input functions), prints only its own output, on a host
+with the test extras (libtpu, JAX's CUDA plugin) and no accelerator, with nothing chosen
+in its environment (`platforms.library_defaults`, run by `import vit_jax`)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+from tests import fresh_python
+
+SCRIPT = """
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from vit_jax import models
+  from vit_jax.data import preprocess
+
+  config = models.get_model_config("testing")
+  model = models.create_model(config, num_classes=3)
+  x = jnp.zeros((1, 16, 16, 3))
+  params = model.init(jax.random.PRNGKey(0), x)["params"]
+  image = preprocess.resize(np.zeros((8, 8, 3), np.uint8), 16)
+  print("logits", model.apply({"params": params}, x).shape, "image", tuple(image.shape))
+  print("devices", jax.devices())
+"""
+
+
+def _user_env() -> dict[str, str]:
+  """This environment as a user's shell: no platform chosen, nothing hidden, no log level."""
+  env = fresh_python.clean_env()
+  for name in ("JAX_PLATFORMS", "CUDA_VISIBLE_DEVICES", "TF_CPP_MIN_LOG_LEVEL"):
+    env.pop(name, None)
+  return env
+
+
+def test_a_script_using_vit_jax_after_import_jax_prints_only_its_own_output():
+  proc = subprocess.run(
+    [sys.executable, "-c", textwrap.dedent(SCRIPT)],
+    cwd=fresh_python.REPO,
+    env=_user_env(),
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.splitlines() == [
+    "logits (1, 3) image (16, 16, 3)",
+    "devices [CpuDevice(id=0)]",
+  ]
+  assert proc.stderr == ""
+
+
+def test_a_platform_the_user_chose_is_kept():
+  code = "import jax; jax.config.update('jax_platforms', 'cpu,tpu'); import vit_jax\n"
+  code += "print(jax.config.jax_platforms)"
+  proc = subprocess.run(
+    [sys.executable, "-c", code],
+    cwd=fresh_python.REPO,
+    env=_user_env(),
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert proc.returncode == 0 and proc.stdout.strip() == "cpu,tpu", proc.stderr[-3000:]

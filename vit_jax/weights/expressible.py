@@ -1,0 +1,99 @@
+"""Whether a checkpoint's own description names a model this package computes.
+
+The arrays alone cannot tell: a model whose position embeddings are computed rather than
+stored (rotary embeddings) leaves no array over, so a reader that maps the arrays it
+knows would load it and compute something else. A checkpoint says what it is: timm's
+`config.json` names its ``architecture`` (our export's `timm_model.json` its
+``model_name``), transformers' its ``model_type`` and ``architectures``. `check_timm` and
+`check_transformers` decide from those, before any array is read: a family this package
+does not express, or a name it has never seen, is one `CheckpointError` naming it and
+what is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from vit_jax import errors
+from vit_jax.weights import files
+
+# timm families (timm's eva.py and naflexvit.py) with what this package's ViT lacks; the
+# first pattern that matches the architecture name decides.
+TIMM_UNEXPRESSED = (
+  (r"^vit_.*_dinov3", "DINOv3", "rotary position embeddings (RoPE) and SwiGLU MLPs"),
+  (r"^eva02_", "EVA-02", "rotary position embeddings (RoPE), SwiGLU MLPs and sub-LayerNorm"),
+  (r"^eva_", "EVA", "timm's Eva blocks (separate q and v biases)"),
+  (r"^vit_pe_", "Perception Encoder", "rotary position embeddings (2D RoPE)"),
+  (r"^vit_.*_rope", "RoPE-ViT", "rotary position embeddings (RoPE)"),
+  (r"^naflexvit_", "NaFlexViT", "variable-resolution patch inputs (NaFlex)"),
+)
+# timm families read (`timm_import`, `timm_mixer`, `timm_bit`).
+TIMM_EXPRESSED = r"^(vit|deit|deit3|flexivit|mixer|resnetv2)_"
+TIMM_READ = "vit_*, deit*, flexivit_*, mixer_* and resnetv2_* (BiT)"
+
+# transformers model types with what this package's ViT lacks.
+TRANSFORMERS_UNEXPRESSED = {
+  "dinov3_vit": "DINOv3: rotary position embeddings (RoPE) and SwiGLU MLPs",
+  "dinov2": "transformers' Dinov2 layout (LayerScale, SwiGLU options): import timm's copy",
+  "vit_mae": "the MAE encoder's random masking and decoder",
+  "vit_msn": "transformers' ViTMSN layout",
+  "eva": "EVA blocks",
+  "clip_vision_model": "transformers' CLIP layout: import timm's copy",
+  "siglip_vision_model": "transformers' SigLIP layout: import timm's copy",
+}
+TRANSFORMERS_TYPE = "vit"  # the one model_type `hf` reads
+TRANSFORMERS_CLASSES = ("ViTModel", "ViTForImageClassification")
+
+
+def check_timm(name: str, source: str) -> None:
+  """A `CheckpointError` when timm architecture ``name`` (a pretrained tag after a dot is
+  ignored; "" names nothing) is not a model this package computes."""
+  base = name.split(".")[0]
+  if not base:
+    return
+  for pattern, family, missing in TIMM_UNEXPRESSED:
+    if re.search(pattern, base):
+      raise errors.CheckpointError(
+        f"{source}: timm architecture {name!r} is {family} (timm eva.py/naflexvit.py), "
+        f"which this package does not compute: it has no {missing}."
+      )
+  if not re.match(TIMM_EXPRESSED, base):
+    raise errors.CheckpointError(
+      f"{source}: timm architecture {name!r} is none this package computes (it reads "
+      f"timm's {TIMM_READ} models)."
+    )
+
+
+def check_transformers(config: dict[str, Any], source: str) -> None:
+  """A `CheckpointError` when a transformers ``config`` (its config.json, with a
+  ``model_type``) describes a model this package does not compute."""
+  model_type = config.get("model_type")
+  classes = config.get("architectures") or []
+  classes = classes if isinstance(classes, list) else [classes]
+  if model_type != TRANSFORMERS_TYPE:
+    missing = TRANSFORMERS_UNEXPRESSED.get(str(model_type), "no reader for it")
+    named = ", ".join(map(str, classes)) or "no architectures"
+    raise errors.CheckpointError(
+      f"{source}: transformers model_type {model_type!r} ({named}) is not computed by this "
+      f"package ({missing}); it reads model_type {TRANSFORMERS_TYPE!r} "
+      f"({', '.join(TRANSFORMERS_CLASSES)})."
+    )
+  unknown = [c for c in classes if c not in TRANSFORMERS_CLASSES]
+  if unknown:
+    raise errors.CheckpointError(
+      f"{source}: transformers architectures {unknown} are not computed by this package "
+      f"(it reads {', '.join(TRANSFORMERS_CLASSES)})."
+    )
+
+
+def check_transformers_dir(directory: str) -> None:
+  """`check_transformers` of the transformers config.json in ``directory``, if there is one
+  (a ``model_type`` and no timm ``architecture``)."""
+  path = os.path.join(directory, "config.json")
+  if not os.path.isfile(path):
+    return
+  config = files.read_json(path)
+  if "model_type" in config and "architecture" not in config:
+    check_transformers(config, repr(directory))
