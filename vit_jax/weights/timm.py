@@ -34,7 +34,7 @@ import numpy as np
 
 from vit_jax import errors, models
 from vit_jax.aliases import Params
-from vit_jax.weights import architecture, tensor_table
+from vit_jax.weights import architecture, tensor_table, timm_names
 from vit_jax.weights.tensor_table import Row, rows
 
 WEIGHTS = "model.safetensors"
@@ -69,7 +69,8 @@ ACT_LAYERS = {
   ("quick_gelu", False): "quick_gelu",
 }
 # ModelSettings fields that are timm VisionTransformer keyword arguments, given only where
-# not timm's default (falsy); the other fields are set below, or refused by check_exportable.
+# not the default of timm or of the name exported under; the other fields are set in
+# model_spec, or refused by check_exportable.
 FIELD_ARGS = {
   "num_registers": "reg_tokens",
   "posemb_patches_only": "no_embed_class",
@@ -148,7 +149,14 @@ def model_spec(
     act_layer=act_layer(config.activation, config.gelu_approximate),
     num_classes=num_classes,
   )
-  kwargs.update({arg: config[field] for field, arg in FIELD_ARGS.items() if config[field]})
+  registered = timm_names.registered_args(name) or {}
+  kwargs.update(
+    {
+      arg: config[field]
+      for field, arg in FIELD_ARGS.items()
+      if config[field] or registered.get(arg)  # given where ours differs from the name's
+    }
+  )
   size = "x".join(str(s) for s in image_size)
   stem = f"R{'-'.join(map(str, resnet.num_layers)) or ' root'}+" if resnet is not None else ""
   # timm drops a stored head whose class count differs from the pretrained config's.
