@@ -57,7 +57,7 @@ setuptools.setup(
   packages=setuptools.find_packages(include=["vit_jax", "vit_jax.*"]),
   package_data={
     "vit_jax.data": ["imagenet2012_labels.txt"],
-    "vit_jax.weights": ["hub_names.tsv"],
+    "vit_jax.weights": ["hub_names.tsv", "timm_architectures.json"],
     "vit_jax.plan": ["gpu_targets/*.txtpb"],
   },
   python_requires=">=3.10",

@@ -10,7 +10,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests import train_fixtures
 from vit_jax import errors, sharding
 from vit_jax.models import create_model, get_model_config
 from vit_jax.models.vit import AxialEncoderBlock
@@ -148,18 +147,6 @@ def test_the_analytic_count_matches_xla(changes):
   assert step_cost.vit_flops_per_image(config, 32, 10, train=True) == 3 * analytic
   config.update(dict(axial=False, classifier="token", posemb="learn"))
   assert analytic > step_cost.vit_flops_per_image(config, 32, 10, train=False)  # the plain ViT
-
-
-@pytest.mark.parametrize(
-  "changes", [dict(axial=True, classifier="gap"), dict(posemb="relative")], ids=["axial", "rel"]
-)
-def test_the_quickstart_trains_an_axial_vit_and_with_relative_posemb(changes, digits_dir, tmp_path):
-  from vit_jax import run  # pylint: disable=g-import-not-at-top
-
-  config = train_fixtures.tiny_config(digits_dir)
-  config.model.update(changes)
-  result = run.train_and_evaluate(config, str(tmp_path))
-  assert np.isfinite(result["train/loss"]) and 0.0 <= result["eval/accuracy"] <= 1.0
 
 
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed")

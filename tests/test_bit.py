@@ -275,26 +275,21 @@ def _run_config(digits_dir: str, **overrides):
   return config
 
 
-def test_the_training_command_trains_and_fine_tunes_a_bit(digits_dir, tmp_path, caplog):
+def test_a_run_fine_tunes_timms_bit_with_a_new_head(digits_dir, tmp_path, caplog):
+  """timm's weights with their 5-class head: the fit's notes, then the tiny run learns."""
   import logging  # pylint: disable=g-import-not-at-top
 
-  from vit_jax import run  # pylint: disable=g-import-not-at-top
+  from tests import train_fixtures  # pylint: disable=g-import-not-at-top
 
-  # In two accumulated micro-batches, with few-shot evaluation of the frozen features.
-  config = _run_config(
-    digits_dir, accum_steps=2, fewshot__datasets=("digits",), fewshot__shots=(2,)
-  )
-  result = run.train_and_evaluate(config, str(tmp_path / "scratch"))
-  assert np.isfinite(result["train/loss"]) and 0.0 <= result["eval/accuracy"] <= 1.0
-  assert 0.0 <= result["fewshot/digits_2shot"] <= 1.0
-  # Fine-tuning timm's weights: their 5-class head replaced by a fresh 10-class one.
   write_timm_bit(tmp_path / "timm", units=(1, 1))
-  config = _run_config(digits_dir, total_steps=2, lr__warmup_steps=1)
+  config = _run_config(digits_dir)
   config.pretrained = str(tmp_path / "timm")
   with caplog.at_level(logging.INFO, logger="absl"):
-    tuned = run.train_and_evaluate(config, str(tmp_path / "tuned"))
-  assert "head: using the fresh one from init_params (5 classes stored, 10 in" in caplog.text
-  assert np.isfinite(tuned["train/loss"])
+    _, losses = train_fixtures.fit_and_learn(config)
+  assert train_fixtures.fit_notes(caplog.records) == [
+    "head: using the fresh one from init_params (5 classes stored, 10 in the model)"
+  ]
+  assert losses[-1] < losses[0], losses
 
 
 def test_the_configs_take_the_bit_names():

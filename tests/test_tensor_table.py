@@ -102,3 +102,12 @@ def test_the_mixer_and_bit_tables_go_both_ways_bit_for_bit():
 def test_the_timm_keyword_arguments_are_settings_fields():
   fields = {f.name for f in dataclasses.fields(models.ModelSettings)}
   assert set(timm_vit.FIELD_ARGS) <= fields
+
+
+def test_an_export_under_a_name_unsets_what_the_name_registers():
+  """The generic CLIP name registers pre_norm: a model without norm_pre says so."""
+  spec = timm_vit.model_spec(_vit(layer_norm_epsilon=1e-5), num_classes=3, image_size=(16, 16))
+  assert spec["model_name"] == "vit_base_patch16_clip_224"
+  assert spec["kwargs"]["pre_norm"] is False
+  plain = timm_vit.model_spec(_vit(), num_classes=3, image_size=(16, 16))
+  assert "pre_norm" not in plain["kwargs"]

@@ -100,3 +100,35 @@ def build_steps(config: ml_collections.ConfigDict, num_classes: int = 10):
   config = ml_collections.ConfigDict(config.to_dict())
   config.num_classes = num_classes
   return run.build(config, open_data=False)
+
+
+def fit_and_learn(
+  config: ml_collections.ConfigDict, steps: int = 6, num_classes: int = 10
+) -> tuple[run.TrainState, list[float]]:
+  """The tiny run every family test shares, without data, evaluation or checkpoints: the
+  run's fresh state for ``config`` (its ``pretrained`` weights fitted as a run fits them),
+  then ``steps`` train steps on one fixed batch at a constant learning rate; the state and
+  the loss of each step."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  config = ml_collections.ConfigDict(config.to_dict())
+  config.total_steps, config.lr.warmup_steps, config.lr.decay = steps, 0, "constant"
+  run_steps = build_steps(config, num_classes)
+  state = run_steps.init_state()
+  batch = fixed_batch(config.batch, config.pp.crop, num_classes)
+  batch = jax.device_put(batch, run_steps.batch_sharding)
+  losses = []
+  for _ in range(steps):
+    state, metrics = run_steps.train_step(state, batch)
+    losses.append(float(metrics["train/loss"]))
+  return state, losses
+
+
+def fit_notes(records) -> list[str]:
+  """The fit's notes (`weights.load_pretrained`) among logging ``records``, in order."""
+  notes = []
+  for record in records:
+    message = record.getMessage()
+    if message.startswith("load_pretrained(") and "): " in message:
+      notes.append(message.split("): ", 1)[1].removesuffix("."))
+  return notes

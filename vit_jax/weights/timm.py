@@ -34,7 +34,7 @@ import numpy as np
 
 from vit_jax import errors, models
 from vit_jax.aliases import Params
-from vit_jax.weights import architecture, tensor_table
+from vit_jax.weights import architecture, tensor_table, timm_names
 from vit_jax.weights.tensor_table import Row, rows
 
 WEIGHTS = "model.safetensors"
@@ -69,7 +69,8 @@ ACT_LAYERS = {
   ("quick_gelu", False): "quick_gelu",
 }
 # ModelSettings fields that are timm VisionTransformer keyword arguments, given only where
-# not timm's default (falsy); the other fields are set below, or refused by check_exportable.
+# not the default of timm or of the name exported under; the other fields are set in
+# model_spec, or refused by check_exportable.
 FIELD_ARGS = {
   "num_registers": "reg_tokens",
   "posemb_patches_only": "no_embed_class",
@@ -148,7 +149,14 @@ def model_spec(
     act_layer=act_layer(config.activation, config.gelu_approximate),
     num_classes=num_classes,
   )
-  kwargs.update({arg: config[field] for field, arg in FIELD_ARGS.items() if config[field]})
+  registered = timm_names.registered_args(name) or {}
+  kwargs.update(
+    {
+      arg: config[field]
+      for field, arg in FIELD_ARGS.items()
+      if config[field] or registered.get(arg)  # given where ours differs from the name's
+    }
+  )
   size = "x".join(str(s) for s in image_size)
   stem = f"R{'-'.join(map(str, resnet.num_layers)) or ' root'}+" if resnet is not None else ""
   # timm drops a stored head whose class count differs from the pretrained config's.
@@ -306,19 +314,20 @@ _BLOCK = re.compile(r"^blocks\.(\d+)\.")
 _STAGE_UNIT = re.compile(r"^patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.")
 
 
-def from_timm(tensors: dict[str, np.ndarray], num_heads: int, source: str) -> Params:
-  """Our per-layer parameter tree (official layout) of timm's ViT state dict (CLIP's patch
-  embedding has no bias: zeros); one error names every timm array this model has no place
-  for."""
+def refuse_distilled(tensors: dict[str, np.ndarray], source: str) -> None:
+  """A distilled DeiT is one error saying what to load instead."""
   if "dist_token" in tensors:
     raise errors.CheckpointError(
       f"{source}: a distilled DeiT (dist_token, head_dist): timm averages the logits of its "
       "class-token and distillation-token heads, which this ViT does not have; load the "
       "non-distilled deit_* checkpoint of the same size instead."
     )
-  tensors = dict(tensors)
-  width = tensors["patch_embed.proj.weight"].shape[0]
-  tensors.setdefault("patch_embed.proj.bias", np.zeros(width, np.float32))
+
+
+def from_timm(tensors: dict[str, np.ndarray], num_heads: int, source: str) -> Params:
+  """Our per-layer parameter tree (official layout) of timm's ViT state dict (a bias timm
+  leaves out is zeros); one error names every timm array this model has no place for."""
+  refuse_distilled(tensors, source)
   depth = 1 + max((int(m[1]) for k in tensors if (m := _BLOCK.match(k))), default=-1)
   units: dict[int, int] = {}
   for k in tensors:
@@ -329,7 +338,18 @@ def from_timm(tensors: dict[str, np.ndarray], num_heads: int, source: str) -> Pa
   table = vit_table(
     depth, num_heads, map_head="attn_pool.latent" in tensors, resnet=resnet if hybrid else None
   )
-  return tensor_table.from_torch(table, tensors, source, "ViT")
+  return tensor_table.from_torch(table, _zero_biases(table, tensors), source, "ViT")
+
+
+def _zero_biases(table: list[Row], tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """``tensors`` with zeros for each bias timm left out beside its weight (CLIP's patch
+  embedding; ``qkv_bias=False``, ``proj_bias=False``): the same computation."""
+  tensors = dict(tensors)
+  for row in table:
+    weight = row.theirs.removesuffix("bias") + "weight"
+    if row.theirs.endswith(".bias") and row.theirs not in tensors and weight in tensors:
+      tensors[row.theirs] = np.zeros(tensors[weight].shape[0], np.float32)
+  return tensors
 
 
 def write_dir(directory: str, tensors: dict[str, np.ndarray], spec: dict[str, Any]) -> None:

@@ -8,25 +8,24 @@ A timm checkpoint is a `model.safetensors` (timm's state dict) with, from the hu
 ``model_args``, ``global_pool``, ``pretrained_cfg`` with the input ``mean``/``std``), or
 with our export's `timm_model.json`. The arrays give the shapes and which parts exist
 (class token, registers, LayerScale, ``norm_pre``, ``fc_norm``, the MAP head); the rest
-comes from the config's ``model_args``, else from the family's registered defaults in timm
-(`_family_args`: CLIP's LayerNorm epsilon 1e-5 and QuickGELU, DINOv2-reg's and the
-register-gap ViTs' position table without prefix rows, SigLIP's MAP pooling), else from
-timm's size in the architecture name or the width of an official variant (the head
-count). timm's default GELU is exact. Pickled checkpoints (`.bin`, `.pth`) are never read
+comes from the config's ``model_args``, else from the arguments timm registers for the
+architecture name (`timm_names`: heads, pooling, LayerNorm epsilon, activation, position
+rows of the prefix tokens, LayerScale init), else from the width of an official variant
+(the head count); a registered architecture this ViT does not compute is refused by
+name. timm's default GELU is exact. Pickled checkpoints (`.bin`, `.pth`) are never read
 (`vit_jax.weights.sources`).
 """
 
 from __future__ import annotations
 
 import os
-import re
 from typing import Any, Optional
 
 import ml_collections
 
 from vit_jax import errors, models
 from vit_jax.aliases import Params
-from vit_jax.weights import architecture, expressible, files, timm_bit, timm_mixer
+from vit_jax.weights import architecture, expressible, files, timm_bit, timm_mixer, timm_names
 from vit_jax.weights import timm as timm_vit
 
 CONFIG = "config.json"  # timm's hub config (architecture, model_args, pretrained_cfg)
@@ -36,8 +35,6 @@ _ACTIVATIONS.update({"gelu_pytorch_tanh": ("gelu", True), None: ("gelu", False)}
 _ACT_NAMES = ", ".join(repr(k) for k in _ACTIVATIONS if k)
 # timm global_pool -> our classifier ('' : no pooling, a head on every token)
 _CLASSIFIERS = {pool: ours for ours, pool in timm_vit.POOLS.items()} | {"": "unpooled"}
-_HEADS_BY_SIZE = {"tiny": 3, "small": 6, "base": 12, "large": 16, "huge": 16}  # timm's ViTs
-_SIZE = re.compile(r"^vit_(tiny|small|base|large|huge)_")
 
 
 def is_timm_config(path: str) -> bool:
@@ -52,57 +49,6 @@ def is_timm_dir(path: str) -> bool:
   return spec or is_timm_config(os.path.join(path, CONFIG))
 
 
-def _clip_args(name: str) -> dict[str, Any]:
-  """OpenAI/LAION CLIP towers: LayerNorm(eps=1e-5) everywhere, QuickGELU where named."""
-  if "_clip_" not in name:
-    return {}
-  return {"layer_norm_eps": 1e-5, **({"act_layer": "quick_gelu"} if "_quickgelu" in name else {})}
-
-
-def _dinov2_args(name: str) -> dict[str, Any]:
-  """DINOv2 (LayerScale 1e-5); with registers the position table has no prefix rows."""
-  if not name.endswith("_dinov2"):
-    return {}
-  return {"init_values": 1e-5, **({"no_embed_class": True} if "_reg" in name else {})}
-
-
-def _deit3_args(name: str) -> dict[str, Any]:
-  """DeiT III: LayerScale 1e-6, no position rows for the class token."""
-  return {"init_values": 1e-6, "no_embed_class": True} if name.startswith("deit3_") else {}
-
-
-def _siglip_args(name: str) -> dict[str, Any]:
-  """SigLIP towers: no class token; MAP pooling unless the name says gap."""
-  if "_siglip" not in name:
-    return {}
-  return {"class_token": False, "global_pool": "avg" if "_gap" in name else "map"}
-
-
-def _gap_args(name: str) -> dict[str, Any]:
-  """`vit_*_gap_*` and `vit_*_reg4_gap_*`: no class token, average pooling; the register
-  ones without position rows for the registers."""
-  if "_gap_" not in name or "_siglip" in name:
-    return {}
-  return {
-    "class_token": False,
-    "global_pool": "avg",
-    **({"no_embed_class": True} if "_reg" in name else {}),
-  }
-
-
-def _flexivit_args(name: str) -> dict[str, Any]:
-  """FlexiViT (timm's ``flexivit_*`` factories): no position embedding on the class token."""
-  return {"no_embed_class": True} if name.startswith("flexivit_") else {}
-
-
-def _family_args(name: str) -> dict[str, Any]:
-  """timm's registered model arguments of ``name``'s family that the arrays do not show."""
-  args: dict[str, Any] = {}
-  for family in (_clip_args, _dinov2_args, _deit3_args, _siglip_args, _gap_args, _flexivit_args):
-    args.update(family(name))
-  return args
-
-
 def _arguments(directory: str) -> tuple[str, dict[str, Any], Optional[list[str]], dict[str, Any]]:
   """(architecture, model arguments, class names, pretrained config) from the config beside
   the weights; the arguments are the family's defaults updated with the stored ones."""
@@ -115,7 +61,7 @@ def _arguments(directory: str) -> tuple[str, dict[str, Any], Optional[list[str]]
       raise errors.CheckpointError(f"{spec_path!r} has no model_name and kwargs: re-export it.")
     overlay = _object(spec, "pretrained_cfg_overlay", spec_path)
     name = name or ""
-    args = {**_family_args(name), **spec["kwargs"]}
+    args = {**timm_names.model_args(name), **spec["kwargs"]}
     if "act_layer" in spec:  # a Mixer's, given apart (timm's MlpMixer takes a class)
       args["act_layer"] = spec["act_layer"]
     return name, args, None, overlay
@@ -124,7 +70,7 @@ def _arguments(directory: str) -> tuple[str, dict[str, Any], Optional[list[str]]
     if not isinstance(config["architecture"], str):
       raise errors.CheckpointError(f"{config_path!r}: architecture must be a name.")
     name = config["architecture"]
-    args = {**_family_args(name), **_object(config, "model_args", config_path)}
+    args = {**timm_names.model_args(name), **_object(config, "model_args", config_path)}
     if config.get("global_pool") is not None:
       args["global_pool"] = config["global_pool"]
     names = config.get("label_names")
@@ -144,19 +90,28 @@ def _object(config: dict[str, Any], key: str, path: str) -> dict[str, Any]:
 
 
 def _num_heads(timm_name: str, args: dict[str, Any], width: int, source: str) -> int:
+  """timm's ``num_heads`` (the stored or registered arguments), else an official variant's
+  of the same width."""
   if args.get("num_heads"):
     return int(args["num_heads"])
-  if m := _SIZE.match(timm_name):
-    return _HEADS_BY_SIZE[m.group(1)]
   configs = [models.get_model_config(n) for n in models.MODEL_NAMES]
   official = {c.hidden_size: c.transformer.num_heads for c in configs if "transformer" in c}
   if width in official:
     return official[width]
   raise errors.CheckpointError(
-    f"{source}: the head count of a width-{width} timm ViT is not in the arrays and there "
-    "is no config.json beside them: put timm's config.json (architecture, model_args "
-    "with num_heads) next to the .safetensors file."
+    f"{source}: the head count of a width-{width} timm ViT {timm_name!r} is not in the arrays "
+    "and neither timm's registry nor a config.json beside them gives it: put timm's "
+    "config.json (architecture, model_args with num_heads) next to the .safetensors file."
   )
+
+
+def _check_computed(timm_name: str, source: str) -> None:
+  """A registered architecture whose arguments this ViT does not compute is one error."""
+  problems = timm_names.unsupported(timm_names.registered_args(timm_name) or {})
+  if problems:
+    raise errors.CheckpointError(
+      f"{source}: timm's {timm_name!r} has {', '.join(problems)}, which this ViT does not compute."
+    )
 
 
 def read(
@@ -198,11 +153,26 @@ def read(
       f"{weights!r} is not a timm ViT state dict (no patch_embed.proj.weight): a "
       "Hugging Face transformers checkpoint is read from its folder (with config.json)."
     )
-  width = tensors["patch_embed.proj.weight"].shape[0]
-  params = timm_vit.from_timm(tensors, _num_heads(timm_name, args, width, repr(path)), repr(path))
-  config = architecture.infer_model_config(params)
-  _apply_args(config, args, pretrained_cfg, "cls_token" in tensors, repr(path))
+  config, params = read_vit(tensors, timm_name, args, pretrained_cfg, repr(path))
   return _loaded(config, params, names)
+
+
+def read_vit(
+  tensors: dict[str, Any],
+  timm_name: str,
+  args: dict[str, Any],
+  pretrained_cfg: dict[str, Any],
+  source: str,
+) -> tuple[ml_collections.ConfigDict, Params]:
+  """(model config, per-layer params) of a timm ViT state dict, its architecture name and
+  the arguments read beside it (``args``: the registered ones updated with the stored)."""
+  timm_vit.refuse_distilled(tensors, source)
+  _check_computed(timm_name, source)
+  width = tensors["patch_embed.proj.weight"].shape[0]
+  params = timm_vit.from_timm(tensors, _num_heads(timm_name, args, width, source), source)
+  config = architecture.infer_model_config(params)
+  _apply_args(config, args, pretrained_cfg, "cls_token" in tensors, source)
+  return config, params
 
 
 def _loaded(
