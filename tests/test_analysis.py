@@ -10,6 +10,7 @@ import pytest
 
 from vit_jax import analysis
 from vit_jax.models import create_model, get_model_config
+from vit_jax.models.settings import PatchSettings, ResNetSettings
 from vit_jax.weights import npz
 
 
@@ -25,7 +26,7 @@ def init(model, image_hw=(16, 16), batch=2, seed=0):
 
 def hybrid(**overrides):
   # Root only (stride 4) and 2x2 patches: 8 pixels per token.
-  return tiny(resnet_units=(), resnet_width_factor=0.5, patch_size=(2, 2), **overrides)
+  return tiny(resnet=ResNetSettings((), 0.5), patches=PatchSettings((2, 2)), **overrides)
 
 
 # ------------------------------------------------------------------- attention weights

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from vit_jax import errors, sharding
-from vit_jax.models import create_model, get_model_config
+from vit_jax.models import create_model, get_model_config, model_settings
 from vit_jax.models.vit import AxialEncoderBlock
 from vit_jax.run import step_cost
 
@@ -60,7 +60,10 @@ def _numpy_axial_block(x, p, grid_hw, heads):
 
 def test_one_block_is_the_papers_row_then_column_block():
   grid_hw = (3, 4)
-  block = AxialEncoderBlock(mlp_dim=16, num_heads=2, gelu_approximate=True, grid_hw=grid_hw)
+  config = get_model_config("testing")  # width 8, MLP 16, 2 heads, tanh GELU
+  config.hidden_size = 8
+  config.transformer.update(mlp_dim=16, num_heads=2)
+  block = AxialEncoderBlock(model_settings(config), grid_hw=grid_hw)
   x = jax.random.normal(jax.random.key(0), (2, 12, 8))
   params = nn.unbox(block.init(jax.random.key(1), x, True)["params"])
   assert set(params) == {"row", "column"}

@@ -10,6 +10,7 @@ import pytest
 from flax import traverse_util
 
 from vit_jax.models import create_model, get_model_config
+from vit_jax.models.settings import PatchSettings, ResNetSettings
 from vit_jax.weights import npz
 
 
@@ -87,7 +88,7 @@ def test_scanned_npz_file_is_read_as_scanned(tmp_path):
 
 
 def test_old_groupnorm_shapes_are_squeezed(tmp_path):
-  model = tiny(resnet_units=(1,), resnet_width_factor=0.5, patch_size=(1, 1))
+  model = tiny(resnet=ResNetSettings((1,), 0.5), patches=PatchSettings((1, 1)))
   params = random_params(model, image_size=8)
   arrays = {k: np.asarray(v) for k, v in flat(params).items()}
   old = {
@@ -110,7 +111,9 @@ def test_bfloat16_params_are_written_as_float32(tmp_path):
 
 def test_check_tree_lists_every_difference_at_once():
   params = random_params(tiny())
-  other = random_params(tiny(hidden_size=48, num_heads=2))
+  wider = get_model_config("testing")
+  wider.hidden_size, wider.transformer.num_heads = 48, 2
+  other = random_params(create_model(wider, num_classes=5))
   broken = flat(other)
   del broken["head/bias"]
   broken["extra/kernel"] = np.zeros(3)

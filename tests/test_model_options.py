@@ -109,6 +109,7 @@ def test_a_config_written_before_the_options_builds_the_official_model():
   for key in models.variants.family_options():
     del old[key]
   model = models.create_model(ml_collections.ConfigDict(old), num_classes=3)
-  assert model.num_registers == 0 and model.layer_norm_epsilon == 1e-6 and model.has_class_token
+  assert model.config.num_registers == 0 and model.config.layer_norm_epsilon == 1e-6
+  assert model.has_class_token
   shapes = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 8, 8, 3)))["params"]
   assert set(shapes) == {"cls", "embedding", "Transformer", "head"}

@@ -9,6 +9,7 @@ from flax import traverse_util
 
 from vit_jax import errors
 from vit_jax.models import MODEL_NAMES, create_model, get_model_config, sincos_2d
+from vit_jax.models.settings import PatchSettings, ResNetSettings
 from vit_jax.weights import npz
 
 # Pinned with 1000 classes at 224x224 (B/16, L/16, H/14 equal the paper's exact counts).
@@ -172,9 +173,8 @@ def test_hybrid_image_size_error_names_the_total_stride():
 @pytest.mark.parametrize("units,image_size,grid", [((), 32, 4), ((1, 1), 32, 2), ((2,), 16, 2)])
 def test_hybrid_forward_shapes(units, image_size, grid):
   model = tiny(
-    resnet_units=units,
-    resnet_width_factor=0.5,
-    patch_size=(2, 2),
+    resnet=ResNetSettings(units, 0.5),
+    patches=PatchSettings((2, 2)),
     classifier="unpooled",
     num_classes=None,
   )
@@ -318,17 +318,17 @@ def test_unknown_remat_policy_is_an_error():
     ("hidden_size", 33, "Width 33 .*num_heads=2"),
   ],
 )
-def test_create_model_checks_a_config_before_building_and_a_module_when_traced(
-  key, value, fragment
-):
+def test_create_model_checks_a_config_and_its_overrides_before_building(key, value, fragment):
   cfg = get_model_config("testing")
   cfg[key] = value
   with pytest.raises(errors.ConfigError, match=fragment):
     create_model(cfg, num_classes=3)
-  if key in ("classifier", "remat_policy", "posemb"):  # module attributes: the same check
-    model = tiny(**{key: value}, **({"remat": True} if key == "remat_policy" else {}))
+  if key == "remat_policy":  # an execution option: the same check when the module is traced
     with pytest.raises(errors.ConfigError, match=fragment):
-      init(model)
+      init(tiny(remat=True, remat_policy=value))
+  if key in ("classifier", "posemb"):  # a settings override: checked as the settings are
+    with pytest.raises(errors.ConfigError, match=fragment):
+      tiny(**{key: value})
 
 
 def test_dropout_is_active_only_in_training():

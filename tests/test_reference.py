@@ -18,8 +18,14 @@ from flax import traverse_util
 
 from vit_jax.models import create_model, get_model_config
 
+
 # The transformer shrunk to seconds; the ResNet stages keep their official unit counts.
-_TINY = dict(hidden_size=32, num_layers=2, mlp_dim=64, num_heads=2, num_classes=10)
+def _tiny(config, **changes):
+  """The model of ``config`` at width 32, depth 2, MLP 64, 2 heads, 10 classes."""
+  config.hidden_size = 32
+  config.transformer.update(num_layers=2, mlp_dim=64, num_heads=2)
+  config.update(changes)
+  return create_model(config, num_classes=10)
 
 
 # ---------------------------------------------------------------- the reference, numpy float64
@@ -190,7 +196,7 @@ def _relative_difference(model, image_size, **reference_kwargs):
 def test_plain_vit_equals_the_official_formulas(gelu_approximate):
   cfg = get_model_config("testing")
   assert cfg.gelu_approximate  # the default is the official (tanh) GELU
-  model = create_model(cfg, **_TINY, representation_size=16, gelu_approximate=gelu_approximate)
+  model = _tiny(cfg, representation_size=16, gelu_approximate=gelu_approximate)
   assert _relative_difference(model, 16, gelu_approximate=gelu_approximate) <= 1e-6
   # The two GELUs are told apart at this scale: the bound above is a real check.
   assert _relative_difference(model, 16, gelu_approximate=not gelu_approximate) > 1e-5
@@ -205,6 +211,8 @@ def test_plain_vit_equals_the_official_formulas(gelu_approximate):
 )
 def test_hybrid_equals_the_official_formulas(name, units, image_size):
   # Width factor 0.5: 32 root channels, the fewest GroupNorm(32) allows.
-  model = create_model(get_model_config(name), **_TINY, resnet_width_factor=0.5)
-  assert model.resnet_units == units
+  config = get_model_config(name)
+  config.resnet.width_factor = 0.5
+  model = _tiny(config)
+  assert model.config.resnet.num_layers == units
   assert _relative_difference(model, image_size, resnet_units=units) <= 1e-6

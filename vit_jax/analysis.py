@@ -81,7 +81,7 @@ def attention_weights(
 ) -> np.ndarray:
   """Attention probabilities of every layer and head for a batch, [L, B, H, N, N].
 
-  N counts the class token (first) when ``model.classifier == 'token'``. Works with the
+  N counts the class token (first) when ``model.config.classifier == 'token'``. Works with the
   per-layer and the scanned (``scan=True``) encoder; ``params`` must match the model's
   layout (`vit_jax.weights.npz.to_layout` converts).
   """
@@ -227,7 +227,7 @@ def posemb_similarity(
   ``image_hw`` is given); ``sincos2d`` has no parameters and needs ``image_hw``. The
   class-token row of a learned 1-D table is dropped.
   """
-  kind = model.posemb
+  kind = model.config.posemb
   grid_hw = None if image_hw is None else model.grid_hw(_check_hw("image_hw", image_hw))
   tree = _params_tree(params)
   if kind == "none":
@@ -241,7 +241,7 @@ def posemb_similarity(
         "posemb='sincos2d' has no parameters to read the grid from: pass "
         "image_hw=(H, W), the image size the model sees."
       )
-    table = sincos_2d(grid_hw, model.hidden_size)  # [N, D]
+    table = sincos_2d(grid_hw, model.config.hidden_size)  # [N, D]
   else:
     try:
       pe = {k: np.asarray(v) for k, v in tree["Transformer"]["posembed_input"].items()}
@@ -251,7 +251,7 @@ def posemb_similarity(
         "pass the parameters of this model."
       ) from e
     if kind == "learn":
-      num_prefix = 1 if model.classifier == "token" else 0
+      num_prefix = 1 if model.config.classifier == "token" else 0
       table = pe["pos_embedding"][0, num_prefix:]  # [N, D]
       if grid_hw is None:
         grid_hw = square_grid(table.shape[0], "pass image_hw=(H, W)")

@@ -15,10 +15,10 @@ from vit_jax.models.execution import EXECUTION_FIELDS, ExecutionOptions
 from vit_jax.models.families import FAMILIES, Family, family_of, is_bit, is_mixer, model_settings
 from vit_jax.models.heads import CLASSIFIERS
 from vit_jax.models.mixer import MIXER, MlpMixer
-from vit_jax.models.options import check_model_config, with_family_defaults
+from vit_jax.models.options import check_model_config
 from vit_jax.models.posemb import POSEMB_KINDS, resize_grid, sincos_2d
 from vit_jax.models.settings import BitSettings, MixerSettings, ModelSettings, Settings
-from vit_jax.models.variants import MODEL_NAMES, get_model_config
+from vit_jax.models.variants import MODEL_NAMES, get_model_config, with_family_defaults
 from vit_jax.models.vit import VisionTransformer
 
 
@@ -32,7 +32,8 @@ def create_model(
   here by `model_settings`, or the settings themselves), built by its family.
 
   ``overrides`` replace fields of its `ExecutionOptions` (``dropout_rate=0.1``,
-  ``scan=True``, ``dtype=jnp.bfloat16``) or module attributes (``classifier="gap"``). A
+  ``scan=True``, ``dtype=jnp.bfloat16``) or top-level fields of its settings
+  (``classifier="gap"``, checked again). A
   config saved before an option existed builds the official model (the settings read each
   missing option at its official value).
   """

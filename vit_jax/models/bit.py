@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax import errors
-from vit_jax.models import heads, layers, resnet, variants
+from vit_jax.models import heads, layers, resnet
 from vit_jax.models.execution import ExecutionOptions, remat_policy
 from vit_jax.sharding import EMBED, MLP
 
@@ -229,8 +229,8 @@ def describe_shapes(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
   }
 
 
-def config_from_shapes(shapes: Mapping[str, tuple[int, ...]]) -> Any:
-  """The BiT config (`variants.py` layout, unnamed) that the shapes were made for."""
+def config_from_shapes(shapes: Mapping[str, tuple[int, ...]], config: Any) -> Any:
+  """``config`` (a BiT config, every field) set to what the shapes were made for."""
   arch = describe_shapes(shapes)
   stages, width = arch["stages"], arch["width factor"]
   if not stages or stages != list(range(1, len(stages) + 1)) or not width.is_integer():
@@ -239,7 +239,6 @@ def config_from_shapes(shapes: Mapping[str, tuple[int, ...]]) -> Any:
       f"(expected block1..blockS) and a root of {ROOT_WIDTH * width:g} channels (64 x a "
       "whole width factor)."
     )
-  config = variants.get_model_config("BiT-R50x1")  # every field, then overwritten
   config.resnet.num_layers = arch["units per stage"]
   config.resnet.width_factor = int(width)
   return config

@@ -38,7 +38,9 @@ class Family:
   activation_bytes: Callable[..., Optional[int]]
   tree_key: Optional[str]  # a parameter path only its trees have (None: the ViT, the rest)
   describe_shapes: Callable[[Shapes], dict[str, Any]]  # what the shapes say, by name
-  config_from_shapes: Callable[[Shapes], ml_collections.ConfigDict]  # unnamed config
+  template: str  # the registered variant a config read from shapes starts from
+  # (shapes, the template's config) -> that config set to what the shapes say
+  config_from_shapes: Callable[[Shapes, Any], ml_collections.ConfigDict]
   trained_grid: Callable[[Shapes, Any], Optional[tuple[int, int]]]  # the grid it fixes
   architecture_key: Callable[[Any], tuple]  # what its parameter shapes fix of a config
   patch_kernel: Optional[str]  # its patch embedding's kernel (resampled by a fit)
@@ -54,6 +56,7 @@ VIT = Family(
   activation_bytes=cost.vit_activation_bytes,
   tree_key=None,
   describe_shapes=vit_shapes.describe_shapes,
+  template="testing",
   config_from_shapes=vit_shapes.config_from_shapes,
   trained_grid=vit_shapes.trained_grid,
   architecture_key=vit_shapes.architecture_key,
@@ -69,6 +72,7 @@ MIXER = Family(
   activation_bytes=mixer.activation_bytes,
   tree_key=mixer.STEM_KERNEL,
   describe_shapes=mixer.describe_shapes,
+  template="Mixer-B_16",
   config_from_shapes=mixer.config_from_shapes,
   trained_grid=mixer.trained_grid,
   architecture_key=mixer.architecture_key,
@@ -84,6 +88,7 @@ BIT = Family(
   activation_bytes=cost.bit_activation_bytes,
   tree_key=bit.ROOT_KERNEL,
   describe_shapes=bit.describe_shapes,
+  template="BiT-R50x1",
   config_from_shapes=bit.config_from_shapes,
   trained_grid=bit.trained_grid,
   architecture_key=bit.architecture_key,

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from vit_jax import errors
-from vit_jax.models import embeddings, heads, layers, posemb, variants
+from vit_jax.models import embeddings, heads, layers, posemb
 from vit_jax.models.execution import ExecutionOptions, remat_policy
 from vit_jax.sharding import EMBED, MLP
 
@@ -241,8 +241,10 @@ def describe_shapes(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
   }
 
 
-def config_from_shapes(shapes: Mapping[str, tuple[int, ...]]) -> ml_collections.ConfigDict:
-  """The Mixer config (`variants.py` layout, unnamed) that the shapes were made for."""
+def config_from_shapes(
+  shapes: Mapping[str, tuple[int, ...]], config: ml_collections.ConfigDict
+) -> ml_collections.ConfigDict:
+  """``config`` (a Mixer config, every field) set to what the shapes were made for."""
   arch = describe_shapes(shapes)
   missing = [name for name, value in arch.items() if value is None]
   if missing:
@@ -251,7 +253,6 @@ def config_from_shapes(shapes: Mapping[str, tuple[int, ...]]) -> ml_collections.
       + ", ".join(missing)
       + f" (from MixerBlock_{{i}}, {_TOKEN_MLP} and {_CHANNEL_MLP})."
     )
-  config = variants.get_model_config("Mixer-B_16")  # every field, then overwritten
   config.patches.size = tuple(arch["patch size"])
   config.hidden_dim = arch["width"]
   config.num_blocks = arch["depth"]

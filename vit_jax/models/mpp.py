@@ -108,7 +108,7 @@ class MaskedPatchPredictor(nn.Module):
     self.mask_embedding = self.param(
       MASK_EMBEDDING,
       nn.with_logical_partitioning(nn.initializers.normal(0.02), (EMBED,)),
-      (self.encoder.hidden_size,),
+      (self.encoder.config.hidden_size,),
       ex.param_dtype,
     )
     self.head = nn.Dense(

@@ -1,35 +1,21 @@
-"""The ViT's model options checked once: the paper's (classifier, heads) and the later
-family's (`variants.family_options`).
+"""The ViT's model options checked once: the paper's (classifier, heads) and those that
+came after it (the optional fields of `settings.ModelSettings`).
 
 Each rule is one ``check_*`` function raising `ConfigError` with 'config.model.KEY=VALUE:
 why'; `vit_jax.models.settings.ModelSettings` runs them all through `check_model_config`
 (one error listing every bad value), and the modules call the same functions for a module
 constructed directly. The position embeddings and the execution options are checked by
 their modules' own functions (`posemb.check_posemb`, `execution.remat_policy`, ...).
-`with_family_defaults` fills the options into a config written before they existed (a
-run's `config.json`), so every reader sees the official values.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 from typing import Any, Callable, Optional
 
-import ml_collections
-
 from vit_jax import errors
-from vit_jax.models import heads, layers, variants
-
-
-def with_family_defaults(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """``config`` (unchanged) when it has every option, else a copy with the missing ones
-  at their official values."""
-  missing = {k: v for k, v in variants.family_options().items() if k not in config}
-  if not missing:
-    return config
-  config = ml_collections.ConfigDict(config.to_dict())
-  config.update(missing)
-  return config
+from vit_jax.models import heads, layers
 
 
 def _bad(key: str, value: Any, why: str) -> errors.ConfigError:
@@ -135,36 +121,47 @@ def check_input_stats(key: str, value: Any) -> None:
     raise _bad(key, value, "every value must be positive")
 
 
+def _flags(c: Any) -> tuple[str, ...]:
+  """The boolean options of settings ``c`` whose only rule is True or False (every bool
+  field with a default but those with a check of their own)."""
+  if not dataclasses.is_dataclass(c):
+    return ()
+  own_check = ("axial", "fc_norm")
+  return tuple(
+    f.name
+    for f in dataclasses.fields(c)
+    if f.type == "bool" and f.default is not dataclasses.MISSING and f.name not in own_check
+  )
+
+
 def _checks(c: Any) -> list[Callable[[], None]]:
-  defaults = variants.family_options()
-
-  def get(key: str) -> Any:
-    default = defaults[key]
-    if isinstance(default, ml_collections.FieldReference):
-      default = default.get()
-    return c.get(key, default)
-
-  classifier = c.get("classifier")
-  has_class_token = classifier == heads.TOKEN if get("class_token") is None else get("class_token")
-  registers = get("num_registers") if isinstance(get("num_registers"), numbers.Integral) else 0
+  classifier, class_token, registers = (
+    c.get("classifier"),
+    c.get("class_token"),
+    c.get("num_registers"),
+  )
+  prefix = num_prefix_tokens(
+    classifier,
+    class_token if class_token in (None, True, False) else None,
+    registers if isinstance(registers, numbers.Integral) and registers >= 0 else 0,
+  )
   return [
-    lambda: check_axial(c.get("axial", False), int(bool(has_class_token)) + registers),
-    lambda: check_class_token(classifier, get("class_token")),
-    lambda: check_num_registers(get("num_registers")),
-    lambda: check_flag("posemb_patches_only", get("posemb_patches_only")),
-    lambda: check_flag("norm_pre", get("norm_pre")),
-    lambda: check_fc_norm(get("fc_norm"), classifier),
-    lambda: check_activation(get("activation")),
-    lambda: check_layer_norm_epsilon(get("layer_norm_epsilon")),
-    lambda: check_layer_scale_init(get("layer_scale_init")),
-    lambda: check_input_stats("input_mean", get("input_mean")),
-    lambda: check_input_stats("input_std", get("input_std")),
+    lambda: check_axial(c.get("axial"), prefix),
+    lambda: check_class_token(classifier, class_token),
+    lambda: check_num_registers(registers),
+    *(lambda key=key: check_flag(key, c.get(key)) for key in _flags(c)),
+    lambda: check_fc_norm(c.get("fc_norm"), classifier),
+    lambda: check_activation(c.get("activation")),
+    lambda: check_layer_norm_epsilon(c.get("layer_norm_epsilon")),
+    lambda: check_layer_scale_init(c.get("layer_scale_init")),
+    lambda: check_input_stats("input_mean", c.get("input_mean")),
+    lambda: check_input_stats("input_std", c.get("input_std")),
   ]
 
 
 def problems(config: Any) -> list[str]:
-  """Every family option of ``config`` (a ConfigDict or `ModelSettings`; a missing one is
-  at its official value) that no model has, as 'config.model.KEY=VALUE: why'."""
+  """Every option of ``config`` (`ModelSettings`, or a config with every option) that no
+  model has, as 'config.model.KEY=VALUE: why'."""
   found = []
   for check in _checks(config):
     try:

@@ -21,10 +21,9 @@ import numbers
 from typing import Any, Optional
 
 import jax.numpy as jnp
-import ml_collections
 
 from vit_jax import errors
-from vit_jax.models import bit, execution, mixer, options, variants
+from vit_jax.models import bit, execution, layers, mixer, options
 from vit_jax.models import posemb as posemb_lib
 
 # The inputs the official weights expect: pixels in [0, 1] mapped to [-1, 1], per RGB.
@@ -80,18 +79,6 @@ def dtype_name(value: Any) -> str:
   return dtype.name
 
 
-def _family_options(config: Any) -> dict[str, Any]:
-  """The later family's options of ``config``, each at its official value where the config
-  predates it; left as written (lists as tuples) for `options.check_model_config`."""
-  found = {}
-  for key, default in variants.family_options().items():
-    if isinstance(default, ml_collections.FieldReference):
-      default = default.get()
-    value = config.get(key, default)
-    found[key] = tuple(value) if isinstance(value, (list, tuple)) else value
-  return found
-
-
 @dataclasses.dataclass(frozen=True)
 class PatchSettings:
   size: tuple[int, int]  # patch height and width, in input pixels (hybrids: feature cells)
@@ -130,20 +117,24 @@ class ModelSettings:
   remat_policy: Optional[str]  # a name in `jax.checkpoint_policies`
   attention_impl: Optional[str]  # `execution.ATTENTION_IMPLS`
   dtype: str  # the computation's, e.g. 'bfloat16' (parameters stay float32)
+  # The options that came after the paper: each defaults to the official model's value,
+  # the one place it is stated (`variants` writes these defaults into every ViT config, and
+  # a config saved before an option existed reads it here). Checked by `options`.
   stoch_depth: float = 0.0  # the last block's drop-path rate (timm's linear schedule)
   head_bias_init: float = 0.0  # the head's initial bias (AugReg's sigmoid runs: -6.9)
-  axial: bool = False  # Axial-ViT blocks (paper Appendix D.6); configs before it: False
-  # The later family's options (`variants.family_options`, checked by `options`); the
-  # defaults are the official model's, for configs saved before these keys existed.
+  axial: bool = False  # Axial-ViT blocks (paper Appendix D.6)
   num_registers: int = 0  # register tokens after the class token (DINOv2-reg)
   class_token: Optional[bool] = None  # None: only with classifier='token'
-  posemb_patches_only: bool = False  # timm's no_embed_class
+  posemb_patches_only: bool = False  # timm's no_embed_class: no position rows for the prefix
   norm_pre: bool = False  # a LayerNorm before the blocks (CLIP)
-  fc_norm: bool = False  # the final LayerNorm after pooling (timm's fc_norm)
+  fc_norm: bool = False  # the final LayerNorm after pooling instead of before (timm's)
   layer_scale_init: Optional[float] = None  # None: no LayerScale (DINOv2: 1e-5)
-  layer_norm_epsilon: float = 1e-6
-  activation: str = "gelu"  # `layers.ACTIVATIONS`
-  input_mean: tuple[float, ...] = OFFICIAL_INPUT_MEAN  # the inputs the weights expect, per RGB
+  layer_norm_epsilon: float = layers.LAYER_NORM_EPSILON
+  # `layers.ACTIVATIONS`: 'gelu' (tanh or exact by gelu_approximate) or 'quick_gelu' (CLIP)
+  activation: str = layers.GELU
+  # The inputs the weights expect, (x / 255 - mean) / std per RGB channel; recorded from a
+  # checkpoint's own preprocessing on import.
+  input_mean: tuple[float, ...] = OFFICIAL_INPUT_MEAN
   input_std: tuple[float, ...] = OFFICIAL_INPUT_STD
 
   def __post_init__(self):
@@ -204,11 +195,7 @@ class ModelSettings:
       remat_policy=_read(config, "remat_policy", "model"),
       attention_impl=_read(config, "attention_impl", "model"),
       dtype=dtype_name(_read(config, "dtype", "model")),
-      # Configs saved before these keys existed train and evaluate as before without them.
-      stoch_depth=_rate(config.get("stoch_depth", 0.0), "stoch_depth"),
-      head_bias_init=_finite(config.get("head_bias_init", 0.0), "head_bias_init"),
-      axial=_bool(config.get("axial", False), "axial"),
-      **_family_options(config),
+      **_optional_fields(config),
     )
 
   @property
@@ -239,6 +226,28 @@ class ModelSettings:
     return dataclasses.replace(self, **changes)
 
 
+def optional_fields() -> dict[str, Any]:
+  """Every `ModelSettings` field a config may leave out, at its official value."""
+  return {
+    f.name: f.default
+    for f in dataclasses.fields(ModelSettings)
+    if f.default is not dataclasses.MISSING
+  }
+
+
+def _optional_fields(config: Any) -> dict[str, Any]:
+  """``config``'s optional fields, each at its official value where the config predates
+  it: configs saved before a key existed train and evaluate as before without it. Left as
+  written (lists as tuples) for `options.check_model_config`, the numbers checked here."""
+  found = {}
+  for key, default in optional_fields().items():
+    value = config.get(key, default)
+    found[key] = tuple(value) if isinstance(value, (list, tuple)) else value
+  found["stoch_depth"] = _rate(found["stoch_depth"], "stoch_depth")
+  found["head_bias_init"] = _finite(found["head_bias_init"], "head_bias_init")
+  return found
+
+
 def _check_convolutional_family(settings: Any, blocks_are: str, family_has: str) -> None:
   """The checks a Mixer's and a BiT's settings share: remat policy, dtype, input
   statistics, and no scan or stochastic depth (neither family has them)."""
@@ -258,14 +267,13 @@ def _check_convolutional_family(settings: Any, blocks_are: str, family_has: str)
 def _execution_fields(config: Any) -> dict[str, Any]:
   """A Mixer's or a BiT's remat, remat policy, dtype, head bias, input statistics, scan and
   stochastic depth, read from ``config`` (the last five at their defaults where absent)."""
-  defaults = variants.family_options()
   return dict(
     remat=_bool(_read(config, "remat", "model"), "remat"),
     remat_policy=_read(config, "remat_policy", "model"),
     dtype=dtype_name(_read(config, "dtype", "model")),
     head_bias_init=_finite(config.get("head_bias_init", 0.0), "head_bias_init"),
-    input_mean=tuple(config.get("input_mean", defaults["input_mean"])),
-    input_std=tuple(config.get("input_std", defaults["input_std"])),
+    input_mean=tuple(config.get("input_mean", OFFICIAL_INPUT_MEAN)),
+    input_std=tuple(config.get("input_std", OFFICIAL_INPUT_STD)),
     scan=_bool(config.get("scan", False), "scan"),
     stoch_depth=_rate(config.get("stoch_depth", 0.0), "stoch_depth"),
   )

@@ -24,30 +24,38 @@ stage, width_factor}), ``head_bias_init``, ``input_mean``/``input_std`` and ``re
 from __future__ import annotations
 
 import functools
+import typing
 from typing import Callable, Optional, Sequence
 
 import ml_collections
 
 from vit_jax import errors
+from vit_jax.models import bit, mixer, settings
 
 
 def family_options() -> dict[str, object]:
-  """The options of the ViTs that came after the paper, each at the official model's value
-  (`vit_jax.models.options` checks them; `VisionTransformer` documents them)."""
-  return dict(
-    num_registers=0,  # register tokens after the class token (DINOv2-reg)
-    class_token=ml_collections.FieldReference(None, field_type=bool),  # None: iff 'token'
-    posemb_patches_only=False,  # timm's no_embed_class: no position rows for the prefix
-    norm_pre=False,  # a LayerNorm before the blocks (CLIP)
-    fc_norm=False,  # the final LayerNorm after pooling instead of before (timm's fc_norm)
-    layer_scale_init=ml_collections.FieldReference(None, field_type=float),  # LayerScale
-    layer_norm_epsilon=1e-6,
-    activation="gelu",  # or 'quick_gelu' (OpenAI CLIP); 'gelu' is tanh or exact by gelu_approximate
-    # The inputs the weights expect, (x / 255 - mean) / std per RGB channel; 0.5 and 0.5
-    # are the official [-1, 1]. Recorded from a checkpoint's own preprocessing on import.
-    input_mean=(0.5, 0.5, 0.5),
-    input_std=(0.5, 0.5, 0.5),
-  )
+  """Every option a ViT config may leave out (`settings.ModelSettings`'s fields with a
+  default), at the official model's value; an option that defaults to None is a typed
+  `ml_collections.FieldReference`, so that ``--config.model.<key>=...`` parses."""
+  hints = typing.get_type_hints(settings.ModelSettings)
+  options: dict[str, object] = {}
+  for key, default in settings.optional_fields().items():
+    if default is None:  # Optional[T]: a reference of type T
+      kind = next(t for t in typing.get_args(hints[key]) if t is not type(None))
+      default = ml_collections.FieldReference(None, field_type=kind)
+    options[key] = default
+  return options
+
+
+def with_family_defaults(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """``config`` (unchanged) when it has every option, else a copy with the missing ones
+  at their official values (a config written before they existed, a run's `config.json`)."""
+  missing = {k: v for k, v in family_options().items() if k not in config}
+  if not missing:
+    return config
+  config = ml_collections.ConfigDict(config.to_dict())
+  config.update(missing)
+  return config
 
 
 def _vit(
@@ -74,14 +82,11 @@ def _vit(
   config.posemb = "learn"
   # The tanh approximation, as the official model and checkpoints; False: exact GELU.
   config.gelu_approximate = True
-  # The classifier's bias at initialisation: 0, or e.g. AugReg's -6.9 for the sigmoid loss
-  # (every class starts near probability 1e-3).
-  config.head_bias_init = 0.0
   config.resnet = ml_collections.FieldReference(None, field_type=ml_collections.ConfigDict)
+  config.update(family_options())  # the options after the paper, at the official values
   # Axial-ViT (paper Appendix D.6): each block a row attention + MLP, then a column
   # attention + MLP, on the patches kept as a grid (no class token: classifier 'gap').
   config.axial = axial
-  config.update(family_options())
   if axial:
     config.classifier = "gap"
   if resnet_units is not None:
@@ -92,9 +97,6 @@ def _vit(
   config.scan = False
   config.remat = False
   config.remat_policy = ml_collections.FieldReference(None, field_type=str)
-  # Stochastic depth in training: the last block's drop-path rate (0: off; see
-  # `layers.drop_path_rates`).
-  config.stoch_depth = 0.0
   config.attention_impl = ml_collections.FieldReference(None, field_type=str)
   config.dtype = "float32"
   return config
@@ -107,7 +109,7 @@ def _mixer(
   repository) and ``model_type`` 'mixer', which `create_model` dispatches on."""
   config = ml_collections.ConfigDict()
   config.name = name
-  config.model_type = "mixer"
+  config.model_type = mixer.MIXER
   config.patches = ml_collections.ConfigDict({"size": (patch, patch)})
   config.hidden_dim = width
   config.num_blocks = depth
@@ -126,13 +128,13 @@ def _bit(name: str, units: Sequence[int], width_factor: int) -> ml_collections.C
   for R50, and the width factor (the x in R50x2)."""
   config = ml_collections.ConfigDict()
   config.name = name
-  config.model_type = "bit"
+  config.model_type = bit.BIT
   config.resnet = ml_collections.ConfigDict(
     {"num_layers": tuple(units), "width_factor": width_factor}
   )
   config.head_bias_init = 0.0
-  defaults = family_options()
-  config.input_mean, config.input_std = defaults["input_mean"], defaults["input_std"]
+  config.input_mean = settings.OFFICIAL_INPUT_MEAN
+  config.input_std = settings.OFFICIAL_INPUT_STD
   config.scan = False  # units of different shapes are never scanned; present for the checks
   config.remat = False
   config.remat_policy = ml_collections.FieldReference(None, field_type=str)

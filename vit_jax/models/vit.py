@@ -11,15 +11,14 @@ Inspection: apply with ``mutable=['intermediates']`` and every block sows
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from vit_jax import errors
-from vit_jax.models import embeddings, heads, layers, options
+from vit_jax.models import embeddings, heads, layers
 from vit_jax.models import posemb as posemb_lib
 from vit_jax.models.attention import MultiHeadDotProductAttention
 from vit_jax.models.execution import ExecutionOptions, remat_policy
@@ -28,39 +27,37 @@ from vit_jax.models.resnet import resnet_root
 from vit_jax.models.settings import ModelSettings
 from vit_jax.sharding import LAYERS
 
+SCANNED_BLOCK = "encoderblock"  # the scanned encoder's blocks, stacked over a layer axis
+
 
 class Encoder1DBlock(nn.Module):
   """Pre-LayerNorm block: x + MSA(LN(x)), then x + MLP(LN(x)).
 
-  With ``layer_scale_init`` each branch is scaled by a learned per-channel LayerScale
-  before the residual sum (timm's ``ls1``/``ls2``; DINOv2). Returns ``(x, None)`` so that
-  the same class serves as the body of `nn.scan`.
+  With ``config.layer_scale_init`` each branch is scaled by a learned per-channel
+  LayerScale before the residual sum (timm's ``ls1``/``ls2``; DINOv2). Returns
+  ``(x, None)`` so that the same class serves as the body of `nn.scan`.
   """
 
-  mlp_dim: int
-  num_heads: int
-  gelu_approximate: bool
+  config: ModelSettings
   execution: ExecutionOptions = ExecutionOptions()
-  activation: str = layers.GELU
-  layer_norm_epsilon: float = 1e-6
-  layer_scale_init: Optional[float] = None
   relative: Optional[posemb_lib.RelativePositions] = None  # relative position embeddings
 
   def _scaled(self, y: jax.Array, name: str) -> jax.Array:
-    if self.layer_scale_init is None:
+    init = self.config.layer_scale_init
+    if init is None:
       return y
-    return layers.LayerScale(self.layer_scale_init, self.execution.param_dtype, name=name)(y)
+    return layers.LayerScale(init, self.execution.param_dtype, name=name)(y)
 
   @nn.compact
   def __call__(
     self, x: jax.Array, deterministic: bool, drop_path: float | jax.Array = 0.0
   ) -> tuple[jax.Array, None]:
     """``drop_path``: this block's stochastic-depth rate (`DropPath`), on each branch."""
-    ex = self.execution
-    norm = lambda name: layers.layer_norm(name, self.layer_norm_epsilon, ex.dtype, ex.param_dtype)
+    cfg, ex = self.config, self.execution
+    norm = lambda name: layers.layer_norm(name, cfg.layer_norm_epsilon, ex.dtype, ex.param_dtype)
     y = norm("LayerNorm_0")(x)
     attention = MultiHeadDotProductAttention(
-      self.num_heads, ex, self.relative, name="MultiHeadDotProductAttention_1"
+      cfg.transformer.num_heads, ex, self.relative, name="MultiHeadDotProductAttention_1"
     )
     y = attention(y, deterministic)
     y = nn.Dropout(ex.dropout_rate)(y, deterministic=deterministic)
@@ -68,7 +65,8 @@ class Encoder1DBlock(nn.Module):
     y = self._scaled(y, "LayerScale_attention")
     x = x + DropPath(name="drop_path_attention")(y, drop_path, deterministic)  # [B, ..., N, D]
     y = norm("LayerNorm_2")(x)
-    mlp = MlpBlock(self.mlp_dim, self.gelu_approximate, ex, self.activation, name="MlpBlock_3")
+    mlp_dim, gelu_approximate = cfg.transformer.mlp_dim, cfg.gelu_approximate
+    mlp = MlpBlock(mlp_dim, gelu_approximate, ex, cfg.activation, name="MlpBlock_3")
     y = self._scaled(mlp(y, deterministic), "LayerScale_mlp")
     x = x + DropPath(name="drop_path_mlp")(y, drop_path, deterministic)
     self.sow("intermediates", "tokens", x)
@@ -98,15 +96,10 @@ class AxialEncoderBlock(Encoder1DBlock):
     gh, gw = self.grid_hw
     if n != gh * gw:
       raise errors.ConfigError(f"{n} tokens are not a {gh}x{gw} grid: Axial-ViT has no prefix.")
-    fields = {
-      f.name: getattr(self, f.name)
-      for f in dataclasses.fields(Encoder1DBlock)
-      if f.name not in ("parent", "name", "relative")
-    }
 
     def half(length: int, name: str) -> Encoder1DBlock:
       relative = None if self.relative is None else posemb_lib.RelativePositions(length)
-      return Encoder1DBlock(**fields, relative=relative, name=name)
+      return Encoder1DBlock(self.config, self.execution, relative, name=name)
 
     grid = x.reshape(b, gh, gw, d)  # [B, gh, gw, D]: a row is a sequence of gw patches
     grid, _ = half(gw, "row")(grid, deterministic, drop_path)
@@ -116,51 +109,41 @@ class AxialEncoderBlock(Encoder1DBlock):
 
 
 class Encoder(nn.Module):
-  """Position embeddings, ``num_layers`` blocks (a Python loop or `nn.scan`), final LayerNorm.
+  """Position embeddings, the blocks (a Python loop or `nn.scan`), final LayerNorm.
 
-  ``posemb_patches_only``: the position embeddings cover the patches, not the prefix
-  tokens (timm's ``no_embed_class``); ``norm_pre``: a LayerNorm ``norm_pre`` before the
-  blocks (CLIP's); ``final_norm`` False: no ``encoder_norm`` (the head normalises after
-  pooling, timm's ``fc_norm``).
+  From ``config``: ``posemb_patches_only``, the position embeddings cover the patches, not
+  the prefix tokens (timm's ``no_embed_class``); ``norm_pre``, a LayerNorm ``norm_pre``
+  before the blocks (CLIP's); ``fc_norm``, no ``encoder_norm`` (the head normalises after
+  pooling); ``axial``, `AxialEncoderBlock`s on the grid (no prefix tokens).
   """
 
-  num_layers: int
-  mlp_dim: int
-  num_heads: int
+  config: ModelSettings
   grid_hw: tuple[int, int]
   num_prefix: int
-  gelu_approximate: bool
-  posemb: str = "learn"
   execution: ExecutionOptions = ExecutionOptions()
-  posemb_patches_only: bool = False
-  norm_pre: bool = False
-  final_norm: bool = True
-  activation: str = layers.GELU
-  layer_norm_epsilon: float = 1e-6
-  layer_scale_init: Optional[float] = None
-  axial: bool = False  # `AxialEncoderBlock`s on the grid (no prefix tokens)
 
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
-    ex = self.execution
+    cfg, ex = self.config, self.execution
+    num_layers = cfg.transformer.num_layers
     deterministic = not train
-    norm = lambda name: layers.layer_norm(name, self.layer_norm_epsilon, ex.dtype, ex.param_dtype)
+    norm = lambda name: layers.layer_norm(name, cfg.layer_norm_epsilon, ex.dtype, ex.param_dtype)
     x = posemb_lib.AddPositionEmbs(
-      self.posemb,
+      cfg.posemb,
       self.grid_hw,
       self.num_prefix,
       param_dtype=ex.param_dtype,
-      embed_prefix=not self.posemb_patches_only,
+      embed_prefix=not cfg.posemb_patches_only,
       name="posembed_input",
     )(x)
     x = nn.Dropout(ex.dropout_rate)(x, deterministic=deterministic)
-    if self.norm_pre:
+    if cfg.norm_pre:
       x = norm("norm_pre")(x)
 
-    rates = drop_path_rates(self.num_layers, ex.stoch_depth)
+    rates = drop_path_rates(num_layers, ex.stoch_depth)
     # With stochastic depth off the blocks get no rate: the model of before, bit for bit.
     drop_path = () if deterministic or not ex.stoch_depth else (rates,)
-    block_cls = AxialEncoderBlock if self.axial else Encoder1DBlock
+    block_cls = AxialEncoderBlock if cfg.axial else Encoder1DBlock
     if ex.remat:
       # Argument 2 (`deterministic`, counting self) is a Python bool: static; so is 3, the
       # drop-path rate, in the loop (under scan it is a scanned array).
@@ -171,19 +154,11 @@ class Encoder(nn.Module):
         static_argnums=static,
         policy=remat_policy(ex.remat_policy),
       )
-    block_kwargs = dict(
-      mlp_dim=self.mlp_dim,
-      num_heads=self.num_heads,
-      gelu_approximate=self.gelu_approximate,
-      execution=ex,
-      activation=self.activation,
-      layer_norm_epsilon=self.layer_norm_epsilon,
-      layer_scale_init=self.layer_scale_init,
-    )
-    if self.posemb == posemb_lib.RELATIVE:
+    block_kwargs: dict[str, Any] = dict(config=cfg, execution=ex)
+    if cfg.posemb == posemb_lib.RELATIVE:
       gh, gw = self.grid_hw
       block_kwargs["relative"] = posemb_lib.RelativePositions(gh * gw, self.num_prefix)
-    if self.axial:
+    if cfg.axial:
       block_kwargs["grid_hw"] = self.grid_hw
     if ex.scan:
       scanned = nn.scan(
@@ -191,79 +166,56 @@ class Encoder(nn.Module):
         variable_axes={"params": 0, "intermediates": 0},
         split_rngs={"params": True, "dropout": True},
         in_axes=(nn.broadcast,) + (0,) * len(drop_path),  # the rates: one per layer
-        length=self.num_layers,
+        length=num_layers,
         metadata_params={nn.PARTITION_NAME: LAYERS},
       )
       scanned_rates = tuple(jnp.asarray(r, jnp.float32) for r in drop_path)  # [L]
-      x, _ = scanned(name="encoderblock", **block_kwargs)(x, deterministic, *scanned_rates)
+      x, _ = scanned(name=SCANNED_BLOCK, **block_kwargs)(x, deterministic, *scanned_rates)
     else:
-      for i in range(self.num_layers):
+      for i in range(num_layers):
         layer_rate = tuple(r[i] for r in drop_path)
         x, _ = block_cls(name=f"encoderblock_{i}", **block_kwargs)(x, deterministic, *layer_rate)
-    return norm("encoder_norm")(x) if self.final_norm else x
+    return x if cfg.fc_norm else norm("encoder_norm")(x)
 
 
 class VisionTransformer(nn.Module):
   """ViT and its ResNet hybrids. Input: [B, H, W, C] in [-1, 1]; output: logits [B, K].
 
-  With ``classifier='unpooled'`` the output keeps every token, [B, N, K or D];
-  with ``num_classes`` 0 or None there is no head and the output is the representation.
+  ``config`` (`ModelSettings`) is what it computes, ``execution`` how it runs. With
+  ``classifier='unpooled'`` the output keeps every token, [B, N, K or D]; with
+  ``num_classes`` 0 or None there is no head and the output is the representation.
   Masked patch prediction (`vit_jax.models.mpp`) passes ``corrupt``, applied to the patch
   embeddings [B, N, D] before the prefix tokens and the position embeddings, and
   ``pool=False``: the output is then every token after the encoder, [B, P + N, D].
-
-  The later members of the family (each option's default is the official model's):
-  ``num_registers`` register tokens after the class token, ``class_token`` (None: only
-  with ``classifier='token'``), ``posemb_patches_only``, ``norm_pre``, ``fc_norm``,
-  ``layer_scale_init``, ``layer_norm_epsilon`` and ``activation`` (`vit_jax.models.layers`;
-  ``classifier='map'``: `vit_jax.models.heads`).
   """
 
+  config: ModelSettings
   num_classes: Optional[int]
-  patch_size: tuple[int, int]
-  hidden_size: int
-  num_layers: int
-  mlp_dim: int
-  num_heads: int
-  classifier: str = "token"
-  posemb: str = "learn"
-  representation_size: Optional[int] = None
-  head_bias_init: float = 0.0
-  gelu_approximate: bool = True  # tanh GELU as the official weights; False: exact (timm, HF)
-  resnet_units: Optional[Sequence[int]] = None  # None: plain ViT; (): root only; (3, 4, 9): R50
-  resnet_width_factor: float = 1.0
-  num_registers: int = 0
-  class_token: Optional[bool] = None
-  posemb_patches_only: bool = False
-  norm_pre: bool = False
-  fc_norm: bool = False
-  layer_scale_init: Optional[float] = None
-  layer_norm_epsilon: float = 1e-6
-  activation: str = layers.GELU
-  axial: bool = False  # Axial-ViT (paper Appendix D.6): `AxialEncoderBlock`s, no prefix tokens
   execution: ExecutionOptions = ExecutionOptions()
 
   @property
   def input_stride(self) -> tuple[int, int]:
     """How many input pixels one token covers along H and W."""
-    root = 1 if self.resnet_units is None else 4 * 2 ** max(len(self.resnet_units) - 1, 0)
-    return root * self.patch_size[0], root * self.patch_size[1]
+    resnet, (ph, pw) = self.config.resnet, self.config.patches.size
+    root = 1 if resnet is None else 4 * 2 ** max(len(resnet.num_layers) - 1, 0)
+    return root * ph, root * pw
 
   @property
   def has_class_token(self) -> bool:
-    return self.num_prefix_tokens > self.num_registers
+    return self.num_prefix_tokens > self.config.num_registers
 
   @property
   def num_prefix_tokens(self) -> int:
     """Tokens before the patches: the class token and the registers."""
-    return options.num_prefix_tokens(self.classifier, self.class_token, self.num_registers)
+    return self.config.num_prefix_tokens
 
   def grid_hw(self, image_hw: tuple[int, int]) -> tuple[int, int]:
     """The token grid for an image size; raises if the size is not a multiple of the patch."""
     sh, sw = self.input_stride
     h, w = image_hw
     if h % sh or w % sw:
-      what = "patch size" if self.resnet_units is None else "patch size times the ResNet stride"
+      hybrid = self.config.resnet is not None
+      what = "patch size times the ResNet stride" if hybrid else "patch size"
       raise errors.ConfigError(
         f"Image size {h}x{w} is not a multiple of the {what} {sh}x{sw}: give the model "
         f"images whose sides are multiples of it (a run's config.pp.crop, a command's "
@@ -280,65 +232,49 @@ class VisionTransformer(nn.Module):
     corrupt: Optional[Callable[[jax.Array], jax.Array]] = None,
     pool: bool = True,
   ) -> jax.Array:
-    options.check_classifier(self.classifier)
-    options.check_class_token(self.classifier, self.class_token)
-    options.check_axial(self.axial, self.num_prefix_tokens)
-    ex = self.execution
+    cfg, ex = self.config, self.execution
     grid_hw = self.grid_hw(images.shape[1:3])
     x = images.astype(ex.dtype)  # [B, H, W, C]
-    if self.resnet_units is not None:
+    if cfg.resnet is not None:
+      r = cfg.resnet
       x = resnet_root(
-        x, self.resnet_units, self.resnet_width_factor, dtype=ex.dtype, param_dtype=ex.param_dtype
+        x, r.num_layers, r.width_factor, dtype=ex.dtype, param_dtype=ex.param_dtype
       )  # [B, H/s, W/s, C']
-    x = embeddings.patch_embedding(x, self.hidden_size, self.patch_size, ex.dtype, ex.param_dtype)
-    b, gh, gw, d = x.shape  # [B, gh, gw, D]
+    x = embeddings.patch_embedding(
+      x, cfg.hidden_size, cfg.patches.size, ex.dtype, ex.param_dtype
+    )  # [B, gh, gw, D]
+    b, gh, gw, d = x.shape
     assert (gh, gw) == grid_hw, ((gh, gw), grid_hw)
     x = x.reshape(b, gh * gw, d)  # [B, N, D]
     if corrupt is not None:
       x = corrupt(x)
     x = embeddings.prepend_prefix_tokens(
-      self, x, self.has_class_token, self.num_registers, ex.param_dtype
+      self, x, self.has_class_token, cfg.num_registers, ex.param_dtype
     )  # [B, P + N, D]
-
-    x = Encoder(
-      self.num_layers,
-      self.mlp_dim,
-      self.num_heads,
-      grid_hw,
-      self.num_prefix_tokens,
-      self.gelu_approximate,
-      posemb=self.posemb,
-      execution=ex,
-      posemb_patches_only=self.posemb_patches_only,
-      norm_pre=self.norm_pre,
-      final_norm=not self.fc_norm,
-      activation=self.activation,
-      layer_norm_epsilon=self.layer_norm_epsilon,
-      layer_scale_init=self.layer_scale_init,
-      axial=self.axial,
-      name="Transformer",
-    )(x, train=train)  # [B, P + N, D]
+    encoder = Encoder(cfg, grid_hw, self.num_prefix_tokens, ex, name="Transformer")
+    x = encoder(x, train=train)  # [B, P + N, D]
     if not pool:
       return x.astype(jnp.float32)
 
     map_head = None
-    if self.classifier == heads.MAP:
+    if cfg.classifier == heads.MAP:
+      t = cfg.transformer
       map_head = heads.MAPHead(
-        self.num_heads,
-        self.mlp_dim,
-        self.gelu_approximate,
-        self.activation,
-        self.layer_norm_epsilon,
+        t.num_heads,
+        t.mlp_dim,
+        cfg.gelu_approximate,
+        cfg.activation,
+        cfg.layer_norm_epsilon,
         ex,
         name=heads.MAP_HEAD,
       )
-    x = heads.pool(x, self.classifier, self.num_prefix_tokens, map_head)  # [B, D]
-    if self.fc_norm:
-      x = layers.layer_norm(heads.FC_NORM, self.layer_norm_epsilon, ex.dtype, ex.param_dtype)(x)
-    if self.representation_size is not None:
-      x = heads.representation(x, self.representation_size, ex.dtype, ex.param_dtype)
+    x = heads.pool(x, cfg.classifier, self.num_prefix_tokens, map_head)  # [B, D]
+    if cfg.fc_norm:
+      x = layers.layer_norm(heads.FC_NORM, cfg.layer_norm_epsilon, ex.dtype, ex.param_dtype)(x)
+    if cfg.representation_size is not None:
+      x = heads.representation(x, cfg.representation_size, ex.dtype, ex.param_dtype)
     if self.num_classes:
-      x = heads.linear_head(x, self.num_classes, self.head_bias_init, ex.dtype, ex.param_dtype)
+      x = heads.linear_head(x, self.num_classes, cfg.head_bias_init, ex.dtype, ex.param_dtype)
     return x.astype(jnp.float32)
 
 
@@ -350,31 +286,6 @@ def create_vit(
   **overrides: Any,
 ) -> VisionTransformer:
   """A `VisionTransformer` from checked settings and how it runs; ``overrides`` replace
-  module attributes (``classifier="gap"``)."""
-  t, resnet = settings.transformer, settings.resnet
-  attributes = dict(
-    num_classes=num_classes,
-    patch_size=settings.patches.size,
-    hidden_size=settings.hidden_size,
-    num_layers=t.num_layers,
-    mlp_dim=t.mlp_dim,
-    num_heads=t.num_heads,
-    classifier=settings.classifier,
-    posemb=settings.posemb,
-    gelu_approximate=settings.gelu_approximate,
-    representation_size=settings.representation_size,
-    head_bias_init=settings.head_bias_init,
-    resnet_units=None if resnet is None else resnet.num_layers,
-    resnet_width_factor=1.0 if resnet is None else resnet.width_factor,
-    num_registers=settings.num_registers,
-    class_token=settings.class_token,
-    posemb_patches_only=settings.posemb_patches_only,
-    norm_pre=settings.norm_pre,
-    fc_norm=settings.fc_norm,
-    layer_scale_init=settings.layer_scale_init,
-    layer_norm_epsilon=settings.layer_norm_epsilon,
-    activation=settings.activation,
-    axial=settings.axial,
-    execution=execution,
-  )
-  return VisionTransformer(**{**attributes, **overrides})
+  top-level fields of the settings (``classifier="gap"``), checked again."""
+  config = settings.replace(**overrides) if overrides else settings
+  return VisionTransformer(config, num_classes, execution)

@@ -30,9 +30,10 @@ import ml_collections
 
 from vit_jax import errors
 from vit_jax.models import posemb as posemb_lib
-from vit_jax.models import variants
+from vit_jax.models import settings, variants
 from vit_jax.models.bit import ROOT_WIDTH
 from vit_jax.models.settings import ModelSettings
+from vit_jax.models.vit import SCANNED_BLOCK
 
 Shapes = Mapping[str, tuple[int, ...]]
 
@@ -40,7 +41,6 @@ EMBEDDING = "embedding/kernel"
 POSEMB = "Transformer/posembed_input/pos_embedding"
 POSEMB_X = "Transformer/posembed_input/pos_embedding_x"
 POSEMB_Y = "Transformer/posembed_input/pos_embedding_y"
-SCANNED_BLOCK = "encoderblock"  # the scanned encoder's blocks, stacked (`vit.Encoder`)
 _BLOCK = re.compile(r"^Transformer/encoderblock_(\d+)/")
 _QUERY = "MultiHeadDotProductAttention_1/query/kernel"  # inside a block
 _MLP = "MlpBlock_3/Dense_0/kernel"
@@ -69,19 +69,21 @@ def architecture_key(model_config: Any) -> tuple:
   )
 
 
+# The optional fields that leave no trace in the parameter shapes (or that
+# `architecture_key` holds): the rest tell variants of one architecture apart.
+_NOT_IN_SHAPES = frozenset(
+  {"stoch_depth", "head_bias_init", "axial", "class_token", "layer_norm_epsilon"}
+  | {"activation", "input_mean", "input_std"}
+)
+
+
 def visible_options(model_config: Any) -> tuple:
-  """The later family's options that the shapes also show (pooling, registers, norms,
-  LayerScale, a position table without prefix rows): what tells apart variants of one
-  architecture (gap-norep and ViT, SigLIP and ViT-B/16, ...)."""
-  c = model_config
-  return (
-    c.get("classifier"),
-    c.get("num_registers", 0),
-    bool(c.get("norm_pre")),
-    bool(c.get("fc_norm")),
-    c.get("layer_scale_init") is not None,
-    bool(c.get("posemb_patches_only")),
-  )
+  """The pooling and every optional field that the shapes also show (registers, norms,
+  LayerScale, a position table without prefix rows, ...): what tells apart variants of
+  one architecture (gap-norep and ViT, SigLIP and ViT-B/16, ...)."""
+  shown = (k for k in settings.optional_fields() if k not in _NOT_IN_SHAPES)
+  defaults = settings.optional_fields()
+  return (model_config.get("classifier"), *(model_config.get(k, defaults[k]) for k in shown))
 
 
 def _block_shapes(shapes: Shapes) -> tuple[int, dict[str, tuple]]:
@@ -147,8 +149,10 @@ def describe_shapes(shapes: Shapes) -> dict[str, Any]:
   }
 
 
-def config_from_shapes(shapes: Shapes) -> ml_collections.ConfigDict:
-  """The ViT config (`variants.py` layout, unnamed) the shapes were made for; one
+def config_from_shapes(
+  shapes: Shapes, config: ml_collections.ConfigDict
+) -> ml_collections.ConfigDict:
+  """``config`` (a ViT config, every field) set to what the shapes were made for; one
   CheckpointError naming everything they do not tell."""
   arch = describe_shapes(shapes)
   unknown: list[str] = []
@@ -173,7 +177,6 @@ def config_from_shapes(shapes: Shapes) -> ml_collections.ConfigDict:
       + ". Pass the model explicitly (--model=NAME, "
       f"one of {', '.join(variants.MODEL_NAMES)})."
     )
-  config = variants.get_model_config("testing")  # every field, then overwritten
   config.patches.size = tuple(arch["patch size"])
   config.hidden_size = arch["width"]
   config.transformer.num_layers = arch["depth"]

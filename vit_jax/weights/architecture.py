@@ -68,7 +68,8 @@ def infer_model_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
   Raises one CheckpointError naming everything that cannot be read from the shapes.
   """
   shapes = _shapes(params)
-  config = families.family_of_shapes(shapes).config_from_shapes(shapes)
+  family = families.family_of_shapes(shapes)
+  config = family.config_from_shapes(shapes, models.get_model_config(family.template))
   config.name = _official_name(config) or "custom"
   return config
 

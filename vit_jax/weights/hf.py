@@ -23,7 +23,7 @@ from flax import traverse_util
 
 from vit_jax import errors
 from vit_jax.aliases import Params
-from vit_jax.models import variants
+from vit_jax.models import settings
 from vit_jax.weights import architecture, files
 
 WEIGHTS = "model.safetensors"
@@ -95,6 +95,15 @@ def _mappings(depth: int, width: int, heads: int, pre_logits: bool) -> list[Mapp
   return maps
 
 
+# The optional model fields that `ViTForImageClassification` holds (`to_hf`'s config) or
+# that do not change the function it computes; any other that differs from the official
+# value cannot be exported.
+_HF_CARRIES = frozenset(
+  {"layer_norm_epsilon", "input_mean", "input_std", "activation", "class_token"}
+  | {"stoch_depth", "head_bias_init", "axial"}
+)
+
+
 def check_exportable(config: ml_collections.ConfigDict, num_classes: Optional[int]) -> None:
   """One ValueError listing what `ViTForImageClassification` cannot represent."""
   problems = []
@@ -114,11 +123,10 @@ def check_exportable(config: ml_collections.ConfigDict, num_classes: Optional[in
       "a representation layer (pre_logits) before the head, which "
       "ViTForImageClassification does not have"
     )
-  official = variants.family_options()
-  for key in ("num_registers", "posemb_patches_only", "norm_pre", "fc_norm", "layer_scale_init"):
-    if config.get(key, official[key]) not in (official[key], None):
+  for key, official in settings.optional_fields().items():
+    if key not in _HF_CARRIES and config.get(key, official) not in (official, None):
       problems.append(f"{key}={config[key]!r} (HF's ViT has none; export it to timm)")
-  if config.get("activation", "gelu") != "gelu":
+  if config.get("activation", settings.ModelSettings.activation) != "gelu":
     problems.append(f"activation {config.activation!r} (HF's ViT: GELU)")
   if not num_classes:
     problems.append("no classification head")
@@ -159,7 +167,7 @@ def to_hf(
     "num_attention_heads": t.num_heads,
     "intermediate_size": t.mlp_dim,
     "hidden_act": _HIDDEN_ACT[config.gelu_approximate],
-    "layer_norm_eps": config.get("layer_norm_epsilon", 1e-6),
+    "layer_norm_eps": config.get("layer_norm_epsilon", settings.ModelSettings.layer_norm_epsilon),
     "hidden_dropout_prob": 0.0,
     "attention_probs_dropout_prob": 0.0,
     "image_size": square(image_size),
@@ -179,8 +187,8 @@ def to_hf(
     "do_rescale": True,
     "rescale_factor": 1 / 255,
     "do_normalize": True,
-    "image_mean": list(config.get("input_mean", (0.5, 0.5, 0.5))),
-    "image_std": list(config.get("input_std", (0.5, 0.5, 0.5))),
+    "image_mean": list(config.get("input_mean", settings.OFFICIAL_INPUT_MEAN)),
+    "image_std": list(config.get("input_std", settings.OFFICIAL_INPUT_STD)),
   }
   return tensors, hf_config, preprocessor
 
