@@ -14,8 +14,10 @@ smooth structure, gradients and noise, so they compress like photographs, ~60 Ki
   * `--randaug-cost`: CPU milliseconds per image (process time, so other jobs on the
     machine count less than in images/s) of the train preprocessing of one such JPEG at
     `--crops`[0] in a one-thread tf.data map, without and with RandAugment `--randaug`,
-    and of each RandAugment op alone on the resized image; the rows alternate in each of
-    `--rounds` rounds, medians printed.
+    of one round of each RandAugment op on the resized image (per batch of 64, as the
+    pipeline runs them), and, where timm is installed, of timm's train transform on the
+    same JPEG with Pillow, without and with its RandAugment; the rows alternate in each
+    of `--rounds` rounds, medians printed.
 
       python benchmarks/input_pipeline.py --randaug-cost [--rounds 3] [--randaug 2 10]
 
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import io
 import json
 import os
@@ -165,17 +168,62 @@ def folder_case(args) -> None:
       print(f"| {name} | {crop} | {per_round} | {median / cores:.0f} | {median / train:.2f} |")
 
 
-def _cpu_ms_per_image(fn, count: int = 512) -> float:
-  """Process CPU ms per element of a one-thread tf.data map of `fn(index)` (second pass)."""
+def _cpu_ms_per_image(fn, count: int = 512, batch_fn=None) -> float:
+  """Process CPU ms per element of a one-thread tf.data map of `fn(index)`, batched by 64
+  (then mapped by `batch_fn`, where given, as the pipeline does), second pass."""
   import tensorflow as tf
 
   ds = tf.data.Dataset.range(count).map(fn, num_parallel_calls=1).batch(64)
+  if batch_fn is not None:
+    ds = ds.map(batch_fn, num_parallel_calls=1)
   for _ in ds:  # Traces and warms up.
     pass
   start = time.process_time()
   for _ in ds:
     pass
   return (time.process_time() - start) / count * 1e3
+
+
+def timm_worker(args) -> None:
+  """timm's train transform on the benchmark's JPEG with Pillow (decode, RandomResizedCrop,
+  flip, ToTensor, Normalize; no colour jitter), without and with its RandAugment: CPU ms
+  per image of each row, JSON to stdout. Its own process: torch imported after
+  TensorFlow crashes."""
+  import torch
+  from timm.data import create_transform
+
+  torch.set_num_threads(1)  # One thread, as the tf.data map.
+  jpeg = photo_jpeg(np.random.default_rng(0))
+  layers, magnitude = args.randaug
+  policy = f"rand-m{magnitude}-n{layers}-mstd0"
+  rows = {
+    "timm train": None,
+    f"timm train, {policy} (each op with p 0.5)": policy,
+    f"timm train, {policy}-p1 (each op applied)": f"{policy}-p1",
+  }
+  costs = {}
+  for name, auto_augment in rows.items():
+    transform = create_transform(
+      args.crops[0], is_training=True, color_jitter=None, auto_augment=auto_augment
+    )
+    for _ in range(32):  # Warm-up.
+      transform(Image.open(io.BytesIO(jpeg)).convert("RGB"))
+    start, count = time.process_time(), 256
+    for _ in range(count):
+      transform(Image.open(io.BytesIO(jpeg)).convert("RGB"))
+    costs[name] = (time.process_time() - start) / count * 1e3
+  print("RESULT" + json.dumps(costs), flush=True)
+
+
+def _timm_costs(args) -> dict:
+  """timm_worker's rows in a fresh process; empty when timm is not installed."""
+  if importlib.util.find_spec("timm") is None:
+    return {}
+  command = [sys.executable, __file__, "--timm-worker", "--crops", str(args.crops[0])]
+  command += ["--randaug", *map(str, args.randaug)]
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+  out = subprocess.run(command, capture_output=True, text=True, env=env, check=True).stdout
+  return json.loads(out.split("RESULT")[-1])
 
 
 def randaug_cost_case(args) -> None:
@@ -186,24 +234,52 @@ def randaug_cost_case(args) -> None:
   crop, (layers, magnitude) = args.crops[0], args.randaug
   jpeg = tf.constant(photo_jpeg(np.random.default_rng(0)))
   seed = lambda i: tf.stack([tf.constant(0, tf.int64), i])
-  train = lambda setting: (
-    lambda i: preprocess.train_image(
+  # As the pipeline runs them: with RandAugment, each image's crop and rounds in the map,
+  # the rounds applied per batch.
+  crop_fn = lambda setting: (
+    lambda i: preprocess.train_crop(
       jpeg, seed(i), crop=crop, min_area=0.05, flip=True, randaug=setting
     )
   )
+  rows = {
+    "train": (lambda i: preprocess.normalize(crop_fn(None)(i)[0]), None),
+    f"train, randaug({layers}, {magnitude})": (
+      crop_fn(args.randaug),
+      lambda images, rounds: preprocess.augment(images, rounds, float(magnitude)),
+    ),
+  }
   resized = tf.cast(tf.image.resize(tf.io.decode_jpeg(jpeg), [crop, crop]), tf.uint8)
-  rows = {"train": train(None), f"train, randaug({layers}, {magnitude})": train(args.randaug)}
-  for op in randaug.OPS:
-    rows[f"op {op.name}"] = lambda i, op=op: op.apply(resized, float(magnitude), seed(i))
-  rows["op none (the map's own cost)"] = lambda i: resized
+
+  def op_row(index: int):  # One round of the op, per batch as the pipeline runs it.
+    def fn(i):
+      rounds = randaug.rounds(seed(i), 1, crop, crop)
+      return resized, rounds._replace(ops=tf.constant([index], tf.int32))
+
+    return fn, lambda images, rounds: randaug.augment_batch(images, rounds, float(magnitude))
+
+  for index, op in enumerate(randaug.OPS):
+    rows[f"op {op.name}"] = op_row(index)
+  rows["op none (the map's own cost)"] = (lambda i: resized, None)
   costs: dict = {}
+  loads = []
   for _ in range(args.rounds):
-    for name, fn in rows.items():
-      costs.setdefault(name, []).append(_cpu_ms_per_image(fn))
-  print(f"CPU ms per image at {crop}x{crop}, load {os.getloadavg()[0]:.1f} at the end:")
+    loads.append(os.getloadavg()[0])
+    for name, (fn, batch_fn) in rows.items():
+      costs.setdefault(name, []).append(_cpu_ms_per_image(fn, batch_fn=batch_fn))
+    for name, ms in _timm_costs(args).items():
+      costs.setdefault(name, []).append(ms)
+  print(f"CPU ms per image at {crop}x{crop}, load at each round's start {loads}:")
   print("| row | CPU ms per round | median |\n|---|---|---|")
   for name, ms in costs.items():
     print(f"| {name} | {', '.join(f'{m:.2f}' for m in ms)} | {np.median(ms):.2f} |")
+  median = {name: np.median(ms) for name, ms in costs.items()}
+  ours, augmented = median["train"], median[f"train, randaug({layers}, {magnitude})"]
+  print(
+    f"\nRandAugment({layers}, {magnitude}) adds {augmented - ours:.2f} ms per image: "
+    f"{ours / augmented:.2f}x of the images per CPU second without it."
+  )
+  for name in [name for name in median if name.startswith("timm train, ")]:
+    print(f"ours with RandAugment / {name}: {augmented / median[name]:.2f}")
 
 
 # The tfds case: prepared datasets, pipelines in fresh processes.
@@ -524,9 +600,12 @@ def main() -> None:
   )
   parser.add_argument("--randaug-cost", action="store_true", help="RandAugment's CPU cost")
   parser.add_argument("--worker", help=argparse.SUPPRESS)
+  parser.add_argument("--timm-worker", action="store_true", help=argparse.SUPPRESS)
   parser.add_argument("--barrier", help=argparse.SUPPRESS)
   args = parser.parse_args()
-  if args.randaug_cost:
+  if args.timm_worker:
+    timm_worker(args)
+  elif args.randaug_cost:
     randaug_cost_case(args)
   elif not args.tfds:
     args.images, args.batch = args.images or 400, args.batch or 64

@@ -31,7 +31,12 @@ PHOTOS = [photo(s) for s in range(3)]
 
 
 def _ours(op, image: np.ndarray, *args) -> np.ndarray:
-  return np.asarray(op(tf.constant(image), *args), np.int32)
+  """The op compiled by XLA, as `randaugment` runs it; equal to the op run by
+  TensorFlow's kernels."""
+  compiled = tf.function(lambda x: op(x, *args), jit_compile=True, autograph=False)
+  out = np.asarray(compiled(tf.constant(image)), np.int32)
+  np.testing.assert_array_equal(out, np.asarray(op(tf.constant(image), *args), np.int32))
+  return out
 
 
 def _pil(image: Image.Image) -> np.ndarray:
@@ -159,7 +164,8 @@ def test_cutout_is_one_grey_square_cut_by_the_edges():
   height, width = image.shape[:2]
   centres = set()
   for k in range(20):
-    out = _ours(ra.cutout, image, 20, tf.constant([k, 1], tf.int64))
+    centre = ra.draw(tf.constant([k, 1], tf.int64), height, width).centre
+    out = _ours(ra.cutout, image, 20, centre)
     grey = (out == 128).all(axis=-1)
     rows, cols = np.flatnonzero(grey.any(axis=1)), np.flatnonzero(grey.any(axis=0))
     # The square's rows/columns: centre - 20 .. centre + 19, cut to the image.
@@ -177,7 +183,8 @@ def test_cutout_is_one_grey_square_cut_by_the_edges():
 
 def _outputs(name: str, image: np.ndarray, magnitude: float, seeds: int = 12) -> list:
   op = next(op for op in ra.OPS if op.name == name)
-  return [_ours(op.apply, image, magnitude, tf.constant([s, 9], tf.int64)) for s in range(seeds)]
+  draws = [ra.draw(tf.constant([s, 9], tf.int64), *image.shape[:2]) for s in range(seeds)]
+  return [_ours(op.apply, image, magnitude, d) for d in draws]
 
 
 SIGNED = [
@@ -266,9 +273,21 @@ def test_each_round_applies_the_op_its_seed_picks():
     indices, arguments = ra.choices(seed, 2)
     expected = image
     for index, argument in zip(indices.numpy(), tf.unstack(arguments)):
-      expected = ra.OPS[index].apply(expected, 10.0, argument)
+      expected = ra.OPS[index].apply(expected, 10.0, ra.draw(argument, 96, 128))
     np.testing.assert_array_equal(ra.randaugment(image, seed, 2, 10.0), expected)
     np.testing.assert_array_equal(ra.randaugment(image, seed, 2, 10.0), expected)  # again
+
+
+def test_a_batch_in_a_tf_data_map_equals_each_image_alone():
+  # The pipeline draws each image's rounds in its per-example map and applies them per
+  # batch (from Python inside the graph): the same as randaugment on each image.
+  images = tf.constant(np.stack(PHOTOS))  # [3, 96, 128, 3]
+  seeds = [tf.constant([k, 5], tf.int64) for k in range(len(PHOTOS))]
+  batch = ra.Rounds(*(tf.stack(parts) for parts in zip(*[ra.rounds(s, 2, 96, 128) for s in seeds])))
+  ds = tf.data.Dataset.from_tensors((images, batch))
+  out = next(iter(ds.map(lambda x, r: ra.augment_batch(x, r, 10.0)))).numpy()
+  for k, seed in enumerate(seeds):
+    np.testing.assert_array_equal(out[k], ra.randaugment(images[k], seed, 2, 10.0))
 
 
 def test_ops_are_drawn_uniformly_and_zero_layers_is_the_identity():

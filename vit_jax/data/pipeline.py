@@ -55,8 +55,11 @@ def _options() -> tf.data.Options:
 _OPTIONS = _options()
 
 
-def _dataset(reader: readers.Reader, example_fn, local_batch: int) -> tf.data.Dataset:
-  """tf.data: chunks -> examples -> preprocessed (failed ones dropped) -> batches."""
+def _dataset(
+  reader: readers.Reader, example_fn, local_batch: int, batch_fn=None
+) -> tf.data.Dataset:
+  """tf.data: chunks -> examples -> preprocessed (failed ones dropped) -> batches (->
+  `batch_fn`, the per-batch part of the preprocessing, where there is one)."""
   spec = (
     tf.TensorSpec([None], tf.int64),
     tf.TensorSpec([None], tf.int64),
@@ -66,31 +69,50 @@ def _dataset(reader: readers.Reader, example_fn, local_batch: int) -> tf.data.Da
   ds = tf.data.Dataset.from_generator(reader, output_signature=spec).prefetch(1).unbatch()
   ds = ds.map(example_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   ds = ds.ignore_errors()  # Missing positions are found and reported by _realign.
-  return ds.batch(local_batch).prefetch(tf.data.AUTOTUNE).with_options(_OPTIONS)
+  ds = ds.batch(local_batch)
+  if batch_fn is not None:
+    ds = ds.map(batch_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  return ds.prefetch(tf.data.AUTOTUNE).with_options(_OPTIONS)
 
 
 def _example_fn(settings: Settings, kind: str, num_classes: int, train: bool):
-  """(position, uid, value, label) -> (position, image [crop, crop, 3], label [K])."""
+  """(position, uid, value, label) -> (position, image [crop, crop, 3], label [K]); with
+  RandAugment (train) (position, uint8 image, its rounds, label), for `_batch_fn`."""
   seed = tf.constant(settings.seed, tf.int64)
 
   def fn(position, uid, value, label):
     data = decodable.decodable(tf.io.read_file(value)) if kind == "path" else value
     if train:
-      image = preprocess.train_image(
+      image, rounds = preprocess.train_crop(
         data,
         tf.stack([seed, uid]),
         crop=settings.crop,
         min_area=settings.min_area,
         flip=settings.flip,
         randaug=settings.randaug,
-        mean=settings.input_mean,
-        std=settings.input_std,
       )
+      if rounds is not None:
+        return position, image, rounds, preprocess.one_hot(label, num_classes)
+      image = preprocess.normalize(image, settings.input_mean, settings.input_std)
     else:
       image = preprocess.eval_image(
         data, crop=settings.crop, mean=settings.input_mean, std=settings.input_std
       )
     return position, image, preprocess.one_hot(label, num_classes)
+
+  return fn
+
+
+def _batch_fn(settings: Settings):
+  """With RandAugment: a batch of _example_fn's rows -> (position, image, label), the
+  rounds applied per batch (one XLA run); else None."""
+  if settings.randaug is None:
+    return None
+
+  def fn(position, images, rounds, labels):
+    magnitude = settings.randaug[1]
+    images = preprocess.augment(images, rounds, magnitude, settings.input_mean, settings.input_std)
+    return position, images, labels
 
   return fn
 
@@ -219,7 +241,7 @@ def local_train_batches(
   shape = (settings.crop, settings.crop, 3)
 
   def batches() -> Iterator[HostBatch]:
-    ds = _dataset(reader, example_fn, local_batch)
+    ds = _dataset(reader, example_fn, local_batch, _batch_fn(settings))
     for q, images, labels, present in _realign(
       ds.as_numpy_iterator(), start_step * local_batch, local_batch, shape, dataset.num_classes
     ):

@@ -94,7 +94,7 @@ def normalize(image: tf.Tensor, mean: RGB = OFFICIAL_MEAN, std: RGB = OFFICIAL_S
   return (scaled - tf.constant(mean, tf.float32)) / tf.constant(std, tf.float32)
 
 
-def train_image(
+def train_crop(
   data: tf.Tensor,
   seed: tf.Tensor,
   *,
@@ -102,17 +102,16 @@ def train_image(
   min_area: float,
   flip: bool,
   randaug: tuple[int, float] | None,
-  mean: RGB = OFFICIAL_MEAN,
-  std: RGB = OFFICIAL_STD,
-) -> tf.Tensor:
-  """Encoded bytes -> float32 [crop, crop, 3], normalised (`normalize`), randomly augmented.
+) -> tuple[tf.Tensor, randaug_lib.Rounds | None]:
+  """Encoded bytes -> (image [crop, crop, 3], RandAugment rounds or None), before
+  RandAugment and normalisation.
 
-  Inception crop (area min_area..1, aspect 3/4..4/3), optional horizontal flip,
-  bilinear resize to `crop`, then with `randaug` = (layers, magnitude) RandAugment on
-  the resized image rounded to uint8 (as big_vision: `inception_crop | flip_lr |
-  randaug`). `seed`: int64 [2]; the crop, the flip and RandAugment use independent
-  seeds derived from it (the first two as before RandAugment existed: a split into
-  three begins with the split into two).
+  Inception crop (area min_area..1, aspect 3/4..4/3), optional horizontal flip, bilinear
+  resize to `crop` (float32); with `randaug` = (layers, magnitude) the image rounded to
+  uint8 and its rounds, to apply as big_vision does (`inception_crop | flip_lr |
+  randaug`) with `augment`. `seed`: int64 [2]; the crop, the flip and RandAugment use
+  independent seeds derived from it (the first two as before RandAugment existed: a
+  split into three begins with the split into two).
   """
   crop_seed, flip_seed, randaug_seed = tf.unstack(
     tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), num=3)
@@ -121,10 +120,42 @@ def train_image(
   if flip:
     image = tf.image.stateless_random_flip_left_right(image, flip_seed)
   image = resize(image, crop)  # [crop, crop, 3] float32
-  if randaug is not None:
-    pixels = tf.cast(tf.clip_by_value(tf.round(image), 0.0, 255.0), tf.uint8)
-    image = randaug_lib.randaugment(pixels, randaug_seed, *randaug)
-  return normalize(image, mean, std)
+  if randaug is None:
+    return image, None
+  pixels = tf.cast(tf.clip_by_value(tf.round(image), 0.0, 255.0), tf.uint8)
+  return pixels, randaug_lib.rounds(randaug_seed, randaug[0], crop, crop)
+
+
+def augment(
+  images: tf.Tensor,
+  rounds: randaug_lib.Rounds,
+  magnitude: float,
+  mean: RGB = OFFICIAL_MEAN,
+  std: RGB = OFFICIAL_STD,
+) -> tf.Tensor:
+  """A batch of train_crop's uint8 [B, crop, crop, 3] images and rounds (leading [B]) ->
+  float32 [B, crop, crop, 3], RandAugment'ed at `magnitude` and normalised. Per batch:
+  one XLA run for the batch (randaug.augment_batch)."""
+  return normalize(randaug_lib.augment_batch(images, rounds, magnitude), mean, std)
+
+
+def train_image(
+  data: tf.Tensor,
+  seed: tf.Tensor,
+  *,
+  randaug: tuple[int, float] | None,
+  mean: RGB = OFFICIAL_MEAN,
+  std: RGB = OFFICIAL_STD,
+  **crop_options,
+) -> tf.Tensor:
+  """Encoded bytes -> float32 [crop, crop, 3], normalised (`normalize`), randomly
+  augmented: train_crop (`crop_options`: its crop, min_area and flip), then with
+  `randaug` its rounds on the image (`augment`, as a batch of one)."""
+  image, rounds = train_crop(data, seed, randaug=randaug, **crop_options)
+  if rounds is None:
+    return normalize(image, mean, std)
+  batch = randaug_lib.Rounds(*(r[None] for r in rounds))
+  return augment(image[None], batch, randaug[1], mean, std)[0]
 
 
 def eval_image(
