@@ -25,8 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax import errors
-from vit_jax.models import heads, layers
+from vit_jax.models import heads, layers, variants
 from vit_jax.models.execution import ExecutionOptions
+from vit_jax.models.settings import ModelSettings
 from vit_jax.models.vit import Encoder1DBlock
 
 POOLS = ("last", "first", "gap", "map")
@@ -72,6 +73,18 @@ class TextSettings:
     width, depth, mlp_dim, num_heads = SIZES[size]
     return cls(width=width, depth=depth, mlp_dim=mlp_dim, num_heads=num_heads, **changes)
 
+  def block_settings(self) -> ModelSettings:
+    """The ViT settings whose encoder blocks these are (the blocks read their width, heads,
+    MLP, GELU and LayerNorm from `ModelSettings`, the one declaration of each option)."""
+    base = ModelSettings.from_config(variants.get_model_config("ViT-B_16"))
+    transformer = dataclasses.replace(
+      base.transformer, num_layers=self.depth, mlp_dim=self.mlp_dim, num_heads=self.num_heads
+    )
+    return dataclasses.replace(
+      base, name="text", hidden_size=self.width, transformer=transformer,
+      gelu_approximate=self.gelu_approximate, layer_norm_epsilon=self.layer_norm_epsilon,
+    )  # fmt: skip
+
 
 class _TextEncoder(nn.Module):
   settings: TextSettings
@@ -80,11 +93,9 @@ class _TextEncoder(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array, train: bool) -> jax.Array:
     s, ex = self.settings, self.execution
+    blocks = s.block_settings()
     for i in range(s.depth):
-      x, _ = Encoder1DBlock(
-        s.mlp_dim, s.num_heads, s.gelu_approximate, ex,
-        layer_norm_epsilon=s.layer_norm_epsilon, name=f"encoderblock_{i}",
-      )(x, not train)  # fmt: skip
+      x, _ = Encoder1DBlock(blocks, ex, name=f"encoderblock_{i}")(x, not train)
     norm = layers.layer_norm("encoder_norm", s.layer_norm_epsilon, ex.dtype, ex.param_dtype)
     return norm(x)
 
