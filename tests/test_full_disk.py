@@ -11,6 +11,7 @@ has many writes in flight when the first one fails, which is what printed a
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
@@ -18,6 +19,7 @@ import subprocess
 import pytest
 
 from tests import fresh_python
+from vit_jax.run import save_loop
 
 DISK = "14m"  # holds step 3 (9.7 MB with its optimizer state), not step 6 as well
 FLAGS = [
@@ -72,3 +74,28 @@ def test_full_disk_mid_save_is_the_one_error_line_and_resumes(small_disk, tmp_pa
   resumed = fresh_python.run([*args, f"--workdir={moved}"], fresh_python.clean_env())
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert sorted(os.listdir(moved / "checkpoints")) == ["3", "6", "9"]
+
+
+def test_orbax_still_runs_its_saves_through_the_replaced_runner():
+  """Where no tmpfs can be mounted, this is what notices an Orbax that renamed it."""
+  from orbax.checkpoint._src import asyncio_utils  # pylint: disable=g-import-not-at-top
+
+  assert save_loop.drain_before_close()
+  assert asyncio_utils._run_sync_via_new_loop is save_loop.run_then_drain  # pylint: disable=protected-access
+
+
+def test_a_failed_coroutine_leaves_no_task_running_when_the_loop_closes():
+  ended = []
+
+  async def write(seconds: float) -> None:
+    await asyncio.sleep(seconds)
+    ended.append(seconds)
+
+  async def save() -> None:
+    asyncio.get_running_loop().create_task(write(0.05))  # a write still running at the error
+    await asyncio.sleep(0)
+    raise OSError(28, "No space left on device")
+
+  with pytest.raises(OSError, match="No space left"):
+    save_loop.run_then_drain(save())
+  assert ended == [0.05]
