@@ -215,7 +215,7 @@ def _is_square(n: int) -> bool:
   return n >= 0 and math.isqrt(n) ** 2 == n
 
 
-def num_prefix_rows(config: Any) -> int:
+def _num_prefix_rows(config: Any) -> int:
   """Rows of the learned 1-D position table before the grid's: the prefix tokens', unless
   the table covers the patches only."""
   settings = ModelSettings.from_config(config)
@@ -240,7 +240,7 @@ def trained_grid(shapes: Shapes, config: Any) -> Optional[tuple[int, int]]:
   """The token grid the learned position embeddings were trained for; None without a
   learned table. A 1-D table is taken to be a square grid."""
   if POSEMB in shapes:
-    rows = shapes[POSEMB][1] - num_prefix_rows(config)
+    rows = shapes[POSEMB][1] - _num_prefix_rows(config)
     return posemb_lib.square_grid(rows, "pass the image size (--resolution)")
   if POSEMB_X in shapes and POSEMB_Y in shapes:
     return shapes[POSEMB_Y][1], shapes[POSEMB_X][2]

@@ -75,9 +75,11 @@ def infer_model_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
 
 
 def num_prefix_rows(config: ml_collections.ConfigDict) -> int:
-  """Rows of a ViT's learned 1-D position table before the grid's: the prefix tokens',
-  unless the table covers the patches only."""
-  return vit_shapes.num_prefix_rows(config)
+  """Rows of the learned 1-D position table before the grid's: the prefix tokens', unless
+  the table covers the patches only (any family: a Mixer or a BiT has none)."""
+  if config.get("posemb_patches_only", False):
+    return 0
+  return models.create_model(config, num_classes=None).num_prefix_tokens
 
 
 def num_classes(params: Mapping[str, Any]) -> Optional[int]:
