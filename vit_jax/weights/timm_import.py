@@ -132,29 +132,43 @@ def read(
       "save the state dict with safetensors.torch.save_file first)."
     )
   tensors = files.read_safetensors(weights)
-  if timm_mixer.STEM in tensors:
-    params = timm_mixer.from_timm(tensors, repr(path))
-    config = architecture.infer_model_config(params)
-    activation, config.gelu_approximate = _activation(args, repr(path))
-    if activation != "gelu":
-      raise errors.CheckpointError(
-        f"{path!r}: a timm MlpMixer with act_layer {activation!r}: the Mixer computes a GELU."
-      )
-    _read_input_stats(config, pretrained_cfg, repr(path))
-    return _loaded(config, params, names)
-  if timm_bit.STEM in tensors:
-    timm_bit.check_name(timm_name, args, repr(path))
-    params = timm_bit.from_timm(tensors, repr(path))
-    config = architecture.infer_model_config(params)
-    _read_input_stats(config, pretrained_cfg, repr(path))
-    return _loaded(config, params, names, _input_size(pretrained_cfg))
+  reader = next((r for stem, r in _FAMILY_READERS if stem in tensors), _read_vit_dict)
+  return reader(tensors, timm_name, args, names, pretrained_cfg, repr(path))
+
+
+def _read_mixer(tensors, timm_name, args, names, pretrained_cfg, source) -> tuple:
+  del timm_name  # the stem's arrays fix the Mixer
+  params = timm_mixer.from_timm(tensors, source)
+  config = architecture.infer_model_config(params)
+  activation, config.gelu_approximate = _activation(args, source)
+  if activation != "gelu":
+    raise errors.CheckpointError(
+      f"{source}: a timm MlpMixer with act_layer {activation!r}: the Mixer computes a GELU."
+    )
+  _read_input_stats(config, pretrained_cfg, source)
+  return _loaded(config, params, names)
+
+
+def _read_bit(tensors, timm_name, args, names, pretrained_cfg, source) -> tuple:
+  timm_bit.check_name(timm_name, args, source)
+  params = timm_bit.from_timm(tensors, source)
+  config = architecture.infer_model_config(params)
+  _read_input_stats(config, pretrained_cfg, source)
+  return _loaded(config, params, names, _input_size(pretrained_cfg))
+
+
+def _read_vit_dict(tensors, timm_name, args, names, pretrained_cfg, source) -> tuple:
   if "patch_embed.proj.weight" not in tensors:
     raise errors.CheckpointError(
-      f"{weights!r} is not a timm ViT state dict (no patch_embed.proj.weight): a "
+      f"{source} is not a timm ViT state dict (no patch_embed.proj.weight): a "
       "Hugging Face transformers checkpoint is read from its folder (with config.json)."
     )
-  config, params = read_vit(tensors, timm_name, args, pretrained_cfg, repr(path))
+  config, params = read_vit(tensors, timm_name, args, pretrained_cfg, source)
   return _loaded(config, params, names)
+
+
+# timm's state dicts by the array only their family has (a ViT's otherwise): its reader.
+_FAMILY_READERS = ((timm_mixer.STEM, _read_mixer), (timm_bit.STEM, _read_bit))
 
 
 def read_vit(
