@@ -150,7 +150,12 @@ cases = {
     "data_parallel": ("data_parallel", {"data": -1, "model": 1}, {}, False),
 }
 for name, (strategy, axes, overrides, run_jit) in cases.items():
-  model = create_model(get_model_config("testing"), num_classes=10, **overrides)
+  model_config = get_model_config("testing")
+  heads = overrides.pop("num_heads", None)
+  if heads:
+    model_config.transformer.num_heads = heads
+  model_config.update(overrides)
+  model = create_model(model_config, num_classes=10)
   # The optimizer as train.py builds it: clip -> Adam -> masked decay -> lr; state[1] is Adam.
   config = common.get_config()
   config.optim.update(name="adamw", weight_decay=1e-4, grad_clip_norm=1.0)
