@@ -217,10 +217,11 @@ def test_the_command_prints_what_it_wrote_and_how_to_load_it(tmp_path, capsys):
   assert _command(tmp_path, "--format=npz", f"--out={out}") == 0
   printed = capsys.readouterr().out.splitlines()
   assert printed[0] == f"Wrote the npz export of {tmp_path / 'model.npz'} to {out}:"
-  size = os.path.getsize(out / "model.npz")
-  assert printed[1:3] == [f"  labels.txt  ({os.path.getsize(out / 'labels.txt'):,} bytes)",
-                          f"  model.npz  ({size:,} bytes)"]  # fmt: skip
-  assert printed[3] == export.LOAD_HINTS["npz"].format(out=out).join(["Load it with: ", ""])
+  sizes = {
+    name: os.path.getsize(out / name) for name in ("labels.txt", "model.config.json", "model.npz")
+  }
+  assert printed[1:4] == [f"  {name}  ({size:,} bytes)" for name, size in sizes.items()]
+  assert printed[4] == export.LOAD_HINTS["npz"].format(out=out).join(["Load it with: ", ""])
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o077])

@@ -37,7 +37,7 @@ def convert(
   (an existing file only with ``overwrite``)."""
   check_out(out, overwrite)
   model = sources.load(source, model_name)
-  npz.save_npz(out, model.params, scanned=scanned)
+  npz.save_npz(out, model.params, scanned=scanned, config=model.config)
   gelu = "tanh" if model.config.get("gelu_approximate", True) else "exact (erf)"
   logging.info(
     "Wrote %s (%s, %s classes) from %s; its source computes the %s GELU.",
@@ -57,11 +57,12 @@ def check_out(out: str, overwrite: bool) -> None:
     raise errors.OutputExistsError(
       f"--out={out!r} is a folder: name a file to write, e.g. {os.path.join(out, 'model.npz')!r}."
     )
-  if os.path.lexists(out) and not overwrite:
-    raise errors.OutputExistsError(
-      f"--out={out!r} exists: choose a new path (nothing is overwritten), or pass --overwrite "
-      "to replace it."
-    )
+  for path in (out, npz.config_path(out)):  # the archive and its model config beside it
+    if os.path.lexists(path) and not overwrite:
+      raise errors.OutputExistsError(
+        f"--out={out!r}: {path!r} exists: choose a new path (nothing is overwritten), or pass "
+        "--overwrite to replace it."
+      )
 
 
 def _parse(argv: Sequence[str]) -> dict[str, Any]:

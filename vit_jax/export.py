@@ -106,7 +106,7 @@ def _writer(
   elif fmt == "stablehlo":
     write = lambda d: serving.write_jax_exported(d, module, params, size)
   elif fmt == "npz":
-    write = lambda d: npz.save_npz(os.path.join(d, NPZ_FILE), params)
+    write = lambda d: npz.save_npz(os.path.join(d, NPZ_FILE), params, config=model.config)
   else:
     raise errors.CommandLineError(f"Unknown --format={fmt!r}; choose one of {', '.join(FORMATS)}.")
 

@@ -10,13 +10,15 @@ saving a training run is `vit_jax.run.checkpoints`.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import zipfile
 import zlib
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 import flax.linen as nn
+import ml_collections
 import numpy as np
 from flax import traverse_util
 
@@ -121,11 +123,25 @@ def load_npz(path: str | os.PathLike) -> Params:
   return traverse_util.unflatten_dict(flat, sep="/")
 
 
-def save_npz(path: str | os.PathLike, params: Params, *, scanned: bool = False) -> None:
-  """Writes parameters as an official per-layer `.npz` (float32, scanned trees converted),
-  or with ``scanned`` the stacked encoder layout (big_vision's).
+def config_path(path: str | os.PathLike) -> str:
+  """Where the model config of an `.npz` is kept: ``m.npz`` -> ``m.config.json`` (beside
+  the archive, so the archive stays the official layout that other readers take)."""
+  return os.path.splitext(os.fspath(path))[0] + ".config.json"
 
-  The file appears atomically: a crash mid-write leaves any earlier file untouched.
+
+def save_npz(
+  path: str | os.PathLike,
+  params: Params,
+  *,
+  scanned: bool = False,
+  config: Optional[Mapping[str, Any]] = None,
+) -> None:
+  """Writes parameters as an official per-layer `.npz` (float32, scanned trees converted),
+  or with ``scanned`` the stacked encoder layout (big_vision's); with ``config`` (a model
+  config) also `config_path`, which `weights.load` reads back: what the arrays cannot say
+  (the GELU's form, the input mean and std) survives the round trip.
+
+  The files appear atomically: a crash mid-write leaves any earlier file untouched.
   """
   path = os.fspath(path)
   flat = traverse_util.flatten_dict(to_layout(nn.unbox(dict(params)), scanned), sep="/")
@@ -134,11 +150,19 @@ def save_npz(path: str | os.PathLike, params: Params, *, scanned: bool = False) 
     v = np.asarray(v)
     # bfloat16 and other extension dtypes do not round-trip through np.load; widen them.
     arrays[k] = v.astype(np.float32) if v.dtype.kind == "V" or v.dtype.name == "bfloat16" else v
+  _write_atomically(path, lambda f: np.savez(f, **arrays))
+  if config is not None:  # after the archive: a path that cannot be written fails there first
+    text = json.dumps(json.loads(ml_collections.ConfigDict(config).to_json_best_effort()))
+    _write_atomically(config_path(path), lambda f: f.write(text.encode()))
+
+
+def _write_atomically(path: str, write: Any) -> None:
+  """``write(file)`` into a temporary beside ``path``, then renamed onto it."""
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   tmp = f"{path}.tmp-{os.getpid()}"
   try:
     with open(tmp, "wb") as f:
-      np.savez(f, **arrays)
+      write(f)
     os.replace(tmp, path)
   finally:
     if os.path.exists(tmp):

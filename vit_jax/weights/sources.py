@@ -19,6 +19,7 @@ transformers' ``gelu`` and timm's default), so the loaded model gives the source
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shlex
 from typing import Any, Callable, Optional
@@ -29,7 +30,7 @@ import jax.numpy as jnp
 import ml_collections
 from absl import logging
 
-from vit_jax import errors, models
+from vit_jax import errors, input_files, models
 from vit_jax.aliases import Params
 from vit_jax.paths import CONFIG_FILE, RunPaths, as_path
 from vit_jax.weights import architecture, hub, npz, orbax_steps
@@ -175,6 +176,8 @@ def _load_npz(path: str, model_name: Optional[str]) -> LoadedModel:
     if "pre_logits" in params:
       config.representation_size = params["pre_logits"]["kernel"].shape[-1]
     config.classifier = "token" if "cls" in params else "gap"
+  elif os.path.isfile(npz.config_path(path)):
+    config = _saved_config(npz.config_path(path))
   else:
     config = architecture.infer_model_config(params)
     logging.info("%s: inferred architecture %s.", path, config.name)
@@ -186,6 +189,22 @@ def _load_npz(path: str, model_name: Optional[str]) -> LoadedModel:
     None,
     path,
   )
+
+
+def _saved_config(path: str) -> ml_collections.ConfigDict:
+  """The model config `npz.save_npz` wrote beside an archive (checked by the fit check)."""
+  try:
+    saved = json.loads(input_files.read_text(path, what="model config"))
+  except json.JSONDecodeError as e:
+    raise errors.CheckpointError(
+      f"{path!r} is not JSON ({e.msg}, line {e.lineno}): remove it to infer the model from "
+      "the arrays, or write it again with the archive."
+    ) from None
+  if not isinstance(saved, dict) or not isinstance(saved.get("transformer", {}), dict):
+    raise errors.CheckpointError(
+      f"{path!r} is not a model config: remove it to infer the model from the arrays."
+    )
+  return ml_collections.ConfigDict(saved)
 
 
 def _load_run(path: str) -> LoadedModel:
