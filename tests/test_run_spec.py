@@ -80,6 +80,19 @@ def test_resolve_rejects_a_bad_model_option_before_reading_or_building_anything(
   assert os.listdir(tmp_path) == []
 
 
+def test_each_evaluator_reads_the_config_section_of_its_name_when_the_run_is_resolved(tmp_path):
+  config = train_fixtures.tiny_config(str(tmp_path / "no_data_here"), num_classes=7)
+  config.fewshot.datasets = ("digits",)
+  config.fewshot.shots = (2, 3)
+  spec, _ = _spec(config, open_data=False)
+  fewshot = spec.evaluators["fewshot"]
+  assert (fewshot.datasets, fewshot.shots, fewshot.every) == (("digits",), (2, 3), 1000)
+  config.fewshot.every = 0  # a bad option is an error before anything is built
+  with pytest.raises(errors.ConfigError, match=r"config.fewshot.every=0 must be positive"):
+    _spec(config, open_data=False)
+  assert os.listdir(tmp_path) == []
+
+
 def test_the_spec_s_model_is_typed_settings_that_create_model_also_takes(tiny_config):
   spec, _ = _spec(tiny_config)
   assert isinstance(spec.model, models.ModelSettings)

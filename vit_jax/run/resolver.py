@@ -23,7 +23,7 @@ from vit_jax import data, errors, models, sharding, weights
 from vit_jax.data.dataset import Settings as DataSettings
 from vit_jax.models import model_settings, posemb
 from vit_jax.models.settings import Settings
-from vit_jax.run import losses, memory_fit, objectives, resume_policy, step_cost
+from vit_jax.run import evaluators, losses, memory_fit, objectives, resume_policy, step_cost
 from vit_jax.run import spec as spec_lib
 from vit_jax.run import steps as steps_lib
 from vit_jax.run.mixup import MixupSettings
@@ -68,22 +68,6 @@ def _mixup(config: ml_collections.ConfigDict) -> MixupSettings:
       f"config.objective={config.objective!r} does not train on: set config.mixup.p=0."
     )
   return settings
-
-
-def _fewshot(config: ml_collections.ConfigDict) -> spec_lib.FewshotSettings:
-  fs = config.fewshot
-  if fs.datasets and fs.every <= 0:
-    raise errors.ConfigError(
-      f"config.fewshot.every={fs.every} must be positive (steps between "
-      "evaluations); an empty config.fewshot.datasets turns them off."
-    )
-  return spec_lib.FewshotSettings(
-    datasets=tuple(fs.datasets),
-    shots=tuple(fs.shots),
-    seeds=int(fs.seeds),
-    l2_reg=float(fs.l2_reg),
-    every=int(fs.every),
-  )
 
 
 def _check_crop(model: Settings, crop: int) -> None:
@@ -252,7 +236,7 @@ def resolve(
   data_settings = DataSettings.from_config(config)
   _check_crop(model, data_settings.crop)
   sharding.logical_rules(config.partitioning)  # an unknown strategy fails by name
-  fewshot = _fewshot(config)
+  evaluator_settings = evaluators.read_settings(config)
   pretrained_source = config.pretrained or None
   if pretrained_source:
     weights.check_source(pretrained_source, fetch=open_data)
@@ -274,7 +258,7 @@ def resolve(
     pretrained=spec_lib.PretrainedSettings(
       pretrained_source, bool(config.reset_head), config.posemb_resize
     ),
-    fewshot=fewshot,
+    evaluators=evaluator_settings,
     mesh_axes=tuple(tuple(axis) for axis in config.mesh),
     partitioning=config.partitioning,
     accum_steps=accum_steps,

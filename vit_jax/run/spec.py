@@ -10,7 +10,7 @@ The defaults of every field are `configs/common.py`'s.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional, Union
+from typing import Any, Mapping, Optional, Union
 
 import ml_collections
 
@@ -52,17 +52,6 @@ class PretrainedSettings:
 
 
 @dataclasses.dataclass(frozen=True)
-class FewshotSettings:
-  """Few-shot linear evaluation during training (off while ``datasets`` is empty)."""
-
-  datasets: tuple[str, ...]
-  shots: tuple[int, ...]
-  seeds: int
-  l2_reg: float
-  every: int
-
-
-@dataclasses.dataclass(frozen=True)
 class RunSpec:
   """Everything a run is, checked. ``accum_steps`` is an int once `resolve` has run."""
 
@@ -75,7 +64,9 @@ class RunSpec:
   mixup: MixupSettings
   loop: LoopSettings
   pretrained: PretrainedSettings
-  fewshot: FewshotSettings
+  # Each evaluator's settings, read from the config section of its name
+  # (`evaluators.read_settings`): e.g. ``evaluators['fewshot']`` from ``config.fewshot``.
+  evaluators: Mapping[str, Any]
   mesh_axes: tuple[tuple[str, int], ...]
   partitioning: str
   accum_steps: Union[int, str]

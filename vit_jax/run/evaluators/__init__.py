@@ -1,7 +1,11 @@
 """What a run evaluates, by name: adding one is a module and a line here.
 
-A builder (`Builder`) takes the run's `steps.RunSteps` and returns an `Evaluator`, or None
-when the run's settings turn it off. An evaluator has ``every`` (steps between
+Each evaluator is registered with its builder (`Builder`: the run's `steps.RunSteps` ->
+an `Evaluator`, or None when its settings turn it off) and, where it has options, the
+reader of its settings from the config section of its name (``config.fewshot`` for
+"fewshot"), as objectives read theirs; `read_settings` runs every reader when the run is
+resolved, so a bad option is an error before anything is compiled, and the builder finds
+its settings in ``steps.spec.evaluators[name]``. An evaluator has ``every`` (steps between
 evaluations) and is called with the parameters; it returns metrics named
 ``<name>/...``. The loop calls each every ``every`` steps and all of them after the last
 step (the run's final metrics).
@@ -9,7 +13,10 @@ step (the run's final metrics).
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Protocol
+import dataclasses
+from typing import Any, Callable, Optional, Protocol
+
+import ml_collections
 
 from vit_jax.aliases import Params
 from vit_jax.run.evaluators import accuracy, fewshot
@@ -26,13 +33,28 @@ class Evaluator(Protocol):
 
 Builder = Callable[[RunSteps], Optional[Evaluator]]
 
-EVALUATORS: dict[str, Builder] = {
-  "eval": accuracy.build,  # accuracy and loss over the whole test split
-  "fewshot": fewshot.build,  # few-shot linear evaluation (off without config.fewshot.datasets)
+
+@dataclasses.dataclass(frozen=True)
+class Registered:
+  build: Builder
+  # config.<name> -> the evaluator's checked settings (None: it has no section)
+  read: Optional[Callable[[ml_collections.ConfigDict], Any]] = None
+
+
+EVALUATORS: dict[str, Registered] = {
+  # accuracy and loss over the whole test split, every config.eval_every steps
+  "eval": Registered(accuracy.build),
+  # few-shot linear evaluation (off without config.fewshot.datasets)
+  "fewshot": Registered(fewshot.build, fewshot.FewshotSettings.from_config),
 }
+
+
+def read_settings(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """Each evaluator's settings from the config section of its name, checked."""
+  return {name: e.read(config[name]) for name, e in EVALUATORS.items() if e.read is not None}
 
 
 def build_all(steps: RunSteps) -> dict[str, Evaluator]:
   """The evaluators the run's settings turn on, by name."""
-  built = {name: build(steps) for name, build in EVALUATORS.items()}
+  built = {name: e.build(steps) for name, e in EVALUATORS.items()}
   return {name: e for name, e in built.items() if e is not None}

@@ -33,6 +33,33 @@ DEFAULT_SEEDS = 3  # Class-balanced samples per shot count: seeds 0, 1, ...
 
 
 @dataclasses.dataclass(frozen=True)
+class FewshotSettings:
+  """``config.fewshot``: few-shot evaluation during training (off while ``datasets`` is
+  empty)."""
+
+  datasets: tuple[str, ...]
+  shots: tuple[int, ...]
+  seeds: int
+  l2_reg: float
+  every: int  # steps between evaluations
+
+  @classmethod
+  def from_config(cls, section: ml_collections.ConfigDict) -> "FewshotSettings":
+    if section.datasets and section.every <= 0:
+      raise errors.ConfigError(
+        f"config.fewshot.every={section.every} must be positive (steps between "
+        "evaluations); an empty config.fewshot.datasets turns them off."
+      )
+    return cls(
+      datasets=tuple(section.datasets),
+      shots=tuple(section.shots),
+      seeds=int(section.seeds),
+      l2_reg=float(section.l2_reg),
+      every=int(section.every),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
 class Result:
   """Accuracy on the test split over the seeds of one (dataset, shots) pair."""
 
@@ -190,10 +217,9 @@ def as_metrics(results: Sequence[Result]) -> dict[str, float]:
 
 class FewShot:
   """The run's evaluator (`EVALUATORS`): `FewShotEvaluator` on the run's model every
-  ``spec.fewshot.every`` steps, its results as metrics."""
+  ``config.fewshot.every`` steps, its results as metrics."""
 
-  def __init__(self, steps: Any):
-    fs = steps.spec.fewshot
+  def __init__(self, steps: Any, fs: FewshotSettings):
     self.every = fs.every
     self._evaluator = FewShotEvaluator(
       steps.spec.model,
@@ -211,4 +237,5 @@ class FewShot:
 
 def build(steps: Any) -> Optional[FewShot]:
   """None while ``config.fewshot.datasets`` is empty."""
-  return FewShot(steps) if steps.spec.fewshot.datasets else None
+  settings = steps.spec.evaluators["fewshot"]
+  return FewShot(steps, settings) if settings.datasets else None
