@@ -127,20 +127,11 @@ def get_config(arg: str = "ViT-B_16,256,cudnn") -> Any:
   Also a config file for the plan: ``python -m vit_jax.plan --topology=h100x1
   --config=benchmarks/gpu_check.py:ViT-B_16,256,cudnn``.
   """
-  sys.path.insert(0, REPO)
-  from configs import common  # pylint: disable=g-import-not-at-top
-  from vit_jax.models import get_model_config  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+  from speed_config import speed_config  # pylint: disable=g-import-not-at-top
 
   model, batch, attention = arg.split(",")
-  config = common.get_config()
-  config.model = get_model_config(model)
-  config.model.dtype = "bfloat16"
-  config.model.attention_impl = attention
-  config.model.transformer.dropout_rate = 0.0
-  config.model.transformer.attention_dropout_rate = 0.0
-  config.pp.crop = RESOLUTION
-  config.batch = config.batch_eval = int(batch)
-  config.num_classes = NUM_CLASSES
+  config = speed_config(model, int(batch), RESOLUTION, dtype="bfloat16", attention=attention)
   config.optim.name = "adamw"
   config.optim.weight_decay = 0.05
   return config

@@ -38,15 +38,12 @@ if any(arg.startswith("--compare") and "timm" in arg for arg in sys.argv):
 
 import jax
 import numpy as np
+from speed_config import NUM_CLASSES, speed_config  # noqa: E402  (this folder)
 
-# `configs/` is a folder of the repository, not part of the installed package.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from configs import common  # pylint: disable=g-import-not-at-top,wrong-import-position
-from vit_jax import run, sharding
-from vit_jax.models import execution, get_model_config
-from vit_jax.run import step_cost
+from vit_jax import run, sharding  # noqa: E402
+from vit_jax.models import execution  # noqa: E402
+from vit_jax.run import step_cost  # noqa: E402
 
-NUM_CLASSES = 1000
 TIMM_NAMES = {
   "ViT-Ti_16": "vit_tiny_patch16",
   "ViT-S_16": "vit_small_patch16",
@@ -83,29 +80,6 @@ def _bool_list(text: str) -> list[bool]:
   return [v.strip().lower() in ("1", "true", "yes") for v in text.split(",")]
 
 
-def _config(
-  model: str,
-  batch: int,
-  resolution: int,
-  dtype: str,
-  attention: Optional[str],
-  scan: bool,
-  remat: bool,
-):
-  config = common.get_config()
-  config.model = get_model_config(model)
-  config.model.dtype = dtype
-  config.model.attention_impl = attention
-  config.model.scan = scan
-  config.model.remat = remat
-  config.model.transformer.dropout_rate = 0.0
-  config.model.transformer.attention_dropout_rate = 0.0
-  config.pp.crop = resolution
-  config.batch = config.batch_eval = batch
-  config.num_classes = NUM_CLASSES
-  return config
-
-
 def _timed(fn: Callable[[], Any]) -> Callable[[], float]:
   def run() -> float:
     start = time.perf_counter()
@@ -126,7 +100,9 @@ def jax_row(
   remat: bool,
 ) -> Row:
   """Compiles the project's train step or forward pass for one combination."""
-  config = _config(model, batch, resolution, dtype, attention, scan, remat)
+  config = speed_config(
+    model, batch, resolution, dtype=dtype, attention=attention, scan=scan, remat=remat
+  )
   config.num_classes = NUM_CLASSES
   trainer = run.build(config, open_data=False)
   state = trainer.init_state()
