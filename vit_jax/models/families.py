@@ -17,7 +17,8 @@ import flax.linen as nn
 import ml_collections
 
 from vit_jax import errors
-from vit_jax.models import bit, cost, mixer, vit, vit_shapes
+from vit_jax.models import bit, cost, image_text, mixer, vit, vit_shapes
+from vit_jax.models.image_text import TwoTowerSettings
 from vit_jax.models.settings import BitSettings, MixerSettings, ModelSettings, Settings
 
 Shapes = Mapping[str, tuple[int, ...]]  # a parameter tree's shapes by 'a/b/c' path
@@ -29,7 +30,7 @@ class Family:
   it is built, and what it costs."""
 
   name: str  # its configs' ``model_type`` (a ViT config has none)
-  settings: type[ModelSettings] | type[MixerSettings] | type[BitSettings]
+  settings: type[ModelSettings] | type[MixerSettings] | type[BitSettings] | type[TwoTowerSettings]
   # (settings, *, num_classes, execution, **module attribute overrides) -> the module
   build: Callable[..., nn.Module]
   # (settings, image_size, num_classes, *, train) -> FLOPs of one image (None: unknown)
@@ -96,7 +97,23 @@ BIT = Family(
   fit_advice=bit.FIT_ADVICE,
   hf_refusal="--format=hf writes ViTs only",
 )
-FAMILIES: tuple[Family, ...] = (VIT, MIXER, BIT)
+TWO_TOWER = Family(
+  name=image_text.TWO_TOWER,
+  settings=TwoTowerSettings,
+  build=image_text.create_two_tower,
+  flops_per_image=image_text.flops_per_image,
+  activation_bytes=image_text.activation_bytes,
+  tree_key=image_text.TEXT_KEY,
+  describe_shapes=image_text.describe_shapes,
+  template="testing",
+  config_from_shapes=image_text.config_from_shapes,
+  trained_grid=image_text.trained_grid,
+  architecture_key=image_text.architecture_key,
+  patch_kernel=None,
+  fit_advice="Fit the image tower alone: name its weights in config.pretrained.",
+  hf_refusal="--format=hf writes ViTs only",
+)
+FAMILIES: tuple[Family, ...] = (VIT, MIXER, BIT, TWO_TOWER)
 
 
 def family_of(config: Any) -> Family:
@@ -123,6 +140,13 @@ def model_settings(config: Any) -> Settings:
   """The checked settings of a model config, by its family (settings as they are)."""
   family = family_of(config)
   return config if isinstance(config, family.settings) else family.settings.from_config(config)
+
+
+def image_settings(config: Any) -> Settings:
+  """The image model's settings of a model config: a two-tower model's image tower, any
+  other model itself."""
+  settings = model_settings(config)
+  return settings.image if isinstance(settings, TwoTowerSettings) else settings
 
 
 def is_mixer(config: Any) -> bool:
