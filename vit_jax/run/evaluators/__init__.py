@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Callable, Optional, Protocol
 
 from vit_jax.aliases import Params
-from vit_jax.run.evaluators import accuracy, fewshot
+from vit_jax.run.evaluators import accuracy, fewshot, zeroshot
 from vit_jax.run.steps import RunSteps
 
 
@@ -29,6 +29,7 @@ Builder = Callable[[RunSteps], Optional[Evaluator]]
 EVALUATORS: dict[str, Builder] = {
   "eval": accuracy.build,  # accuracy and loss over the whole test split
   "fewshot": fewshot.build,  # few-shot linear evaluation (off without config.fewshot.datasets)
+  "zeroshot": zeroshot.build,  # zero-shot accuracy and retrieval (contrastive runs)
 }
 
 
