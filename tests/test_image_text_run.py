@@ -13,6 +13,7 @@ from configs import siglip
 from tests import train_fixtures
 from tests.test_main import assert_resume_is_exact
 from vit_jax import errors, models, run
+from vit_jax import zeroshot as zeroshot_cli
 from vit_jax.data import captions, tokenize
 from vit_jax.run.evaluators import zeroshot
 from vit_jax.weights import orbax_steps
@@ -51,7 +52,7 @@ def test_siglip_run_with_text_in_the_batch_resumes_exactly(tmp_path, digits_dir,
 
 
 def test_locked_image_tower_ends_as_it_started_and_has_no_optimizer_state(
-  tmp_path, tiny_config, digits_dir
+  tmp_path, tiny_config, digits_dir, capsys
 ):
   run.train_and_evaluate(tiny_config, str(tmp_path / "supervised"))
   source = str(tmp_path / "supervised" / "checkpoints")
@@ -69,6 +70,15 @@ def test_locked_image_tower_ends_as_it_started_and_has_no_optimizer_state(
   paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(
     steps.abstract_state.opt_state)]  # fmt: skip
   assert paths and not any("'img'" in p for p in paths)
+  # The command reads the run back and gives the in-training evaluation's numbers.
+  capsys.readouterr()
+  assert zeroshot_cli.main(["zeroshot", f"--checkpoint={tmp_path / 'lit'}"]) == 0
+  printed = dict(line.split() for line in capsys.readouterr().out.splitlines()[1:])
+  assert float(printed["zeroshot/accuracy"]) == pytest.approx(
+    metrics["zeroshot/accuracy"], abs=1e-4
+  )
+  recall = metrics["retrieval/text_to_image_recall@5"]
+  assert float(printed["retrieval/text_to_image_recall@5"]) == pytest.approx(recall, abs=1e-4)
 
 
 def test_lock_without_weights_is_one_clear_error(digits_dir):

@@ -97,7 +97,7 @@ class CaptionTokenizer(tokenize.HuggingFaceTokenizer):
     self._tokenizer.post_processor = processors.TemplateProcessing(
       single=f"$A {EOS}", special_tokens=[(EOS, vocab[EOS])]
     )
-    self.vocab_size, self.pad_id = len(vocab), vocab[PAD]
+    self.vocab_size, self.pad_id, self.unk_id = len(vocab), vocab[PAD], vocab[UNK]
 
   def save(self, path: str) -> None:
     """Writes ``tokenizer.json`` (`tokenize.load_tokenizer` reads it)."""
@@ -116,12 +116,19 @@ def _mix(*keys: np.ndarray) -> np.ndarray:
 
 
 class Captions:
-  """The captions of a labelled dataset, pre-tokenized: [K, T, length] ids."""
+  """The captions of a labelled dataset, pre-tokenized: [K, T, length] ids; by
+  ``tokenizer`` (a run's, for another dataset's prompts) or one trained on them."""
 
-  def __init__(self, class_names: Sequence[str], templates: str, length: int):
+  def __init__(
+    self,
+    class_names: Sequence[str],
+    templates: str,
+    length: int,
+    tokenizer: tokenize.Tokenizer | None = None,
+  ):
     self.templates = check_templates(templates)
     self.texts = prompts(class_names, self.templates)  # [K][T]
-    self.tokenizer = CaptionTokenizer([t for row in self.texts for t in row])
+    self.tokenizer = tokenizer or CaptionTokenizer([t for row in self.texts for t in row])
     flat = self.tokenizer.encode([t for row in self.texts for t in row], length)
     self.ids = flat.reshape(len(self.texts), len(self.templates), length)  # [K, T, L]
 

@@ -5,10 +5,11 @@ contrastive run (logged as ``zeroshot/...`` and ``retrieval/...`` every
 - Zero-shot: each class's embedding is the normalised mean of the text embeddings of its
   prompts (every template filled with its name, as CLIP's prompt ensembling); an image
   is assigned the class whose embedding is nearest (`two_tower.zero_shot_logits`).
-- Retrieval: every test image against every test caption (the batches' 'text'): recall@k
-  image-to-text and text-to-image, the fraction whose own partner ranks in the top k. An
-  item's rank is the number of others that score strictly higher: captions made from
-  labels repeat, and identical captions tie with the own one.
+- Retrieval: every test image against every test caption, recall@k image-to-text and
+  text-to-image (the fraction whose own partner ranks in the top k). Example i's caption
+  is the one the eval batches carry (`captions.Captions.eval_ids`: template i mod T of its
+  class), so its embedding is that prompt's. An item's rank is the number of others that
+  score strictly higher: captions made from labels repeat, and identical ones tie.
 """
 
 from __future__ import annotations
@@ -46,40 +47,36 @@ def retrieval_metrics(zimg: np.ndarray, ztxt: np.ndarray) -> dict[str, float]:
 
 
 class ZeroShotEvaluator:
-  """``objective``: a `objectives.contrastive.Contrastive`; ``captions``: the data's
-  (`captions.Captions`: class prompts and tokenizer); ``batches``: eval batches with
-  'text' (`data.eval_iterator` of a contrastive run's data settings)."""
+  """``objective``: a `objectives.contrastive.Contrastive`; ``captions``: the prompts of the
+  dataset's classes tokenized by the run's tokenizer (`captions.Captions`); ``batches``: eval
+  batches ('image', 'label', 'mask': `data.eval_iterator`)."""
 
   def __init__(self, objective: Any, captions: captions_lib.Captions, batches: Iterable, mesh):
     self.objective, self.captions, self.batches = objective, captions, batches
-    replicated = sharding.replicated(mesh)
 
-    def pairs(params, batch):
-      zimg, ztxt, out = objective.embed(params, batch["image"], batch["text"])
-      return dict(zimg=zimg, ztxt=ztxt, label=batch["label"].argmax(-1), mask=batch["mask"])
+    def images(params, batch):
+      zimg = objective.embed(params, batch["image"], None)[0]
+      return dict(zimg=zimg, label=batch["label"].argmax(-1), mask=batch["mask"])
 
-    self._pairs = jax.jit(pairs, out_shardings=replicated)
+    self._images = jax.jit(images, out_shardings=sharding.replicated(mesh))
     self._texts = jax.jit(lambda p, ids: objective.embed(p, None, ids)[1])
 
-  def class_embeddings(self, params: Params) -> np.ndarray:
-    """[K, E]: each class's prompts' mean text embedding (normalised by the logits)."""
+  def prompt_embeddings(self, params: Params) -> np.ndarray:
+    """[K, T, E]: the text embedding of every class's every prompt."""
     ids = self.captions.ids  # [K, T, L]
     flat = ids.reshape(-1, ids.shape[-1])
-    chunks = [
-      self._texts(params, flat[i : i + _TEXT_CHUNK]) for i in range(0, len(flat), _TEXT_CHUNK)
-    ]
-    z = np.concatenate([np.asarray(jax.device_get(c)) for c in chunks])
-    return z.reshape(*ids.shape[:2], -1).mean(axis=1)
+    z = [self._texts(params, flat[i : i + _TEXT_CHUNK]) for i in range(0, len(flat), _TEXT_CHUNK)]
+    return np.concatenate([np.asarray(jax.device_get(c)) for c in z]).reshape(*ids.shape[:2], -1)
 
   def __call__(self, params: Params) -> dict[str, float]:
-    parts = [jax.device_get(self._pairs(params, batch)) for batch in self.batches]
+    parts = [jax.device_get(self._images(params, batch)) for batch in self.batches]
     real = np.concatenate([p["mask"] for p in parts]) > 0
-    zimg, ztxt, labels = (
-      np.concatenate([p[k] for p in parts])[real] for k in ("zimg", "ztxt", "label")
-    )
-    t = float(jax.device_get(params["t"])[0])
-    logits = np.asarray(two_tower.zero_shot_logits(zimg, self.class_embeddings(params), np.exp(t)))
+    zimg, labels = (np.concatenate([p[k] for p in parts])[real] for k in ("zimg", "label"))
+    prompts = self.prompt_embeddings(params)  # [K, T, E]
+    t = np.exp(float(jax.device_get(params["t"])[0]))
+    logits = np.asarray(two_tower.zero_shot_logits(zimg, prompts.mean(axis=1), t))  # [N, K]
     metrics = {"zeroshot/accuracy": float(np.mean(logits.argmax(-1) == labels))}
+    ztxt = prompts[labels, np.arange(len(labels)) % prompts.shape[1]]  # [N, E]
     metrics.update(retrieval_metrics(zimg, ztxt))
     metrics["zeroshot/examples"] = float(len(labels))
     return metrics
