@@ -97,18 +97,31 @@ BIT = Family(
   fit_advice=bit.FIT_ADVICE,
   hf_refusal="--format=hf writes ViTs only",
 )
+
+
+def _image_family(settings: TwoTowerSettings) -> Family:
+  return family_of(settings.image)
+
+
+# The two-tower functions take their image model's family, looked up here at each call.
 TWO_TOWER = Family(
   name=image_text.TWO_TOWER,
   settings=TwoTowerSettings,
-  build=image_text.create_two_tower,
-  flops_per_image=image_text.flops_per_image,
-  activation_bytes=image_text.activation_bytes,
+  build=lambda s, **kw: image_text.create_two_tower(s, image_family=_image_family(s), **kw),
+  flops_per_image=lambda s, *a, **kw: image_text.flops_per_image(
+    s, *a, image_family=_image_family(s), **kw
+  ),
+  activation_bytes=lambda s, *a: image_text.activation_bytes(s, *a, image_family=_image_family(s)),
   tree_key=image_text.TEXT_KEY,
   describe_shapes=image_text.describe_shapes,
   template="testing",
   config_from_shapes=image_text.config_from_shapes,
-  trained_grid=image_text.trained_grid,
-  architecture_key=image_text.architecture_key,
+  trained_grid=lambda shapes, config: image_text.trained_grid(
+    shapes, model_settings(config), image_family=_image_family(model_settings(config))
+  ),
+  architecture_key=lambda config: image_text.architecture_key(
+    config, model_settings(config), image_family=_image_family(model_settings(config))
+  ),
   patch_kernel=None,
   fit_advice="Fit the image tower alone: name its weights in config.pretrained.",
   hf_refusal="--format=hf writes ViTs only",
@@ -139,7 +152,11 @@ def family_of_shapes(shapes: Shapes) -> Family:
 def model_settings(config: Any) -> Settings:
   """The checked settings of a model config, by its family (settings as they are)."""
   family = family_of(config)
-  return config if isinstance(config, family.settings) else family.settings.from_config(config)
+  if isinstance(config, family.settings):
+    return config
+  if family is TWO_TOWER:  # its image model is read by the image model's family
+    return TwoTowerSettings.from_config(config, image=model_settings(config.image))
+  return family.settings.from_config(config)
 
 
 def image_settings(config: Any) -> Settings:

@@ -26,7 +26,7 @@ import ml_collections
 from vit_jax import errors
 from vit_jax.models.execution import ExecutionOptions
 from vit_jax.models.text import SIZES, TextSettings, TextTransformer
-from vit_jax.models.two_tower import ContrastiveInit, TwoTower
+from vit_jax.models.two_tower import LOSS_INIT, ContrastiveInit, TwoTower
 
 TWO_TOWER = "two_tower"
 TEXT_KEY = "txt/Embed_0/embedding"  # a path only a two-tower tree has
@@ -61,18 +61,18 @@ class TwoTowerSettings:
       )
 
   @classmethod
-  def from_config(cls, config: Any) -> "TwoTowerSettings":
+  def from_config(cls, config: Any, image: Any) -> "TwoTowerSettings":
+    """``image``: the image model's settings, read from ``config.image`` by its family
+    (`families.model_settings`, which calls this)."""
     if isinstance(config, TwoTowerSettings):
       return config
-    from vit_jax.models import families  # pylint: disable=g-import-not-at-top
-
     for key in ("name", "image", "text", "text_len", "embed_dim", "temperature_init"):
       if config.get(key) is None:
         raise errors.ConfigError(
           f"config.model.{key} is required by a two-tower model: build the config with "
           "vit_jax.models.image_text.two_tower_config (configs/siglip.py does)."
         )
-    if families.family_of(config.image).name == TWO_TOWER:
+    if isinstance(image, TwoTowerSettings):
       raise errors.ConfigError("config.model.image must be an image model, not a two-tower one.")
     text = dict(config.text)
     size = text.pop("size", None)
@@ -86,7 +86,7 @@ class TwoTowerSettings:
     bias = config.get("bias_init")
     return cls(
       name=str(config.name),
-      image=families.model_settings(config.image),
+      image=image,
       text=text_settings,
       text_len=config.text_len,
       embed_dim=config.embed_dim,
@@ -135,8 +135,6 @@ def two_tower_config(
 ) -> ml_collections.ConfigDict:
   """``config.model`` of a two-tower model with SigLIP's (``loss='sigmoid'``) or CLIP's
   (``'softmax'``) initial temperature and bias."""
-  from vit_jax.run.contrastive import LOSS_INIT  # pylint: disable=g-import-not-at-top
-
   init = LOSS_INIT[loss]
   config = ml_collections.ConfigDict()
   config.model_type = TWO_TOWER
@@ -150,20 +148,23 @@ def two_tower_config(
   return config
 
 
+# The functions below take the image model's family record (``image_family``: a
+# `families.Family`), which `families.TWO_TOWER` passes them: this module cannot import the
+# registry that imports it.
+
+
 def create_two_tower(
   settings: TwoTowerSettings,
   *,
   num_classes: Optional[int],
   execution: ExecutionOptions,
+  image_family: Any,
   **overrides: Any,
 ) -> TwoTower:
   """The `TwoTower` of ``settings``; ``num_classes`` is ignored (the embedding width is the
   model's own), ``overrides`` go to the image model."""
-  from vit_jax.models import families  # pylint: disable=g-import-not-at-top
-
   del num_classes
-  image_build = families.family_of(settings.image).build
-  img = image_build(settings.image, num_classes=None, execution=execution, **overrides)
+  img = image_family.build(settings.image, num_classes=None, execution=execution, **overrides)
   text_execution = ExecutionOptions(dtype=execution.dtype, remat=execution.remat)
   txt = TextTransformer(settings.text, num_classes=settings.embed_dim, execution=text_execution)
   init = ContrastiveInit(settings.temperature_init, settings.bias_init)
@@ -179,27 +180,26 @@ def text_flops(settings: TwoTowerSettings, *, train: bool) -> float:
 
 
 def flops_per_image(
-  settings: TwoTowerSettings, image_size: int, num_classes: int, *, train: bool
+  settings: TwoTowerSettings, image_size: int, num_classes: int, *, train: bool, image_family: Any
 ) -> Optional[float]:
   """FLOPs of one image-text pair: the image model without head, its projection excluded
   (its feature width is the family's), plus `text_flops`."""
-  from vit_jax.models import families  # pylint: disable=g-import-not-at-top
-
   del num_classes
-  image = families.family_of(settings.image).flops_per_image(
-    settings.image, image_size, None, train=train
-  )
+  image = image_family.flops_per_image(settings.image, image_size, None, train=train)
   return None if image is None else image + text_flops(settings, train=train)
 
 
 def activation_bytes(
-  settings: TwoTowerSettings, image_size: int, images: int, compiler_rematerializes: bool = False
+  settings: TwoTowerSettings,
+  image_size: int,
+  images: int,
+  compiler_rematerializes: bool = False,
+  *,
+  image_family: Any,
 ) -> Optional[int]:
   """The image model's bound (a lower bound of the two towers' together)."""
-  from vit_jax.models import families  # pylint: disable=g-import-not-at-top
-
-  family = families.family_of(settings.image)
-  return family.activation_bytes(settings.image, image_size, images, compiler_rematerializes)
+  bound = image_family.activation_bytes
+  return bound(settings.image, image_size, images, compiler_rematerializes)
 
 
 def describe_shapes(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
@@ -227,21 +227,18 @@ def config_from_shapes(shapes: Mapping[str, tuple[int, ...]], config: Any) -> An
   )
 
 
-def trained_grid(shapes: Mapping[str, tuple[int, ...]], config: Any) -> Optional[tuple]:
+def trained_grid(
+  shapes: Mapping[str, tuple[int, ...]], config: Any, *, image_family: Any
+) -> Optional[tuple]:
   """The grid the image tower fixes (its family's reader, on the ``img/`` subtree)."""
-  from vit_jax.models import families  # pylint: disable=g-import-not-at-top
-
-  settings = families.model_settings(config)
   image = {k[len(IMAGE) + 1 :]: v for k, v in shapes.items() if k.startswith(IMAGE + "/")}
-  return families.family_of(settings.image).trained_grid(image, settings.image)
+  return image_family.trained_grid(image, config.image)
 
 
-def architecture_key(config: Any) -> tuple:
+def architecture_key(config: Any, settings: TwoTowerSettings, *, image_family: Any) -> tuple:
   """What the parameter shapes fix: the image model's key, the text tower's sizes, the
   text length, the shared width and whether there is a bias."""
-  from vit_jax.models import families  # pylint: disable=g-import-not-at-top
-
-  s = TwoTowerSettings.from_config(config)
-  image = families.family_of(s.image).architecture_key(config.image)
+  s = settings
+  image = image_family.architecture_key(config.image)
   text = tuple(getattr(s.text, f) for f in _TEXT_FIELDS)
   return (image, text, s.text_len, s.embed_dim, s.bias_init is None)

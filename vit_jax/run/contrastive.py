@@ -25,11 +25,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from vit_jax.models.two_tower import CLIP_INIT, SIGLIP_INIT, ContrastiveInit
 from vit_jax.sharding import DATA_AXIS
-
-# config.contrastive.loss -> the temperature and bias its models start from.
-LOSS_INIT: dict[str, ContrastiveInit] = {"sigmoid": SIGLIP_INIT, "softmax": CLIP_INIT}
 
 
 def _pair_logits(zimg: jax.Array, ztxt: jax.Array, temperature: jax.Array) -> jax.Array:

@@ -22,9 +22,10 @@ from vit_jax import errors, sharding
 from vit_jax.aliases import Batch
 from vit_jax.models import create_model, model_settings
 from vit_jax.models.image_text import IMAGE, TwoTowerSettings
+from vit_jax.models.two_tower import LOSS_INIT
 from vit_jax.run import contrastive as losses
 
-LOSSES = tuple(losses.LOSS_INIT)
+LOSSES = tuple(LOSS_INIT)
 
 
 def check_options(options: Any) -> None:
