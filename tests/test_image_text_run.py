@@ -4,6 +4,10 @@ recall counts ranks."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import jax
 import numpy as np
 import pytest
@@ -18,6 +22,7 @@ from vit_jax.data import captions, tokenize
 from vit_jax.run.evaluators import zeroshot
 from vit_jax.weights import orbax_steps
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEXT = dict(width=16, depth=1, mlp_dim=32, num_heads=2, vocab_size=64, pool="gap")
 
 
@@ -104,3 +109,21 @@ def test_captions_do_not_depend_on_the_process_split_and_the_tokenizer_reads_bac
 def test_recall_counts_the_candidates_scoring_strictly_higher():
   scores = np.array([[0.9, 0.1, 0.0], [0.8, 0.5, 0.1], [0.3, 0.2, 0.1]])
   assert zeroshot.recall_at(scores, (1, 2, 3)) == {1: 1 / 3, 2: 2 / 3, 3: 1.0}
+
+
+def test_the_runs_sigmoid_loss_passes_texts_around_8_devices_and_equals_one_device(tmp_path):
+  out = tmp_path / "results.npz"
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "PYTHONPATH": REPO}
+  proc = subprocess.run(
+    [sys.executable, "-m", "tests._contrastive_step", str(out)],
+    cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+  )  # fmt: skip
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  with np.load(out) as f:
+    r = dict(f)
+  assert r["ring/permutes"] and not r["one/permutes"]
+  np.testing.assert_allclose(r["ring/loss"], r["one/loss"], rtol=1e-5)
+  assert r["one/loss"][1] < r["one/loss"][0]
+  for k in (k for k in r if k.startswith("one/params/")):
+    ring = r["ring/" + k[len("one/") :]]
+    np.testing.assert_allclose(ring, r[k], atol=1e-5, err_msg=k)
