@@ -53,7 +53,7 @@ def get_config(arg: str | None = "digits") -> ml_collections.ConfigDict:
     config.model = models.two_tower_config(
       config.model, text=digits_text(), text_len=TEXT_LEN, embed_dim=64, name="SigLIP-digits"
     )
-    config.total_steps = 2_000
+    config.total_steps = 1_000
     _recipe(config)
     config.lr.base = 2e-3
     config.optim.weight_decay = 0.05  # the quickstart's, as the image tower is its model

@@ -53,6 +53,12 @@ class Contrastive:
         "vit_jax.models.two_tower_config(...) (configs/siglip.py)."
       )
     check_options(options)
+    if options.loss == "sigmoid" and settings.bias_init is None:
+      raise errors.ConfigError(
+        "config.contrastive.loss='sigmoid' needs the model's bias, but "
+        "config.model.bias_init=None: set config.model.bias_init=-10.0 (SigLIP's) or "
+        "config.contrastive.loss='softmax'."
+      )
     self.model = create_model(settings, num_classes=None)
     self.encoder = self.model.img  # the image tower (what fine-tuning and LiT read)
     self.text_len = settings.text_len
