@@ -86,9 +86,12 @@ def test_locked_image_tower_ends_as_it_started_and_has_no_optimizer_state(
   assert float(printed["retrieval/text_to_image_recall@5"]) == pytest.approx(recall, abs=1e-4)
 
 
-def test_lock_without_weights_is_one_clear_error(digits_dir):
+def test_lock_without_weights_and_sigmoid_without_bias_are_clear_errors(digits_dir):
   config = _siglip(digits_dir, **{"contrastive.lock_image": True})
   with pytest.raises(errors.ConfigError, match="config.pretrained names no weights"):
+    train_fixtures.build_steps(config)
+  config = _siglip(digits_dir, **{"model.bias_init": None})
+  with pytest.raises(errors.ConfigError, match="config.model.bias_init=None"):
     train_fixtures.build_steps(config)
 
 
