@@ -37,8 +37,15 @@ def get_config() -> ml_collections.ConfigDict:
   config.reset_head = False  # True: a fresh zero head even when the class count matches.
   config.posemb_resize = "bilinear"  # or 'bicubic', 'nearest', 'reinit'
 
-  # What is trained (vit_jax.run.objectives): 'classification', or 'mpp' (configs/mpp.py).
+  # What is trained (vit_jax.run.objectives): 'classification', 'mpp' (configs/mpp.py), or
+  # 'contrastive' (a two-tower model, configs/siglip.py and configs/lit.py).
   config.objective = "classification"
+  # Contrastive image-text training: loss "sigmoid" (SigLIP) or "softmax" (CLIP); lock_image:
+  # the image tower keeps its config.pretrained weights (LiT); captions from the labels
+  # with the prompt templates of vit_jax.data.captions.TEMPLATES.
+  config.contrastive = ml_collections.ConfigDict(
+    dict(loss="sigmoid", lock_image=False, templates="digits")
+  )
 
   # Optimization (vit_jax.run.optim).
   config.loss = "softmax_xent"  # or 'sigmoid_xent' (vit_jax.run.losses)

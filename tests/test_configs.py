@@ -15,11 +15,13 @@ CONFIGS = pathlib.Path(__file__).resolve().parent.parent / "configs"
 # Each config file with get_config and an argument it takes (None: it takes none).
 EXAMPLE_ARGS = {
   "augreg": "ti16,imagenet21k",
+  "lit": "digits",
   "mixer": "b16,imagenet2012",
   "mpp": "digits",
   "plain_vit_i1k": "s16",
   "pretrain": "b16,imagenet21k",
   "quickstart": None,
+  "siglip": "b16,B,cifar10",
   "vit": "b16,cifar10",
 }
 

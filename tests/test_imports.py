@@ -21,6 +21,7 @@ COMMANDS = frozenset(
     "vit_jax.export",
     "vit_jax.convert",
     "vit_jax.fewshot",
+    "vit_jax.zeroshot",
     "vit_jax.plan.cli",
     "vit_jax.plan.__main__",
   }

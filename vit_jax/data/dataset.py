@@ -45,6 +45,11 @@ class Settings:
   # The normalisation the model's weights expect (config.model.input_mean/input_std).
   input_mean: tuple[float, ...] = OFFICIAL_INPUT_MEAN
   input_std: tuple[float, ...] = OFFICIAL_INPUT_STD
+  # Captions from the labels (`captions`), for a two-tower model's contrastive run: the
+  # templates' name (config.contrastive.templates; None: no 'text' in the batches) and the
+  # tokens per caption (config.model.text_len).
+  templates: str | None = None
+  text_len: int = 0
 
   @classmethod
   def from_config(cls, config: Any) -> "Settings":
@@ -62,6 +67,10 @@ class Settings:
 
     pp = get("pp")
     model = config.get("model") or {}
+    text = {}
+    if config.get("objective") == "contrastive":
+      text = dict(templates=str(config.contrastive.templates), text_len=int(model.text_len))
+      model = model.image  # the image tower's preprocessing
     settings = cls(
       dataset=str(get("dataset")),
       data_dir=get("data_dir"),
@@ -83,6 +92,7 @@ class Settings:
       skip_corrupt_images=bool(get("skip_corrupt_images")),
       input_mean=tuple(model.get("input_mean", OFFICIAL_INPUT_MEAN)),
       input_std=tuple(model.get("input_std", OFFICIAL_INPUT_STD)),
+      **text,
     )
     for key in ("crop", "batch", "batch_eval", "shuffle_buffer"):
       if getattr(settings, key) <= 0:
@@ -179,6 +189,16 @@ class Dataset:
       raise errors.ConfigError(
         f"{settings.dataset!r} does not say how many classes it has; set config.num_classes."
       )
+    self.captions = None  # `captions.Captions` where the batches carry 'text'
+    if settings.templates is not None:
+      from vit_jax.data import captions  # pylint: disable=g-import-not-at-top
+
+      if not self.class_names:
+        raise errors.ConfigError(
+          f"{settings.dataset!r} does not name its classes, which its captions are made of: "
+          "use a dataset with class names (a tfds ClassLabel, a folder of classes)."
+        )
+      self.captions = captions.Captions(self.class_names, settings.templates, settings.text_len)
 
   def split(self, spec: str) -> SplitSource:
     return self._source.split(spec)

@@ -14,7 +14,8 @@ contiguous block of rows, so it reads only the lanes of those rows: its own cont
 1/process_count of the split. Evaluation shards the split contiguously per process.
 
 Train batches: {'image': f32[B, crop, crop, 3], 'label': f32[B, K]}, no mask (every
-row is a real example). Eval batches add 'mask': f32[B], 1 for real examples and 0 for
+row is a real example); a contrastive run's add 'text': int32 [B, L], captions made from
+the labels (`captions`). Eval batches add 'mask': f32[B], 1 for real examples and 0 for
 padding, so a pass visits every example exactly once whatever the batch size.
 
 A failed image is an error naming the file (or tfds example) with the decoder's
@@ -262,7 +263,12 @@ def local_train_batches(
         for row in np.flatnonzero(~present):
           src = ok[np.argmin(np.abs(ok - row))]
           images[row], labels[row] = images[src], labels[src]
-      yield {"image": images, "label": labels}
+      batch = {"image": images, "label": labels}
+      if dataset.captions is not None:
+        batch["text"] = dataset.captions.train_ids(
+          labels, step=q // local_batch, first_row=process * local_batch, seed=settings.seed
+        )
+      yield batch
     if stop is None or not stop.is_set():
       raise _stream_failed(reader)
 
@@ -291,6 +297,7 @@ class EvalBatches:
     self._ds = _dataset(self._reader, self._example_fn, local_batch)
     self._shape = (settings.crop, settings.crop, 3)
     self._num_classes = dataset.num_classes
+    self._captions, self._first = dataset.captions, lo
 
   def __len__(self) -> int:
     return self.num_batches
@@ -306,7 +313,10 @@ class EvalBatches:
       real = q + np.arange(self._local_batch) < self._size
       for row in np.flatnonzero(real & ~present):
         self._failures.report(q + int(row))
-      yield {"image": images, "label": labels, "mask": (real & present).astype(np.float32)}
+      batch = {"image": images, "label": labels, "mask": (real & present).astype(np.float32)}
+      if self._captions is not None:
+        batch["text"] = self._captions.eval_ids(labels, self._first + q + np.arange(len(labels)))
+      yield batch
     if self._reader.error is not None:
       raise self._reader.error
 

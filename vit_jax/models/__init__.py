@@ -12,8 +12,17 @@ import ml_collections
 
 from vit_jax.models.bit import BIT, BitResNet
 from vit_jax.models.execution import EXECUTION_FIELDS, ExecutionOptions
-from vit_jax.models.families import FAMILIES, Family, family_of, is_bit, is_mixer, model_settings
+from vit_jax.models.families import (
+  FAMILIES,
+  Family,
+  family_of,
+  image_settings,
+  is_bit,
+  is_mixer,
+  model_settings,
+)
 from vit_jax.models.heads import CLASSIFIERS
+from vit_jax.models.image_text import TwoTowerSettings, two_tower_config
 from vit_jax.models.mixer import MIXER, MlpMixer
 from vit_jax.models.options import check_model_config
 from vit_jax.models.posemb import POSEMB_KINDS, resize_grid, sincos_2d
@@ -68,5 +77,8 @@ __all__ = [
   "model_settings",
   "resize_grid",
   "sincos_2d",
+  "TwoTowerSettings",
+  "two_tower_config",
+  "image_settings",
   "with_family_defaults",
 ]

@@ -17,7 +17,8 @@ import flax.linen as nn
 import ml_collections
 
 from vit_jax import errors
-from vit_jax.models import bit, cost, mixer, vit, vit_shapes
+from vit_jax.models import bit, cost, image_text, mixer, vit, vit_shapes
+from vit_jax.models.image_text import TwoTowerSettings
 from vit_jax.models.settings import BitSettings, MixerSettings, ModelSettings, Settings
 
 Shapes = Mapping[str, tuple[int, ...]]  # a parameter tree's shapes by 'a/b/c' path
@@ -29,7 +30,7 @@ class Family:
   it is built, and what it costs."""
 
   name: str  # its configs' ``model_type`` (a ViT config has none)
-  settings: type[ModelSettings] | type[MixerSettings] | type[BitSettings]
+  settings: type[ModelSettings] | type[MixerSettings] | type[BitSettings] | type[TwoTowerSettings]
   # (settings, *, num_classes, execution, **module attribute overrides) -> the module
   build: Callable[..., nn.Module]
   # (settings, image_size, num_classes, *, train) -> FLOPs of one image (None: unknown)
@@ -96,7 +97,36 @@ BIT = Family(
   fit_advice=bit.FIT_ADVICE,
   hf_refusal="--format=hf writes ViTs only",
 )
-FAMILIES: tuple[Family, ...] = (VIT, MIXER, BIT)
+
+
+def _image_family(settings: TwoTowerSettings) -> Family:
+  return family_of(settings.image)
+
+
+# The two-tower functions take their image model's family, looked up here at each call.
+TWO_TOWER = Family(
+  name=image_text.TWO_TOWER,
+  settings=TwoTowerSettings,
+  build=lambda s, **kw: image_text.create_two_tower(s, image_family=_image_family(s), **kw),
+  flops_per_image=lambda s, *a, **kw: image_text.flops_per_image(
+    s, *a, image_family=_image_family(s), **kw
+  ),
+  activation_bytes=lambda s, *a: image_text.activation_bytes(s, *a, image_family=_image_family(s)),
+  tree_key=image_text.TEXT_KEY,
+  describe_shapes=image_text.describe_shapes,
+  template="testing",
+  config_from_shapes=image_text.config_from_shapes,
+  trained_grid=lambda shapes, config: image_text.trained_grid(
+    shapes, model_settings(config), image_family=_image_family(model_settings(config))
+  ),
+  architecture_key=lambda config: image_text.architecture_key(
+    config, model_settings(config), image_family=_image_family(model_settings(config))
+  ),
+  patch_kernel=None,
+  fit_advice="Fit the image tower alone: name its weights in config.pretrained.",
+  hf_refusal="--format=hf writes ViTs only",
+)
+FAMILIES: tuple[Family, ...] = (VIT, MIXER, BIT, TWO_TOWER)
 
 
 def family_of(config: Any) -> Family:
@@ -122,7 +152,18 @@ def family_of_shapes(shapes: Shapes) -> Family:
 def model_settings(config: Any) -> Settings:
   """The checked settings of a model config, by its family (settings as they are)."""
   family = family_of(config)
-  return config if isinstance(config, family.settings) else family.settings.from_config(config)
+  if isinstance(config, family.settings):
+    return config
+  if family is TWO_TOWER:  # its image model is read by the image model's family
+    return TwoTowerSettings.from_config(config, image=model_settings(config.image))
+  return family.settings.from_config(config)
+
+
+def image_settings(config: Any) -> Settings:
+  """The image model's settings of a model config: a two-tower model's image tower, any
+  other model itself."""
+  settings = model_settings(config)
+  return settings.image if isinstance(settings, TwoTowerSettings) else settings
 
 
 def is_mixer(config: Any) -> bool:

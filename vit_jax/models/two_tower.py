@@ -43,6 +43,8 @@ class ContrastiveInit:
 
 SIGLIP_INIT = ContrastiveInit(temperature=10.0, bias=-10.0)
 CLIP_INIT = ContrastiveInit(temperature=1 / 0.07, bias=None)
+# A contrastive loss's name (config.contrastive.loss) -> the values its models start from.
+LOSS_INIT: dict[str, ContrastiveInit] = {"sigmoid": SIGLIP_INIT, "softmax": CLIP_INIT}
 
 
 def normalize(z: jax.Array) -> jax.Array:

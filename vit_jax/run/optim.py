@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
@@ -209,3 +209,12 @@ def make_optimizer(
 
   parts.append(optax.scale_by_learning_rate(schedule))
   return optax.chain(*parts), schedule
+
+
+def freeze(tx: optax.GradientTransformation, frozen: Sequence[str]) -> optax.GradientTransformation:
+  """``tx`` for every top-level subtree of the parameters except those named in ``frozen``
+  (LiT's locked image tower), which get a zero update and no optimizer state."""
+  if not frozen:
+    return tx
+  labels = lambda params: {k: "frozen" if k in frozen else "train" for k in params}
+  return optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, labels)

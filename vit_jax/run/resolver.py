@@ -27,6 +27,7 @@ from vit_jax.run import evaluators, losses, memory_fit, objectives, resume_polic
 from vit_jax.run import spec as spec_lib
 from vit_jax.run import steps as steps_lib
 from vit_jax.run.mixup import MixupSettings
+from vit_jax.run.objectives import contrastive
 from vit_jax.run.optim import OptimizerSettings
 
 # Loop settings: the smallest value each may take.
@@ -49,6 +50,14 @@ def _loop(config: ml_collections.ConfigDict) -> spec_lib.LoopSettings:
 
 def _objective(config: ml_collections.ConfigDict) -> spec_lib.ObjectiveSettings:
   objectives.check_name(config.objective)
+  if config.objective == "contrastive":
+    contrastive.check_options(config.contrastive)
+    if config.contrastive.lock_image and not config.pretrained:
+      raise errors.ConfigError(
+        "config.contrastive.lock_image=True keeps the image tower as it starts, but "
+        "config.pretrained names no weights for it: set config.pretrained (LiT) or "
+        "config.contrastive.lock_image=False."
+      )
   losses.check_loss(config.loss)
   losses.check_label_smoothing(config.label_smoothing)
   options = config.get(config.objective, ml_collections.ConfigDict())
@@ -134,6 +143,19 @@ def _check_data_size(
     raise errors.ConfigError(
       f"config.dataset={settings.dataset!r} has {num_classes} class: a classifier needs at "
       "least 2 (add a class, or check config.train_split)."
+    )
+
+
+def _check_vocabulary(model: Any, class_names: tuple[str, ...], settings: DataSettings) -> None:
+  """The captions' tokenizer fits the text tower's vocabulary."""
+  from vit_jax.data import captions  # pylint: disable=g-import-not-at-top
+
+  words = captions.Captions(class_names, settings.templates, settings.text_len).tokenizer
+  if words.vocab_size > model.text.vocab_size:
+    raise errors.ConfigError(
+      f"config.model.text.vocab_size={model.text.vocab_size} is smaller than the "
+      f"{words.vocab_size} words of {settings.dataset!r}'s captions: set "
+      f"config.model.text.vocab_size={words.vocab_size} or more."
     )
 
 
@@ -234,7 +256,7 @@ def resolve(
   objective = _objective(config)
   optimizer = OptimizerSettings.from_config(config)
   data_settings = DataSettings.from_config(config)
-  _check_crop(model, data_settings.crop)
+  _check_crop(models.image_settings(model), data_settings.crop)
   sharding.logical_rules(config.partitioning)  # an unknown strategy fails by name
   evaluator_settings = evaluators.read_settings(config)
   pretrained_source = config.pretrained or None
@@ -246,6 +268,8 @@ def resolve(
   data.local_batch_size(data_settings.batch_eval, mesh, "batch_eval", processes)
   accum_steps = _accum_steps(config, data_settings.batch, mesh.shape[sharding.DATA_AXIS])
   num_classes, num_train, class_names = _num_classes(config, data_settings, open_data)
+  if data_settings.templates is not None and class_names:
+    _check_vocabulary(model, class_names, data_settings)
   spec = spec_lib.RunSpec(
     model=model,
     num_classes=num_classes,

@@ -28,7 +28,7 @@ import optax
 from flax import struct
 from jax.experimental import multihost_utils
 
-from vit_jax import sharding, weights
+from vit_jax import models, sharding, weights
 from vit_jax.aliases import Batch
 from vit_jax.run import mixup, objectives, optim, step_cost
 from vit_jax.run.spec import RunSpec
@@ -121,9 +121,11 @@ class RunSteps:
 
   def _batch(self, size: int, **extra: tuple[tuple[int, ...], Any]) -> dict[str, Any]:
     crop = self.spec.crop
+    fields = getattr(self.objective, "batch_fields", {})  # e.g. 'text': int32 [B, L]
     shapes = dict(
       image=((size, crop, crop, 3), jnp.float32),  # [B, H, W, 3] in [-1, 1]
       label=((size, self.spec.num_classes), jnp.float32),  # [B, K] one-hot
+      **{name: ((size, *shape), dtype) for name, (shape, dtype) in fields.items()},
       **extra,
     )
     return {
@@ -160,14 +162,16 @@ class RunSteps:
     # embeddings from it): device_get fails on arrays split over several processes.
     init_params = multihost_utils.process_allgather(state.params, tiled=True)
     crop = self.spec.crop
-    params = weights.load_pretrained(
+    key = getattr(self.objective, "pretrained_key", None)  # a two-tower's image tower
+    loaded = weights.load_pretrained(
       source.source,
-      init_params,
-      self.spec.model,
+      init_params[key] if key else init_params,
+      models.image_settings(self.spec.model),
       reset_head=source.reset_head,
       posemb_resize_method=source.posemb_resize,
       new_grid_hw=self.objective.encoder.grid_hw((crop, crop)),
     )
+    params = {**init_params, key: loaded} if key else loaded
     params = jax.tree.map(_global_array, params, self.state_shardings.params)
     opt_init = jax.jit(self.tx.init, out_shardings=self.state_shardings.opt_state)
     return state.replace(params=params, opt_state=opt_init(params))
@@ -177,8 +181,9 @@ def build_steps(spec: RunSpec, mesh: jax.sharding.Mesh) -> RunSteps:
   """The run's model, optimizer, state shardings and jitted steps over ``mesh``."""
   if not isinstance(spec.accum_steps, int):
     raise TypeError(f"accum_steps={spec.accum_steps!r}: resolve the run first (run.resolve).")
-  objective = objectives.make(spec.model, spec.num_classes, spec.objective)
+  objective = objectives.make(spec.model, spec.num_classes, spec.objective, mesh)
   tx, schedule = optim.make_optimizer(spec.optimizer)
+  tx = optim.freeze(tx, getattr(objective, "frozen", ()))
   dummy = jax.ShapeDtypeStruct((1, spec.crop, spec.crop, 3), jnp.float32)
 
   def init_boxed(rng):

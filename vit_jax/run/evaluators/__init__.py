@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional, Protocol
 import ml_collections
 
 from vit_jax.aliases import Params
-from vit_jax.run.evaluators import accuracy, fewshot
+from vit_jax.run.evaluators import accuracy, fewshot, zeroshot
 from vit_jax.run.steps import RunSteps
 
 
@@ -46,6 +46,8 @@ EVALUATORS: dict[str, Registered] = {
   "eval": Registered(accuracy.build),
   # few-shot linear evaluation (off without config.fewshot.datasets)
   "fewshot": Registered(fewshot.build, fewshot.FewshotSettings.from_config),
+  # zero-shot accuracy and retrieval (contrastive runs with captions)
+  "zeroshot": Registered(zeroshot.build),
 }
 
 

@@ -4,12 +4,17 @@ Each objective has ``model``, ``encoder`` (the `VisionTransformer` whose paramet
 trains and fine-tuning reads), ``init(rng, images)``, ``loss(params, batch, rng)`` (the
 mean over the batch, for `steps.train_step`) and ``eval_step(params, batch)`` (sums for
 `evaluators.test_split`). A builder takes the `ModelSettings`, the number of classes of the
-data and the run's `spec.ObjectiveSettings`.
+data, the run's `spec.ObjectiveSettings` and its mesh (for losses computed across it).
+
+Optional attributes the run reads: ``batch_fields`` (batch entries besides 'image' and
+'label': name -> (per-example shape, dtype)), ``frozen`` (top-level parameter subtrees
+with no update and no optimizer state) and ``pretrained_key`` (the subtree that
+``config.pretrained`` initialises; absent: the whole tree).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Optional, Protocol
 
 import jax
 
@@ -17,7 +22,7 @@ from vit_jax import errors
 from vit_jax.aliases import Batch
 from vit_jax.models import VisionTransformer, create_model
 from vit_jax.models.settings import Settings
-from vit_jax.run.objectives import classification, masked_patches
+from vit_jax.run.objectives import classification, contrastive, masked_patches
 
 
 class Objective(Protocol):
@@ -31,12 +36,13 @@ class Objective(Protocol):
   def eval_step(self, params: Any, batch: Batch) -> dict[str, jax.Array]: ...
 
 
-# name -> builder(model_config, num_classes, settings)
+# name -> builder(model_config, num_classes, settings, mesh)
 OBJECTIVES: dict[str, Callable[..., Objective]] = {
-  "classification": lambda model, k, s: classification.Classification(
+  "classification": lambda model, k, s, mesh: classification.Classification(
     create_model(model, num_classes=k), s.loss, s.label_smoothing
   ),
-  "mpp": lambda model, k, s: masked_patches.MaskedPatchPrediction(model, s.options),
+  "mpp": lambda model, k, s, mesh: masked_patches.MaskedPatchPrediction(model, s.options),
+  "contrastive": lambda model, k, s, mesh: contrastive.Contrastive(model, s.options, mesh),
 }
 
 
@@ -47,7 +53,12 @@ def check_name(name: str) -> None:
     )
 
 
-def make(model_config: Settings, num_classes: int, settings: Any) -> Objective:
+def make(
+  model_config: Settings,
+  num_classes: int,
+  settings: Any,
+  mesh: Optional[jax.sharding.Mesh] = None,
+) -> Objective:
   """The objective ``settings.name`` names (`spec.ObjectiveSettings`)."""
   check_name(settings.name)
-  return OBJECTIVES[settings.name](model_config, num_classes, settings)
+  return OBJECTIVES[settings.name](model_config, num_classes, settings, mesh)

@@ -1,0 +1,132 @@
+"""The two-tower family in the run: SigLIP on captioned digits resumes exactly, LiT keeps
+the image tower it starts from, captions and their tokenizer are deterministic, retrieval
+recall counts ranks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from flax import traverse_util
+
+from configs import siglip
+from tests import train_fixtures
+from tests.test_main import assert_resume_is_exact
+from vit_jax import errors, models, run
+from vit_jax import zeroshot as zeroshot_cli
+from vit_jax.data import captions, tokenize
+from vit_jax.run.evaluators import zeroshot
+from vit_jax.weights import orbax_steps
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TEXT = dict(width=16, depth=1, mlp_dim=32, num_heads=2, vocab_size=64, pool="gap")
+
+
+def _siglip(data_dir: str, **overrides):
+  config = siglip.get_config("digits")
+  train_fixtures.override(config, train_fixtures.TINY)
+  config.data_dir = data_dir
+  config.model = models.two_tower_config(
+    models.get_model_config("testing"), text=TEXT, text_len=8, embed_dim=16
+  )
+  return train_fixtures.override(config, overrides)
+
+
+def _flat(tree):
+  return traverse_util.flatten_dict(tree, sep="/")
+
+
+def test_two_tower_family_builds_from_config_and_refuses_unknown_text_keys():
+  config = models.two_tower_config(
+    models.get_model_config("testing"), text=TEXT, text_len=8, embed_dim=16, loss="softmax"
+  )
+  settings = models.model_settings(config)
+  assert models.family_of(config).name == "two_tower" and settings.bias_init is None
+  assert settings.replace(remat=True).image.remat and models.image_settings(config).name
+  config.text.dim = 3
+  with pytest.raises(errors.ConfigError, match="unknown keys \\['dim'\\]"):
+    models.model_settings(config)
+
+
+def test_siglip_run_with_text_in_the_batch_resumes_exactly(tmp_path, digits_dir, monkeypatch):
+  assert_resume_is_exact(_siglip(digits_dir), tmp_path, monkeypatch)
+
+
+def test_locked_image_tower_ends_as_it_started_and_has_no_optimizer_state(
+  tmp_path, tiny_config, digits_dir, capsys
+):
+  run.train_and_evaluate(tiny_config, str(tmp_path / "supervised"))
+  source = str(tmp_path / "supervised" / "checkpoints")
+  config = _siglip(digits_dir, pretrained=source, **{"contrastive.lock_image": True})
+  metrics = run.train_and_evaluate(config, str(tmp_path / "lit"))
+  assert 0.0 <= metrics["zeroshot/accuracy"] <= 1.0
+  start = _flat(orbax_steps.read_params(source))
+  end = _flat(orbax_steps.read_params(tmp_path / "lit" / "checkpoints"))
+  image = {k[len("img/") :]: v for k, v in end.items() if k.startswith("img/")}
+  assert image and set(image) == set(start) - {"head/kernel", "head/bias"}
+  for k, v in image.items():
+    np.testing.assert_array_equal(v, start[k], err_msg=k)
+  assert any(not np.array_equal(v, 0) for k, v in end.items() if k.startswith("txt/"))
+  steps = train_fixtures.build_steps(config)
+  paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(
+    steps.abstract_state.opt_state)]  # fmt: skip
+  assert paths and not any("'img'" in p for p in paths)
+  # The command reads the run back and gives the in-training evaluation's numbers.
+  capsys.readouterr()
+  assert zeroshot_cli.main(["zeroshot", f"--checkpoint={tmp_path / 'lit'}"]) == 0
+  printed = dict(line.split() for line in capsys.readouterr().out.splitlines()[1:])
+  assert float(printed["zeroshot/accuracy"]) == pytest.approx(
+    metrics["zeroshot/accuracy"], abs=1e-4
+  )
+  recall = metrics["retrieval/text_to_image_recall@5"]
+  assert float(printed["retrieval/text_to_image_recall@5"]) == pytest.approx(recall, abs=1e-4)
+
+
+def test_lock_without_weights_and_sigmoid_without_bias_are_clear_errors(digits_dir):
+  config = _siglip(digits_dir, **{"contrastive.lock_image": True})
+  with pytest.raises(errors.ConfigError, match="config.pretrained names no weights"):
+    train_fixtures.build_steps(config)
+  config = _siglip(digits_dir, **{"model.bias_init": None})
+  with pytest.raises(errors.ConfigError, match="config.model.bias_init=None"):
+    train_fixtures.build_steps(config)
+
+
+def test_captions_do_not_depend_on_the_process_split_and_the_tokenizer_reads_back(tmp_path):
+  made = captions.Captions([str(d) for d in range(10)], "digits", length=12)
+  assert made.texts[7][0] == "a photo of the digit seven."
+  labels = np.eye(10, dtype=np.float32)[np.arange(16) % 10]
+  whole = made.train_ids(labels, step=5, first_row=0, seed=1)
+  halves = [made.train_ids(labels[i : i + 8], step=5, first_row=i, seed=1) for i in (0, 8)]
+  np.testing.assert_array_equal(whole, np.concatenate(halves))
+  assert len({tuple(r) for r in whole}) > 10  # several templates are drawn
+  made.tokenizer.save(str(tmp_path / "tokenizer.json"))
+  again = tokenize.load_tokenizer(str(tmp_path))
+  texts = [t for row in made.texts for t in row]
+  np.testing.assert_array_equal(again.encode(texts, 12), made.tokenizer.encode(texts, 12))
+
+
+def test_recall_counts_the_candidates_scoring_strictly_higher():
+  scores = np.array([[0.9, 0.1, 0.0], [0.8, 0.5, 0.1], [0.3, 0.2, 0.1]])
+  assert zeroshot.recall_at(scores, (1, 2, 3)) == {1: 1 / 3, 2: 2 / 3, 3: 1.0}
+
+
+def test_the_runs_sigmoid_loss_passes_texts_around_8_devices_and_equals_one_device(tmp_path):
+  out = tmp_path / "results.npz"
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "PYTHONPATH": REPO}
+  proc = subprocess.run(
+    [sys.executable, "-m", "tests._contrastive_step", str(out)],
+    cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+  )  # fmt: skip
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  with np.load(out) as f:
+    r = dict(f)
+  assert r["ring/permutes"] and not r["one/permutes"]
+  np.testing.assert_allclose(r["ring/loss"], r["one/loss"], rtol=1e-5)
+  assert r["one/loss"][1] < r["one/loss"][0]
+  for k in (k for k in r if k.startswith("one/params/")):
+    ring = r["ring/" + k[len("one/") :]]
+    np.testing.assert_allclose(ring, r[k], atol=1e-5, err_msg=k)

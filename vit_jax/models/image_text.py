@@ -1,0 +1,244 @@
+"""The two-tower (image-text) family: its settings read from ``config.model``, its builder,
+its cost and what its parameter shapes say.
+
+A two-tower config holds an image model config of any family and a text tower:
+
+    config.model.model_type = 'two_tower'
+    config.model.image = models.get_model_config('ViT-B_16')   # any family's config
+    config.model.text = dict(size='B', vocab_size=32_000, pool='last')   # or width/depth/...
+    config.model.text_len = 16          # the tokens of a text (fixes the position table)
+    config.model.embed_dim = 768        # the shared width of both projections
+    config.model.temperature_init = 10.0, config.model.bias_init = -10.0   # SigLIP's
+    # CLIP: temperature_init=1 / 0.07, bias_init=None (no bias parameter)
+
+`two_tower_config` writes one. The model (`two_tower.TwoTower`) keeps the image model's tree
+under ``img`` and the text tower's under ``txt``; the image model is built as a feature
+extractor (no head) and its run options (remat, dtype) are the image config's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Optional
+
+import ml_collections
+
+from vit_jax import errors
+from vit_jax.models.execution import ExecutionOptions
+from vit_jax.models.text import SIZES, TextSettings, TextTransformer
+from vit_jax.models.two_tower import LOSS_INIT, ContrastiveInit, TwoTower
+
+TWO_TOWER = "two_tower"
+TEXT_KEY = "txt/Embed_0/embedding"  # a path only a two-tower tree has
+IMAGE, TEXT = "img", "txt"  # the towers' subtrees
+_TEXT_FIELDS = ("width", "depth", "mlp_dim", "num_heads", "vocab_size", "pool")
+
+
+@dataclasses.dataclass(frozen=True)
+class TwoTowerSettings:
+  """A two-tower model: ``image`` (any family's settings), ``text``, the shared width and
+  the contrastive temperature and bias to start from (``bias_init`` None: no bias)."""
+
+  name: str
+  image: Any  # `families.Settings` of the image model
+  text: TextSettings
+  text_len: int
+  embed_dim: int
+  temperature_init: float
+  bias_init: Optional[float]
+  model_type: str = TWO_TOWER
+  resnet: None = None  # read by the run's checks of a hybrid ViT
+
+  def __post_init__(self):
+    for key in ("text_len", "embed_dim"):
+      value = getattr(self, key)
+      if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise errors.ConfigError(f"config.model.{key}={value!r} must be a positive integer.")
+    if not self.temperature_init > 0:
+      raise errors.ConfigError(
+        f"config.model.temperature_init={self.temperature_init!r} must be positive "
+        "(SigLIP: 10, CLIP: 1 / 0.07 = 14.3)."
+      )
+
+  @classmethod
+  def from_config(cls, config: Any, image: Any) -> "TwoTowerSettings":
+    """``image``: the image model's settings, read from ``config.image`` by its family
+    (`families.model_settings`, which calls this)."""
+    if isinstance(config, TwoTowerSettings):
+      return config
+    for key in ("name", "image", "text", "text_len", "embed_dim", "temperature_init"):
+      if config.get(key) is None:
+        raise errors.ConfigError(
+          f"config.model.{key} is required by a two-tower model: build the config with "
+          "vit_jax.models.image_text.two_tower_config (configs/siglip.py does)."
+        )
+    if isinstance(image, TwoTowerSettings):
+      raise errors.ConfigError("config.model.image must be an image model, not a two-tower one.")
+    text = dict(config.text)
+    size = text.pop("size", None)
+    unknown = sorted(set(text) - set(_TEXT_FIELDS))
+    if unknown:
+      raise errors.ConfigError(
+        f"config.model.text has unknown keys {unknown}; it takes 'size' (one of "
+        f"{tuple(SIZES)}) or {_TEXT_FIELDS}."
+      )
+    text_settings = TextSettings.named(size, **text) if size else TextSettings(**text)
+    bias = config.get("bias_init")
+    return cls(
+      name=str(config.name),
+      image=image,
+      text=text_settings,
+      text_len=config.text_len,
+      embed_dim=config.embed_dim,
+      temperature_init=float(config.temperature_init),
+      bias_init=None if bias is None else float(bias),
+    )
+
+  # The run's options are the image model's: it is the tower that sets the compute.
+  @property
+  def remat(self) -> bool:
+    return self.image.remat
+
+  @property
+  def dtype(self) -> str:
+    return self.image.dtype
+
+  @property
+  def input_mean(self) -> tuple[float, ...]:
+    return self.image.input_mean
+
+  @property
+  def input_std(self) -> tuple[float, ...]:
+    return self.image.input_std
+
+  def execution_options(self) -> ExecutionOptions:
+    return self.image.execution_options()
+
+  def get(self, key: str, default: Any = None) -> Any:
+    return getattr(self, key, default)
+
+  def replace(self, **changes: Any) -> "TwoTowerSettings":
+    """Own fields changed; any other (``remat=True``, ``dtype``) is the image model's."""
+    own = {k: changes.pop(k) for k in list(changes) if k in self.__dataclass_fields__}
+    image = self.image.replace(**changes) if changes else self.image
+    return dataclasses.replace(self, image=image, **own)
+
+
+def two_tower_config(
+  image: ml_collections.ConfigDict,
+  *,
+  text: Mapping[str, Any],
+  text_len: int,
+  embed_dim: int,
+  loss: str = "sigmoid",
+  name: str = "two-tower",
+) -> ml_collections.ConfigDict:
+  """``config.model`` of a two-tower model with SigLIP's (``loss='sigmoid'``) or CLIP's
+  (``'softmax'``) initial temperature and bias."""
+  init = LOSS_INIT[loss]
+  config = ml_collections.ConfigDict()
+  config.model_type = TWO_TOWER
+  config.name = name
+  config.image = image
+  config.text = ml_collections.ConfigDict(dict(text))
+  config.text_len = text_len
+  config.embed_dim = embed_dim
+  config.temperature_init = init.temperature
+  config.bias_init = ml_collections.FieldReference(init.bias, field_type=float)
+  return config
+
+
+# The functions below take the image model's family record (``image_family``: a
+# `families.Family`), which `families.TWO_TOWER` passes them: this module cannot import the
+# registry that imports it.
+
+
+def create_two_tower(
+  settings: TwoTowerSettings,
+  *,
+  num_classes: Optional[int],
+  execution: ExecutionOptions,
+  image_family: Any,
+  **overrides: Any,
+) -> TwoTower:
+  """The `TwoTower` of ``settings``; ``num_classes`` is ignored (the embedding width is the
+  model's own), ``overrides`` go to the image model."""
+  del num_classes
+  img = image_family.build(settings.image, num_classes=None, execution=execution, **overrides)
+  text_execution = ExecutionOptions(dtype=execution.dtype, remat=execution.remat)
+  txt = TextTransformer(settings.text, num_classes=settings.embed_dim, execution=text_execution)
+  init = ContrastiveInit(settings.temperature_init, settings.bias_init)
+  return TwoTower(img=img, txt=txt, embed_dim=settings.embed_dim, contrastive_init=init)
+
+
+def text_flops(settings: TwoTowerSettings, *, train: bool) -> float:
+  """FLOPs of one text: the encoder blocks over ``text_len`` tokens and the projection."""
+  n, d, s = settings.text_len, settings.text.width, settings.text
+  per_layer = n * 4 * d * d + 2 * n * n * d + 2 * n * d * s.mlp_dim  # [L, D] tokens
+  macs = s.depth * per_layer + d * settings.embed_dim
+  return 2.0 * macs * (3 if train else 1)
+
+
+def flops_per_image(
+  settings: TwoTowerSettings, image_size: int, num_classes: int, *, train: bool, image_family: Any
+) -> Optional[float]:
+  """FLOPs of one image-text pair: the image model without head, its projection excluded
+  (its feature width is the family's), plus `text_flops`."""
+  del num_classes
+  image = image_family.flops_per_image(settings.image, image_size, None, train=train)
+  return None if image is None else image + text_flops(settings, train=train)
+
+
+def activation_bytes(
+  settings: TwoTowerSettings,
+  image_size: int,
+  images: int,
+  compiler_rematerializes: bool = False,
+  *,
+  image_family: Any,
+) -> Optional[int]:
+  """The image model's bound (a lower bound of the two towers' together)."""
+  bound = image_family.activation_bytes
+  return bound(settings.image, image_size, images, compiler_rematerializes)
+
+
+def describe_shapes(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
+  """What a two-tower tree's shapes say of its text tower and shared width."""
+  vocab, width = shapes[TEXT_KEY]
+  depth = len({p.split("/")[2] for p in shapes if p.startswith("txt/Encoder_0/encoderblock_")})
+  mlp = shapes.get("txt/Encoder_0/encoderblock_0/MlpBlock_3/Dense_0/kernel", (None, None))[1]
+  return {
+    "text width": width,
+    "text depth": depth,
+    "text mlp_dim": mlp,
+    "vocab size": vocab,
+    "text length": shapes.get("txt/pos_embedding", (None, None))[1],
+    "embed dim": shapes.get("txt/head/kernel", (None, None))[1],
+    "bias": "b" in shapes,
+  }
+
+
+def config_from_shapes(shapes: Mapping[str, tuple[int, ...]], config: Any) -> Any:
+  """Refused: the image tower's family and the text tower's heads are not in the shapes."""
+  del shapes, config
+  raise errors.CheckpointError(
+    "A two-tower checkpoint's config cannot be read from its arrays alone (the image "
+    "model's family and the heads are not in them): load it with the run's config.json."
+  )
+
+
+def trained_grid(
+  shapes: Mapping[str, tuple[int, ...]], config: Any, *, image_family: Any
+) -> Optional[tuple]:
+  """The grid the image tower fixes (its family's reader, on the ``img/`` subtree)."""
+  image = {k[len(IMAGE) + 1 :]: v for k, v in shapes.items() if k.startswith(IMAGE + "/")}
+  return image_family.trained_grid(image, config.image)
+
+
+def architecture_key(config: Any, settings: TwoTowerSettings, *, image_family: Any) -> tuple:
+  """What the parameter shapes fix: the image model's key, the text tower's sizes, the
+  text length, the shared width and whether there is a bias."""
+  s = settings
+  image = image_family.architecture_key(config.image)
+  text = tuple(getattr(s.text, f) for f in _TEXT_FIELDS)
+  return (image, text, s.text_len, s.embed_dim, s.bias_init is None)

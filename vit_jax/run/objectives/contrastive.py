@@ -1,0 +1,119 @@
+"""Image-text contrastive training of a two-tower model (SigLIP, CLIP, LiT).
+
+``config.contrastive``: ``loss`` ('sigmoid': SigLIP's, 'softmax': CLIP's; `run.contrastive`)
+and ``lock_image`` (LiT: the image tower gets no gradient and no optimizer state, so it ends
+the run exactly as it started; `frozen` names its subtree for `steps.build_steps`).
+
+The sigmoid loss is computed in the chunked ring form over the mesh's 'data' axis when
+the batch is split over several devices there, so no device holds the global batch of
+logits; the global batch (and so the loss) is the same whatever the process count.
+Batches hold 'image' and 'text' (int32 [B, text_len], `data.captions`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from vit_jax import errors, sharding
+from vit_jax.aliases import Batch
+from vit_jax.models import create_model, model_settings
+from vit_jax.models.image_text import IMAGE, TwoTowerSettings
+from vit_jax.models.two_tower import LOSS_INIT
+from vit_jax.run import contrastive as losses
+
+LOSSES = tuple(LOSS_INIT)
+
+
+def check_options(options: Any) -> None:
+  """``config.contrastive``'s loss, by name."""
+  if options.loss not in LOSSES:
+    raise errors.ConfigError(
+      f"Unknown config.contrastive.loss={options.loss!r}; choose one of {LOSSES}."
+    )
+
+
+class Contrastive:
+  """The contrastive objective of a `TwoTowerSettings` model; ``mesh``: the run's (None:
+  the loss over the whole batch at once)."""
+
+  def __init__(
+    self,
+    model_config: Any,
+    options: ml_collections.FrozenConfigDict,
+    mesh: Optional[jax.sharding.Mesh] = None,
+  ):
+    settings = model_settings(model_config)
+    if not isinstance(settings, TwoTowerSettings):
+      raise errors.ConfigError(
+        "config.objective='contrastive' trains a two-tower model: set config.model to "
+        "vit_jax.models.two_tower_config(...) (configs/siglip.py)."
+      )
+    check_options(options)
+    if options.loss == "sigmoid" and settings.bias_init is None:
+      raise errors.ConfigError(
+        "config.contrastive.loss='sigmoid' needs the model's bias, but "
+        "config.model.bias_init=None: set config.model.bias_init=-10.0 (SigLIP's) or "
+        "config.contrastive.loss='softmax'."
+      )
+    self.model = create_model(settings, num_classes=None)
+    self.encoder = self.model.img  # the image tower (what fine-tuning and LiT read)
+    self.text_len = settings.text_len
+    self.loss_kind = options.loss
+    self.frozen: tuple[str, ...] = (IMAGE,) if options.lock_image else ()
+    self.pretrained_key = IMAGE  # config.pretrained initialises the image tower
+    self.mesh = mesh
+    self.batch_fields = {"text": ((self.text_len,), jnp.int32)}  # besides 'image', 'label'
+
+  def init(self, rng: jax.Array, images: jax.Array) -> Any:
+    """Boxed parameters (with their logical axis names)."""
+    ids = jnp.zeros((images.shape[0], self.text_len), jnp.int32)
+    return self.model.init({"params": rng}, images, ids)["params"]
+
+  def embed(
+    self, params: Any, images: Optional[jax.Array], ids: Optional[jax.Array]
+  ) -> tuple[Optional[jax.Array], Optional[jax.Array], dict[str, jax.Array]]:
+    """Evaluation embeddings: ([B, E] images, [B, E] texts, {'t', 'b'})."""
+    return self.model.apply({"params": params}, images, ids, train=False)
+
+  def _batch_loss(self, zimg: jax.Array, ztxt: jax.Array, out: dict) -> jax.Array:
+    if self.loss_kind == "softmax":
+      return losses.softmax_loss(zimg, ztxt, out["t"])
+    devices = self.mesh.shape[sharding.DATA_AXIS] if self.mesh is not None else 1
+    if devices > 1 and zimg.shape[0] % devices == 0:
+      return losses.sigmoid_loss_chunked(zimg, ztxt, out["t"], out["b"], self.mesh)
+    return losses.sigmoid_loss(zimg, ztxt, out["t"], out["b"])
+
+  def loss(self, params: Any, batch: Batch, rng: jax.Array) -> jax.Array:
+    if self.frozen:  # no gradient flows into the locked tower (its update is zero too)
+      params = {k: jax.lax.stop_gradient(v) if k in self.frozen else v for k, v in params.items()}
+    zimg, ztxt, out = self.model.apply(
+      {"params": params}, batch["image"], batch["text"], train=True, rngs={"dropout": rng}
+    )
+    return self._batch_loss(zimg, ztxt, out)
+
+  def eval_step(self, params: Any, batch: Batch) -> dict[str, jax.Array]:
+    """Sums over the real examples of a batch, each image scored against the batch's real
+    texts: the loss of its row (the training loss's kind) and whether its own text scores
+    highest ('correct': in-batch image-to-text top-1)."""
+    zimg, ztxt, out = self.embed(params, batch["image"], batch["text"])
+    mask = batch["mask"]  # [B]
+    logits = out["t"] * zimg @ ztxt.T  # [B, B]
+    own = jnp.eye(logits.shape[0], dtype=bool)
+    if self.loss_kind == "sigmoid":
+      signs = jnp.where(own, 1.0, -1.0)
+      per_pair = -jax.nn.log_sigmoid(signs * (logits + out["b"]))
+      per_example = jnp.sum(per_pair * mask[None, :], axis=1)  # [B]
+    else:
+      masked = jnp.where(mask[None, :] > 0, logits, -jnp.inf)
+      per_example = -jnp.sum(jnp.where(own, jax.nn.log_softmax(masked, axis=1), 0.0), axis=1)
+    scores = jnp.where(mask[None, :] > 0, logits, -jnp.inf)
+    correct = jnp.argmax(scores, axis=1) == jnp.arange(logits.shape[0])
+    return {
+      "loss_sum": jnp.sum(jnp.where(mask > 0, per_example, 0.0)),
+      "correct": jnp.sum(correct * mask),
+      "count": jnp.sum(mask),
+    }
