@@ -1,0 +1,119 @@
+"""The 2026 backbones' model options in the ViT (``rope``, ``mlp``, ``qkv_bias``): every
+attention path computes the same model, the shapes tell what they can, bad values are one
+error, the tensor-parallel rules shard the new kernels, and the analytic FLOP count stays
+within 3% of XLA's."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests import interop_fixtures as fx
+from vit_jax import errors, models
+from vit_jax.run import step_cost
+from vit_jax.weights import architecture
+
+
+def _config(mlp: str = "swiglu", **changes):
+  """A tiny DINOv3-like model: RoPE without a table, registers, LayerScale, q+v biases."""
+  config = models.get_model_config("testing")
+  config.hidden_size, config.transformer.num_heads, config.transformer.mlp_dim = 32, 2, 48
+  config.transformer.num_layers = 2
+  config.update(
+    {
+      **dict(
+        posemb="none",
+        rope="dinov3",
+        rope_temperature=100.0,
+        rope_rotate_half=True,
+        classifier="gap",
+        class_token=True,
+        num_registers=2,
+        layer_scale_init=1e-5,
+        mlp=mlp,
+        qkv_bias="qv",
+      ),
+      **changes,
+    }
+  )
+  return config
+
+
+@pytest.mark.parametrize(
+  "mlp, changes",
+  [("swiglu", {}), ("swiglu_fused", {"rope": "eva", "rope_rotate_half": False}), ("mlp", {})],
+)
+def test_every_path_computes_the_same_model(mlp, changes):
+  config = _config(mlp, **changes)
+  params = fx.random_tree(config, 3, 32)
+  images = fx.images(2, 32)
+  want = fx.logits(config, params, images, 3)
+  for overrides in (dict(attention_impl="xla"), dict(remat=True)):
+    np.testing.assert_allclose(fx.logits(config, params, images, 3, **overrides), want, atol=2e-5)
+  blocks = [params["Transformer"].pop(f"encoderblock_{i}") for i in range(2)]
+  scanned = dict(params, Transformer=dict(params["Transformer"]))
+  scanned["Transformer"]["encoderblock"] = jax.tree_util.tree_map(lambda *a: np.stack(a), *blocks)
+  got = fx.logits(config, scanned, images, 3, scan=True, remat=True)
+  np.testing.assert_allclose(got, want, atol=2e-5)
+  for i, b in enumerate(blocks):
+    params["Transformer"][f"encoderblock_{i}"] = b
+  half = fx.logits(config, params, images, 3, dtype=jnp.bfloat16)
+  assert fx.relative_error(half, want) < 0.05
+  # RoPE is part of the function: without it the logits move.
+  unrotated = config.copy_and_resolve_references()
+  unrotated.rope = None
+  assert fx.relative_error(fx.logits(unrotated, params, images, 3), want) > 1e-3
+
+
+def test_the_shapes_tell_the_mlp_and_the_biases():
+  for mlp, bias in (("swiglu", "qv"), ("swiglu_fused", "none"), ("mlp", "all")):
+    config = _config(mlp, qkv_bias=bias, mlp_norm=mlp == "swiglu", posemb="learn")
+    inferred = architecture.infer_model_config(fx.random_tree(config, 3, 32))
+    assert (inferred.mlp, inferred.qkv_bias, inferred.mlp_norm) == (mlp, bias, mlp == "swiglu")
+    assert inferred.transformer.mlp_dim == 48
+
+
+@pytest.mark.parametrize(
+  "changes, fragment",
+  [
+    ({"mlp": "geglu"}, "config.model.mlp='geglu'"),
+    ({"mlp": "mlp", "mlp_norm": True}, "config.model.mlp_norm=True"),
+    ({"qkv_bias": "k"}, "config.model.qkv_bias='k'"),
+    ({"rope": "mixed"}, "config.model.rope='mixed'"),
+    ({"rope_ref_grid": 0}, "config.model.rope_ref_grid=0"),
+    ({"posemb": "relative"}, "posemb != 'relative'"),
+    ({"hidden_size": 36}, "head width divisible by 4"),
+  ],
+)
+def test_bad_values_are_one_error_naming_them(changes, fragment):
+  with pytest.raises(errors.ConfigError, match=fragment.replace("(", r"\(")):
+    models.model_settings(_config(**changes))
+
+
+@pytest.mark.parametrize("mlp", ["swiglu", "swiglu_fused"])
+def test_tensor_parallel_shards_the_swiglu_hidden_units_and_the_heads(mlp):
+  block = "Transformer/encoderblock_0/"
+  first = "fc1_g" if mlp == "swiglu" else "fc1"
+  sharded = {
+    f"{block}MlpBlock_3/{first}/kernel": 1,
+    f"{block}MlpBlock_3/fc2/kernel": 0,
+    f"{block}MultiHeadDotProductAttention_1/query/kernel": 1,
+  }
+  model = models.create_model(_config(mlp, mlp_norm=mlp == "swiglu"), num_classes=5)
+  fx.check_logical_axes(model, 32, "tensor_parallel", sharded)
+
+
+@pytest.mark.parametrize("mlp", ["swiglu", "mlp"])
+def test_analytic_flops_are_within_3_percent_of_xlas(mlp):
+  config = _config(mlp)
+  config.hidden_size, config.transformer.num_heads, config.transformer.mlp_dim = 256, 4, 1024
+  config.patches.size = (4, 4)
+  model = models.create_model(config, num_classes=10)
+  images = jnp.zeros((2, 32, 32, 3))
+  params = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), images))["params"]
+  forward = jax.jit(lambda p, x: model.apply({"params": p}, x).sum()).lower(params, images)
+  analytic = step_cost.vit_flops_per_image(models.model_settings(config), 32, 10, train=False)
+  ratio = step_cost.compiled_flops(forward.compile()) / 2 / analytic
+  assert 1.0 <= ratio < 1.03, ratio
