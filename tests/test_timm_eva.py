@@ -139,3 +139,33 @@ def test_what_eva_py_holds_that_this_vit_does_not_compute_is_one_line_naming_it(
   )
   with pytest.raises(errors.CheckpointError, match="config.json naming the architecture"):
     timm_import.read(str(tmp_path / "model.safetensors"))
+
+
+# Our names -> timm's architecture of the same model.
+NAMED = {
+  "DINOv3-S_16": "vit_small_patch16_dinov3",
+  "DINOv3-B_16": "vit_base_patch16_dinov3",
+  "DINOv3-L_16": "vit_large_patch16_dinov3",
+  "EVA02-B_14": "eva02_base_patch14_224",
+}
+
+
+@pytest.mark.parametrize("ours, theirs", NAMED.items())
+def test_named_variants_are_timms_architectures(ours, theirs):
+  """Parameter counts at 224 with 1000 classes equal timm's (meta device), and the
+  options equal those read from timm's registered arguments."""
+  with torch.device("meta"):
+    full = timm.create_model(theirs, pretrained=False, num_classes=1000)
+    one = timm.create_model(theirs, pretrained=False, depth=1, num_classes=1000)
+  module = models.create_model(models.get_model_config(ours), num_classes=1000)
+  dummy = jax.ShapeDtypeStruct((1, 224, 224, 3), np.float32)
+  shapes = jax.eval_shape(module.init, jax.random.key(0), dummy)["params"]
+  got = sum(int(np.prod(s.shape)) for s in jax.tree_util.tree_leaves(nn.unbox(shapes)))
+  assert got == sum(p.numel() for p in full.parameters())
+  tensors = {k: np.zeros(v.shape, np.float32) for k, v in one.state_dict().items()}
+  read, _ = timm_eva.read_eva(tensors, theirs, timm_names.model_args(theirs), theirs)
+  named = models.get_model_config(ours)
+  for key in ("rope", "rope_temperature", "rope_rotate_half", "rope_ref_grid", "mlp", "mlp_norm"):
+    assert read[key] == named[key], key
+  for key in ("qkv_bias", "classifier", "num_registers", "layer_norm_epsilon", "fc_norm"):
+    assert read[key] == named[key], key
