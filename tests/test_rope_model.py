@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests import fresh_python
 from tests import interop_fixtures as fx
 from vit_jax import errors, models
 from vit_jax.run import step_cost
@@ -105,3 +106,42 @@ def test_analytic_flops_are_within_3_percent_of_xlas(mlp):
   analytic = step_cost.vit_flops_per_image(models.model_settings(config), 32, 10, train=False)
   ratio = step_cost.compiled_flops(forward.compile()) / 2 / analytic
   assert 1.0 <= ratio < 1.03, ratio
+
+
+_TENSOR_PARALLEL = """
+import json
+import jax, numpy as np
+from tests import fresh_python
+from tests import interop_fixtures as fx
+from tests.test_rope_model import _config
+from vit_jax import models, sharding
+
+mesh = sharding.make_mesh({"data": 4, "model": 2})
+out = {}
+for mlp, impl in (("swiglu", None), ("swiglu_fused", "xla")):
+  config = _config(mlp, mlp_norm=mlp == "swiglu", attention_impl=impl)
+  params = fx.random_tree(config, 3, 32)
+  images = fx.images(8, 32)
+  want = fx.logits(config, params, images, 3)
+  model = models.create_model(config, num_classes=3)
+  abstract = jax.eval_shape(model.init, jax.random.key(0), images[:1])["params"]
+  placed = jax.device_put(params, sharding.state_shardings(abstract, mesh, "tensor_parallel"))
+  query = placed["Transformer"]["encoderblock_0"]["MultiHeadDotProductAttention_1"]["query"]
+  batch = jax.device_put(images, sharding.batch_sharding(mesh))
+  got = jax.jit(lambda p, x: model.apply({"params": p}, x))(placed, batch)
+  out[mlp] = {
+    "error": fx.relative_error(np.asarray(got), want),
+    "query_heads_per_device": query["kernel"].addressable_shards[0].data.shape[1],
+  }
+print(json.dumps(out))
+"""
+
+
+def test_tensor_parallel_heads_compute_the_same_model():
+  """On 8 host devices, heads and SwiGLU hidden units split over a 'model' axis of 2: the
+  rotation is per head and channel pair, so the logits are the single device's."""
+  env = fresh_python.clean_env(XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  result = fresh_python.run_json(_TENSOR_PARALLEL, env, timeout=240)
+  for mlp in ("swiglu", "swiglu_fused"):
+    assert result[mlp]["query_heads_per_device"] == 1  # 2 heads over 'model' = 2
+    assert result[mlp]["error"] < 1e-5, result

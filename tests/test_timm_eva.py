@@ -13,6 +13,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 import pytest
+from flax import traverse_util
 
 from tests import interop_fixtures as fx
 from vit_jax import errors, models
@@ -50,7 +51,8 @@ def _hub_folder(tmp_path, name: str):
   model = _timm_model(name, size)
   state = {k: v.contiguous() for k, v in model.state_dict().items()}
   safetensors_torch.save_file(state, tmp_path / "model.safetensors")
-  config = {"architecture": name, "num_classes": fx.NUM_CLASSES}
+  stats = {k: list(model.pretrained_cfg[k]) for k in ("mean", "std")}
+  config = {"architecture": name, "num_classes": fx.NUM_CLASSES, "pretrained_cfg": stats}
   if extra:
     config["model_args"] = extra
   (tmp_path / "config.json").write_text(json.dumps(config))
@@ -169,3 +171,57 @@ def test_named_variants_are_timms_architectures(ours, theirs):
     assert read[key] == named[key], key
   for key in ("qkv_bias", "classifier", "num_registers", "layer_norm_epsilon", "fc_norm"):
     assert read[key] == named[key], key
+
+
+@pytest.mark.parametrize(
+  "name, crop", [("vit_small_patch16_dinov3", 32), ("eva02_tiny_patch14_224", 42)]
+)
+def test_finetunes_from_the_hub_folder_at_another_grid(
+  tmp_path, name, crop, digits_dir, monkeypatch
+):
+  """Three steps through ``config.pretrained`` on another grid (DINOv3: 2x2 where timm's
+  was 3x3, nothing to resize; EVA-02: 3x3 where it was 2x2, its table resized as any
+  ViT's): a new zero head, every other array as stored or resized, the loss going down."""
+  from tests import train_fixtures  # pylint: disable=g-import-not-at-top
+  from tests.test_vit_family import _finetune_config  # pylint: disable=g-import-not-at-top
+  from vit_jax import weights  # pylint: disable=g-import-not-at-top
+  from vit_jax.weights import npz  # pylint: disable=g-import-not-at-top
+
+  _, loaded = _hub_folder(tmp_path, name)
+  config = _finetune_config(loaded, str(tmp_path), digits_dir, crop)
+  adapted = {}
+  real_load = weights.load_pretrained
+
+  def spy(*args, **kwargs):
+    tree = npz.scanned_to_layers(real_load(*args, **kwargs))
+    adapted.update(traverse_util.flatten_dict(tree, sep="/"))
+    return tree
+
+  monkeypatch.setattr(weights, "load_pretrained", spy)
+  _, losses = train_fixtures.fit_and_learn(config, steps=3)
+  imported = traverse_util.flatten_dict(loaded.params, sep="/")
+  assert adapted["head/kernel"].shape[-1] == 10 and not adapted["head/kernel"].any()
+  resized = {k for k in imported if k.startswith("head/") or k.endswith("pos_embedding")}
+  for key, value in imported.items():
+    if key not in resized:
+      np.testing.assert_array_equal(adapted[key], value, err_msg=key)
+  assert losses[-1] < losses[0], losses
+
+
+def test_predict_on_the_hub_folder_gives_timms_top1_and_probability(tmp_path):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  from vit_jax import predict  # pylint: disable=g-import-not-at-top
+
+  model, loaded = _hub_folder(tmp_path, "vit_small_plus_patch16_dinov3")
+  size = TINY["vit_small_plus_patch16_dinov3"][2]
+  pixels = np.random.default_rng(4).integers(0, 256, (size, size, 3), dtype=np.uint8)
+  path = str(tmp_path / "image.png")
+  tf.io.write_file(path, tf.io.encode_png(pixels))
+  assert list(loaded.config.input_mean) == list(model.pretrained_cfg["mean"])  # recorded
+  classifier = predict.Classifier(loaded, (size, size))
+  prepared = classifier.prepare(path)[None]
+  ours = classifier.probabilities(prepared)
+  theirs = torch.softmax(torch.from_numpy(fx.torch_logits(model, prepared)), -1).numpy()
+  assert ours.argmax() == theirs.argmax()
+  assert np.abs(ours - theirs).max() <= 1e-4
