@@ -56,6 +56,9 @@ MODELS: dict[str, str] = {
   # Later families with a 16x16 patch (the fine-tuning crop, 384, is a multiple of it).
   "siglip_b16": "SigLIP-B_16",
   "clip_b16": "CLIP-B_16",
+  "dinov3_s16": "DINOv3-S_16",
+  "dinov3_b16": "DINOv3-B_16",
+  "dinov3_l16": "DINOv3-L_16",
   # The paper's ResNet baselines (BiT ResNet-v2).
   **{
     f"bit_r{size}": f"BiT-R{size}"

@@ -54,25 +54,24 @@ def write_checkpoint(folder: str, config: dict) -> str:
 
 
 @pytest.mark.parametrize(
-  "name,family,missing",
+  "name,fragment",
   [
-    ("vit_small_patch16_dinov3.lvd1689m", "DINOv3", "rotary position embeddings"),
-    ("vit_large_patch16_dinov3_qkvb", "DINOv3", "SwiGLU"),
-    ("eva02_base_patch14_224", "EVA-02", "sub-LayerNorm"),
-    ("eva_giant_patch14_224", "EVA", "separate q and v biases"),
-    ("vit_pe_core_base_patch16_224", "Perception Encoder", "2D RoPE"),
-    ("vit_base_patch16_rope_reg1_gap_256", "RoPE-ViT", "rotary position embeddings"),
-    ("naflexvit_base_patch16_gap", "NaFlexViT", "variable-resolution"),
+    ("vit_pe_core_base_patch16_224", "(timm eva.py) has global_pool='map'"),
+    ("vit_base_patch16_rope_mixed_224.naver_in1k", "rope_type='mixed'"),
+    ("eva02_large_patch14_clip_224", "scale_attn_inner=True"),
+    ("naflexvit_base_patch16_gap", "is NaFlexViT (timm eva.py/naflexvit.py)"),
   ],
 )
-def test_a_timm_family_the_package_does_not_express_is_one_error(tmp_path, name, family, missing):
+def test_a_timm_family_the_package_does_not_express_is_one_error(tmp_path, name, fragment):
+  """Named in one line with what is missing: an eva.py name by each argument this ViT
+  does not compute (DINOv3 and EVA-02 are read: tests/test_timm_eva.py)."""
   folder = write_checkpoint(str(tmp_path / "m"), {"architecture": name})
   for path in (folder, os.path.join(folder, "model.safetensors")):
     with pytest.raises(errors.CheckpointError) as raised:
       sources.load(path)
     message = str(raised.value)
     assert "\n" not in message
-    assert f"timm architecture {name!r} is {family}" in message and missing in message
+    assert f"timm architecture {name!r}" in message and fragment in message
 
 
 def test_a_timm_architecture_never_seen_is_one_error_naming_it(tmp_path):

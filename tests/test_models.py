@@ -49,6 +49,10 @@ PARAM_COUNTS = {
   "DINOv2-L_14-reg4": 304_255_976,
   "CLIP-B_16": 86_569_192,
   "CLIP-B_16-quickgelu": 86_569_192,
+  "DINOv3-S_16": 21_971_944,  # = timm's (tests/test_timm_eva.py)
+  "DINOv3-B_16": 86_410_216,
+  "DINOv3-L_16": 304_104_424,
+  "EVA02-B_14": 86_527_720,
   # The paper's other hybrids (Table 6) and its BiT ResNet baselines (= timm's
   # resnetv2_*_bit, tests/test_bit.py).
   "R50+ViT-B_32": 110_945_832,

@@ -42,8 +42,8 @@ def test_split_swiglu_equals_timms(inner_norm):
   np.testing.assert_allclose(ours, theirs(torch.from_numpy(x)).detach().numpy(), atol=2e-5)
 
 
-def test_fused_swiglu_equals_timms_glu_mlp_with_silu():
-  theirs = mlp.GluMlp(16, 2 * 24, act_layer=torch.nn.SiLU).eval()
+def test_fused_swiglu_equals_timms_gate_first_glu_mlp():
+  theirs = mlp.GluMlp(16, 2 * 24, act_layer=torch.nn.SiLU, gate_last=False).eval()
   _randomize(theirs)
   params = {"fc1": _dense(theirs.fc1), "fc2": _dense(theirs.fc2)}
   x = np.random.default_rng(1).standard_normal((3, 16)).astype(np.float32)

@@ -1,12 +1,13 @@
 r"""Writes `vit_jax/weights/timm_architectures.json`: every architecture name timm registers
-for its ViTs -> the constructor arguments its entrypoint passes, from timm's own registry.
+for its ViTs (`vision_transformer`, `eva`) -> the constructor arguments its entrypoint
+passes, from timm's own registry.
 
     python tools/timm_architectures.py        # needs timm (pip install -e ".[interop]")
 
 A timm hub `config.json` names only the ``architecture``; what the arrays do not show (the
 head count, pooling, LayerNorm epsilon, activation, position rows of the prefix tokens,
 LayerScale init) is in these arguments. Each entrypoint of timm's `vision_transformer`,
-`vision_transformer_hybrid` and `deit` modules is called with its model builder replaced
+`vision_transformer_hybrid`, `deit` and `eva` modules is called with its model builder replaced
 by one that records the keyword arguments and stops, on torch's ``meta`` device (a
 hybrid's backbone is built there, without memory): no weights, no model. Values that are
 not JSON (a norm or activation class, a `functools.partial`, a backbone) are written as
@@ -29,6 +30,7 @@ BUILDERS = {
   "vision_transformer": "_create_vision_transformer",
   "vision_transformer_hybrid": "_create_vision_transformer_hybrid",
   "deit": "_create_deit",
+  "eva": "_create_eva",  # DINOv3, EVA-02, Perception Encoder, RoPE-ViT
 }
 
 

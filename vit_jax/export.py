@@ -40,7 +40,7 @@ from absl import flags, logging
 from vit_jax import cli, errors, models
 from vit_jax.models import families
 from vit_jax.weights import hf as hf_lib
-from vit_jax.weights import npz, serving, sources, timm_bit, timm_mixer
+from vit_jax.weights import npz, serving, sources, timm_bit, timm_eva, timm_mixer
 from vit_jax.weights import timm as timm_lib
 
 FORMATS = ("hf", "timm", "saved_model", "stablehlo", "npz")
@@ -94,6 +94,8 @@ def _writer(
     return lambda d: hf_lib.write_dir(d, *files)
   if fmt == "timm":
     timm_writer = _TIMM_WRITERS[family]
+    if family is families.VIT and timm_eva.is_eva(model.config):
+      timm_writer = timm_eva  # RoPE, SwiGLU, q+v biases: timm's Eva (DINOv3, EVA-02)
     spec = timm_writer.model_spec(
       model.config,
       num_classes=model.num_classes,

@@ -1,5 +1,6 @@
 """The ViT's self-attention with the official `query/key/value/out` parameter layout: the
-projections, the einsum attention (with relative position logits) and the fused
+projections (with all, no, or query and value biases), rotary position embeddings of the
+queries and keys, the einsum attention (with relative position logits) and the fused
 `jax.nn.dot_product_attention` path padded to the lengths a kernel takes."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import jax.numpy as jnp
 from vit_jax import errors
 from vit_jax.models import options
 from vit_jax.models import posemb as posemb_lib
+from vit_jax.models import rope as rope_lib
 from vit_jax.models.execution import EINSUM, ExecutionOptions
 from vit_jax.models.layers import partitioned
 from vit_jax.sharding import EMBED, HEADS, KV
@@ -34,9 +36,10 @@ class Projection(nn.Module):
   bias_shape: tuple[int, ...]
   bias_axes: tuple[str, ...]
   execution: ExecutionOptions
+  use_bias: bool = True
 
   @nn.compact
-  def __call__(self) -> tuple[jax.Array, jax.Array]:
+  def __call__(self) -> tuple[jax.Array, Optional[jax.Array]]:
     ex = self.execution
 
     def kernel_init(key: jax.Array, shape: tuple[int, ...], dtype: jnp.dtype) -> jax.Array:
@@ -46,10 +49,16 @@ class Projection(nn.Module):
     kernel = self.param(
       "kernel", partitioned(kernel_init, self.kernel_axes), self.kernel_shape, ex.param_dtype
     )
+    if not self.use_bias:
+      return kernel.astype(ex.dtype), None
     bias = self.param(
       "bias", partitioned(nn.initializers.zeros, self.bias_axes), self.bias_shape, ex.param_dtype
     )
     return kernel.astype(ex.dtype), bias.astype(ex.dtype)
+
+
+def _biased(y: jax.Array, bias: Optional[jax.Array]) -> jax.Array:
+  return y if bias is None else y + bias
 
 
 # Sequence lengths a fused implementation needs: JAX's cuDNN attention differentiates only
@@ -100,6 +109,10 @@ class MultiHeadDotProductAttention(nn.Module):
   # Relative position embeddings (`posemb_lib.RelativePositions`): an offset table whose
   # logits are added to the content logits; they need the einsum path.
   relative: Optional[posemb_lib.RelativePositions] = None
+  # Rotary position embeddings (`rope.RotaryPositions`), applied to the projected queries
+  # and keys on every path (as timm's EVA attention: before the scaling).
+  rotary: Optional[rope_lib.RotaryPositions] = None
+  qkv_bias: str = options.QKV_BIAS_ALL  # `options.QKV_BIASES`
 
   @nn.compact
   def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
@@ -118,8 +131,12 @@ class MultiHeadDotProductAttention(nn.Module):
           f"Relative positions of {self.relative} do not match {x.shape[1]} tokens."
         )
       relative = posemb_lib.relative_table(self, self.relative, h, dh, ex.param_dtype)
+    options.check_qkv_bias(self.qkv_bias)
+    biased = {options.QKV_BIAS_ALL: "qkv", options.QKV_BIAS_QV: "qv"}.get(self.qkv_bias, "")
     qkv = [
-      Projection(1, (d, h, dh), (EMBED, HEADS, KV), (h, dh), (HEADS, KV), ex, name=name)()
+      Projection(
+        1, (d, h, dh), (EMBED, HEADS, KV), (h, dh), (HEADS, KV), ex, name[0] in biased, name=name
+      )()
       for name in ("query", "key", "value")
     ]
     w_out, b_out = Projection(2, (h, dh, d), (HEADS, KV, EMBED), (d,), (EMBED,), ex, name="out")()
@@ -127,12 +144,18 @@ class MultiHeadDotProductAttention(nn.Module):
     use_dropout = not deterministic and ex.attention_dropout_rate > 0.0
     need_weights = use_dropout or self.is_mutable_collection("intermediates")
     if (ex.attention_impl or EINSUM) != EINSUM and not need_weights and relative is None:
-      q, k, v = (jnp.einsum("bnd,dhk->bnhk", x, w) + b for w, b in qkv)  # [B, N, H, Dh]
+      q, k, v = (_biased(jnp.einsum("bnd,dhk->bnhk", x, w), b) for w, b in qkv)  # [B, N, H, Dh]
+      if self.rotary is not None:
+        q, k = (self.rotary.rotate(t, heads_first=False) for t in (q, k))
       multiple = SEQUENCE_MULTIPLE.get(ex.attention_impl, 1)
       y = padded_dot_product_attention(q, k, v, ex.attention_impl, multiple)
       out = jnp.einsum("bnhk,hkd->bnd", y, w_out) + b_out  # [B, N, D]
       return out.reshape(*lead, *out.shape[1:])
-    q, k, v = (jnp.einsum("bnd,dhk->bhnk", x, w) + b[:, None] for w, b in qkv)  # [B, H, N, Dh]
+    q, k, v = (
+      _biased(jnp.einsum("bnd,dhk->bhnk", x, w), None if b is None else b[:, None]) for w, b in qkv
+    )  # [B, H, N, Dh]
+    if self.rotary is not None:
+      q, k = self.rotary.rotate(q), self.rotary.rotate(k)
     q = q / jnp.sqrt(dh).astype(ex.dtype)
     logits = jnp.einsum("bhqd,bhkd->bhqk", q, k).astype(jnp.float32)  # [B, H, N, N]
     if relative is not None:  # the same scaled query against the offsets' embeddings

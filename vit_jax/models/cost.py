@@ -13,6 +13,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from vit_jax.models import options
 from vit_jax.models import posemb as posemb_lib
 from vit_jax.models.settings import BitSettings, ModelSettings
 
@@ -108,11 +109,11 @@ def vit_flops_per_image(
   """FLOPs of a ViT's matrix products for one image, a hybrid's ResNet root included.
 
   Counts 2 FLOPs per multiply-add of the patch embedding, the attention projections, the
-  two attention products, the MLP, the pre-logits and the head; a hybrid adds its
-  ResNet root's convolutions (`resnet_macs`) and embeds its feature map's channels. A
-  train step is 3x the forward pass (the backward pass computes two products per forward
-  one). Recomputation (remat) is not counted: this is the model's count that MFU is
-  defined on.
+  two attention products, the MLP (a SwiGLU's three products), the pre-logits and the
+  head; a hybrid adds its ResNet root's convolutions (`resnet_macs`) and embeds its
+  feature map's channels. A train step is 3x the forward pass (the backward pass computes
+  two products per forward one). Recomputation (remat) is not counted: this is the
+  model's count that MFU is defined on.
   """
   cfg = model_config
   if cfg.axial or cfg.posemb == posemb_lib.RELATIVE:
@@ -125,7 +126,9 @@ def vit_flops_per_image(
   patches = (grid // ph) * (grid // pw)
   n = patches + cfg.num_prefix_tokens
   macs += patches * ph * pw * channels * d  # patch embedding
-  per_layer = n * 4 * d * d + 2 * n * n * d + 2 * n * d * t.mlp_dim  # [N, D] tokens
+  # A SwiGLU's MLP has three [D, M] products (gate, value, out), the paper's MLP two.
+  mlp_products = 2 if cfg.mlp == options.MLP else 3
+  per_layer = n * 4 * d * d + 2 * n * n * d + mlp_products * n * d * t.mlp_dim  # [N, D] tokens
   macs += t.num_layers * per_layer
   width = d
   if cfg.representation_size:

@@ -16,6 +16,14 @@ from typing import Any, Callable, Optional
 
 from vit_jax import errors
 from vit_jax.models import heads, layers
+from vit_jax.models import rope as rope_lib
+
+MLP = "mlp"  # Dense -> GELU -> Dense, the paper's
+SWIGLU = "swiglu"  # silu(fc1_g x) * fc1_x x -> fc2 (timm's SwiGLU)
+SWIGLU_FUSED = "swiglu_fused"  # one fc1 holding the gate then the value (timm's GluMlp)
+MLP_KINDS: tuple[str, ...] = (MLP, SWIGLU, SWIGLU_FUSED)
+QKV_BIAS_ALL, QKV_BIAS_NONE, QKV_BIAS_QV = "all", "none", "qv"  # qv: no key bias (EVA)
+QKV_BIASES: tuple[str, ...] = (QKV_BIAS_ALL, QKV_BIAS_NONE, QKV_BIAS_QV)
 
 
 def _bad(key: str, value: Any, why: str) -> errors.ConfigError:
@@ -109,6 +117,45 @@ def check_layer_scale_init(value: Any) -> None:
     )
 
 
+def check_mlp(kind: Any, mlp_norm: Any) -> None:
+  if kind not in MLP_KINDS:
+    raise _bad("mlp", kind, f"choose one of {MLP_KINDS}")
+  if mlp_norm is True and kind != SWIGLU:
+    raise _bad("mlp_norm", mlp_norm, f"the inner LayerNorm is EVA-02's, in mlp={SWIGLU!r}")
+
+
+def check_qkv_bias(value: Any) -> None:
+  if value not in QKV_BIASES:
+    raise _bad("qkv_bias", value, f"choose one of {QKV_BIASES} (qv: no key bias, as EVA)")
+
+
+def check_rope(c: Any) -> None:
+  """The rotary embedding's fields (`rope.Rope`), its head width, and no second kind of
+  relative positions beside it."""
+  kind = c.get("rope")
+  if kind is None:
+    return
+  side = c.get("rope_ref_grid")
+  if side is not None and (not isinstance(side, numbers.Integral) or side < 1):
+    raise _bad("rope_ref_grid", side, "None or the pre-training grid's side, e.g. 16")
+  temperature = c.get("rope_temperature")
+  if not _real(temperature) or not _real(c.get("rope_grid_offset")):
+    raise _bad("rope_temperature", temperature, "rope_temperature and rope_grid_offset are numbers")
+  try:
+    rope_lib.Rope(
+      kind, temperature, True, c.get("rope_grid_offset"), c.get("rope_normalize_coords")
+    )
+  except errors.ConfigError as e:
+    raise _bad("rope", kind, str(e)) from None
+  heads, width = c.get("transformer").num_heads, c.get("hidden_size")
+  if isinstance(heads, int) and heads > 0 and (width // heads) % 4:
+    raise _bad("rope", kind, f"RoPE needs a head width divisible by 4, not {width // heads}")
+  if c.get("posemb") == "relative" or c.get("axial"):
+    raise _bad(
+      "rope", kind, "RoPE is the attention's positions: set posemb != 'relative', axial=False"
+    )
+
+
 def _rgb(value: Any) -> bool:
   return isinstance(value, (tuple, list)) and len(value) == 3 and all(_real(v) for v in value)
 
@@ -154,6 +201,9 @@ def _checks(c: Any) -> list[Callable[[], None]]:
     lambda: check_activation(c.get("activation")),
     lambda: check_layer_norm_epsilon(c.get("layer_norm_epsilon")),
     lambda: check_layer_scale_init(c.get("layer_scale_init")),
+    lambda: check_mlp(c.get("mlp"), c.get("mlp_norm")),
+    lambda: check_qkv_bias(c.get("qkv_bias")),
+    lambda: check_rope(c),
     lambda: check_input_stats("input_mean", c.get("input_mean")),
     lambda: check_input_stats("input_std", c.get("input_std")),
   ]

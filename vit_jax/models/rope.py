@@ -34,6 +34,7 @@ EVA = "eva"
 DINOV3 = "dinov3"
 KINDS = (EVA, DINOV3)
 NORMALIZE_COORDS = ("separate", "min", "max")
+TEMPERATURE = 10_000.0  # timm's default (EVA-02); DINOv3 sets 100
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,3 +119,22 @@ def apply(
   wide = patches.astype(jnp.float32)
   rotated = wide * cos + _rotated(wide, rotate_half) * sin
   return jnp.concatenate([prefix, rotated.astype(x.dtype)], axis=-2)
+
+
+@dataclasses.dataclass(frozen=True)
+class RotaryPositions:
+  """What an attention layer needs to rotate its queries and keys: the family's `Rope`, the
+  patch grid and the prefix tokens before it (left unrotated)."""
+
+  rope: Rope
+  grid_hw: tuple[int, int]
+  num_prefix: int
+
+  def rotate(self, x: jax.Array, heads_first: bool = True) -> jax.Array:
+    """Queries or keys [B, H, N, Dh] (``heads_first``) or [B, N, H, Dh], rotated."""
+    sin, cos = self.rope.sin_cos(self.grid_hw, x.shape[-1])  # [N - P, Dh] each
+    if heads_first:
+      return apply(x, sin, cos, self.rope.rotate_half, self.num_prefix)
+    moved = jnp.swapaxes(x, 1, 2)  # [B, H, N, Dh]
+    rotated = apply(moved, sin, cos, self.rope.rotate_half, self.num_prefix)
+    return jnp.swapaxes(rotated, 1, 2)  # [B, N, H, Dh]

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from vit_jax import errors
 from vit_jax.models import bit, execution, layers, mixer, options
 from vit_jax.models import posemb as posemb_lib
+from vit_jax.models import rope as rope_lib
 
 # The inputs the official weights expect: pixels in [0, 1] mapped to [-1, 1], per RGB.
 OFFICIAL_INPUT_MEAN = OFFICIAL_INPUT_STD = (0.5, 0.5, 0.5)
@@ -130,6 +131,20 @@ class ModelSettings:
   fc_norm: bool = False  # the final LayerNorm after pooling instead of before (timm's)
   layer_scale_init: Optional[float] = None  # None: no LayerScale (DINOv2: 1e-5)
   layer_norm_epsilon: float = layers.LAYER_NORM_EPSILON
+  # Rotary position embeddings of the queries and keys (`rope.KINDS`: 'eva' for EVA-02,
+  # 'dinov3'; None: none), beside the absolute table of ``posemb`` ('none' for DINOv3).
+  rope: Optional[str] = None
+  rope_temperature: float = rope_lib.TEMPERATURE
+  rope_rotate_half: bool = False  # channel i pairs with i + Dh/2 (DINOv3), else 2i with 2i+1
+  rope_grid_offset: float = rope_lib.Rope.grid_offset
+  rope_normalize_coords: str = rope_lib.Rope.normalize_coords  # DINOv3's patch centres
+  rope_ref_grid: Optional[int] = None  # EVA: the pre-training grid's side (EVA-02-B/14: 16)
+  # `options.MLP_KINDS`: 'mlp' (Dense, GELU, Dense), 'swiglu' (split gate and value, timm's
+  # fc1_g/fc1_x), 'swiglu_fused' (one fc1, gate first); ``mlp_norm``: EVA-02's LayerNorm on
+  # a SwiGLU's hidden units.
+  mlp: str = options.MLP
+  mlp_norm: bool = False
+  qkv_bias: str = options.QKV_BIAS_ALL  # `options.QKV_BIASES`: 'all', 'none', 'qv' (EVA)
   # `layers.ACTIVATIONS`: 'gelu' (tanh or exact by gelu_approximate) or 'quick_gelu' (CLIP)
   activation: str = layers.GELU
   # The inputs the weights expect, (x / 255 - mean) / std per RGB channel; recorded from a
@@ -202,6 +217,20 @@ class ModelSettings:
   def num_prefix_tokens(self) -> int:
     """Tokens before the patches (`options.num_prefix_tokens`): class token and registers."""
     return options.num_prefix_tokens(self.classifier, self.class_token, self.num_registers)
+
+  def rotary(self) -> Optional[rope_lib.Rope]:
+    """The rotary embedding these settings name (None: no RoPE)."""
+    if self.rope is None:
+      return None
+    side = self.rope_ref_grid
+    return rope_lib.Rope(
+      self.rope,
+      self.rope_temperature,
+      self.rope_rotate_half,
+      grid_offset=self.rope_grid_offset,
+      normalize_coords=self.rope_normalize_coords,
+      ref_grid=None if side is None else (side, side),
+    )
 
   def execution_options(self) -> execution.ExecutionOptions:
     """How the model these settings describe runs (`create_model` applies its overrides)."""

@@ -236,7 +236,41 @@ _DINOV2 = dict(
 _CLIP = dict(
   _LATER, norm_pre=True, layer_norm_epsilon=1e-5, input_mean=CLIP_MEAN, input_std=CLIP_STD
 )
+# DINOv3 (timm's `vit_*_patch16_dinov3`) and EVA-02 (`eva02_*_patch14_224`, the MIM
+# towers), as timm computes them: rotary embeddings, SwiGLU, q+v or no q/k/v biases.
+_DINOV3 = dict(
+  _LATER,
+  posemb="none",
+  rope="dinov3",
+  rope_temperature=100.0,
+  rope_rotate_half=True,
+  classifier="gap",
+  class_token=True,
+  num_registers=4,
+  layer_scale_init=1e-5,
+  layer_norm_epsilon=1e-5,
+  qkv_bias="none",
+  input_mean=IMAGENET_MEAN,
+  input_std=IMAGENET_STD,
+)
+_EVA02 = dict(
+  _LATER,
+  rope="eva",
+  rope_ref_grid=16,
+  classifier="gap",
+  class_token=True,
+  fc_norm=True,
+  mlp="swiglu",
+  mlp_norm=True,
+  qkv_bias="qv",
+  input_mean=CLIP_MEAN,
+  input_std=CLIP_STD,
+)
 for _name, _base, _changes in (
+  ("DINOv3-S_16", lambda: _vit("", 16, **_S), _DINOV3),
+  ("DINOv3-B_16", lambda: _vit("", 16, **_B), _DINOV3),
+  ("DINOv3-L_16", lambda: _vit("", 16, **_L), _DINOV3),
+  ("EVA02-B_14", lambda: _vit("", 14, **dict(_B, mlp=2048)), _EVA02),
   ("SigLIP-B_16", lambda: _vit("", 16, **_B), dict(_LATER, classifier="map")),
   ("DINOv2-S_14-reg4", lambda: _vit("", 14, **_S), _DINOV2),
   ("DINOv2-B_14-reg4", lambda: _vit("", 14, **_B), _DINOV2),

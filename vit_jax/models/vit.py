@@ -18,13 +18,15 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax import errors
-from vit_jax.models import embeddings, heads, layers
+from vit_jax.models import embeddings, heads, layers, options
 from vit_jax.models import posemb as posemb_lib
+from vit_jax.models import rope as rope_lib
 from vit_jax.models.attention import MultiHeadDotProductAttention
 from vit_jax.models.execution import ExecutionOptions, remat_policy
 from vit_jax.models.layers import DropPath, MlpBlock, drop_path_rates
 from vit_jax.models.resnet import resnet_root
 from vit_jax.models.settings import ModelSettings
+from vit_jax.models.swiglu import SwiGLU
 from vit_jax.sharding import LAYERS
 
 SCANNED_BLOCK = "encoderblock"  # the scanned encoder's blocks, stacked over a layer axis
@@ -41,6 +43,23 @@ class Encoder1DBlock(nn.Module):
   config: ModelSettings
   execution: ExecutionOptions = ExecutionOptions()
   relative: Optional[posemb_lib.RelativePositions] = None  # relative position embeddings
+  rotary: Optional[rope_lib.RotaryPositions] = None  # rotary embeddings of q and k
+
+  def _mlp(self) -> nn.Module:
+    """The block's MLP, ``MlpBlock_3``: the paper's, or a SwiGLU (`options.MLP_KINDS`)."""
+    cfg, ex = self.config, self.execution
+    if cfg.mlp == options.MLP:
+      return MlpBlock(
+        cfg.transformer.mlp_dim, cfg.gelu_approximate, ex, cfg.activation, name="MlpBlock_3"
+      )
+    return SwiGLU(
+      cfg.transformer.mlp_dim,
+      ex,
+      fused=cfg.mlp == options.SWIGLU_FUSED,
+      inner_norm=cfg.mlp_norm,
+      layer_norm_epsilon=cfg.layer_norm_epsilon,
+      name="MlpBlock_3",
+    )
 
   def _scaled(self, y: jax.Array, name: str) -> jax.Array:
     init = self.config.layer_scale_init
@@ -57,7 +76,12 @@ class Encoder1DBlock(nn.Module):
     norm = lambda name: layers.layer_norm(name, cfg.layer_norm_epsilon, ex.dtype, ex.param_dtype)
     y = norm("LayerNorm_0")(x)
     attention = MultiHeadDotProductAttention(
-      cfg.transformer.num_heads, ex, self.relative, name="MultiHeadDotProductAttention_1"
+      cfg.transformer.num_heads,
+      ex,
+      self.relative,
+      self.rotary,
+      cfg.qkv_bias,
+      name="MultiHeadDotProductAttention_1",
     )
     y = attention(y, deterministic)
     y = nn.Dropout(ex.dropout_rate)(y, deterministic=deterministic)
@@ -65,9 +89,7 @@ class Encoder1DBlock(nn.Module):
     y = self._scaled(y, "LayerScale_attention")
     x = x + DropPath(name="drop_path_attention")(y, drop_path, deterministic)  # [B, ..., N, D]
     y = norm("LayerNorm_2")(x)
-    mlp_dim, gelu_approximate = cfg.transformer.mlp_dim, cfg.gelu_approximate
-    mlp = MlpBlock(mlp_dim, gelu_approximate, ex, cfg.activation, name="MlpBlock_3")
-    y = self._scaled(mlp(y, deterministic), "LayerScale_mlp")
+    y = self._scaled(self._mlp()(y, deterministic), "LayerScale_mlp")
     x = x + DropPath(name="drop_path_mlp")(y, drop_path, deterministic)
     self.sow("intermediates", "tokens", x)
     return x, None
@@ -158,6 +180,9 @@ class Encoder(nn.Module):
     if cfg.posemb == posemb_lib.RELATIVE:
       gh, gw = self.grid_hw
       block_kwargs["relative"] = posemb_lib.RelativePositions(gh * gw, self.num_prefix)
+    rotary = cfg.rotary()
+    if rotary is not None:  # the tables follow the grid: no resize at another resolution
+      block_kwargs["rotary"] = rope_lib.RotaryPositions(rotary, self.grid_hw, self.num_prefix)
     if cfg.axial:
       block_kwargs["grid_hw"] = self.grid_hw
     if ex.scan:

@@ -22,6 +22,7 @@ Everything but the GELU variant and the kind of a parameter-free position embedd
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from typing import Any, Mapping, Optional
@@ -29,8 +30,8 @@ from typing import Any, Mapping, Optional
 import ml_collections
 
 from vit_jax import errors
+from vit_jax.models import options, settings, variants
 from vit_jax.models import posemb as posemb_lib
-from vit_jax.models import settings, variants
 from vit_jax.models.bit import ROOT_WIDTH
 from vit_jax.models.settings import ModelSettings
 from vit_jax.models.vit import SCANNED_BLOCK
@@ -44,6 +45,9 @@ POSEMB_Y = "Transformer/posembed_input/pos_embedding_y"
 _BLOCK = re.compile(r"^Transformer/encoderblock_(\d+)/")
 _QUERY = "MultiHeadDotProductAttention_1/query/kernel"  # inside a block
 _MLP = "MlpBlock_3/Dense_0/kernel"
+_SWIGLU = "MlpBlock_3/fc1_g/kernel"  # a split SwiGLU's gate [D, M]
+_SWIGLU_FUSED = "MlpBlock_3/fc1/kernel"  # a fused SwiGLU's gate and value [D, 2M]
+_ATTENTION = "MultiHeadDotProductAttention_1/"
 AXIAL_ROW = "row/"  # inside an Axial-ViT block: its row half (then ``column/``)
 _RESNET_UNIT = re.compile(r"^block(\d+)/unit(\d+)/")
 _LAYER_SCALE = "LayerScale_attention/scale"  # inside a block
@@ -74,6 +78,7 @@ def architecture_key(model_config: Any) -> tuple:
 _NOT_IN_SHAPES = frozenset(
   {"stoch_depth", "head_bias_init", "axial", "class_token", "layer_norm_epsilon"}
   | {"activation", "input_mean", "input_std"}
+  | {f.name for f in dataclasses.fields(ModelSettings) if f.name.startswith("rope")}
 )
 
 
@@ -135,7 +140,9 @@ def describe_shapes(shapes: Shapes) -> dict[str, Any]:
   depth, block = _block_shapes(shapes)
   axial = AXIAL_ROW + _QUERY in block  # an Axial-ViT block: a row and a column block
   query = block.get(AXIAL_ROW + _QUERY if axial else _QUERY)
-  mlp = block.get(AXIAL_ROW + _MLP if axial else _MLP)
+  mlp = block.get(AXIAL_ROW + _MLP if axial else _MLP) or block.get(_SWIGLU)
+  if _SWIGLU_FUSED in block:
+    mlp = (block[_SWIGLU_FUSED][0], block[_SWIGLU_FUSED][1] // 2)
   return {
     "patch size": kernel[:2] if kernel else None,
     "input channels": kernel[2] if kernel else None,
@@ -150,11 +157,13 @@ def describe_shapes(shapes: Shapes) -> dict[str, Any]:
 
 
 def config_from_shapes(
-  shapes: Shapes, config: ml_collections.ConfigDict
+  shapes: Shapes, config: ml_collections.ConfigDict, posemb: Optional[str] = None
 ) -> ml_collections.ConfigDict:
   """``config`` (a ViT config, every field) set to what the shapes were made for; one
-  CheckpointError naming everything they do not tell."""
+  CheckpointError naming everything they do not tell. ``posemb``: the kind where the
+  shapes show no table (a reader that knows it, e.g. 'none' beside rotary embeddings)."""
   arch = describe_shapes(shapes)
+  arch["position embedding"] = arch["position embedding"] or posemb
   unknown: list[str] = []
   if arch["width"] is None:
     unknown.append("patch size and width (no embedding/kernel [ph, pw, C, D])")
@@ -203,8 +212,15 @@ def _read_family_options(config: ml_collections.ConfigDict, shapes: Shapes) -> N
   config.num_registers = shapes["registers"][1] if "registers" in shapes else 0
   config.norm_pre = "Transformer/norm_pre/scale" in shapes
   config.fc_norm = "fc_norm/scale" in shapes
-  if _LAYER_SCALE in _block_shapes(shapes)[1]:
+  block = _block_shapes(shapes)[1]
+  if _LAYER_SCALE in block:
     config.layer_scale_init = LAYER_SCALE_INIT
+  swiglu = options.SWIGLU if _SWIGLU in block else options.SWIGLU_FUSED
+  config.mlp = swiglu if _SWIGLU in block or _SWIGLU_FUSED in block else options.MLP
+  config.mlp_norm = "MlpBlock_3/norm/scale" in block
+  biases = {k for k in ("query", "key") if f"{_ATTENTION}{k}/bias" in block}
+  none, qv, every = options.QKV_BIAS_NONE, options.QKV_BIAS_QV, options.QKV_BIAS_ALL
+  config.qkv_bias = every if "key" in biases else qv if biases else none
   prefix = int(has_cls) + config.num_registers
   if POSEMB in shapes and prefix:  # a square table without the prefix rows: patches only
     rows = shapes[POSEMB][1]

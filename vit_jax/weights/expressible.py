@@ -17,25 +17,19 @@ import re
 from typing import Any
 
 from vit_jax import errors
-from vit_jax.weights import files
+from vit_jax.weights import files, timm_eva, timm_names
 
-# timm families (timm's eva.py and naflexvit.py) with what this package's ViT lacks; the
-# first pattern that matches the architecture name decides.
-TIMM_UNEXPRESSED = (
-  (r"^vit_.*_dinov3", "DINOv3", "rotary position embeddings (RoPE) and SwiGLU MLPs"),
-  (r"^eva02_", "EVA-02", "rotary position embeddings (RoPE), SwiGLU MLPs and sub-LayerNorm"),
-  (r"^eva_", "EVA", "timm's Eva blocks (separate q and v biases)"),
-  (r"^vit_pe_", "Perception Encoder", "rotary position embeddings (2D RoPE)"),
-  (r"^vit_.*_rope", "RoPE-ViT", "rotary position embeddings (RoPE)"),
-  (r"^naflexvit_", "NaFlexViT", "variable-resolution patch inputs (NaFlex)"),
-)
-# timm families read (`timm_import`, `timm_mixer`, `timm_bit`).
-TIMM_EXPRESSED = r"^(vit|deit|deit3|flexivit|mixer|resnetv2)_"
-TIMM_READ = "vit_*, deit*, flexivit_*, mixer_* and resnetv2_* (BiT)"
+# timm families outside the architecture table (`timm_names`), with what this package's
+# ViT lacks; a name in the table from timm's eva.py is checked by its arguments instead
+# (`timm_eva.unsupported`: one line naming each argument not computed).
+TIMM_UNEXPRESSED = ((r"^naflexvit_", "NaFlexViT", "variable-resolution patch inputs (NaFlex)"),)
+# timm families read (`timm_import`, `timm_mixer`, `timm_bit`, `timm_eva`).
+TIMM_EXPRESSED = r"^(vit|deit|deit3|flexivit|mixer|resnetv2|eva02|eva)_"
+TIMM_READ = "vit_*, deit*, flexivit_*, mixer_*, resnetv2_* (BiT) and eva.py's DINOv3 and EVA-02"
 
 # transformers model types with what this package's ViT lacks.
 TRANSFORMERS_UNEXPRESSED = {
-  "dinov3_vit": "DINOv3: rotary position embeddings (RoPE) and SwiGLU MLPs",
+  "dinov3_vit": "DINOv3 in transformers' layout: import timm's copy, vit_*_dinov3",
   "dinov2": "transformers' Dinov2 layout (LayerScale, SwiGLU options): import timm's copy",
   "vit_mae": "the MAE encoder's random masking and decoder",
   "vit_msn": "transformers' ViTMSN layout",
@@ -52,6 +46,15 @@ def check_timm(name: str, source: str) -> None:
   ignored; "" names nothing) is not a model this package computes."""
   base = name.split(".")[0]
   if not base:
+    return
+  if timm_names.module(base) == timm_eva.MODULE:
+    args = {**timm_eva.DEFAULTS, **timm_names.model_args(base)}
+    missing = timm_eva.unsupported(args)
+    if missing:
+      raise errors.CheckpointError(
+        f"{source}: timm architecture {name!r} (timm eva.py) has {', '.join(missing)}, "
+        "which this package does not compute."
+      )
     return
   for pattern, family, missing in TIMM_UNEXPRESSED:
     if re.search(pattern, base):

@@ -34,7 +34,7 @@ import numpy as np
 
 from vit_jax import errors, models
 from vit_jax.aliases import Params
-from vit_jax.weights import architecture, tensor_table, timm_names
+from vit_jax.weights import architecture, tensor_table, timm_eva, timm_names
 from vit_jax.weights.tensor_table import Row, rows
 
 WEIGHTS = "model.safetensors"
@@ -100,6 +100,8 @@ def check_exportable(config: ml_collections.ConfigDict, num_classes: Optional[in
     )
   if config.get("posemb", "learn") != "learn":
     problems.append(f"position embeddings {config.posemb!r} (timm: posemb='learn')")
+  if timm_eva.is_eva(config):
+    problems.append("RoPE, SwiGLU or q/k/v biases other than all (written as timm's Eva)")
   if config.get("axial", False):
     problems.append("Axial-ViT blocks (timm's ViT has one global attention per block)")
   if config.get("representation_size") is not None:

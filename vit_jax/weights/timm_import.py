@@ -25,7 +25,15 @@ import ml_collections
 
 from vit_jax import errors, models
 from vit_jax.aliases import Params
-from vit_jax.weights import architecture, expressible, files, timm_bit, timm_mixer, timm_names
+from vit_jax.weights import (
+  architecture,
+  expressible,
+  files,
+  timm_bit,
+  timm_eva,
+  timm_mixer,
+  timm_names,
+)
 from vit_jax.weights import timm as timm_vit
 
 CONFIG = "config.json"  # timm's hub config (architecture, model_args, pretrained_cfg)
@@ -133,6 +141,8 @@ def read(
     )
   tensors = files.read_safetensors(weights)
   reader = next((r for stem, r in _FAMILY_READERS if stem in tensors), _read_vit_dict)
+  if timm_names.module(timm_name) == timm_eva.MODULE:
+    reader = _read_eva
   return reader(tensors, timm_name, args, names, pretrained_cfg, repr(path))
 
 
@@ -158,12 +168,23 @@ def _read_bit(tensors, timm_name, args, names, pretrained_cfg, source) -> tuple:
 
 
 def _read_vit_dict(tensors, timm_name, args, names, pretrained_cfg, source) -> tuple:
+  if "blocks.0.gamma_1" in tensors or "blocks.0.attn.q_bias" in tensors:
+    raise errors.CheckpointError(
+      f"{source} is a timm Eva state dict (DINOv3, EVA-02): its rotary embedding is in no "
+      "array; put timm's config.json naming the architecture next to it."
+    )
   if "patch_embed.proj.weight" not in tensors:
     raise errors.CheckpointError(
       f"{source} is not a timm ViT state dict (no patch_embed.proj.weight): a "
       "Hugging Face transformers checkpoint is read from its folder (with config.json)."
     )
   config, params = read_vit(tensors, timm_name, args, pretrained_cfg, source)
+  return _loaded(config, params, names)
+
+
+def _read_eva(tensors, timm_name, args, names, pretrained_cfg, source) -> tuple:
+  config, params = timm_eva.read_eva(tensors, timm_name, args, source)
+  _read_input_stats(config, pretrained_cfg, source)
   return _loaded(config, params, names)
 
 

@@ -59,8 +59,14 @@ def names() -> list[str]:
 
 def registered_args(name: str) -> Optional[dict[str, Any]]:
   """timm's constructor arguments of ``name`` as the table holds them, or None."""
-  entry = _table()["architectures"].get(name)
+  entry = _table()["architectures"].get(name.split(".")[0])  # a pretrained tag ignored
   return None if entry is None else dict(entry["args"])
+
+
+def module(name: str) -> Optional[str]:
+  """timm's module registering ``name`` ('vision_transformer', 'eva', ...), or None."""
+  entry = _table()["architectures"].get(name.split(".")[0])
+  return None if entry is None else entry["module"]
 
 
 def unsupported(args: dict[str, Any]) -> list[str]:

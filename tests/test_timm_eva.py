@@ -1,0 +1,227 @@
+"""timm's Eva (eva.py: DINOv3, EVA-02) both ways, against timm 1.0.31 itself: tiny models
+of each registered architecture built by timm with every array perturbed, read from a
+hub-layout folder (config.json naming the architecture) with timm's logits, at another
+resolution without any table resized, exported and rebuilt by timm with the same logits;
+and the full-size architectures' parameter counts equal to timm's."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+from flax import traverse_util
+
+from tests import interop_fixtures as fx
+from vit_jax import errors, models
+from vit_jax.weights import expressible, sources, timm_eva, timm_import, timm_names
+
+sys.modules.setdefault("triton", None)  # see tests/test_export.py: triton beside TensorFlow
+torch = pytest.importorskip("torch")
+timm = pytest.importorskip("timm")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+# name -> (width, depth, image size, extra config.json model_args): widths keep the
+# registered head count with 8-wide heads, so the name alone gives every argument.
+TINY = {
+  "vit_small_patch16_dinov3": (48, 2, 48, {}),
+  "vit_small_patch16_dinov3_qkvb": (48, 1, 32, {"global_pool": "token"}),
+  "vit_small_plus_patch16_dinov3": (48, 1, 48, {}),  # split SwiGLU
+  "eva02_tiny_patch14_224": (24, 2, 28, {}),  # fused SwiGLU, q+v biases, RoPE beside a table
+  "eva02_base_patch14_224": (96, 1, 42, {}),  # q/k/v_proj apart, SwiGLU with its LayerNorm
+}
+
+
+def _timm_model(name: str, size: int, **kwargs):
+  width, depth, _, extra = TINY[name]
+  args = dict(embed_dim=width, depth=depth, img_size=size, num_classes=fx.NUM_CLASSES)
+  torch.manual_seed(0)
+  model = timm.create_model(name, pretrained=False, **args, **extra, **kwargs).eval()
+  fx.perturb_torch(model)
+  return model
+
+
+def _hub_folder(tmp_path, name: str):
+  """timm's model in a hub-layout folder: model.safetensors and a config.json naming the
+  architecture (and the tiny sizes' arguments that differ from the name's)."""
+  _, _, size, extra = TINY[name]
+  model = _timm_model(name, size)
+  state = {k: v.contiguous() for k, v in model.state_dict().items()}
+  safetensors_torch.save_file(state, tmp_path / "model.safetensors")
+  stats = {k: list(model.pretrained_cfg[k]) for k in ("mean", "std")}
+  config = {"architecture": name, "num_classes": fx.NUM_CLASSES, "pretrained_cfg": stats}
+  if extra:
+    config["model_args"] = extra
+  (tmp_path / "config.json").write_text(json.dumps(config))
+  return model, sources.load(str(tmp_path))
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_import_gives_timms_logits(tmp_path, name):
+  model, loaded = _hub_folder(tmp_path, name)
+  size = TINY[name][2]
+  images = fx.images(2, size)
+  error = fx.relative_error(fx.our_logits(loaded, images), fx.torch_logits(model, images))
+  assert error <= fx.TOLERANCE, error
+  assert loaded.config.rope in ("dinov3", "eva")
+
+
+@pytest.mark.parametrize("name", ["vit_small_patch16_dinov3", "vit_small_plus_patch16_dinov3"])
+def test_another_resolution_needs_no_table_for_the_rotary_embedding(tmp_path, name):
+  """DINOv3 (no absolute table) at twice the size: the rotary tables follow the grid, as
+  timm's with dynamic_img_size (an absolute table beside RoPE is resized as any ViT's)."""
+  model, loaded = _hub_folder(tmp_path, name)
+  size = 2 * TINY[name][2]
+  assert loaded.config.posemb == "none"
+  images = fx.images(2, size, seed=3)
+  error = fx.relative_error(fx.our_logits(loaded, images), fx.torch_logits(model, images))
+  assert error <= fx.TOLERANCE, error
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_export_is_rebuilt_by_timm_with_the_same_logits(tmp_path, name):
+  _, loaded = _hub_folder(tmp_path, name)
+  size = TINY[name][2]
+  spec = timm_eva.model_spec(loaded.config, num_classes=fx.NUM_CLASSES, image_size=(size, size))
+  tensors = timm_eva.to_timm(loaded.params, loaded.config)
+  rebuilt = timm.create_model(spec["model_name"], pretrained=False, **spec["kwargs"]).eval()
+  rebuilt.load_state_dict({k: torch.from_numpy(v) for k, v in tensors.items()}, strict=True)
+  images = fx.images(2, size, seed=1)
+  error = fx.relative_error(fx.torch_logits(rebuilt, images), fx.our_logits(loaded, images))
+  assert error <= fx.TOLERANCE, error
+
+
+FULL = [
+  "vit_small_patch16_dinov3",
+  "vit_small_patch16_dinov3_qkvb",
+  "vit_small_plus_patch16_dinov3",
+  "vit_base_patch16_dinov3",
+  "vit_large_patch16_dinov3",
+  "vit_huge_plus_patch16_dinov3",
+  "eva02_tiny_patch14_224",
+  "eva02_small_patch14_224",
+  "eva02_base_patch14_224",
+  "eva02_large_patch14_224",
+]
+
+
+@pytest.mark.parametrize("name", FULL)
+def test_full_size_parameter_count_equals_timms(name):
+  """timm's model on the meta device against ours built abstractly (`jax.eval_shape`) from
+  the config read off one block of timm's arrays and the name's registered depth."""
+  with torch.device("meta"):
+    full = timm.create_model(name, pretrained=False)
+    one = timm.create_model(name, pretrained=False, depth=1)
+  want = sum(p.numel() for p in full.parameters())
+  tensors = {k: np.zeros(v.shape, np.float32) for k, v in one.state_dict().items()}
+  args = timm_names.model_args(name)
+  config, _ = timm_eva.read_eva(tensors, name, args, name)
+  config.transformer.num_layers = args["depth"]
+  module = models.create_model(config, num_classes=full.num_classes)
+  size = full.pretrained_cfg["input_size"][1]
+  dummy = jax.ShapeDtypeStruct((1, size, size, 3), np.float32)
+  shapes = jax.eval_shape(module.init, jax.random.key(0), dummy)["params"]
+  got = sum(int(np.prod(s.shape)) for s in jax.tree_util.tree_leaves(nn.unbox(shapes)))
+  assert got == want
+
+
+def test_what_eva_py_holds_that_this_vit_does_not_compute_is_one_line_naming_it(tmp_path):
+  with pytest.raises(errors.CheckpointError, match=r"rope_grid_indexing='xy'"):
+    expressible.check_timm("vit_base_patch16_rope_224", "here")
+  with pytest.raises(errors.CheckpointError, match=r"scale_attn_inner=True"):
+    expressible.check_timm("eva02_base_patch16_clip_224", "here")
+  expressible.check_timm("vit_large_patch16_dinov3.lvd1689m", "here")  # expressible
+  # An Eva state dict without its name: its rotary embedding is in no array.
+  safetensors_torch.save_file(
+    {"patch_embed.proj.weight": torch.zeros(8, 3, 2, 2), "blocks.0.gamma_1": torch.zeros(8)},
+    tmp_path / "model.safetensors",
+  )
+  with pytest.raises(errors.CheckpointError, match="config.json naming the architecture"):
+    timm_import.read(str(tmp_path / "model.safetensors"))
+
+
+# Our names -> timm's architecture of the same model.
+NAMED = {
+  "DINOv3-S_16": "vit_small_patch16_dinov3",
+  "DINOv3-B_16": "vit_base_patch16_dinov3",
+  "DINOv3-L_16": "vit_large_patch16_dinov3",
+  "EVA02-B_14": "eva02_base_patch14_224",
+}
+
+
+@pytest.mark.parametrize("ours, theirs", NAMED.items())
+def test_named_variants_are_timms_architectures(ours, theirs):
+  """Parameter counts at 224 with 1000 classes equal timm's (meta device), and the
+  options equal those read from timm's registered arguments."""
+  with torch.device("meta"):
+    full = timm.create_model(theirs, pretrained=False, num_classes=1000)
+    one = timm.create_model(theirs, pretrained=False, depth=1, num_classes=1000)
+  module = models.create_model(models.get_model_config(ours), num_classes=1000)
+  dummy = jax.ShapeDtypeStruct((1, 224, 224, 3), np.float32)
+  shapes = jax.eval_shape(module.init, jax.random.key(0), dummy)["params"]
+  got = sum(int(np.prod(s.shape)) for s in jax.tree_util.tree_leaves(nn.unbox(shapes)))
+  assert got == sum(p.numel() for p in full.parameters())
+  tensors = {k: np.zeros(v.shape, np.float32) for k, v in one.state_dict().items()}
+  read, _ = timm_eva.read_eva(tensors, theirs, timm_names.model_args(theirs), theirs)
+  named = models.get_model_config(ours)
+  for key in ("rope", "rope_temperature", "rope_rotate_half", "rope_ref_grid", "mlp", "mlp_norm"):
+    assert read[key] == named[key], key
+  for key in ("qkv_bias", "classifier", "num_registers", "layer_norm_epsilon", "fc_norm"):
+    assert read[key] == named[key], key
+
+
+@pytest.mark.parametrize(
+  "name, crop", [("vit_small_patch16_dinov3", 32), ("eva02_tiny_patch14_224", 42)]
+)
+def test_finetunes_from_the_hub_folder_at_another_grid(
+  tmp_path, name, crop, digits_dir, monkeypatch
+):
+  """Three steps through ``config.pretrained`` on another grid (DINOv3: 2x2 where timm's
+  was 3x3, nothing to resize; EVA-02: 3x3 where it was 2x2, its table resized as any
+  ViT's): a new zero head, every other array as stored or resized, the loss going down."""
+  from tests import train_fixtures  # pylint: disable=g-import-not-at-top
+  from tests.test_vit_family import _finetune_config  # pylint: disable=g-import-not-at-top
+  from vit_jax import weights  # pylint: disable=g-import-not-at-top
+  from vit_jax.weights import npz  # pylint: disable=g-import-not-at-top
+
+  _, loaded = _hub_folder(tmp_path, name)
+  config = _finetune_config(loaded, str(tmp_path), digits_dir, crop)
+  adapted = {}
+  real_load = weights.load_pretrained
+
+  def spy(*args, **kwargs):
+    tree = npz.scanned_to_layers(real_load(*args, **kwargs))
+    adapted.update(traverse_util.flatten_dict(tree, sep="/"))
+    return tree
+
+  monkeypatch.setattr(weights, "load_pretrained", spy)
+  _, losses = train_fixtures.fit_and_learn(config, steps=3)
+  imported = traverse_util.flatten_dict(loaded.params, sep="/")
+  assert adapted["head/kernel"].shape[-1] == 10 and not adapted["head/kernel"].any()
+  resized = {k for k in imported if k.startswith("head/") or k.endswith("pos_embedding")}
+  for key, value in imported.items():
+    if key not in resized:
+      np.testing.assert_array_equal(adapted[key], value, err_msg=key)
+  assert losses[-1] < losses[0], losses
+
+
+def test_predict_on_the_hub_folder_gives_timms_top1_and_probability(tmp_path):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  from vit_jax import predict  # pylint: disable=g-import-not-at-top
+
+  model, loaded = _hub_folder(tmp_path, "vit_small_plus_patch16_dinov3")
+  size = TINY["vit_small_plus_patch16_dinov3"][2]
+  pixels = np.random.default_rng(4).integers(0, 256, (size, size, 3), dtype=np.uint8)
+  path = str(tmp_path / "image.png")
+  tf.io.write_file(path, tf.io.encode_png(pixels))
+  assert list(loaded.config.input_mean) == list(model.pretrained_cfg["mean"])  # recorded
+  classifier = predict.Classifier(loaded, (size, size))
+  prepared = classifier.prepare(path)[None]
+  ours = classifier.probabilities(prepared)
+  theirs = torch.softmax(torch.from_numpy(fx.torch_logits(model, prepared)), -1).numpy()
+  assert ours.argmax() == theirs.argmax()
+  assert np.abs(ours - theirs).max() <= 1e-4

@@ -1,0 +1,308 @@
+"""timm's `Eva` (timm's eva.py: DINOv3, EVA-02) <-> our parameters, numpy only: one table
+of arrays (`eva_table`) read both ways, the reader of an Eva state dict with the arguments
+of its architecture name (`read_eva`), and the export's `timm_model.json` (`model_spec`).
+
+What an Eva computes and the arrays do not show is in its constructor arguments: the
+rotary embedding (``rope_type`` 'cat' is our 'eva' kind, 'dinov3' DINOv3's), pooling,
+LayerNorm epsilon, LayerScale init. timm's Eva has no key bias (``q_bias``/``v_bias``,
+our ``qkv_bias='qv'``), fuses ``qkv`` or keeps ``q_proj``/``k_proj``/``v_proj`` apart
+(both read), and builds its MLP from ``swiglu_mlp``, ``scale_mlp`` (EVA-02's inner norm)
+and ``swiglu_align_to`` (a split SwiGLU). The export fixes each of those by keyword, under
+a name whose registered LayerNorm has the model's epsilon.
+"""
+
+from __future__ import annotations
+
+import numbers
+import re
+from typing import Any, Optional
+
+import ml_collections
+import numpy as np
+from flax import traverse_util
+
+from vit_jax import errors, models
+from vit_jax.aliases import Params
+from vit_jax.models import options, vit_shapes
+from vit_jax.weights import tensor_table
+from vit_jax.weights.tensor_table import Row, rows
+
+MODULE = "eva"  # timm's module of these architectures (`timm_names.module`)
+# Eva's constructor defaults for the arguments read here (timm 1.0.31, `Eva.__init__`).
+DEFAULTS: dict[str, Any] = dict(
+  global_pool="avg",
+  class_token=True,
+  use_rot_pos_emb=False,
+  rope_type="cat",
+  rope_temperature=10000.0,
+  rope_rotate_half=False,
+  rope_grid_offset=0.0,
+  rope_grid_indexing="ij",
+  ref_feat_shape=None,
+  no_embed_class=False,
+  init_values=None,
+  layer_norm_eps=1e-6,  # timm's LayerNorm, Eva's default norm_layer
+)
+ROPE_KINDS = {"cat": "eva", "dinov3": "dinov3"}  # timm rope_type -> our rope kind
+POOLS = {"token": "token", "avg": "gap", "": "unpooled"}  # timm global_pool -> classifier
+_EPS_NAMES = {1e-5: "vit_small_patch16_dinov3", 1e-6: "eva02_tiny_patch14_224"}
+
+
+def _number(v: Any) -> bool:
+  return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def _square(v: Any) -> bool:
+  return v is None or (isinstance(v, list) and len(v) == 2 and v[0] == v[1])
+
+
+# Argument -> the values this ViT computes (a callable: a check of the value); arguments
+# not here and not in _FREE are refused by name.
+_COMPUTED: dict[str, Any] = {
+  "global_pool": tuple(POOLS),
+  "class_token": (True, False),
+  "num_reg_tokens": lambda v: isinstance(v, int) and v >= 0,
+  "use_rot_pos_emb": (True, False),
+  "rope_type": tuple(ROPE_KINDS),
+  "rope_temperature": _number,
+  "rope_rotate_half": (True, False),
+  "rope_grid_offset": _number,
+  "rope_grid_indexing": ("ij",),
+  "ref_feat_shape": _square,
+  "no_embed_class": (True, False),
+  "init_values": lambda v: v is None or _number(v),
+  "layer_norm_eps": _number,
+  "use_fc_norm": (True, False, None),
+  "use_post_transformer_norm": (None,),
+  "use_pre_transformer_norm": (True, False),
+}
+# Arguments that only fix shapes the arrays show, or how timm runs.
+_FREE = {"embed_dim", "depth", "patch_size", "mlp_ratio", "img_size", "num_heads"}
+_FREE |= {"num_classes", "dynamic_img_size", "qkv_fused", "qkv_bias", "swiglu_mlp"}
+_FREE |= {"swiglu_align_to", "scale_mlp", "use_abs_pos_emb"}
+
+
+def unsupported(args: dict[str, Any]) -> list[str]:
+  """``key=value`` of each Eva argument this package's ViT does not compute."""
+  problems = []
+  for key, value in args.items():
+    accepted = _COMPUTED.get(key)
+    if key in _FREE:
+      continue
+    ok = accepted is not None and (accepted(value) if callable(accepted) else value in accepted)
+    if not ok:
+      problems.append(f"{key}={value!r}")
+  return problems
+
+
+def eva_table(depth: int, num_heads: int, *, fused_qkv: bool, mlp: str) -> list[Row]:
+  """Every array of a timm Eva of this layout, ours <-> timm's (the optional ones where a
+  model may lack them): ``fused_qkv``, one ``qkv`` or ``q/k/v_proj``; ``mlp`` our kind."""
+  optional = dict(required=False)
+  heads_in, heads_bias = tensor_table.heads_in(num_heads), tensor_table.heads_bias(num_heads)
+  table = [
+    Row("embedding/kernel", "patch_embed.proj.weight", tensor_table.CONV),
+    Row("embedding/bias", "patch_embed.proj.bias", **optional),  # none with norm_pre
+    Row(vit_shapes.POSEMB, "pos_embed", **optional),
+    Row("cls", "cls_token", **optional),
+    Row("registers", "reg_token", **optional),
+    *rows("Transformer/norm_pre", "norm_pre", **optional),
+    *rows("Transformer/encoder_norm", "norm", **optional),
+    *rows("fc_norm", "fc_norm", **optional),
+    *rows("head", "head", tensor_table.DENSE, **optional),
+  ]
+  for i in range(depth):
+    ours, theirs = f"Transformer/encoderblock_{i}/", f"blocks.{i}."
+    att, attn = ours + "MultiHeadDotProductAttention_1/", theirs + "attn."
+    for j, (name, short) in enumerate((("query", "q"), ("key", "k"), ("value", "v"))):
+      if fused_qkv:
+        table.append(Row(f"{att}{name}/kernel", attn + "qkv.weight", heads_in, (j, 3)))
+        bias = f"{attn}{short}_bias"
+      else:
+        table.append(Row(f"{att}{name}/kernel", f"{attn}{short}_proj.weight", heads_in))
+        bias = f"{attn}{short}_proj.bias"
+      if name != "key":  # timm's Eva has no key bias
+        table.append(Row(f"{att}{name}/bias", bias, heads_bias, **optional))
+    table.append(Row(att + "out/kernel", attn + "proj.weight", tensor_table.heads_out(num_heads)))
+    table.append(Row(att + "out/bias", attn + "proj.bias"))
+    table += rows(ours + "LayerNorm_0", theirs + "norm1")
+    table += rows(ours + "LayerNorm_2", theirs + "norm2")
+    table.append(Row(ours + "LayerScale_attention/scale", theirs + "gamma_1", **optional))
+    table.append(Row(ours + "LayerScale_mlp/scale", theirs + "gamma_2", **optional))
+    mlp_ours, mlp_theirs = ours + "MlpBlock_3/", theirs + "mlp."
+    if mlp == options.MLP:
+      layers = (("Dense_0", "fc1"), ("Dense_1", "fc2"))
+    elif mlp == options.SWIGLU:
+      layers = (("fc1_g", "fc1_g"), ("fc1_x", "fc1_x"), ("fc2", "fc2"))
+      table += rows(mlp_ours + "norm", mlp_theirs + "norm", **optional)
+    else:
+      layers = (("fc1", "fc1"), ("fc2", "fc2"))
+    for a, b in layers:
+      table += rows(mlp_ours + a, mlp_theirs + b, tensor_table.DENSE)
+  return table
+
+
+_BLOCK = re.compile(r"^blocks\.(\d+)\.")
+
+
+def from_timm(tensors: dict[str, np.ndarray], num_heads: int, source: str) -> Params:
+  """Our per-layer parameter tree of a timm Eva state dict (its MLP told by its arrays:
+  ``fc1_g`` split SwiGLU; ``fc1`` twice ``fc2``'s input, a fused one; else the GELU MLP)."""
+  depth = 1 + max((int(m[1]) for k in tensors if (m := _BLOCK.match(k))), default=-1)
+  fc1, fc2 = tensors.get("blocks.0.mlp.fc1.weight"), tensors.get("blocks.0.mlp.fc2.weight")
+  mlp = options.SWIGLU if "blocks.0.mlp.fc1_g.weight" in tensors else options.MLP
+  if fc1 is not None and fc2 is not None and fc1.shape[0] == 2 * fc2.shape[1]:
+    mlp = options.SWIGLU_FUSED
+  fused_qkv = "blocks.0.attn.qkv.weight" in tensors
+  table = eva_table(depth, num_heads, fused_qkv=fused_qkv, mlp=mlp)
+  if "norm_pre.weight" in tensors and "patch_embed.proj.bias" not in tensors:
+    tensors = {**tensors, "patch_embed.proj.bias": np.zeros(tensors["norm_pre.weight"].shape)}
+  return tensor_table.from_torch(table, tensors, source, "Eva")
+
+
+def _shapes(params: Params) -> dict[str, tuple[int, ...]]:
+  return {k: np.shape(v) for k, v in traverse_util.flatten_dict(params, sep="/").items()}
+
+
+def read_eva(
+  tensors: dict[str, Any], timm_name: str, args: dict[str, Any], source: str
+) -> tuple[ml_collections.ConfigDict, Params]:
+  """(model config, per-layer params) of a timm Eva state dict; ``args``: its registered
+  arguments updated with the stored ones (the input statistics are the caller's)."""
+  args = {**DEFAULTS, **args}
+  problems = unsupported(args)
+  if problems:
+    raise errors.CheckpointError(
+      f"{source}: timm's {timm_name!r} has {', '.join(problems)}, which this ViT does not compute."
+    )
+  if not args.get("num_heads"):
+    raise errors.CheckpointError(
+      f"{source}: no head count for timm Eva {timm_name!r}: put timm's config.json "
+      "(architecture, model_args with num_heads) next to the .safetensors file."
+    )
+  params = from_timm(tensors, int(args["num_heads"]), source)
+  shapes = _shapes(params)
+  config = vit_shapes.config_from_shapes(shapes, models.get_model_config("testing"), "none")
+  has_cls = "cls" in shapes
+  pool = args["global_pool"]
+  if pool == "token" and not has_cls:
+    raise errors.CheckpointError(f"{source}: timm global_pool 'token' without a class token.")
+  config.classifier = POOLS[pool]
+  config.class_token = has_cls if config.classifier != "token" else None
+  config.posemb_patches_only = bool(args["no_embed_class"])
+  config.layer_norm_epsilon = float(args["layer_norm_eps"])
+  if config.layer_scale_init is not None and args["init_values"]:
+    config.layer_scale_init = float(args["init_values"])
+  config.activation, config.gelu_approximate = "gelu", False  # Eva's nn.GELU
+  if args["use_rot_pos_emb"]:
+    ref = args["ref_feat_shape"]
+    config.rope = ROPE_KINDS[args["rope_type"]]
+    config.rope_temperature = float(args["rope_temperature"])
+    config.rope_rotate_half = bool(args["rope_rotate_half"])
+    config.rope_grid_offset = float(args["rope_grid_offset"])
+    config.rope_ref_grid = None if ref is None or config.rope != "eva" else int(ref[0])
+  config.name = "custom"
+  models.model_settings(config)  # every field checked
+  return config, params
+
+
+def is_eva(config: Any) -> bool:
+  """Whether a ViT config needs timm's Eva (RoPE, SwiGLU, no key bias) over its ViT."""
+  return (
+    config.get("rope") is not None
+    or config.get("mlp", options.MLP) != options.MLP
+    or config.get("qkv_bias", options.QKV_BIAS_ALL) != options.QKV_BIAS_ALL
+  )
+
+
+def check_exportable(config: ml_collections.ConfigDict, num_classes: Optional[int]) -> None:
+  """One ConfigError listing what timm's Eva cannot represent of ``config``."""
+  problems = []
+  if config.classifier not in ("token", "gap"):
+    problems.append(f"classifier {config.classifier!r} (timm's Eva: 'token' or 'gap')")
+  if config.qkv_bias == options.QKV_BIAS_ALL:
+    problems.append("a key bias (timm's Eva biases the query and value only: qkv_bias='qv')")
+  if config.posemb not in ("learn", "none"):
+    problems.append(f"position embeddings {config.posemb!r} (timm's Eva: 'learn' or 'none')")
+  if config.layer_norm_epsilon not in _EPS_NAMES:
+    problems.append(f"LayerNorm epsilon {config.layer_norm_epsilon:g} (timm's Eva: 1e-5, 1e-6)")
+  if (config.activation, config.gelu_approximate) != ("gelu", False):
+    problems.append("an activation other than the exact GELU")
+  if config.rope == "dinov3" and config.rope_normalize_coords != "separate":
+    problems.append("DINOv3 coordinates normalised other than per axis")
+  if config.representation_size is not None or config.resnet is not None or config.axial:
+    problems.append("a representation layer, ResNet stem or Axial-ViT blocks")
+  if config.norm_pre:
+    problems.append("a norm before the blocks (timm's Eva then has no patch bias)")
+  if not num_classes:
+    problems.append("no classification head")
+  if problems:
+    raise errors.ConfigError(
+      "This model cannot be exported to timm's Eva: " + "; ".join(problems) + "."
+    )
+
+
+def model_spec(
+  config: ml_collections.ConfigDict, *, num_classes: int, image_size: tuple[int, int]
+) -> dict[str, Any]:
+  """{'model_name', 'kwargs', 'pretrained_cfg_overlay'} for `timm.create_model`: a name
+  registered with the model's LayerNorm epsilon, every other choice by keyword."""
+  config = models.with_family_defaults(config)
+  check_exportable(config, num_classes)
+  t, d, patch = config.transformer, config.hidden_size, tuple(config.patches.size)
+  module = models.create_model(config, num_classes=num_classes)
+  # timm's hidden width is int(d * mlp_ratio): a ratio that truncates to mlp_dim.
+  ratio = t.mlp_dim / d if int(d * (t.mlp_dim / d)) == t.mlp_dim else (t.mlp_dim + 0.5) / d
+  rope = {v: k for k, v in ROPE_KINDS.items()}
+  side = config.rope_ref_grid
+  kwargs = dict(
+    img_size=list(image_size),
+    patch_size=patch[0] if patch[0] == patch[1] else list(patch),
+    embed_dim=d,
+    depth=t.num_layers,
+    num_heads=t.num_heads,
+    mlp_ratio=ratio,
+    qkv_bias=config.qkv_bias == options.QKV_BIAS_QV,
+    qkv_fused=True,
+    swiglu_mlp=config.mlp != options.MLP,
+    scale_mlp=bool(config.mlp_norm),
+    swiglu_align_to=1 if config.mlp == options.SWIGLU else 0,  # 1: split, width kept
+    class_token=module.has_class_token,
+    num_reg_tokens=config.num_registers,
+    global_pool={v: k for k, v in POOLS.items()}[config.classifier],
+    use_fc_norm=config.fc_norm,
+    use_abs_pos_emb=config.posemb == "learn",
+    no_embed_class=config.posemb_patches_only,
+    init_values=config.layer_scale_init,
+    use_rot_pos_emb=config.rope is not None,
+    rope_type=rope.get(config.rope, "cat"),
+    rope_temperature=config.rope_temperature,
+    rope_rotate_half=config.rope_rotate_half,
+    rope_grid_offset=config.rope_grid_offset,
+    ref_feat_shape=None if side is None else [side, side],
+    num_classes=num_classes,
+  )
+  return {
+    "architecture": (
+      f"Eva: patch {'x'.join(map(str, patch))}, width {d}, depth {t.num_layers}, "
+      f"{t.num_heads} heads, MLP {t.mlp_dim} ({config.mlp}), RoPE {config.rope}, "
+      f"{num_classes} classes (model_name only picks timm's class and LayerNorm; kwargs set "
+      "the rest)"
+    ),
+    "model_name": _EPS_NAMES[config.layer_norm_epsilon],
+    "kwargs": kwargs,
+    "pretrained_cfg_overlay": {
+      "num_classes": num_classes,
+      "mean": list(config.input_mean),
+      "std": list(config.input_std),
+    },
+  }
+
+
+def to_timm(params: Params, config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
+  """timm's Eva state dict (numpy, float32, fused ``qkv``) of a per-layer parameter tree."""
+  flat = tensor_table.flat_float32(params)
+  config = models.with_family_defaults(config)
+  t = config.transformer
+  table = eva_table(t.num_layers, t.num_heads, fused_qkv=True, mlp=config.mlp)
+  return tensor_table.to_torch(table, flat)
