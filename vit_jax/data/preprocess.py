@@ -6,6 +6,10 @@ pipeline derives it from (config.seed, epoch, example index), so the same exampl
 the same epoch always gets the same crop, flip and RandAugment ops, whatever the batch
 size or the step the run was resumed at.
 
+The eval transform of files, bytes, PIL images and arrays is `prepare` (from
+`vit_jax.data.eval_images`, which needs no TensorFlow); `eval_image` is the same inside
+a `tf.data` pipeline.
+
 Output convention (shared with the official checkpoints): float32 [crop, crop, 3] with
 values (x - 127.5) / 127.5, clipped so they lie within [-1, 1] exactly. Weights trained
 with another normalisation (timm's ImageNet or CLIP mean/std; the model config's
@@ -14,9 +18,13 @@ with another normalisation (timm's ImageNet or CLIP mean/std; the model config's
 
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
+from vit_jax.data import eval_images
 from vit_jax.data import randaug as randaug_lib
+from vit_jax.data.data_config import DataConfig
+from vit_jax.data.eval_images import prepare  # noqa: F401  (the eval transform, re-exported)
 from vit_jax.models.settings import OFFICIAL_INPUT_MEAN as OFFICIAL_MEAN
 from vit_jax.models.settings import OFFICIAL_INPUT_STD as OFFICIAL_STD
 
@@ -158,12 +166,26 @@ def train_image(
   return augment(image[None], batch, randaug[1], mean, std)[0]
 
 
-def eval_image(
-  data: tf.Tensor, *, crop: int, mean: RGB = OFFICIAL_MEAN, std: RGB = OFFICIAL_STD
-) -> tf.Tensor:
-  """Encoded bytes -> float32 [crop, crop, 3], normalised (`normalize`): the whole image
-  resized."""
-  return normalize(resize(decode_rgb(data), crop), mean, std)
+def eval_image(data: tf.Tensor, data_config: DataConfig) -> tf.Tensor:
+  """Encoded bytes -> float32 [H, W, 3] as ``data_config`` says: with the official
+  recipe (resizer 'tf') the whole image resized by TensorFlow and normalised; otherwise
+  `eval_images.prepare` (PIL, timm's crop) run on the bytes from the graph."""
+  if data_config.resizer == "tf":
+    return resize_normalize(decode_rgb(data), data_config)
+
+  def pil_prepare(encoded: bytes) -> np.ndarray:
+    return eval_images.prepare(encoded, data_config)[0]
+
+  image = tf.numpy_function(pil_prepare, [data], tf.float32, stateful=False)
+  image.set_shape([*data_config.input_size, 3])
+  return image
+
+
+def resize_normalize(image: tf.Tensor, data_config: DataConfig) -> tf.Tensor:
+  """uint8 [h, w, 3] -> float32 [H, W, 3]: the whole image resized by TensorFlow (no
+  antialiasing, big_vision's ``resize``) with the config's interpolation, normalised."""
+  resized = tf.image.resize(image, data_config.input_size, method=data_config.interpolation)
+  return normalize(resized, data_config.mean, data_config.std)
 
 
 def one_hot(label: tf.Tensor, num_classes: int) -> tf.Tensor:
