@@ -134,10 +134,10 @@ class Classifier:
     file is not an image to decode (`read_image`) or cannot be decoded."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-    from vit_jax.data import eval_images  # pylint: disable=g-import-not-at-top
+    from vit_jax.data import preprocess  # pylint: disable=g-import-not-at-top
 
     try:
-      return eval_images.prepare(read_image(path), self.data_config)[0]
+      return preprocess.prepare(read_image(path), self.data_config)[0]
     except ValueError as e:
       why = str(e)
     except (OSError, tf.errors.OpError) as e:

@@ -1,15 +1,12 @@
-"""The eval transform: images of any kind -> the model's inputs, as a `DataConfig` says.
+"""The PIL half of the eval transform `vit_jax.data.preprocess.prepare`: images of any
+kind (a file path, encoded bytes, a PIL image, a uint8 array [H, W], [H, W, 3|4] or
+[N, H, W, 3], or a list of these) as a list (`image_list`), and for ``resizer='pil'``
+configs the model's inputs float32 [N, H, W, 3] (`prepare_pil`), with no TensorFlow.
 
-`prepare(images, data_config)` takes a file path, encoded bytes, a PIL image, a uint8
-array [H, W], [H, W, 3|4] or [N, H, W, 3], or a list of these, and returns float32
-[N, H, W, 3]. With ``resizer='pil'`` it computes what timm's `create_transform(
-**resolve_data_config(...))` computes on a PIL image (PIL decode, the same sizes, PIL's
-antialiased resize, torchvision's crop offsets, x / 255 then (x - mean) / std in float32),
-and what transformers' PIL image processors compute up to their crop offset (theirs
-floors half a pixel where torchvision rounds half to even). With ``resizer='tf'`` (the
-official recipe) it is the eval pipeline's TensorFlow ops (`preprocess.eval_image`), so
-that a file gets the same input from `vit_jax.predict` as from the evaluator.
-No TensorFlow is imported for 'pil'.
+`prepare_pil` computes what timm's `create_transform(**resolve_data_config(...))` computes
+on a PIL image (PIL decode, the same sizes, PIL's antialiased resize, torchvision's crop
+offsets, x / 255 then (x - mean) / std in float32), and with ``crop_offset='floor'`` what
+transformers' PIL image processors compute.
 """
 
 from __future__ import annotations
@@ -27,23 +24,22 @@ Image = Any  # a PIL.Image.Image (PIL is imported where it is used)
 ImageLike = Union[str, os.PathLike, bytes, np.ndarray, Image]
 
 
-def prepare(images: Union[ImageLike, Sequence[ImageLike]], data_config: DataConfig) -> np.ndarray:
-  """``images`` -> float32 [N, H, W, 3] (H, W: ``data_config.input_size``), normalised."""
-  items = _items(images)
-  if data_config.resizer == "tf":
-    return np.stack([_prepare_tf(item, data_config) for item in items])
-  return np.stack([normalize(transform(_pil(item), data_config), data_config) for item in items])
+def prepare_pil(images: Sequence[ImageLike], data_config: DataConfig) -> np.ndarray:
+  """``images`` (`image_list`'s) -> float32 [N, H, W, 3] through PIL, as timm does."""
+  inputs = [normalize(transform(to_pil(image), data_config), data_config) for image in images]
+  return np.stack(inputs)
 
 
-def _items(images: Any) -> list[Any]:
-  """One image or a sequence of them -> a list, a batch array [N, H, W, 3] split."""
+def image_list(images: Any) -> list[Any]:
+  """One image or a sequence of them -> a list of images, a batch array [N, H, W, 3]
+  split; a float array or one of another shape is one error saying what to pass."""
   if isinstance(images, np.ndarray):
     _check_array(images)
     return list(images) if images.ndim == 4 else [images]
   if isinstance(images, (list, tuple)):
     if not images:
       raise errors.InputFileError("No images to prepare: pass at least one.")
-    return [item for image in images for item in _items(image)]
+    return [item for image in images for item in image_list(image)]
   return [images]
 
 
@@ -61,7 +57,7 @@ def _check_array(array: np.ndarray) -> None:
     )
 
 
-def _pil(item: Any) -> Image:
+def to_pil(item: Any) -> Image:
   """An RGB PIL image of a path, bytes, a PIL image or a uint8 array (alpha dropped, grey
   repeated; a GIF's first frame)."""
   from PIL import Image as pil  # pylint: disable=g-import-not-at-top
@@ -136,24 +132,3 @@ def normalize(pixels: np.ndarray, data_config: DataConfig) -> np.ndarray:
   """uint8 [H, W, 3] -> float32 (x / 255 - mean) / std, in float32 as torchvision does."""
   x = pixels.astype(np.float32) / np.float32(255)
   return (x - np.asarray(data_config.mean, np.float32)) / np.asarray(data_config.std, np.float32)
-
-
-def _prepare_tf(item: Any, data_config: DataConfig) -> np.ndarray:
-  """The official recipe through the eval pipeline's ops: files and bytes decoded by
-  TensorFlow, arrays and PIL images taken as pixels."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-  from vit_jax.data import preprocess  # pylint: disable=g-import-not-at-top
-
-  if isinstance(item, (str, os.PathLike)):
-    with open(item, "rb") as f:
-      item = f.read()
-  try:
-    if isinstance(item, bytes):
-      image = preprocess.decode_rgb(tf.constant(item))
-    else:
-      image = tf.constant(np.asarray(_pil(item)))
-  except tf.errors.OpError as e:
-    why = e.message.splitlines()[0]
-    raise errors.InputFileError(f"not an image TensorFlow decodes ({why}).") from None
-  return preprocess.resize_normalize(image, data_config).numpy()
