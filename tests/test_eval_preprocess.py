@@ -199,3 +199,17 @@ def test_timm_folder_logits_with_its_own_preprocessing(timm_crop_folder):
   want = fx.torch_logits(net, theirs)
   got = fx.our_logits(loaded, preprocess.prepare(images, loaded.data_config))
   assert fx.relative_error(got, want) <= fx.TOLERANCE
+
+
+def test_official_names_keep_the_official_recipe(timm_crop_folder, monkeypatch):
+  from vit_jax import weights  # pylint: disable=g-import-not-at-top
+  from vit_jax.weights import hub  # pylint: disable=g-import-not-at-top
+
+  directory, _ = timm_crop_folder
+  monkeypatch.setattr(hub, "download", lambda repo, revision=None: directory)
+  by_repo = weights.load("hf-hub:org/name").data_config  # timm's own config: its crop
+  assert (by_repo.crop_pct, by_repo.interpolation) == (0.9, "bicubic")
+  # The paper's name for the weights: the paper's whole-image resize, whatever timm's
+  # copy of them says.
+  official = weights.load("ViT-B_16").data_config
+  assert official == data_config.official((32, 32), by_repo.mean, by_repo.std)

@@ -85,7 +85,8 @@ def load(path: str | os.PathLike, model_name: Optional[str] = None) -> LoadedMod
     loaded = LoadedModel(
       config, params, architecture.num_classes(params), image_size, names, source
     )
-    loaded.data_config = _folder_data_config(path, config, image_size or _UNSIZED_INPUT)
+    if not _official_name(source):  # an official name keeps the official recipe
+      loaded.data_config = _folder_data_config(path, config, image_size or _UNSIZED_INPUT)
   elif location.is_dir():
     loaded = _load_run(path)
   elif location.is_file():
@@ -160,6 +161,12 @@ def _reader(path: str) -> Optional[Reader]:
     if timm_import.is_timm_dir(path):
       return timm_import.read
   return None
+
+
+def _official_name(source: str) -> bool:
+  """Whether ``source`` names an official checkpoint (read from its hub copy, whose timm
+  config states timm's eval crop rather than the paper's whole-image resize)."""
+  return not os.path.exists(source) and hub.official_copy(source) is not None
 
 
 def _folder_data_config(
