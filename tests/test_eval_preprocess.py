@@ -142,6 +142,9 @@ def test_run_config_asks_for_a_crop(tiny_config):
   assert settings.eval_data_config() == data_config.DataConfig(
     (24, 24), 0.875, "bicubic", resizer="pil"
   )
+  tiny_config.pp.crop_mode = "zoom"
+  with pytest.raises(errors.ConfigError, match=r"config.pp: .*crop_mode='zoom'"):
+    dataset.Settings.from_config(tiny_config)
 
 
 @pytest.mark.parametrize(
@@ -213,3 +216,18 @@ def test_official_names_keep_the_official_recipe(timm_crop_folder, monkeypatch):
   # copy of them says.
   official = weights.load("ViT-B_16").data_config
   assert official == data_config.official((32, 32), by_repo.mean, by_repo.std)
+
+
+def test_fewshot_evaluates_a_checkpoint_with_its_data_config(timm_crop_folder):
+  from vit_jax import fewshot  # pylint: disable=g-import-not-at-top
+
+  directory, _ = timm_crop_folder
+  values = {"model": None, "crop": None, "batch": 8, "data_dir": None, "checkpoint": directory}
+  settings = fewshot._config(values)[1]  # pylint: disable=protected-access
+  want = data_config.DataConfig(
+    (32, 32), 0.9, "bicubic", "center", (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), "pil"
+  )
+  assert settings.eval_data_config() == want
+  values["crop"] = 48  # --crop: the same recipe at another size
+  settings = fewshot._config(values)[1]  # pylint: disable=protected-access
+  assert settings.eval_data_config() == want.at_size((48, 48))

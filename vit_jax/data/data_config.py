@@ -247,7 +247,10 @@ def from_run_config(config: Mapping[str, Any]) -> DataConfig:
   if not any(pp.get(k) is not None for k in _RUN_KEYS):
     return official((crop, crop), mean, std)
   given = {k: pp[k] for k in _RUN_KEYS if pp.get(k) is not None}
-  return DataConfig((crop, crop), mean=mean, std=std, **{"resizer": "pil", **given})
+  try:
+    return DataConfig((crop, crop), mean=mean, std=std, **{"resizer": "pil", **given})
+  except errors.ConfigError as e:
+    raise errors.ConfigError(f"config.pp: {e} Fix the config.pp keys named.") from None
 
 
 def _rgb(value: Any, name: str) -> RGB:
