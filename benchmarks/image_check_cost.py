@@ -22,7 +22,7 @@ import numpy as np
 import tensorflow as tf
 from PIL import Image
 
-from vit_jax.data import decodable, image_header, preprocess
+from vit_jax.data import data_config, decodable, image_header, preprocess
 
 
 def cpu_seconds() -> float:
@@ -33,7 +33,8 @@ def cpu_seconds() -> float:
 def cpu_us_per_image(paths: list[str], check: bool) -> float:
   def example(path: tf.Tensor) -> tf.Tensor:
     data = tf.io.read_file(path)
-    return preprocess.eval_image(decodable.decodable(data) if check else data, crop=224)
+    image = decodable.decodable(data) if check else data
+    return preprocess.eval_image(image, data_config.official((224, 224)))
 
   ds = tf.data.Dataset.from_tensor_slices(paths)
   ds = ds.map(example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).batch(100)

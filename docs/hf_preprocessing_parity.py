@@ -24,7 +24,7 @@ from vit_jax import cli  # isort: skip  (first: TensorFlow's log level)
 from PIL import Image
 
 from vit_jax import export, predict
-from vit_jax.data import preprocess
+from vit_jax.data import data_config, preprocess
 from vit_jax.weights import sources
 
 sys.modules.setdefault("triton", None)  # CUDA torch vs TensorFlow: docs/inference_export.md
@@ -57,7 +57,8 @@ def ours(path: str, crop: int) -> np.ndarray:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   with open(path, "rb") as f:
-    return preprocess.eval_image(tf.constant(f.read()), crop=crop).numpy()  # [crop, crop, 3]
+    data = tf.constant(f.read())
+    return preprocess.eval_image(data, data_config.official((crop, crop))).numpy()  # [H, W, 3]
 
 
 def torch_bilinear(path: str, crop: int) -> np.ndarray:

@@ -161,3 +161,44 @@ def check_logical_axes(model, size: int, strategy: str, sharded: dict[str, int])
   for key, dim in sharded.items():
     axes = nn.logical_to_mesh_axes(flat[key].names, rules)
     assert axes[dim] == mesh_axis, (key, axes)
+
+
+def photo(height: int, width: int, seed: int = 0) -> np.ndarray:
+  """uint8 [H, W, 3]: smooth gradients and edges with sensor-like noise, so that the
+  interpolation kind and a one-pixel shift both show."""
+  y, x = np.mgrid[0:height, 0:width].astype(np.float64)
+  image = np.stack(
+    [
+      128 + 100 * np.sin(x / 7 + y / 13),
+      128 + 100 * np.cos(x / 5) * np.sin(y / 9),
+      np.where((x // 16 + y // 16) % 2 == 0, 40.0, 210.0),
+    ],
+    axis=-1,
+  )
+  noise = np.random.default_rng(seed).normal(0, 20, image.shape)
+  return np.clip(image + noise, 0, 255).astype(np.uint8)
+
+
+def timm_crop_folder(directory: str):
+  """(directory, timm model): a tiny timm ViT (32x32 inputs, 2 layers) whose
+  pretrained_cfg says crop_pct=0.9, bicubic and ImageNet mean/std, saved in the hub's
+  layout (`timm.models.save_for_hf`) into ``directory``."""
+  import timm  # pylint: disable=g-import-not-at-top
+
+  net = timm.create_model(
+    "vit_tiny_patch16_224",
+    pretrained=False,
+    num_classes=NUM_CLASSES,
+    img_size=32,
+    depth=2,
+    pretrained_cfg_overlay=dict(
+      input_size=(3, 32, 32),
+      crop_pct=0.9,
+      interpolation="bicubic",
+      mean=(0.485, 0.456, 0.406),
+      std=(0.229, 0.224, 0.225),
+    ),
+  ).eval()
+  perturb_torch(net)
+  timm.models.save_for_hf(net, directory, safe_serialization=True)
+  return directory, net

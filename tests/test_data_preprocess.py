@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from vit_jax.data import preprocess
+from vit_jax.data import data_config, preprocess
 
 
 def _encode(array: np.ndarray, fmt: str) -> tf.Tensor:
@@ -28,7 +28,7 @@ NOISE = np.random.default_rng(0).integers(0, 256, (75, 100, 3), dtype=np.uint8)
 def test_output_within_minus_one_one_exactly(fmt, value):
   array = NOISE if value is None else np.full((75, 100, 3), value, np.uint8)
   data = _encode(array, fmt)
-  outputs = [preprocess.eval_image(data, crop=32)] + [
+  outputs = [preprocess.eval_image(data, data_config.official((32, 32)))] + [
     preprocess.train_image(data, _seed(u), crop=32, min_area=0.05, flip=True, randaug=None)
     for u in range(4)
   ]
@@ -40,6 +40,14 @@ def test_output_within_minus_one_one_exactly(fmt, value):
       assert np.all(out == -1.0)
     if value == 255:
       assert np.all(out == 1.0)
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG"])
+def test_official_eval_image_is_the_whole_image_resized_bilinearly(fmt):
+  data = _encode(NOISE, fmt)
+  expected = preprocess.normalize(preprocess.resize(preprocess.decode_rgb(data), 32))
+  got = preprocess.eval_image(data, data_config.official((32, 32)))
+  np.testing.assert_array_equal(got.numpy(), expected.numpy())  # bit-identical
 
 
 @pytest.mark.parametrize(

@@ -37,7 +37,13 @@ def convert(
   (an existing file only with ``overwrite``)."""
   check_out(out, overwrite)
   model = sources.load(source, model_name)
-  npz.save_npz(out, model.params, scanned=scanned, config=model.config)
+  npz.save_npz(
+    out,
+    model.params,
+    scanned=scanned,
+    config=model.config,
+    data_config=model.data_config.to_dict(),
+  )
   gelu = "tanh" if model.config.get("gelu_approximate", True) else "exact (erf)"
   logging.info(
     "Wrote %s (%s, %s classes) from %s; its source computes the %s GELU.",

@@ -7,7 +7,9 @@ PATH: anything `vit_jax.predict` reads (official `.npz`, a training run, a Huggi
 or timm checkpoint, `hf-hub:<org>/<name>`, an official name). FMT:
   hf           `ViTForImageClassification` directory (config.json with id2label,
                model.safetensors, preprocessor_config.json): `from_pretrained(DIR)`.
-  timm         model.safetensors with timm's names + timm_model.json (create_model args).
+  timm         timm's own folder (model.safetensors, config.json with the pretrained_cfg
+               of the real input size, crop and interpolation): create_model('local-dir:DIR');
+               timm_model.json (create_model's name and arguments) beside it.
   saved_model  TensorFlow SavedModel through jax2tf, batch dimension polymorphic.
   stablehlo    `jax.export` artifact model.jax_exported (parameters inside).
   npz          official-layout model.npz: e.g. a Hugging Face checkpoint in, then usable
@@ -51,9 +53,8 @@ STALE_SECONDS = 3600  # a temporary folder this old was left by a killed export
 LOAD_HINTS = {
   "hf": "transformers.ViTForImageClassification.from_pretrained({out!r}) "
   "(and AutoImageProcessor.from_pretrained({out!r}) for the preprocessing)",
-  "timm": "timm.create_model(spec['model_name'], pretrained=True, pretrained_cfg_overlay="
-  "dict(spec['pretrained_cfg_overlay'], file={out!r} + '/model.safetensors'), **spec['kwargs'])"
-  " with spec = json.load(open({out!r} + '/timm_model.json'))",
+  "timm": "timm.create_model('local-dir:{out}') (a shape timm has no name for: "
+  "timm_model.json's kwargs, the architecture's class)",
   "saved_model": "tf.saved_model.load({out!r}).signatures['serving_default']"
   "(images=x)['output_0'], x: float32 [B, H, W, 3] in [-1, 1]",
   "stablehlo": "jax.export.deserialize(open({out!r} + '/model.jax_exported', 'rb').read())"
@@ -80,6 +81,7 @@ def _writer(
   names = cli.class_names(labels, model)
   size = cli.image_size(model, resolution)
   family = models.family_of(model.config)
+  data_config = model.data_config.at_size(size)  # the preprocessing each format states
   if fmt == "hf" and family.hf_refusal:
     raise errors.CommandLineError(
       f"{family.hf_refusal}: export this model with --format=timm, npz, saved_model or stablehlo."
@@ -90,6 +92,7 @@ def _writer(
       model.config,
       image_size=size,
       class_names=names,
+      data_config=data_config,
     )
     return lambda d: hf_lib.write_dir(d, *files)
   if fmt == "timm":
@@ -102,13 +105,15 @@ def _writer(
       image_size=size,
     )
     tensors = timm_writer.to_timm(params, model.config)
-    write = lambda d: timm_lib.write_dir(d, tensors, spec)
+    write = lambda d: timm_lib.write_dir(d, tensors, spec, data_config)
   elif fmt == "saved_model":
     write = lambda d: serving.write_saved_model(d, module, params, size)
   elif fmt == "stablehlo":
     write = lambda d: serving.write_jax_exported(d, module, params, size)
   elif fmt == "npz":
-    write = lambda d: npz.save_npz(os.path.join(d, NPZ_FILE), params, config=model.config)
+    write = lambda d: npz.save_npz(
+      os.path.join(d, NPZ_FILE), params, config=model.config, data_config=data_config.to_dict()
+    )
   else:
     raise errors.CommandLineError(f"Unknown --format={fmt!r}; choose one of {', '.join(FORMATS)}.")
 

@@ -168,6 +168,7 @@ def _from_weights(
     skip_corrupt_images=False,
     input_mean=tuple(models.with_family_defaults(loaded.config).input_mean),
     input_std=tuple(models.with_family_defaults(loaded.config).input_std),
+    eval_data=loaded.data_config,  # the checkpoint's crop and resize, at the crop above
   )
   return loaded.config, settings
 

@@ -6,10 +6,10 @@ r"""Classifies image files with a trained model.
 PATH: an official-layout `.npz`, a training run (workdir, `checkpoints/` or a step
 folder), a Hugging Face or timm checkpoint, `hf-hub:<org>/<name>` or an official name
 such as `ViT-B_16` (`vit_jax.weights.sources`). Images are prepared
-as the eval pipeline prepares them (`vit_jax.data.preprocess.eval_image`: the whole
-image resized bilinearly to the model's resolution, normalised with the checkpoint's own
-mean and std, the model config's ``input_mean``/``input_std``: [-1, 1] for the official
-weights) and classified in jitted batches. Every file is checked before it is opened
+as the checkpoint says (`vit_jax.data.preprocess.prepare` with its data config: timm's
+crop fraction and interpolation, a transformers image processor's resize and crop, or
+the official recipe of the eval pipeline, the whole image resized bilinearly to [-1, 1])
+and classified in jitted batches. Every file is checked before it is opened
 (`vit_jax.input_files`): a named path that does not exist or is no regular file (a FIFO,
 a device) is an error (`vit_jax.cli`: one line, exit status 2); inside a folder such a
 file, one larger than `input_files.MAX_IMAGE_BYTES`, one that `image_header.decodable`
@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags, logging
 
-from vit_jax import errors, input_files, models
+from vit_jax import errors, input_files
 from vit_jax.data import image_header
 from vit_jax.printable import printable
 from vit_jax.weights import sources
@@ -126,26 +126,18 @@ class Classifier:
     module.grid_hw(image_size)  # a size the model cannot take fails here, with the fix
     self._params = jax.device_put(model.params)
     self._probs = jax.jit(lambda p, x: jax.nn.softmax(module.apply({"params": p}, x)))
-    crop = image_size[0]
-    config = models.with_family_defaults(model.config)
-    mean, std = tuple(config.input_mean), tuple(config.input_std)
-    # TensorFlow decodes as the eval pipeline does; imported here, where it is used.
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-    from vit_jax.data import preprocess  # pylint: disable=g-import-not-at-top
-
-    self._prepare = tf.function(
-      lambda data: preprocess.eval_image(data, crop=crop, mean=mean, std=std),
-      input_signature=[tf.TensorSpec([], tf.string)],
-    )
+    # The checkpoint's own eval preprocessing (`vit_jax.data.data_config`), at this size.
+    self.data_config = model.data_config.at_size(image_size)
 
   def prepare(self, path: str) -> Optional[np.ndarray]:
     """float32 [H, W, 3] normalised for the model, or None (added to `skipped`) when the
     file is not an image to decode (`read_image`) or cannot be decoded."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
+    from vit_jax.data import preprocess  # pylint: disable=g-import-not-at-top
+
     try:
-      return self._prepare(tf.constant(read_image(path))).numpy()
+      return preprocess.prepare(read_image(path), self.data_config)[0]
     except ValueError as e:
       why = str(e)
     except (OSError, tf.errors.OpError) as e:

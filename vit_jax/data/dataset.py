@@ -12,7 +12,7 @@ import os
 from typing import TYPE_CHECKING, Any, Optional
 
 from vit_jax import errors
-from vit_jax.data import presets
+from vit_jax.data import data_config, presets
 from vit_jax.models.settings import OFFICIAL_INPUT_MEAN, OFFICIAL_INPUT_STD
 
 if TYPE_CHECKING:
@@ -50,6 +50,14 @@ class Settings:
   # tokens per caption (config.model.text_len).
   templates: str | None = None
   text_len: int = 0
+  # The eval preprocessing where it is not the official recipe (a crop, another resize).
+  eval_data: Optional[data_config.DataConfig] = None
+
+  def eval_data_config(self) -> data_config.DataConfig:
+    """The eval images' preprocessing, at ``crop`` (which a command may have changed)."""
+    if self.eval_data is None:
+      return data_config.official((self.crop, self.crop), self.input_mean, self.input_std)
+    return self.eval_data.at_size((self.crop, self.crop))
 
   @classmethod
   def from_config(cls, config: Any) -> "Settings":
@@ -93,6 +101,7 @@ class Settings:
       input_mean=tuple(model.get("input_mean", OFFICIAL_INPUT_MEAN)),
       input_std=tuple(model.get("input_std", OFFICIAL_INPUT_STD)),
       **text,
+      eval_data=data_config.from_run_config(config),
     )
     for key in ("crop", "batch", "batch_eval", "shuffle_buffer"):
       if getattr(settings, key) <= 0:

@@ -96,9 +96,7 @@ def _example_fn(settings: Settings, kind: str, num_classes: int, train: bool):
         return position, image, rounds, preprocess.one_hot(label, num_classes)
       image = preprocess.normalize(image, settings.input_mean, settings.input_std)
     else:
-      image = preprocess.eval_image(
-        data, crop=settings.crop, mean=settings.input_mean, std=settings.input_std
-      )
+      image = preprocess.eval_image(data, settings.eval_data_config())
     return position, image, preprocess.one_hot(label, num_classes)
 
   return fn

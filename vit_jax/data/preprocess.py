@@ -6,6 +6,10 @@ pipeline derives it from (config.seed, epoch, example index), so the same exampl
 the same epoch always gets the same crop, flip and RandAugment ops, whatever the batch
 size or the step the run was resumed at.
 
+The eval transform of files, bytes, PIL images and arrays is `prepare` (its PIL half,
+timm's transform, is `vit_jax.data.eval_images`); `eval_image` is the same inside a
+`tf.data` pipeline.
+
 Output convention (shared with the official checkpoints): float32 [crop, crop, 3] with
 values (x - 127.5) / 127.5, clipped so they lie within [-1, 1] exactly. Weights trained
 with another normalisation (timm's ImageNet or CLIP mean/std; the model config's
@@ -14,9 +18,16 @@ with another normalisation (timm's ImageNet or CLIP mean/std; the model config's
 
 from __future__ import annotations
 
+import os
+from typing import Sequence
+
+import numpy as np
 import tensorflow as tf
 
+from vit_jax import errors
+from vit_jax.data import eval_images
 from vit_jax.data import randaug as randaug_lib
+from vit_jax.data.data_config import DataConfig
 from vit_jax.models.settings import OFFICIAL_INPUT_MEAN as OFFICIAL_MEAN
 from vit_jax.models.settings import OFFICIAL_INPUT_STD as OFFICIAL_STD
 
@@ -158,12 +169,53 @@ def train_image(
   return augment(image[None], batch, randaug[1], mean, std)[0]
 
 
-def eval_image(
-  data: tf.Tensor, *, crop: int, mean: RGB = OFFICIAL_MEAN, std: RGB = OFFICIAL_STD
-) -> tf.Tensor:
-  """Encoded bytes -> float32 [crop, crop, 3], normalised (`normalize`): the whole image
-  resized."""
-  return normalize(resize(decode_rgb(data), crop), mean, std)
+def eval_image(data: tf.Tensor, data_config: DataConfig) -> tf.Tensor:
+  """Encoded bytes -> float32 [H, W, 3] as ``data_config`` says: with the official
+  recipe (resizer 'tf') the whole image resized by TensorFlow and normalised; otherwise
+  `eval_images.prepare_pil` (PIL, timm's crop) run on the bytes from the graph."""
+  if data_config.resizer == "tf":
+    return resize_normalize(decode_rgb(data), data_config)
+
+  def pil_prepare(encoded: bytes) -> np.ndarray:
+    return eval_images.prepare_pil([encoded], data_config)[0]
+
+  image = tf.numpy_function(pil_prepare, [data], tf.float32, stateful=False)
+  image.set_shape([*data_config.input_size, 3])
+  return image
+
+
+def prepare(
+  images: eval_images.ImageLike | Sequence[eval_images.ImageLike], data_config: DataConfig
+) -> np.ndarray:
+  """The eval transform: ``images`` (paths, bytes, PIL images, uint8 arrays, or a list of
+  them) -> float32 [N, H, W, 3] as ``data_config`` says. 'pil' configs: timm's transform
+  (`eval_images.prepare_pil`); the official recipe ('tf'): the eval pipeline's ops, files
+  and bytes decoded by TensorFlow, so `predict` gives a file the evaluator's input."""
+  items = eval_images.image_list(images)
+  if data_config.resizer == "pil":
+    return eval_images.prepare_pil(items, data_config)
+  return np.stack([_official(item, data_config) for item in items])
+
+
+def _official(item: eval_images.ImageLike, data_config: DataConfig) -> np.ndarray:
+  if isinstance(item, (str, os.PathLike)):
+    with open(item, "rb") as f:
+      item = f.read()
+  try:
+    image = decode_rgb(tf.constant(item)) if isinstance(item, bytes) else None
+  except tf.errors.OpError as e:
+    why = e.message.splitlines()[0]
+    raise errors.InputFileError(f"not an image TensorFlow decodes ({why}).") from None
+  if image is None:  # pixels: an array or a PIL image
+    image = tf.constant(np.asarray(eval_images.to_pil(item)))
+  return resize_normalize(image, data_config).numpy()  # [H, W, 3]
+
+
+def resize_normalize(image: tf.Tensor, data_config: DataConfig) -> tf.Tensor:
+  """uint8 [h, w, 3] -> float32 [H, W, 3]: the whole image resized by TensorFlow (no
+  antialiasing, big_vision's ``resize``) with the config's interpolation, normalised."""
+  resized = tf.image.resize(image, data_config.input_size, method=data_config.interpolation)
+  return normalize(resized, data_config.mean, data_config.std)
 
 
 def one_hot(label: tf.Tensor, num_classes: int) -> tf.Tensor:

@@ -23,6 +23,7 @@ from flax import traverse_util
 
 from vit_jax import errors
 from vit_jax.aliases import Params
+from vit_jax.data import data_config as data_config_lib
 from vit_jax.models import settings
 from vit_jax.weights import architecture, files
 
@@ -143,8 +144,11 @@ def to_hf(
   *,
   image_size: tuple[int, int],
   class_names: list[str],
+  data_config: Optional[data_config_lib.DataConfig] = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, Any]]:
-  """(safetensors arrays, config.json, preprocessor_config.json) of a per-layer tree."""
+  """(safetensors arrays, config.json, preprocessor_config.json) of a per-layer tree;
+  the image processor states ``data_config`` (default: the official recipe at
+  ``image_size`` with the model config's mean and std)."""
   num_classes = len(class_names)
   check_exportable(config, num_classes)
   flat = traverse_util.flatten_dict(params, sep="/")
@@ -179,17 +183,13 @@ def to_hf(
     "id2label": {str(i): n for i, n in enumerate(class_names)},
     "label2id": {n: i for i, n in enumerate(class_names)},
   }
-  preprocessor = {  # the model's inputs: (x / 255 - mean) / std
-    "image_processor_type": "ViTImageProcessor",
-    "do_resize": True,
-    "size": {"height": image_size[0], "width": image_size[1]},
-    "resample": 2,
-    "do_rescale": True,
-    "rescale_factor": 1 / 255,
-    "do_normalize": True,
-    "image_mean": list(config.get("input_mean", settings.OFFICIAL_INPUT_MEAN)),
-    "image_std": list(config.get("input_std", settings.OFFICIAL_INPUT_STD)),
-  }
+  if data_config is None:
+    data_config = data_config_lib.official(
+      image_size,
+      tuple(config.get("input_mean", settings.OFFICIAL_INPUT_MEAN)),
+      tuple(config.get("input_std", settings.OFFICIAL_INPUT_STD)),
+    )
+  preprocessor = data_config.to_hf_processor()
   return tensors, hf_config, preprocessor
 
 
@@ -254,6 +254,17 @@ def _normalization(
     return tuple(float(v) for v in values)
 
   return rgb("image_mean"), rgb("image_std")
+
+
+def read_data_config(
+  directory: str, config: ml_collections.ConfigDict, image_size: tuple[int, int]
+) -> data_config_lib.DataConfig:
+  """The folder's image processor (`preprocessor_config.json`) as a `DataConfig`; without
+  one, the official recipe with the model config's mean and std."""
+  path = os.path.join(directory, PREPROCESSOR)
+  if not os.path.lexists(path):
+    return data_config_lib.official(image_size, tuple(config.input_mean), tuple(config.input_std))
+  return data_config_lib.from_hf_processor(files.read_json(path), image_size, repr(path))
 
 
 def _is_number(value: Any) -> bool:

@@ -26,6 +26,7 @@ from vit_jax import errors
 from vit_jax.aliases import Params
 
 SCANNED_BLOCK = "encoderblock"
+DATA_CONFIG_KEY = "data_config"  # the sidecar's key of the eval preprocessing
 _LAYER_BLOCK = re.compile(r"^encoderblock_(\d+)$")
 
 
@@ -135,11 +136,13 @@ def save_npz(
   *,
   scanned: bool = False,
   config: Optional[Mapping[str, Any]] = None,
+  data_config: Optional[Mapping[str, Any]] = None,
 ) -> None:
   """Writes parameters as an official per-layer `.npz` (float32, scanned trees converted),
   or with ``scanned`` the stacked encoder layout (big_vision's); with ``config`` (a model
   config) also `config_path`, which `weights.load` reads back: what the arrays cannot say
-  (the GELU's form, the input mean and std) survives the round trip.
+  (the GELU's form, the input mean and std) survives the round trip; ``data_config``
+  (`DataConfig.to_dict`, the eval preprocessing) is kept in it under DATA_CONFIG_KEY.
 
   The files appear atomically: a crash mid-write leaves any earlier file untouched.
   """
@@ -152,7 +155,10 @@ def save_npz(
     arrays[k] = v.astype(np.float32) if v.dtype.kind == "V" or v.dtype.name == "bfloat16" else v
   _write_atomically(path, lambda f: np.savez(f, **arrays))
   if config is not None:  # after the archive: a path that cannot be written fails there first
-    text = json.dumps(json.loads(ml_collections.ConfigDict(config).to_json_best_effort()))
+    saved = json.loads(ml_collections.ConfigDict(config).to_json_best_effort())
+    if data_config is not None:
+      saved[DATA_CONFIG_KEY] = dict(data_config)
+    text = json.dumps(saved)
     _write_atomically(config_path(path), lambda f: f.write(text.encode()))
 
 

@@ -32,12 +32,14 @@ from absl import logging
 
 from vit_jax import errors, input_files, models
 from vit_jax.aliases import Params
+from vit_jax.data import data_config as data_config_lib
 from vit_jax.paths import CONFIG_FILE, RunPaths, as_path
 from vit_jax.weights import architecture, hub, npz, orbax_steps
 
 _MAX_ERROR_LINES = 20  # of check_tree's list of differences
 _PICKLES = (".bin", ".pth", ".pt", ".ckpt", ".pkl", ".pickle")
 _SAFETENSORS = ".safetensors"
+_UNSIZED_INPUT = (224, 224)  # the data config's input size where a source says none
 
 
 @dataclasses.dataclass
@@ -51,6 +53,16 @@ class LoadedModel:
   class_names: Optional[list[str]]  # None when the source does not name its classes
   source: str
   run_config: Optional[ml_collections.ConfigDict] = None  # a training run's saved config
+  # How the source prepares its inputs; None: the official recipe at image_size with the
+  # model config's mean and std (what every source meant before it was read).
+  data_config: Optional[data_config_lib.DataConfig] = None
+
+  def __post_init__(self) -> None:
+    if self.data_config is None:
+      config = models.with_family_defaults(self.config)
+      self.data_config = data_config_lib.official(
+        self.image_size or _UNSIZED_INPUT, tuple(config.input_mean), tuple(config.input_std)
+      )
 
   def module(self, **overrides: Any) -> models.VisionTransformer:
     """The Flax module of these parameters; ``overrides`` are `create_model`'s arguments:
@@ -73,6 +85,8 @@ def load(path: str | os.PathLike, model_name: Optional[str] = None) -> LoadedMod
     loaded = LoadedModel(
       config, params, architecture.num_classes(params), image_size, names, source
     )
+    if not _official_name(source):  # an official name keeps the official recipe
+      loaded.data_config = _folder_data_config(path, config, image_size or _UNSIZED_INPUT)
   elif location.is_dir():
     loaded = _load_run(path)
   elif location.is_file():
@@ -149,6 +163,24 @@ def _reader(path: str) -> Optional[Reader]:
   return None
 
 
+def _official_name(source: str) -> bool:
+  """Whether ``source`` names an official checkpoint (read from its hub copy, whose timm
+  config states timm's eval crop rather than the paper's whole-image resize)."""
+  return not os.path.exists(source) and hub.official_copy(source) is not None
+
+
+def _folder_data_config(
+  path: str, config: ml_collections.ConfigDict, image_size: tuple[int, int]
+) -> data_config_lib.DataConfig:
+  """The preprocessing a transformers folder's image processor or a timm config states."""
+  from vit_jax.weights import hf, timm_import  # pylint: disable=g-import-not-at-top
+
+  directory = path if os.path.isdir(path) else os.path.dirname(path)
+  if hf.is_hf_dir(directory):
+    return hf.read_data_config(directory, config, image_size)
+  return timm_import.read_data_config(directory, config, image_size)
+
+
 def is_hf_or_timm(path: str | os.PathLike) -> bool:
   """Whether ``path`` is a transformers or timm checkpoint (a folder or `.safetensors`)."""
   return _reader(os.fspath(path)) is not None
@@ -170,6 +202,7 @@ def read_params(source: str | os.PathLike) -> tuple[Params, Optional[ml_collecti
 
 def _load_npz(path: str, model_name: Optional[str]) -> LoadedModel:
   params = npz.scanned_to_layers(npz.load_npz(path))
+  saved_data = None
   if model_name:
     config = models.get_model_config(model_name)
     # The registry leaves it out; official ImageNet-21k files have one.
@@ -177,11 +210,11 @@ def _load_npz(path: str, model_name: Optional[str]) -> LoadedModel:
       config.representation_size = params["pre_logits"]["kernel"].shape[-1]
     config.classifier = "token" if "cls" in params else "gap"
   elif os.path.isfile(npz.config_path(path)):
-    config = _saved_config(npz.config_path(path))
+    config, saved_data = _saved_config(npz.config_path(path))
   else:
     config = architecture.infer_model_config(params)
     logging.info("%s: inferred architecture %s.", path, config.name)
-  return LoadedModel(
+  loaded = LoadedModel(
     config,
     params,
     architecture.num_classes(params),
@@ -189,10 +222,14 @@ def _load_npz(path: str, model_name: Optional[str]) -> LoadedModel:
     None,
     path,
   )
+  if saved_data is not None:
+    loaded.data_config = data_config_lib.from_dict(saved_data, repr(npz.config_path(path)))
+  return loaded
 
 
-def _saved_config(path: str) -> ml_collections.ConfigDict:
-  """The model config `npz.save_npz` wrote beside an archive (checked by the fit check)."""
+def _saved_config(path: str) -> tuple[ml_collections.ConfigDict, Optional[dict[str, Any]]]:
+  """The model config `npz.save_npz` wrote beside an archive (checked by the fit check)
+  and the data config saved in it (None in files written before it was)."""
   try:
     saved = json.loads(input_files.read_text(path, what="model config"))
   except json.JSONDecodeError as e:
@@ -204,7 +241,8 @@ def _saved_config(path: str) -> ml_collections.ConfigDict:
     raise errors.CheckpointError(
       f"{path!r} is not a model config: remove it to infer the model from the arrays."
     )
-  return ml_collections.ConfigDict(saved)
+  saved_data = saved.pop(npz.DATA_CONFIG_KEY, None)
+  return ml_collections.ConfigDict(saved), saved_data
 
 
 def _load_run(path: str) -> LoadedModel:
@@ -222,7 +260,14 @@ def _load_run(path: str) -> LoadedModel:
   config = run_config.model
   config.scan = False  # the parameters are per-layer now
   return LoadedModel(
-    config, params, architecture.num_classes(params), (crop, crop), names, path, run_config
+    config,
+    params,
+    architecture.num_classes(params),
+    (crop, crop),
+    names,
+    path,
+    run_config,
+    data_config_lib.from_run_config(run_config),
   )
 
 

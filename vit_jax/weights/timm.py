@@ -2,15 +2,14 @@
 table of arrays (`vit_table`) read both ways (`to_timm`, `from_timm`), and the export's
 `timm_model.json` (`model_spec`); reading a timm folder's config is `timm_import`.
 
-The export is a `model.safetensors` with timm's key names and `timm_model.json`, the
-`timm.create_model` name and keyword arguments that rebuild the architecture. The name
-picks timm's model class and default config; the keyword arguments set every dimension.
-A shape timm has no name for (e.g. the quickstart's 4-layer, 64-wide ViT) takes the
-generic `vit_base_patch16_224`; the file's "architecture" states the real shape:
-
-    spec = json.load(open(f"{DIR}/timm_model.json"))
-    model = timm.create_model(spec["model_name"], pretrained=True, pretrained_cfg_overlay=dict(
-        spec["pretrained_cfg_overlay"], file=f"{DIR}/model.safetensors"), **spec["kwargs"])
+The export is a `model.safetensors` with timm's key names, timm's own `config.json`
+(``timm.create_model('local-dir:DIR')`` loads the folder as it is; its ``pretrained_cfg``
+states the model's input size, crop, interpolation, mean and std, which timm's
+`resolve_data_config` reads) and `timm_model.json`, the `timm.create_model` name and
+keyword arguments that rebuild the architecture. The name picks timm's model class and
+default config; the keyword arguments set every dimension. A shape timm has no name for
+(e.g. the quickstart's 4-layer, 64-wide ViT) takes the generic `vit_base_patch16_224`;
+the spec's "architecture" states the real shape.
 
 timm's fused attention input ``qkv`` is our query, key and value stacked; classifier
 'gap' is ``global_pool='avg'`` with the final norm before pooling unless ``fc_norm``;
@@ -34,11 +33,13 @@ import numpy as np
 
 from vit_jax import errors, models
 from vit_jax.aliases import Params
+from vit_jax.data.data_config import DataConfig
 from vit_jax.weights import architecture, tensor_table, timm_eva, timm_names
 from vit_jax.weights.tensor_table import Row, rows
 
 WEIGHTS = "model.safetensors"
 SPEC = "timm_model.json"
+HUB_CONFIG = "config.json"  # timm's (`hub_config`)
 # Official architectures -> timm names (any other plain ViT uses the generic name below,
 # with every dimension given as a keyword argument).
 _VIT_NAMES = {
@@ -354,9 +355,40 @@ def _zero_biases(table: list[Row], tensors: dict[str, np.ndarray]) -> dict[str, 
   return tensors
 
 
-def write_dir(directory: str, tensors: dict[str, np.ndarray], spec: dict[str, Any]) -> None:
+def hub_config(spec: dict[str, Any]) -> Optional[dict[str, Any]]:
+  """timm's own `config.json` (the hub's layout, what ``timm.create_model('local-dir:DIR')``
+  reads) of an export's ``spec``: the architecture name, its arguments, the pooling and
+  the overlay as ``pretrained_cfg`` (`write_dir` puts the data config in it).
+  None for a shape timm has no name for or an activation timm's config cannot name (a
+  tanh-GELU Mixer): `SPEC` rebuilds those."""
+  if not spec.get("model_name") or "act_layer" in spec:  # a tanh Mixer: timm takes a class
+    return None
+  args = dict(spec["kwargs"])
+  config = {
+    "architecture": spec["model_name"],
+    "num_classes": args["num_classes"],
+    "model_args": args,
+    "pretrained_cfg": spec["pretrained_cfg_overlay"],
+  }
+  if "global_pool" in args:
+    config["global_pool"] = args["global_pool"]
+  return config
+
+
+def write_dir(
+  directory: str, tensors: dict[str, np.ndarray], spec: dict[str, Any], data_config: DataConfig
+) -> None:
+  """The export's folder: `WEIGHTS`, `SPEC` (the create_model arguments, with the data
+  config in its overlay) and, for a named architecture, timm's `config.json`."""
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
 
+  spec = {
+    **spec,
+    "pretrained_cfg_overlay": {**spec["pretrained_cfg_overlay"], **data_config.to_timm()},
+  }
   save_file(tensors, os.path.join(directory, WEIGHTS))
-  with open(os.path.join(directory, SPEC), "w") as f:
-    json.dump(spec, f, indent=2)
+  written = {SPEC: spec, HUB_CONFIG: hub_config(spec)}
+  for name, content in written.items():
+    if content is not None:
+      with open(os.path.join(directory, name), "w") as f:
+        json.dump(content, f, indent=2)

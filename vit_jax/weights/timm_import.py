@@ -25,6 +25,7 @@ import ml_collections
 
 from vit_jax import errors, models
 from vit_jax.aliases import Params
+from vit_jax.data import data_config as data_config_lib
 from vit_jax.weights import (
   architecture,
   expressible,
@@ -87,6 +88,17 @@ def _arguments(directory: str) -> tuple[str, dict[str, Any], Optional[list[str]]
       raise errors.CheckpointError(f"{config_path!r}: label_names must be a list of names.")
     return name, args, names, _object(config, "pretrained_cfg", config_path)
   return "", {}, None, {}
+
+
+def read_data_config(
+  directory: str, config: ml_collections.ConfigDict, image_size: tuple[int, int]
+) -> data_config_lib.DataConfig:
+  """The eval preprocessing of timm's ``pretrained_cfg`` beside the weights (timm's
+  defaults for what it leaves out; the mean and std the model config read from it)."""
+  pretrained_cfg = _arguments(directory)[3]
+  config = models.with_family_defaults(config)
+  stats = {"mean": list(config.input_mean), "std": list(config.input_std)}
+  return data_config_lib.from_timm({**pretrained_cfg, **stats}, image_size)
 
 
 def _object(config: dict[str, Any], key: str, path: str) -> dict[str, Any]:
