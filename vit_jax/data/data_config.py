@@ -193,7 +193,9 @@ def from_hf_processor(
 ) -> DataConfig:
   """A transformers image processor config: ``size`` {height, width} resizes the whole
   image (ViT, SigLIP); {shortest_edge} then ``crop_size`` is a centre crop (CLIP, BiT,
-  DINOv2). A processor that does not resize takes ``input_size`` as its resize target."""
+  DINOv2); without a crop it is read as one to a square of that edge (transformers would
+  keep the aspect; the model takes one size). A processor that does not resize takes
+  ``input_size`` as its resize target."""
   interpolation = {v: k for k, v in PIL_RESAMPLE.items()}.get(processor.get("resample", 2))
   if interpolation is None:
     raise errors.CheckpointError(
