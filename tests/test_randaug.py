@@ -261,12 +261,16 @@ def test_solarize_grows_stronger_with_magnitude_and_inverts_all_at_ten():
   # those >= 128. Ours inverts pixels >= 256 - int(25.6 m): none at 0, all from 10 on.
   ramp = np.tile(np.arange(256, dtype=np.uint8)[None, :, None], (2, 1, 3))
   inverted = []
-  for magnitude in range(21):
+  for magnitude in range(21):  # The policy's table at each magnitude.
+    table = ra._tables(float(magnitude))[ra.OPS.index("Solarize")]
+    threshold = 256 - int(magnitude / 10 * 256)
+    np.testing.assert_array_equal(table, ops.solarize_lut(max(0, threshold)))
+    inverted.append(int((table != np.arange(256)).sum()))  # 255 - x never equals x
+  assert inverted == sorted(inverted) and inverted[0] == 0 and inverted[10] == 256
+  for magnitude in (0, 5, 9, 10, 15):  # The table through the batched stages.
     out = _outputs("Solarize", ramp, magnitude, seeds=1)[0]
     threshold = 256 - int(magnitude / 10 * 256)
     np.testing.assert_array_equal(out, _ours(ops.solarize, ramp, max(0, threshold)))
-    inverted.append(int((out != ramp).sum()))  # 255 - x never equals x
-  assert inverted == sorted(inverted) and inverted[0] == 0 and inverted[10] == ramp.size
 
 
 # The policy: random ops keyed by the step's key and the row.
@@ -297,12 +301,13 @@ def _single(name: str, image: jax.Array, m: float, negate: bool, centre) -> jax.
 
 
 BATCH = np.stack([PHOTOS[k % 3] for k in range(12)])  # [12, 96, 128, 3]
+_RANDAUGMENT = jax.jit(ra.randaugment, static_argnums=(2, 3))
 
 
 @pytest.mark.parametrize("magnitude", [10.0, 7.0])
 def test_each_image_gets_the_ops_of_its_rounds_in_turn(magnitude):
   key = jax.random.PRNGKey(3)
-  out = jax.jit(ra.randaugment, static_argnums=(2, 3))(jnp.asarray(BATCH), key, 2, magnitude)
+  out = _RANDAUGMENT(jnp.asarray(BATCH), key, 2, magnitude)
   rounds = jax.tree.map(np.asarray, ra.batch_rounds(key, 2, BATCH.shape))
   assert len(set(rounds.ops.ravel())) > 10  # most ops occur
   for row in range(len(BATCH)):
@@ -338,15 +343,20 @@ def test_ops_are_drawn_uniformly_and_zero_layers_is_the_identity():
 
 
 def test_the_augmenter_takes_the_crops_uint8_values_and_normalises():
-  pixels = BATCH[:4].astype(np.float32)  # as the pipeline hands them with RandAugment on
-  key = jax.random.PRNGKey(2)
-  augmented = ra.randaugment(jnp.asarray(BATCH[:4]), key, 2, 10.0)
-  for mean, std in [((0.5,) * 3, (0.5,) * 3), ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))]:
-    augment = ra.make_augmenter((2, 10.0), mean, std)
-    out = augment({"image": jnp.asarray(pixels), "label": jnp.ones([4, 3])}, key)
-    expected = preprocess.normalize(tf.constant(np.asarray(augmented), tf.float32), mean, std)
-    np.testing.assert_allclose(out["image"], expected, atol=1e-6)
-    np.testing.assert_array_equal(out["label"], np.ones([4, 3]))
+  key = jax.random.PRNGKey(3)
+  augmented = _RANDAUGMENT(jnp.asarray(BATCH), key, 2, 10.0)  # compiled once for the module
+  timm = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+  augment = jax.jit(ra.make_augmenter((2, 10.0), *timm))
+  pixels = BATCH.astype(np.float32)  # as the pipeline hands them with RandAugment on
+  out = augment({"image": jnp.asarray(pixels), "label": jnp.ones([12, 3])}, key)
+  expected = preprocess.normalize(tf.constant(np.asarray(augmented), tf.float32), *timm)
+  np.testing.assert_allclose(out["image"], expected, atol=1e-6)
+  np.testing.assert_array_equal(out["label"], np.ones([12, 3]))
+  # The official normalisation of every uint8 value, as the pipeline's (to 1 ulp: XLA
+  # may divide by 127.5 as a product with its reciprocal).
+  values = jnp.arange(256, dtype=jnp.uint8)
+  official = ra.normalize(values, (0.5,) * 3, (0.5,) * 3)
+  np.testing.assert_allclose(official, preprocess.normalize(tf.range(256.0)).numpy(), atol=1e-7)
   assert ra.make_augmenter(None, (0.5,) * 3, (0.5,) * 3) is None
 
 
@@ -388,16 +398,15 @@ def test_the_augmentation_does_not_depend_on_the_device_count():
 
 
 def test_the_train_step_augments_by_the_step_key_alone(tiny_config):
-  """Two builds of the same run augment a batch identically at the same step (resume is
-  exact), and RandAugment changes the update."""
+  """A fresh state augments a batch identically at the same step (the key is the state's
+  run key and step: resume is exact), and RandAugment changes the update."""
   tiny_config.pp.randaug = (2, 10)
-  builds = [train_fixtures.build_steps(tiny_config) for _ in range(2)]
+  augmenting = train_fixtures.build_steps(tiny_config)
   tiny_config.pp.randaug = None
-  builds.append(train_fixtures.build_steps(tiny_config))
+  plain = train_fixtures.build_steps(tiny_config)
   pixels = np.round(train_fixtures.fixed_batch()["image"] * 127.5 + 127.5)
   norms = []
-  for steps, normalised in zip(builds, (False, False, True)):
-    images = pixels / 127.5 - 1.0 if normalised else pixels
+  for steps, images in ((augmenting, pixels), (augmenting, pixels), (plain, pixels / 127.5 - 1)):
     b = jax.device_put({**train_fixtures.fixed_batch(), "image": images}, steps.batch_sharding)
     norms.append(float(steps.train_step(steps.init_state(), b)[1]["train/grad_norm"]))
   assert norms[0] == norms[1]
