@@ -189,15 +189,23 @@ def _cutout_stage(image: jax.Array, op: jax.Array, centre: jax.Array, magnitude:
 def apply_rounds(images: jax.Array, rounds: Rounds, magnitude: float) -> jax.Array:
   """uint8 [B, H, W, 3] -> uint8 [B, H, W, 3]: each image's rounds ([B, layers]) at
   `magnitude`. Every image passes one stage of each kind per round (table, affine, blend,
-  cutout), the identity where its op is of another kind: no per-image branch."""
+  cutout), the identity where its op is of another kind: no per-image branch.
+
+  The rounds are a loop: unrolled, XLA fused one round's gathers into the next round's
+  reads (Sharpness reads 9 neighbours, Color 3 channels) and computed them anew for each
+  read, which doubled the cost on the CPU (2 rounds: 13.7 against 7.6 CPU ms per 224 px
+  image). A step with the loop gets the analytic FLOP count (`step_cost.step_flops`).
+  """
   magnitude = float(magnitude)
-  for k in range(rounds.ops.shape[1]):
-    op = rounds.ops[:, k]  # [B]
+
+  def one_round(k: jax.Array, images: jax.Array) -> jax.Array:
+    op, negate, centre = (jax.lax.dynamic_index_in_dim(r, k, 1, keepdims=False) for r in rounds)
     images = _table_stage(images, op, magnitude)
-    images = jax.vmap(_affine_stage, (0, 0, 0, None))(images, op, rounds.negate[:, k], magnitude)
+    images = jax.vmap(_affine_stage, (0, 0, 0, None))(images, op, negate, magnitude)
     images = jax.vmap(_blend_stage, (0, 0, None))(images, op, magnitude)
-    images = jax.vmap(_cutout_stage, (0, 0, 0, None))(images, op, rounds.centre[:, k], magnitude)
-  return images
+    return jax.vmap(_cutout_stage, (0, 0, 0, None))(images, op, centre, magnitude)
+
+  return jax.lax.fori_loop(0, rounds.ops.shape[1], one_round, images)
 
 
 def randaugment(images: jax.Array, key: jax.Array, layers: int, magnitude: float) -> jax.Array:
