@@ -168,14 +168,12 @@ def folder_case(args) -> None:
       print(f"| {name} | {crop} | {per_round} | {median / cores:.0f} | {median / train:.2f} |")
 
 
-def _cpu_ms_per_image(fn, count: int = 512, batch_fn=None) -> float:
+def _cpu_ms_per_image(fn, count: int = 512) -> float:
   """Process CPU ms per element of a one-thread tf.data map of `fn(index)`, batched by 64
-  (then mapped by `batch_fn`, where given, as the pipeline does), second pass."""
+  as the pipeline does, second pass."""
   import tensorflow as tf
 
   ds = tf.data.Dataset.range(count).map(fn, num_parallel_calls=1).batch(64)
-  if batch_fn is not None:
-    ds = ds.map(batch_fn, num_parallel_calls=1)
   for _ in ds:  # Traces and warms up.
     pass
   start = time.process_time()
@@ -226,60 +224,122 @@ def _timm_costs(args) -> dict:
   return json.loads(out.split("RESULT")[-1])
 
 
+def _device_ms(fn, batch: dict, repeats: int) -> tuple[float, float]:
+  """(wall ms, process CPU ms) per call of the compiled `fn(batch, key)` after a warm-up
+  call, each call with its own key."""
+  import jax
+
+  jax.block_until_ready(fn(batch, jax.random.PRNGKey(0)))
+  start, cpu = time.perf_counter(), time.process_time()
+  for i in range(repeats):
+    jax.block_until_ready(fn(batch, jax.random.PRNGKey(i + 1)))
+  return (time.perf_counter() - start) / repeats * 1e3, (time.process_time() - cpu) / repeats * 1e3
+
+
+def device_randaug_costs(crop: int, randaug: tuple, batch: int, repeats: int) -> dict:
+  """ms per image of the train step's RandAugment (`randaug.make_augmenter`, compiled on
+  the default JAX backend) on a batch of photo-like crops, against the normalisation it
+  replaces: {row: (wall ms, process CPU ms)}."""
+  import jax
+  import jax.numpy as jnp
+
+  from vit_jax.data import randaug as randaug_lib
+
+  mean = std = (0.5, 0.5, 0.5)
+  augment = jax.jit(randaug_lib.make_augmenter(randaug, mean, std))
+  normalise = jax.jit(
+    lambda b, key: {"image": randaug_lib.normalize(b["image"].astype(jnp.uint8), mean, std)}
+  )
+  rng = np.random.default_rng(0)
+  crops = [
+    np.asarray(Image.open(io.BytesIO(photo_jpeg(rng))).resize((crop, crop))) for _ in range(8)
+  ]
+  images = np.stack([np.asarray(crops[i % 8]) for i in range(batch)]).astype(np.float32)
+  batch_ = {"image": jax.device_put(images)}
+  rows = {"normalise only": normalise, f"RandAugment{randaug} + normalise": augment}
+  return {
+    name: tuple(ms / batch for ms in _device_ms(fn, batch_, repeats)) for name, fn in rows.items()
+  }
+
+
+def train_step_costs(model: str, crop: int, randaug: tuple, batch: int, repeats: int) -> dict:
+  """ms per compiled train step of `model` at `crop` without and with RandAugment in the
+  step: {row: (wall ms, process CPU ms)}."""
+  import jax
+
+  from vit_jax import run
+  from vit_jax.models import get_model_config
+
+  out = {}
+  for name, setting in (("train step", None), (f"train step + RandAugment{randaug}", randaug)):
+    config = common.get_config()
+    config.pp.crop, config.batch, config.model = crop, batch, get_model_config(model)
+    config.model.transformer.dropout_rate = config.model.transformer.attention_dropout_rate = 0.0
+    config.pp.randaug, config.num_classes = setting, _NUM_CLASSES
+    steps = run.build(config, open_data=False)
+    images = np.random.default_rng(0).integers(0, 256, (batch, crop, crop, 3)).astype(np.float32)
+    labels = np.eye(_NUM_CLASSES, dtype=np.float32)[np.arange(batch) % _NUM_CLASSES]
+    data = jax.device_put({"image": images, "label": labels}, steps.batch_sharding)
+    holder = {"state": steps.init_state()}
+
+    def step(batch_, key, holder=holder, steps=steps):
+      holder["state"], metrics = steps.train_step(holder["state"], batch_)
+      return metrics
+
+    out[name] = _device_ms(step, data, repeats)
+  return out
+
+
 def randaug_cost_case(args) -> None:
+  import jax
   import tensorflow as tf
 
-  from vit_jax.data import preprocess, randaug
+  from vit_jax.data import preprocess
 
   crop, (layers, magnitude) = args.crops[0], args.randaug
+  randaug = (layers, float(magnitude))
   jpeg = tf.constant(photo_jpeg(np.random.default_rng(0)))
   seed = lambda i: tf.stack([tf.constant(0, tf.int64), i])
-  # As the pipeline runs them: with RandAugment, each image's crop and rounds in the map,
-  # the rounds applied per batch.
-  crop_fn = lambda setting: (
-    lambda i: preprocess.train_crop(
+  image_fn = lambda setting: (
+    lambda i: preprocess.train_image(
       jpeg, seed(i), crop=crop, min_area=0.05, flip=True, randaug=setting
     )
   )
-  rows = {
-    "train": (lambda i: preprocess.normalize(crop_fn(None)(i)[0]), None),
-    f"train, randaug({layers}, {magnitude})": (
-      crop_fn(args.randaug),
-      lambda images, rounds: preprocess.augment(images, rounds, float(magnitude)),
-    ),
-  }
-  resized = tf.cast(tf.image.resize(tf.io.decode_jpeg(jpeg), [crop, crop]), tf.uint8)
-
-  def op_row(index: int):  # One round of the op, per batch as the pipeline runs it.
-    def fn(i):
-      rounds = randaug.rounds(seed(i), 1, crop, crop)
-      return resized, rounds._replace(ops=tf.constant([index], tf.int32))
-
-    return fn, lambda images, rounds: randaug.augment_batch(images, rounds, float(magnitude))
-
-  for index, op in enumerate(randaug.OPS):
-    rows[f"op {op.name}"] = op_row(index)
-  rows["op none (the map's own cost)"] = (lambda i: resized, None)
+  # The CPU side: with RandAugment the pipeline hands the rounded crop (the step augments).
+  rows = {"train": image_fn(None), f"train, randaug{randaug} (CPU part)": image_fn(randaug)}
   costs: dict = {}
   loads = []
   for _ in range(args.rounds):
     loads.append(os.getloadavg()[0])
-    for name, (fn, batch_fn) in rows.items():
-      costs.setdefault(name, []).append(_cpu_ms_per_image(fn, batch_fn=batch_fn))
+    for name, fn in rows.items():
+      costs.setdefault(name, []).append(_cpu_ms_per_image(fn))
     for name, ms in _timm_costs(args).items():
       costs.setdefault(name, []).append(ms)
-  print(f"CPU ms per image at {crop}x{crop}, load at each round's start {loads}:")
+  print(f"CPU ms per image at {crop}x{crop} (one thread), load at each round's start {loads}:")
   print("| row | CPU ms per round | median |\n|---|---|---|")
   for name, ms in costs.items():
     print(f"| {name} | {', '.join(f'{m:.2f}' for m in ms)} | {np.median(ms):.2f} |")
   median = {name: np.median(ms) for name, ms in costs.items()}
-  ours, augmented = median["train"], median[f"train, randaug({layers}, {magnitude})"]
+  ours, augmented = median["train"], median[f"train, randaug{randaug} (CPU part)"]
   print(
-    f"\nRandAugment({layers}, {magnitude}) adds {augmented - ours:.2f} ms per image: "
+    f"\nRandAugment{randaug} adds {augmented - ours:.2f} CPU ms per image to the pipeline: "
     f"{ours / augmented:.2f}x of the images per CPU second without it."
   )
   for name in [name for name in median if name.startswith("timm train, ")]:
-    print(f"ours with RandAugment / {name}: {augmented / median[name]:.2f}")
+    print(f"ours with RandAugment (CPU) / {name}: {augmented / median[name]:.2f}")
+
+  device = f"{jax.device_count()} x {jax.devices()[0].device_kind}"
+  batch = args.device_batch
+  print(f"\nOn the device ({device}, load {os.getloadavg()[0]:.1f}), batch {batch}:")
+  print("| row | wall ms per image | process CPU ms per image |\n|---|---|---|")
+  for name, (wall, cpu) in device_randaug_costs(crop, randaug, batch, args.device_repeats).items():
+    print(f"| {name} | {wall:.3f} | {cpu:.3f} |")
+  if args.step_model:
+    print(f"\n{args.step_model} at {crop}, batch {batch} (load {os.getloadavg()[0]:.1f}):")
+    print("| row | wall ms per step | process CPU ms per step |\n|---|---|---|")
+    step_costs = train_step_costs(args.step_model, crop, randaug, batch, args.device_repeats)
+    for name, (wall, cpu) in step_costs.items():
+      print(f"| {name} | {wall:.1f} | {cpu:.1f} |")
 
 
 # The tfds case: prepared datasets, pipelines in fresh processes.
@@ -598,7 +658,12 @@ def main() -> None:
     default=[("plain", "tfrecord"), ("ours", "tfrecord"), ("ours", "array_record")],
     help="pipeline:format pairs (plain, ours, ours@/other/checkout, grain: needs grain)",
   )
-  parser.add_argument("--randaug-cost", action="store_true", help="RandAugment's CPU cost")
+  parser.add_argument("--randaug-cost", action="store_true", help="RandAugment's cost")
+  parser.add_argument("--device-batch", type=int, default=64, help="randaug-cost: step batch")
+  parser.add_argument("--device-repeats", type=int, default=10, help="randaug-cost: timed calls")
+  parser.add_argument(
+    "--step-model", default=None, help="randaug-cost: also time this model's train step"
+  )
   parser.add_argument("--worker", help=argparse.SUPPRESS)
   parser.add_argument("--timm-worker", action="store_true", help=argparse.SUPPRESS)
   parser.add_argument("--barrier", help=argparse.SUPPRESS)

@@ -1,17 +1,23 @@
-"""RandAugment: each op against Pillow's, big_vision's magnitude scale and its two fixed
-bugs, the seeded policy, config.pp.randaug. The train stream with it on (exact resume,
-process count): tests/test_data_pipeline.py."""
+"""RandAugment: each op against Pillow's, each op through the batched stages, big_vision's
+magnitude scale and its two fixed bugs, the keyed policy, config.pp.randaug and the train
+step that applies it (exact resume, process and device count). The train stream with it
+on: tests/test_data_pipeline.py."""
 
+import textwrap
+
+import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
 import tensorflow as tf
 from PIL import Image, ImageEnhance, ImageOps
 
-from tests import train_fixtures
+from tests import fresh_python, train_fixtures
 from vit_jax import data, errors
 from vit_jax.data import preprocess
 from vit_jax.data import randaug as ra
+from vit_jax.data import randaug_ops as ops
 
 GREY = (128, 128, 128)
 
@@ -31,12 +37,8 @@ PHOTOS = [photo(s) for s in range(3)]
 
 
 def _ours(op, image: np.ndarray, *args) -> np.ndarray:
-  """The op compiled by XLA, as `randaugment` runs it; equal to the op run by
-  TensorFlow's kernels."""
-  compiled = tf.function(lambda x: op(x, *args), jit_compile=True, autograph=False)
-  out = np.asarray(compiled(tf.constant(image)), np.int32)
-  np.testing.assert_array_equal(out, np.asarray(op(tf.constant(image), *args), np.int32))
-  return out
+  """The op compiled by XLA, as the train step runs it."""
+  return np.asarray(jax.jit(lambda x: op(x, *args))(jnp.asarray(image)), np.int32)
 
 
 def _pil(image: Image.Image) -> np.ndarray:
@@ -57,17 +59,17 @@ def _affine_pil(image: np.ndarray, matrix: tuple) -> np.ndarray:
 def test_table_ops_equal_pillow_exactly(image):
   pil = Image.fromarray(image)
   pairs = [
-    (_ours(ra.autocontrast, image), _pil(ImageOps.autocontrast(pil))),
-    (_ours(ra.equalize, image), _pil(ImageOps.equalize(pil))),
-    (_ours(ra.invert, image), _pil(ImageOps.invert(pil))),
+    (_ours(ops.autocontrast, image), _pil(ImageOps.autocontrast(pil))),
+    (_ours(ops.equalize, image), _pil(ImageOps.equalize(pil))),
+    (_ours(ops.invert, image), _pil(ImageOps.invert(pil))),
   ]
-  pairs += [(_ours(ra.posterize, image, b), _pil(ImageOps.posterize(pil, b))) for b in range(1, 9)]
+  pairs += [(_ours(ops.posterize, image, b), _pil(ImageOps.posterize(pil, b))) for b in range(1, 9)]
   pairs += [
-    (_ours(ra.solarize, image, t), _pil(ImageOps.solarize(pil, t))) for t in (0, 77, 128, 200, 256)
+    (_ours(ops.solarize, image, t), _pil(ImageOps.solarize(pil, t))) for t in (0, 77, 128, 200, 256)
   ]
   # SolarizeAdd has no PIL op: its rule as a PIL lookup table (timm's implementation).
   table = [min(255, v + 66) if v < 128 else v for v in range(256)] * 3
-  pairs += [(_ours(ra.solarize_add, image, 66, 128), _pil(pil.point(table)))]
+  pairs += [(_ours(ops.solarize_add, image, 66, 128), _pil(pil.point(table)))]
   for ours, theirs in pairs:
     np.testing.assert_array_equal(ours, theirs)
 
@@ -79,8 +81,8 @@ def test_autocontrast_and_equalize_on_flat_and_two_level_channels():
   image[:, :6, 1], image[:, 6:, 1] = 30, 200
   image[..., 2] = PHOTOS[0][:10, :12, 2]
   pil = Image.fromarray(image)
-  np.testing.assert_array_equal(_ours(ra.autocontrast, image), _pil(ImageOps.autocontrast(pil)))
-  np.testing.assert_array_equal(_ours(ra.equalize, image), _pil(ImageOps.equalize(pil)))
+  np.testing.assert_array_equal(_ours(ops.autocontrast, image), _pil(ImageOps.autocontrast(pil)))
+  np.testing.assert_array_equal(_ours(ops.equalize, image), _pil(ImageOps.equalize(pil)))
 
 
 def test_posterize_below_one_bit_keeps_one_as_big_vision_does():
@@ -88,17 +90,17 @@ def test_posterize_below_one_bit_keeps_one_as_big_vision_does():
   # 7 by TensorFlow, i.e. 1 bit (PIL refuses bits < 1).
   image = tf.constant(PHOTOS[0])
   big_vision = tf.bitwise.left_shift(tf.bitwise.right_shift(image, 8), 8)
-  np.testing.assert_array_equal(_ours(ra.posterize, PHOTOS[0], 0), big_vision)
+  np.testing.assert_array_equal(_ours(ops.posterize, PHOTOS[0], 0), big_vision)
   np.testing.assert_array_equal(
-    _ours(ra.posterize, PHOTOS[0], 0), _ours(ra.posterize, PHOTOS[0], 1)
+    _ours(ops.posterize, PHOTOS[0], 0), _ours(ops.posterize, PHOTOS[0], 1)
   )
 
 
 ENHANCERS = [
-  (ra.color, ImageEnhance.Color),
-  (ra.contrast, ImageEnhance.Contrast),
-  (ra.brightness, ImageEnhance.Brightness),
-  (ra.sharpness, ImageEnhance.Sharpness),
+  (ops.color, ImageEnhance.Color),
+  (ops.contrast, ImageEnhance.Contrast),
+  (ops.brightness, ImageEnhance.Brightness),
+  (ops.sharpness, ImageEnhance.Sharpness),
 ]
 
 
@@ -135,7 +137,7 @@ def test_rotate_equals_pillow(degrees):
     cos, sin = np.cos(np.radians(degrees)), np.sin(np.radians(degrees))
     cy, cx = (image.shape[0] - 1) / 2, (image.shape[1] - 1) / 2
     matrix = (cos, -sin, cx - cos * cx + sin * cy, sin, cos, cy - sin * cx - cos * cy)
-    _assert_equal_but_ties(_ours(ra.rotate, image, degrees), _pil(pil), matrix, max_mean=0.05)
+    _assert_equal_but_ties(_ours(ops.rotate, image, degrees), _pil(pil), matrix, max_mean=0.05)
 
 
 @pytest.mark.parametrize("level", [-0.3, -0.15, 0.15, 0.3])
@@ -146,8 +148,8 @@ def test_shear_equals_pillow(level):
     # tenth row lies on exact half-pixel ties (measured: 8% of the pixels, mean 0.87).
     x_pil = _affine_pil(image, (1, level, -level / 2, 0, 1, 0))
     y_pil = _affine_pil(image, (1, 0, 0, level, 1, -level / 2))
-    _assert_equal_but_ties(_ours(ra.shear_x, image, level), x_pil, (1, level, 0, 0, 1, 0), 1.5)
-    _assert_equal_but_ties(_ours(ra.shear_y, image, level), y_pil, (1, 0, 0, level, 1, 0), 1.5)
+    _assert_equal_but_ties(_ours(ops.shear_x, image, level), x_pil, (1, level, 0, 0, 1, 0), 1.5)
+    _assert_equal_but_ties(_ours(ops.shear_y, image, level), y_pil, (1, 0, 0, level, 1, 0), 1.5)
 
 
 @pytest.mark.parametrize("pixels", [-100.0, -37.0, 0.0, 50.0])
@@ -155,8 +157,8 @@ def test_translate_equals_pillow_exactly(pixels):
   for image in PHOTOS:
     x_pil = _affine_pil(image, (1, 0, pixels, 0, 1, 0))
     y_pil = _affine_pil(image, (1, 0, 0, 0, 1, pixels))
-    np.testing.assert_array_equal(_ours(ra.translate_x, image, pixels), x_pil)
-    np.testing.assert_array_equal(_ours(ra.translate_y, image, pixels), y_pil)
+    np.testing.assert_array_equal(_ours(ops.translate_x, image, pixels), x_pil)
+    np.testing.assert_array_equal(_ours(ops.translate_y, image, pixels), y_pil)
 
 
 def test_cutout_is_one_grey_square_cut_by_the_edges():
@@ -164,8 +166,8 @@ def test_cutout_is_one_grey_square_cut_by_the_edges():
   height, width = image.shape[:2]
   centres = set()
   for k in range(20):
-    centre = ra.draw(tf.constant([k, 1], tf.int64), height, width).centre
-    out = _ours(ra.cutout, image, 20, centre)
+    centre = ra.draw_rounds(jax.random.PRNGKey(k), 1, height, width).centre[0]
+    out = _ours(ops.cutout, image, 20, centre)
     grey = (out == 128).all(axis=-1)
     rows, cols = np.flatnonzero(grey.any(axis=1)), np.flatnonzero(grey.any(axis=0))
     # The square's rows/columns: centre - 20 .. centre + 19, cut to the image.
@@ -182,19 +184,23 @@ def test_cutout_is_one_grey_square_cut_by_the_edges():
 
 
 def _outputs(name: str, image: np.ndarray, magnitude: float, seeds: int = 12) -> list:
-  op = next(op for op in ra.OPS if op.name == name)
-  draws = [ra.draw(tf.constant([s, 9], tf.int64), *image.shape[:2]) for s in range(seeds)]
-  return [_ours(op.apply, image, magnitude, d) for d in draws]
+  """Op `name` at `magnitude` through the batched stages (`apply_rounds`, as the train
+  step runs it), on `seeds` copies of `image` with their own draws (sign, centre)."""
+  drawn = ra.batch_rounds(jax.random.PRNGKey(9), 1, (seeds, *image.shape))
+  rounds = drawn._replace(ops=jnp.full_like(drawn.ops, ra.OPS.index(name)))
+  images = jnp.broadcast_to(jnp.asarray(image), (seeds, *image.shape))
+  out = jax.jit(ra.apply_rounds, static_argnums=2)(images, rounds, float(magnitude))
+  return list(np.asarray(out, np.int32))
 
 
 SIGNED = [
   # name, magnitude, the op at big_vision's argument for that magnitude (sign: +/-)
-  ("Rotate", 10, lambda x, sign: _ours(ra.rotate, x, sign * 30.0)),
-  ("Rotate", 5, lambda x, sign: _ours(ra.rotate, x, sign * 15.0)),
-  ("ShearX", 10, lambda x, sign: _ours(ra.shear_x, x, sign * 0.3)),
-  ("ShearY", 15, lambda x, sign: _ours(ra.shear_y, x, sign * 0.45)),
-  ("TranslateX", 10, lambda x, sign: _ours(ra.translate_x, x, sign * 100.0)),
-  ("TranslateY", 3, lambda x, sign: _ours(ra.translate_y, x, sign * 30.0)),
+  ("Rotate", 10, lambda x, sign: _ours(ops.rotate, x, sign * 30.0)),
+  ("Rotate", 5, lambda x, sign: _ours(ops.rotate, x, sign * 15.0)),
+  ("ShearX", 10, lambda x, sign: _ours(ops.shear_x, x, sign * 0.3)),
+  ("ShearY", 15, lambda x, sign: _ours(ops.shear_y, x, sign * 0.45)),
+  ("TranslateX", 10, lambda x, sign: _ours(ops.translate_x, x, sign * 100.0)),
+  ("TranslateY", 3, lambda x, sign: _ours(ops.translate_y, x, sign * 30.0)),
 ]
 
 
@@ -210,18 +216,18 @@ def test_signed_ops_take_big_vision_arguments_with_either_sign(name, magnitude, 
 
 
 UNSIGNED = [
-  ("AutoContrast", 7, lambda x: _ours(ra.autocontrast, x)),
-  ("Equalize", 7, lambda x: _ours(ra.equalize, x)),
-  ("Invert", 7, lambda x: _ours(ra.invert, x)),
-  ("Posterize", 10, lambda x: _ours(ra.posterize, x, 4)),
-  ("Posterize", 15, lambda x: _ours(ra.posterize, x, 6)),
+  ("AutoContrast", 7, lambda x: _ours(ops.autocontrast, x)),
+  ("Equalize", 7, lambda x: _ours(ops.equalize, x)),
+  ("Invert", 7, lambda x: _ours(ops.invert, x)),
+  ("Posterize", 10, lambda x: _ours(ops.posterize, x, 4)),
+  ("Posterize", 15, lambda x: _ours(ops.posterize, x, 6)),
   ("Posterize", 25, lambda x: x.astype(np.int32)),  # 10 bits: capped at 8, the image
-  ("Color", 10, lambda x: _ours(ra.color, x, 1.9)),
-  ("Contrast", 0, lambda x: _ours(ra.contrast, x, 0.1)),
-  ("Brightness", 5, lambda x: _ours(ra.brightness, x, 1.0)),
-  ("Sharpness", 20, lambda x: _ours(ra.sharpness, x, 3.7)),
-  ("SolarizeAdd", 10, lambda x: _ours(ra.solarize_add, x, 110, 128)),
-  ("SolarizeAdd", 5, lambda x: _ours(ra.solarize_add, x, 55, 128)),
+  ("Color", 10, lambda x: _ours(ops.color, x, 1.9)),
+  ("Contrast", 0, lambda x: _ours(ops.contrast, x, 0.1)),
+  ("Brightness", 5, lambda x: _ours(ops.brightness, x, 1.0)),
+  ("Sharpness", 20, lambda x: _ours(ops.sharpness, x, 3.7)),
+  ("SolarizeAdd", 10, lambda x: _ours(ops.solarize_add, x, 110, 128)),
+  ("SolarizeAdd", 5, lambda x: _ours(ops.solarize_add, x, 55, 128)),
 ]
 
 
@@ -245,7 +251,7 @@ def test_contrast_blends_towards_the_grey_mean_not_hw_over_256():
   # PIL's ImageEnhance.Contrast: on a bright image the two are far apart.
   bright = np.clip(PHOTOS[0].astype(int) + 120, 0, 255).astype(np.uint8)
   grey_mean = np.asarray(Image.fromarray(bright).convert("L"), np.float64).mean()
-  flat = _ours(ra.contrast, bright, 0.0)
+  flat = _ours(ops.contrast, bright, 0.0)
   assert (flat == int(grey_mean + 0.5)).all() and grey_mean > 150
 
 
@@ -255,71 +261,156 @@ def test_solarize_grows_stronger_with_magnitude_and_inverts_all_at_ten():
   # those >= 128. Ours inverts pixels >= 256 - int(25.6 m): none at 0, all from 10 on.
   ramp = np.tile(np.arange(256, dtype=np.uint8)[None, :, None], (2, 1, 3))
   inverted = []
-  for magnitude in range(21):
+  for magnitude in range(21):  # The policy's table at each magnitude.
+    table = ra._tables(float(magnitude))[ra.OPS.index("Solarize")]
+    threshold = 256 - int(magnitude / 10 * 256)
+    np.testing.assert_array_equal(table, ops.solarize_lut(max(0, threshold)))
+    inverted.append(int((table != np.arange(256)).sum()))  # 255 - x never equals x
+  assert inverted == sorted(inverted) and inverted[0] == 0 and inverted[10] == 256
+  for magnitude in (0, 5, 9, 10, 15):  # The table through the batched stages.
     out = _outputs("Solarize", ramp, magnitude, seeds=1)[0]
     threshold = 256 - int(magnitude / 10 * 256)
-    np.testing.assert_array_equal(out, _ours(ra.solarize, ramp, max(0, threshold)))
-    inverted.append(int((out != ramp).sum()))  # 255 - x never equals x
-  assert inverted == sorted(inverted) and inverted[0] == 0 and inverted[10] == ramp.size
+    np.testing.assert_array_equal(out, _ours(ops.solarize, ramp, max(0, threshold)))
 
 
-# The policy: random ops keyed by the seed.
+# The policy: random ops keyed by the step's key and the row.
 
 
-def test_each_round_applies_the_op_its_seed_picks():
-  image = tf.constant(PHOTOS[0])
-  for k in range(8):
-    seed = tf.constant([k, 3], tf.int64)
-    indices, arguments = ra.choices(seed, 2)
-    expected = image
-    for index, argument in zip(indices.numpy(), tf.unstack(arguments)):
-      expected = ra.OPS[index].apply(expected, 10.0, ra.draw(argument, 96, 128))
-    np.testing.assert_array_equal(ra.randaugment(image, seed, 2, 10.0), expected)
-    np.testing.assert_array_equal(ra.randaugment(image, seed, 2, 10.0), expected)  # again
+def _single(name: str, image: jax.Array, m: float, negate: bool, centre) -> jax.Array:
+  """Op `name` alone at big_vision's argument for magnitude m (the sign from `negate`)."""
+  sign, factor = (-1.0 if negate else 1.0), m / 10 * 1.8 + 0.1
+  calls = {
+    "AutoContrast": lambda: ops.autocontrast(image),
+    "Equalize": lambda: ops.equalize(image),
+    "Invert": lambda: ops.invert(image),
+    "Rotate": lambda: ops.rotate(image, sign * m * 3.0),
+    "Posterize": lambda: ops.posterize(image, int(m * 0.4)),
+    "Solarize": lambda: ops.solarize(image, max(0, 256 - int(m / 10 * 256))),
+    "Color": lambda: ops.color(image, factor),
+    "Contrast": lambda: ops.contrast(image, factor),
+    "Brightness": lambda: ops.brightness(image, factor),
+    "Sharpness": lambda: ops.sharpness(image, factor),
+    "ShearX": lambda: ops.shear_x(image, sign * m / 10 * 0.3),
+    "ShearY": lambda: ops.shear_y(image, sign * m / 10 * 0.3),
+    "TranslateX": lambda: ops.translate_x(image, sign * m * 10.0),
+    "TranslateY": lambda: ops.translate_y(image, sign * m * 10.0),
+    "Cutout": lambda: ops.cutout(image, int(m * 4), centre),
+    "SolarizeAdd": lambda: ops.solarize_add(image, int(m * 11), 128),
+  }
+  return calls[name]()
 
 
-def test_a_batch_in_a_tf_data_map_equals_each_image_alone():
-  # The pipeline draws each image's rounds in its per-example map and applies them per
-  # batch (from Python inside the graph): the same as randaugment on each image.
-  images = tf.constant(np.stack(PHOTOS))  # [3, 96, 128, 3]
-  seeds = [tf.constant([k, 5], tf.int64) for k in range(len(PHOTOS))]
-  batch = ra.Rounds(*(tf.stack(parts) for parts in zip(*[ra.rounds(s, 2, 96, 128) for s in seeds])))
-  ds = tf.data.Dataset.from_tensors((images, batch))
-  out = next(iter(ds.map(lambda x, r: ra.augment_batch(x, r, 10.0)))).numpy()
-  for k, seed in enumerate(seeds):
-    np.testing.assert_array_equal(out[k], ra.randaugment(images[k], seed, 2, 10.0))
+BATCH = np.stack([PHOTOS[k % 3] for k in range(12)])  # [12, 96, 128, 3]
+_RANDAUGMENT = jax.jit(ra.randaugment, static_argnums=(2, 3))
+
+
+@pytest.mark.parametrize("magnitude", [10.0, 7.0])
+def test_each_image_gets_the_ops_of_its_rounds_in_turn(magnitude):
+  key = jax.random.PRNGKey(3)
+  out = _RANDAUGMENT(jnp.asarray(BATCH), key, 2, magnitude)
+  rounds = jax.tree.map(np.asarray, ra.batch_rounds(key, 2, BATCH.shape))
+  assert len(set(rounds.ops.ravel())) > 10  # most ops occur
+  for row in range(len(BATCH)):
+    expected = jnp.asarray(BATCH[row])
+    for k in range(2):
+      name = ra.OPS[rounds.ops[row, k]]
+      expected = _single(name, expected, magnitude, rounds.negate[row, k], rounds.centre[row, k])
+    np.testing.assert_array_equal(out[row], expected)
+
+
+def test_a_row_is_keyed_by_its_index_in_the_global_batch_alone():
+  # Row r's draws come from the key folded with r: the same image gets other ops in
+  # another row, and a batch's first rows get the same ops as the batch's.
+  key = jax.random.PRNGKey(5)
+  whole = ra.batch_rounds(key, 2, (64, 8, 8, 3))
+  first = ra.batch_rounds(key, 2, (16, 8, 8, 3))
+  for a, b in zip(whole, first):
+    np.testing.assert_array_equal(np.asarray(a)[:16], b)
+  np.testing.assert_array_equal(
+    ra.draw_rounds(jax.random.fold_in(key, 40), 2, 8, 8).ops, whole.ops[40]
+  )
+  assert len({tuple(np.asarray(row)) for row in whole.ops}) > 40
+  other = ra.batch_rounds(jax.random.PRNGKey(6), 2, (64, 8, 8, 3))
+  assert (np.asarray(other.ops) != np.asarray(whole.ops)).any(axis=1).mean() > 0.8
 
 
 def test_ops_are_drawn_uniformly_and_zero_layers_is_the_identity():
-  picks = np.concatenate(
-    [ra.choices(tf.constant([k, 0], tf.int64), 2)[0].numpy() for k in range(800)]
-  )
+  picks = np.asarray(ra.batch_rounds(jax.random.PRNGKey(0), 2, (800, 8, 8, 3)).ops).ravel()
   counts = np.bincount(picks, minlength=len(ra.OPS))
   assert len(ra.OPS) == 16 and counts.min() > 60 and counts.max() < 140  # 100 expected
-  image = tf.constant(PHOTOS[0])
-  np.testing.assert_array_equal(ra.randaugment(image, tf.constant([1, 2], tf.int64), 0, 10), image)
+  images = jnp.asarray(BATCH)
+  np.testing.assert_array_equal(ra.randaugment(images, jax.random.PRNGKey(1), 0, 10.0), images)
 
 
-def test_train_image_keeps_crop_and_flip_seeds_and_augments_after_resize():
-  # A split into three begins with the split into two: crop and flip draw what they drew
-  # before RandAugment existed, so runs without it are unchanged.
-  for seed in ([0, 0], [7, 12345], [-3, 2**40]):
-    seed = tf.constant(seed, tf.int64)
-    three = tf.random.experimental.stateless_split(seed, num=3)
-    two = tf.random.experimental.stateless_split(seed, num=2)
-    np.testing.assert_array_equal(three[:2], two)
+def test_the_augmenter_takes_the_crops_uint8_values_and_normalises():
+  key = jax.random.PRNGKey(3)
+  augmented = _RANDAUGMENT(jnp.asarray(BATCH), key, 2, 10.0)  # compiled once for the module
+  timm = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+  augment = jax.jit(ra.make_augmenter((2, 10.0), *timm))
+  pixels = BATCH.astype(np.float32)  # as the pipeline hands them with RandAugment on
+  out = augment({"image": jnp.asarray(pixels), "label": jnp.ones([12, 3])}, key)
+  expected = preprocess.normalize(tf.constant(np.asarray(augmented), tf.float32), *timm)
+  np.testing.assert_allclose(out["image"], expected, atol=1e-6)
+  np.testing.assert_array_equal(out["label"], np.ones([12, 3]))
+  # The official normalisation of every uint8 value, as the pipeline's (to 1 ulp: XLA
+  # may divide by 127.5 as a product with its reciprocal).
+  values = jnp.arange(256, dtype=jnp.uint8)
+  official = ra.normalize(values, (0.5,) * 3, (0.5,) * 3)
+  np.testing.assert_allclose(official, preprocess.normalize(tf.range(256.0)).numpy(), atol=1e-7)
+  assert ra.make_augmenter(None, (0.5,) * 3, (0.5,) * 3) is None
+
+
+def test_train_image_with_randaug_is_the_rounded_crop_for_the_step():
   encoded = tf.io.encode_png(PHOTOS[1])
   seed = tf.constant([7, 5], tf.int64)
   kwargs = dict(crop=32, min_area=0.05, flip=True)
   plain = preprocess.train_image(encoded, seed, randaug=None, **kwargs).numpy()
-  augmented = preprocess.train_image(encoded, seed, randaug=(2, 10.0), **kwargs).numpy()
-  assert augmented.shape == (32, 32, 3) and -1 <= augmented.min() and augmented.max() <= 1
-  # RandAugment on the uint8-rounded resized image, with the seed's third part.
-  pixels = tf.cast(tf.round(plain * 127.5 + 127.5), tf.uint8)
-  third = tf.random.experimental.stateless_split(seed, num=3)[2]
-  expected = preprocess.normalize(ra.randaugment(pixels, third, 2, 10.0)).numpy()
-  np.testing.assert_allclose(augmented, expected, atol=1e-6)
-  assert not np.array_equal(augmented, plain)
+  pixels = preprocess.train_image(encoded, seed, randaug=(2, 10.0), **kwargs).numpy()
+  assert pixels.shape == (32, 32, 3) and (pixels == np.round(pixels)).all()
+  assert 0 <= pixels.min() and pixels.max() <= 255
+  # The same crop and flip: normalised, the rounded values are within 1/2 of a level.
+  np.testing.assert_allclose(preprocess.normalize(pixels).numpy(), plain, atol=0.5 / 127.5 + 1e-6)
+
+
+_DEVICES = """
+import json
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+from vit_jax import sharding
+from vit_jax.data import randaug as ra
+images = np.random.default_rng(0).integers(0, 256, (16, 24, 24, 3)).astype(np.float32)
+augment = jax.jit(ra.make_augmenter((2, 10.0), (0.5,) * 3, (0.5,) * 3))
+out = {}
+for name, devices in (("one", jax.devices()[:1]), ("eight", jax.devices())):
+  mesh = jax.sharding.Mesh(np.array(devices), ("data",))
+  batch = jax.device_put({"image": images}, NamedSharding(mesh, PartitionSpec("data")))
+  out[name] = np.asarray(augment(batch, jax.random.PRNGKey(4))["image"]).tolist()
+print(json.dumps(out))
+"""
+
+
+def test_the_augmentation_does_not_depend_on_the_device_count():
+  # A batch split over 8 devices gets the augmentation it gets on one (each row keyed
+  # by its global index); the processes that hold the rows never enter the draws.
+  env = fresh_python.clean_env(XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  out = fresh_python.run_json(textwrap.dedent(_DEVICES), env, timeout=240)
+  np.testing.assert_array_equal(out["one"], out["eight"])
+
+
+def test_the_train_step_augments_by_the_step_key_alone(tiny_config):
+  """A fresh state augments a batch identically at the same step (the key is the state's
+  run key and step: resume is exact), and RandAugment changes the update."""
+  tiny_config.pp.randaug = (2, 10)
+  augmenting = train_fixtures.build_steps(tiny_config)
+  tiny_config.pp.randaug = None
+  plain = train_fixtures.build_steps(tiny_config)
+  pixels = np.round(train_fixtures.fixed_batch()["image"] * 127.5 + 127.5)
+  norms = []
+  for steps, images in ((augmenting, pixels), (augmenting, pixels), (plain, pixels / 127.5 - 1)):
+    b = jax.device_put({**train_fixtures.fixed_batch(), "image": images}, steps.batch_sharding)
+    norms.append(float(steps.train_step(steps.init_state(), b)[1]["train/grad_norm"]))
+  assert norms[0] == norms[1]
+  assert norms[0] != norms[2]
 
 
 # config.pp.randaug and the train stream with it on.

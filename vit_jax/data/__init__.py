@@ -5,6 +5,8 @@ Every source yields the same global batches, sharded over the mesh axis 'data'
 read through `Settings.from_config`):
   train_iterator(settings, mesh, *, start_step=0) -> endless
       {'image': f32[B, crop, crop, 3] in [-1, 1], 'label': f32[B, K] one-hot}
+      (with settings.randaug the images' uint8 values 0..255: the train step runs
+      RandAugment and normalises, `randaug.make_augmenter`)
   eval_iterator(settings, mesh, *, split=None) -> one pass per iteration, adds
       'mask': f32[B] (1 real example, 0 padding)
   dataset_info(settings) -> DatasetInfo(num_classes, num_train, num_test, class_names)

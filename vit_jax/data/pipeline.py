@@ -14,8 +14,10 @@ contiguous block of rows, so it reads only the lanes of those rows: its own cont
 1/process_count of the split. Evaluation shards the split contiguously per process.
 
 Train batches: {'image': f32[B, crop, crop, 3], 'label': f32[B, K]}, no mask (every
-row is a real example); a contrastive run's add 'text': int32 [B, L], captions made from
-the labels (`captions`). Eval batches add 'mask': f32[B], 1 for real examples and 0 for
+row is a real example); with config.pp.randaug the images are the crops' uint8 values
+(0..255), which the train step augments and normalises (data/randaug.py); a contrastive
+run's add 'text': int32 [B, L], captions made from the labels (`captions`).
+Eval batches add 'mask': f32[B], 1 for real examples and 0 for
 padding, so a pass visits every example exactly once whatever the batch size.
 
 A failed image is an error naming the file (or tfds example) with the decoder's
@@ -56,11 +58,8 @@ def _options() -> tf.data.Options:
 _OPTIONS = _options()
 
 
-def _dataset(
-  reader: readers.Reader, example_fn, local_batch: int, batch_fn=None
-) -> tf.data.Dataset:
-  """tf.data: chunks -> examples -> preprocessed (failed ones dropped) -> batches (->
-  `batch_fn`, the per-batch part of the preprocessing, where there is one)."""
+def _dataset(reader: readers.Reader, example_fn, local_batch: int) -> tf.data.Dataset:
+  """tf.data: chunks -> examples -> preprocessed (failed ones dropped) -> batches."""
   spec = (
     tf.TensorSpec([None], tf.int64),
     tf.TensorSpec([None], tf.int64),
@@ -71,47 +70,31 @@ def _dataset(
   ds = ds.map(example_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   ds = ds.ignore_errors()  # Missing positions are found and reported by _realign.
   ds = ds.batch(local_batch)
-  if batch_fn is not None:
-    ds = ds.map(batch_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   return ds.prefetch(tf.data.AUTOTUNE).with_options(_OPTIONS)
 
 
 def _example_fn(settings: Settings, kind: str, num_classes: int, train: bool):
   """(position, uid, value, label) -> (position, image [crop, crop, 3], label [K]); with
-  RandAugment (train) (position, uint8 image, its rounds, label), for `_batch_fn`."""
+  RandAugment the train image is the crop's uint8 values, for the train step to augment
+  and normalise (`preprocess.train_image`)."""
   seed = tf.constant(settings.seed, tf.int64)
 
   def fn(position, uid, value, label):
     data = decodable.decodable(tf.io.read_file(value)) if kind == "path" else value
     if train:
-      image, rounds = preprocess.train_crop(
+      image = preprocess.train_image(
         data,
         tf.stack([seed, uid]),
         crop=settings.crop,
         min_area=settings.min_area,
         flip=settings.flip,
         randaug=settings.randaug,
+        mean=settings.input_mean,
+        std=settings.input_std,
       )
-      if rounds is not None:
-        return position, image, rounds, preprocess.one_hot(label, num_classes)
-      image = preprocess.normalize(image, settings.input_mean, settings.input_std)
     else:
       image = preprocess.eval_image(data, settings.eval_data_config())
     return position, image, preprocess.one_hot(label, num_classes)
-
-  return fn
-
-
-def _batch_fn(settings: Settings):
-  """With RandAugment: a batch of _example_fn's rows -> (position, image, label), the
-  rounds applied per batch (one XLA run); else None."""
-  if settings.randaug is None:
-    return None
-
-  def fn(position, images, rounds, labels):
-    magnitude = settings.randaug[1]
-    images = preprocess.augment(images, rounds, magnitude, settings.input_mean, settings.input_std)
-    return position, images, labels
 
   return fn
 
@@ -240,7 +223,7 @@ def local_train_batches(
   shape = (settings.crop, settings.crop, 3)
 
   def batches() -> Iterator[HostBatch]:
-    ds = _dataset(reader, example_fn, local_batch, _batch_fn(settings))
+    ds = _dataset(reader, example_fn, local_batch)
     for q, images, labels, present in _realign(
       ds.as_numpy_iterator(), start_step * local_batch, local_batch, shape, dataset.num_classes
     ):
@@ -326,7 +309,9 @@ def train_iterator(
 
   ``settings``: `Settings` (a run's ``spec.data``, or `Settings.from_config(config)`).
   Yields {'image': f32[B, crop, crop, 3] in [-1, 1], 'label': f32[B, K] one-hot}
-  with B = settings.batch. The stream from `start_step` equals the stream from 0 after
+  with B = settings.batch; with ``settings.randaug`` the images are the crops' uint8
+  values (0..255) for the train step's RandAugment (`randaug.make_augmenter`).
+  The stream from `start_step` equals the stream from 0 after
   `start_step` batches, without replaying it; neither depends on the process count.
   """
   if not isinstance(settings, Settings):

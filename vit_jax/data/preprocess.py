@@ -3,8 +3,8 @@
 Every function maps tensors to tensors and is usable inside `tf.data.Dataset.map`.
 Randomness comes only from stateless ops keyed by an explicit seed (int64 [2]); the
 pipeline derives it from (config.seed, epoch, example index), so the same example in
-the same epoch always gets the same crop, flip and RandAugment ops, whatever the batch
-size or the step the run was resumed at.
+the same epoch always gets the same crop and flip, whatever the batch size or the step
+the run was resumed at. (RandAugment runs in the train step: data/randaug.py.)
 
 The eval transform of files, bytes, PIL images and arrays is `prepare` (its PIL half,
 timm's transform, is `vit_jax.data.eval_images`); `eval_image` is the same inside a
@@ -26,7 +26,6 @@ import tensorflow as tf
 
 from vit_jax import errors
 from vit_jax.data import eval_images
-from vit_jax.data import randaug as randaug_lib
 from vit_jax.data.data_config import DataConfig
 from vit_jax.models.settings import OFFICIAL_INPUT_MEAN as OFFICIAL_MEAN
 from vit_jax.models.settings import OFFICIAL_INPUT_STD as OFFICIAL_STD
@@ -106,48 +105,21 @@ def normalize(image: tf.Tensor, mean: RGB = OFFICIAL_MEAN, std: RGB = OFFICIAL_S
 
 
 def train_crop(
-  data: tf.Tensor,
-  seed: tf.Tensor,
-  *,
-  crop: int,
-  min_area: float,
-  flip: bool,
-  randaug: tuple[int, float] | None,
-) -> tuple[tf.Tensor, randaug_lib.Rounds | None]:
-  """Encoded bytes -> (image [crop, crop, 3], RandAugment rounds or None), before
-  RandAugment and normalisation.
+  data: tf.Tensor, seed: tf.Tensor, *, crop: int, min_area: float, flip: bool
+) -> tf.Tensor:
+  """Encoded bytes -> float32 [crop, crop, 3] about 0..255, before normalisation.
 
   Inception crop (area min_area..1, aspect 3/4..4/3), optional horizontal flip, bilinear
-  resize to `crop` (float32); with `randaug` = (layers, magnitude) the image rounded to
-  uint8 and its rounds, to apply as big_vision does (`inception_crop | flip_lr |
-  randaug`) with `augment`. `seed`: int64 [2]; the crop, the flip and RandAugment use
-  independent seeds derived from it (the first two as before RandAugment existed: a
-  split into three begins with the split into two).
+  resize to `crop`. `seed`: int64 [2]; the crop and the flip use independent seeds
+  derived from it.
   """
-  crop_seed, flip_seed, randaug_seed = tf.unstack(
-    tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), num=3)
+  crop_seed, flip_seed = tf.unstack(
+    tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), num=2)
   )
   image = decode_inception_crop(data, crop_seed, min_area)  # [h, w, 3]
   if flip:
     image = tf.image.stateless_random_flip_left_right(image, flip_seed)
-  image = resize(image, crop)  # [crop, crop, 3] float32
-  if randaug is None:
-    return image, None
-  pixels = tf.cast(tf.clip_by_value(tf.round(image), 0.0, 255.0), tf.uint8)
-  return pixels, randaug_lib.rounds(randaug_seed, randaug[0], crop, crop)
-
-
-def augment(
-  images: tf.Tensor,
-  rounds: randaug_lib.Rounds,
-  magnitude: float,
-  mean: RGB = OFFICIAL_MEAN,
-  std: RGB = OFFICIAL_STD,
-) -> tf.Tensor:
-  """A batch of train_crop's uint8 [B, crop, crop, 3] images and rounds (leading [B]) ->
-  float32 [B, crop, crop, 3], RandAugment'ed at `magnitude` and normalised. Per batch:
-  one XLA run for the batch (randaug.augment_batch)."""
-  return normalize(randaug_lib.augment_batch(images, rounds, magnitude), mean, std)
+  return resize(image, crop)  # [crop, crop, 3] float32
 
 
 def train_image(
@@ -159,14 +131,17 @@ def train_image(
   std: RGB = OFFICIAL_STD,
   **crop_options,
 ) -> tf.Tensor:
-  """Encoded bytes -> float32 [crop, crop, 3], normalised (`normalize`), randomly
-  augmented: train_crop (`crop_options`: its crop, min_area and flip), then with
-  `randaug` its rounds on the image (`augment`, as a batch of one)."""
-  image, rounds = train_crop(data, seed, randaug=randaug, **crop_options)
-  if rounds is None:
+  """Encoded bytes -> float32 [crop, crop, 3], randomly cropped and flipped (train_crop,
+  `crop_options`: its crop, min_area and flip), normalised (`normalize`).
+
+  With `randaug` (config.pp.randaug) the crop rounded to its uint8 values instead, not
+  normalised: the train step applies RandAugment to them and normalises on the device
+  (`randaug.make_augmenter`), as big_vision's `inception_crop | flip_lr | randaug`.
+  """
+  image = train_crop(data, seed, **crop_options)
+  if randaug is None:
     return normalize(image, mean, std)
-  batch = randaug_lib.Rounds(*(r[None] for r in rounds))
-  return augment(image[None], batch, randaug[1], mean, std)[0]
+  return tf.clip_by_value(tf.round(image), 0.0, 255.0)
 
 
 def eval_image(data: tf.Tensor, data_config: DataConfig) -> tf.Tensor:

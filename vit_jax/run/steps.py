@@ -30,6 +30,7 @@ from jax.experimental import multihost_utils
 
 from vit_jax import models, sharding, weights
 from vit_jax.aliases import Batch
+from vit_jax.data import randaug
 from vit_jax.run import mixup, objectives, optim, step_cost
 from vit_jax.run.spec import RunSpec
 
@@ -55,17 +56,22 @@ def train_step(
   tx: optax.GradientTransformation,
   accum_steps: int,
   mix: Optional[Callable[[Batch, jax.Array], Batch]] = None,
+  augment: Optional[Callable[[Batch, jax.Array], Batch]] = None,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
   """One optimizer update from a global batch, in ``accum_steps`` (1: one) micro-batches.
 
   ``loss_fn(params, batch, rng)``: the objective's mean loss over a (micro-)batch, e.g.
-  `objectives.classification.Classification.loss`. ``mix(batch, rng)``: Mixup / CutMix
-  (`run.mixup`) of the whole batch before it is split, keyed by the step.
+  `objectives.classification.Classification.loss`. ``augment(batch, rng)``: RandAugment
+  and normalisation of the pipeline's uint8-valued images (`data.randaug`), then
+  ``mix(batch, rng)``: Mixup / CutMix (`run.mixup`), each of the whole batch before it is
+  split, keyed by the step (and RandAugment by the row).
 
   Micro-batch j takes examples j, j + A, j + 2A, ... so that each one is spread over all
   devices; the mean of the micro-batch gradients equals the full-batch gradient.
   """
   step_rng = jax.random.fold_in(state.rng, state.step)
+  if augment is not None:
+    batch = augment(batch, jax.random.fold_in(step_rng, randaug.RNG_TAG))
   if mix is not None:
     batch = mix(batch, jax.random.fold_in(step_rng, mixup.RNG_TAG))
   grad_fn = jax.value_and_grad(loss_fn)
@@ -123,7 +129,7 @@ class RunSteps:
     crop = self.spec.crop
     fields = getattr(self.objective, "batch_fields", {})  # e.g. 'text': int32 [B, L]
     shapes = dict(
-      image=((size, crop, crop, 3), jnp.float32),  # [B, H, W, 3] in [-1, 1]
+      image=((size, crop, crop, 3), jnp.float32),  # [B, H, W, 3] in [-1, 1] (RandAugment: 0..255)
       label=((size, self.spec.num_classes), jnp.float32),  # [B, K] one-hot
       **{name: ((size, *shape), dtype) for name, (shape, dtype) in fields.items()},
       **extra,
@@ -218,6 +224,9 @@ def build_steps(spec: RunSpec, mesh: jax.sharding.Mesh) -> RunSteps:
         tx=tx,
         accum_steps=spec.accum_steps,
         mix=mixup.make_mixer(spec.mixup, blocks=mesh.shape[sharding.DATA_AXIS]),
+        augment=randaug.make_augmenter(
+          spec.data.randaug, spec.data.input_mean, spec.data.input_std
+        ),
       ),
       in_shardings=(state_shardings, batch_sharding),
       out_shardings=(state_shardings, replicated),
