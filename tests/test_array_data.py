@@ -62,6 +62,18 @@ def test_eval_batches_are_the_arrays_normalised_with_their_labels(settings):
   np.testing.assert_array_equal(np.asarray(batch["label"]).argmax(-1), labels[:8])
 
 
+def test_an_iterable_of_batches_is_gathered_into_arrays_in_order():
+  images, labels = _arrays()
+  one_hot = np.eye(CLASSES, dtype=np.float32)
+  batches = ((images[i : i + 8], labels[i : i + 8]) for i in range(0, 16, 8))
+  dicts = [{"image": images[16:] / 255.0, "label": one_hot[labels[16:]]}]
+  got_images, got_labels = arrays.gather_batches(itertools.chain(batches, dicts))
+  np.testing.assert_array_equal(got_images, images)
+  np.testing.assert_array_equal(got_labels, labels)
+  with pytest.raises(errors.ConfigError, match="yielded none"):
+    arrays.gather_batches(iter(()))
+
+
 def test_bad_arrays_get_one_error_naming_the_fix(tmp_path):
   images, labels = _arrays()
   with pytest.raises(errors.ConfigError, match=r"float in \[0, 1\]"):

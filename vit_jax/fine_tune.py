@@ -31,7 +31,7 @@ DEFAULT_LR = 0.01  # SGD with momentum (the defaults' optimizer), after a short 
 def train_on_arrays(
   model: Any,
   images: Any,
-  labels: Any,
+  labels: Any = None,
   *,
   steps: int = 20,
   workdir: Optional[str | os.PathLike] = None,
@@ -45,7 +45,8 @@ def train_on_arrays(
 ) -> str:
   """Trains ``model`` (a `vit_jax.Model`) ``steps`` steps on ``images`` (uint8 or float
   in [0, 1], [N, H, W, 3], any size: the pipeline crops and resizes to the model's) and
-  ``labels`` (class indices [N]); a new head when the class count differs. ``workdir``:
+  ``labels`` (class indices [N]), or ``images`` an iterable of (images, labels) batches
+  and no ``labels`` (`arrays.gather_batches`); a new head when the class count differs. ``workdir``:
   the run's folder (default: a new temporary one); ``overrides``: any other run key by
   its dotted name (``{"pp.flip": False, "optim.name": "adamw"}``). Returns the run's folder, which
   `vit_jax.load` reads (`Model.fine_tune` does)."""
@@ -54,6 +55,8 @@ def train_on_arrays(
       f"fine_tune trains square inputs; {model!r} has image size {model.image_size}: "
       "call model.at_resolution(R) first."
     )
+  if labels is None:
+    images, labels = arrays.gather_batches(images)
   workdir = os.fspath(workdir or tempfile.mkdtemp(prefix="vit_jax_fine_tune_"))
   inputs = os.path.join(workdir, INPUTS)
   os.makedirs(inputs, exist_ok=True)

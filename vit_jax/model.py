@@ -221,7 +221,7 @@ class Model:
     """transformers' name: `save` as npz, read back by `vit_jax.from_pretrained`."""
     return self.save(directory)
 
-  def fine_tune(self, images: Any, labels: Any, **kwargs: Any) -> "Model":
+  def fine_tune(self, images: Any, labels: Any = None, **kwargs: Any) -> "Model":
     """A fine-tuned copy, trained on arrays by the run of ``python -m vit_jax.main``
     (`vit_jax.fine_tune.train_on_arrays`: its arguments) and loaded from its folder."""
     from vit_jax import fine_tune  # pylint: disable=g-import-not-at-top  (the run: heavier)

@@ -7,6 +7,9 @@
 so it goes through the pipeline every source goes through (decode, crop, flip,
 RandAugment, normalise): lossless for uint8, float images are rounded to 0..255 first.
 
+Any finite iterable of batches becomes such arrays (`gather_batches`; `Model.fine_tune`
+takes one in place of images and labels).
+
 Exact resume: the split is random-access, so a run's batches are a function of
 (``config.seed``, the step, the file's arrays) only; a run resumed at step k reads the
 batches an uninterrupted run reads from step k + 1 on (`vit_jax.data.order`). The path
@@ -17,7 +20,7 @@ contents under a run changes its data (its size is checked on resume, as any dat
 from __future__ import annotations
 
 import os
-from typing import Any, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -78,6 +81,22 @@ def save_arrays(
   path = os.fspath(path)
   np.savez(path, **arrays)
   return PREFIX + path
+
+
+def gather_batches(batches: Iterable[Any]) -> tuple[np.ndarray, np.ndarray]:
+  """(images [N, H, W, 3] uint8, labels [N]) of a finite iterable of ``(images, labels)``
+  or ``{'image': ..., 'label': ...}`` batches, in order (labels: class indices, or one-hot
+  rows read by their argmax). Gathered into arrays, they get the run's own order,
+  augmentation and exact resume, whatever the iterable does when iterated again."""
+  images, labels = [], []
+  for batch in batches:
+    x, y = (batch["image"], batch["label"]) if isinstance(batch, dict) else batch
+    y = np.asarray(y)
+    images.append(as_uint8_images(x, "a batch's images"))
+    labels.append(y.argmax(-1) if y.ndim == 2 else y)
+  if not images:
+    raise errors.ConfigError("The iterable of batches yielded none: give at least one batch.")
+  return np.concatenate(images), np.concatenate(labels)
 
 
 class ArrayDataset:
