@@ -266,3 +266,16 @@ def test_the_readme_from_python_section_runs_as_written(timm_folder, tmp_path, m
   spec = json.loads((tmp_path / "my_vit_timm" / "timm_model.json").read_text())
   assert spec["kwargs"]["img_size"] == [64, 64]
   assert scope["maps"].shape == (2, 4, 4) and scope["overlay"].shape == (32, 32)
+
+
+def test_a_mixer_runs_saves_and_reloads_through_the_same_face(tmp_path):
+  config = models.get_model_config("Mixer-B_16")
+  config.hidden_dim, config.num_blocks, config.patches.size = 16, 1, (8, 8)
+  config.tokens_mlp_dim, config.channels_mlp_dim = 8, 32
+  mixer = vit_jax.create(config, num_classes=3, image_size=16)
+  x = interop_fixtures.images(2, 16)
+  assert mixer(x).shape == (2, 3) and mixer.features(x).shape == (2, 16)
+  np.testing.assert_array_equal(vit_jax.load(mixer.save(tmp_path / "m"))(x), mixer(x))
+  assert mixer.with_head(5)(x).shape == (2, 5)
+  with pytest.raises(errors.ConfigError, match=r"features\(pool=False\) needs a plain or hybrid"):
+    mixer.features(x, pool=False)

@@ -73,8 +73,10 @@ class Model:
     """``kind`` ('logits', 'pooled', 'tokens') of [B, H, W, 3] inputs, batch by batch."""
     if kind not in self._compiled:
       module = self.loaded.module(num_classes=None if kind != "logits" else self.num_classes)
-      pool = kind != "tokens"
-      self._compiled[kind] = jax.jit(lambda p, x: module.apply({"params": p}, x, pool=pool))
+      unpooled = {"pool": False} if kind == "tokens" else {}  # a ViT's; other families pool
+      if unpooled:
+        self._vit("features(pool=False)")
+      self._compiled[kind] = jax.jit(lambda p, x: module.apply({"params": p}, x, **unpooled))
     x = _model_inputs(images)
     batch = min(self.batch_size, len(x))
     pad = -len(x) % batch
