@@ -1,5 +1,10 @@
 """The Vision Transformer in JAX/Flax (see README.md).
 
+The Python face (`vit_jax.model`): ``vit_jax.load(source)`` (alias ``from_pretrained``),
+``vit_jax.create(name, num_classes=...)`` (alias ``create_model``) and the `Model` they
+return. The names load on first use (PEP 562), so ``import vit_jax`` stays cheap and never
+imports TensorFlow.
+
 Importing the package (any module of it) starts quietly, as the commands do
 (`platforms.library_defaults`): TensorFlow's C++ lines at errors only and, on a host
 with libtpu or JAX's CUDA plugin installed but no TPU or GPU, JAX's CPU backend, unless
@@ -8,6 +13,20 @@ script or notebook that imports vit_jax before its first JAX computation then pr
 only its own output.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from vit_jax import platforms as _platforms
 
 _platforms.library_defaults()
+
+_FACE = ("Model", "create", "create_model", "from_pretrained", "load")
+__all__ = list(_FACE)
+
+
+def __getattr__(name: str) -> Any:
+  if name not in _FACE:
+    raise AttributeError(f"module 'vit_jax' has no attribute {name!r}")
+  return getattr(importlib.import_module("vit_jax.model"), name)

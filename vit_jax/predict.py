@@ -32,11 +32,11 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 
 from vit_jax import cli  # isort: skip  (first: it sets TensorFlow's log level before it loads)
 import jax
-import jax.numpy as jnp
 import numpy as np
 from absl import flags, logging
 
 from vit_jax import errors, input_files
+from vit_jax import model as model_lib
 from vit_jax.data import image_header
 from vit_jax.printable import printable
 from vit_jax.weights import sources
@@ -109,7 +109,8 @@ def read_image(path: str) -> bytes:
 
 
 class Classifier:
-  """A loaded model's probabilities for batches of files, one jitted function."""
+  """A loaded model's probabilities for batches of files: a `vit_jax.Model` (one jitted
+  function over full batches) and its `prepare`, with the files skipped and why."""
 
   def __init__(
     self, model: sources.LoadedModel, image_size: tuple[int, int], batch: int = DEFAULT_BATCH
@@ -122,22 +123,17 @@ class Classifier:
       )
     self.image_size = image_size
     self.batch = batch
-    module = model.module()
-    module.grid_hw(image_size)  # a size the model cannot take fails here, with the fix
-    self._params = jax.device_put(model.params)
-    self._probs = jax.jit(lambda p, x: jax.nn.softmax(module.apply({"params": p}, x)))
-    # The checkpoint's own eval preprocessing (`vit_jax.data.data_config`), at this size.
-    self.data_config = model.data_config.at_size(image_size)
+    model.module().grid_hw(image_size)  # a size the model cannot take fails here, with the fix
+    loaded = dataclasses.replace(model, params=jax.device_put(model.params), image_size=image_size)
+    self._model = model_lib.Model(loaded, batch_size=batch)
 
   def prepare(self, path: str) -> Optional[np.ndarray]:
-    """float32 [H, W, 3] normalised for the model, or None (added to `skipped`) when the
-    file is not an image to decode (`read_image`) or cannot be decoded."""
+    """float32 [H, W, 3] normalised for the model (`Model.prepare`), or None (added to
+    `skipped`) when the file is not an image to decode (`read_image`) or cannot be decoded."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-    from vit_jax.data import preprocess  # pylint: disable=g-import-not-at-top
-
     try:
-      return preprocess.prepare(read_image(path), self.data_config)[0]
+      return self._model.prepare(read_image(path))[0]
     except ValueError as e:
       why = str(e)
     except (OSError, tf.errors.OpError) as e:
@@ -155,13 +151,8 @@ class Classifier:
   def probabilities(self, images: np.ndarray) -> np.ndarray:
     """[N, H, W, 3] -> [N, K]; every call runs full batches (one compilation)."""
     n = len(images)
-    pad = -n % self.batch
-    images = np.concatenate([images, np.zeros((pad, *images.shape[1:]), images.dtype)])
-    out = [
-      self._probs(self._params, jnp.asarray(images[i : i + self.batch]))
-      for i in range(0, len(images), self.batch)
-    ]
-    return np.asarray(jnp.concatenate(out))[:n]
+    images = np.concatenate([images, np.zeros((-n % self.batch, *images.shape[1:]), images.dtype)])
+    return np.asarray(jax.nn.softmax(self._model(images), axis=-1))[:n]
 
   def classify(self, paths: Sequence[str]) -> Iterator[tuple[str, np.ndarray]]:
     """(path, probabilities [K]) of every readable file, in order, batch by batch."""

@@ -1,6 +1,7 @@
 """From the run config to a dataset: the settings the pipeline reads, and split sizes.
 
-`config.dataset` is a tfds name ('cifar10', 'digits', ...) or 'folder:/path/to/root'.
+`config.dataset` is a tfds name ('cifar10', 'digits', ...), 'folder:/path/to/root' or
+'arrays:/path/data.npz' (in-memory arrays saved by `vit_jax.data.arrays.save_arrays`).
 This module is the only place that reads the data keys of the config, so a missing or
 wrong key fails here, once, with the key's name.
 """
@@ -24,7 +25,7 @@ _OPTIONAL = ("data_dir", "manual_dir", "num_classes")
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-  """The data keys of a run config, validated (their defaults: `configs/common.py`)."""
+  """The data keys of a run config, validated (their defaults: `vit_jax.run.defaults`)."""
 
   dataset: str
   data_dir: str | None
@@ -68,7 +69,7 @@ class Settings:
       if key not in node or (node[key] is None and key not in _OPTIONAL):
         raise errors.ConfigError(
           f"config.{prefix}{key} is required by the input pipeline; set it "
-          f"(defaults: configs/common.py; per-dataset values: "
+          f"(defaults: vit_jax/run/defaults.py; per-dataset values: "
           f"vit_jax/data/presets.py)."
         )
       return node[key]
@@ -171,12 +172,15 @@ class Dataset:
 
   def __init__(self, settings: Settings):
     # The readers import TensorFlow: only a run that opens its data pays for it.
+    from vit_jax.data import arrays as arrays_lib  # pylint: disable=g-import-not-at-top
     from vit_jax.data import folder as folder_lib  # pylint: disable=g-import-not-at-top
     from vit_jax.data import tfds_source  # pylint: disable=g-import-not-at-top
 
     self.settings = settings
     check_readable(settings.dataset)
-    if settings.dataset.startswith(folder_lib.PREFIX):
+    if settings.dataset.startswith(arrays_lib.PREFIX):
+      self._source = arrays_lib.ArrayDataset(settings.dataset[len(arrays_lib.PREFIX) :])
+    elif settings.dataset.startswith(folder_lib.PREFIX):
       self._source = folder_lib.ImageFolder(
         settings.dataset[len(folder_lib.PREFIX) :], settings.train_split
       )

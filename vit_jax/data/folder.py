@@ -124,28 +124,15 @@ class ImageFolder:
     return FolderSplit(self, spec, splits_lib.resolve(spec, sizes))
 
 
-class FolderSplit:
+class FolderSplit(splits_lib.RangedSplit):
   """A configured split of an ImageFolder; values are file paths."""
 
   kind = "path"
-  random_access = True
 
   def __init__(self, folder: ImageFolder, spec: str, ranges: list[splits_lib.Range]):
-    self.name = f"{folder.root}:{spec}"
+    super().__init__(f"{folder.root}:{spec}", ranges)
     self._folder = folder
-    self._ranges = ranges
-    self.num_examples = sum(len(r) for r in ranges)
 
-  def read(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-    """Paths and labels of examples [start, stop)."""
-    parts = [
-      tuple(a[r.start : r.stop] for a in self._folder.files(r.split))
-      for r in splits_lib.select(self._ranges, start, stop)
-    ]
-    if not parts:
-      return np.zeros([0], object), np.zeros([0], np.int64)
-    return (np.concatenate([p for p, _ in parts]), np.concatenate([labels for _, labels in parts]))
-
-  def read_many(self, ranges: list[tuple[int, int]]) -> list[tuple[np.ndarray, np.ndarray]]:
-    """read(start, stop) of each range: slices of the listed paths, cheap one by one."""
-    return [self.read(lo, hi) for lo, hi in ranges]
+  def _rows(self, split: str, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+    paths, labels = self._folder.files(split)
+    return paths[start:stop], labels[start:stop]

@@ -99,3 +99,31 @@ class SplitSource(Protocol):
     windows a block of steps needs with one call: a source whose reads carry a setup
     cost (tfds) reads them together; one that reads files by path can loop over read."""
     ...
+
+
+class RangedSplit:
+  """A split of random-access storage (files listed, arrays in memory): its split string
+  resolved to ranges (`resolve`), read range by range through `_rows`."""
+
+  kind = "path"  # or 'bytes'
+  random_access = True
+
+  def __init__(self, name: str, ranges: list[Range]):
+    self.name = name
+    self._ranges = ranges
+    self.num_examples = sum(len(r) for r in ranges)
+
+  def _rows(self, split: str, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+    """(values object [n], labels int64 [n]) of examples [start, stop) of ``split``."""
+    raise NotImplementedError
+
+  def read(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+    """Values and labels of examples [start, stop) of the configured split."""
+    parts = [self._rows(r.split, r.start, r.stop) for r in select(self._ranges, start, stop)]
+    if not parts:
+      return np.zeros([0], object), np.zeros([0], np.int64)
+    return np.concatenate([v for v, _ in parts]), np.concatenate([labels for _, labels in parts])
+
+  def read_many(self, ranges: list[tuple[int, int]]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """read(start, stop) of each range: cheap one by one."""
+    return [self.read(lo, hi) for lo, hi in ranges]

@@ -4,7 +4,7 @@
 
 `OptimizerSettings` holds ``config.total_steps``, ``config.lr.{base, warmup_steps, decay,
 end}`` and ``config.optim.{name, momentum, momentum_dtype, b1, b2, eps, weight_decay,
-decay_all_params, grad_clip_norm}``, checked; the defaults are `configs/common.py`'s alone.
+decay_all_params, grad_clip_norm}``, checked; the defaults are `vit_jax.run.defaults`'s alone.
 
 The chain is: clip the global gradient norm -> the optimizer's direction (SGD momentum, or
 Adam moments) -> add ``weight_decay * param`` on the masked leaves -> scale by ``-lr(step)``.

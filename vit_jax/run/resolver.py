@@ -23,7 +23,15 @@ from vit_jax import data, errors, models, sharding, weights
 from vit_jax.data.dataset import Settings as DataSettings
 from vit_jax.models import model_settings, posemb
 from vit_jax.models.settings import Settings
-from vit_jax.run import evaluators, losses, memory_fit, objectives, resume_policy, step_cost
+from vit_jax.run import (
+  defaults,
+  evaluators,
+  losses,
+  memory_fit,
+  objectives,
+  resume_policy,
+  step_cost,
+)
 from vit_jax.run import spec as spec_lib
 from vit_jax.run import steps as steps_lib
 from vit_jax.run.mixup import MixupSettings
@@ -251,6 +259,7 @@ def resolve(
   takes the class count from ``config.num_classes`` without reading the dataset, and
   checks a hub name in ``config.pretrained`` without fetching it (`weights.check_source`).
   """
+  defaults.check_complete(config)
   model = model_settings(config.model)
   loop = _loop(config)
   objective = _objective(config)
@@ -306,5 +315,6 @@ def build(
 ) -> steps_lib.RunSteps:
   """`resolve` then `steps.build_steps`, on ``mesh`` (default: ``config.mesh`` over all
   devices); the resolved spec is the result's ``spec``."""
+  defaults.check_complete(config)
   mesh = mesh or sharding.make_mesh(tuple(config.mesh))
   return steps_lib.build_steps(resolve(config, mesh=mesh, open_data=open_data), mesh)

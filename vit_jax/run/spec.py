@@ -4,7 +4,7 @@
 once, checking every value on the way; the modules of the run take the section they own
 (`optim.OptimizerSettings`, `mixup.MixupSettings`, `LoopSettings`, `data.Settings`,
 `vit_jax.models.ModelSettings`, ...), never the config.
-The defaults of every field are `configs/common.py`'s.
+The defaults of every field are `vit_jax.run.defaults`'s.
 """
 
 from __future__ import annotations

@@ -7,14 +7,26 @@ size) and `sources.read_params` (the stored tree, for fine-tuning). The sources:
 official names fetched through the hub cache (`hub.py`). The architecture of a tree is
 read from its shapes in one place (`architecture.py`). Fitting: `load_pretrained`
 (`fit.py`) adapts a stored tree to a new model (head, representation layer, class token,
-position embeddings). Writing: `.npz`, Hugging Face, timm, SavedModel and StableHLO
-(`npz.py`, `hf.py`, `timm.py`, `serving.py`).
+position embeddings). Writing: `writers.save` (a loaded model -> a folder in one of
+`writers.FORMATS`, all or nothing) through `.npz`, Hugging Face, timm, SavedModel and
+StableHLO (`npz.py`, `hf.py`, `timm.py`, `serving.py`). `fit_params` fits a tree in
+memory as `load_pretrained` fits a stored one (a new head, another resolution).
 
 Nothing here imports torch (the PyTorch side is only needed to load what is written), and
 nothing imports `vit_jax.run`: the run asks `load_pretrained` for its initial parameters.
 """
 
-from vit_jax.weights.fit import load_pretrained
+from vit_jax.weights.fit import fit_params, load_pretrained
 from vit_jax.weights.sources import LoadedModel, check_source, load, read_params
+from vit_jax.weights.writers import FORMATS, save
 
-__all__ = ["LoadedModel", "check_source", "load", "load_pretrained", "read_params"]
+__all__ = [
+  "FORMATS",
+  "LoadedModel",
+  "check_source",
+  "fit_params",
+  "load",
+  "load_pretrained",
+  "read_params",
+  "save",
+]

@@ -15,6 +15,7 @@ import os
 from typing import Any, Mapping, Optional
 
 import flax.linen as nn
+import jax
 import numpy as np
 from absl import logging
 from flax import traverse_util
@@ -318,14 +319,7 @@ def _fit_error(
 
 
 def load_pretrained(
-  source: str | os.PathLike,
-  init_params: Params,
-  model_config: Any,
-  *,
-  reset_head: bool = False,
-  posemb_resize_method: str = "bilinear",
-  stored_grid_hw: Optional[tuple[int, int]] = None,
-  new_grid_hw: Optional[tuple[int, int]] = None,
+  source: str | os.PathLike, init_params: Params, model_config: Any, **options: Any
 ) -> Params:
   """Stored parameters adapted to a new model, with exactly ``init_params``' tree and shapes.
 
@@ -334,7 +328,8 @@ def load_pretrained(
   step folder), or a Hugging Face / timm checkpoint, ``hf-hub:`` repository or official name
   (`vit_jax.weights.sources.read_params`). ``init_params``: the new model's fresh
   parameters (their layout, scanned or per-layer, is the result's). ``model_config``: the
-  new model's config (`vit_jax.models.get_model_config`).
+  new model's config (`vit_jax.models.get_model_config`). ``options``: `fit_params`'
+  ``reset_head``, ``posemb_resize_method``, ``stored_grid_hw``, ``new_grid_hw``:
 
   * head: kept when the class count and input are unchanged; otherwise, or with
     ``reset_head``, the fresh (zero) head of ``init_params``; dropped when the model has none.
@@ -355,10 +350,31 @@ def load_pretrained(
   Anything else that does not fit (width, depth, heads, MLP) raises one ValueError.
   """
   source = os.fspath(source)
+  check_resize_method(options.get("posemb_resize_method", "bilinear"))  # before any reading
+  loaded, stored_config = sources.read_params(source)
+  where = f"checkpoint {source!r}"
+  fitted = fit_params(loaded, stored_config, init_params, model_config, where=where, **options)
+  logging.info("load_pretrained: %d arrays from %s.", len(jax.tree.leaves(fitted)), source)
+  return fitted
+
+
+def fit_params(
+  loaded: Params,
+  stored_config: Optional[Any],
+  init_params: Params,
+  model_config: Any,
+  *,
+  reset_head: bool = False,
+  posemb_resize_method: str = "bilinear",
+  stored_grid_hw: Optional[tuple[int, int]] = None,
+  new_grid_hw: Optional[tuple[int, int]] = None,
+  where: str = "parameters",
+) -> Params:
+  """`load_pretrained`'s policy on a tree in memory (``loaded``, its model config
+  ``stored_config`` or None): the parameters of a new head, resolution or layout."""
   check_resize_method(posemb_resize_method)
   init_tree = nn.unbox(dict(init_params))
   want = traverse_util.flatten_dict(init_tree, sep="/")
-  where = f"checkpoint {source!r}"
 
   # The config must describe the model that init_params came from (a Mixer's has no class
   # token, representation layer or position embeddings).
@@ -374,7 +390,6 @@ def load_pretrained(
       f"{rep_in_init}): pass the config the model was built from."
     )
 
-  loaded, stored_config = sources.read_params(source)
   if "Transformer" in loaded and any(k.startswith("encoderblock") for k in loaded["Transformer"]):
     try:
       loaded = to_layout(loaded, is_scanned(init_tree))
@@ -402,10 +417,7 @@ def load_pretrained(
     raise errors.CheckpointError(_fit_error(e, got, want, where)) from None
 
   for note in notes:
-    logging.info("load_pretrained(%s): %s.", source, note)
-  logging.info(
-    "load_pretrained: %d arrays from %s (%d adaptations).", len(want), source, len(notes)
-  )
+    logging.info("%s: %s.", where, note)
   return traverse_util.unflatten_dict(
     {k: np.asarray(got[k], dtype=_dtype(v)) for k, v in want.items()}, sep="/"
   )

@@ -19,6 +19,7 @@ name. timm's default GELU is exact. Pickled checkpoints (`.bin`, `.pth`) are nev
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Optional
 
 import ml_collections
@@ -304,3 +305,53 @@ def _read_input_stats(
 
 def _is_number(value: Any) -> bool:
   return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+_IMAGE_SIZE = re.compile(r"_(\d+)$")  # timm names end in their input size: ..._224
+_TIMM_DEFAULT_SIZE = 224  # timm's VisionTransformer img_size default
+
+
+def config_from_name(name: str) -> tuple[ml_collections.ConfigDict, tuple[int, int]]:
+  """Our model config of timm's plain-ViT architecture ``name`` (``vit_tiny_patch16_224``,
+  a ``.tag`` ignored) from the arguments timm registers for it (`timm_names`), and its
+  input size; what timm's own `create_model(name)` builds, read as `read` reads its
+  weights (the same `_apply_args`). A name that is not in the table, or that this ViT does
+  not compute, is one error."""
+  arch = name.split(".")[0]
+  if timm_names.registered_args(arch) is None:
+    raise errors.ConfigError(
+      f"{name!r} is neither a model of this package ({', '.join(models.MODEL_NAMES)}) nor a "
+      f"timm ViT architecture of timm {timm_names.timm_version()} (e.g. vit_tiny_patch16_224)."
+    )
+  expressible.check_timm(arch, repr(name))
+  _check_computed(arch, repr(name))
+  args = timm_names.model_args(arch)
+  if "backbone" in args:
+    raise errors.ConfigError(
+      f"{name!r} is a timm hybrid: create it by our name (R50+ViT-B_16, R26+ViT-S_32, ...)."
+    )
+  config = models.get_model_config("ViT-B_16")  # every field; the shape is set below
+  config.name = arch
+  patch = args.get("patch_size", 16)
+  config.patches.size = tuple(patch) if isinstance(patch, (list, tuple)) else (patch, patch)
+  config.hidden_size = int(args["embed_dim"])
+  config.transformer.num_layers = int(args["depth"])
+  config.transformer.num_heads = int(args["num_heads"])
+  config.transformer.mlp_dim = int(args["embed_dim"] * args.get("mlp_ratio", 4.0))
+  pool = args.get("global_pool", "token")
+  has_cls = bool(args.get("class_token", True))
+  if pool == "map":  # the MAP head, with a class token only where timm keeps one
+    config.classifier, config.class_token = "map", True if has_cls else None
+  config.num_registers = int(args.get("reg_tokens", 0))
+  config.norm_pre = bool(args.get("pre_norm", False))
+  # timm's fc_norm None: a norm after pooling exactly when the pooling averages.
+  fc_norm = args.get("fc_norm")
+  config.fc_norm = pool == "avg" if fc_norm is None else bool(fc_norm)
+  if args.get("init_values"):
+    config.layer_scale_init = float(args["init_values"])
+  _apply_args(config, args, {}, has_cls, repr(name))
+  size = args.get("img_size")
+  if size is None:
+    match = _IMAGE_SIZE.search(arch)
+    size = int(match.group(1)) if match else _TIMM_DEFAULT_SIZE
+  return config, tuple(size) if isinstance(size, (list, tuple)) else (int(size), int(size))

@@ -1,0 +1,184 @@
+"""The write side of the weights package: a loaded model -> a folder in one format.
+
+`save(model, fmt, out, class_names=..., image_size=...)` checks that ``model`` can be
+written as ``fmt`` (`FORMATS`; the family decides the timm mapping and whether the
+transformers layout exists), then writes the files into a new folder beside ``out``
+(``.OUT.tmp-*``) renamed to ``out`` at the end: a failure, Ctrl-C or SIGTERM leaves
+nothing in ``out``; a temporary folder left by a killed write (older than an hour) is
+removed by the next write to the same ``out``. ``out`` must not exist or be empty. The
+files get the user's umask modes. The export command (`vit_jax.export`) and the Python
+face (`vit_jax.Model.save`) both write through here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from types import ModuleType
+from typing import Callable, Iterator, Optional, Sequence
+
+import jax.numpy as jnp
+from absl import logging
+
+from vit_jax import errors, models
+from vit_jax.models import families
+from vit_jax.weights import hf as hf_lib
+from vit_jax.weights import npz, serving, sources, timm_bit, timm_eva, timm_mixer
+from vit_jax.weights import timm as timm_lib
+
+FORMATS = ("hf", "timm", "saved_model", "stablehlo", "npz")
+LABELS_FILE = "labels.txt"
+NPZ_FILE = "model.npz"
+STALE_SECONDS = 3600  # a temporary folder this old was left by a killed write
+
+# The timm mapping of each family (`models.FAMILIES`).
+_TIMM_WRITERS: dict[families.Family, ModuleType] = {
+  families.VIT: timm_lib,
+  families.MIXER: timm_mixer,
+  families.BIT: timm_bit,
+}
+
+
+def writer(
+  model: sources.LoadedModel,
+  fmt: str,
+  *,
+  class_names: Optional[Sequence[str]],
+  image_size: tuple[int, int],
+) -> Callable[[str], None]:
+  """Checks that ``model`` can be written as ``fmt``; returns what writes it into a folder
+  (with `LABELS_FILE` beside every format but hf, which keeps the names in its config)."""
+  module = model.module(dtype=jnp.float32)
+  params = model.params
+  names = list(class_names) if class_names else None
+  family = models.family_of(model.config)
+  data_config = model.data_config.at_size(image_size)  # the preprocessing each format states
+  if fmt not in FORMATS:
+    raise errors.CommandLineError(f"Unknown format {fmt!r}; choose one of {', '.join(FORMATS)}.")
+  if fmt == "hf" and family.hf_refusal:
+    raise errors.CommandLineError(
+      f"{family.hf_refusal}: export this model as timm, npz, saved_model or stablehlo."
+    )
+  if fmt == "hf":
+    files = hf_lib.to_hf(
+      params, model.config, image_size=image_size, class_names=names, data_config=data_config
+    )
+    return lambda d: hf_lib.write_dir(d, *files)
+  if fmt == "timm":
+    timm_writer = _TIMM_WRITERS[family]
+    if family is families.VIT and timm_eva.is_eva(model.config):
+      timm_writer = timm_eva  # RoPE, SwiGLU, q+v biases: timm's Eva (DINOv3, EVA-02)
+    spec = timm_writer.model_spec(
+      model.config, num_classes=model.num_classes, image_size=image_size
+    )
+    tensors = timm_writer.to_timm(params, model.config)
+    write = lambda d: timm_lib.write_dir(d, tensors, spec, data_config)
+  elif fmt == "saved_model":
+    write = lambda d: serving.write_saved_model(d, module, params, image_size)
+  elif fmt == "stablehlo":
+    write = lambda d: serving.write_jax_exported(d, module, params, image_size)
+  else:
+    write = lambda d: npz.save_npz(
+      os.path.join(d, NPZ_FILE), params, config=model.config, data_config=data_config.to_dict()
+    )
+
+  def write_with_labels(directory: str) -> None:
+    write(directory)
+    if names:
+      with open(os.path.join(directory, LABELS_FILE), "w") as f:
+        f.write("\n".join(names) + "\n")
+
+  return write_with_labels
+
+
+def save(
+  model: sources.LoadedModel,
+  fmt: str,
+  out: str | os.PathLike,
+  *,
+  class_names: Optional[Sequence[str]],
+  image_size: tuple[int, int],
+) -> str:
+  """Writes ``model`` as ``fmt`` into the new (or empty) folder ``out``, all or nothing
+  (the module docstring); returns the absolute path of ``out``."""
+  out = os.path.abspath(os.fspath(out))
+  check_out(out)
+  write = writer(model, fmt, class_names=class_names, image_size=image_size)
+  parent = os.path.dirname(out)
+  os.makedirs(parent, exist_ok=True)
+  _remove_stale_temporaries(out)
+  with _sigterm_raises():
+    tmp = tempfile.mkdtemp(prefix=_temporary_prefix(out), dir=parent)
+    try:
+      write(tmp)
+      _user_modes(tmp)
+      if os.path.isdir(out):
+        os.rmdir(out)  # empty, checked above
+      os.replace(tmp, out)
+    finally:
+      shutil.rmtree(tmp, ignore_errors=True)
+  return out
+
+
+def check_out(out: str) -> None:
+  if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+    raise errors.OutputExistsError(
+      f"--out={out!r} exists and is not an empty folder: choose a new "
+      "path (nothing is overwritten)."
+    )
+
+
+def _remove_stale_temporaries(out: str) -> None:
+  """Removes the temporary folders of exports to ``out`` killed over an hour ago: the
+  entries of its folder whose names start with its prefix, compared as text (no glob:
+  ``out`` may hold ``*``, ``?`` or ``[``)."""
+  parent, prefix = os.path.dirname(out), _temporary_prefix(out)
+  for name in os.listdir(parent):
+    path = os.path.join(parent, name)
+    if not name.startswith(prefix) or os.path.islink(path):
+      continue
+    if os.path.isdir(path) and time.time() - os.path.getmtime(path) > STALE_SECONDS:
+      logging.warning("Removing %s, left by an export to %s that was killed.", path, out)
+      shutil.rmtree(path, ignore_errors=True)
+
+
+def _temporary_prefix(out: str) -> str:
+  return f".{os.path.basename(out)}.tmp-"
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+  """SIGTERM raises SystemExit(143) inside the block (as Ctrl-C raises KeyboardInterrupt),
+  so that its cleanup runs; the process then exits with the status the shell expects."""
+  if threading.current_thread() is not threading.main_thread():
+    yield  # only the main thread can handle signals
+    return
+
+  def raise_exit(signum, frame):  # pylint: disable=unused-argument
+    raise SystemExit(128 + signum)
+
+  previous = signal.signal(signal.SIGTERM, raise_exit)
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+
+
+def _user_modes(directory: str) -> None:
+  """Gives ``directory`` and everything in it the modes of a new folder and file under the
+  user's umask (a temporary folder is 0700, and some writers make their files 0600)."""
+  probe = os.path.join(directory, ".mode-probe")
+  os.mkdir(probe, 0o777)  # the umask applies: no process-wide os.umask() call needed
+  folder_mode = os.stat(probe).st_mode & 0o777
+  os.rmdir(probe)
+  os.chmod(directory, folder_mode)
+  for root, folders, files in os.walk(directory):
+    for name in folders:
+      os.chmod(os.path.join(root, name), folder_mode)
+    for name in files:
+      os.chmod(os.path.join(root, name), folder_mode & 0o666)
