@@ -7,8 +7,10 @@ r"""LiT: a pre-trained image tower, locked, and a text tower trained from scratc
 
 ``digits``: the quickstart's trained encoder (its model, any run of `configs/quickstart.py`)
 locked, and the 2-layer text tower of `configs/siglip.py`, on the built-in digits
-captioned from their labels; the zero-shot test accuracy it gives is in README.md, "Image
-and text". ``<image>,<text>,<dataset>`` (e.g. ``b16,B,cifar10``): a model of
+captioned from their labels, 1,000 steps: zero-shot test accuracy 98.89% (seeds 0-2, on the
+seed-0 quickstart encoder, itself 99.17% supervised; docs/image_text.md).
+
+``<image>,<text>,<dataset>`` (e.g. ``b16,B,cifar10``): a model of
 `configs/vit.py`'s `MODELS` whose weights ``--config.pretrained`` names (any weights source:
 ``ViT-B_16``, a timm or Hugging Face checkpoint, a run's checkpoints), a text tower size and
 a dataset of `vit_jax.data.presets.PRESETS`.

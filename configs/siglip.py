@@ -5,8 +5,8 @@ r"""SigLIP: an image tower and a text tower trained from scratch with the sigmoi
 
 ``digits``: the quickstart's image model (configs/quickstart.py) and a 2-layer text tower
 on the built-in digits captioned from their labels ("a photo of the digit seven.", 8
-templates, `vit_jax.data.captions`), on a CPU in minutes; the zero-shot test accuracy it
-gives is in README.md, "Image and text".
+templates, `vit_jax.data.captions`), 1,000 steps, a few minutes on a CPU: zero-shot test
+accuracy 98.15% (97.78-98.33% over seeds 0-2; docs/image_text.md).
 
 ``<image>,<text>,<dataset>`` (e.g. ``b16,B,cifar10``): a model of `configs/vit.py`'s
 `MODELS`, a text tower size (S, B, L, So400m, g) and a dataset of
