@@ -32,6 +32,8 @@ TINY = {
   "vit_small_plus_patch16_dinov3": (48, 1, 48, {}),  # split SwiGLU
   "eva02_tiny_patch14_224": (24, 2, 28, {}),  # fused SwiGLU, q+v biases, RoPE beside a table
   "eva02_base_patch14_224": (96, 1, 42, {}),  # q/k/v_proj apart, SwiGLU with its LayerNorm
+  "eva02_base_patch16_clip_224": (96, 1, 32, {}),  # + LayerNorm on the heads, class token
+  "vit_base_patch16_rope_reg1_gap_256": (96, 1, 32, {}),  # GELU MLP, a register, no cls
 }
 
 
@@ -105,6 +107,8 @@ FULL = [
   "eva02_small_patch14_224",
   "eva02_base_patch14_224",
   "eva02_large_patch14_224",
+  "eva02_large_patch14_clip_224",
+  "vit_base_patch16_rope_reg1_gap_256",
 ]
 
 
@@ -131,8 +135,8 @@ def test_full_size_parameter_count_equals_timms(name):
 def test_what_eva_py_holds_that_this_vit_does_not_compute_is_one_line_naming_it(tmp_path):
   with pytest.raises(errors.CheckpointError, match=r"rope_grid_indexing='xy'"):
     expressible.check_timm("vit_base_patch16_rope_224", "here")
-  with pytest.raises(errors.CheckpointError, match=r"scale_attn_inner=True"):
-    expressible.check_timm("eva02_base_patch16_clip_224", "here")
+  with pytest.raises(errors.CheckpointError, match=r"use_post_norm=True"):
+    expressible.check_timm("eva02_enormous_patch14_clip_224", "here")
   expressible.check_timm("vit_large_patch16_dinov3.lvd1689m", "here")  # expressible
   # An Eva state dict without its name: its rotary embedding is in no array.
   safetensors_torch.save_file(
