@@ -229,3 +229,21 @@ def test_predict_on_the_hub_folder_gives_timms_top1_and_probability(tmp_path):
   theirs = torch.softmax(torch.from_numpy(fx.torch_logits(model, prepared)), -1).numpy()
   assert ours.argmax() == theirs.argmax()
   assert np.abs(ours - theirs).max() <= 1e-4
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_half_precision_hub_file_loads_with_the_logits_of_its_stored_values(tmp_path, dtype):
+  """Hub files are often half precision: read in their stored dtype (bfloat16 through
+  ml_dtypes), widened exactly to float32 by the table; timm's model with the same rounded
+  weights gives the same logits."""
+  name = "vit_small_patch16_dinov3"
+  size = TINY[name][2]
+  model = _timm_model(name, size)
+  rounded = {k: v.to(getattr(torch, dtype)).contiguous() for k, v in model.state_dict().items()}
+  safetensors_torch.save_file(rounded, tmp_path / "model.safetensors")
+  (tmp_path / "config.json").write_text(json.dumps({"architecture": name}))
+  loaded = sources.load(str(tmp_path))
+  model.load_state_dict({k: v.float() for k, v in rounded.items()})
+  images = fx.images(2, size)
+  error = fx.relative_error(fx.our_logits(loaded, images), fx.torch_logits(model, images))
+  assert error <= fx.TOLERANCE, error
