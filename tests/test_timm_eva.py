@@ -54,6 +54,7 @@ def _hub_folder(tmp_path, name: str):
   state = {k: v.contiguous() for k, v in model.state_dict().items()}
   safetensors_torch.save_file(state, tmp_path / "model.safetensors")
   stats = {k: list(model.pretrained_cfg[k]) for k in ("mean", "std")}
+  stats["input_size"] = [3, size, size]  # as timm's hub config: the size it was trained at
   config = {"architecture": name, "num_classes": fx.NUM_CLASSES, "pretrained_cfg": stats}
   if extra:
     config["model_args"] = extra
@@ -247,3 +248,29 @@ def test_a_half_precision_hub_file_loads_with_the_logits_of_its_stored_values(tm
   images = fx.images(2, size)
   error = fx.relative_error(fx.our_logits(loaded, images), fx.torch_logits(model, images))
   assert error <= fx.TOLERANCE, error
+
+
+@pytest.mark.parametrize("name", ["vit_small_plus_patch16_dinov3", "eva02_base_patch16_clip_224"])
+def test_the_export_command_writes_eva_that_reads_back_and_timm_rebuilds(tmp_path, name):
+  """`python -m vit_jax.export --format=timm` of a rotary model writes timm's Eva (name and
+  keyword arguments in timm_model.json); timm rebuilds it and this package reads it back,
+  both with the same logits. A model timm's Eva cannot hold is one error naming why."""
+  from vit_jax import export  # pylint: disable=g-import-not-at-top
+
+  (tmp_path / "hub").mkdir()
+  model, loaded = _hub_folder(tmp_path / "hub", name)
+  export.export(str(tmp_path / "hub"), "timm", str(tmp_path / "out"))
+  spec = json.loads((tmp_path / "out" / "timm_model.json").read_text())
+  rebuilt = timm.create_model(spec["model_name"], pretrained=False, **spec["kwargs"]).eval()
+  state = safetensors_torch.load_file(tmp_path / "out" / "model.safetensors")
+  rebuilt.load_state_dict(state, strict=True)
+  again = sources.load(str(tmp_path / "out"))
+  assert again.image_size == (TINY[name][2],) * 2
+  images = fx.images(2, TINY[name][2], seed=2)
+  want = fx.torch_logits(model, images)
+  for got in (fx.torch_logits(rebuilt, images), fx.our_logits(again, images)):
+    assert fx.relative_error(got, want) <= fx.TOLERANCE
+  config = loaded.config.copy_and_resolve_references()
+  config.qkv_bias = "all"
+  with pytest.raises(errors.ConfigError, match="a key bias"):
+    timm_eva.model_spec(config, num_classes=5, image_size=(32, 32))

@@ -296,6 +296,7 @@ def model_spec(
     "kwargs": kwargs,
     "pretrained_cfg_overlay": {
       "num_classes": num_classes,
+      "input_size": [3, *image_size],  # without a table, what says the size
       "mean": list(config.input_mean),
       "std": list(config.input_std),
     },
