@@ -58,7 +58,7 @@ def write_checkpoint(folder: str, config: dict) -> str:
   [
     ("vit_pe_core_base_patch16_224", "(timm eva.py) has global_pool='map'"),
     ("vit_base_patch16_rope_mixed_224.naver_in1k", "rope_type='mixed'"),
-    ("eva02_large_patch14_clip_224", "scale_attn_inner=True"),
+    ("eva02_enormous_patch14_clip_224", "use_post_norm=True"),
     ("naflexvit_base_patch16_gap", "is NaFlexViT (timm eva.py/naflexvit.py)"),
   ],
 )

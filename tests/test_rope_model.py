@@ -30,7 +30,11 @@ def _config(mlp: str = "swiglu", **changes):
 
 @pytest.mark.parametrize(
   "mlp, changes",
-  [("swiglu", {}), ("swiglu_fused", {"rope": "eva", "rope_rotate_half": False}), ("mlp", {})],
+  [
+    ("swiglu", {}),
+    ("swiglu_fused", {"rope": "eva", "rope_rotate_half": False}),
+    ("mlp", {"attention_norm": True}),
+  ],
 )
 def test_every_path_computes_the_same_model(mlp, changes):
   config = _config(mlp, **changes)
@@ -56,9 +60,11 @@ def test_every_path_computes_the_same_model(mlp, changes):
 
 def test_the_shapes_tell_the_mlp_and_the_biases():
   for mlp, bias in (("swiglu", "qv"), ("swiglu_fused", "none"), ("mlp", "all")):
-    config = _config(mlp, qkv_bias=bias, mlp_norm=mlp == "swiglu", posemb="learn")
+    norm = mlp == "swiglu"
+    config = _config(mlp, qkv_bias=bias, mlp_norm=norm, attention_norm=norm, posemb="learn")
     inferred = architecture.infer_model_config(fx.random_tree(config, 3, 32))
-    assert (inferred.mlp, inferred.qkv_bias, inferred.mlp_norm) == (mlp, bias, mlp == "swiglu")
+    assert (inferred.mlp, inferred.qkv_bias, inferred.mlp_norm) == (mlp, bias, norm)
+    assert inferred.attention_norm == norm
     assert inferred.transformer.mlp_dim == 48
 
 

@@ -32,6 +32,8 @@ TINY = {
   "vit_small_plus_patch16_dinov3": (48, 1, 48, {}),  # split SwiGLU
   "eva02_tiny_patch14_224": (24, 2, 28, {}),  # fused SwiGLU, q+v biases, RoPE beside a table
   "eva02_base_patch14_224": (96, 1, 42, {}),  # q/k/v_proj apart, SwiGLU with its LayerNorm
+  "eva02_base_patch16_clip_224": (96, 1, 32, {}),  # + LayerNorm on the heads, class token
+  "vit_base_patch16_rope_reg1_gap_256": (96, 1, 32, {}),  # GELU MLP, a register, no cls
 }
 
 
@@ -52,6 +54,7 @@ def _hub_folder(tmp_path, name: str):
   state = {k: v.contiguous() for k, v in model.state_dict().items()}
   safetensors_torch.save_file(state, tmp_path / "model.safetensors")
   stats = {k: list(model.pretrained_cfg[k]) for k in ("mean", "std")}
+  stats["input_size"] = [3, size, size]  # as timm's hub config: the size it was trained at
   config = {"architecture": name, "num_classes": fx.NUM_CLASSES, "pretrained_cfg": stats}
   if extra:
     config["model_args"] = extra
@@ -105,6 +108,8 @@ FULL = [
   "eva02_small_patch14_224",
   "eva02_base_patch14_224",
   "eva02_large_patch14_224",
+  "eva02_large_patch14_clip_224",
+  "vit_base_patch16_rope_reg1_gap_256",
 ]
 
 
@@ -131,8 +136,8 @@ def test_full_size_parameter_count_equals_timms(name):
 def test_what_eva_py_holds_that_this_vit_does_not_compute_is_one_line_naming_it(tmp_path):
   with pytest.raises(errors.CheckpointError, match=r"rope_grid_indexing='xy'"):
     expressible.check_timm("vit_base_patch16_rope_224", "here")
-  with pytest.raises(errors.CheckpointError, match=r"scale_attn_inner=True"):
-    expressible.check_timm("eva02_base_patch16_clip_224", "here")
+  with pytest.raises(errors.CheckpointError, match=r"use_post_norm=True"):
+    expressible.check_timm("eva02_enormous_patch14_clip_224", "here")
   expressible.check_timm("vit_large_patch16_dinov3.lvd1689m", "here")  # expressible
   # An Eva state dict without its name: its rotary embedding is in no array.
   safetensors_torch.save_file(
@@ -225,3 +230,47 @@ def test_predict_on_the_hub_folder_gives_timms_top1_and_probability(tmp_path):
   theirs = torch.softmax(torch.from_numpy(fx.torch_logits(model, prepared)), -1).numpy()
   assert ours.argmax() == theirs.argmax()
   assert np.abs(ours - theirs).max() <= 1e-4
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_half_precision_hub_file_loads_with_the_logits_of_its_stored_values(tmp_path, dtype):
+  """Hub files are often half precision: read in their stored dtype (bfloat16 through
+  ml_dtypes), widened exactly to float32 by the table; timm's model with the same rounded
+  weights gives the same logits."""
+  name = "vit_small_patch16_dinov3"
+  size = TINY[name][2]
+  model = _timm_model(name, size)
+  rounded = {k: v.to(getattr(torch, dtype)).contiguous() for k, v in model.state_dict().items()}
+  safetensors_torch.save_file(rounded, tmp_path / "model.safetensors")
+  (tmp_path / "config.json").write_text(json.dumps({"architecture": name}))
+  loaded = sources.load(str(tmp_path))
+  model.load_state_dict({k: v.float() for k, v in rounded.items()})
+  images = fx.images(2, size)
+  error = fx.relative_error(fx.our_logits(loaded, images), fx.torch_logits(model, images))
+  assert error <= fx.TOLERANCE, error
+
+
+@pytest.mark.parametrize("name", ["vit_small_plus_patch16_dinov3", "eva02_base_patch16_clip_224"])
+def test_the_export_command_writes_eva_that_reads_back_and_timm_rebuilds(tmp_path, name):
+  """`python -m vit_jax.export --format=timm` of a rotary model writes timm's Eva (name and
+  keyword arguments in timm_model.json); timm rebuilds it and this package reads it back,
+  both with the same logits. A model timm's Eva cannot hold is one error naming why."""
+  from vit_jax import export  # pylint: disable=g-import-not-at-top
+
+  (tmp_path / "hub").mkdir()
+  model, loaded = _hub_folder(tmp_path / "hub", name)
+  export.export(str(tmp_path / "hub"), "timm", str(tmp_path / "out"))
+  spec = json.loads((tmp_path / "out" / "timm_model.json").read_text())
+  rebuilt = timm.create_model(spec["model_name"], pretrained=False, **spec["kwargs"]).eval()
+  state = safetensors_torch.load_file(tmp_path / "out" / "model.safetensors")
+  rebuilt.load_state_dict(state, strict=True)
+  again = sources.load(str(tmp_path / "out"))
+  assert again.image_size == (TINY[name][2],) * 2
+  images = fx.images(2, TINY[name][2], seed=2)
+  want = fx.torch_logits(model, images)
+  for got in (fx.torch_logits(rebuilt, images), fx.our_logits(again, images)):
+    assert fx.relative_error(got, want) <= fx.TOLERANCE
+  config = loaded.config.copy_and_resolve_references()
+  config.qkv_bias = "all"
+  with pytest.raises(errors.ConfigError, match="a key bias"):
+    timm_eva.model_spec(config, num_classes=5, image_size=(32, 32))

@@ -113,6 +113,27 @@ class MultiHeadDotProductAttention(nn.Module):
   # and keys on every path (as timm's EVA attention: before the scaling).
   rotary: Optional[rope_lib.RotaryPositions] = None
   qkv_bias: str = options.QKV_BIAS_ALL  # `options.QKV_BIASES`
+  # Epsilon of a LayerNorm ``norm`` on the merged heads before ``out`` (None: none; EVA-02
+  # CLIP's sub-LN, timm's ``scale_attn_inner``).
+  norm_epsilon: Optional[float] = None
+
+  def _out(self, y: jax.Array, w_out: jax.Array, b_out: jax.Array, heads_first: bool) -> jax.Array:
+    """The output projection of y [B, H, N, Dh] (``heads_first``) or [B, N, H, Dh]."""
+    if self.norm_epsilon is None:
+      spec = "bhnk,hkd->bnd" if heads_first else "bnhk,hkd->bnd"
+      return jnp.einsum(spec, y, w_out) + b_out  # [B, N, D]
+    y = jnp.swapaxes(y, 1, 2) if heads_first else y  # [B, N, H, Dh]
+    y = y.reshape(*y.shape[:2], -1)  # [B, N, H * Dh]
+    ex = self.execution
+    y = nn.LayerNorm(
+      epsilon=self.norm_epsilon,
+      dtype=ex.dtype,
+      param_dtype=ex.param_dtype,
+      scale_init=partitioned(nn.initializers.ones, (None,)),
+      bias_init=partitioned(nn.initializers.zeros, (None,)),
+      name="norm",
+    )(y)
+    return jnp.einsum("bnk,kd->bnd", y, w_out.reshape(-1, w_out.shape[-1])) + b_out
 
   @nn.compact
   def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
@@ -149,7 +170,7 @@ class MultiHeadDotProductAttention(nn.Module):
         q, k = (self.rotary.rotate(t, heads_first=False) for t in (q, k))
       multiple = SEQUENCE_MULTIPLE.get(ex.attention_impl, 1)
       y = padded_dot_product_attention(q, k, v, ex.attention_impl, multiple)
-      out = jnp.einsum("bnhk,hkd->bnd", y, w_out) + b_out  # [B, N, D]
+      out = self._out(y, w_out, b_out, heads_first=False)  # [B, N, D]
       return out.reshape(*lead, *out.shape[1:])
     q, k, v = (
       _biased(jnp.einsum("bnd,dhk->bhnk", x, w), None if b is None else b[:, None]) for w, b in qkv
@@ -174,5 +195,5 @@ class MultiHeadDotProductAttention(nn.Module):
       unnormalized = jnp.exp(logits - jax.lax.stop_gradient(logits.max(-1, keepdims=True)))
       y = jnp.einsum("bhqk,bhkd->bhqd", unnormalized.astype(ex.dtype), v)
       y = y / unnormalized.sum(-1, keepdims=True).astype(ex.dtype)
-    out = jnp.einsum("bhnk,hkd->bnd", y, w_out) + b_out  # [B, N, D]
+    out = self._out(y, w_out, b_out, heads_first=True)  # [B, N, D]
     return out.reshape(*lead, *out.shape[1:])  # [..., N, D]

@@ -144,6 +144,9 @@ class ModelSettings:
   # a SwiGLU's hidden units.
   mlp: str = options.MLP
   mlp_norm: bool = False
+  # A LayerNorm on the attention's merged heads before ``out`` (EVA-02 CLIP's sub-LN,
+  # timm's ``scale_attn_inner``).
+  attention_norm: bool = False
   qkv_bias: str = options.QKV_BIAS_ALL  # `options.QKV_BIASES`: 'all', 'none', 'qv' (EVA)
   # `layers.ACTIVATIONS`: 'gelu' (tanh or exact by gelu_approximate) or 'quick_gelu' (CLIP)
   activation: str = layers.GELU

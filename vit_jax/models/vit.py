@@ -81,6 +81,7 @@ class Encoder1DBlock(nn.Module):
       self.relative,
       self.rotary,
       cfg.qkv_bias,
+      cfg.layer_norm_epsilon if cfg.attention_norm else None,
       name="MultiHeadDotProductAttention_1",
     )
     y = attention(y, deterministic)

@@ -218,6 +218,7 @@ def _read_family_options(config: ml_collections.ConfigDict, shapes: Shapes) -> N
   swiglu = options.SWIGLU if _SWIGLU in block else options.SWIGLU_FUSED
   config.mlp = swiglu if _SWIGLU in block or _SWIGLU_FUSED in block else options.MLP
   config.mlp_norm = "MlpBlock_3/norm/scale" in block
+  config.attention_norm = f"{_ATTENTION}norm/scale" in block
   biases = {k for k in ("query", "key") if f"{_ATTENTION}{k}/bias" in block}
   none, qv, every = options.QKV_BIAS_NONE, options.QKV_BIAS_QV, options.QKV_BIAS_ALL
   config.qkv_bias = every if "key" in biases else qv if biases else none

@@ -72,8 +72,8 @@ def inside(directory: str, name: Any, index: str) -> str:
   return path
 
 
-def _check_safetensors_header(path: str, size: int) -> None:
-  """Raises when the header of ``path`` (``size`` bytes) is truncated or lies: every
+def _check_safetensors_header(path: str, size: int) -> dict[str, Any]:
+  """The header of ``path`` (``size`` bytes); raises when it is truncated or lies: every
   array's byte range inside the file, every dtype floating point."""
   with open(path, "rb") as f:
     head = f.read(8)
@@ -110,6 +110,7 @@ def _check_safetensors_header(path: str, size: int) -> None:
         f"{path!r}: array {name!r} is {entry.get('dtype')}, not floating point (quantised "
         "or not model weights); save float weights (F32, F16 or BF16)."
       )
+  return header
 
 
 def read_safetensors(path: str) -> dict[str, np.ndarray]:
@@ -117,8 +118,33 @@ def read_safetensors(path: str) -> dict[str, np.ndarray]:
   from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
 
   size = regular_file(path)
-  _check_safetensors_header(path, size)
+  header = _check_safetensors_header(path, size)
+  if any(isinstance(e, dict) and e.get("dtype") == "BF16" for e in header.values()):
+    return _read_with_bfloat16(path, header)
   try:
     return load_file(path)
   except Exception as e:  # pylint: disable=broad-except  (safetensors' own error types)
     raise errors.CheckpointError(f"{path!r} cannot be read as safetensors: {e}.") from e
+
+
+def _read_with_bfloat16(path: str, header: dict[str, Any]) -> dict[str, np.ndarray]:
+  """The arrays of a checked safetensors file holding bfloat16 ones, which numpy's
+  safetensors reader cannot name: each read at its byte range in its stored dtype
+  (`ml_dtypes.bfloat16`, JAX's), cast only when the model takes it."""
+  import ml_dtypes  # pylint: disable=g-import-not-at-top  (a JAX dependency)
+
+  dtypes = {"F16": "<f2", "BF16": ml_dtypes.bfloat16, "F32": "<f4", "F64": "<f8"}
+  with open(path, "rb") as f:
+    (length,) = struct.unpack("<Q", f.read(8))
+    data = f.read()[length:]
+  arrays = {}
+  for name, entry in header.items():
+    if name == "__metadata__":
+      continue
+    start, end = entry["data_offsets"]
+    dtype = np.dtype(dtypes[entry["dtype"]])
+    shape = tuple(entry.get("shape", ()))
+    if end - start != dtype.itemsize * int(np.prod(shape, dtype=np.int64)):
+      raise errors.CheckpointError(f"{path!r}: array {name!r} does not fill its byte range.")
+    arrays[name] = np.frombuffer(data[start:end], dtype).reshape(shape)
+  return arrays

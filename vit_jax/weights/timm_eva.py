@@ -75,6 +75,7 @@ _COMPUTED: dict[str, Any] = {
   "use_fc_norm": (True, False, None),
   "use_post_transformer_norm": (None,),
   "use_pre_transformer_norm": (True, False),
+  "scale_attn_inner": (True, False),
 }
 # Arguments that only fix shapes the arrays show, or how timm runs.
 _FREE = {"embed_dim", "depth", "patch_size", "mlp_ratio", "img_size", "num_heads"}
@@ -125,6 +126,7 @@ def eva_table(depth: int, num_heads: int, *, fused_qkv: bool, mlp: str) -> list[
         table.append(Row(f"{att}{name}/bias", bias, heads_bias, **optional))
     table.append(Row(att + "out/kernel", attn + "proj.weight", tensor_table.heads_out(num_heads)))
     table.append(Row(att + "out/bias", attn + "proj.bias"))
+    table += rows(att + "norm", attn + "norm", **optional)  # scale_attn_inner
     table += rows(ours + "LayerNorm_0", theirs + "norm1")
     table += rows(ours + "LayerNorm_2", theirs + "norm2")
     table.append(Row(ours + "LayerScale_attention/scale", theirs + "gamma_1", **optional))
@@ -266,6 +268,7 @@ def model_spec(
     qkv_fused=True,
     swiglu_mlp=config.mlp != options.MLP,
     scale_mlp=bool(config.mlp_norm),
+    scale_attn_inner=bool(config.attention_norm),
     swiglu_align_to=1 if config.mlp == options.SWIGLU else 0,  # 1: split, width kept
     class_token=module.has_class_token,
     num_reg_tokens=config.num_registers,
@@ -293,6 +296,7 @@ def model_spec(
     "kwargs": kwargs,
     "pretrained_cfg_overlay": {
       "num_classes": num_classes,
+      "input_size": [3, *image_size],  # without a table, what says the size
       "mean": list(config.input_mean),
       "std": list(config.input_std),
     },

@@ -198,7 +198,8 @@ def _read_vit_dict(tensors, timm_name, args, names, pretrained_cfg, source) -> t
 def _read_eva(tensors, timm_name, args, names, pretrained_cfg, source) -> tuple:
   config, params = timm_eva.read_eva(tensors, timm_name, args, source)
   _read_input_stats(config, pretrained_cfg, source)
-  return _loaded(config, params, names)
+  # RoPE without a table (DINOv3): the size is the pretrained config's, as a ResNet's.
+  return _loaded(config, params, names, _input_size(pretrained_cfg))
 
 
 # timm's state dicts by the array only their family has (a ViT's otherwise): its reader.
