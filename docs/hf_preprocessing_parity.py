@@ -20,7 +20,7 @@ import sys
 import numpy as np
 from absl import app, flags
 
-from vit_jax import cli  # isort: skip  (first: TensorFlow's log level)
+import vit_jax  # noqa: F401  isort: skip  (first: TensorFlow's log level)
 from PIL import Image
 
 from vit_jax import export, predict
@@ -85,7 +85,7 @@ def main(argv) -> None:
   if not os.path.isdir(hf_dir):
     export.export(_CHECKPOINT.value, "hf", hf_dir)
   model = sources.load(_CHECKPOINT.value)
-  crop = cli.image_size(model, None)[0]
+  crop = model.image_size_for()[0]
   hf_model = transformers.ViTForImageClassification.from_pretrained(hf_dir).eval()
   filters = {"bilinear (antialiased)": 2, "bicubic (antialiased)": 3, "nearest": 0}
 

@@ -14,6 +14,7 @@ from sklearn import linear_model
 
 from tests import train_fixtures
 from vit_jax import data, run, sharding
+from vit_jax.data import data_config
 from vit_jax.run.evaluators import fewshot, ridge
 from vit_jax.weights import npz, orbax_steps
 
@@ -158,3 +159,28 @@ def test_command_on_an_npz_infers_the_model(trained_run, digits_dir, tmp_path):
   )
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert any(line.split()[:2] == ["digits", "5"] for line in proc.stdout.splitlines())
+
+
+def test_settings_for_evaluation_prepare_every_split_as_the_checkpoint_says():
+  """A checkpoint's data config (timm's crop and bicubic resize here) is what both splits
+  are prepared with, at the crop asked; nothing is augmented, shuffled or skipped."""
+  timm_like = data_config.DataConfig(
+    (32, 32),
+    crop_pct=0.875,
+    crop_mode="center",
+    interpolation="bicubic",
+    resizer="pil",
+    mean=(0.4, 0.5, 0.6),
+    std=(0.2, 0.3, 0.4),
+  )
+  settings = data.Settings.for_evaluation(timm_like, crop=24, batch=8)
+  assert settings.eval_data_config() == timm_like.at_size((24, 24))
+  assert (settings.input_mean, settings.input_std) == (timm_like.mean, timm_like.std)
+  assert (settings.crop, settings.batch, settings.batch_eval) == (24, 8, 8)
+  assert (settings.flip, settings.randaug, settings.min_area, settings.shuffle_buffer) == (
+    False,
+    None,
+    1.0,
+    1,
+  )
+  assert not settings.skip_corrupt_images

@@ -5,6 +5,7 @@
 cell has a time limit. The notebooks are stored without outputs; this also checks that.
 """
 
+import os
 import pathlib
 import time
 
@@ -28,6 +29,8 @@ def notebook_env(tmp_path_factory):
     "VIT_NOTEBOOK_WORKDIR": str(workdir),
     "TFDS_DATA_DIR": str(workdir / "tensorflow_datasets"),  # digits builds here
     "MPLBACKEND": "Agg",
+    # The kernel imports this checkout's vit_jax, not another installed copy.
+    "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO_ROOT), os.environ.get("PYTHONPATH")))),
   }
 
 
@@ -98,6 +101,6 @@ def test_fine_tune_notebook(notebook_env, monkeypatch):
   assert "config.dataset = 'folder:" in text
   assert not [n for n in NOISE if n in text], text[:3000]
   assert "token grid (8, 8)" in text  # 16x16 source -> 32x32, 4x4 patches
-  assert "test accuracy:" in text and "saved" in text
+  assert "test accuracy:" in text and "reloaded bitwise: True" in text  # Model.save, load
   assert _images(nb) >= 2  # the sample batch and the curves
   print(f"fine_tune.ipynb: {time.perf_counter() - start:.0f} s")

@@ -16,7 +16,7 @@ from PIL import Image
 
 from tests import interop_fixtures as fx
 from tests import train_fixtures
-from vit_jax import cli, models, predict, run
+from vit_jax import errors, models, predict, run
 from vit_jax.data import digits
 from vit_jax.weights import architecture, sources
 
@@ -122,11 +122,30 @@ def test_what_cannot_be_inferred_is_listed_in_one_error():
 
 def test_class_names_default_to_imagenet_for_1000_classes(tmp_path):
   model = sources.LoadedModel(models.get_model_config("testing"), {}, 1000, None, None, "x")
-  names = cli.class_names(None, model)
+  names = model.class_names_for()
   assert len(names) == 1000 and names[207] == "golden retriever" and names[0].startswith("tench")
   (tmp_path / "three.txt").write_text("a\nb\nc\n")
   with pytest.raises(ValueError, match="3 class names for a head of 1000 classes"):
-    cli.class_names(str(tmp_path / "three.txt"), model)
+    model.class_names_for(str(tmp_path / "three.txt"))
+
+
+def test_loaded_model_facts_name_the_callers_argument(tmp_path):
+  """A library call's error names its argument, a command's its flag."""
+  config = models.get_model_config("testing")
+  model = sources.LoadedModel(config, {}, 3, (16, 16), None, "x")
+  assert model.class_names_for() == ["0", "1", "2"] and model.image_size_for() == (16, 16)
+  with pytest.raises(errors.MissingError, match=r"^labels='nope' is neither 'imagenet2012'"):
+    model.class_names_for("nope")
+  with pytest.raises(errors.MissingError, match=r"^--labels='nope'"):
+    model.class_names_for("nope", argument="--labels")
+  with pytest.raises(errors.ConfigError, match=r"^resolution=32, but 'x' has position embed"):
+    model.image_size_for(32)
+  with pytest.raises(errors.ConfigError, match=r"leave --resolution out"):
+    model.image_size_for(32, argument="--resolution")
+  unsized = sources.LoadedModel(config, {}, 3, None, None, "y")
+  assert unsized.image_size_for(24) == (24, 24)
+  with pytest.raises(errors.ConfigError, match=r"does not say its image size.*pass resolution\."):
+    unsized.image_size_for()
 
 
 def _png(array: np.ndarray) -> bytes:

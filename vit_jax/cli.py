@@ -37,11 +37,10 @@ TPU (`vit_jax.platforms`) before anything starts a backend. What a terminal show
 from __future__ import annotations
 
 import difflib
-import importlib.resources
 import logging as std_logging  # noqa: TID251 (filters the std records absl forwards)
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, TypeVar
+from typing import Any, Callable, Optional, Sequence, TypeVar
 
 # TensorFlow's log level and oneDNN are set before TensorFlow loads by the package's import
 # (`platforms.library_defaults`, see the module doc), before any line of this module runs.
@@ -50,9 +49,6 @@ from absl import flags, logging
 from ml_collections import config_flags
 
 from vit_jax import errors, input_files, platforms
-
-if TYPE_CHECKING:
-  from vit_jax.weights import sources
 
 # The flags defined here for a command are the command's own: its --help lists them beside
 # its other flags, not under this module.
@@ -247,9 +243,6 @@ def parse_command_flags(
 # The flags of the commands that read a model (predict, export, fewshot, convert): one
 # definition each, and what their values mean.
 
-IMAGENET2012 = "imagenet2012"  # --labels value of the class names shipped with the package
-_IMAGENET2012_FILE = "imagenet2012_labels.txt"  # in vit_jax/data, class-index order
-
 
 _MODEL_FLAG_HELP = {
   "checkpoint": "An official-layout .npz, a training run (its workdir, checkpoints/ or a step "
@@ -257,9 +250,9 @@ _MODEL_FLAG_HELP = {
   "(ViT-B_16).",
   "model": "The official variant name (e.g. ViT-B_16) of an .npz; default: inferred from the "
   "array shapes (a run's model comes from its config.json).",
-  "labels": f"{IMAGENET2012!r} or a file of class names, one per line; default: the "
-  "source's own names (a run's: its dataset's), ImageNet-1k's for a 1000-class head, else "
-  "class indices.",
+  "labels": "'imagenet2012' (the names shipped with the package) or a file of class names, "
+  "one per line; default: the source's own names (a run's: its dataset's), ImageNet-1k's "
+  "for a 1000-class head, else class indices.",
   "resolution": "Square input size; default: what the position embeddings were trained "
   "for (needed for a model without learned ones).",
 }
@@ -270,81 +263,13 @@ def define_model_flags(
   flag_values: flags.FlagValues, names: Sequence[str] = MODEL_FLAGS
 ) -> dict[str, Any]:
   """Defines the shared flags ``names`` (of `MODEL_FLAGS`) on ``flag_values``; their
-  holders by name. Their values mean what `class_names` and `image_size` read."""
+  holders by name. Their values mean what `LoadedModel.class_names_for` and
+  `image_size_for` read."""
   holders = {}
   for name in names:
     define = flags.DEFINE_integer if name == "resolution" else flags.DEFINE_string
     holders[name] = define(name, None, _MODEL_FLAG_HELP[name], flag_values=flag_values)
   return holders
-
-
-def imagenet2012_class_names() -> list[str]:
-  """The 1,000 ImageNet-1k class names shipped with the package, in class-index order."""
-  text = importlib.resources.files("vit_jax.data").joinpath(_IMAGENET2012_FILE).read_text()
-  return text.splitlines()
-
-
-def class_names(labels: Optional[str], model: "sources.LoadedModel") -> list[str]:
-  """The class names to print: ``labels`` ('imagenet2012' or a file of one name per
-  line), else the source's own names (a training run's: its dataset's), else ImageNet-1k's
-  for a 1,000-class head, else the class indices."""
-  k = model.num_classes or 0
-  if labels == IMAGENET2012:
-    names = imagenet2012_class_names()
-  elif labels:
-    if not os.path.isfile(labels):
-      raise errors.MissingError(
-        f"--labels={labels!r} is neither {IMAGENET2012!r} nor a file of class names (one per line)."
-      )
-    text = input_files.read_text(labels, what="--labels file")
-    names = [line.rstrip("\r") for line in text.split("\n") if line.strip()]
-  elif model.class_names:
-    names = list(model.class_names)
-  elif model.run_config is not None:
-    return _unnamed_run_classes(model)
-  elif k == 1000:
-    names = imagenet2012_class_names()
-  else:
-    return [str(i) for i in range(k)]
-  if len(names) != k:
-    raise errors.CommandLineError(
-      f"{len(names)} class names for a head of {k} classes: pass --labels "
-      "with one name per class of the model."
-    )
-  return names
-
-
-def image_size(model: "sources.LoadedModel", resolution: Optional[int]) -> tuple[int, int]:
-  """``resolution`` (square), else the size the model was trained for."""
-  trained = model.image_size
-  if resolution is not None and resolution < 1:
-    raise errors.CommandLineError(f"--resolution={resolution} must be a positive image size.")
-  if resolution:
-    learned = model.config.get("posemb", "learn") in ("learn", "learn_2d")
-    if learned and trained and trained != (resolution, resolution):
-      raise errors.CommandLineError(
-        f"--resolution={resolution}, but {model.source!r} has position "
-        f"embeddings for {trained[0]}x{trained[1]}: leave --resolution out, or "
-        "fine-tune at the new size first (config.pretrained resizes them)."
-      )
-    return resolution, resolution
-  if trained is None:
-    raise errors.CommandLineError(
-      f"{model.source!r} does not say its image size (no learned position "
-      "embeddings): pass --resolution."
-    )
-  return trained
-
-
-def _unnamed_run_classes(model: "sources.LoadedModel") -> list[str]:
-  """The class indices of a run that saved no class names (it predates them): the run's
-  dataset is not opened (a read-only command never builds or fetches data)."""
-  logging.warning(
-    "The run %s saved no class names (made before runs saved them): printing class "
-    "indices; pass --labels=FILE to name them.",
-    model.source,
-  )
-  return [str(i) for i in range(model.num_classes or 0)]
 
 
 def _no_context(_: Any) -> tuple[Optional[str], Any]:

@@ -90,7 +90,8 @@ def export_model(
   """Writes a loaded model as ``fmt`` into the new folder ``out`` (`writers.save`: all or
   nothing); returns the summary (the files written, how to load them)."""
   writers.check_out(os.path.abspath(out))
-  names, size = cli.class_names(labels, model), cli.image_size(model, resolution)
+  names = model.class_names_for(labels, argument="--labels")
+  size = model.image_size_for(resolution, argument="--resolution")
   out = writers.save(model, fmt, out, class_names=names, image_size=size)
   return _summary(fmt, model.source, out)
 

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import ml_collections
 from absl import flags, logging
 
-from vit_jax import cli, data, errors, models, paths, sharding, weights
+from vit_jax import cli, data, errors, paths, sharding, weights
 from vit_jax.run.evaluators import fewshot as fewshot_lib
 from vit_jax.run.evaluators import ridge
 from vit_jax.weights import hub, sources
@@ -141,35 +141,12 @@ def _from_run(
 def _from_weights(
   checkpoint: str, values: dict[str, Any]
 ) -> tuple[ml_collections.ConfigDict, data.Settings]:
-  """An .npz's (or Hugging Face folder's) model, and evaluation-only data settings."""
+  """The model of any weights source, and evaluation-only data settings: the images
+  prepared as the checkpoint says (`LoadedModel.data_config`) at --crop, else at the
+  size the model was trained for."""
   loaded = sources.load(checkpoint, values["model"])
-  if not (values["crop"] or loaded.image_size):
-    raise errors.CommandLineError(
-      f"{checkpoint!r} does not say its image size (no learned position embeddings): pass --crop."
-    )
-  crop = loaded.image_size[0] if loaded.image_size else values["crop"]
-  # No augmentation, no shuffling, no skipped images: evaluation only.
-  settings = data.Settings(
-    dataset="",
-    data_dir=None,
-    manual_dir=None,
-    train_split="train",
-    test_split="test",
-    num_classes=None,
-    crop=crop,
-    min_area=1.0,
-    flip=False,
-    randaug=None,
-    batch=values["batch"],
-    batch_eval=values["batch"],
-    shuffle_buffer=1,
-    prefetch=2,
-    seed=0,
-    skip_corrupt_images=False,
-    input_mean=tuple(models.with_family_defaults(loaded.config).input_mean),
-    input_std=tuple(models.with_family_defaults(loaded.config).input_std),
-    eval_data=loaded.data_config,  # the checkpoint's crop and resize, at the crop above
-  )
+  crop = values["crop"] or loaded.image_size_for(argument="--crop")[0]
+  settings = data.Settings.for_evaluation(loaded.data_config, crop=crop, batch=values["batch"])
   return loaded.config, settings
 
 

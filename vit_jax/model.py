@@ -139,14 +139,19 @@ class Model:
     """The checkpoint's eval preprocessing at this model's image size."""
     return self.loaded.data_config.at_size(self._input_size())
 
-  def predict(self, images: Any, top_k: int = 5) -> list[list[tuple[str, float]]]:
+  def predict(
+    self, images: Any, top_k: int = 5, labels: Optional[str] = None
+  ) -> list[list[tuple[str, float]]]:
     """The ``top_k`` (class name, probability) of each image (anything `prepare` takes),
-    most probable first; all the classes when the model has fewer."""
+    most probable first; all the classes when the model has fewer. The names are
+    ``labels``' ('imagenet2012' or a file, one name a line) or the model's own
+    (`weights.LoadedModel.class_names_for`: ImageNet-1k's for an unnamed 1,000-class
+    head, else the indices)."""
     if not self.num_classes:
       raise errors.ConfigError(f"{self!r} has no head: give it one with with_head(K).")
     if top_k < 1:
       raise errors.ConfigError(f"top_k={top_k} must be at least 1 (classes per image).")
-    names = self.class_names or [str(i) for i in range(self.num_classes)]
+    names = self.loaded.class_names_for(labels)
     probs = np.asarray(jax.nn.softmax(self(self.prepare(images)), axis=-1))
     order = np.argsort(-probs, axis=-1, kind="stable")[:, :top_k]
     return [[(names[i], float(p[i])) for i in row] for p, row in zip(probs, order)]

@@ -191,8 +191,9 @@ def predict(
       f"--top_k={k} is more than the {model.num_classes} classes of {checkpoint!r}: use "
       f"--top_k={model.num_classes} or fewer."
     )
-  names = cli.class_names(labels, model)
-  classifier = Classifier(model, cli.image_size(model, resolution), min(batch, len(files)))
+  names = model.class_names_for(labels, argument="--labels")
+  size = model.image_size_for(resolution, argument="--resolution")
+  classifier = Classifier(model, size, min(batch, len(files)))
   printed = 0
   for path, probs in classifier.classify(files):
     printed += 1

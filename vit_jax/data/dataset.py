@@ -61,6 +61,36 @@ class Settings:
     return self.eval_data.at_size((self.crop, self.crop))
 
   @classmethod
+  def for_evaluation(
+    cls, eval_data: data_config.DataConfig, *, crop: int, batch: int
+  ) -> "Settings":
+    """Settings that only evaluate a model outside a run (a command on any weights): no
+    dataset named yet, no augmentation, no shuffling, no image skipped; every split is
+    prepared as ``eval_data`` says (a checkpoint's data config: its mean, std, crop and
+    resize) at ``crop``."""
+    return cls(
+      dataset="",
+      data_dir=None,
+      manual_dir=None,
+      train_split="train",
+      test_split="test",
+      num_classes=None,
+      crop=crop,
+      min_area=1.0,
+      flip=False,
+      randaug=None,
+      batch=batch,
+      batch_eval=batch,
+      shuffle_buffer=1,
+      prefetch=2,
+      seed=0,
+      skip_corrupt_images=False,
+      input_mean=eval_data.mean,
+      input_std=eval_data.std,
+      eval_data=eval_data,
+    )
+
+  @classmethod
   def from_config(cls, config: Any) -> "Settings":
     """Reads an ml_collections.ConfigDict; a missing key, or None where a value is
     needed, fails with the key's name."""

@@ -19,6 +19,7 @@ transformers' ``gelu`` and timm's default), so the loaded model gives the source
 from __future__ import annotations
 
 import dataclasses
+import importlib.resources
 import json
 import os
 import shlex
@@ -40,6 +41,8 @@ _MAX_ERROR_LINES = 20  # of check_tree's list of differences
 _PICKLES = (".bin", ".pth", ".pt", ".ckpt", ".pkl", ".pickle")
 _SAFETENSORS = ".safetensors"
 _UNSIZED_INPUT = (224, 224)  # the data config's input size where a source says none
+IMAGENET2012 = "imagenet2012"  # the ``labels`` value of the class names shipped with the package
+_IMAGENET2012_FILE = "imagenet2012_labels.txt"  # in vit_jax/data, class-index order
 
 
 @dataclasses.dataclass
@@ -71,6 +74,77 @@ class LoadedModel:
     kwargs = {"num_classes": self.num_classes, **overrides}
     kwargs["num_classes"] = kwargs["num_classes"] or None
     return models.create_model(self.config, **kwargs)
+
+  # The two facts a command asks of a loaded model given its --labels and --resolution;
+  # ``argument`` is how an error names the value: a command passes its flag.
+
+  def class_names_for(self, labels: Optional[str] = None, *, argument: str = "labels") -> list[str]:
+    """A name per class of the head: ``labels`` (`IMAGENET2012` or a file of one name per
+    line), else the source's own names (a training run's: its dataset's), else ImageNet-1k's
+    for a 1,000-class head, else the class indices."""
+    k = self.num_classes or 0
+    if labels == IMAGENET2012:
+      names = imagenet2012_class_names()
+    elif labels:
+      if not os.path.isfile(labels):
+        raise errors.MissingError(
+          f"{argument}={labels!r} is neither {IMAGENET2012!r} nor a file of class names "
+          "(one per line)."
+        )
+      text = input_files.read_text(labels, what=f"{argument} file")
+      names = [line.rstrip("\r") for line in text.split("\n") if line.strip()]
+    elif self.class_names:
+      names = list(self.class_names)
+    elif self.run_config is not None:
+      # A run that saved no class names (it predates them): its dataset is not opened (a
+      # read-only caller never builds or fetches data).
+      logging.warning(
+        "The run %s saved no class names (made before runs saved them): using class "
+        "indices; pass %s=FILE to name them.",
+        self.source,
+        argument,
+      )
+      return [str(i) for i in range(k)]
+    elif k == 1000:
+      names = imagenet2012_class_names()
+    else:
+      return [str(i) for i in range(k)]
+    if len(names) != k:
+      raise errors.ConfigError(
+        f"{len(names)} class names for a head of {k} classes: pass {argument} "
+        "with one name per class of the model."
+      )
+    return names
+
+  def image_size_for(
+    self, resolution: Optional[int] = None, *, argument: str = "resolution"
+  ) -> tuple[int, int]:
+    """The input size: ``resolution`` (square), else the size the model was trained for;
+    a resolution that learned position embeddings were not trained for is an error."""
+    trained = self.image_size
+    if resolution is not None and resolution < 1:
+      raise errors.ConfigError(f"{argument}={resolution} must be a positive image size.")
+    if resolution:
+      learned = self.config.get("posemb", "learn") in ("learn", "learn_2d")
+      if learned and trained and trained != (resolution, resolution):
+        raise errors.ConfigError(
+          f"{argument}={resolution}, but {self.source!r} has position embeddings for "
+          f"{trained[0]}x{trained[1]}: leave {argument} out, or fine-tune at the new size "
+          "first (config.pretrained resizes them)."
+        )
+      return resolution, resolution
+    if trained is None:
+      raise errors.ConfigError(
+        f"{self.source!r} does not say its image size (no learned position embeddings): "
+        f"pass {argument}."
+      )
+    return trained
+
+
+def imagenet2012_class_names() -> list[str]:
+  """The 1,000 ImageNet-1k class names shipped with the package, in class-index order."""
+  text = importlib.resources.files("vit_jax.data").joinpath(_IMAGENET2012_FILE).read_text()
+  return text.splitlines()
 
 
 def load(path: str | os.PathLike, model_name: Optional[str] = None) -> LoadedModel:
