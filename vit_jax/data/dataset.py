@@ -132,7 +132,6 @@ class Settings:
       input_mean=tuple(model.get("input_mean", OFFICIAL_INPUT_MEAN)),
       input_std=tuple(model.get("input_std", OFFICIAL_INPUT_STD)),
       **text,
-      eval_data=data_config.from_run_config(config),
     )
     for key in ("crop", "batch", "batch_eval", "shuffle_buffer"):
       if getattr(settings, key) <= 0:
@@ -145,7 +144,8 @@ class Settings:
         f"(the smallest crop area as a fraction of the image; 0.05 is "
         f"the usual value)."
       )
-    return settings
+    # Read once the crop is known to be valid: the eval preprocessing is sized by it.
+    return dataclasses.replace(settings, eval_data=data_config.from_run_config(config))
 
 
 def _randaug(value: Any) -> tuple[int, float] | None:

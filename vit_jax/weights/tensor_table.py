@@ -144,9 +144,15 @@ def from_torch(
     if row.theirs not in tensors:
       continue
     value = tensors[row.theirs]
-    if row.part is not None:
-      value = np.split(value, row.part[1])[row.part[0]]
-    flat[row.ours] = row.layout.from_torch(value)
+    try:
+      if row.part is not None:
+        value = np.split(value, row.part[1])[row.part[0]]
+      flat[row.ours] = row.layout.from_torch(value)
+    except ValueError:  # a reshape or split the architecture's sizes do not allow
+      raise errors.CheckpointError(
+        f"{source}: {row.theirs} of shape {tuple(tensors[row.theirs].shape)} does not fit "
+        f"the timm {family} its config names; the arrays and config.json disagree."
+      ) from None
   unused = set(tensors) - {r.theirs for r in table}
   if unused:
     raise errors.CheckpointError(
