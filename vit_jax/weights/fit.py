@@ -353,7 +353,15 @@ def load_pretrained(
   check_resize_method(options.get("posemb_resize_method", "bilinear"))  # before any reading
   loaded, stored_config = sources.read_params(source)
   where = f"checkpoint {source!r}"
-  fitted = fit_params(loaded, stored_config, init_params, model_config, where=where, **options)
+  fitted = fit_params(
+    loaded,
+    stored_config,
+    init_params,
+    model_config,
+    where=where,
+    log_as=f"load_pretrained({source})",
+    **options,
+  )
   logging.info("load_pretrained: %d arrays from %s.", len(jax.tree.leaves(fitted)), source)
   return fitted
 
@@ -369,9 +377,11 @@ def fit_params(
   stored_grid_hw: Optional[tuple[int, int]] = None,
   new_grid_hw: Optional[tuple[int, int]] = None,
   where: str = "parameters",
+  log_as: str = "fit_params",
 ) -> Params:
   """`load_pretrained`'s policy on a tree in memory (``loaded``, its model config
-  ``stored_config`` or None): the parameters of a new head, resolution or layout."""
+  ``stored_config`` or None): the parameters of a new head, resolution or layout. Each
+  adaptation is logged as '<log_as>: <note>.' (``where`` names the tree in errors)."""
   check_resize_method(posemb_resize_method)
   init_tree = nn.unbox(dict(init_params))
   want = traverse_util.flatten_dict(init_tree, sep="/")
@@ -417,7 +427,7 @@ def fit_params(
     raise errors.CheckpointError(_fit_error(e, got, want, where)) from None
 
   for note in notes:
-    logging.info("%s: %s.", where, note)
+    logging.info("%s: %s.", log_as, note)
   return traverse_util.unflatten_dict(
     {k: np.asarray(got[k], dtype=_dtype(v)) for k, v in want.items()}, sep="/"
   )
