@@ -12,7 +12,6 @@ os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 
 import jax  # pylint: disable=g-import-not-at-top
 import numpy as np
-from flax import traverse_util
 
 from configs import siglip
 from tests import train_fixtures
@@ -40,13 +39,7 @@ def main(out_path: str) -> None:
     placed = jax.device_put(batch, sharding.batch_sharding(mesh))
     hlo = trainer.train_step.lower(state, placed).compile().as_text()
     results[f"{name}/permutes"] = np.array("collective-permute" in hlo)
-    losses = []
-    for _ in range(2):
-      state, metrics = trainer.train_step(state, placed)
-      losses.append(float(metrics["train/loss"]))
-    results[f"{name}/loss"] = np.array(losses)
-    for k, v in traverse_util.flatten_dict(jax.device_get(state.params), sep="/").items():
-      results[f"{name}/params/{k}"] = np.asarray(v)
+    state = train_fixtures.record_steps(trainer, state, placed, name, results)
   np.savez(out_path, **results)
 
 

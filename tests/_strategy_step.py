@@ -30,13 +30,7 @@ def main(out_path: str) -> None:
     trainer = train_fixtures.build_steps(config)
     state = trainer.init_state()
     batch = jax.device_put(train_fixtures.fixed_batch(), sharding.batch_sharding(trainer.mesh))
-    losses = []
-    for _ in range(2):
-      state, metrics = trainer.train_step(state, batch)
-      losses.append(float(metrics["train/loss"]))
-    results[f"{strategy}/loss"] = np.array(losses)
-    for k, v in traverse_util.flatten_dict(jax.device_get(state.params), sep="/").items():
-      results[f"{strategy}/params/{k}"] = np.asarray(v)
+    state = train_fixtures.record_steps(trainer, state, batch, strategy, results)
     flat = traverse_util.flatten_dict(state.params, sep="/")
     for k in (
       "Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel",

@@ -1,8 +1,10 @@
 """Configs and batches shared by the training tests and their subprocess scripts."""
 
+import jax
 import ml_collections
 import numpy as np
 import pytest
+from flax import traverse_util
 
 from configs import common, quickstart
 from vit_jax import data, run
@@ -68,6 +70,19 @@ def step_config() -> ml_collections.ConfigDict:
   config.lr.warmup_steps = 0
   config.lr.decay = "constant"
   return config
+
+
+def record_steps(trainer, state, batch, prefix: str, results: dict, steps: int = 2):
+  """Takes ``steps`` train steps; records their losses (``<prefix>/loss``) and the final
+  parameters (``<prefix>/params/<path>``) into ``results``; returns the final state."""
+  losses = []
+  for _ in range(steps):
+    state, metrics = trainer.train_step(state, batch)
+    losses.append(float(metrics["train/loss"]))
+  results[f"{prefix}/loss"] = np.array(losses)
+  for k, v in traverse_util.flatten_dict(jax.device_get(state.params), sep="/").items():
+    results[f"{prefix}/params/{k}"] = np.asarray(v)
+  return state
 
 
 def fixed_batch(
