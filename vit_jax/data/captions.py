@@ -17,7 +17,6 @@ images are (`pipeline`).
 
 from __future__ import annotations
 
-import importlib.resources
 import re
 from typing import Sequence
 
@@ -28,7 +27,8 @@ from vit_jax.data import tokenize
 
 # Prompt templates by name ('{}' is the class's words). 'digits': the captions the digits
 # are trained on. 'clip': the 7 ImageNet templates that CLIP's prompt-engineering notebook
-# ensembles. 'imagenet' names are package data (`imagenet_class_names`).
+# ensembles (ImageNet's class names ship with the package:
+# `vit_jax.weights.sources.imagenet2012_class_names`).
 TEMPLATES: dict[str, tuple[str, ...]] = {
   "digits": (
     "a photo of the digit {}.",
@@ -66,12 +66,6 @@ def class_words(names: Sequence[str]) -> list[str]:
   """A class name as words: a single digit spelled out ('7' -> 'seven'), underscores
   as spaces ('golden_retriever' -> 'golden retriever')."""
   return [_NUMBERS[int(n)] if re.fullmatch(r"\d", n) else n.replace("_", " ") for n in names]
-
-
-def imagenet_class_names() -> list[str]:
-  """ImageNet-1k's 1,000 class names (package data, in label order)."""
-  text = importlib.resources.files("vit_jax.data").joinpath("imagenet2012_labels.txt")
-  return text.read_text().splitlines()
 
 
 def prompts(names: Sequence[str], templates: Sequence[str]) -> list[list[str]]:
