@@ -6,6 +6,14 @@ import os
 # `vit_jax.plan`) JAX would first try a TPU backend in every test process.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+# TensorFlow 2.21 then triton (torch's compiler, imported by torchvision and timm) ends
+# the process with a segmentation fault; triton first, the two coexist. Loading it here lets
+# any subset of the tests share one process in any order.
+try:
+  import triton  # noqa: E402, F401
+except ImportError:
+  pass
+
 import pytest  # noqa: E402
 
 from tests import train_fixtures  # noqa: E402
