@@ -34,6 +34,20 @@ def _config(mlp: str = "swiglu", **changes):
     ("swiglu", {}),
     ("swiglu_fused", {"rope": "eva", "rope_rotate_half": False}),
     ("mlp", {"attention_norm": True}),
+    # RoPE-ViT's learned mixed frequencies (a parameter per layer), columns first, with
+    # Perception Encoder's attention pooling over every token (its own heads and MLP).
+    (
+      "mlp",
+      {
+        "rope": "mixed",
+        "rope_rotate_half": False,
+        "rope_grid_indexing": "xy",
+        "classifier": "map",
+        "map_include_prefix": True,
+        "map_num_heads": 4,
+        "map_mlp_dim": 40,
+      },
+    ),
   ],
 )
 def test_every_path_computes_the_same_model(mlp, changes):
@@ -74,7 +88,11 @@ def test_the_shapes_tell_the_mlp_and_the_biases():
     ({"mlp": "geglu"}, "config.model.mlp='geglu'"),
     ({"mlp": "mlp", "mlp_norm": True}, "config.model.mlp_norm=True"),
     ({"qkv_bias": "k"}, "config.model.qkv_bias='k'"),
-    ({"rope": "mixed"}, "config.model.rope='mixed'"),
+    ({"rope": "alibi"}, "config.model.rope='alibi'"),
+    ({"rope": "mixed"}, "set rotate_half=False"),
+    ({"rope_grid_indexing": "yx"}, "grid_indexing='yx'"),
+    ({"classifier": "map", "map_num_heads": 5}, "config.model.map_num_heads=5"),
+    ({"classifier": "map", "map_mlp_dim": 0}, "config.model.map_mlp_dim=0"),
     ({"rope_ref_grid": 0}, "config.model.rope_ref_grid=0"),
     ({"posemb": "relative"}, "posemb != 'relative'"),
     ({"hidden_size": 36}, "head width divisible by 4"),
@@ -98,11 +116,14 @@ def test_tensor_parallel_shards_the_swiglu_hidden_units_and_the_heads(mlp):
   fx.check_logical_axes(model, 32, "tensor_parallel", sharded)
 
 
-@pytest.mark.parametrize("mlp", ["swiglu", "swiglu_fused"])
-def test_analytic_flops_are_within_3_percent_of_xlas(mlp):
+_PE_POOL = dict(classifier="map", map_include_prefix=True, map_num_heads=8, map_mlp_dim=512)
+
+
+@pytest.mark.parametrize("mlp, changes", [("swiglu", {}), ("swiglu_fused", _PE_POOL)])
+def test_analytic_flops_are_within_3_percent_of_xlas(mlp, changes):
   """SwiGLU's three products counted (the GELU MLP's count: tests/test_step_cost.py, whose
-  exact GELU XLA counts as a polynomial)."""
-  config = _config(mlp)
+  exact GELU XLA counts as a polynomial), and Perception Encoder's attention pooling."""
+  config = _config(mlp, **changes)
   config.hidden_size, config.transformer.num_heads, config.transformer.mlp_dim = 256, 4, 1024
   config.patches.size = (4, 4)
   model = models.create_model(config, num_classes=10)

@@ -143,7 +143,13 @@ def check_rope(c: Any) -> None:
     raise _bad("rope_temperature", temperature, "rope_temperature and rope_grid_offset are numbers")
   try:
     rope_lib.Rope(
-      kind, temperature, True, c.get("rope_grid_offset"), c.get("rope_normalize_coords")
+      kind,
+      temperature,
+      c.get("rope_rotate_half") is True,
+      c.get("rope_grid_offset"),
+      c.get("rope_normalize_coords"),
+      None if side is None else (side, side),
+      c.get("rope_grid_indexing"),
     )
   except errors.ConfigError as e:
     raise _bad("rope", kind, str(e)) from None
@@ -154,6 +160,18 @@ def check_rope(c: Any) -> None:
     raise _bad(
       "rope", kind, "RoPE is the attention's positions: set posemb != 'relative', axial=False"
     )
+
+
+def check_map_head(c: Any) -> None:
+  """The 'map' head's heads (dividing the width) and MLP width: None or whole numbers."""
+  heads_, mlp_dim, width = c.get("map_num_heads"), c.get("map_mlp_dim"), c.get("hidden_size")
+  for key, value in (("map_num_heads", heads_), ("map_mlp_dim", mlp_dim)):
+    if value is not None and (
+      not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1
+    ):
+      raise _bad(key, value, "None (the encoder's) or a whole number >= 1")
+  if heads_ is not None and isinstance(width, int) and width % heads_:
+    raise _bad("map_num_heads", heads_, f"the width {width} must divide into that many heads")
 
 
 def _rgb(value: Any) -> bool:
@@ -204,6 +222,7 @@ def _checks(c: Any) -> list[Callable[[], None]]:
     lambda: check_mlp(c.get("mlp"), c.get("mlp_norm")),
     lambda: check_qkv_bias(c.get("qkv_bias")),
     lambda: check_rope(c),
+    lambda: check_map_head(c),
     lambda: check_input_stats("input_mean", c.get("input_mean")),
     lambda: check_input_stats("input_std", c.get("input_std")),
   ]

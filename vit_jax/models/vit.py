@@ -286,15 +286,18 @@ class VisionTransformer(nn.Module):
     if cfg.classifier == heads.MAP:
       t = cfg.transformer
       map_head = heads.MAPHead(
-        t.num_heads,
-        t.mlp_dim,
+        cfg.map_num_heads or t.num_heads,
+        cfg.map_mlp_dim or t.mlp_dim,
         cfg.gelu_approximate,
         cfg.activation,
         cfg.layer_norm_epsilon,
         ex,
         name=heads.MAP_HEAD,
       )
-    x = heads.pool(x, cfg.classifier, self.num_prefix_tokens, map_head)  # [B, D]
+    # Perception Encoder's probe attends to every token (timm's Eva), big_vision's and
+    # timm's ViT's to the patches.
+    skipped = 0 if cfg.classifier == heads.MAP and cfg.map_include_prefix else None
+    x = heads.pool(x, cfg.classifier, self.num_prefix_tokens, map_head, skipped)  # [B, D]
     if cfg.fc_norm:
       x = layers.layer_norm(heads.FC_NORM, cfg.layer_norm_epsilon, ex.dtype, ex.param_dtype)(x)
     if cfg.representation_size is not None:
