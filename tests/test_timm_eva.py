@@ -34,6 +34,15 @@ TINY = {
   "eva02_base_patch14_224": (96, 1, 42, {}),  # q/k/v_proj apart, SwiGLU with its LayerNorm
   "eva02_base_patch16_clip_224": (96, 1, 32, {}),  # + LayerNorm on the heads, class token
   "vit_base_patch16_rope_reg1_gap_256": (96, 1, 32, {}),  # GELU MLP, a register, no cls
+  # Naver's RoPE-ViT: AttentionRope (a key bias), columns first, temperature 100 ...
+  "vit_small_patch16_rope_224": (48, 1, 48, {}),
+  "vit_small_patch16_rope_ape_224": (48, 1, 32, {}),  # ... beside a table without cls rows
+  "vit_base_patch16_rope_mixed_224": (96, 2, 48, {}),  # learned frequencies per layer
+  "vit_large_patch16_rope_mixed_ape_224": (128, 1, 32, {}),
+  # Perception Encoder: attention pooling over every token, 8 heads of its own, RoPE at
+  # offset 1 rescaled to the pre-training grid beside a table, a norm before the blocks.
+  "vit_pe_core_tiny_patch16_384": (24, 2, 48, {}),
+  "vit_pe_core_gigantic_patch14_448": (128, 1, 28, {}),  # no class token, MLP 5.83x, pool 4x
 }
 
 
@@ -69,7 +78,7 @@ def test_import_gives_timms_logits(tmp_path, name):
   images = fx.images(2, size)
   error = fx.relative_error(fx.our_logits(loaded, images), fx.torch_logits(model, images))
   assert error <= fx.TOLERANCE, error
-  assert loaded.config.rope in ("dinov3", "eva")
+  assert loaded.config.rope in ("dinov3", "eva", "mixed")
 
 
 @pytest.mark.parametrize("name", ["vit_small_patch16_dinov3", "vit_small_plus_patch16_dinov3"])
@@ -110,6 +119,16 @@ FULL = [
   "eva02_large_patch14_224",
   "eva02_large_patch14_clip_224",
   "vit_base_patch16_rope_reg1_gap_256",
+  *(
+    f"vit_{size}_patch16_rope{kind}_224"
+    for size in ("small", "base", "large")
+    for kind in ("", "_ape", "_mixed", "_mixed_ape")
+  ),
+  "vit_pe_core_tiny_patch16_384",
+  "vit_pe_core_small_patch16_384",
+  "vit_pe_core_base_patch16_224",
+  "vit_pe_core_large_patch14_336",
+  "vit_pe_core_gigantic_patch14_448",
 ]
 
 
@@ -125,6 +144,8 @@ def test_full_size_parameter_count_equals_timms(name):
   args = timm_names.model_args(name)
   config, _ = timm_eva.read_eva(tensors, name, args, name)
   config.transformer.num_layers = args["depth"]
+  if config.norm_pre:  # PE: our patch embedding keeps its bias, timm's has none (read: 0)
+    want += config.hidden_size
   module = models.create_model(config, num_classes=full.num_classes)
   size = full.pretrained_cfg["input_size"][1]
   dummy = jax.ShapeDtypeStruct((1, size, size, 3), np.float32)
@@ -134,11 +155,13 @@ def test_full_size_parameter_count_equals_timms(name):
 
 
 def test_what_eva_py_holds_that_this_vit_does_not_compute_is_one_line_naming_it(tmp_path):
-  with pytest.raises(errors.CheckpointError, match=r"rope_grid_indexing='xy'"):
-    expressible.check_timm("vit_base_patch16_rope_224", "here")
+  with pytest.raises(errors.CheckpointError, match=r"qk_norm=True"):
+    expressible.check_timm("vit_base_patch16_sapiens2", "here")
   with pytest.raises(errors.CheckpointError, match=r"use_post_norm=True"):
     expressible.check_timm("eva02_enormous_patch14_clip_224", "here")
-  expressible.check_timm("vit_large_patch16_dinov3.lvd1689m", "here")  # expressible
+  for name in ("vit_large_patch16_dinov3.lvd1689m", "vit_base_patch16_rope_mixed_ape_224"):
+    expressible.check_timm(name, "here")  # expressible
+  expressible.check_timm("vit_pe_core_large_patch14_336.fb", "here")
   # An Eva state dict without its name: its rotary embedding is in no array.
   safetensors_torch.save_file(
     {"patch_embed.proj.weight": torch.zeros(8, 3, 2, 2), "blocks.0.gamma_1": torch.zeros(8)},
@@ -179,7 +202,13 @@ def test_named_variants_are_timms_architectures(ours, theirs):
 
 
 @pytest.mark.parametrize(
-  "name, crop", [("vit_small_patch16_dinov3", 32), ("eva02_tiny_patch14_224", 42)]
+  "name, crop",
+  [
+    ("vit_small_patch16_dinov3", 32),
+    ("eva02_tiny_patch14_224", 42),
+    ("vit_base_patch16_rope_mixed_224", 32),  # its learned frequencies trained as they are
+    ("vit_pe_core_tiny_patch16_384", 32),  # its table resized, the attention pool kept
+  ],
 )
 def test_finetunes_from_the_hub_folder_at_another_grid(
   tmp_path, name, crop, digits_dir, monkeypatch
@@ -213,13 +242,21 @@ def test_finetunes_from_the_hub_folder_at_another_grid(
   assert losses[-1] < losses[0], losses
 
 
-def test_predict_on_the_hub_folder_gives_timms_top1_and_probability(tmp_path):
+@pytest.mark.parametrize(
+  "name",
+  [
+    "vit_small_plus_patch16_dinov3",
+    "vit_large_patch16_rope_mixed_ape_224",
+    "vit_pe_core_tiny_patch16_384",
+  ],
+)
+def test_predict_on_the_hub_folder_gives_timms_top1_and_probability(tmp_path, name):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   from vit_jax import predict  # pylint: disable=g-import-not-at-top
 
-  model, loaded = _hub_folder(tmp_path, "vit_small_plus_patch16_dinov3")
-  size = TINY["vit_small_plus_patch16_dinov3"][2]
+  model, loaded = _hub_folder(tmp_path, name)
+  size = TINY[name][2]
   pixels = np.random.default_rng(4).integers(0, 256, (size, size, 3), dtype=np.uint8)
   path = str(tmp_path / "image.png")
   tf.io.write_file(path, tf.io.encode_png(pixels))
@@ -250,7 +287,10 @@ def test_a_half_precision_hub_file_loads_with_the_logits_of_its_stored_values(tm
   assert error <= fx.TOLERANCE, error
 
 
-@pytest.mark.parametrize("name", ["vit_small_plus_patch16_dinov3", "eva02_base_patch16_clip_224"])
+@pytest.mark.parametrize(
+  "name",
+  ["vit_small_plus_patch16_dinov3", "eva02_base_patch16_clip_224", "vit_pe_core_tiny_patch16_384"],
+)
 def test_the_export_command_writes_eva_that_reads_back_and_timm_rebuilds(tmp_path, name):
   """`python -m vit_jax.export --format=timm` of a rotary model writes timm's Eva (name and
   keyword arguments in timm_model.json); timm rebuilds it and this package reads it back,
@@ -271,6 +311,6 @@ def test_the_export_command_writes_eva_that_reads_back_and_timm_rebuilds(tmp_pat
   for got in (fx.torch_logits(rebuilt, images), fx.our_logits(again, images)):
     assert fx.relative_error(got, want) <= fx.TOLERANCE
   config = loaded.config.copy_and_resolve_references()
-  config.qkv_bias = "all"
-  with pytest.raises(errors.ConfigError, match="a key bias"):
+  config.activation = "quick_gelu"
+  with pytest.raises(errors.ConfigError, match="an activation other than the exact GELU"):
     timm_eva.model_spec(config, num_classes=5, image_size=(32, 32))

@@ -255,6 +255,18 @@ def _mlp_rows(ours: str, theirs: str) -> list[Row]:
   ]
 
 
+def map_head_rows(num_heads: int) -> list[Row]:
+  """Our ``MAPHead_0`` <-> timm's ``AttentionPoolLatent`` (latent, q, fused kv, proj, norm,
+  mlp) of ``num_heads`` heads: timm's ViT's and Eva's (Perception Encoder) alike."""
+  att = "MAPHead_0/MultiHeadDotProductAttention_0/"
+  return [
+    Row("MAPHead_0/probe", "attn_pool.latent"),
+    *_attention_rows(att, "attn_pool.", num_heads, ("key", "value")),
+    *rows("MAPHead_0/LayerNorm_0", "attn_pool.norm"),
+    *_mlp_rows("MAPHead_0/MlpBlock_0", "attn_pool.mlp"),
+  ]
+
+
 def vit_table(
   depth: int, num_heads: int, *, map_head: bool, resnet: Optional[tuple[tuple[int, ...], bool]]
 ) -> list[Row]:
@@ -282,26 +294,32 @@ def vit_table(
     table += _mlp_rows(ours + "MlpBlock_3", theirs + "mlp")
     table.append(Row(ours + "LayerScale_attention/scale", theirs + "ls1.gamma", **optional))
     table.append(Row(ours + "LayerScale_mlp/scale", theirs + "ls2.gamma", **optional))
-  if map_head:  # timm's AttentionPoolLatent (latent, q, fused kv, proj, norm, mlp)
-    att = "MAPHead_0/MultiHeadDotProductAttention_0/"
-    table.append(Row("MAPHead_0/probe", "attn_pool.latent"))
-    table += _attention_rows(att, "attn_pool.", num_heads, ("key", "value"))
-    table += rows("MAPHead_0/LayerNorm_0", "attn_pool.norm")
-    table += _mlp_rows("MAPHead_0/MlpBlock_0", "attn_pool.mlp")
+  if map_head:
+    table += map_head_rows(num_heads)
   if resnet is not None:
     table += _resnet_rows(*resnet)
   return table
 
 
+def fold_patch_bias(
+  flat: dict[str, np.ndarray], config: ml_collections.ConfigDict
+) -> dict[str, np.ndarray]:
+  """``flat`` as timm holds it with ``norm_pre`` (CLIP, PE: no patch bias): ours added to
+  the position rows of the patches, the same input to the norm."""
+  if not config.norm_pre:
+    return flat
+  flat = dict(flat)
+  posemb = flat[architecture.POSEMB].copy()
+  posemb[:, architecture.num_prefix_rows(config) :] += flat.pop("embedding/bias")
+  flat[architecture.POSEMB] = posemb
+  return flat
+
+
 def to_timm(params: Params, config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
   """timm's state dict (numpy, float32) of a per-layer parameter tree. timm's ViT with
   ``pre_norm`` has no patch bias: ours is added to the position rows of the patches."""
-  flat = tensor_table.flat_float32(params)
   config = models.with_family_defaults(config)
-  if config.norm_pre:
-    posemb = flat[architecture.POSEMB].copy()
-    posemb[:, architecture.num_prefix_rows(config) :] += flat.pop("embedding/bias")
-    flat[architecture.POSEMB] = posemb
+  flat = fold_patch_bias(tensor_table.flat_float32(params), config)
   resnet = config.get("resnet")
   units = None if resnet is None else tuple(resnet.num_layers)
   table = vit_table(
