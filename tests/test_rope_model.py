@@ -93,6 +93,7 @@ def test_the_shapes_tell_the_mlp_and_the_biases():
     ({"rope_grid_indexing": "yx"}, "grid_indexing='yx'"),
     ({"classifier": "map", "map_num_heads": 5}, "config.model.map_num_heads=5"),
     ({"classifier": "map", "map_mlp_dim": 0}, "config.model.map_mlp_dim=0"),
+    ({"fc_norm": True, "final_norm": False}, "the norm after pooling is the final norm"),
     ({"rope_ref_grid": 0}, "config.model.rope_ref_grid=0"),
     ({"posemb": "relative"}, "posemb != 'relative'"),
     ({"hidden_size": 36}, "head width divisible by 4"),

@@ -43,6 +43,9 @@ TINY = {
   # offset 1 rescaled to the pre-training grid beside a table, a norm before the blocks.
   "vit_pe_core_tiny_patch16_384": (24, 2, 48, {}),
   "vit_pe_core_gigantic_patch14_448": (128, 1, 28, {}),  # no class token, MLP 5.83x, pool 4x
+  # PE's spatial and language towers: no final norm, average pooling (LayerScale 0.1).
+  "vit_pe_spatial_tiny_patch16_512": (24, 1, 32, {}),
+  "vit_pe_lang_large_patch14_448": (128, 1, 28, {}),
 }
 
 
@@ -129,6 +132,11 @@ FULL = [
   "vit_pe_core_base_patch16_224",
   "vit_pe_core_large_patch14_336",
   "vit_pe_core_gigantic_patch14_448",
+  *(f"vit_pe_spatial_{size}_patch16_512" for size in ("tiny", "small", "base")),
+  "vit_pe_spatial_large_patch14_448",
+  "vit_pe_spatial_gigantic_patch14_448",
+  "vit_pe_lang_large_patch14_448",
+  "vit_pe_lang_gigantic_patch14_448",
 ]
 
 

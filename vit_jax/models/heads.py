@@ -11,7 +11,8 @@ Pooling (``classifier``):
     ``map_include_prefix``) to the class token too, with heads and MLP width of its own;
   * ``unpooled``: every token.
 The encoder's final norm comes before pooling; with ``fc_norm`` (timm's) the encoder has
-none and a LayerNorm named ``fc_norm`` follows the pooling instead.
+none and a LayerNorm named ``fc_norm`` follows the pooling instead; with ``final_norm``
+False there is neither (Perception Encoder's spatial and language towers).
 
 The functions declare their parameters on the calling module (`VisionTransformer`), so
 ``pre_logits``, ``head`` and ``fc_norm`` sit at its top level.

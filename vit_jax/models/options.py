@@ -79,9 +79,11 @@ def check_axial(axial: Any, num_prefix_tokens: int) -> None:
     )
 
 
-def check_fc_norm(fc_norm: bool, classifier: str) -> None:
+def check_fc_norm(fc_norm: bool, classifier: str, final_norm: Any = True) -> None:
   if not isinstance(fc_norm, bool):
     raise _bad("fc_norm", fc_norm, "True or False")
+  if fc_norm and final_norm is False:
+    raise _bad("fc_norm", fc_norm, "the norm after pooling is the final norm: final_norm=True")
   if fc_norm and classifier not in heads.POOLINGS:
     raise _bad(
       "fc_norm", fc_norm, f"the norm after pooling needs a pooling classifier {heads.POOLINGS}"
@@ -215,7 +217,7 @@ def _checks(c: Any) -> list[Callable[[], None]]:
     lambda: check_class_token(classifier, class_token),
     lambda: check_num_registers(registers),
     *(lambda key=key: check_flag(key, c.get(key)) for key in _flags(c)),
-    lambda: check_fc_norm(c.get("fc_norm"), classifier),
+    lambda: check_fc_norm(c.get("fc_norm"), classifier, c.get("final_norm", True)),
     lambda: check_activation(c.get("activation")),
     lambda: check_layer_norm_epsilon(c.get("layer_norm_epsilon")),
     lambda: check_layer_scale_init(c.get("layer_scale_init")),

@@ -129,6 +129,9 @@ class ModelSettings:
   posemb_patches_only: bool = False  # timm's no_embed_class: no position rows for the prefix
   norm_pre: bool = False  # a LayerNorm before the blocks (CLIP)
   fc_norm: bool = False  # the final LayerNorm after pooling instead of before (timm's)
+  # False: no final LayerNorm at all, before pooling or after (Perception Encoder's spatial
+  # and language towers: timm's use_post_transformer_norm=False, use_fc_norm=False).
+  final_norm: bool = True
   layer_scale_init: Optional[float] = None  # None: no LayerScale (DINOv2: 1e-5)
   layer_norm_epsilon: float = layers.LAYER_NORM_EPSILON
   # Rotary position embeddings of the queries and keys (`rope.KINDS`: 'eva' for EVA-02, PE

@@ -10,6 +10,7 @@
     registers                            [1, R, D]       register tokens
     .../LayerScale_attention/scale       LayerScale (its init, unknowable, set to DINOv2's)
     Transformer/norm_pre, fc_norm        CLIP's norm before the blocks; the norm after pooling
+    Transformer/encoder_norm             absent (and no fc_norm): no final norm (PE spatial)
     pre_logits/kernel                    [D, R]          representation size
     Transformer/posembed_input/...       'learn' [1, N, D] / 'learn_2d' tables: grid
     .../relative_embedding               [O, H, Dh]      'relative' (O = 2N - 1 (+ 3): grid)
@@ -220,6 +221,7 @@ def _read_family_options(config: ml_collections.ConfigDict, shapes: Shapes) -> N
     config.map_mlp_dim = mlp[-1]
   config.norm_pre = "Transformer/norm_pre/scale" in shapes
   config.fc_norm = "fc_norm/scale" in shapes
+  config.final_norm = config.fc_norm or "Transformer/encoder_norm/scale" in shapes
   block = _block_shapes(shapes)[1]
   if _LAYER_SCALE in block:
     config.layer_scale_init = LAYER_SCALE_INIT

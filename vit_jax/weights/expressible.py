@@ -27,7 +27,7 @@ TIMM_UNEXPRESSED = ((r"^naflexvit_", "NaFlexViT", "variable-resolution patch inp
 TIMM_EXPRESSED = r"^(vit|deit|deit3|flexivit|mixer|resnetv2|eva02|eva)_"
 TIMM_READ = (
   "vit_*, deit*, flexivit_*, mixer_*, resnetv2_* (BiT) and eva.py's DINOv3, EVA-02, "
-  "Perception Encoder (core) and RoPE-ViT"
+  "Perception Encoder and RoPE-ViT"
 )
 
 # transformers model types with what this package's ViT lacks.

@@ -103,6 +103,10 @@ def check_exportable(config: ml_collections.ConfigDict, num_classes: Optional[in
     problems.append(f"position embeddings {config.posemb!r} (timm: posemb='learn')")
   if timm_eva.is_eva(config):
     problems.append("RoPE, SwiGLU or q/k/v biases other than all (written as timm's Eva)")
+  if not config.get("final_norm", True):
+    problems.append("no final norm (timm's Eva writes Perception Encoder's spatial towers)")
+  if config.get("map_num_heads") or config.get("map_mlp_dim") or config.get("map_include_prefix"):
+    problems.append("a map head of its own heads, MLP or tokens (Perception Encoder's: Eva)")
   if config.get("axial", False):
     problems.append("Axial-ViT blocks (timm's ViT has one global attention per block)")
   if config.get("representation_size") is not None:

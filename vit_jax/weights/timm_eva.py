@@ -86,7 +86,7 @@ _COMPUTED: dict[str, Any] = {
   "init_values": lambda v: v is None or _number(v),
   "layer_norm_eps": _number,
   "use_fc_norm": (True, False, None),
-  "use_post_transformer_norm": (None,),
+  "use_post_transformer_norm": (None, False),  # False: PE spatial / language, no final norm
   "use_pre_transformer_norm": (True, False),
   "scale_attn_inner": (True, False),
 }
@@ -364,6 +364,7 @@ def model_spec(
     num_reg_tokens=config.num_registers,
     global_pool={v: k for k, v in POOLS.items()}[config.classifier],
     use_fc_norm=config.fc_norm,
+    use_post_transformer_norm=config.final_norm and not config.fc_norm,
     use_abs_pos_emb=config.posemb == "learn",
     no_embed_class=config.posemb_patches_only,
     init_values=config.layer_scale_init,
