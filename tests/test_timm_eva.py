@@ -185,27 +185,39 @@ NAMED = {
   "DINOv3-B_16": "vit_base_patch16_dinov3",
   "DINOv3-L_16": "vit_large_patch16_dinov3",
   "EVA02-B_14": "eva02_base_patch14_224",
+  "PE-Core-T_16": "vit_pe_core_tiny_patch16_384",
+  "PE-Core-S_16": "vit_pe_core_small_patch16_384",
+  "PE-Core-B_16": "vit_pe_core_base_patch16_224",
+  "PE-Core-L_14": "vit_pe_core_large_patch14_336",
+  "RoPE-ViT-S_16": "vit_small_patch16_rope_224",
+  "RoPE-ViT-B_16": "vit_base_patch16_rope_224",
+  "RoPE-ViT-L_16": "vit_large_patch16_rope_224",
+  "RoPE-Mixed-ViT-B_16": "vit_base_patch16_rope_mixed_224",
 }
 
 
 @pytest.mark.parametrize("ours, theirs", NAMED.items())
 def test_named_variants_are_timms_architectures(ours, theirs):
-  """Parameter counts at 224 with 1000 classes equal timm's (meta device), and the
-  options equal those read from timm's registered arguments."""
+  """Parameter counts at 224 with 1000 classes equal timm's (meta device; PE: + the patch
+  bias timm's has not), and the options equal those read from timm's registered arguments."""
   with torch.device("meta"):
-    full = timm.create_model(theirs, pretrained=False, num_classes=1000)
+    full = timm.create_model(theirs, pretrained=False, num_classes=1000, img_size=224)
     one = timm.create_model(theirs, pretrained=False, depth=1, num_classes=1000)
   module = models.create_model(models.get_model_config(ours), num_classes=1000)
   dummy = jax.ShapeDtypeStruct((1, 224, 224, 3), np.float32)
   shapes = jax.eval_shape(module.init, jax.random.key(0), dummy)["params"]
   got = sum(int(np.prod(s.shape)) for s in jax.tree_util.tree_leaves(nn.unbox(shapes)))
-  assert got == sum(p.numel() for p in full.parameters())
+  named = models.get_model_config(ours)
+  assert got == sum(p.numel() for p in full.parameters()) + named.norm_pre * named.hidden_size
   tensors = {k: np.zeros(v.shape, np.float32) for k, v in one.state_dict().items()}
   read, _ = timm_eva.read_eva(tensors, theirs, timm_names.model_args(theirs), theirs)
-  named = models.get_model_config(ours)
   for key in ("rope", "rope_temperature", "rope_rotate_half", "rope_ref_grid", "mlp", "mlp_norm"):
     assert read[key] == named[key], key
   for key in ("qkv_bias", "classifier", "num_registers", "layer_norm_epsilon", "fc_norm"):
+    assert read[key] == named[key], key
+  for key in ("rope_grid_indexing", "rope_grid_offset", "posemb", "norm_pre", "final_norm"):
+    assert read[key] == named[key], key
+  for key in ("map_num_heads", "map_mlp_dim", "map_include_prefix", "layer_scale_init"):
     assert read[key] == named[key], key
 
 
