@@ -104,16 +104,21 @@ def test_bad_values_are_one_error_naming_them(changes, fragment):
     models.model_settings(_config(**changes))
 
 
-@pytest.mark.parametrize("mlp", ["swiglu", "swiglu_fused"])
+@pytest.mark.parametrize("mlp", ["swiglu", "swiglu_fused", "mlp"])
 def test_tensor_parallel_shards_the_swiglu_hidden_units_and_the_heads(mlp):
+  """(The GELU MLP's case with mixed RoPE: its frequencies split by head as the queries.)"""
   block = "Transformer/encoderblock_0/"
-  first = "fc1_g" if mlp == "swiglu" else "fc1"
+  first = {"swiglu": "fc1_g", "swiglu_fused": "fc1", "mlp": "Dense_0"}[mlp]
+  attention = f"{block}MultiHeadDotProductAttention_1/"
   sharded = {
     f"{block}MlpBlock_3/{first}/kernel": 1,
-    f"{block}MlpBlock_3/fc2/kernel": 0,
-    f"{block}MultiHeadDotProductAttention_1/query/kernel": 1,
+    f"{block}MlpBlock_3/{'Dense_1' if mlp == 'mlp' else 'fc2'}/kernel": 0,
+    f"{attention}query/kernel": 1,
   }
-  model = models.create_model(_config(mlp, mlp_norm=mlp == "swiglu"), num_classes=5)
+  mixed = dict(rope="mixed", rope_rotate_half=False) if mlp == "mlp" else {}
+  if mixed:
+    sharded[f"{attention}rope_freqs"] = 1
+  model = models.create_model(_config(mlp, mlp_norm=mlp == "swiglu", **mixed), num_classes=5)
   fx.check_logical_axes(model, 32, "tensor_parallel", sharded)
 
 
