@@ -170,6 +170,9 @@ def test_what_eva_py_holds_that_this_vit_does_not_compute_is_one_line_naming_it(
   for name in ("vit_large_patch16_dinov3.lvd1689m", "vit_base_patch16_rope_mixed_ape_224"):
     expressible.check_timm(name, "here")  # expressible
   expressible.check_timm("vit_pe_core_large_patch14_336.fb", "here")
+  two_norms = dict(timm_names.model_args("eva02_tiny_patch14_224"), use_post_transformer_norm=True)
+  with pytest.raises(errors.CheckpointError, match="two final norms"):  # avg pool: fc_norm
+    timm_eva.read_eva({}, "eva02_tiny_patch14_224", two_norms, "here")
   # An Eva state dict without its name: its rotary embedding is in no array.
   safetensors_torch.save_file(
     {"patch_embed.proj.weight": torch.zeros(8, 3, 2, 2), "blocks.0.gamma_1": torch.zeros(8)},

@@ -36,6 +36,8 @@ MODULE = "eva"  # timm's module of these architectures (`timm_names.module`)
 # Eva's constructor defaults for the arguments read here (timm 1.0.31, `Eva.__init__`).
 DEFAULTS: dict[str, Any] = dict(
   global_pool="avg",
+  use_fc_norm=None,
+  use_post_transformer_norm=None,
   class_token=True,
   use_rot_pos_emb=False,
   rope_type="cat",
@@ -86,7 +88,7 @@ _COMPUTED: dict[str, Any] = {
   "init_values": lambda v: v is None or _number(v),
   "layer_norm_eps": _number,
   "use_fc_norm": (True, False, None),
-  "use_post_transformer_norm": (None, False),  # False: PE spatial / language, no final norm
+  "use_post_transformer_norm": (None, True, False),  # False: PE spatial / language
   "use_pre_transformer_norm": (True, False),
   "scale_attn_inner": (True, False),
 }
@@ -246,6 +248,12 @@ def read_eva(
       "(architecture, model_args with num_heads) next to the .safetensors file."
     )
   pool = args["global_pool"]
+  fc_norm = pool == "avg" if args["use_fc_norm"] is None else args["use_fc_norm"]
+  if fc_norm and args["use_post_transformer_norm"]:
+    raise errors.CheckpointError(
+      f"{source}: timm's {timm_name!r} has use_post_transformer_norm=True beside a norm after "
+      "pooling (use_fc_norm), two final norms, which this ViT does not compute."
+    )
   heads = int(args["num_heads"])
   map_heads = (args["attn_pool_num_heads"] or heads) if pool == "map" else None
   params = from_timm(tensors, heads, source, map_heads)
