@@ -2,7 +2,7 @@
 
 Queries and keys of the patch tokens are rotated, pair of channels by pair of channels, by
 angles that grow with the patch's row and column; prefix tokens (class token, registers)
-are left as they are. Two kinds, each equal to timm's (`timm.layers.pos_embed_sincos`):
+are left as they are. Three kinds, each equal to timm's (`timm.layers.pos_embed_sincos`):
 
 - `EVA` (timm's ``RotaryEmbeddingCat`` with ``in_pixels=False``: EVA-02, Perception
   Encoder, Naver's axial RoPE-ViT): integer row/column indices (plus ``grid_offset``,
@@ -21,8 +21,9 @@ The first half of each angle table holds the row angles, the second the column a
 (``grid_indexing`` 'ij'); 'xy' (timm's ``rope_grid_indexing='xy'``: PE, RoPE-ViT) swaps
 them, columns first: the patches stay in row-major order either way.
 ``rotate_half`` chooses how channels pair up: channel i with i + head_dim / 2 (the "half"
-layout, GPT-NeoX / DINOv3) or channel 2i with 2i + 1 (interleaved, EVA-02). The tables are
-numpy constants of the grid, computed in float32 at trace time.
+layout, GPT-NeoX / DINOv3) or channel 2i with 2i + 1 (interleaved, EVA-02). The tables of
+the fixed kinds are numpy constants of the grid, computed in float32 at trace time; mixed
+RoPE's follow its parameter, in float32.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ import numpy as np
 from vit_jax import errors, models
 from vit_jax.aliases import Params
 from vit_jax.data.data_config import DataConfig
-from vit_jax.weights import architecture, tensor_table, timm_eva, timm_names
+from vit_jax.weights import architecture, tensor_table, timm_eva, timm_names, timm_rows
 from vit_jax.weights.tensor_table import Row, rows
 
 WEIGHTS = "model.safetensors"
@@ -236,41 +236,6 @@ def _resnet_rows(units: tuple[int, ...], stem: bool) -> list[Row]:
   return table
 
 
-def _attention_rows(ours: str, theirs: str, num_heads: int, fused: tuple[str, ...]) -> list[Row]:
-  """Our query/key/value/out <-> timm's attention: the ``fused`` ones (``qkv``: all three;
-  the MAP head's ``kv``: key and value) as parts of one array, ``q`` and ``proj`` apart."""
-  table = []
-  for name in ("query", "key", "value"):
-    key = f"{theirs}q" if name not in fused else f"{theirs}{'qkv' if len(fused) == 3 else 'kv'}"
-    part = (fused.index(name), len(fused)) if name in fused else None
-    table += [
-      Row(f"{ours}{name}/kernel", f"{key}.weight", tensor_table.heads_in(num_heads), part),
-      Row(f"{ours}{name}/bias", f"{key}.bias", tensor_table.heads_bias(num_heads), part),
-    ]
-  table.append(Row(f"{ours}out/kernel", f"{theirs}proj.weight", tensor_table.heads_out(num_heads)))
-  table.append(Row(f"{ours}out/bias", f"{theirs}proj.bias"))
-  return table
-
-
-def _mlp_rows(ours: str, theirs: str) -> list[Row]:
-  return [
-    *rows(f"{ours}/Dense_0", f"{theirs}.fc1", tensor_table.DENSE),
-    *rows(f"{ours}/Dense_1", f"{theirs}.fc2", tensor_table.DENSE),
-  ]
-
-
-def map_head_rows(num_heads: int) -> list[Row]:
-  """Our ``MAPHead_0`` <-> timm's ``AttentionPoolLatent`` (latent, q, fused kv, proj, norm,
-  mlp) of ``num_heads`` heads: timm's ViT's and Eva's (Perception Encoder) alike."""
-  att = "MAPHead_0/MultiHeadDotProductAttention_0/"
-  return [
-    Row("MAPHead_0/probe", "attn_pool.latent"),
-    *_attention_rows(att, "attn_pool.", num_heads, ("key", "value")),
-    *rows("MAPHead_0/LayerNorm_0", "attn_pool.norm"),
-    *_mlp_rows("MAPHead_0/MlpBlock_0", "attn_pool.mlp"),
-  ]
-
-
 def vit_table(
   depth: int, num_heads: int, *, map_head: bool, resnet: Optional[tuple[tuple[int, ...], bool]]
 ) -> list[Row]:
@@ -292,38 +257,24 @@ def vit_table(
   for i in range(depth):
     ours, theirs = f"Transformer/encoderblock_{i}/", f"blocks.{i}."
     att = ours + "MultiHeadDotProductAttention_1/"
-    table += _attention_rows(att, theirs + "attn.", num_heads, ("query", "key", "value"))
+    table += timm_rows.attention_rows(att, theirs + "attn.", num_heads, ("query", "key", "value"))
     table += rows(ours + "LayerNorm_0", theirs + "norm1")
     table += rows(ours + "LayerNorm_2", theirs + "norm2")
-    table += _mlp_rows(ours + "MlpBlock_3", theirs + "mlp")
+    table += timm_rows.mlp_rows(ours + "MlpBlock_3", theirs + "mlp")
     table.append(Row(ours + "LayerScale_attention/scale", theirs + "ls1.gamma", **optional))
     table.append(Row(ours + "LayerScale_mlp/scale", theirs + "ls2.gamma", **optional))
   if map_head:
-    table += map_head_rows(num_heads)
+    table += timm_rows.map_head_rows(num_heads)
   if resnet is not None:
     table += _resnet_rows(*resnet)
   return table
-
-
-def fold_patch_bias(
-  flat: dict[str, np.ndarray], config: ml_collections.ConfigDict
-) -> dict[str, np.ndarray]:
-  """``flat`` as timm holds it with ``norm_pre`` (CLIP, PE: no patch bias): ours added to
-  the position rows of the patches, the same input to the norm."""
-  if not config.norm_pre:
-    return flat
-  flat = dict(flat)
-  posemb = flat[architecture.POSEMB].copy()
-  posemb[:, architecture.num_prefix_rows(config) :] += flat.pop("embedding/bias")
-  flat[architecture.POSEMB] = posemb
-  return flat
 
 
 def to_timm(params: Params, config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
   """timm's state dict (numpy, float32) of a per-layer parameter tree. timm's ViT with
   ``pre_norm`` has no patch bias: ours is added to the position rows of the patches."""
   config = models.with_family_defaults(config)
-  flat = fold_patch_bias(tensor_table.flat_float32(params), config)
+  flat = timm_rows.fold_patch_bias(tensor_table.flat_float32(params), config)
   resnet = config.get("resnet")
   units = None if resnet is None else tuple(resnet.num_layers)
   table = vit_table(

@@ -28,8 +28,8 @@ from flax import traverse_util
 
 from vit_jax import errors, models
 from vit_jax.aliases import Params
-from vit_jax.models import options, vit_shapes
-from vit_jax.weights import tensor_table, timm_names
+from vit_jax.models import attention, options, vit_shapes
+from vit_jax.weights import tensor_table, timm_names, timm_rows
 from vit_jax.weights.tensor_table import Row, rows
 
 MODULE = "eva"  # timm's module of these architectures (`timm_names.module`)
@@ -111,6 +111,9 @@ def unsupported(args: dict[str, Any]) -> list[str]:
   return problems
 
 
+TIMM_FREQS = "rope.freqs"  # timm's mixed frequencies, [2, depth, H, Dh / 2]
+
+
 def _one_layer() -> tensor_table.Layout:
   """One layer's [2, H, Dh / 2] mixed frequencies <-> its [1, 2, H, Dh / 2] part of timm's
   ``rope.freqs`` held depth first (`_depth_first`), so that parts split the first axis."""
@@ -119,12 +122,9 @@ def _one_layer() -> tensor_table.Layout:
 
 def _depth_first(tensors: dict[str, Any], axes: tuple[int, ...]) -> dict[str, Any]:
   """``tensors`` with ``rope.freqs`` transposed by ``axes`` (its layer axis moved)."""
-  if MIXED_FREQS not in tensors:
+  if TIMM_FREQS not in tensors:
     return tensors
-  return {**tensors, MIXED_FREQS: np.ascontiguousarray(np.transpose(tensors[MIXED_FREQS], axes))}
-
-
-MIXED_FREQS = "rope.freqs"  # timm's mixed frequencies, [2, depth, H, Dh / 2]
+  return {**tensors, TIMM_FREQS: np.ascontiguousarray(np.transpose(tensors[TIMM_FREQS], axes))}
 
 
 def eva_table(
@@ -170,7 +170,7 @@ def eva_table(
       elif name != "key":  # EvaAttention has no key bias
         table.append(Row(f"{att}{name}/bias", bias, heads_bias, **optional))
     if mixed:
-      table.append(Row(f"{att}rope_freqs", MIXED_FREQS, _one_layer(), (i, depth)))
+      table.append(Row(att + attention.MIXED_FREQS, TIMM_FREQS, _one_layer(), (i, depth)))
     table.append(Row(att + "out/kernel", attn + "proj.weight", tensor_table.heads_out(num_heads)))
     table.append(Row(att + "out/bias", attn + "proj.bias"))
     table += rows(att + "norm", attn + "norm", **optional)  # scale_attn_inner
@@ -189,9 +189,7 @@ def eva_table(
     for a, b in layers:
       table += rows(mlp_ours + a, mlp_theirs + b, tensor_table.DENSE)
   if map_heads:
-    from vit_jax.weights import timm as timm_vit  # pylint: disable=g-import-not-at-top
-
-    table += timm_vit.map_head_rows(map_heads)
+    table += timm_rows.map_head_rows(map_heads)
   return table
 
 
@@ -218,7 +216,7 @@ def from_timm(
     fused_qkv=fused_qkv,
     mlp=mlp,
     key_bias=key_bias,
-    mixed=MIXED_FREQS in tensors,
+    mixed=TIMM_FREQS in tensors,
     map_heads=map_heads,
   )
   tensors = _depth_first(tensors, (1, 0, 2, 3))  # [depth, 2, H, Dh / 2]
@@ -409,10 +407,8 @@ def model_spec(
 
 def to_timm(params: Params, config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
   """timm's Eva state dict (numpy, float32, fused ``qkv``) of a per-layer parameter tree."""
-  from vit_jax.weights import timm as timm_vit  # pylint: disable=g-import-not-at-top
-
   config = models.with_family_defaults(config)
-  flat = timm_vit.fold_patch_bias(tensor_table.flat_float32(params), config)
+  flat = timm_rows.fold_patch_bias(tensor_table.flat_float32(params), config)
   t = config.transformer
   pool = config.classifier == "map"
   table = eva_table(
