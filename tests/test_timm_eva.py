@@ -122,15 +122,14 @@ FULL = [
   "eva02_large_patch14_224",
   "eva02_large_patch14_clip_224",
   "vit_base_patch16_rope_reg1_gap_256",
+  # RoPE-ViT and PE core: the rest are NAMED below (counted there at 224).
   *(
     f"vit_{size}_patch16_rope{kind}_224"
     for size in ("small", "base", "large")
-    for kind in ("", "_ape", "_mixed", "_mixed_ape")
+    for kind in ("_ape", "_mixed_ape")
   ),
-  "vit_pe_core_tiny_patch16_384",
-  "vit_pe_core_small_patch16_384",
-  "vit_pe_core_base_patch16_224",
-  "vit_pe_core_large_patch14_336",
+  "vit_small_patch16_rope_mixed_224",
+  "vit_large_patch16_rope_mixed_224",
   "vit_pe_core_gigantic_patch14_448",
   *(f"vit_pe_spatial_{size}_patch16_512" for size in ("tiny", "small", "base")),
   "vit_pe_spatial_large_patch14_448",
