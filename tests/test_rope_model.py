@@ -151,8 +151,9 @@ from vit_jax import models, sharding
 
 mesh = sharding.make_mesh({"data": 4, "model": 2})
 out = {}
-for mlp, impl in (("swiglu", None), ("swiglu_fused", "xla")):
-  config = _config(mlp, mlp_norm=mlp == "swiglu", attention_impl=impl)
+mixed = dict(rope="mixed", rope_rotate_half=False)
+for mlp, impl, extra in (("swiglu", None, {}), ("swiglu_fused", "xla", {}), ("mlp", "xla", mixed)):
+  config = _config(mlp, mlp_norm=mlp == "swiglu", attention_impl=impl, **extra)
   params = fx.random_tree(config, 3, 32)
   images = fx.images(8, 32)
   want = fx.logits(config, params, images, 3)
@@ -172,9 +173,10 @@ print(json.dumps(out))
 
 def test_tensor_parallel_heads_compute_the_same_model():
   """On 8 host devices, heads and SwiGLU hidden units split over a 'model' axis of 2: the
-  rotation is per head and channel pair, so the logits are the single device's."""
+  rotation is per head and channel pair (mixed RoPE's learned frequencies split by head
+  with the queries), so the logits are the single device's."""
   env = fresh_python.clean_env(XLA_FLAGS="--xla_force_host_platform_device_count=8")
   result = fresh_python.run_json(_TENSOR_PARALLEL, env, timeout=240)
-  for mlp in ("swiglu", "swiglu_fused"):
+  for mlp in ("swiglu", "swiglu_fused", "mlp"):
     assert result[mlp]["query_heads_per_device"] == 1  # 2 heads over 'model' = 2
     assert result[mlp]["error"] < 1e-5, result
