@@ -59,6 +59,13 @@ MODELS: dict[str, str] = {
   "dinov3_s16": "DINOv3-S_16",
   "dinov3_b16": "DINOv3-B_16",
   "dinov3_l16": "DINOv3-L_16",
+  "pe_core_t16": "PE-Core-T_16",
+  "pe_core_s16": "PE-Core-S_16",
+  "pe_core_b16": "PE-Core-B_16",
+  "rope_vit_s16": "RoPE-ViT-S_16",
+  "rope_vit_b16": "RoPE-ViT-B_16",
+  "rope_vit_l16": "RoPE-ViT-L_16",
+  "rope_mixed_b16": "RoPE-Mixed-ViT-B_16",
   # The paper's ResNet baselines (BiT ResNet-v2).
   **{
     f"bit_r{size}": f"BiT-R{size}"

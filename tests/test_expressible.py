@@ -56,15 +56,14 @@ def write_checkpoint(folder: str, config: dict) -> str:
 @pytest.mark.parametrize(
   "name,fragment",
   [
-    ("vit_pe_core_base_patch16_224", "(timm eva.py) has global_pool='map'"),
-    ("vit_base_patch16_rope_mixed_224.naver_in1k", "rope_type='mixed'"),
+    ("vit_base_patch16_sapiens2", "(timm eva.py) has attn_only_layer_scale=True"),
     ("eva02_enormous_patch14_clip_224", "use_post_norm=True"),
     ("naflexvit_base_patch16_gap", "is NaFlexViT (timm eva.py/naflexvit.py)"),
   ],
 )
 def test_a_timm_family_the_package_does_not_express_is_one_error(tmp_path, name, fragment):
   """Named in one line with what is missing: an eva.py name by each argument this ViT
-  does not compute (DINOv3 and EVA-02 are read: tests/test_timm_eva.py)."""
+  does not compute (DINOv3, EVA-02, PE and RoPE-ViT are read: tests/test_timm_eva.py)."""
   folder = write_checkpoint(str(tmp_path / "m"), {"architecture": name})
   for path in (folder, os.path.join(folder, "model.safetensors")):
     with pytest.raises(errors.CheckpointError) as raised:

@@ -52,7 +52,8 @@ TINY = "{tiny}"  # the tiny run's flags (tests/finished_run.py), with a fresh wo
 TIMM_REFUSED = {
   "dinov3": ("vit_small_patch16_dinov3", "does not fit the timm Eva its config names"),
   "eva02": ("eva02_base_patch14_224", "does not fit the timm Eva its config names"),
-  "pe": ("vit_pe_core_base_patch16_224", "(timm eva.py) has global_pool='map'"),
+  "pe": ("vit_pe_core_base_patch16_224", "this is not a timm Eva state dict"),
+  "sapiens": ("vit_base_patch16_sapiens2", "(timm eva.py) has attn_only_layer_scale=True"),
   "rope": ("vit_base_patch16_rope_reg1_gap_256", "does not fit the timm Eva its config names"),
   "naflex": ("naflexvit_base_patch16_gap", "is NaFlexViT"),
 }

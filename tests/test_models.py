@@ -53,6 +53,16 @@ PARAM_COUNTS = {
   "DINOv3-B_16": 86_410_216,
   "DINOv3-L_16": 304_104_424,
   "EVA02-B_14": 86_527_720,
+  # PE core (= timm's at 224 + the width, the patch bias timm's has not) and RoPE-ViT
+  # (= timm's): tests/test_timm_eva.py.
+  "PE-Core-T_16": 6_162_472,
+  "PE-Core-S_16": 23_825_512,
+  "PE-Core-B_16": 93_656_296,
+  "PE-Core-L_14": 316_801_000,
+  "RoPE-ViT-S_16": 21_984_232,
+  "RoPE-ViT-B_16": 86_434_792,
+  "RoPE-ViT-L_16": 304_174_056,
+  "RoPE-Mixed-ViT-B_16": 86_444_008,
   # The paper's other hybrids (Table 6) and its BiT ResNet baselines (= timm's
   # resnetv2_*_bit, tests/test_bit.py).
   "R50+ViT-B_32": 110_945_832,

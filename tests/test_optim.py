@@ -174,13 +174,16 @@ def test_bfloat16_momentum_dtype(name):
 
 
 @functools.lru_cache(maxsize=None)
-def _model_params(scan: bool):
-  """The `testing` model's boxed parameter tree, filled with distinct non-zero values.
+def _model_params(scan: bool, **changes):
+  """The `testing` model's boxed parameter tree (its config with ``changes``), filled with
+  distinct non-zero values.
 
   Tree, shapes and boxes come from the real model (via `jax.eval_shape`); the values are a
   deterministic ramp instead of a random init, which is slow eagerly on CPU.
   """
-  model = create_model(get_model_config("testing"), num_classes=10, scan=scan)
+  config = get_model_config("testing")
+  config.update(changes)
+  model = create_model(config, num_classes=10, scan=scan)
   abstract = jax.eval_shape(model.init, {"params": jax.random.PRNGKey(0)}, jnp.zeros((1, 8, 8, 3)))[
     "params"
   ]
@@ -204,7 +207,8 @@ def _expected_decay(path: str) -> bool:
 
 @pytest.mark.parametrize("scan", [False, True])
 def test_weight_decay_mask_on_model_tree(scan):
-  boxed = _model_params(scan)
+  """(With mixed RoPE: its learned frequencies are not decayed, as timm's.)"""
+  boxed = _model_params(scan, rope="mixed")
   mask = _flat(optim.weight_decay_mask(boxed))
   # Boxed and plain trees give the same plain mask.
   assert mask == _flat(optim.weight_decay_mask(nn.unbox(boxed)))
@@ -223,6 +227,7 @@ def test_weight_decay_mask_on_model_tree(scan):
   assert mask[f"{block}/LayerNorm_0/scale"] is False
   assert mask[f"{block}/MultiHeadDotProductAttention_1/query/bias"] is False
   assert mask[f"{block}/MlpBlock_3/Dense_1/kernel"] is True
+  assert mask[f"{block}/MultiHeadDotProductAttention_1/rope_freqs"] is False
   if scan:  # a stacked norm scale is 2-D and a stacked bias 3-D, yet not decayed
     plain = _flat(nn.unbox(boxed))
     assert plain[f"{block}/LayerNorm_0/scale"].ndim == 2

@@ -34,6 +34,20 @@ def _config(mlp: str = "swiglu", **changes):
     ("swiglu", {}),
     ("swiglu_fused", {"rope": "eva", "rope_rotate_half": False}),
     ("mlp", {"attention_norm": True}),
+    # RoPE-ViT's learned mixed frequencies (a parameter per layer), columns first, with
+    # Perception Encoder's attention pooling over every token (its own heads and MLP).
+    (
+      "mlp",
+      {
+        "rope": "mixed",
+        "rope_rotate_half": False,
+        "rope_grid_indexing": "xy",
+        "classifier": "map",
+        "map_include_prefix": True,
+        "map_num_heads": 4,
+        "map_mlp_dim": 40,
+      },
+    ),
   ],
 )
 def test_every_path_computes_the_same_model(mlp, changes):
@@ -74,7 +88,12 @@ def test_the_shapes_tell_the_mlp_and_the_biases():
     ({"mlp": "geglu"}, "config.model.mlp='geglu'"),
     ({"mlp": "mlp", "mlp_norm": True}, "config.model.mlp_norm=True"),
     ({"qkv_bias": "k"}, "config.model.qkv_bias='k'"),
-    ({"rope": "mixed"}, "config.model.rope='mixed'"),
+    ({"rope": "alibi"}, "config.model.rope='alibi'"),
+    ({"rope": "mixed"}, "set rotate_half=False"),
+    ({"rope_grid_indexing": "yx"}, "grid_indexing='yx'"),
+    ({"classifier": "map", "map_num_heads": 5}, "config.model.map_num_heads=5"),
+    ({"classifier": "map", "map_mlp_dim": 0}, "config.model.map_mlp_dim=0"),
+    ({"fc_norm": True, "final_norm": False}, "the norm after pooling is the final norm"),
     ({"rope_ref_grid": 0}, "config.model.rope_ref_grid=0"),
     ({"posemb": "relative"}, "posemb != 'relative'"),
     ({"hidden_size": 36}, "head width divisible by 4"),
@@ -85,24 +104,32 @@ def test_bad_values_are_one_error_naming_them(changes, fragment):
     models.model_settings(_config(**changes))
 
 
-@pytest.mark.parametrize("mlp", ["swiglu", "swiglu_fused"])
+@pytest.mark.parametrize("mlp", ["swiglu", "swiglu_fused", "mlp"])
 def test_tensor_parallel_shards_the_swiglu_hidden_units_and_the_heads(mlp):
+  """(The GELU MLP's case with mixed RoPE: its frequencies split by head as the queries.)"""
   block = "Transformer/encoderblock_0/"
-  first = "fc1_g" if mlp == "swiglu" else "fc1"
+  first = {"swiglu": "fc1_g", "swiglu_fused": "fc1", "mlp": "Dense_0"}[mlp]
+  attention = f"{block}MultiHeadDotProductAttention_1/"
   sharded = {
     f"{block}MlpBlock_3/{first}/kernel": 1,
-    f"{block}MlpBlock_3/fc2/kernel": 0,
-    f"{block}MultiHeadDotProductAttention_1/query/kernel": 1,
+    f"{block}MlpBlock_3/{'Dense_1' if mlp == 'mlp' else 'fc2'}/kernel": 0,
+    f"{attention}query/kernel": 1,
   }
-  model = models.create_model(_config(mlp, mlp_norm=mlp == "swiglu"), num_classes=5)
+  mixed = dict(rope="mixed", rope_rotate_half=False) if mlp == "mlp" else {}
+  if mixed:
+    sharded[f"{attention}rope_freqs"] = 1
+  model = models.create_model(_config(mlp, mlp_norm=mlp == "swiglu", **mixed), num_classes=5)
   fx.check_logical_axes(model, 32, "tensor_parallel", sharded)
 
 
-@pytest.mark.parametrize("mlp", ["swiglu", "swiglu_fused"])
-def test_analytic_flops_are_within_3_percent_of_xlas(mlp):
+_PE_POOL = dict(classifier="map", map_include_prefix=True, map_num_heads=8, map_mlp_dim=512)
+
+
+@pytest.mark.parametrize("mlp, changes", [("swiglu", {}), ("swiglu_fused", _PE_POOL)])
+def test_analytic_flops_are_within_3_percent_of_xlas(mlp, changes):
   """SwiGLU's three products counted (the GELU MLP's count: tests/test_step_cost.py, whose
-  exact GELU XLA counts as a polynomial)."""
-  config = _config(mlp)
+  exact GELU XLA counts as a polynomial), and Perception Encoder's attention pooling."""
+  config = _config(mlp, **changes)
   config.hidden_size, config.transformer.num_heads, config.transformer.mlp_dim = 256, 4, 1024
   config.patches.size = (4, 4)
   model = models.create_model(config, num_classes=10)
@@ -124,8 +151,9 @@ from vit_jax import models, sharding
 
 mesh = sharding.make_mesh({"data": 4, "model": 2})
 out = {}
-for mlp, impl in (("swiglu", None), ("swiglu_fused", "xla")):
-  config = _config(mlp, mlp_norm=mlp == "swiglu", attention_impl=impl)
+mixed = dict(rope="mixed", rope_rotate_half=False)
+for mlp, impl, extra in (("swiglu", None, {}), ("swiglu_fused", "xla", {}), ("mlp", "xla", mixed)):
+  config = _config(mlp, mlp_norm=mlp == "swiglu", attention_impl=impl, **extra)
   params = fx.random_tree(config, 3, 32)
   images = fx.images(8, 32)
   want = fx.logits(config, params, images, 3)
@@ -145,9 +173,10 @@ print(json.dumps(out))
 
 def test_tensor_parallel_heads_compute_the_same_model():
   """On 8 host devices, heads and SwiGLU hidden units split over a 'model' axis of 2: the
-  rotation is per head and channel pair, so the logits are the single device's."""
+  rotation is per head and channel pair (mixed RoPE's learned frequencies split by head
+  with the queries), so the logits are the single device's."""
   env = fresh_python.clean_env(XLA_FLAGS="--xla_force_host_platform_device_count=8")
   result = fresh_python.run_json(_TENSOR_PARALLEL, env, timeout=240)
-  for mlp in ("swiglu", "swiglu_fused"):
+  for mlp in ("swiglu", "swiglu_fused", "mlp"):
     assert result[mlp]["query_heads_per_device"] == 1  # 2 heads over 'model' = 2
     assert result[mlp]["error"] < 1e-5, result

@@ -34,6 +34,18 @@ TINY = {
   "eva02_base_patch14_224": (96, 1, 42, {}),  # q/k/v_proj apart, SwiGLU with its LayerNorm
   "eva02_base_patch16_clip_224": (96, 1, 32, {}),  # + LayerNorm on the heads, class token
   "vit_base_patch16_rope_reg1_gap_256": (96, 1, 32, {}),  # GELU MLP, a register, no cls
+  # Naver's RoPE-ViT: AttentionRope (a key bias), columns first, temperature 100 ...
+  "vit_small_patch16_rope_224": (48, 1, 48, {}),
+  "vit_small_patch16_rope_ape_224": (48, 1, 32, {}),  # ... beside a table without cls rows
+  "vit_base_patch16_rope_mixed_224": (96, 2, 48, {}),  # learned frequencies per layer
+  "vit_large_patch16_rope_mixed_ape_224": (128, 1, 32, {}),
+  # Perception Encoder: attention pooling over every token, 8 heads of its own, RoPE at
+  # offset 1 rescaled to the pre-training grid beside a table, a norm before the blocks.
+  "vit_pe_core_tiny_patch16_384": (24, 2, 48, {}),
+  "vit_pe_core_gigantic_patch14_448": (128, 1, 28, {}),  # no class token, MLP 5.83x, pool 4x
+  # PE's spatial and language towers: no final norm, average pooling (LayerScale 0.1).
+  "vit_pe_spatial_tiny_patch16_512": (24, 1, 32, {}),
+  "vit_pe_lang_large_patch14_448": (128, 1, 28, {}),
 }
 
 
@@ -69,7 +81,7 @@ def test_import_gives_timms_logits(tmp_path, name):
   images = fx.images(2, size)
   error = fx.relative_error(fx.our_logits(loaded, images), fx.torch_logits(model, images))
   assert error <= fx.TOLERANCE, error
-  assert loaded.config.rope in ("dinov3", "eva")
+  assert loaded.config.rope in ("dinov3", "eva", "mixed")
 
 
 @pytest.mark.parametrize("name", ["vit_small_patch16_dinov3", "vit_small_plus_patch16_dinov3"])
@@ -110,6 +122,20 @@ FULL = [
   "eva02_large_patch14_224",
   "eva02_large_patch14_clip_224",
   "vit_base_patch16_rope_reg1_gap_256",
+  # RoPE-ViT and PE core: the rest are NAMED below (counted there at 224).
+  *(
+    f"vit_{size}_patch16_rope{kind}_224"
+    for size in ("small", "base", "large")
+    for kind in ("_ape", "_mixed_ape")
+  ),
+  "vit_small_patch16_rope_mixed_224",
+  "vit_large_patch16_rope_mixed_224",
+  "vit_pe_core_gigantic_patch14_448",
+  *(f"vit_pe_spatial_{size}_patch16_512" for size in ("tiny", "small", "base")),
+  "vit_pe_spatial_large_patch14_448",
+  "vit_pe_spatial_gigantic_patch14_448",
+  "vit_pe_lang_large_patch14_448",
+  "vit_pe_lang_gigantic_patch14_448",
 ]
 
 
@@ -125,6 +151,8 @@ def test_full_size_parameter_count_equals_timms(name):
   args = timm_names.model_args(name)
   config, _ = timm_eva.read_eva(tensors, name, args, name)
   config.transformer.num_layers = args["depth"]
+  if config.norm_pre:  # PE: our patch embedding keeps its bias, timm's has none (read: 0)
+    want += config.hidden_size
   module = models.create_model(config, num_classes=full.num_classes)
   size = full.pretrained_cfg["input_size"][1]
   dummy = jax.ShapeDtypeStruct((1, size, size, 3), np.float32)
@@ -134,11 +162,16 @@ def test_full_size_parameter_count_equals_timms(name):
 
 
 def test_what_eva_py_holds_that_this_vit_does_not_compute_is_one_line_naming_it(tmp_path):
-  with pytest.raises(errors.CheckpointError, match=r"rope_grid_indexing='xy'"):
-    expressible.check_timm("vit_base_patch16_rope_224", "here")
+  with pytest.raises(errors.CheckpointError, match=r"qk_norm=True"):
+    expressible.check_timm("vit_base_patch16_sapiens2", "here")
   with pytest.raises(errors.CheckpointError, match=r"use_post_norm=True"):
     expressible.check_timm("eva02_enormous_patch14_clip_224", "here")
-  expressible.check_timm("vit_large_patch16_dinov3.lvd1689m", "here")  # expressible
+  for name in ("vit_large_patch16_dinov3.lvd1689m", "vit_base_patch16_rope_mixed_ape_224"):
+    expressible.check_timm(name, "here")  # expressible
+  expressible.check_timm("vit_pe_core_large_patch14_336.fb", "here")
+  two_norms = dict(timm_names.model_args("eva02_tiny_patch14_224"), use_post_transformer_norm=True)
+  with pytest.raises(errors.CheckpointError, match="two final norms"):  # avg pool: fc_norm
+    timm_eva.read_eva({}, "eva02_tiny_patch14_224", two_norms, "here")
   # An Eva state dict without its name: its rotary embedding is in no array.
   safetensors_torch.save_file(
     {"patch_embed.proj.weight": torch.zeros(8, 3, 2, 2), "blocks.0.gamma_1": torch.zeros(8)},
@@ -154,32 +187,50 @@ NAMED = {
   "DINOv3-B_16": "vit_base_patch16_dinov3",
   "DINOv3-L_16": "vit_large_patch16_dinov3",
   "EVA02-B_14": "eva02_base_patch14_224",
+  "PE-Core-T_16": "vit_pe_core_tiny_patch16_384",
+  "PE-Core-S_16": "vit_pe_core_small_patch16_384",
+  "PE-Core-B_16": "vit_pe_core_base_patch16_224",
+  "PE-Core-L_14": "vit_pe_core_large_patch14_336",
+  "RoPE-ViT-S_16": "vit_small_patch16_rope_224",
+  "RoPE-ViT-B_16": "vit_base_patch16_rope_224",
+  "RoPE-ViT-L_16": "vit_large_patch16_rope_224",
+  "RoPE-Mixed-ViT-B_16": "vit_base_patch16_rope_mixed_224",
 }
 
 
 @pytest.mark.parametrize("ours, theirs", NAMED.items())
 def test_named_variants_are_timms_architectures(ours, theirs):
-  """Parameter counts at 224 with 1000 classes equal timm's (meta device), and the
-  options equal those read from timm's registered arguments."""
+  """Parameter counts at 224 with 1000 classes equal timm's (meta device; PE: + the patch
+  bias timm's has not), and the options equal those read from timm's registered arguments."""
   with torch.device("meta"):
-    full = timm.create_model(theirs, pretrained=False, num_classes=1000)
+    full = timm.create_model(theirs, pretrained=False, num_classes=1000, img_size=224)
     one = timm.create_model(theirs, pretrained=False, depth=1, num_classes=1000)
   module = models.create_model(models.get_model_config(ours), num_classes=1000)
   dummy = jax.ShapeDtypeStruct((1, 224, 224, 3), np.float32)
   shapes = jax.eval_shape(module.init, jax.random.key(0), dummy)["params"]
   got = sum(int(np.prod(s.shape)) for s in jax.tree_util.tree_leaves(nn.unbox(shapes)))
-  assert got == sum(p.numel() for p in full.parameters())
+  named = models.get_model_config(ours)
+  assert got == sum(p.numel() for p in full.parameters()) + named.norm_pre * named.hidden_size
   tensors = {k: np.zeros(v.shape, np.float32) for k, v in one.state_dict().items()}
   read, _ = timm_eva.read_eva(tensors, theirs, timm_names.model_args(theirs), theirs)
-  named = models.get_model_config(ours)
   for key in ("rope", "rope_temperature", "rope_rotate_half", "rope_ref_grid", "mlp", "mlp_norm"):
     assert read[key] == named[key], key
   for key in ("qkv_bias", "classifier", "num_registers", "layer_norm_epsilon", "fc_norm"):
     assert read[key] == named[key], key
+  for key in ("rope_grid_indexing", "rope_grid_offset", "posemb", "norm_pre", "final_norm"):
+    assert read[key] == named[key], key
+  for key in ("map_num_heads", "map_mlp_dim", "map_include_prefix", "layer_scale_init"):
+    assert read[key] == named[key], key
 
 
 @pytest.mark.parametrize(
-  "name, crop", [("vit_small_patch16_dinov3", 32), ("eva02_tiny_patch14_224", 42)]
+  "name, crop",
+  [
+    ("vit_small_patch16_dinov3", 32),
+    ("eva02_tiny_patch14_224", 42),
+    ("vit_base_patch16_rope_mixed_224", 32),  # its learned frequencies trained as they are
+    ("vit_pe_core_tiny_patch16_384", 32),  # its table resized, the attention pool kept
+  ],
 )
 def test_finetunes_from_the_hub_folder_at_another_grid(
   tmp_path, name, crop, digits_dir, monkeypatch
@@ -213,13 +264,21 @@ def test_finetunes_from_the_hub_folder_at_another_grid(
   assert losses[-1] < losses[0], losses
 
 
-def test_predict_on_the_hub_folder_gives_timms_top1_and_probability(tmp_path):
+@pytest.mark.parametrize(
+  "name",
+  [
+    "vit_small_plus_patch16_dinov3",
+    "vit_large_patch16_rope_mixed_ape_224",
+    "vit_pe_core_tiny_patch16_384",
+  ],
+)
+def test_predict_on_the_hub_folder_gives_timms_top1_and_probability(tmp_path, name):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   from vit_jax import predict  # pylint: disable=g-import-not-at-top
 
-  model, loaded = _hub_folder(tmp_path, "vit_small_plus_patch16_dinov3")
-  size = TINY["vit_small_plus_patch16_dinov3"][2]
+  model, loaded = _hub_folder(tmp_path, name)
+  size = TINY[name][2]
   pixels = np.random.default_rng(4).integers(0, 256, (size, size, 3), dtype=np.uint8)
   path = str(tmp_path / "image.png")
   tf.io.write_file(path, tf.io.encode_png(pixels))
@@ -250,7 +309,10 @@ def test_a_half_precision_hub_file_loads_with_the_logits_of_its_stored_values(tm
   assert error <= fx.TOLERANCE, error
 
 
-@pytest.mark.parametrize("name", ["vit_small_plus_patch16_dinov3", "eva02_base_patch16_clip_224"])
+@pytest.mark.parametrize(
+  "name",
+  ["vit_small_plus_patch16_dinov3", "eva02_base_patch16_clip_224", "vit_pe_core_tiny_patch16_384"],
+)
 def test_the_export_command_writes_eva_that_reads_back_and_timm_rebuilds(tmp_path, name):
   """`python -m vit_jax.export --format=timm` of a rotary model writes timm's Eva (name and
   keyword arguments in timm_model.json); timm rebuilds it and this package reads it back,
@@ -271,6 +333,6 @@ def test_the_export_command_writes_eva_that_reads_back_and_timm_rebuilds(tmp_pat
   for got in (fx.torch_logits(rebuilt, images), fx.our_logits(again, images)):
     assert fx.relative_error(got, want) <= fx.TOLERANCE
   config = loaded.config.copy_and_resolve_references()
-  config.qkv_bias = "all"
-  with pytest.raises(errors.ConfigError, match="a key bias"):
+  config.activation = "quick_gelu"
+  with pytest.raises(errors.ConfigError, match="an activation other than the exact GELU"):
     timm_eva.model_spec(config, num_classes=5, image_size=(32, 32))

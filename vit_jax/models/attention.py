@@ -61,6 +61,8 @@ def _biased(y: jax.Array, bias: Optional[jax.Array]) -> jax.Array:
   return y if bias is None else y + bias
 
 
+MIXED_FREQS = "rope_freqs"  # mixed RoPE's parameter (timm's ``rope.freqs``, one layer's)
+
 # Sequence lengths a fused implementation needs: JAX's cuDNN attention differentiates only
 # even lengths (jax 0.10, `check_is_flash_attention`), and ViT-B/16 at 224 has 197 tokens.
 SEQUENCE_MULTIPLE: dict[str, int] = {"cudnn": 2}
@@ -110,7 +112,8 @@ class MultiHeadDotProductAttention(nn.Module):
   # logits are added to the content logits; they need the einsum path.
   relative: Optional[posemb_lib.RelativePositions] = None
   # Rotary position embeddings (`rope.RotaryPositions`), applied to the projected queries
-  # and keys on every path (as timm's EVA attention: before the scaling).
+  # and keys on every path (as timm's EVA attention: before the scaling); mixed RoPE's
+  # learned frequencies are this layer's parameter ``rope_freqs`` [2, H, Dh / 2].
   rotary: Optional[rope_lib.RotaryPositions] = None
   qkv_bias: str = options.QKV_BIAS_ALL  # `options.QKV_BIASES`
   # Epsilon of a LayerNorm ``norm`` on the merged heads before ``out`` (None: none; EVA-02
@@ -162,12 +165,18 @@ class MultiHeadDotProductAttention(nn.Module):
     ]
     w_out, b_out = Projection(2, (h, dh, d), (HEADS, KV, EMBED), (d,), (EMBED,), ex, name="out")()
 
+    freqs = None  # mixed RoPE's learned frequencies of this layer, [2, H, Dh / 2]
+    if self.rotary is not None and self.rotary.rope.kind == rope_lib.MIXED:
+      init = rope_lib.init_mixed_freqs(self.rotary.rope.temperature)
+      axes = (None, HEADS, None)
+      freqs = self.param(MIXED_FREQS, partitioned(init, axes), (2, h, dh // 2), ex.param_dtype)
+
     use_dropout = not deterministic and ex.attention_dropout_rate > 0.0
     need_weights = use_dropout or self.is_mutable_collection("intermediates")
     if (ex.attention_impl or EINSUM) != EINSUM and not need_weights and relative is None:
       q, k, v = (_biased(jnp.einsum("bnd,dhk->bnhk", x, w), b) for w, b in qkv)  # [B, N, H, Dh]
       if self.rotary is not None:
-        q, k = (self.rotary.rotate(t, heads_first=False) for t in (q, k))
+        q, k = (self.rotary.rotate(t, heads_first=False, freqs=freqs) for t in (q, k))
       multiple = SEQUENCE_MULTIPLE.get(ex.attention_impl, 1)
       y = padded_dot_product_attention(q, k, v, ex.attention_impl, multiple)
       out = self._out(y, w_out, b_out, heads_first=False)  # [B, N, D]
@@ -176,7 +185,7 @@ class MultiHeadDotProductAttention(nn.Module):
       _biased(jnp.einsum("bnd,dhk->bhnk", x, w), None if b is None else b[:, None]) for w, b in qkv
     )  # [B, H, N, Dh]
     if self.rotary is not None:
-      q, k = self.rotary.rotate(q), self.rotary.rotate(k)
+      q, k = self.rotary.rotate(q, freqs=freqs), self.rotary.rotate(k, freqs=freqs)
     q = q / jnp.sqrt(dh).astype(ex.dtype)
     logits = jnp.einsum("bhqd,bhkd->bhqk", q, k).astype(jnp.float32)  # [B, H, N, N]
     if relative is not None:  # the same scaled query against the offsets' embeddings

@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from vit_jax.models import options
+from vit_jax.models import heads, options
 from vit_jax.models import posemb as posemb_lib
 from vit_jax.models.settings import BitSettings, ModelSettings
 
@@ -99,6 +99,15 @@ def bit_activation_bytes(
   del model_config, image_size, images, compiler_rematerializes
 
 
+def map_head_macs(cfg: ModelSettings, tokens: int) -> int:
+  """Multiply-adds of the 'map' head (`heads.MAPHead`) over ``tokens`` tokens: the probe's
+  query, the tokens' keys and values, its one row of logits and weighted sum, the output
+  projection and the MLP (of ``map_mlp_dim``, else the encoder's width)."""
+  d = cfg.hidden_size
+  mlp_dim = cfg.map_mlp_dim or cfg.transformer.mlp_dim
+  return 2 * d * d + 2 * tokens * d * d + 2 * tokens * d + 2 * d * mlp_dim
+
+
 def vit_flops_per_image(
   model_config: ModelSettings,
   image_size: int,
@@ -109,11 +118,11 @@ def vit_flops_per_image(
   """FLOPs of a ViT's matrix products for one image, a hybrid's ResNet root included.
 
   Counts 2 FLOPs per multiply-add of the patch embedding, the attention projections, the
-  two attention products, the MLP (a SwiGLU's three products), the pre-logits and the
-  head; a hybrid adds its ResNet root's convolutions (`resnet_macs`) and embeds its
-  feature map's channels. A train step is 3x the forward pass (the backward pass computes
-  two products per forward one). Recomputation (remat) is not counted: this is the
-  model's count that MFU is defined on.
+  two attention products, the MLP (a SwiGLU's three products), the 'map' head
+  (`map_head_macs`), the pre-logits and the head; a hybrid adds its ResNet root's
+  convolutions (`resnet_macs`) and embeds its feature map's channels. A train step is 3x
+  the forward pass (the backward pass computes two products per forward one).
+  Recomputation (remat) is not counted: this is the model's count that MFU is defined on.
   """
   cfg = model_config
   if cfg.axial or cfg.posemb == posemb_lib.RELATIVE:
@@ -130,6 +139,8 @@ def vit_flops_per_image(
   mlp_products = 2 if cfg.mlp == options.MLP else 3
   per_layer = n * 4 * d * d + 2 * n * n * d + mlp_products * n * d * t.mlp_dim  # [N, D] tokens
   macs += t.num_layers * per_layer
+  if cfg.classifier == heads.MAP:
+    macs += map_head_macs(cfg, n if cfg.map_include_prefix else patches)
   width = d
   if cfg.representation_size:
     macs += d * cfg.representation_size

@@ -6,11 +6,13 @@ Pooling (``classifier``):
   * ``gap``: the mean of the patch tokens (prefix tokens excluded, as timm);
   * ``map``: multi-head attention pooling with a learned probe (big_vision's and SigLIP's
     ``MAPHead``; parameters ``MAPHead_0/{probe, MultiHeadDotProductAttention_0/{query,
-    key, value, out}, LayerNorm_0, MlpBlock_0}``, big_vision's names). As timm's
-    ``AttentionPoolLatent`` the probe attends to the patch tokens only;
+    key, value, out}, LayerNorm_0, MlpBlock_0}``, big_vision's names). As timm's ViT the
+    probe attends to the patch tokens only; as timm's Eva (Perception Encoder,
+    ``map_include_prefix``) to the class token too, with heads and MLP width of its own;
   * ``unpooled``: every token.
 The encoder's final norm comes before pooling; with ``fc_norm`` (timm's) the encoder has
-none and a LayerNorm named ``fc_norm`` follows the pooling instead.
+none and a LayerNorm named ``fc_norm`` follows the pooling instead; with ``final_norm``
+False there is neither (Perception Encoder's spatial and language towers).
 
 The functions declare their parameters on the calling module (`VisionTransformer`), so
 ``pre_logits``, ``head`` and ``fc_norm`` sit at its top level.
@@ -100,15 +102,22 @@ class MAPHead(nn.Module):
     return x[:, 0]  # [B, D]
 
 
-def pool(x: jax.Array, classifier: str, num_prefix: int, map_head: Optional[MAPHead]) -> jax.Array:
-  """[B, P + N, D] -> [B, D] (``unpooled``: unchanged), P the prefix tokens."""
+def pool(
+  x: jax.Array,
+  classifier: str,
+  num_prefix: int,
+  map_head: Optional[MAPHead],
+  map_skips: Optional[int] = None,
+) -> jax.Array:
+  """[B, P + N, D] -> [B, D] (``unpooled``: unchanged), P the prefix tokens; the MAP head
+  attends to the tokens after the first ``map_skips`` (None: the patches, P skipped)."""
   if classifier == TOKEN:
     return x[:, 0]
   if classifier == GAP:
     return jnp.mean(x[:, num_prefix:], axis=1)
   if classifier == MAP:
     assert map_head is not None
-    return map_head(x[:, num_prefix:])
+    return map_head(x[:, num_prefix if map_skips is None else map_skips :])
   if classifier == UNPOOLED:
     return x
   raise errors.ConfigError(f"Unknown classifier {classifier!r}; choose one of {CLASSIFIERS}.")

@@ -79,9 +79,11 @@ def check_axial(axial: Any, num_prefix_tokens: int) -> None:
     )
 
 
-def check_fc_norm(fc_norm: bool, classifier: str) -> None:
+def check_fc_norm(fc_norm: bool, classifier: str, final_norm: Any = True) -> None:
   if not isinstance(fc_norm, bool):
     raise _bad("fc_norm", fc_norm, "True or False")
+  if fc_norm and final_norm is False:
+    raise _bad("fc_norm", fc_norm, "the norm after pooling is the final norm: final_norm=True")
   if fc_norm and classifier not in heads.POOLINGS:
     raise _bad(
       "fc_norm", fc_norm, f"the norm after pooling needs a pooling classifier {heads.POOLINGS}"
@@ -143,7 +145,13 @@ def check_rope(c: Any) -> None:
     raise _bad("rope_temperature", temperature, "rope_temperature and rope_grid_offset are numbers")
   try:
     rope_lib.Rope(
-      kind, temperature, True, c.get("rope_grid_offset"), c.get("rope_normalize_coords")
+      kind,
+      temperature,
+      c.get("rope_rotate_half") is True,
+      c.get("rope_grid_offset"),
+      c.get("rope_normalize_coords"),
+      None if side is None else (side, side),
+      c.get("rope_grid_indexing"),
     )
   except errors.ConfigError as e:
     raise _bad("rope", kind, str(e)) from None
@@ -154,6 +162,18 @@ def check_rope(c: Any) -> None:
     raise _bad(
       "rope", kind, "RoPE is the attention's positions: set posemb != 'relative', axial=False"
     )
+
+
+def check_map_head(c: Any) -> None:
+  """The 'map' head's heads (dividing the width) and MLP width: None or whole numbers."""
+  heads_, mlp_dim, width = c.get("map_num_heads"), c.get("map_mlp_dim"), c.get("hidden_size")
+  for key, value in (("map_num_heads", heads_), ("map_mlp_dim", mlp_dim)):
+    if value is not None and (
+      not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1
+    ):
+      raise _bad(key, value, "None (the encoder's) or a whole number >= 1")
+  if heads_ is not None and isinstance(width, int) and width % heads_:
+    raise _bad("map_num_heads", heads_, f"the width {width} must divide into that many heads")
 
 
 def _rgb(value: Any) -> bool:
@@ -197,13 +217,14 @@ def _checks(c: Any) -> list[Callable[[], None]]:
     lambda: check_class_token(classifier, class_token),
     lambda: check_num_registers(registers),
     *(lambda key=key: check_flag(key, c.get(key)) for key in _flags(c)),
-    lambda: check_fc_norm(c.get("fc_norm"), classifier),
+    lambda: check_fc_norm(c.get("fc_norm"), classifier, c.get("final_norm", True)),
     lambda: check_activation(c.get("activation")),
     lambda: check_layer_norm_epsilon(c.get("layer_norm_epsilon")),
     lambda: check_layer_scale_init(c.get("layer_scale_init")),
     lambda: check_mlp(c.get("mlp"), c.get("mlp_norm")),
     lambda: check_qkv_bias(c.get("qkv_bias")),
     lambda: check_rope(c),
+    lambda: check_map_head(c),
     lambda: check_input_stats("input_mean", c.get("input_mean")),
     lambda: check_input_stats("input_std", c.get("input_std")),
   ]

@@ -129,16 +129,26 @@ class ModelSettings:
   posemb_patches_only: bool = False  # timm's no_embed_class: no position rows for the prefix
   norm_pre: bool = False  # a LayerNorm before the blocks (CLIP)
   fc_norm: bool = False  # the final LayerNorm after pooling instead of before (timm's)
+  # False: no final LayerNorm at all, before pooling or after (Perception Encoder's spatial
+  # and language towers: timm's use_post_transformer_norm=False, use_fc_norm=False).
+  final_norm: bool = True
   layer_scale_init: Optional[float] = None  # None: no LayerScale (DINOv2: 1e-5)
   layer_norm_epsilon: float = layers.LAYER_NORM_EPSILON
-  # Rotary position embeddings of the queries and keys (`rope.KINDS`: 'eva' for EVA-02,
-  # 'dinov3'; None: none), beside the absolute table of ``posemb`` ('none' for DINOv3).
+  # Rotary position embeddings of the queries and keys (`rope.KINDS`: 'eva' for EVA-02, PE
+  # and RoPE-ViT's axial, 'dinov3', 'mixed' for RoPE-ViT's learned frequencies; None:
+  # none), beside the absolute table of ``posemb`` ('none' for DINOv3).
   rope: Optional[str] = None
   rope_temperature: float = rope_lib.TEMPERATURE
   rope_rotate_half: bool = False  # channel i pairs with i + Dh/2 (DINOv3), else 2i with 2i+1
   rope_grid_offset: float = rope_lib.Rope.grid_offset
   rope_normalize_coords: str = rope_lib.Rope.normalize_coords  # DINOv3's patch centres
   rope_ref_grid: Optional[int] = None  # EVA: the pre-training grid's side (EVA-02-B/14: 16)
+  rope_grid_indexing: str = rope_lib.Rope.grid_indexing  # 'xy': columns first (PE, RoPE-ViT)
+  # The 'map' head (`heads.MAPHead`): its heads and MLP width (None: the encoder's), and
+  # whether its probe attends to the prefix tokens too (Perception Encoder) or the patches.
+  map_num_heads: Optional[int] = None
+  map_mlp_dim: Optional[int] = None
+  map_include_prefix: bool = False
   # `options.MLP_KINDS`: 'mlp' (Dense, GELU, Dense), 'swiglu' (split gate and value, timm's
   # fc1_g/fc1_x), 'swiglu_fused' (one fc1, gate first); ``mlp_norm``: EVA-02's LayerNorm on
   # a SwiGLU's hidden units.
@@ -233,6 +243,7 @@ class ModelSettings:
       grid_offset=self.rope_grid_offset,
       normalize_coords=self.rope_normalize_coords,
       ref_grid=None if side is None else (side, side),
+      grid_indexing=self.rope_grid_indexing,
     )
 
   def execution_options(self) -> execution.ExecutionOptions:

@@ -266,7 +266,43 @@ _EVA02 = dict(
   input_mean=CLIP_MEAN,
   input_std=CLIP_STD,
 )
+# Perception Encoder's core image towers (`vit_pe_core_*`): RoPE (columns first, offset 1,
+# rescaled to the pre-training grid) beside a learned table, a norm before the blocks, q/k/v
+# biases, attention pooling of every token with 8 heads of its own; the head is PE's
+# projection to the text space. Naver's RoPE-ViT (`vit_*_patch16_rope[_mixed]_224`): axial
+# RoPE (temperature 100) or learned mixed frequencies (10), LayerScale 1e-5, the class token.
+_PE_CORE = dict(
+  _LATER,
+  rope="eva",
+  rope_grid_offset=1.0,
+  rope_grid_indexing="xy",
+  classifier="map",
+  class_token=True,
+  map_num_heads=8,
+  map_include_prefix=True,
+  norm_pre=True,
+  layer_norm_epsilon=1e-5,
+)
+_ROPE_VIT = dict(
+  _LATER,
+  posemb="none",
+  rope="eva",
+  rope_temperature=100.0,
+  rope_grid_indexing="xy",
+  layer_scale_init=1e-5,
+  input_mean=IMAGENET_MEAN,
+  input_std=IMAGENET_STD,
+)
+_ROPE_MIXED = dict(_ROPE_VIT, rope="mixed", rope_temperature=10.0)
 for _name, _base, _changes in (
+  ("PE-Core-T_16", lambda: _vit("", 16, **_TI), dict(_PE_CORE, rope_ref_grid=24)),
+  ("PE-Core-S_16", lambda: _vit("", 16, **_S), dict(_PE_CORE, rope_ref_grid=24)),
+  ("PE-Core-B_16", lambda: _vit("", 16, **_B), dict(_PE_CORE, rope_ref_grid=14)),
+  ("PE-Core-L_14", lambda: _vit("", 14, **_L), dict(_PE_CORE, rope_ref_grid=24)),
+  ("RoPE-ViT-S_16", lambda: _vit("", 16, **_S), _ROPE_VIT),
+  ("RoPE-ViT-B_16", lambda: _vit("", 16, **_B), _ROPE_VIT),
+  ("RoPE-ViT-L_16", lambda: _vit("", 16, **_L), _ROPE_VIT),
+  ("RoPE-Mixed-ViT-B_16", lambda: _vit("", 16, **_B), _ROPE_MIXED),
   ("DINOv3-S_16", lambda: _vit("", 16, **_S), _DINOV3),
   ("DINOv3-B_16", lambda: _vit("", 16, **_B), _DINOV3),
   ("DINOv3-L_16", lambda: _vit("", 16, **_L), _DINOV3),

@@ -137,7 +137,8 @@ class Encoder(nn.Module):
   From ``config``: ``posemb_patches_only``, the position embeddings cover the patches, not
   the prefix tokens (timm's ``no_embed_class``); ``norm_pre``, a LayerNorm ``norm_pre``
   before the blocks (CLIP's); ``fc_norm``, no ``encoder_norm`` (the head normalises after
-  pooling); ``axial``, `AxialEncoderBlock`s on the grid (no prefix tokens).
+  pooling); ``final_norm`` False, no ``encoder_norm`` and no norm after pooling either;
+  ``axial``, `AxialEncoderBlock`s on the grid (no prefix tokens).
   """
 
   config: ModelSettings
@@ -201,7 +202,7 @@ class Encoder(nn.Module):
       for i in range(num_layers):
         layer_rate = tuple(r[i] for r in drop_path)
         x, _ = block_cls(name=f"encoderblock_{i}", **block_kwargs)(x, deterministic, *layer_rate)
-    return x if cfg.fc_norm else norm("encoder_norm")(x)
+    return x if cfg.fc_norm or not cfg.final_norm else norm("encoder_norm")(x)
 
 
 class VisionTransformer(nn.Module):
@@ -286,15 +287,18 @@ class VisionTransformer(nn.Module):
     if cfg.classifier == heads.MAP:
       t = cfg.transformer
       map_head = heads.MAPHead(
-        t.num_heads,
-        t.mlp_dim,
+        cfg.map_num_heads or t.num_heads,
+        cfg.map_mlp_dim or t.mlp_dim,
         cfg.gelu_approximate,
         cfg.activation,
         cfg.layer_norm_epsilon,
         ex,
         name=heads.MAP_HEAD,
       )
-    x = heads.pool(x, cfg.classifier, self.num_prefix_tokens, map_head)  # [B, D]
+    # Perception Encoder's probe attends to every token (timm's Eva), big_vision's and
+    # timm's ViT's to the patches.
+    skipped = 0 if cfg.classifier == heads.MAP and cfg.map_include_prefix else None
+    x = heads.pool(x, cfg.classifier, self.num_prefix_tokens, map_head, skipped)  # [B, D]
     if cfg.fc_norm:
       x = layers.layer_norm(heads.FC_NORM, cfg.layer_norm_epsilon, ex.dtype, ex.param_dtype)(x)
     if cfg.representation_size is not None:

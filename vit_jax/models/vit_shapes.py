@@ -5,10 +5,12 @@
     .../query/kernel                     [D, H, Dh]      heads
     .../MlpBlock_3/Dense_0/kernel        [D, M]          MLP width
     cls                                  present: classifier 'token', else 'gap'
-    MAPHead_0/...                        classifier 'map' (the class token then kept apart)
+    MAPHead_0/...                        classifier 'map' (the class token then kept apart;
+                                         its own heads and MLP width where they differ)
     registers                            [1, R, D]       register tokens
     .../LayerScale_attention/scale       LayerScale (its init, unknowable, set to DINOv2's)
     Transformer/norm_pre, fc_norm        CLIP's norm before the blocks; the norm after pooling
+    Transformer/encoder_norm             absent (and no fc_norm): no final norm (PE spatial)
     pre_logits/kernel                    [D, R]          representation size
     Transformer/posembed_input/...       'learn' [1, N, D] / 'learn_2d' tables: grid
     .../relative_embedding               [O, H, Dh]      'relative' (O = 2N - 1 (+ 3): grid)
@@ -48,6 +50,7 @@ _MLP = "MlpBlock_3/Dense_0/kernel"
 _SWIGLU = "MlpBlock_3/fc1_g/kernel"  # a split SwiGLU's gate [D, M]
 _SWIGLU_FUSED = "MlpBlock_3/fc1/kernel"  # a fused SwiGLU's gate and value [D, 2M]
 _ATTENTION = "MultiHeadDotProductAttention_1/"
+MAP_QUERY = "MAPHead_0/MultiHeadDotProductAttention_0/query/kernel"  # [D, H, Dh]
 AXIAL_ROW = "row/"  # inside an Axial-ViT block: its row half (then ``column/``)
 _RESNET_UNIT = re.compile(r"^block(\d+)/unit(\d+)/")
 _LAYER_SCALE = "LayerScale_attention/scale"  # inside a block
@@ -77,7 +80,7 @@ def architecture_key(model_config: Any) -> tuple:
 # `architecture_key` holds): the rest tell variants of one architecture apart.
 _NOT_IN_SHAPES = frozenset(
   {"stoch_depth", "head_bias_init", "axial", "class_token", "layer_norm_epsilon"}
-  | {"activation", "input_mean", "input_std"}
+  | {"activation", "input_mean", "input_std", "map_include_prefix"}
   | {f.name for f in dataclasses.fields(ModelSettings) if f.name.startswith("rope")}
 )
 
@@ -210,8 +213,15 @@ def _read_family_options(config: ml_collections.ConfigDict, shapes: Shapes) -> N
     config.classifier = "token" if config.classifier == "gap" else config.classifier
     config.class_token = True if config.classifier != "token" else None
   config.num_registers = shapes["registers"][1] if "registers" in shapes else 0
+  # The map head's own heads and MLP width where they differ from the encoder's (PE).
+  query, mlp = shapes.get(MAP_QUERY), shapes.get("MAPHead_0/MlpBlock_0/Dense_0/kernel")
+  if query is not None and len(query) == 3 and query[1] != config.transformer.num_heads:
+    config.map_num_heads = query[1]
+  if mlp is not None and mlp[-1] != config.transformer.mlp_dim:
+    config.map_mlp_dim = mlp[-1]
   config.norm_pre = "Transformer/norm_pre/scale" in shapes
   config.fc_norm = "fc_norm/scale" in shapes
+  config.final_norm = config.fc_norm or "Transformer/encoder_norm/scale" in shapes
   block = _block_shapes(shapes)[1]
   if _LAYER_SCALE in block:
     config.layer_scale_init = LAYER_SCALE_INIT

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import optax
 
 from vit_jax import errors
+from vit_jax.models.attention import MIXED_FREQS
 
 OPTIMIZERS: tuple[str, ...] = ("sgd", "adam", "adamw")
 DECAYS: tuple[str, ...] = ("cosine", "linear", "constant")
@@ -38,8 +39,8 @@ MOMENTUM_DTYPES: tuple[str, ...] = ("float32", "bfloat16")
 # Leaves never decayed unless config.optim.decay_all_params: biases and norm scales/offsets
 # (by leaf name, which also covers GroupNorm and the scanned [L, ...] stacks), position
 # embeddings (any path entry containing 'pos_embedding': learned 1-D and factorized 2-D)
-# and the class token.
-_NO_DECAY_LEAVES = ("bias", "scale", "cls")
+# the class token and mixed RoPE's learned frequencies (as timm's ``no_weight_decay``).
+_NO_DECAY_LEAVES = ("bias", "scale", "cls", MIXED_FREQS)
 _NO_DECAY_PATH_PART = "pos_embedding"
 
 

@@ -25,7 +25,10 @@ from vit_jax.weights import files, timm_eva, timm_names
 TIMM_UNEXPRESSED = ((r"^naflexvit_", "NaFlexViT", "variable-resolution patch inputs (NaFlex)"),)
 # timm families read (`timm_import`, `timm_mixer`, `timm_bit`, `timm_eva`).
 TIMM_EXPRESSED = r"^(vit|deit|deit3|flexivit|mixer|resnetv2|eva02|eva)_"
-TIMM_READ = "vit_*, deit*, flexivit_*, mixer_*, resnetv2_* (BiT) and eva.py's DINOv3 and EVA-02"
+TIMM_READ = (
+  "vit_*, deit*, flexivit_*, mixer_*, resnetv2_* (BiT) and eva.py's DINOv3, EVA-02, "
+  "Perception Encoder and RoPE-ViT"
+)
 
 # transformers model types with what this package's ViT lacks.
 TRANSFORMERS_UNEXPRESSED = {

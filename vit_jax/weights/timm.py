@@ -34,7 +34,7 @@ import numpy as np
 from vit_jax import errors, models
 from vit_jax.aliases import Params
 from vit_jax.data.data_config import DataConfig
-from vit_jax.weights import architecture, tensor_table, timm_eva, timm_names
+from vit_jax.weights import architecture, tensor_table, timm_eva, timm_names, timm_rows
 from vit_jax.weights.tensor_table import Row, rows
 
 WEIGHTS = "model.safetensors"
@@ -103,6 +103,10 @@ def check_exportable(config: ml_collections.ConfigDict, num_classes: Optional[in
     problems.append(f"position embeddings {config.posemb!r} (timm: posemb='learn')")
   if timm_eva.is_eva(config):
     problems.append("RoPE, SwiGLU or q/k/v biases other than all (written as timm's Eva)")
+  if not config.get("final_norm", True):
+    problems.append("no final norm (timm's Eva writes Perception Encoder's spatial towers)")
+  if config.get("map_num_heads") or config.get("map_mlp_dim") or config.get("map_include_prefix"):
+    problems.append("a map head of its own heads, MLP or tokens (Perception Encoder's: Eva)")
   if config.get("axial", False):
     problems.append("Axial-ViT blocks (timm's ViT has one global attention per block)")
   if config.get("representation_size") is not None:
@@ -232,29 +236,6 @@ def _resnet_rows(units: tuple[int, ...], stem: bool) -> list[Row]:
   return table
 
 
-def _attention_rows(ours: str, theirs: str, num_heads: int, fused: tuple[str, ...]) -> list[Row]:
-  """Our query/key/value/out <-> timm's attention: the ``fused`` ones (``qkv``: all three;
-  the MAP head's ``kv``: key and value) as parts of one array, ``q`` and ``proj`` apart."""
-  table = []
-  for name in ("query", "key", "value"):
-    key = f"{theirs}q" if name not in fused else f"{theirs}{'qkv' if len(fused) == 3 else 'kv'}"
-    part = (fused.index(name), len(fused)) if name in fused else None
-    table += [
-      Row(f"{ours}{name}/kernel", f"{key}.weight", tensor_table.heads_in(num_heads), part),
-      Row(f"{ours}{name}/bias", f"{key}.bias", tensor_table.heads_bias(num_heads), part),
-    ]
-  table.append(Row(f"{ours}out/kernel", f"{theirs}proj.weight", tensor_table.heads_out(num_heads)))
-  table.append(Row(f"{ours}out/bias", f"{theirs}proj.bias"))
-  return table
-
-
-def _mlp_rows(ours: str, theirs: str) -> list[Row]:
-  return [
-    *rows(f"{ours}/Dense_0", f"{theirs}.fc1", tensor_table.DENSE),
-    *rows(f"{ours}/Dense_1", f"{theirs}.fc2", tensor_table.DENSE),
-  ]
-
-
 def vit_table(
   depth: int, num_heads: int, *, map_head: bool, resnet: Optional[tuple[tuple[int, ...], bool]]
 ) -> list[Row]:
@@ -276,18 +257,14 @@ def vit_table(
   for i in range(depth):
     ours, theirs = f"Transformer/encoderblock_{i}/", f"blocks.{i}."
     att = ours + "MultiHeadDotProductAttention_1/"
-    table += _attention_rows(att, theirs + "attn.", num_heads, ("query", "key", "value"))
+    table += timm_rows.attention_rows(att, theirs + "attn.", num_heads, ("query", "key", "value"))
     table += rows(ours + "LayerNorm_0", theirs + "norm1")
     table += rows(ours + "LayerNorm_2", theirs + "norm2")
-    table += _mlp_rows(ours + "MlpBlock_3", theirs + "mlp")
+    table += timm_rows.mlp_rows(ours + "MlpBlock_3", theirs + "mlp")
     table.append(Row(ours + "LayerScale_attention/scale", theirs + "ls1.gamma", **optional))
     table.append(Row(ours + "LayerScale_mlp/scale", theirs + "ls2.gamma", **optional))
-  if map_head:  # timm's AttentionPoolLatent (latent, q, fused kv, proj, norm, mlp)
-    att = "MAPHead_0/MultiHeadDotProductAttention_0/"
-    table.append(Row("MAPHead_0/probe", "attn_pool.latent"))
-    table += _attention_rows(att, "attn_pool.", num_heads, ("key", "value"))
-    table += rows("MAPHead_0/LayerNorm_0", "attn_pool.norm")
-    table += _mlp_rows("MAPHead_0/MlpBlock_0", "attn_pool.mlp")
+  if map_head:
+    table += timm_rows.map_head_rows(num_heads)
   if resnet is not None:
     table += _resnet_rows(*resnet)
   return table
@@ -296,12 +273,8 @@ def vit_table(
 def to_timm(params: Params, config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
   """timm's state dict (numpy, float32) of a per-layer parameter tree. timm's ViT with
   ``pre_norm`` has no patch bias: ours is added to the position rows of the patches."""
-  flat = tensor_table.flat_float32(params)
   config = models.with_family_defaults(config)
-  if config.norm_pre:
-    posemb = flat[architecture.POSEMB].copy()
-    posemb[:, architecture.num_prefix_rows(config) :] += flat.pop("embedding/bias")
-    flat[architecture.POSEMB] = posemb
+  flat = timm_rows.fold_patch_bias(tensor_table.flat_float32(params), config)
   resnet = config.get("resnet")
   units = None if resnet is None else tuple(resnet.num_layers)
   table = vit_table(

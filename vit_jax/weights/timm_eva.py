@@ -1,14 +1,19 @@
-"""timm's `Eva` (timm's eva.py: DINOv3, EVA-02) <-> our parameters, numpy only: one table
+"""timm's `Eva` (eva.py: DINOv3, EVA-02, PE, RoPE-ViT) <-> our parameters, numpy only: one table
 of arrays (`eva_table`) read both ways, the reader of an Eva state dict with the arguments
 of its architecture name (`read_eva`), and the export's `timm_model.json` (`model_spec`).
 
 What an Eva computes and the arrays do not show is in its constructor arguments: the
-rotary embedding (``rope_type`` 'cat' is our 'eva' kind, 'dinov3' DINOv3's), pooling,
-LayerNorm epsilon, LayerScale init. timm's Eva has no key bias (``q_bias``/``v_bias``,
-our ``qkv_bias='qv'``), fuses ``qkv`` or keeps ``q_proj``/``k_proj``/``v_proj`` apart
-(both read), and builds its MLP from ``swiglu_mlp``, ``scale_mlp`` (EVA-02's inner norm)
-and ``swiglu_align_to`` (a split SwiGLU). The export fixes each of those by keyword, under
-a name whose registered LayerNorm has the model's epsilon.
+rotary embedding (``rope_type`` 'cat' is our 'eva' kind, 'dinov3' DINOv3's, 'mixed' the
+learned frequencies of Naver's RoPE-Mixed, ``rope.freqs`` [2, depth, H, Dh / 2] split into
+each layer's ``rope_freqs``; ``rope_grid_indexing``), pooling (``'map'``: Perception
+Encoder's attention pooling over every token, ``attn_pool_*`` its heads and MLP), LayerNorm
+epsilon, LayerScale init. timm's ``EvaAttention`` has no key bias (``q_bias``/``v_bias``,
+our ``qkv_bias='qv'``); its ``AttentionRope`` (``attn_type='rope'``: PE, RoPE-ViT) computes
+the same with a key bias in ``qkv.bias`` (our ``'all'``). Either fuses ``qkv`` or keeps
+``q_proj``/``k_proj``/``v_proj`` apart (both read), and builds its MLP from ``swiglu_mlp``,
+``scale_mlp`` (EVA-02's inner norm) and ``swiglu_align_to`` (a split SwiGLU). The export
+fixes each of those by keyword, under a name whose registered LayerNorm has the model's
+epsilon.
 """
 
 from __future__ import annotations
@@ -23,14 +28,16 @@ from flax import traverse_util
 
 from vit_jax import errors, models
 from vit_jax.aliases import Params
-from vit_jax.models import options, vit_shapes
-from vit_jax.weights import tensor_table
+from vit_jax.models import attention, options, vit_shapes
+from vit_jax.weights import tensor_table, timm_names, timm_rows
 from vit_jax.weights.tensor_table import Row, rows
 
 MODULE = "eva"  # timm's module of these architectures (`timm_names.module`)
 # Eva's constructor defaults for the arguments read here (timm 1.0.31, `Eva.__init__`).
 DEFAULTS: dict[str, Any] = dict(
   global_pool="avg",
+  use_fc_norm=None,
+  use_post_transformer_norm=None,
   class_token=True,
   use_rot_pos_emb=False,
   rope_type="cat",
@@ -39,13 +46,18 @@ DEFAULTS: dict[str, Any] = dict(
   rope_grid_offset=0.0,
   rope_grid_indexing="ij",
   ref_feat_shape=None,
+  attn_type="eva",
+  attn_pool_num_heads=None,
+  attn_pool_mlp_ratio=None,
   no_embed_class=False,
   init_values=None,
   layer_norm_eps=1e-6,  # timm's LayerNorm, Eva's default norm_layer
 )
-ROPE_KINDS = {"cat": "eva", "dinov3": "dinov3"}  # timm rope_type -> our rope kind
-POOLS = {"token": "token", "avg": "gap", "": "unpooled"}  # timm global_pool -> classifier
-_EPS_NAMES = {1e-5: "vit_small_patch16_dinov3", 1e-6: "eva02_tiny_patch14_224"}
+ROPE_KINDS = {"cat": "eva", "dinov3": "dinov3", "mixed": "mixed"}  # timm rope_type -> ours
+# timm global_pool -> classifier
+POOLS = {"token": "token", "avg": "gap", "map": "map", "": "unpooled"}
+ATTN_TYPES = ("eva", "rope")  # EvaAttention (no key bias), AttentionRope (qkv.bias)
+EPSILONS = (1e-5, 1e-6)  # the LayerNorm epsilons of timm's registered Eva architectures
 
 
 def _number(v: Any) -> bool:
@@ -67,13 +79,16 @@ _COMPUTED: dict[str, Any] = {
   "rope_temperature": _number,
   "rope_rotate_half": (True, False),
   "rope_grid_offset": _number,
-  "rope_grid_indexing": ("ij",),
+  "rope_grid_indexing": ("ij", "xy"),
+  "attn_type": ATTN_TYPES,
+  "attn_pool_num_heads": lambda v: v is None or (isinstance(v, int) and v > 0),
+  "attn_pool_mlp_ratio": lambda v: v is None or _number(v),
   "ref_feat_shape": _square,
   "no_embed_class": (True, False),
   "init_values": lambda v: v is None or _number(v),
   "layer_norm_eps": _number,
   "use_fc_norm": (True, False, None),
-  "use_post_transformer_norm": (None,),
+  "use_post_transformer_norm": (None, True, False),  # False: PE spatial / language
   "use_pre_transformer_norm": (True, False),
   "scale_attn_inner": (True, False),
 }
@@ -96,9 +111,36 @@ def unsupported(args: dict[str, Any]) -> list[str]:
   return problems
 
 
-def eva_table(depth: int, num_heads: int, *, fused_qkv: bool, mlp: str) -> list[Row]:
+TIMM_FREQS = "rope.freqs"  # timm's mixed frequencies, [2, depth, H, Dh / 2]
+
+
+def _one_layer() -> tensor_table.Layout:
+  """One layer's [2, H, Dh / 2] mixed frequencies <-> its [1, 2, H, Dh / 2] part of timm's
+  ``rope.freqs`` held depth first (`_depth_first`), so that parts split the first axis."""
+  return tensor_table.Layout(lambda f: f[None], lambda f: f[0])
+
+
+def _depth_first(tensors: dict[str, Any], axes: tuple[int, ...]) -> dict[str, Any]:
+  """``tensors`` with ``rope.freqs`` transposed by ``axes`` (its layer axis moved)."""
+  if TIMM_FREQS not in tensors:
+    return tensors
+  return {**tensors, TIMM_FREQS: np.ascontiguousarray(np.transpose(tensors[TIMM_FREQS], axes))}
+
+
+def eva_table(
+  depth: int,
+  num_heads: int,
+  *,
+  fused_qkv: bool,
+  mlp: str,
+  key_bias: bool = False,
+  mixed: bool = False,
+  map_heads: Optional[int] = None,
+) -> list[Row]:
   """Every array of a timm Eva of this layout, ours <-> timm's (the optional ones where a
-  model may lack them): ``fused_qkv``, one ``qkv`` or ``q/k/v_proj``; ``mlp`` our kind."""
+  model may lack them): ``fused_qkv``, one ``qkv`` or ``q/k/v_proj``; ``mlp`` our kind;
+  ``key_bias``, AttentionRope's biases (``qkv.bias``, a ``k_proj.bias``); ``mixed``, a layer's
+  part of ``rope.freqs`` (held depth first); ``map_heads``, the heads of an attention pool."""
   optional = dict(required=False)
   heads_in, heads_bias = tensor_table.heads_in(num_heads), tensor_table.heads_bias(num_heads)
   table = [
@@ -116,14 +158,19 @@ def eva_table(depth: int, num_heads: int, *, fused_qkv: bool, mlp: str) -> list[
     ours, theirs = f"Transformer/encoderblock_{i}/", f"blocks.{i}."
     att, attn = ours + "MultiHeadDotProductAttention_1/", theirs + "attn."
     for j, (name, short) in enumerate((("query", "q"), ("key", "k"), ("value", "v"))):
+      part = (j, 3) if fused_qkv else None
       if fused_qkv:
-        table.append(Row(f"{att}{name}/kernel", attn + "qkv.weight", heads_in, (j, 3)))
-        bias = f"{attn}{short}_bias"
+        table.append(Row(f"{att}{name}/kernel", attn + "qkv.weight", heads_in, part))
+        bias = attn + "qkv.bias" if key_bias else f"{attn}{short}_bias"
       else:
         table.append(Row(f"{att}{name}/kernel", f"{attn}{short}_proj.weight", heads_in))
         bias = f"{attn}{short}_proj.bias"
-      if name != "key":  # timm's Eva has no key bias
+      if key_bias:  # AttentionRope: every projection biased (or none)
+        table.append(Row(f"{att}{name}/bias", bias, heads_bias, part, required=False))
+      elif name != "key":  # EvaAttention has no key bias
         table.append(Row(f"{att}{name}/bias", bias, heads_bias, **optional))
+    if mixed:
+      table.append(Row(att + attention.MIXED_FREQS, TIMM_FREQS, _one_layer(), (i, depth)))
     table.append(Row(att + "out/kernel", attn + "proj.weight", tensor_table.heads_out(num_heads)))
     table.append(Row(att + "out/bias", attn + "proj.bias"))
     table += rows(att + "norm", attn + "norm", **optional)  # scale_attn_inner
@@ -141,22 +188,38 @@ def eva_table(depth: int, num_heads: int, *, fused_qkv: bool, mlp: str) -> list[
       layers = (("fc1", "fc1"), ("fc2", "fc2"))
     for a, b in layers:
       table += rows(mlp_ours + a, mlp_theirs + b, tensor_table.DENSE)
+  if map_heads:
+    table += timm_rows.map_head_rows(map_heads)
   return table
 
 
 _BLOCK = re.compile(r"^blocks\.(\d+)\.")
 
 
-def from_timm(tensors: dict[str, np.ndarray], num_heads: int, source: str) -> Params:
+def from_timm(
+  tensors: dict[str, np.ndarray], num_heads: int, source: str, map_heads: Optional[int] = None
+) -> Params:
   """Our per-layer parameter tree of a timm Eva state dict (its MLP told by its arrays:
-  ``fc1_g`` split SwiGLU; ``fc1`` twice ``fc2``'s input, a fused one; else the GELU MLP)."""
+  ``fc1_g`` split SwiGLU; ``fc1`` twice ``fc2``'s input, a fused one; else the GELU MLP;
+  AttentionRope's key bias and mixed RoPE's frequencies by theirs); ``map_heads``: the
+  heads of its attention pool (``global_pool='map'``)."""
   depth = 1 + max((int(m[1]) for k in tensors if (m := _BLOCK.match(k))), default=-1)
   fc1, fc2 = tensors.get("blocks.0.mlp.fc1.weight"), tensors.get("blocks.0.mlp.fc2.weight")
   mlp = options.SWIGLU if "blocks.0.mlp.fc1_g.weight" in tensors else options.MLP
   if fc1 is not None and fc2 is not None and fc1.shape[0] == 2 * fc2.shape[1]:
     mlp = options.SWIGLU_FUSED
   fused_qkv = "blocks.0.attn.qkv.weight" in tensors
-  table = eva_table(depth, num_heads, fused_qkv=fused_qkv, mlp=mlp)
+  key_bias = "blocks.0.attn.qkv.bias" in tensors or "blocks.0.attn.k_proj.bias" in tensors
+  table = eva_table(
+    depth,
+    num_heads,
+    fused_qkv=fused_qkv,
+    mlp=mlp,
+    key_bias=key_bias,
+    mixed=TIMM_FREQS in tensors,
+    map_heads=map_heads,
+  )
+  tensors = _depth_first(tensors, (1, 0, 2, 3))  # [depth, 2, H, Dh / 2]
   if "norm_pre.weight" in tensors and "patch_embed.proj.bias" not in tensors:
     tensors = {**tensors, "patch_embed.proj.bias": np.zeros(tensors["norm_pre.weight"].shape)}
   return tensor_table.from_torch(table, tensors, source, "Eva")
@@ -182,15 +245,24 @@ def read_eva(
       f"{source}: no head count for timm Eva {timm_name!r}: put timm's config.json "
       "(architecture, model_args with num_heads) next to the .safetensors file."
     )
-  params = from_timm(tensors, int(args["num_heads"]), source)
+  pool = args["global_pool"]
+  fc_norm = pool == "avg" if args["use_fc_norm"] is None else args["use_fc_norm"]
+  if fc_norm and args["use_post_transformer_norm"]:
+    raise errors.CheckpointError(
+      f"{source}: timm's {timm_name!r} has use_post_transformer_norm=True beside a norm after "
+      "pooling (use_fc_norm), two final norms, which this ViT does not compute."
+    )
+  heads = int(args["num_heads"])
+  map_heads = (args["attn_pool_num_heads"] or heads) if pool == "map" else None
+  params = from_timm(tensors, heads, source, map_heads)
   shapes = _shapes(params)
   config = vit_shapes.config_from_shapes(shapes, models.get_model_config("testing"), "none")
   has_cls = "cls" in shapes
-  pool = args["global_pool"]
   if pool == "token" and not has_cls:
     raise errors.CheckpointError(f"{source}: timm global_pool 'token' without a class token.")
   config.classifier = POOLS[pool]
   config.class_token = has_cls if config.classifier != "token" else None
+  config.map_include_prefix = pool == "map"  # Eva's attention pool sees every token
   config.posemb_patches_only = bool(args["no_embed_class"])
   config.layer_norm_epsilon = float(args["layer_norm_eps"])
   if config.layer_scale_init is not None and args["init_values"]:
@@ -203,6 +275,9 @@ def read_eva(
     config.rope_rotate_half = bool(args["rope_rotate_half"])
     config.rope_grid_offset = float(args["rope_grid_offset"])
     config.rope_ref_grid = None if ref is None or config.rope != "eva" else int(ref[0])
+    config.rope_grid_indexing = args["rope_grid_indexing"]
+    if config.rope == "mixed":  # timm's RotaryEmbeddingMixed reads neither
+      config.rope_grid_offset, config.rope_ref_grid = 0.0, None
   config.name = "custom"
   models.model_settings(config)  # every field checked
   return config, params
@@ -220,13 +295,13 @@ def is_eva(config: Any) -> bool:
 def check_exportable(config: ml_collections.ConfigDict, num_classes: Optional[int]) -> None:
   """One ConfigError listing what timm's Eva cannot represent of ``config``."""
   problems = []
-  if config.classifier not in ("token", "gap"):
-    problems.append(f"classifier {config.classifier!r} (timm's Eva: 'token' or 'gap')")
-  if config.qkv_bias == options.QKV_BIAS_ALL:
-    problems.append("a key bias (timm's Eva biases the query and value only: qkv_bias='qv')")
+  if config.classifier not in ("token", "gap", "map"):
+    problems.append(f"classifier {config.classifier!r} (timm's Eva: 'token', 'gap' or 'map')")
+  if config.classifier == "map" and not config.map_include_prefix and config.num_prefix_tokens:
+    problems.append("a map head over the patches only (timm's Eva's sees every token)")
   if config.posemb not in ("learn", "none"):
     problems.append(f"position embeddings {config.posemb!r} (timm's Eva: 'learn' or 'none')")
-  if config.layer_norm_epsilon not in _EPS_NAMES:
+  if config.layer_norm_epsilon not in EPSILONS:
     problems.append(f"LayerNorm epsilon {config.layer_norm_epsilon:g} (timm's Eva: 1e-5, 1e-6)")
   if (config.activation, config.gelu_approximate) != ("gelu", False):
     problems.append("an activation other than the exact GELU")
@@ -234,14 +309,35 @@ def check_exportable(config: ml_collections.ConfigDict, num_classes: Optional[in
     problems.append("DINOv3 coordinates normalised other than per axis")
   if config.representation_size is not None or config.resnet is not None or config.axial:
     problems.append("a representation layer, ResNet stem or Axial-ViT blocks")
-  if config.norm_pre:
-    problems.append("a norm before the blocks (timm's Eva then has no patch bias)")
+  if config.norm_pre and config.posemb != "learn":
+    problems.append("a norm before the blocks without a table (timm's Eva has no patch bias)")
   if not num_classes:
     problems.append("no classification head")
   if problems:
     raise errors.ConfigError(
       "This model cannot be exported to timm's Eva: " + "; ".join(problems) + "."
     )
+
+
+def _registered_name(epsilon: float, kwargs: dict[str, Any]) -> str:
+  """An Eva architecture registered with LayerNorm ``epsilon``, every argument one this
+  ViT computes, that leaves unset those ``kwargs`` sets to None (timm's create_model drops
+  None keywords: a registered LayerScale or reference grid would stay)."""
+  unset = [k for k, v in kwargs.items() if v is None]
+  for name in sorted(timm_names.names()):
+    args = {**DEFAULTS, **timm_names.model_args(name)}
+    if timm_names.module(name) == MODULE and args["layer_norm_eps"] == epsilon:
+      if not unsupported(args) and all(args.get(k) is None for k in unset):
+        return name
+  raise errors.ConfigError(
+    f"This model cannot be exported to timm's Eva: no architecture timm registers with "
+    f"LayerNorm epsilon {epsilon:g} leaves {', '.join(unset)} unset."
+  )
+
+
+def _mlp_ratio(hidden: int, width: int) -> float:
+  """timm's hidden width is int(width * ratio): a ratio that truncates to ``hidden``."""
+  return hidden / width if int(width * (hidden / width)) == hidden else (hidden + 0.5) / width
 
 
 def model_spec(
@@ -253,9 +349,8 @@ def model_spec(
   check_exportable(config, num_classes)
   t, d, patch = config.transformer, config.hidden_size, tuple(config.patches.size)
   module = models.create_model(config, num_classes=num_classes)
-  # timm's hidden width is int(d * mlp_ratio): a ratio that truncates to mlp_dim.
-  ratio = t.mlp_dim / d if int(d * (t.mlp_dim / d)) == t.mlp_dim else (t.mlp_dim + 0.5) / d
   rope = {v: k for k, v in ROPE_KINDS.items()}
+  pool = config.classifier == "map"
   side = config.rope_ref_grid
   kwargs = dict(
     img_size=list(image_size),
@@ -263,8 +358,9 @@ def model_spec(
     embed_dim=d,
     depth=t.num_layers,
     num_heads=t.num_heads,
-    mlp_ratio=ratio,
-    qkv_bias=config.qkv_bias == options.QKV_BIAS_QV,
+    mlp_ratio=_mlp_ratio(t.mlp_dim, d),
+    attn_type="rope" if config.qkv_bias == options.QKV_BIAS_ALL else "eva",
+    qkv_bias=config.qkv_bias != options.QKV_BIAS_NONE,
     qkv_fused=True,
     swiglu_mlp=config.mlp != options.MLP,
     scale_mlp=bool(config.mlp_norm),
@@ -274,6 +370,7 @@ def model_spec(
     num_reg_tokens=config.num_registers,
     global_pool={v: k for k, v in POOLS.items()}[config.classifier],
     use_fc_norm=config.fc_norm,
+    use_post_transformer_norm=config.final_norm and not config.fc_norm,
     use_abs_pos_emb=config.posemb == "learn",
     no_embed_class=config.posemb_patches_only,
     init_values=config.layer_scale_init,
@@ -282,9 +379,14 @@ def model_spec(
     rope_temperature=config.rope_temperature,
     rope_rotate_half=config.rope_rotate_half,
     rope_grid_offset=config.rope_grid_offset,
+    rope_grid_indexing=config.rope_grid_indexing,
+    use_pre_transformer_norm=config.norm_pre,
     ref_feat_shape=None if side is None else [side, side],
     num_classes=num_classes,
   )
+  if pool:
+    kwargs["attn_pool_num_heads"] = config.map_num_heads or t.num_heads
+    kwargs["attn_pool_mlp_ratio"] = _mlp_ratio(config.map_mlp_dim or t.mlp_dim, d)
   return {
     "architecture": (
       f"Eva: patch {'x'.join(map(str, patch))}, width {d}, depth {t.num_layers}, "
@@ -292,7 +394,7 @@ def model_spec(
       f"{num_classes} classes (model_name only picks timm's class and LayerNorm; kwargs set "
       "the rest)"
     ),
-    "model_name": _EPS_NAMES[config.layer_norm_epsilon],
+    "model_name": _registered_name(config.layer_norm_epsilon, kwargs),
     "kwargs": kwargs,
     "pretrained_cfg_overlay": {
       "num_classes": num_classes,
@@ -305,8 +407,17 @@ def model_spec(
 
 def to_timm(params: Params, config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
   """timm's Eva state dict (numpy, float32, fused ``qkv``) of a per-layer parameter tree."""
-  flat = tensor_table.flat_float32(params)
   config = models.with_family_defaults(config)
+  flat = timm_rows.fold_patch_bias(tensor_table.flat_float32(params), config)
   t = config.transformer
-  table = eva_table(t.num_layers, t.num_heads, fused_qkv=True, mlp=config.mlp)
-  return tensor_table.to_torch(table, flat)
+  pool = config.classifier == "map"
+  table = eva_table(
+    t.num_layers,
+    t.num_heads,
+    fused_qkv=True,
+    mlp=config.mlp,
+    key_bias=config.qkv_bias == options.QKV_BIAS_ALL,
+    mixed=config.rope == "mixed",
+    map_heads=(config.map_num_heads or t.num_heads) if pool else None,
+  )
+  return _depth_first(tensor_table.to_torch(table, flat), (1, 0, 2, 3))  # [2, depth, H, Dh / 2]
