@@ -59,7 +59,8 @@ def write_checkpoint(folder: str, config: dict) -> str:
     ("vit_pe_core_base_patch16_224", "(timm eva.py) has global_pool='map'"),
     ("vit_base_patch16_rope_mixed_224.naver_in1k", "rope_type='mixed'"),
     ("eva02_enormous_patch14_clip_224", "use_post_norm=True"),
-    ("naflexvit_base_patch16_gap", "is NaFlexViT (timm eva.py/naflexvit.py)"),
+    ("beit_base_patch16_224", "is BEiT (timm beit.py)"),
+    ("gmixer_24_224", "(timm mlp_mixer.py) has act_layer='SiLU'"),
   ],
 )
 def test_a_timm_family_the_package_does_not_express_is_one_error(tmp_path, name, fragment):

@@ -54,7 +54,7 @@ TIMM_REFUSED = {
   "eva02": ("eva02_base_patch14_224", "does not fit the timm Eva its config names"),
   "pe": ("vit_pe_core_base_patch16_224", "(timm eva.py) has global_pool='map'"),
   "rope": ("vit_base_patch16_rope_reg1_gap_256", "does not fit the timm Eva its config names"),
-  "naflex": ("naflexvit_base_patch16_gap", "is NaFlexViT"),
+  "naflex": ("naflexvit_base_patch16_map", "(timm naflexvit.py, read at a fixed grid) has"),
 }
 
 # (id, command, arguments, fragment of the one Error: line). `{tmp}` is the inputs'

@@ -214,22 +214,10 @@ def test_finetunes_from_the_hub_folder_at_another_grid(
 
 
 def test_predict_on_the_hub_folder_gives_timms_top1_and_probability(tmp_path):
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-  from vit_jax import predict  # pylint: disable=g-import-not-at-top
-
   model, loaded = _hub_folder(tmp_path, "vit_small_plus_patch16_dinov3")
   size = TINY["vit_small_plus_patch16_dinov3"][2]
-  pixels = np.random.default_rng(4).integers(0, 256, (size, size, 3), dtype=np.uint8)
-  path = str(tmp_path / "image.png")
-  tf.io.write_file(path, tf.io.encode_png(pixels))
   assert list(loaded.config.input_mean) == list(model.pretrained_cfg["mean"])  # recorded
-  classifier = predict.Classifier(loaded, (size, size))
-  prepared = classifier.prepare(path)[None]
-  ours = classifier.probabilities(prepared)
-  theirs = torch.softmax(torch.from_numpy(fx.torch_logits(model, prepared)), -1).numpy()
-  assert ours.argmax() == theirs.argmax()
-  assert np.abs(ours - theirs).max() <= 1e-4
+  fx.assert_predict_matches_timm(loaded, model, size, tmp_path)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

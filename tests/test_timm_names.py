@@ -5,7 +5,6 @@ names only the architecture reads as timm builds it, for every plain-ViT name of
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import pathlib
@@ -68,11 +67,7 @@ def timm():
 
 
 def _tool():
-  path = REPO_ROOT / "tools" / "timm_architectures.py"
-  spec = importlib.util.spec_from_file_location("timm_architectures", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return fx.repo_tool("timm_architectures")
 
 
 def test_the_table_is_what_the_installed_timm_registers(timm):
@@ -100,7 +95,7 @@ def _timm_settings(model) -> dict:
   block = model.blocks[0]
   act = block.mlp.act
   quick = type(act).__name__ == "QuickGELU"
-  norm = model.norm if not isinstance(model.norm, torch.nn.Identity) else model.fc_norm
+  norm = block.norm1
   pools = {"token": "token", "avg": "gap", "map": "map", "": "unpooled"}
   return dict(
     hidden_size=model.embed_dim,
@@ -113,6 +108,11 @@ def _timm_settings(model) -> dict:
     posemb_patches_only=model.no_embed_class,
     norm_pre=not isinstance(model.norm_pre, torch.nn.Identity),
     fc_norm=not isinstance(model.fc_norm, torch.nn.Identity),
+    final_norm=not isinstance(model.norm, torch.nn.Identity)
+    or model.fc_norm is not None
+    and not isinstance(model.fc_norm, torch.nn.Identity),
+    patch_bias=model.patch_embed.proj.bias is not None,
+    qkv_bias=block.attn.qkv.bias is not None,
     layer_norm_epsilon=norm.eps,
     activation="quick_gelu" if quick else "gelu",
     gelu_approximate=type(act).__name__ == "GELUTanh" or getattr(act, "approximate", "") == "tanh",
@@ -132,6 +132,9 @@ def _our_settings(config, has_class_token: bool) -> dict:
     posemb_patches_only=config.posemb_patches_only,
     norm_pre=config.norm_pre,
     fc_norm=config.fc_norm,
+    final_norm=config.final_norm,
+    patch_bias=config.patch_bias,
+    qkv_bias=config.qkv_bias == "all",
     layer_norm_epsilon=config.layer_norm_epsilon,
     activation=config.activation,
     gelu_approximate=config.gelu_approximate,
@@ -159,9 +162,13 @@ def test_an_architecture_name_alone_reads_as_timm_builds_it(timm, name):
   assert ours == _timm_settings(model)
 
 
-# Names the issue named, read from real timm files of one block at the registered width.
+# Names the issue named, read from real timm files of one block at the registered width
+# (SigLIP so400m/14 and SigLIP 2 so400m/16, betwixt, medium without q/k/v biases, mediumd,
+# InternViT-300M without a final norm, CLIP without a patch bias).
 REAL = ("vit_so400m_patch14_siglip_224", "vit_betwixt_patch16_reg4_gap_256")
 REAL += ("vit_medium_patch16_gap_256", "vit_base_patch16_clip_quickgelu_224")
+REAL += ("vit_so400m_patch16_siglip_256", "vit_mediumd_patch16_reg4_gap_256")
+REAL += ("vit_intern300m_patch14_448",)
 
 
 @pytest.mark.parametrize("name", REAL)
@@ -182,3 +189,4 @@ def test_a_hub_folder_naming_only_the_architecture_gives_timms_logits(timm, tmp_
   images = fx.images(2, size)
   error = fx.relative_error(fx.our_logits(loaded, images), fx.torch_logits(model, images))
   assert error <= fx.TOLERANCE, error
+  fx.assert_predict_matches_timm(loaded, model, size, tmp_path)  # the predict command's

@@ -128,6 +128,8 @@ class ModelSettings:
   class_token: Optional[bool] = None  # None: only with classifier='token'
   posemb_patches_only: bool = False  # timm's no_embed_class: no position rows for the prefix
   norm_pre: bool = False  # a LayerNorm before the blocks (CLIP)
+  patch_bias: bool = True  # the patch embedding's bias (timm's CLIP-style ViTs: none)
+  final_norm: bool = True  # the encoder's final LayerNorm (timm's final_norm=False: none)
   fc_norm: bool = False  # the final LayerNorm after pooling instead of before (timm's)
   layer_scale_init: Optional[float] = None  # None: no LayerScale (DINOv2: 1e-5)
   layer_norm_epsilon: float = layers.LAYER_NORM_EPSILON

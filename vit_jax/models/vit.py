@@ -137,7 +137,8 @@ class Encoder(nn.Module):
   From ``config``: ``posemb_patches_only``, the position embeddings cover the patches, not
   the prefix tokens (timm's ``no_embed_class``); ``norm_pre``, a LayerNorm ``norm_pre``
   before the blocks (CLIP's); ``fc_norm``, no ``encoder_norm`` (the head normalises after
-  pooling); ``axial``, `AxialEncoderBlock`s on the grid (no prefix tokens).
+  pooling), nor with ``final_norm`` False (InternViT's, RADIO's); ``axial``,
+  `AxialEncoderBlock`s on the grid (no prefix tokens).
   """
 
   config: ModelSettings
@@ -201,7 +202,7 @@ class Encoder(nn.Module):
       for i in range(num_layers):
         layer_rate = tuple(r[i] for r in drop_path)
         x, _ = block_cls(name=f"encoderblock_{i}", **block_kwargs)(x, deterministic, *layer_rate)
-    return x if cfg.fc_norm else norm("encoder_norm")(x)
+    return x if cfg.fc_norm or not cfg.final_norm else norm("encoder_norm")(x)
 
 
 class VisionTransformer(nn.Module):
@@ -267,7 +268,7 @@ class VisionTransformer(nn.Module):
         x, r.num_layers, r.width_factor, dtype=ex.dtype, param_dtype=ex.param_dtype
       )  # [B, H/s, W/s, C']
     x = embeddings.patch_embedding(
-      x, cfg.hidden_size, cfg.patches.size, ex.dtype, ex.param_dtype
+      x, cfg.hidden_size, cfg.patches.size, ex.dtype, ex.param_dtype, use_bias=cfg.patch_bias
     )  # [B, gh, gw, D]
     b, gh, gw, d = x.shape
     assert (gh, gw) == grid_hw, ((gh, gw), grid_hw)

@@ -34,6 +34,7 @@ import numpy as np
 from vit_jax import errors, models
 from vit_jax.aliases import Params
 from vit_jax.data.data_config import DataConfig
+from vit_jax.models import options
 from vit_jax.weights import architecture, tensor_table, timm_eva, timm_names
 from vit_jax.weights.tensor_table import Row, rows
 
@@ -102,7 +103,7 @@ def check_exportable(config: ml_collections.ConfigDict, num_classes: Optional[in
   if config.get("posemb", "learn") != "learn":
     problems.append(f"position embeddings {config.posemb!r} (timm: posemb='learn')")
   if timm_eva.is_eva(config):
-    problems.append("RoPE, SwiGLU or q/k/v biases other than all (written as timm's Eva)")
+    problems.append("RoPE, SwiGLU or a q and v bias without a key bias (written as timm's Eva)")
   if config.get("axial", False):
     problems.append("Axial-ViT blocks (timm's ViT has one global attention per block)")
   if config.get("representation_size") is not None:
@@ -115,6 +116,8 @@ def check_exportable(config: ml_collections.ConfigDict, num_classes: Optional[in
       f"ResNet stages {tuple(resnet.num_layers)} at width factor "
       f"{resnet.width_factor} (timm has {sorted(_HYBRID_NAMES)} at 1)"
     )
+  if config.get("fc_norm") and not config.get("final_norm", True):
+    problems.append("fc_norm without final_norm (timm's final_norm=False has no norm at all)")
   if not num_classes:
     problems.append("no classification head")
   if problems:
@@ -149,6 +152,8 @@ def model_spec(
     class_token=module.has_class_token,
     global_pool=POOLS[config.classifier],
     fc_norm=config.fc_norm,  # always: timm's default (None) means 'with average pooling'
+    qkv_bias=config.qkv_bias == options.QKV_BIAS_ALL,
+    final_norm=config.final_norm,
     act_layer=act_layer(config.activation, config.gelu_approximate),
     num_classes=num_classes,
   )
@@ -232,17 +237,23 @@ def _resnet_rows(units: tuple[int, ...], stem: bool) -> list[Row]:
   return table
 
 
-def _attention_rows(ours: str, theirs: str, num_heads: int, fused: tuple[str, ...]) -> list[Row]:
+def _attention_rows(
+  ours: str, theirs: str, num_heads: int, fused: tuple[str, ...], qkv_bias: bool = True
+) -> list[Row]:
   """Our query/key/value/out <-> timm's attention: the ``fused`` ones (``qkv``: all three;
-  the MAP head's ``kv``: key and value) as parts of one array, ``q`` and ``proj`` apart."""
+  the MAP head's ``kv``: key and value) as parts of one array, ``q`` and ``proj`` apart;
+  ``qkv_bias`` False: no query/key/value biases (timm's ``qkv_bias=False``)."""
   table = []
   for name in ("query", "key", "value"):
     key = f"{theirs}q" if name not in fused else f"{theirs}{'qkv' if len(fused) == 3 else 'kv'}"
     part = (fused.index(name), len(fused)) if name in fused else None
-    table += [
-      Row(f"{ours}{name}/kernel", f"{key}.weight", tensor_table.heads_in(num_heads), part),
-      Row(f"{ours}{name}/bias", f"{key}.bias", tensor_table.heads_bias(num_heads), part),
-    ]
+    table.append(
+      Row(f"{ours}{name}/kernel", f"{key}.weight", tensor_table.heads_in(num_heads), part)
+    )
+    if qkv_bias:
+      table.append(
+        Row(f"{ours}{name}/bias", f"{key}.bias", tensor_table.heads_bias(num_heads), part)
+      )
   table.append(Row(f"{ours}out/kernel", f"{theirs}proj.weight", tensor_table.heads_out(num_heads)))
   table.append(Row(f"{ours}out/bias", f"{theirs}proj.bias"))
   return table
@@ -256,10 +267,16 @@ def _mlp_rows(ours: str, theirs: str) -> list[Row]:
 
 
 def vit_table(
-  depth: int, num_heads: int, *, map_head: bool, resnet: Optional[tuple[tuple[int, ...], bool]]
+  depth: int,
+  num_heads: int,
+  *,
+  map_head: bool,
+  resnet: Optional[tuple[tuple[int, ...], bool]],
+  qkv_bias: bool = True,
 ) -> list[Row]:
   """Every array of a timm ViT (``resnet``: the hybrid's units per stage and whether its
-  root is timm's ``stem``), ours <-> timm's; the optional ones where a model may lack them."""
+  root is timm's ``stem``; ``qkv_bias`` False: the blocks' attention has none), ours <->
+  timm's; the optional ones where a model may lack them."""
   optional = dict(required=False)
   table = [
     Row("embedding/kernel", "patch_embed.proj.weight", tensor_table.CONV),
@@ -276,7 +293,8 @@ def vit_table(
   for i in range(depth):
     ours, theirs = f"Transformer/encoderblock_{i}/", f"blocks.{i}."
     att = ours + "MultiHeadDotProductAttention_1/"
-    table += _attention_rows(att, theirs + "attn.", num_heads, ("query", "key", "value"))
+    fused = ("query", "key", "value")
+    table += _attention_rows(att, theirs + "attn.", num_heads, fused, qkv_bias)
     table += rows(ours + "LayerNorm_0", theirs + "norm1")
     table += rows(ours + "LayerNorm_2", theirs + "norm2")
     table += _mlp_rows(ours + "MlpBlock_3", theirs + "mlp")
@@ -298,10 +316,13 @@ def to_timm(params: Params, config: ml_collections.ConfigDict) -> dict[str, np.n
   ``pre_norm`` has no patch bias: ours is added to the position rows of the patches."""
   flat = tensor_table.flat_float32(params)
   config = models.with_family_defaults(config)
-  if config.norm_pre:
+  bias = flat.pop("embedding/bias", None)
+  if config.norm_pre and bias is not None:
     posemb = flat[architecture.POSEMB].copy()
-    posemb[:, architecture.num_prefix_rows(config) :] += flat.pop("embedding/bias")
+    posemb[:, architecture.num_prefix_rows(config) :] += bias
     flat[architecture.POSEMB] = posemb
+  elif not config.norm_pre:  # timm's patch convolution has a bias unless pre_norm
+    flat["embedding/bias"] = np.zeros(config.hidden_size, np.float32) if bias is None else bias
   resnet = config.get("resnet")
   units = None if resnet is None else tuple(resnet.num_layers)
   table = vit_table(
@@ -309,6 +330,7 @@ def to_timm(params: Params, config: ml_collections.ConfigDict) -> dict[str, np.n
     config.transformer.num_heads,
     map_head="MAPHead_0/probe" in flat,
     resnet=None if units is None else (units, bool(units)),
+    qkv_bias=config.qkv_bias == options.QKV_BIAS_ALL,
   )
   return tensor_table.to_torch(table, flat)
 
@@ -339,18 +361,24 @@ def from_timm(tensors: dict[str, np.ndarray], num_heads: int, source: str) -> Pa
   hybrid = any(k.startswith(_BACKBONE) for k in tensors)
   resnet = (tuple(units[s] for s in sorted(units)), _BACKBONE + "stem.conv.weight" in tensors)
   table = vit_table(
-    depth, num_heads, map_head="attn_pool.latent" in tensors, resnet=resnet if hybrid else None
+    depth,
+    num_heads,
+    map_head="attn_pool.latent" in tensors,
+    resnet=resnet if hybrid else None,
+    qkv_bias=depth == 0 or "blocks.0.attn.qkv.bias" in tensors,  # timm's qkv_bias=False: none
   )
   return tensor_table.from_torch(table, _zero_biases(table, tensors), source, "ViT")
 
 
 def _zero_biases(table: list[Row], tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-  """``tensors`` with zeros for each bias timm left out beside its weight (CLIP's patch
-  embedding; ``qkv_bias=False``, ``proj_bias=False``): the same computation."""
+  """``tensors`` with zeros for each required bias timm left out beside its weight
+  (``proj_bias=False``): the same computation. An optional one (CLIP's patch embedding)
+  stays out, as in the model read."""
   tensors = dict(tensors)
   for row in table:
     weight = row.theirs.removesuffix("bias") + "weight"
-    if row.theirs.endswith(".bias") and row.theirs not in tensors and weight in tensors:
+    missing = row.theirs not in tensors and weight in tensors
+    if row.required and row.theirs.endswith(".bias") and missing:
       tensors[row.theirs] = np.zeros(tensors[weight].shape[0], np.float32)
   return tensors
 

@@ -185,7 +185,16 @@ def read_eva(
   params = from_timm(tensors, int(args["num_heads"]), source)
   shapes = _shapes(params)
   config = vit_shapes.config_from_shapes(shapes, models.get_model_config("testing"), "none")
-  has_cls = "cls" in shapes
+  apply_args(config, args, "cls" in shapes, source)
+  return config, params
+
+
+def apply_args(
+  config: ml_collections.ConfigDict, args: dict[str, Any], has_cls: bool, source: str
+) -> None:
+  """What an Eva's arrays cannot say, from its arguments (``args``: every one of `DEFAULTS`
+  present): pooling, the table's prefix rows, LayerNorm epsilon, LayerScale init, the
+  activation and the rotary embedding; every field then checked."""
   pool = args["global_pool"]
   if pool == "token" and not has_cls:
     raise errors.CheckpointError(f"{source}: timm global_pool 'token' without a class token.")
@@ -205,15 +214,15 @@ def read_eva(
     config.rope_ref_grid = None if ref is None or config.rope != "eva" else int(ref[0])
   config.name = "custom"
   models.model_settings(config)  # every field checked
-  return config, params
 
 
 def is_eva(config: Any) -> bool:
-  """Whether a ViT config needs timm's Eva (RoPE, SwiGLU, no key bias) over its ViT."""
+  """Whether a ViT config needs timm's Eva (RoPE, SwiGLU, a q and v bias without a key
+  bias) over its ViT (which has q/k/v biases or none: ``qkv_bias=False``)."""
   return (
     config.get("rope") is not None
     or config.get("mlp", options.MLP) != options.MLP
-    or config.get("qkv_bias", options.QKV_BIAS_ALL) != options.QKV_BIAS_ALL
+    or config.get("qkv_bias", options.QKV_BIAS_ALL) == options.QKV_BIAS_QV
   )
 
 
