@@ -153,7 +153,10 @@ NAMED = {
   "DINOv3-S_16": "vit_small_patch16_dinov3",
   "DINOv3-B_16": "vit_base_patch16_dinov3",
   "DINOv3-L_16": "vit_large_patch16_dinov3",
+  "EVA02-Ti_14": "eva02_tiny_patch14_224",
+  "EVA02-S_14": "eva02_small_patch14_224",
   "EVA02-B_14": "eva02_base_patch14_224",
+  "EVA02-L_14": "eva02_large_patch14_224",
 }
 
 

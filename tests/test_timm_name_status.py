@@ -172,3 +172,27 @@ def test_the_full_size_name_has_timms_parameter_count(name):
   tool = _tool()
   count, classes = tool.timm_count(name)
   assert tool.our_count(name, classes) == count
+
+
+# Our SigLIP names -> timm's architecture of the same model (at 224, 1000 classes).
+NAMED = {
+  "SigLIP-So400m_14": "vit_so400m_patch14_siglip_224",
+  "SigLIP2-B_16": "vit_base_patch16_siglip_224",
+  "SigLIP2-So400m_16": "vit_so400m_patch16_siglip_256",
+}
+
+
+@pytest.mark.parametrize("ours, theirs", NAMED.items())
+def test_named_siglip_variants_are_timms_architectures(ours, theirs):
+  """The options equal what timm's name reads as (`vit_jax.create(theirs)`), the shape
+  too at 224; the count at 224 is timm's (tests/test_models.py pins it)."""
+  from vit_jax import models  # pylint: disable=g-import-not-at-top
+  from vit_jax.weights import timm_import  # pylint: disable=g-import-not-at-top
+
+  named, (read, _) = models.get_model_config(ours), timm_import.config_from_name(theirs)
+  keys = ("classifier", "class_token", "gelu_approximate", "activation", "hidden_size")
+  keys += ("layer_norm_epsilon", "qkv_bias", "patch_bias", "final_norm", "fc_norm")
+  for key in keys:
+    assert models.with_family_defaults(read)[key] == named[key], key
+  assert read.transformer.to_dict() == named.transformer.to_dict()
+  assert tuple(read.patches.size) == tuple(named.patches.size)
