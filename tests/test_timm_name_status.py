@@ -67,6 +67,9 @@ NAFLEX = {  # name -> its tiny model arguments (the stored table 4x4 patches)
   "naflexvit_base_patch16_gap": {},  # 4 registers, bicubic with antialiasing, fc_norm
   "naflexvit_base_patch16_siglip": {},  # bilinear, MAP head, tanh GELU
   "naflexvit_base_patch16_parfac_gap": {},  # factorised table, linear per axis
+  # RADIO: align_corners bilinear without antialiasing, class token + 7 registers, token
+  # pooling, no final norm.
+  "naflexvit_base_patch16_radio_v3": {},
 }
 
 

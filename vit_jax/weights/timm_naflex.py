@@ -47,8 +47,8 @@ _READ: dict[str, Any] = {
   "pos_embed": ("learned", "factorized"),
   "pos_embed_interp_mode": tuple(_METHODS),
   "pos_embed_antialias": (True, False),  # False: bilinear only (checked below)
-  "pos_embed_align_corners": (False,),
-  "final_norm": (True,),
+  "pos_embed_align_corners": (True, False),  # True: bilinear only (checked below)
+  "final_norm": (True, False),
   "global_pool": ("token", "avg", "map"),
   "act_layer": (None, "gelu", "gelu_tanh", "quick_gelu"),
   "pos_embed_ar_preserving": (True, False),  # a square grid either way
@@ -68,8 +68,11 @@ def unsupported(args: dict[str, Any]) -> list[str]:
     if key in _SHAPES or (accepted is not None and value in accepted):
       continue
     problems.append(f"{key}={value!r}")
-  if args.get("pos_embed_antialias") is False and args.get("pos_embed_interp_mode") == "bicubic":
+  bicubic = args.get("pos_embed_interp_mode") == "bicubic"
+  if args.get("pos_embed_antialias") is False and bicubic:
     problems.append("pos_embed_antialias=False with bicubic resampling")
+  if args.get("pos_embed_align_corners") and (bicubic or args.get("pos_embed_antialias")):
+    problems.append("pos_embed_align_corners=True other than bilinear without antialiasing")
   prefix = int(bool(args.get("class_token"))) + int(args.get("reg_tokens") or 0)
   if args.get("global_pool") == "map" and prefix:
     problems.append(f"global_pool='map' over the patches beside {prefix} prefix token(s)")
@@ -82,7 +85,9 @@ def vit_args(args: dict[str, Any]) -> dict[str, Any]:
   a = {**DEFAULTS, **args}
   out = {k: a[k] for k in ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio")}
   fc_norm = a["global_pool"] == "avg" if a["fc_norm"] is None else bool(a["fc_norm"])
+  fc_norm = fc_norm and bool(a["final_norm"])  # final_norm False: neither norm
   out.update(
+    final_norm=bool(a["final_norm"]),
     qkv_bias=a["qkv_bias"],
     class_token=a["class_token"],
     reg_tokens=a["reg_tokens"],
@@ -102,10 +107,28 @@ def stored_grid(args: dict[str, Any]) -> tuple[int, int]:
   return int(gh), int(gw)
 
 
-def _resize(table: np.ndarray, hw: tuple[int, int], method: str, antialias: bool) -> np.ndarray:
-  """A [h, w, D] table at ``hw``, as `F.interpolate` (align_corners False) computes."""
+def _align_corners(table: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
+  """A [h, w, D] table at ``hw`` by bilinear interpolation whose corner samples sit on the
+  corner cells (`F.interpolate(..., align_corners=True)`, no antialiasing): separable."""
+  out = np.asarray(table, np.float32)
+  for axis, n in enumerate(hw):
+    m = out.shape[axis]
+    src = np.arange(n) * ((m - 1) / (n - 1) if n > 1 else 0.0)  # [n] source positions
+    lo = np.clip(np.floor(src).astype(int), 0, m - 1)
+    hi = np.minimum(lo + 1, m - 1)
+    frac = (src - lo).astype(np.float32).reshape([-1 if i == axis else 1 for i in range(3)])
+    out = np.take(out, lo, axis) * (1 - frac) + np.take(out, hi, axis) * frac
+  return out
+
+
+def _resize(
+  table: np.ndarray, hw: tuple[int, int], method: str, antialias: bool, corners: bool = False
+) -> np.ndarray:
+  """A [h, w, D] table at ``hw``, as `F.interpolate` computes (``corners``: align_corners)."""
   if tuple(table.shape[:2]) == tuple(hw):
     return np.asarray(table, np.float32)
+  if corners:
+    return _align_corners(table, hw)
   out = jax.image.resize(
     jnp.asarray(table, jnp.float32), (*hw, table.shape[-1]), method=method, antialias=antialias
   )
@@ -125,7 +148,8 @@ def position_table(
   if "embeds.pos_embed" in tensors:
     table = np.asarray(tensors["embeds.pos_embed"], np.float32)[0]  # [gh, gw, D]
     method = _METHODS[a["pos_embed_interp_mode"]]
-    resized = _resize(table, size, method, bool(a["pos_embed_antialias"]))
+    antialias, corners = bool(a["pos_embed_antialias"]), bool(a["pos_embed_align_corners"])
+    resized = _resize(table, size, method, antialias, corners)
   elif "embeds.pos_embed_y" in tensors and "embeds.pos_embed_x" in tensors:
     y = np.asarray(tensors["embeds.pos_embed_y"], np.float32)[0]  # [gh, D]
     x = np.asarray(tensors["embeds.pos_embed_x"], np.float32)[0]  # [gw, D]
