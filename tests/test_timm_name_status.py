@@ -10,6 +10,7 @@ import json
 import pathlib
 import sys
 
+import numpy as np
 import pytest
 
 from tests import interop_fixtures as fx
@@ -199,3 +200,17 @@ def test_named_siglip_variants_are_timms_architectures(ours, theirs):
     assert models.with_family_defaults(read)[key] == named[key], key
   assert read.transformer.to_dict() == named.transformer.to_dict()
   assert tuple(read.patches.size) == tuple(named.patches.size)
+
+
+def test_a_naflexvit_folder_with_an_argument_not_computed_is_one_error_naming_it(tmp_path):
+  """The stored model_args are checked as the registered ones are (a rotary NaFlexViT)."""
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+
+  from vit_jax import errors  # pylint: disable=g-import-not-at-top
+
+  save_file({"embeds.proj.weight": np.zeros((8, 768), np.float32)}, tmp_path / "model.safetensors")
+  config = {"architecture": "naflexvit_base_patch16_gap", "model_args": {"pos_embed": "rope"}}
+  (tmp_path / "config.json").write_text(json.dumps(config))
+  with pytest.raises(errors.CheckpointError, match="pos_embed='rope'") as raised:
+    sources.load(str(tmp_path))
+  assert "\n" not in str(raised.value)

@@ -76,6 +76,7 @@ _COMPUTED: dict[str, Any] = {
   "use_post_transformer_norm": (None,),
   "use_pre_transformer_norm": (True, False),
   "scale_attn_inner": (True, False),
+  "in_chans": (3,),  # what timm.models.save_for_hf writes beside the arguments
 }
 # Arguments that only fix shapes the arrays show, or how timm runs.
 _FREE = {"embed_dim", "depth", "patch_size", "mlp_ratio", "img_size", "num_heads"}

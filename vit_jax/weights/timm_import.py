@@ -208,6 +208,11 @@ def _read_eva(tensors, timm_name, args, names, pretrained_cfg, source) -> tuple:
 def _read_naflex(tensors, timm_name, args, names, pretrained_cfg, source) -> tuple:
   """A NaFlexViT read as the ViT it is at its pretrained square input size (else at its
   stored table's grid): `timm_naflex`."""
+  problems = timm_naflex.unsupported({**timm_naflex.DEFAULTS, **args})  # stored ones too
+  if problems:
+    raise errors.CheckpointError(
+      f"{source}: timm NaFlexViT {timm_name!r} with {', '.join(problems)}: not computed here."
+    )
   stored = timm_naflex.stored_grid(args)
   patch = timm_naflex.vit_args(args)["patch_size"]
   size = _input_size(pretrained_cfg)

@@ -52,6 +52,7 @@ _READ: dict[str, Any] = {
   "global_pool": ("token", "avg", "map"),
   "act_layer": (None, "gelu", "gelu_tanh", "quick_gelu"),
   "pos_embed_ar_preserving": (True, False),  # a square grid either way
+  "in_chans": (3,),
 }
 # Fields that only fix shapes, or that the plain ViT computes as they are.
 _SHAPES = {"patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias"}
