@@ -15,6 +15,7 @@ import pytest
 
 from tests import interop_fixtures as fx
 from vit_jax.weights import sources, timm_names
+from vit_jax.weights import timm as timm_vit
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGE = REPO_ROOT / "docs" / "timm_names.md"
@@ -98,9 +99,17 @@ def test_naflexvit_at_a_fixed_grid_gives_timms_logits(tmp_path, name, size):
   loaded = sources.load(str(tmp_path))
   assert loaded.image_size == (size, size)
   images = fx.images(2, size)
-  error = fx.relative_error(fx.our_logits(loaded, images), fx.torch_logits(model, images))
+  ours = fx.our_logits(loaded, images)
+  error = fx.relative_error(ours, fx.torch_logits(model, images))
   print(f"{name} at {size}x{size}: import {error:.1e}")  # -s
   assert error <= fx.TOLERANCE, error
+  if size == 96:  # the predict command's; the export is timm's ViT at that grid
+    fx.assert_predict_matches_timm(loaded, model, size, tmp_path)
+    spec = timm_vit.model_spec(loaded.config, num_classes=fx.NUM_CLASSES, image_size=(size, size))
+    rebuilt = timm.create_model(spec["model_name"], pretrained=False, **spec["kwargs"]).eval()
+    tensors = timm_vit.to_timm(loaded.params, loaded.config)
+    rebuilt.load_state_dict({k: torch.from_numpy(v) for k, v in tensors.items()}, strict=True)
+    assert fx.relative_error(fx.torch_logits(rebuilt, images), ours) <= fx.TOLERANCE
 
 
 # --- The families the issue names: tiny timm models, both ways, and the full sizes ------
@@ -143,8 +152,6 @@ def _tiny_hub_folder(tmp_path, name: str):
 def test_each_family_imports_with_timms_logits_and_exports_to_what_timm_rebuilds(tmp_path, name):
   torch = pytest.importorskip("torch")
   timm = pytest.importorskip("timm")
-  from vit_jax.weights import timm as timm_vit  # pylint: disable=g-import-not-at-top
-
   model, loaded, size = _tiny_hub_folder(tmp_path, name)
   images = fx.images(2, size)
   ours = fx.our_logits(loaded, images)
