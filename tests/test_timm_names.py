@@ -21,7 +21,7 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Registered names this ViT computes, as of the table's timm; each kind of refusal below.
 REFUSED = {
   "vit_base_patch16_rope_reg1_gap_256": None,  # only when present in the table
-  "vit_giant_patch14_dinov2": "mlp_layer=",  # SwiGLU
+  "vit_base_patch16_xp_224": "block_fn=",  # parallel blocks
   "deit_tiny_distilled_patch16_224": "distilled=True",
   "vit_small_resnet26d_224": "backbone='FeatureListNet'",
 }
@@ -50,8 +50,8 @@ def test_a_refused_architecture_is_one_error_naming_it(tmp_path):
   save_file = pytest.importorskip("safetensors.numpy").save_file
   save_file({"patch_embed.proj.weight": np.zeros((8, 3, 2, 2), np.float32)}, tmp_path / "m.st")
   os.rename(tmp_path / "m.st", tmp_path / "model.safetensors")
-  (tmp_path / "config.json").write_text(json.dumps({"architecture": "vit_giant_patch14_dinov2"}))
-  with pytest.raises(errors.CheckpointError, match="vit_giant_patch14_dinov2.*mlp_layer="):
+  (tmp_path / "config.json").write_text(json.dumps({"architecture": "vit_base_patch16_xp_224"}))
+  with pytest.raises(errors.CheckpointError, match="vit_base_patch16_xp_224.*block_fn="):
     sources.load(str(tmp_path))
 
 
@@ -100,7 +100,8 @@ def _timm_settings(model) -> dict:
   return dict(
     hidden_size=model.embed_dim,
     num_heads=block.attn.num_heads,
-    mlp_dim=block.mlp.fc1.out_features,
+    mlp_dim=block.mlp.fc2.in_features,
+    mlp="swiglu_fused" if type(block.mlp).__name__ == "GluMlp" else "mlp",
     patch=tuple(model.patch_embed.patch_size),
     classifier=pools[model.global_pool],
     has_class_token=model.cls_token is not None,
@@ -125,6 +126,7 @@ def _our_settings(config, has_class_token: bool) -> dict:
     hidden_size=config.hidden_size,
     num_heads=config.transformer.num_heads,
     mlp_dim=config.transformer.mlp_dim,
+    mlp=config.mlp,
     patch=tuple(config.patches.size),
     classifier=config.classifier,
     has_class_token=has_class_token,
@@ -168,7 +170,7 @@ def test_an_architecture_name_alone_reads_as_timm_builds_it(timm, name):
 REAL = ("vit_so400m_patch14_siglip_224", "vit_betwixt_patch16_reg4_gap_256")
 REAL += ("vit_medium_patch16_gap_256", "vit_base_patch16_clip_quickgelu_224")
 REAL += ("vit_so400m_patch16_siglip_256", "vit_mediumd_patch16_reg4_gap_256")
-REAL += ("vit_intern300m_patch14_448",)
+REAL += ("vit_intern300m_patch14_448", "vit_giant_patch14_dinov2")  # + timm's GluMlp
 
 
 @pytest.mark.parametrize("name", REAL)

@@ -259,10 +259,13 @@ def _attention_rows(
   return table
 
 
-def _mlp_rows(ours: str, theirs: str) -> list[Row]:
+def _mlp_rows(ours: str, theirs: str, mlp: str = options.MLP) -> list[Row]:
+  """The GELU MLP's two layers, or (``swiglu_fused``: timm's ``GluMlp`` with SiLU, the gate
+  first, DINOv2-g's) the fused SwiGLU's ``fc1`` [D, 2M] and ``fc2``."""
+  first, second = ("Dense_0", "Dense_1") if mlp == options.MLP else ("fc1", "fc2")
   return [
-    *rows(f"{ours}/Dense_0", f"{theirs}.fc1", tensor_table.DENSE),
-    *rows(f"{ours}/Dense_1", f"{theirs}.fc2", tensor_table.DENSE),
+    *rows(f"{ours}/{first}", f"{theirs}.fc1", tensor_table.DENSE),
+    *rows(f"{ours}/{second}", f"{theirs}.fc2", tensor_table.DENSE),
   ]
 
 
@@ -273,10 +276,12 @@ def vit_table(
   map_head: bool,
   resnet: Optional[tuple[tuple[int, ...], bool]],
   qkv_bias: bool = True,
+  mlp: str = options.MLP,
 ) -> list[Row]:
   """Every array of a timm ViT (``resnet``: the hybrid's units per stage and whether its
-  root is timm's ``stem``; ``qkv_bias`` False: the blocks' attention has none), ours <->
-  timm's; the optional ones where a model may lack them."""
+  root is timm's ``stem``; ``qkv_bias`` False: the blocks' attention has none; ``mlp``:
+  the blocks' MLP kind, 'mlp' or 'swiglu_fused'), ours <-> timm's; the optional ones where
+  a model may lack them."""
   optional = dict(required=False)
   table = [
     Row("embedding/kernel", "patch_embed.proj.weight", tensor_table.CONV),
@@ -297,7 +302,7 @@ def vit_table(
     table += _attention_rows(att, theirs + "attn.", num_heads, fused, qkv_bias)
     table += rows(ours + "LayerNorm_0", theirs + "norm1")
     table += rows(ours + "LayerNorm_2", theirs + "norm2")
-    table += _mlp_rows(ours + "MlpBlock_3", theirs + "mlp")
+    table += _mlp_rows(ours + "MlpBlock_3", theirs + "mlp", mlp)
     table.append(Row(ours + "LayerScale_attention/scale", theirs + "ls1.gamma", **optional))
     table.append(Row(ours + "LayerScale_mlp/scale", theirs + "ls2.gamma", **optional))
   if map_head:  # timm's AttentionPoolLatent (latent, q, fused kv, proj, norm, mlp)
@@ -331,6 +336,7 @@ def to_timm(params: Params, config: ml_collections.ConfigDict) -> dict[str, np.n
     map_head="MAPHead_0/probe" in flat,
     resnet=None if units is None else (units, bool(units)),
     qkv_bias=config.qkv_bias == options.QKV_BIAS_ALL,
+    mlp=config.mlp,
   )
   return tensor_table.to_torch(table, flat)
 
@@ -366,8 +372,17 @@ def from_timm(tensors: dict[str, np.ndarray], num_heads: int, source: str) -> Pa
     map_head="attn_pool.latent" in tensors,
     resnet=resnet if hybrid else None,
     qkv_bias=depth == 0 or "blocks.0.attn.qkv.bias" in tensors,  # timm's qkv_bias=False: none
+    mlp=_mlp_kind(tensors),
   )
   return tensor_table.from_torch(table, _zero_biases(table, tensors), source, "ViT")
+
+
+def _mlp_kind(tensors: dict[str, np.ndarray]) -> str:
+  """'swiglu_fused' where the first block's ``fc1`` is twice ``fc2``'s input (timm's
+  GluMlp), else the GELU MLP."""
+  fc1, fc2 = tensors.get("blocks.0.mlp.fc1.weight"), tensors.get("blocks.0.mlp.fc2.weight")
+  fused = fc1 is not None and fc2 is not None and fc1.shape[0] == 2 * fc2.shape[1]
+  return options.SWIGLU_FUSED if fused else options.MLP
 
 
 def _zero_biases(table: list[Row], tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

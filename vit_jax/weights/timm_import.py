@@ -300,6 +300,8 @@ def _apply_args(
   config.layer_norm_epsilon = float(eps)
   if config.layer_scale_init is not None and init_values:
     config.layer_scale_init = float(init_values)
+  if args.get("mlp_layer") == timm_names.GLU_MLP:  # the SwiGLU computes its own SiLU
+    args = {k: v for k, v in args.items() if k != "act_layer"}
   config.activation, config.gelu_approximate = _activation(args, source)
   _read_input_stats(config, pretrained_cfg, source)
 
@@ -372,6 +374,8 @@ def config_from_name(name: str) -> tuple[ml_collections.ConfigDict, tuple[int, i
   config.transformer.num_layers = int(args["depth"])
   config.transformer.num_heads = int(args["num_heads"])
   config.transformer.mlp_dim = int(args["embed_dim"] * args.get("mlp_ratio", 4.0))
+  if args.get("mlp_layer") == timm_names.GLU_MLP:  # timm's fc1 is the hidden width, gate + value
+    config.mlp, config.transformer.mlp_dim = options.SWIGLU_FUSED, config.transformer.mlp_dim // 2
   pool = args.get("global_pool", "token")
   has_cls = bool(args.get("class_token", True))
   if pool == "map":  # the MAP head, with a class token only where timm keeps one

@@ -17,6 +17,8 @@ import re
 from typing import Any, Optional
 
 TABLE = "timm_architectures.json"
+# timm's fused SwiGLU in a ViT (DINOv2-g): our 'swiglu_fused', gate first, SiLU.
+GLU_MLP = "GluMlp(act_layer='SiLU', gate_last=False)"
 # What timm's ViT-family constructors (VisionTransformer, Eva, NaFlexVit) default to: ViT-B/16.
 BASE_SHAPES: dict[str, Any] = dict(
   patch_size=16, embed_dim=768, depth=12, num_heads=12, mlp_ratio=4.0, qkv_bias=True
@@ -40,7 +42,8 @@ _COMPUTED: dict[str, Any] = {
   "init_values": lambda v: v is None or isinstance(v, (int, float)),
   "layer_norm_eps": lambda v: isinstance(v, (int, float)),
   "norm_layer": lambda v: isinstance(v, str) and bool(_LAYER_NORM.match(v)),
-  "act_layer": ("gelu", "gelu_tanh", "gelu_pytorch_tanh", "quick_gelu", None),
+  "act_layer": ("gelu", "gelu_tanh", "gelu_pytorch_tanh", "quick_gelu", "SiLU", None),
+  "mlp_layer": (GLU_MLP,),  # SiLU's only use: checked in `unsupported`
   "backbone": lambda v: isinstance(v, str) and bool(_RESNET_BACKBONE.match(v)),
 }
 
@@ -91,6 +94,8 @@ def unsupported(args: dict[str, Any]) -> list[str]:
     ok = accepted is not None and (accepted(value) if callable(accepted) else value in accepted)
     if not ok:
       problems.append(f"{key}={value!r}")
+  if args.get("act_layer") == "SiLU" and args.get("mlp_layer") != GLU_MLP:
+    problems.append("act_layer='SiLU' outside timm's GluMlp")
   return problems
 
 
