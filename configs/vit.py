@@ -55,6 +55,8 @@ MODELS: dict[str, str] = {
   "r_ti16": "R+ViT-Ti_16",
   # Later families with a 16x16 patch (the fine-tuning crop, 384, is a multiple of it).
   "siglip_b16": "SigLIP-B_16",
+  "siglip2_b16": "SigLIP2-B_16",
+  "siglip2_so400m16": "SigLIP2-So400m_16",
   "clip_b16": "CLIP-B_16",
   "dinov3_s16": "DINOv3-S_16",
   "dinov3_b16": "DINOv3-B_16",
@@ -66,6 +68,12 @@ MODELS: dict[str, str] = {
   "rope_vit_b16": "RoPE-ViT-B_16",
   "rope_vit_l16": "RoPE-ViT-L_16",
   "rope_mixed_b16": "RoPE-Mixed-ViT-B_16",
+  # ... and with a 14x14 patch (the crop: 392, the next multiple of it).
+  "siglip_so400m14": "SigLIP-So400m_14",
+  "eva02_ti14": "EVA02-Ti_14",
+  "eva02_s14": "EVA02-S_14",
+  "eva02_b14": "EVA02-B_14",
+  "eva02_l14": "EVA02-L_14",
   # The paper's ResNet baselines (BiT ResNet-v2).
   **{
     f"bit_r{size}": f"BiT-R{size}"

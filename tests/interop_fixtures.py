@@ -7,6 +7,7 @@ the logical-axes check)."""
 from __future__ import annotations
 
 import functools
+import os
 
 import flax.linen as nn
 import jax
@@ -202,3 +203,34 @@ def timm_crop_folder(directory: str):
   perturb_torch(net)
   timm.models.save_for_hf(net, directory, safe_serialization=True)
   return directory, net
+
+
+def repo_tool(name: str):
+  """The module of ``tools/<name>.py`` (the generators the tests hold their outputs to)."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  import pathlib  # pylint: disable=g-import-not-at-top
+
+  path = pathlib.Path(__file__).resolve().parent.parent / "tools" / f"{name}.py"
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def assert_predict_matches_timm(loaded, model, size: int, directory) -> None:
+  """The predict command's classifier on a random PNG gives timm ``model``'s top-1 and
+  its probabilities within 1e-4 (the same prepared pixels fed to both)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+
+  from vit_jax import predict  # pylint: disable=g-import-not-at-top
+
+  pixels = np.random.default_rng(4).integers(0, 256, (size, size, 3), dtype=np.uint8)
+  path = os.path.join(str(directory), "image.png")
+  tf.io.write_file(path, tf.io.encode_png(pixels))
+  classifier = predict.Classifier(loaded, (size, size))
+  prepared = classifier.prepare(path)[None]
+  ours = classifier.probabilities(prepared)
+  theirs = torch.softmax(torch.from_numpy(torch_logits(model, prepared)), -1).numpy()
+  assert ours.argmax() == theirs.argmax()
+  assert np.abs(ours - theirs).max() <= 1e-4, np.abs(ours - theirs).max()

@@ -58,7 +58,8 @@ def write_checkpoint(folder: str, config: dict) -> str:
   [
     ("vit_base_patch16_sapiens2", "(timm eva.py) has attn_only_layer_scale=True"),
     ("eva02_enormous_patch14_clip_224", "use_post_norm=True"),
-    ("naflexvit_base_patch16_gap", "is NaFlexViT (timm eva.py/naflexvit.py)"),
+    ("beit_base_patch16_224", "is BEiT (timm beit.py)"),
+    ("gmixer_24_224", "(timm mlp_mixer.py) has act_layer='SiLU'"),
   ],
 )
 def test_a_timm_family_the_package_does_not_express_is_one_error(tmp_path, name, fragment):

@@ -165,6 +165,12 @@ TIMM_NAMES = [
   "vit_base_patch16_siglip_224",
   "vit_base_patch16_clip_quickgelu_224",
   "vit_medium_patch16_gap_256",
+  # no final norm; SigLIP 2's tanh GELU; no patch bias before norm_pre; Eva names
+  "vit_intern300m_patch14_448",
+  "vit_so400m_patch16_siglip_256",
+  "vit_base_patch16_clip_224",
+  "eva02_tiny_patch14_224",
+  "vit_small_patch16_dinov3",
 ]
 
 

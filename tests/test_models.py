@@ -41,28 +41,32 @@ PARAM_COUNTS = {
   "Mixer-B_32": 60_293_428,
   "Mixer-L_16": 208_196_168,
   # The later families: timm's counts of the same architectures at 1000 classes and 224
-  # (CLIP: timm's + 768, the patch embedding's bias, which timm's CLIP has not: zero on
-  # import).
+  # (tests/test_timm_name_status.py, tests/test_timm_eva.py).
   "SigLIP-B_16": 93_653_224,
+  "SigLIP-So400m_14": 428_833_704,
+  "SigLIP2-B_16": 93_653_224,
+  "SigLIP2-So400m_16": 428_971_944,
   "DINOv2-S_14-reg4": 22_014_952,
   "DINOv2-B_14-reg4": 86_496_232,
   "DINOv2-L_14-reg4": 304_255_976,
-  "CLIP-B_16": 86_569_192,
-  "CLIP-B_16-quickgelu": 86_569_192,
+  "CLIP-B_16": 86_568_424,
+  "CLIP-B_16-quickgelu": 86_568_424,
   "DINOv3-S_16": 21_971_944,  # = timm's (tests/test_timm_eva.py)
   "DINOv3-B_16": 86_410_216,
   "DINOv3-L_16": 304_104_424,
+  "EVA02-Ti_14": 5_695_144,
+  "EVA02-S_14": 22_006_120,
   "EVA02-B_14": 86_527_720,
-  # PE core (= timm's at 224 + the width, the patch bias timm's has not) and RoPE-ViT
-  # (= timm's): tests/test_timm_eva.py.
-  "PE-Core-T_16": 6_162_472,
-  "PE-Core-S_16": 23_825_512,
-  "PE-Core-B_16": 93_656_296,
-  "PE-Core-L_14": 316_801_000,
+  # PE core (at 224) and RoPE-ViT (= timm's): tests/test_timm_eva.py.
+  "PE-Core-T_16": 6_162_280,
+  "PE-Core-S_16": 23_825_128,
+  "PE-Core-B_16": 93_655_528,
+  "PE-Core-L_14": 316_799_976,
   "RoPE-ViT-S_16": 21_984_232,
   "RoPE-ViT-B_16": 86_434_792,
   "RoPE-ViT-L_16": 304_174_056,
   "RoPE-Mixed-ViT-B_16": 86_444_008,
+  "EVA02-L_14": 304_293_800,
   # The paper's other hybrids (Table 6) and its BiT ResNet baselines (= timm's
   # resnetv2_*_bit, tests/test_bit.py).
   "R50+ViT-B_32": 110_945_832,

@@ -62,7 +62,8 @@ def _param_shapes(config, num_classes: int, size: int):
 
 
 # 'unpooled' applies the head to every token: the same shapes as 'gap'; an activation
-# leaves no trace in the shapes (CLIP-B_16-quickgelu reads as CLIP-B_16), nor do rotary
+# leaves no trace in the shapes (CLIP-B_16-quickgelu reads as CLIP-B_16), SigLIP 2's B/16
+# is SigLIP's architecture (reads as SigLIP-B_16), nor do rotary
 # position embeddings (DINOv3, EVA-02: their folders name the architecture in timm's
 # config.json, tests/test_timm_eva.py).
 @pytest.mark.parametrize(
@@ -70,7 +71,7 @@ def _param_shapes(config, num_classes: int, size: int):
   [
     n
     for n in models.MODEL_NAMES
-    if n not in ("testing-unpooled", "CLIP-B_16-quickgelu")
+    if n not in ("testing-unpooled", "CLIP-B_16-quickgelu", "SigLIP2-B_16")
     and not models.get_model_config(n).get("rope")
   ],
 )

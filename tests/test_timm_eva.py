@@ -151,8 +151,6 @@ def test_full_size_parameter_count_equals_timms(name):
   args = timm_names.model_args(name)
   config, _ = timm_eva.read_eva(tensors, name, args, name)
   config.transformer.num_layers = args["depth"]
-  if config.norm_pre:  # PE: our patch embedding keeps its bias, timm's has none (read: 0)
-    want += config.hidden_size
   module = models.create_model(config, num_classes=full.num_classes)
   size = full.pretrained_cfg["input_size"][1]
   dummy = jax.ShapeDtypeStruct((1, size, size, 3), np.float32)
@@ -186,7 +184,10 @@ NAMED = {
   "DINOv3-S_16": "vit_small_patch16_dinov3",
   "DINOv3-B_16": "vit_base_patch16_dinov3",
   "DINOv3-L_16": "vit_large_patch16_dinov3",
+  "EVA02-Ti_14": "eva02_tiny_patch14_224",
+  "EVA02-S_14": "eva02_small_patch14_224",
   "EVA02-B_14": "eva02_base_patch14_224",
+  "EVA02-L_14": "eva02_large_patch14_224",
   "PE-Core-T_16": "vit_pe_core_tiny_patch16_384",
   "PE-Core-S_16": "vit_pe_core_small_patch16_384",
   "PE-Core-B_16": "vit_pe_core_base_patch16_224",
@@ -200,8 +201,8 @@ NAMED = {
 
 @pytest.mark.parametrize("ours, theirs", NAMED.items())
 def test_named_variants_are_timms_architectures(ours, theirs):
-  """Parameter counts at 224 with 1000 classes equal timm's (meta device; PE: + the patch
-  bias timm's has not), and the options equal those read from timm's registered arguments."""
+  """Parameter counts at 224 with 1000 classes equal timm's (meta device), and the options
+  equal those read from timm's registered arguments."""
   with torch.device("meta"):
     full = timm.create_model(theirs, pretrained=False, num_classes=1000, img_size=224)
     one = timm.create_model(theirs, pretrained=False, depth=1, num_classes=1000)
@@ -210,14 +211,16 @@ def test_named_variants_are_timms_architectures(ours, theirs):
   shapes = jax.eval_shape(module.init, jax.random.key(0), dummy)["params"]
   got = sum(int(np.prod(s.shape)) for s in jax.tree_util.tree_leaves(nn.unbox(shapes)))
   named = models.get_model_config(ours)
-  assert got == sum(p.numel() for p in full.parameters()) + named.norm_pre * named.hidden_size
+  assert got == sum(p.numel() for p in full.parameters())
   tensors = {k: np.zeros(v.shape, np.float32) for k, v in one.state_dict().items()}
   read, _ = timm_eva.read_eva(tensors, theirs, timm_names.model_args(theirs), theirs)
   for key in ("rope", "rope_temperature", "rope_rotate_half", "rope_ref_grid", "mlp", "mlp_norm"):
     assert read[key] == named[key], key
   for key in ("qkv_bias", "classifier", "num_registers", "layer_norm_epsilon", "fc_norm"):
     assert read[key] == named[key], key
-  for key in ("rope_grid_indexing", "rope_grid_offset", "posemb", "norm_pre", "final_norm"):
+  for key in ("rope_grid_indexing", "rope_grid_offset", "posemb", "norm_pre", "patch_bias"):
+    assert read[key] == named[key], key
+  for key in ("final_norm",):
     assert read[key] == named[key], key
   for key in ("map_num_heads", "map_mlp_dim", "map_include_prefix", "layer_scale_init"):
     assert read[key] == named[key], key
@@ -273,22 +276,10 @@ def test_finetunes_from_the_hub_folder_at_another_grid(
   ],
 )
 def test_predict_on_the_hub_folder_gives_timms_top1_and_probability(tmp_path, name):
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-  from vit_jax import predict  # pylint: disable=g-import-not-at-top
-
   model, loaded = _hub_folder(tmp_path, name)
   size = TINY[name][2]
-  pixels = np.random.default_rng(4).integers(0, 256, (size, size, 3), dtype=np.uint8)
-  path = str(tmp_path / "image.png")
-  tf.io.write_file(path, tf.io.encode_png(pixels))
   assert list(loaded.config.input_mean) == list(model.pretrained_cfg["mean"])  # recorded
-  classifier = predict.Classifier(loaded, (size, size))
-  prepared = classifier.prepare(path)[None]
-  ours = classifier.probabilities(prepared)
-  theirs = torch.softmax(torch.from_numpy(fx.torch_logits(model, prepared)), -1).numpy()
-  assert ours.argmax() == theirs.argmax()
-  assert np.abs(ours - theirs).max() <= 1e-4
+  fx.assert_predict_matches_timm(loaded, model, size, tmp_path)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

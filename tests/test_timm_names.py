@@ -5,7 +5,6 @@ names only the architecture reads as timm builds it, for every plain-ViT name of
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import pathlib
@@ -22,7 +21,7 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Registered names this ViT computes, as of the table's timm; each kind of refusal below.
 REFUSED = {
   "vit_base_patch16_rope_reg1_gap_256": None,  # only when present in the table
-  "vit_giant_patch14_dinov2": "mlp_layer=",  # SwiGLU
+  "vit_base_patch16_xp_224": "block_fn=",  # parallel blocks
   "deit_tiny_distilled_patch16_224": "distilled=True",
   "vit_small_resnet26d_224": "backbone='FeatureListNet'",
 }
@@ -51,8 +50,8 @@ def test_a_refused_architecture_is_one_error_naming_it(tmp_path):
   save_file = pytest.importorskip("safetensors.numpy").save_file
   save_file({"patch_embed.proj.weight": np.zeros((8, 3, 2, 2), np.float32)}, tmp_path / "m.st")
   os.rename(tmp_path / "m.st", tmp_path / "model.safetensors")
-  (tmp_path / "config.json").write_text(json.dumps({"architecture": "vit_giant_patch14_dinov2"}))
-  with pytest.raises(errors.CheckpointError, match="vit_giant_patch14_dinov2.*mlp_layer="):
+  (tmp_path / "config.json").write_text(json.dumps({"architecture": "vit_base_patch16_xp_224"}))
+  with pytest.raises(errors.CheckpointError, match="vit_base_patch16_xp_224.*block_fn="):
     sources.load(str(tmp_path))
 
 
@@ -68,11 +67,7 @@ def timm():
 
 
 def _tool():
-  path = REPO_ROOT / "tools" / "timm_architectures.py"
-  spec = importlib.util.spec_from_file_location("timm_architectures", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return fx.repo_tool("timm_architectures")
 
 
 def test_the_table_is_what_the_installed_timm_registers(timm):
@@ -100,12 +95,13 @@ def _timm_settings(model) -> dict:
   block = model.blocks[0]
   act = block.mlp.act
   quick = type(act).__name__ == "QuickGELU"
-  norm = model.norm if not isinstance(model.norm, torch.nn.Identity) else model.fc_norm
+  norm = block.norm1
   pools = {"token": "token", "avg": "gap", "map": "map", "": "unpooled"}
   return dict(
     hidden_size=model.embed_dim,
     num_heads=block.attn.num_heads,
-    mlp_dim=block.mlp.fc1.out_features,
+    mlp_dim=block.mlp.fc2.in_features,
+    mlp="swiglu_fused" if type(block.mlp).__name__ == "GluMlp" else "mlp",
     patch=tuple(model.patch_embed.patch_size),
     classifier=pools[model.global_pool],
     has_class_token=model.cls_token is not None,
@@ -113,6 +109,11 @@ def _timm_settings(model) -> dict:
     posemb_patches_only=model.no_embed_class,
     norm_pre=not isinstance(model.norm_pre, torch.nn.Identity),
     fc_norm=not isinstance(model.fc_norm, torch.nn.Identity),
+    final_norm=not isinstance(model.norm, torch.nn.Identity)
+    or model.fc_norm is not None
+    and not isinstance(model.fc_norm, torch.nn.Identity),
+    patch_bias=model.patch_embed.proj.bias is not None,
+    qkv_bias=block.attn.qkv.bias is not None,
     layer_norm_epsilon=norm.eps,
     activation="quick_gelu" if quick else "gelu",
     gelu_approximate=type(act).__name__ == "GELUTanh" or getattr(act, "approximate", "") == "tanh",
@@ -125,6 +126,7 @@ def _our_settings(config, has_class_token: bool) -> dict:
     hidden_size=config.hidden_size,
     num_heads=config.transformer.num_heads,
     mlp_dim=config.transformer.mlp_dim,
+    mlp=config.mlp,
     patch=tuple(config.patches.size),
     classifier=config.classifier,
     has_class_token=has_class_token,
@@ -132,6 +134,9 @@ def _our_settings(config, has_class_token: bool) -> dict:
     posemb_patches_only=config.posemb_patches_only,
     norm_pre=config.norm_pre,
     fc_norm=config.fc_norm,
+    final_norm=config.final_norm,
+    patch_bias=config.patch_bias,
+    qkv_bias=config.qkv_bias == "all",
     layer_norm_epsilon=config.layer_norm_epsilon,
     activation=config.activation,
     gelu_approximate=config.gelu_approximate,
@@ -159,9 +164,13 @@ def test_an_architecture_name_alone_reads_as_timm_builds_it(timm, name):
   assert ours == _timm_settings(model)
 
 
-# Names the issue named, read from real timm files of one block at the registered width.
+# Names the issue named, read from real timm files of one block at the registered width
+# (SigLIP so400m/14 and SigLIP 2 so400m/16, betwixt, medium without q/k/v biases, mediumd,
+# InternViT-300M without a final norm, CLIP without a patch bias).
 REAL = ("vit_so400m_patch14_siglip_224", "vit_betwixt_patch16_reg4_gap_256")
 REAL += ("vit_medium_patch16_gap_256", "vit_base_patch16_clip_quickgelu_224")
+REAL += ("vit_so400m_patch16_siglip_256", "vit_mediumd_patch16_reg4_gap_256")
+REAL += ("vit_intern300m_patch14_448", "vit_giant_patch14_dinov2")  # + timm's GluMlp
 
 
 @pytest.mark.parametrize("name", REAL)
@@ -182,3 +191,4 @@ def test_a_hub_folder_naming_only_the_architecture_gives_timms_logits(timm, tmp_
   images = fx.images(2, size)
   error = fx.relative_error(fx.our_logits(loaded, images), fx.torch_logits(model, images))
   assert error <= fx.TOLERANCE, error
+  fx.assert_predict_matches_timm(loaded, model, size, tmp_path)  # the predict command's

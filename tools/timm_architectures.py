@@ -1,23 +1,24 @@
 r"""Writes `vit_jax/weights/timm_architectures.json`: every architecture name timm registers
-for its ViTs (`vision_transformer`, `eva`) -> the constructor arguments its entrypoint
-passes, from timm's own registry.
+in its ViT-family modules (`MODULES`) -> its module and the constructor arguments its
+entrypoint passes, from timm's own registry.
 
     python tools/timm_architectures.py        # needs timm (pip install -e ".[interop]")
 
 A timm hub `config.json` names only the ``architecture``; what the arrays do not show (the
 head count, pooling, LayerNorm epsilon, activation, position rows of the prefix tokens,
-LayerScale init) is in these arguments. Each entrypoint of timm's `vision_transformer`,
-`vision_transformer_hybrid`, `deit` and `eva` modules is called with its model builder replaced
-by one that records the keyword arguments and stops, on torch's ``meta`` device (a
-hybrid's backbone is built there, without memory): no weights, no model. Values that are
-not JSON (a norm or activation class, a `functools.partial`, a backbone) are written as
-their class name with their keyword arguments, e.g. ``"LayerNorm(eps=1e-05)"``;
-`vit_jax.weights.timm_names` reads them, and `tests/test_timm_names.py` holds this file
-equal to what the installed timm gives.
+LayerScale init) is in these arguments. Each entrypoint of the modules is called with its
+model builders (every ``_create_*`` of the module) replaced by one that records the keyword
+arguments and stops, on torch's ``meta`` device (a hybrid's backbone is built there,
+without memory): no weights, no model. A NaFlexViT's dataclass config is written as the
+fields it sets. Values that are not JSON (a norm or activation class, a
+`functools.partial`, a backbone) are written as their class name with their keyword
+arguments, e.g. ``"LayerNorm(eps=1e-05)"``; `vit_jax.weights.timm_names` reads them,
+and `tests/test_timm_names.py` holds this file equal to what the installed timm gives.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -25,13 +26,27 @@ import sys
 from typing import Any, Callable
 
 OUT = os.path.join(os.path.dirname(__file__), "..", "vit_jax", "weights", "timm_architectures.json")
-# timm module -> the builder its entrypoints call with the constructor arguments.
-BUILDERS = {
-  "vision_transformer": "_create_vision_transformer",
-  "vision_transformer_hybrid": "_create_vision_transformer_hybrid",
-  "deit": "_create_deit",
-  "eva": "_create_eva",  # DINOv3, EVA-02, Perception Encoder, RoPE-ViT
-}
+# timm's ViT-family modules: the plain ViT and what shares its blocks or names (hybrids,
+# relative positions, SAM, DeiT, Eva, NaFlexViT, the MLP-Mixers), then the other
+# transformers over patches (`docs/timm_names.md` lists every name with its status).
+MODULES = (
+  "vision_transformer",
+  "vision_transformer_hybrid",
+  "vision_transformer_relpos",
+  "vision_transformer_sam",
+  "deit",
+  "eva",  # DINOv3, EVA-02, Perception Encoder, RoPE-ViT
+  "naflexvit",
+  "mlp_mixer",
+  "beit",
+  "cait",
+  "convit",
+  "crossvit",
+  "xcit",
+  "deepseek_vit",
+  "gemma4_vit",
+  "qwen3_vit",
+)
 
 
 class _Recorded(Exception):
@@ -47,10 +62,16 @@ def describe(value: Any) -> Any:
   if isinstance(value, (list, tuple)):
     return [describe(v) for v in value]
   if isinstance(value, functools.partial):
-    keywords = ", ".join(f"{k}={v!r}" for k, v in sorted(value.keywords.items()))
+    keywords = ", ".join(f"{k}={describe(v)!r}" for k, v in sorted(value.keywords.items()))
     return f"{describe(value.func)}({keywords})"
   if isinstance(value, type):
     return value.__name__
+  if dataclasses.is_dataclass(value):  # NaFlexVitCfg: the fields it sets
+    return {
+      f.name: describe(getattr(value, f.name))
+      for f in dataclasses.fields(value)
+      if getattr(value, f.name) != f.default
+    }
   stages = getattr(value, "stages", None)
   if stages is not None:  # a backbone module
     return f"{type(value).__name__}(layers={[len(s.blocks) for s in stages]})"
@@ -58,10 +79,15 @@ def describe(value: Any) -> Any:
 
 
 def _recorder(*args: Any, **kwargs: Any) -> None:
-  backbone = kwargs.get("backbone", args[1] if len(args) > 1 else None)
+  # A hybrid's builder takes its backbone second (others: the pretrained flag).
+  second = args[1] if len(args) > 1 and not isinstance(args[1], bool) else None
+  backbone = kwargs.get("backbone", second)
   kwargs.pop("pretrained", None)
   if backbone is not None:
     kwargs["backbone"] = backbone
+  cfg = kwargs.pop("cfg", None)  # NaFlexViT: a dataclass, its fields beside the kwargs
+  if cfg is not None:
+    kwargs = {**describe(cfg), **kwargs}
   raise _Recorded(kwargs)
 
 
@@ -83,10 +109,11 @@ def architectures() -> dict[str, Any]:
   from timm.models import _registry
 
   table = {}
-  for module_name, builder in BUILDERS.items():
+  for module_name in MODULES:
     module = importlib.import_module(f"timm.models.{module_name}")
-    original = getattr(module, builder)
-    setattr(module, builder, _recorder)
+    builders = {k: v for k, v in vars(module).items() if k.startswith("_create_")}
+    for builder in builders:
+      setattr(module, builder, _recorder)
     try:
       with torch.device("meta"):
         for name in timm.list_models(module=module_name):
@@ -94,8 +121,15 @@ def architectures() -> dict[str, Any]:
             "module": module_name,
             "args": _arguments(_registry.model_entrypoint(name)),
           }
+          # timm builds the name at its default weights' input size (the pretrained
+          # config's, as `img_size`) where the arguments do not fix one.
+          cfg = _registry.get_pretrained_cfg(name)
+          if cfg is not None and cfg.input_size:
+            table[name]["input_size"] = list(cfg.input_size[1:])
+
     finally:
-      setattr(module, builder, original)
+      for builder, original in builders.items():
+        setattr(module, builder, original)
   return {"timm_version": timm.__version__, "architectures": dict(sorted(table.items()))}
 
 

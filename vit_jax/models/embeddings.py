@@ -30,6 +30,7 @@ def patch_embedding(
   dtype: jnp.dtype,
   param_dtype: jnp.dtype,
   name: str = "embedding",
+  use_bias: bool = True,
 ) -> jax.Array:
   """[B, H, W, C] -> [B, gh, gw, D]: the non-overlapping patches, linearly embedded
   (``name``: the ViT's ``embedding``, the Mixer's ``stem``)."""
@@ -38,6 +39,7 @@ def patch_embedding(
     patch_size,
     strides=patch_size,
     padding="VALID",
+    use_bias=use_bias,
     dtype=dtype,
     param_dtype=param_dtype,
     name=name,

@@ -128,9 +128,10 @@ class ModelSettings:
   class_token: Optional[bool] = None  # None: only with classifier='token'
   posemb_patches_only: bool = False  # timm's no_embed_class: no position rows for the prefix
   norm_pre: bool = False  # a LayerNorm before the blocks (CLIP)
+  patch_bias: bool = True  # the patch embedding's bias (timm's CLIP-style ViTs: none)
   fc_norm: bool = False  # the final LayerNorm after pooling instead of before (timm's)
-  # False: no final LayerNorm at all, before pooling or after (Perception Encoder's spatial
-  # and language towers: timm's use_post_transformer_norm=False, use_fc_norm=False).
+  # False: no final LayerNorm at all, before pooling or after (timm's final_norm=False:
+  # InternViT, RADIO; Perception Encoder's spatial and language towers).
   final_norm: bool = True
   layer_scale_init: Optional[float] = None  # None: no LayerScale (DINOv2: 1e-5)
   layer_norm_epsilon: float = layers.LAYER_NORM_EPSILON

@@ -234,8 +234,17 @@ _DINOV2 = dict(
   input_std=IMAGENET_STD,
 )
 _CLIP = dict(
-  _LATER, norm_pre=True, layer_norm_epsilon=1e-5, input_mean=CLIP_MEAN, input_std=CLIP_STD
+  _LATER,
+  norm_pre=True,
+  patch_bias=False,  # timm's CLIP ViTs: the patch convolution has no bias before norm_pre
+  layer_norm_epsilon=1e-5,
+  input_mean=CLIP_MEAN,
+  input_std=CLIP_STD,
 )
+# SigLIP's so400m shape (timm's `vit_so400m_patch*_siglip_*`: MLP int(1152 * 3.7362)).
+_SO400M = dict(width=1152, depth=27, mlp=4304, heads=16)
+_SIGLIP = dict(_LATER, classifier="map")
+_SIGLIP2 = dict(_SIGLIP, gelu_approximate=True)  # SigLIP 2's so400m/16 and giant-opt: tanh
 # DINOv3 (timm's `vit_*_patch16_dinov3`) and EVA-02 (`eva02_*_patch14_224`, the MIM
 # towers), as timm computes them: rotary embeddings, SwiGLU, q+v or no q/k/v biases.
 _DINOV3 = dict(
@@ -281,6 +290,7 @@ _PE_CORE = dict(
   map_num_heads=8,
   map_include_prefix=True,
   norm_pre=True,
+  patch_bias=False,
   layer_norm_epsilon=1e-5,
 )
 _ROPE_VIT = dict(
@@ -294,6 +304,8 @@ _ROPE_VIT = dict(
   input_std=IMAGENET_STD,
 )
 _ROPE_MIXED = dict(_ROPE_VIT, rope="mixed", rope_temperature=10.0)
+# EVA-02 Ti and S: timm's fused SwiGLU (GluMlp) without the inner LayerNorm.
+_EVA02_FUSED = dict(_EVA02, mlp="swiglu_fused", mlp_norm=False)
 for _name, _base, _changes in (
   ("PE-Core-T_16", lambda: _vit("", 16, **_TI), dict(_PE_CORE, rope_ref_grid=24)),
   ("PE-Core-S_16", lambda: _vit("", 16, **_S), dict(_PE_CORE, rope_ref_grid=24)),
@@ -306,8 +318,16 @@ for _name, _base, _changes in (
   ("DINOv3-S_16", lambda: _vit("", 16, **_S), _DINOV3),
   ("DINOv3-B_16", lambda: _vit("", 16, **_B), _DINOV3),
   ("DINOv3-L_16", lambda: _vit("", 16, **_L), _DINOV3),
+  ("EVA02-Ti_14", lambda: _vit("", 14, **dict(_TI, mlp=512)), _EVA02_FUSED),
+  ("EVA02-S_14", lambda: _vit("", 14, **dict(_S, mlp=1024)), _EVA02_FUSED),
   ("EVA02-B_14", lambda: _vit("", 14, **dict(_B, mlp=2048)), _EVA02),
-  ("SigLIP-B_16", lambda: _vit("", 16, **_B), dict(_LATER, classifier="map")),
+  ("EVA02-L_14", lambda: _vit("", 14, **dict(_L, mlp=2730)), _EVA02),
+  ("SigLIP-B_16", lambda: _vit("", 16, **_B), _SIGLIP),
+  ("SigLIP-So400m_14", lambda: _vit("", 14, **_SO400M), _SIGLIP),
+  # SigLIP 2's B/16 tower is SigLIP's architecture (timm's `.v2_webli` weights of the
+  # same name); its so400m/16 computes the tanh GELU.
+  ("SigLIP2-B_16", lambda: _vit("", 16, **_B), _SIGLIP),
+  ("SigLIP2-So400m_16", lambda: _vit("", 16, **_SO400M), _SIGLIP2),
   ("DINOv2-S_14-reg4", lambda: _vit("", 14, **_S), _DINOV2),
   ("DINOv2-B_14-reg4", lambda: _vit("", 14, **_B), _DINOV2),
   ("DINOv2-L_14-reg4", lambda: _vit("", 14, **_L), _DINOV2),

@@ -268,7 +268,7 @@ class VisionTransformer(nn.Module):
         x, r.num_layers, r.width_factor, dtype=ex.dtype, param_dtype=ex.param_dtype
       )  # [B, H/s, W/s, C']
     x = embeddings.patch_embedding(
-      x, cfg.hidden_size, cfg.patches.size, ex.dtype, ex.param_dtype
+      x, cfg.hidden_size, cfg.patches.size, ex.dtype, ex.param_dtype, use_bias=cfg.patch_bias
     )  # [B, gh, gw, D]
     b, gh, gw, d = x.shape
     assert (gh, gw) == grid_hw, ((gh, gw), grid_hw)

@@ -221,6 +221,7 @@ def _read_family_options(config: ml_collections.ConfigDict, shapes: Shapes) -> N
     config.map_mlp_dim = mlp[-1]
   config.norm_pre = "Transformer/norm_pre/scale" in shapes
   config.fc_norm = "fc_norm/scale" in shapes
+  config.patch_bias = "embedding/bias" in shapes
   config.final_norm = config.fc_norm or "Transformer/encoder_norm/scale" in shapes
   block = _block_shapes(shapes)[1]
   if _LAYER_SCALE in block:

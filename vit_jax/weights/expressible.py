@@ -17,13 +17,33 @@ import re
 from typing import Any
 
 from vit_jax import errors
-from vit_jax.weights import files, timm_eva, timm_names
+from vit_jax.weights import files, timm_eva, timm_naflex, timm_names
 
-# timm families outside the architecture table (`timm_names`), with what this package's
-# ViT lacks; a name in the table from timm's eva.py is checked by its arguments instead
-# (`timm_eva.unsupported`: one line naming each argument not computed).
-TIMM_UNEXPRESSED = ((r"^naflexvit_", "NaFlexViT", "variable-resolution patch inputs (NaFlex)"),)
-# timm families read (`timm_import`, `timm_mixer`, `timm_bit`, `timm_eva`).
+# timm modules (`timm_names.module`) whose models this package's ViT does not compute:
+# the family and what it has that ours lacks. A name of eva.py is checked by its
+# arguments instead (`timm_eva.unsupported`), as is an MLP-Mixer's (`_MIXER_ARGS`).
+TIMM_MODULES_UNEXPRESSED = {
+  "vision_transformer_relpos": (
+    "a relative-position ViT",
+    "a relative position bias per block (timm's RelPosMlp/RelPosBias)",
+  ),
+  "vision_transformer_sam": (
+    "SAM's image encoder",
+    "windowed attention with decomposed relative positions, and the convolutional neck",
+  ),
+  "beit": ("BEiT", "a relative position bias table per block"),
+  "cait": ("CaiT", "talking-heads attention and class-attention blocks"),
+  "convit": ("ConViT", "gated positional self-attention"),
+  "crossvit": ("CrossViT", "two patch-size branches joined by cross-attention"),
+  "xcit": ("XCiT", "cross-covariance attention, local patch interaction and a conv stem"),
+  "deepseek_vit": ("DeepSeek's ViT", "RMSNorm, a bias-free SwiGLU and axial RoPE"),
+  "gemma4_vit": ("Gemma 4's ViT", "2D RoPE, q/k normalisation and four norms per block"),
+  "qwen3_vit": ("Qwen3's ViT", "axial RoPE beside a resampled absolute table"),
+}
+# A timm MlpMixer argument beyond these is a gMLP, ResMLP or gated Mixer.
+_MIXER_ARGS = {"patch_size", "num_blocks", "embed_dim", "mlp_ratio", "img_size", "num_classes"}
+# timm families read (`timm_import`, `timm_mixer`, `timm_bit`, `timm_eva`), by name where
+# the architecture table does not hold the name.
 TIMM_EXPRESSED = r"^(vit|deit|deit3|flexivit|mixer|resnetv2|eva02|eva)_"
 TIMM_READ = (
   "vit_*, deit*, flexivit_*, mixer_*, resnetv2_* (BiT) and eva.py's DINOv3, EVA-02, "
@@ -50,7 +70,8 @@ def check_timm(name: str, source: str) -> None:
   base = name.split(".")[0]
   if not base:
     return
-  if timm_names.module(base) == timm_eva.MODULE:
+  module = timm_names.module(base)
+  if module == timm_eva.MODULE:
     args = {**timm_eva.DEFAULTS, **timm_names.model_args(base)}
     missing = timm_eva.unsupported(args)
     if missing:
@@ -59,13 +80,30 @@ def check_timm(name: str, source: str) -> None:
         "which this package does not compute."
       )
     return
-  for pattern, family, missing in TIMM_UNEXPRESSED:
-    if re.search(pattern, base):
+  if module == "mlp_mixer":
+    args = timm_names.registered_args(base) or {}
+    extra = [f"{k}={v!r}" for k, v in sorted(args.items()) if k not in _MIXER_ARGS]
+    if extra:
       raise errors.CheckpointError(
-        f"{source}: timm architecture {name!r} is {family} (timm eva.py/naflexvit.py), "
-        f"which this package does not compute: it has no {missing}."
+        f"{source}: timm architecture {name!r} (timm mlp_mixer.py) has {', '.join(extra)}, "
+        "which this package does not compute (it computes the MLP-Mixer of mixer_*)."
       )
-  if not re.match(TIMM_EXPRESSED, base):
+    return
+  if module == timm_naflex.MODULE:
+    missing = timm_naflex.unsupported({**timm_naflex.DEFAULTS, **timm_names.model_args(base)})
+    if missing:
+      raise errors.CheckpointError(
+        f"{source}: timm architecture {name!r} (timm naflexvit.py, read at a fixed grid) "
+        f"has {', '.join(missing)}, which this package does not compute."
+      )
+    return
+  if module in TIMM_MODULES_UNEXPRESSED:
+    family, missing = TIMM_MODULES_UNEXPRESSED[module]
+    raise errors.CheckpointError(
+      f"{source}: timm architecture {name!r} is {family} (timm {module}.py), which this "
+      f"package does not compute: it has {missing}."
+    )
+  if not re.match(TIMM_EXPRESSED, base) and module is None:
     raise errors.CheckpointError(
       f"{source}: timm architecture {name!r} is none this package computes (it reads "
       f"timm's {TIMM_READ} models)."

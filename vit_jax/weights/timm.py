@@ -34,6 +34,7 @@ import numpy as np
 from vit_jax import errors, models
 from vit_jax.aliases import Params
 from vit_jax.data.data_config import DataConfig
+from vit_jax.models import options
 from vit_jax.weights import architecture, tensor_table, timm_eva, timm_names, timm_rows
 from vit_jax.weights.tensor_table import Row, rows
 
@@ -102,9 +103,7 @@ def check_exportable(config: ml_collections.ConfigDict, num_classes: Optional[in
   if config.get("posemb", "learn") != "learn":
     problems.append(f"position embeddings {config.posemb!r} (timm: posemb='learn')")
   if timm_eva.is_eva(config):
-    problems.append("RoPE, SwiGLU or q/k/v biases other than all (written as timm's Eva)")
-  if not config.get("final_norm", True):
-    problems.append("no final norm (timm's Eva writes Perception Encoder's spatial towers)")
+    problems.append("RoPE, SwiGLU or a q and v bias without a key bias (written as timm's Eva)")
   if config.get("map_num_heads") or config.get("map_mlp_dim") or config.get("map_include_prefix"):
     problems.append("a map head of its own heads, MLP or tokens (Perception Encoder's: Eva)")
   if config.get("axial", False):
@@ -119,6 +118,8 @@ def check_exportable(config: ml_collections.ConfigDict, num_classes: Optional[in
       f"ResNet stages {tuple(resnet.num_layers)} at width factor "
       f"{resnet.width_factor} (timm has {sorted(_HYBRID_NAMES)} at 1)"
     )
+  if config.get("fc_norm") and not config.get("final_norm", True):
+    problems.append("fc_norm without final_norm (timm's final_norm=False has no norm at all)")
   if not num_classes:
     problems.append("no classification head")
   if problems:
@@ -153,6 +154,8 @@ def model_spec(
     class_token=module.has_class_token,
     global_pool=POOLS[config.classifier],
     fc_norm=config.fc_norm,  # always: timm's default (None) means 'with average pooling'
+    qkv_bias=config.qkv_bias == options.QKV_BIAS_ALL,
+    final_norm=config.final_norm,
     act_layer=act_layer(config.activation, config.gelu_approximate),
     num_classes=num_classes,
   )
@@ -237,10 +240,18 @@ def _resnet_rows(units: tuple[int, ...], stem: bool) -> list[Row]:
 
 
 def vit_table(
-  depth: int, num_heads: int, *, map_head: bool, resnet: Optional[tuple[tuple[int, ...], bool]]
+  depth: int,
+  num_heads: int,
+  *,
+  map_head: bool,
+  resnet: Optional[tuple[tuple[int, ...], bool]],
+  qkv_bias: bool = True,
+  mlp: str = options.MLP,
 ) -> list[Row]:
   """Every array of a timm ViT (``resnet``: the hybrid's units per stage and whether its
-  root is timm's ``stem``), ours <-> timm's; the optional ones where a model may lack them."""
+  root is timm's ``stem``; ``qkv_bias`` False: the blocks' attention has none; ``mlp``:
+  the blocks' MLP kind, 'mlp' or 'swiglu_fused'), ours <-> timm's; the optional ones where
+  a model may lack them."""
   optional = dict(required=False)
   table = [
     Row("embedding/kernel", "patch_embed.proj.weight", tensor_table.CONV),
@@ -257,10 +268,11 @@ def vit_table(
   for i in range(depth):
     ours, theirs = f"Transformer/encoderblock_{i}/", f"blocks.{i}."
     att = ours + "MultiHeadDotProductAttention_1/"
-    table += timm_rows.attention_rows(att, theirs + "attn.", num_heads, ("query", "key", "value"))
+    fused = ("query", "key", "value")
+    table += timm_rows.attention_rows(att, theirs + "attn.", num_heads, fused, qkv_bias)
     table += rows(ours + "LayerNorm_0", theirs + "norm1")
     table += rows(ours + "LayerNorm_2", theirs + "norm2")
-    table += timm_rows.mlp_rows(ours + "MlpBlock_3", theirs + "mlp")
+    table += timm_rows.mlp_rows(ours + "MlpBlock_3", theirs + "mlp", mlp)
     table.append(Row(ours + "LayerScale_attention/scale", theirs + "ls1.gamma", **optional))
     table.append(Row(ours + "LayerScale_mlp/scale", theirs + "ls2.gamma", **optional))
   if map_head:
@@ -282,6 +294,8 @@ def to_timm(params: Params, config: ml_collections.ConfigDict) -> dict[str, np.n
     config.transformer.num_heads,
     map_head="MAPHead_0/probe" in flat,
     resnet=None if units is None else (units, bool(units)),
+    qkv_bias=config.qkv_bias == options.QKV_BIAS_ALL,
+    mlp=config.mlp,
   )
   return tensor_table.to_torch(table, flat)
 
@@ -312,18 +326,33 @@ def from_timm(tensors: dict[str, np.ndarray], num_heads: int, source: str) -> Pa
   hybrid = any(k.startswith(_BACKBONE) for k in tensors)
   resnet = (tuple(units[s] for s in sorted(units)), _BACKBONE + "stem.conv.weight" in tensors)
   table = vit_table(
-    depth, num_heads, map_head="attn_pool.latent" in tensors, resnet=resnet if hybrid else None
+    depth,
+    num_heads,
+    map_head="attn_pool.latent" in tensors,
+    resnet=resnet if hybrid else None,
+    qkv_bias=depth == 0 or "blocks.0.attn.qkv.bias" in tensors,  # timm's qkv_bias=False: none
+    mlp=_mlp_kind(tensors),
   )
   return tensor_table.from_torch(table, _zero_biases(table, tensors), source, "ViT")
 
 
+def _mlp_kind(tensors: dict[str, np.ndarray]) -> str:
+  """'swiglu_fused' where the first block's ``fc1`` is twice ``fc2``'s input (timm's
+  GluMlp), else the GELU MLP."""
+  fc1, fc2 = tensors.get("blocks.0.mlp.fc1.weight"), tensors.get("blocks.0.mlp.fc2.weight")
+  fused = fc1 is not None and fc2 is not None and fc1.shape[0] == 2 * fc2.shape[1]
+  return options.SWIGLU_FUSED if fused else options.MLP
+
+
 def _zero_biases(table: list[Row], tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-  """``tensors`` with zeros for each bias timm left out beside its weight (CLIP's patch
-  embedding; ``qkv_bias=False``, ``proj_bias=False``): the same computation."""
+  """``tensors`` with zeros for each required bias timm left out beside its weight
+  (``proj_bias=False``): the same computation. An optional one (CLIP's patch embedding)
+  stays out, as in the model read."""
   tensors = dict(tensors)
   for row in table:
     weight = row.theirs.removesuffix("bias") + "weight"
-    if row.theirs.endswith(".bias") and row.theirs not in tensors and weight in tensors:
+    missing = row.theirs not in tensors and weight in tensors
+    if row.required and row.theirs.endswith(".bias") and missing:
       tensors[row.theirs] = np.zeros(tensors[weight].shape[0], np.float32)
   return tensors
 

@@ -91,6 +91,7 @@ _COMPUTED: dict[str, Any] = {
   "use_post_transformer_norm": (None, True, False),  # False: PE spatial / language
   "use_pre_transformer_norm": (True, False),
   "scale_attn_inner": (True, False),
+  "in_chans": (3,),  # what timm.models.save_for_hf writes beside the arguments
 }
 # Arguments that only fix shapes the arrays show, or how timm runs.
 _FREE = {"embed_dim", "depth", "patch_size", "mlp_ratio", "img_size", "num_heads"}
@@ -108,6 +109,10 @@ def unsupported(args: dict[str, Any]) -> list[str]:
     ok = accepted is not None and (accepted(value) if callable(accepted) else value in accepted)
     if not ok:
       problems.append(f"{key}={value!r}")
+  full = {**DEFAULTS, **args}
+  fc_norm = full["global_pool"] == "avg" if full["use_fc_norm"] is None else full["use_fc_norm"]
+  if fc_norm and full.get("use_post_transformer_norm"):
+    problems.append("use_post_transformer_norm=True beside a norm after pooling (two final norms)")
   return problems
 
 
@@ -220,8 +225,6 @@ def from_timm(
     map_heads=map_heads,
   )
   tensors = _depth_first(tensors, (1, 0, 2, 3))  # [depth, 2, H, Dh / 2]
-  if "norm_pre.weight" in tensors and "patch_embed.proj.bias" not in tensors:
-    tensors = {**tensors, "patch_embed.proj.bias": np.zeros(tensors["norm_pre.weight"].shape)}
   return tensor_table.from_torch(table, tensors, source, "Eva")
 
 
@@ -245,19 +248,22 @@ def read_eva(
       f"{source}: no head count for timm Eva {timm_name!r}: put timm's config.json "
       "(architecture, model_args with num_heads) next to the .safetensors file."
     )
-  pool = args["global_pool"]
-  fc_norm = pool == "avg" if args["use_fc_norm"] is None else args["use_fc_norm"]
-  if fc_norm and args["use_post_transformer_norm"]:
-    raise errors.CheckpointError(
-      f"{source}: timm's {timm_name!r} has use_post_transformer_norm=True beside a norm after "
-      "pooling (use_fc_norm), two final norms, which this ViT does not compute."
-    )
   heads = int(args["num_heads"])
-  map_heads = (args["attn_pool_num_heads"] or heads) if pool == "map" else None
+  map_heads = (args["attn_pool_num_heads"] or heads) if args["global_pool"] == "map" else None
   params = from_timm(tensors, heads, source, map_heads)
   shapes = _shapes(params)
   config = vit_shapes.config_from_shapes(shapes, models.get_model_config("testing"), "none")
-  has_cls = "cls" in shapes
+  apply_args(config, args, "cls" in shapes, source)
+  return config, params
+
+
+def apply_args(
+  config: ml_collections.ConfigDict, args: dict[str, Any], has_cls: bool, source: str
+) -> None:
+  """What an Eva's arrays cannot say, from its arguments (``args``: every one of `DEFAULTS`
+  present): pooling, the table's prefix rows, LayerNorm epsilon, LayerScale init, the
+  activation and the rotary embedding; every field then checked."""
+  pool = args["global_pool"]
   if pool == "token" and not has_cls:
     raise errors.CheckpointError(f"{source}: timm global_pool 'token' without a class token.")
   config.classifier = POOLS[pool]
@@ -280,15 +286,15 @@ def read_eva(
       config.rope_grid_offset, config.rope_ref_grid = 0.0, None
   config.name = "custom"
   models.model_settings(config)  # every field checked
-  return config, params
 
 
 def is_eva(config: Any) -> bool:
-  """Whether a ViT config needs timm's Eva (RoPE, SwiGLU, no key bias) over its ViT."""
+  """Whether a ViT config needs timm's Eva (RoPE, SwiGLU, a q and v bias without a key
+  bias) over its ViT (which has q/k/v biases or none: ``qkv_bias=False``)."""
   return (
     config.get("rope") is not None
     or config.get("mlp", options.MLP) != options.MLP
-    or config.get("qkv_bias", options.QKV_BIAS_ALL) != options.QKV_BIAS_ALL
+    or config.get("qkv_bias", options.QKV_BIAS_ALL) == options.QKV_BIAS_QV
   )
 
 

@@ -27,13 +27,16 @@ import ml_collections
 from vit_jax import errors, models
 from vit_jax.aliases import Params
 from vit_jax.data import data_config as data_config_lib
+from vit_jax.models import options
 from vit_jax.weights import (
   architecture,
   expressible,
   files,
   timm_bit,
   timm_eva,
+  timm_family_names,
   timm_mixer,
+  timm_naflex,
   timm_names,
 )
 from vit_jax.weights import timm as timm_vit
@@ -154,8 +157,8 @@ def read(
     )
   tensors = files.read_safetensors(weights)
   reader = next((r for stem, r in _FAMILY_READERS if stem in tensors), _read_vit_dict)
-  if timm_names.module(timm_name) == timm_eva.MODULE:
-    reader = _read_eva
+  module = timm_names.module(timm_name)
+  reader = {timm_eva.MODULE: _read_eva, timm_naflex.MODULE: _read_naflex}.get(module, reader)
   return reader(tensors, timm_name, args, names, pretrained_cfg, repr(path))
 
 
@@ -202,6 +205,27 @@ def _read_eva(tensors, timm_name, args, names, pretrained_cfg, source) -> tuple:
   return _loaded(config, params, names, _input_size(pretrained_cfg))
 
 
+def _read_naflex(tensors, timm_name, args, names, pretrained_cfg, source) -> tuple:
+  """A NaFlexViT read as the ViT it is at its pretrained square input size (else at its
+  stored table's grid): `timm_naflex`."""
+  problems = timm_naflex.unsupported({**timm_naflex.DEFAULTS, **args})  # stored ones too
+  if problems:
+    raise errors.CheckpointError(
+      f"{source}: timm NaFlexViT {timm_name!r} with {', '.join(problems)}: not computed here."
+    )
+  stored = timm_naflex.stored_grid(args)
+  patch = timm_naflex.vit_args(args)["patch_size"]
+  size = _input_size(pretrained_cfg)
+  grid = stored if size is None else (size[0] // patch, size[1] // patch)
+  if grid[0] != grid[1]:
+    raise errors.CheckpointError(
+      f"{source}: NaFlexViT at input size {size}: this package reads it at a square grid."
+    )
+  vit = timm_naflex.to_vit_tensors(tensors, args, grid, source)
+  config, params = read_vit(vit, timm_name, timm_naflex.vit_args(args), pretrained_cfg, source)
+  return _loaded(config, params, names)
+
+
 # timm's state dicts by the array only their family has (a ViT's otherwise): its reader.
 _FAMILY_READERS = ((timm_mixer.STEM, _read_mixer), (timm_bit.STEM, _read_bit))
 
@@ -216,7 +240,8 @@ def read_vit(
   """(model config, per-layer params) of a timm ViT state dict, its architecture name and
   the arguments read beside it (``args``: the registered ones updated with the stored)."""
   timm_vit.refuse_distilled(tensors, source)
-  _check_computed(timm_name, source)
+  if timm_names.module(timm_name) != timm_naflex.MODULE:  # its own check: expressible
+    _check_computed(timm_name, source)
   width = tensors["patch_embed.proj.weight"].shape[0]
   params = timm_vit.from_timm(tensors, _num_heads(timm_name, args, width, source), source)
   config = architecture.infer_model_config(params)
@@ -275,6 +300,8 @@ def _apply_args(
   config.layer_norm_epsilon = float(eps)
   if config.layer_scale_init is not None and init_values:
     config.layer_scale_init = float(init_values)
+  if args.get("mlp_layer") == timm_names.GLU_MLP:  # the SwiGLU computes its own SiLU
+    args = {k: v for k, v in args.items() if k != "act_layer"}
   config.activation, config.gelu_approximate = _activation(args, source)
   _read_input_stats(config, pretrained_cfg, source)
 
@@ -325,20 +352,30 @@ def config_from_name(name: str) -> tuple[ml_collections.ConfigDict, tuple[int, i
       f"timm ViT architecture of timm {timm_names.timm_version()} (e.g. vit_tiny_patch16_224)."
     )
   expressible.check_timm(arch, repr(name))
-  _check_computed(arch, repr(name))
   args = timm_names.model_args(arch)
-  if "backbone" in args:
-    raise errors.ConfigError(
-      f"{name!r} is a timm hybrid: create it by our name (R50+ViT-B_16, R26+ViT-S_32, ...)."
-    )
+  family = _FAMILY_CONFIGS.get(timm_names.module(arch))
+  if family is not None:
+    return family(arch, args), _named_size(arch, args)
+  if timm_names.module(arch) == timm_naflex.MODULE:  # at its stored table's grid
+    grid = timm_naflex.stored_grid(args)
+    args = timm_naflex.vit_args(args)
+    args["img_size"] = [g * args["patch_size"] for g in grid]
+  else:
+    _check_computed(arch, repr(name))
   config = models.get_model_config("ViT-B_16")  # every field; the shape is set below
   config.name = arch
   patch = args.get("patch_size", 16)
+  if "backbone" in args:  # a hybrid: timm's BiT ResNetV2 stages (none: its root alone)
+    stages = [int(n) for n in re.findall(r"\d+", args["backbone"].partition("[")[2])]
+    config.resnet = ml_collections.ConfigDict({"num_layers": tuple(stages), "width_factor": 1.0})
+    patch = args.get("patch_size", 1)  # timm's hybrid default: a 1x1 patch of the features
   config.patches.size = tuple(patch) if isinstance(patch, (list, tuple)) else (patch, patch)
   config.hidden_size = int(args["embed_dim"])
   config.transformer.num_layers = int(args["depth"])
   config.transformer.num_heads = int(args["num_heads"])
   config.transformer.mlp_dim = int(args["embed_dim"] * args.get("mlp_ratio", 4.0))
+  if args.get("mlp_layer") == timm_names.GLU_MLP:  # timm's fc1 is the hidden width, gate + value
+    config.mlp, config.transformer.mlp_dim = options.SWIGLU_FUSED, config.transformer.mlp_dim // 2
   pool = args.get("global_pool", "token")
   has_cls = bool(args.get("class_token", True))
   if pool == "map":  # the MAP head, with a class token only where timm keeps one
@@ -348,11 +385,32 @@ def config_from_name(name: str) -> tuple[ml_collections.ConfigDict, tuple[int, i
   # timm's fc_norm None: a norm after pooling exactly when the pooling averages.
   fc_norm = args.get("fc_norm")
   config.fc_norm = pool == "avg" if fc_norm is None else bool(fc_norm)
+  if args.get("qkv_bias") is False:  # timm's attention without q/k/v biases
+    config.qkv_bias = options.QKV_BIAS_NONE
+  config.patch_bias = not config.norm_pre  # timm's patch convolution: bias=not pre_norm
+  if args.get("final_norm") is False:  # neither the final norm nor one after pooling
+    config.final_norm = config.fc_norm = False
   if args.get("init_values"):
     config.layer_scale_init = float(args["init_values"])
   _apply_args(config, args, {}, has_cls, repr(name))
-  size = args.get("img_size")
+  size = _named_size(arch, args)
+  if config.resnet is None:  # timm's patch convolution drops what is past the last patch
+    size = tuple(s - s % p for s, p in zip(size, config.patches.size))  # 384 -> 378 at 14
+  return config, size
+
+
+def _named_size(arch: str, args: dict[str, Any]) -> tuple[int, int]:
+  """The input size timm builds ``arch`` for: its ``img_size``, else its default weights'
+  input size, else the size its name ends in, else timm's default."""
+  size = args.get("img_size") or timm_names.input_size(arch)
   if size is None:
     match = _IMAGE_SIZE.search(arch)
     size = int(match.group(1)) if match else _TIMM_DEFAULT_SIZE
-  return config, tuple(size) if isinstance(size, (list, tuple)) else (int(size), int(size))
+  return tuple(size) if isinstance(size, (list, tuple)) else (int(size), int(size))
+
+
+# timm module -> our config of one of its names and its registered arguments.
+_FAMILY_CONFIGS = {
+  timm_eva.MODULE: timm_family_names.eva_config,
+  "mlp_mixer": timm_family_names.mixer_config,
+}

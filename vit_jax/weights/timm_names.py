@@ -17,6 +17,12 @@ import re
 from typing import Any, Optional
 
 TABLE = "timm_architectures.json"
+# timm's fused SwiGLU in a ViT (DINOv2-g): our 'swiglu_fused', gate first, SiLU.
+GLU_MLP = "GluMlp(act_layer='SiLU', gate_last=False)"
+# What timm's ViT-family constructors (VisionTransformer, Eva, NaFlexVit) default to: ViT-B/16.
+BASE_SHAPES: dict[str, Any] = dict(
+  patch_size=16, embed_dim=768, depth=12, num_heads=12, mlp_ratio=4.0, qkv_bias=True
+)
 _LAYER_NORM = re.compile(r"^LayerNorm\((?:eps=([0-9.e+-]+))?\)$|^LayerNorm$")
 # A hybrid's backbone this package holds: timm's BiT-style ResNetV2 (weight-standardised
 # convs, GroupNorm), or its root alone (an nn.Sequential stem: `_resnetv2(layers=())`).
@@ -32,11 +38,12 @@ _COMPUTED: dict[str, Any] = {
   "no_embed_class": (True, False),
   "pre_norm": (True, False),
   "fc_norm": (True, False, None),
-  "final_norm": (True,),
+  "final_norm": (True, False),
   "init_values": lambda v: v is None or isinstance(v, (int, float)),
   "layer_norm_eps": lambda v: isinstance(v, (int, float)),
   "norm_layer": lambda v: isinstance(v, str) and bool(_LAYER_NORM.match(v)),
-  "act_layer": ("gelu", "gelu_tanh", "gelu_pytorch_tanh", "quick_gelu", None),
+  "act_layer": ("gelu", "gelu_tanh", "gelu_pytorch_tanh", "quick_gelu", "SiLU", None),
+  "mlp_layer": (GLU_MLP,),  # SiLU's only use: checked in `unsupported`
   "backbone": lambda v: isinstance(v, str) and bool(_RESNET_BACKBONE.match(v)),
 }
 
@@ -69,6 +76,14 @@ def module(name: str) -> Optional[str]:
   return None if entry is None else entry["module"]
 
 
+def input_size(name: str) -> Optional[tuple[int, int]]:
+  """The (height, width) timm builds ``name`` for where its arguments give no ``img_size``:
+  its default pretrained config's input size; None if the table has none."""
+  entry = _table()["architectures"].get(name.split(".")[0])
+  size = None if entry is None else entry.get("input_size")
+  return None if size is None else (int(size[0]), int(size[1]))
+
+
 def unsupported(args: dict[str, Any]) -> list[str]:
   """``key=value`` of each argument this package's ViT does not compute."""
   problems = []
@@ -79,6 +94,8 @@ def unsupported(args: dict[str, Any]) -> list[str]:
     ok = accepted is not None and (accepted(value) if callable(accepted) else value in accepted)
     if not ok:
       problems.append(f"{key}={value!r}")
+  if args.get("act_layer") == "SiLU" and args.get("mlp_layer") != GLU_MLP:
+    problems.append("act_layer='SiLU' outside timm's GluMlp")
   return problems
 
 

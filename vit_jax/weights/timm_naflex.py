@@ -1,0 +1,195 @@
+"""timm's NaFlexViT (naflexvit.py: the SigLIP 2 NaFlex towers, ...) read at a fixed square
+grid, numpy only: at one input size a NaFlexViT is a ViT whose position table is its
+stored one resampled to the patch grid, so its state dict is rewritten as timm's
+`VisionTransformer`'s (`to_vit_tensors`) and its arguments as that ViT's (`vit_args`).
+
+Followed: timm's `NaFlexEmbeds` on an image tensor (a linear patch embedding over
+channels-last patches; a learned [1, gh, gw, D] table interpolated with
+``pos_embed_interp_mode`` and ``pos_embed_antialias`` as `F.interpolate` does, which
+`jax.image.resize` equals; a factorised table's two axes each interpolated linearly and
+added). Not supported: variable aspect ratios and resolutions within a batch, patch-dict
+inputs (patches, coordinates, valid masks), and the arguments `unsupported` names (a MAP
+head beside prefix tokens: timm's NaFlexViT pools the patches only, its ViT every token).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vit_jax import errors
+from vit_jax.weights import timm_names
+
+MODULE = "naflexvit"  # timm's module of these architectures (`timm_names.module`)
+# NaFlexVitCfg's defaults for the fields read here (timm 1.0.31).
+DEFAULTS: dict[str, Any] = dict(
+  timm_names.BASE_SHAPES,
+  init_values=None,
+  class_token=False,
+  reg_tokens=0,
+  pos_embed="learned",
+  pos_embed_grid_size=[16, 16],
+  pos_embed_interp_mode="bicubic",
+  pos_embed_antialias=True,
+  pos_embed_align_corners=False,
+  pos_embed_ar_preserving=False,
+  final_norm=True,
+  fc_norm=None,
+  global_pool="map",
+  act_layer=None,
+)
+_METHODS = {"bicubic": "cubic", "bilinear": "linear"}  # torch mode -> jax.image.resize's
+# Argument -> the values read at a fixed grid (a callable: a check of the value).
+_READ: dict[str, Any] = {
+  "pos_embed": ("learned", "factorized"),
+  "pos_embed_interp_mode": tuple(_METHODS),
+  "pos_embed_antialias": (True, False),  # False: bilinear only (checked below)
+  "pos_embed_align_corners": (True, False),  # True: bilinear only (checked below)
+  "final_norm": (True, False),
+  "global_pool": ("token", "avg", "map"),
+  "act_layer": (None, "gelu", "gelu_tanh", "quick_gelu"),
+  "pos_embed_ar_preserving": (True, False),  # a square grid either way
+  "in_chans": (3,),
+}
+# Fields that only fix shapes, or that the plain ViT computes as they are.
+_SHAPES = {"patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias"}
+_SHAPES |= {"init_values", "class_token", "reg_tokens", "pos_embed_grid_size", "fc_norm"}
+_SHAPES |= {"num_classes", "img_size"}
+
+
+def unsupported(args: dict[str, Any]) -> list[str]:
+  """``key=value`` of each NaFlexViT argument (``args``: over `DEFAULTS`) not computed at a
+  fixed grid."""
+  problems = []
+  for key, value in args.items():
+    accepted = _READ.get(key)
+    if key in _SHAPES or (accepted is not None and value in accepted):
+      continue
+    problems.append(f"{key}={value!r}")
+  bicubic = args.get("pos_embed_interp_mode") == "bicubic"
+  if args.get("pos_embed_antialias") is False and bicubic:
+    problems.append("pos_embed_antialias=False with bicubic resampling")
+  if args.get("pos_embed_align_corners") and (bicubic or args.get("pos_embed_antialias")):
+    problems.append("pos_embed_align_corners=True other than bilinear without antialiasing")
+  prefix = int(bool(args.get("class_token"))) + int(args.get("reg_tokens") or 0)
+  if args.get("global_pool") == "map" and prefix:
+    problems.append(f"global_pool='map' over the patches beside {prefix} prefix token(s)")
+  return problems
+
+
+def vit_args(args: dict[str, Any]) -> dict[str, Any]:
+  """timm `VisionTransformer` arguments of the ViT a NaFlexViT is at a fixed grid: its
+  table covers the patches only; ``fc_norm`` None is a norm after average pooling."""
+  a = {**DEFAULTS, **args}
+  out = {k: a[k] for k in ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio")}
+  fc_norm = a["global_pool"] == "avg" if a["fc_norm"] is None else bool(a["fc_norm"])
+  fc_norm = fc_norm and bool(a["final_norm"])  # final_norm False: neither norm
+  out.update(
+    final_norm=bool(a["final_norm"]),
+    qkv_bias=a["qkv_bias"],
+    class_token=a["class_token"],
+    reg_tokens=a["reg_tokens"],
+    global_pool=a["global_pool"],
+    fc_norm=fc_norm,
+    no_embed_class=True,
+    act_layer=a["act_layer"],
+  )
+  if a["init_values"]:
+    out["init_values"] = a["init_values"]
+  return out
+
+
+def stored_grid(args: dict[str, Any]) -> tuple[int, int]:
+  """The grid the position table is stored at (``pos_embed_grid_size``)."""
+  gh, gw = {**DEFAULTS, **args}["pos_embed_grid_size"]
+  return int(gh), int(gw)
+
+
+def _align_corners(table: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
+  """A [h, w, D] table at ``hw`` by bilinear interpolation whose corner samples sit on the
+  corner cells (`F.interpolate(..., align_corners=True)`, no antialiasing): separable."""
+  out = np.asarray(table, np.float32)
+  for axis, n in enumerate(hw):
+    m = out.shape[axis]
+    src = np.arange(n) * ((m - 1) / (n - 1) if n > 1 else 0.0)  # [n] source positions
+    lo = np.clip(np.floor(src).astype(int), 0, m - 1)
+    hi = np.minimum(lo + 1, m - 1)
+    frac = (src - lo).astype(np.float32).reshape([-1 if i == axis else 1 for i in range(3)])
+    out = np.take(out, lo, axis) * (1 - frac) + np.take(out, hi, axis) * frac
+  return out
+
+
+def _resize(
+  table: np.ndarray, hw: tuple[int, int], method: str, antialias: bool, corners: bool = False
+) -> np.ndarray:
+  """A [h, w, D] table at ``hw``, as `F.interpolate` computes (``corners``: align_corners)."""
+  if tuple(table.shape[:2]) == tuple(hw):
+    return np.asarray(table, np.float32)
+  if corners:
+    return _align_corners(table, hw)
+  out = jax.image.resize(
+    jnp.asarray(table, jnp.float32), (*hw, table.shape[-1]), method=method, antialias=antialias
+  )
+  return np.asarray(out, np.float32)
+
+
+def position_table(
+  tensors: dict[str, np.ndarray], args: dict[str, Any], grid: tuple[int, int], source: str
+) -> np.ndarray:
+  """The patches' position table [1, gh * gw, D] a NaFlexViT adds at ``grid``."""
+  a = {**DEFAULTS, **args}
+  if a["pos_embed_ar_preserving"]:  # timm interpolates to the longer side, then crops
+    side = max(grid)
+    size = (side, side)
+  else:
+    size = grid
+  if "embeds.pos_embed" in tensors:
+    table = np.asarray(tensors["embeds.pos_embed"], np.float32)[0]  # [gh, gw, D]
+    method = _METHODS[a["pos_embed_interp_mode"]]
+    antialias, corners = bool(a["pos_embed_antialias"]), bool(a["pos_embed_align_corners"])
+    resized = _resize(table, size, method, antialias, corners)
+  elif "embeds.pos_embed_y" in tensors and "embeds.pos_embed_x" in tensors:
+    y = np.asarray(tensors["embeds.pos_embed_y"], np.float32)[0]  # [gh, D]
+    x = np.asarray(tensors["embeds.pos_embed_x"], np.float32)[0]  # [gw, D]
+    y = _resize(y[:, None], (size[0], 1), "linear", False)  # [h, 1, D]
+    x = _resize(x[None], (1, size[1]), "linear", False)  # [1, w, D]
+    resized = y + x  # [h, w, D]
+  else:
+    raise errors.CheckpointError(
+      f"{source}: a NaFlexViT state dict without embeds.pos_embed (or its factorised "
+      "embeds.pos_embed_y and _x): this package reads NaFlexViT with a learned table."
+    )
+  resized = resized[: grid[0], : grid[1]]
+  return resized.reshape(1, -1, resized.shape[-1])
+
+
+def to_vit_tensors(
+  tensors: dict[str, np.ndarray], args: dict[str, Any], grid: tuple[int, int], source: str
+) -> dict[str, np.ndarray]:
+  """timm `VisionTransformer`'s state dict of a NaFlexViT's at the fixed ``grid``: the
+  linear patch embedding over (ph, pw, C) patches as the convolution's kernel, the
+  prefix tokens renamed, the table resampled; every other array as it is."""
+  patch = {**DEFAULTS, **args}["patch_size"]
+  ph, pw = (patch, patch) if isinstance(patch, int) else patch
+  out = {}
+  for key, value in tensors.items():
+    if not key.startswith("embeds."):
+      out[key] = value
+    elif key == "embeds.proj.weight":
+      value = np.asarray(value)
+      if value.ndim != 2 or value.shape[1] % (ph * pw):
+        raise errors.CheckpointError(
+          f"{source}: NaFlexViT embeds.proj.weight {value.shape} is not a linear patch "
+          f"embedding of {ph}x{pw} patches."
+        )
+      kernel = value.reshape(value.shape[0], ph, pw, -1)  # [D, ph, pw, C]
+      out["patch_embed.proj.weight"] = kernel.transpose(0, 3, 1, 2)  # [D, C, ph, pw]
+    elif key in ("embeds.proj.bias", "embeds.cls_token", "embeds.reg_token"):
+      out[{"embeds.proj.bias": "patch_embed.proj.bias"}.get(key, key[len("embeds.") :])] = value
+    elif not key.startswith("embeds.pos_embed"):
+      raise errors.CheckpointError(f"{source}: NaFlexViT array {key!r} is not read.")
+  out["pos_embed"] = position_table(tensors, args, grid, source)
+  return out
