@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from vit_jax.models import options
+from vit_jax.models import heads, options
 from vit_jax.models import posemb as posemb_lib
 from vit_jax.models.settings import BitSettings, ModelSettings
 
@@ -99,6 +99,24 @@ def bit_activation_bytes(
   del model_config, image_size, images, compiler_rematerializes
 
 
+def encoder_block_macs(tokens: int, width: int, mlp_dim: int, mlp_products: int = 2) -> int:
+  """Multiply-adds of one encoder block on [N, D] tokens: the q/k/v and output
+  projections (4 N D^2), the logits and the weighted values (2 N^2 D) and the MLP's
+  ``mlp_products`` [D, M] products (2; a SwiGLU's gate, value and output: 3). Norms,
+  RoPE, LayerScale and activations are elementwise and not counted."""
+  n, d = tokens, width
+  return n * 4 * d * d + 2 * n * n * d + mlp_products * n * d * mlp_dim
+
+
+def map_head_macs(tokens: int, width: int, mlp_dim: int) -> int:
+  """Multiply-adds of a MAP head (`heads.MAPHead`) pooling [N, D] tokens into one: the
+  probe's query and the output projection (2 D^2), the keys and values of every token
+  (2 N D^2), the probe's logits and weighted values (2 N D) and the MLP on the pooled
+  token (2 D M)."""
+  n, d = tokens, width
+  return 2 * d * d + 2 * n * d * d + 2 * n * d + 2 * d * mlp_dim
+
+
 def vit_flops_per_image(
   model_config: ModelSettings,
   image_size: int,
@@ -109,11 +127,11 @@ def vit_flops_per_image(
   """FLOPs of a ViT's matrix products for one image, a hybrid's ResNet root included.
 
   Counts 2 FLOPs per multiply-add of the patch embedding, the attention projections, the
-  two attention products, the MLP (a SwiGLU's three products), the pre-logits and the
-  head; a hybrid adds its ResNet root's convolutions (`resnet_macs`) and embeds its
-  feature map's channels. A train step is 3x the forward pass (the backward pass computes
-  two products per forward one). Recomputation (remat) is not counted: this is the
-  model's count that MFU is defined on.
+  two attention products, the MLP (a SwiGLU's three products), a MAP head
+  (`map_head_macs`), the pre-logits and the head; a hybrid adds its ResNet root's
+  convolutions (`resnet_macs`) and embeds its feature map's channels. A train step is 3x
+  the forward pass (the backward pass computes two products per forward one).
+  Recomputation (remat) is not counted: this is the model's count that MFU is defined on.
   """
   cfg = model_config
   if cfg.axial or cfg.posemb == posemb_lib.RELATIVE:
@@ -128,8 +146,9 @@ def vit_flops_per_image(
   macs += patches * ph * pw * channels * d  # patch embedding
   # A SwiGLU's MLP has three [D, M] products (gate, value, out), the paper's MLP two.
   mlp_products = 2 if cfg.mlp == options.MLP else 3
-  per_layer = n * 4 * d * d + 2 * n * n * d + mlp_products * n * d * t.mlp_dim  # [N, D] tokens
-  macs += t.num_layers * per_layer
+  macs += t.num_layers * encoder_block_macs(n, d, t.mlp_dim, mlp_products)
+  if cfg.classifier == heads.MAP:  # the probe attends to the patches, not the prefix
+    macs += map_head_macs(patches, d, t.mlp_dim)
   width = d
   if cfg.representation_size:
     macs += d * cfg.representation_size

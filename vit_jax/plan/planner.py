@@ -23,7 +23,6 @@ from vit_jax import sharding
 from vit_jax.plan import gpu_topology, hlo, report
 from vit_jax.plan.report import gib
 from vit_jax.plan.topology import AnyTopology
-from vit_jax.run import step_cost
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,7 +138,7 @@ def make_plan(config: ml_collections.ConfigDict, topology: AnyTopology) -> Plan:
     topology,
     options,
   )
-  per_image = step_cost.vit_flops_per_image(spec.model, spec.crop, spec.num_classes, train=True)
+  per_image = steps.train_flops_per_example()
   step_flops, source = steps.step_flops(compiled) if compiled else (None, "none")
   if compiled and chip.platform != "tpu":
     # XLA:GPU's matrix products are cuBLAS/cuDNN calls that its cost analysis does not count.
