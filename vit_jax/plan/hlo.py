@@ -7,7 +7,7 @@ gradient accumulation) runs once per iteration: its count is multiplied by the l
 trip count, read from the loop condition's bound.
 
 XLA:TPU splits one collective over several fused computations (start, continuation,
-done) that share its `channel_id`: each channel is counted once. A reduce-scatter may be
+done) that share its `channel_id` and groups: each is counted once. A reduce-scatter may be
 lowered as an all-reduce inside a computation named `all-reduce-scatter...`: it is
 counted as the reduce-scatter it is.
 """
@@ -61,6 +61,8 @@ _CHANNEL = re.compile(r"\bchannel_id=(\d+)")
 _GROUPS_LIST = re.compile(r"replica_groups=\{\{([0-9,]*)\}")
 _GROUPS_IOTA = re.compile(r"replica_groups=\[(\d+),(\d+)\]<=")
 _GROUPS_MESH = re.compile(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}")
+_PAIRS = re.compile(r"source_target_pairs=\{[0-9,{}]*\}")
+_GROUPS = re.compile(r"replica_groups=\S+")
 _CONSTANT = re.compile(r"= [su](?:32|64)\[\][^ ]* constant\((\d+)\)")
 
 
@@ -173,8 +175,9 @@ def _data_bytes(opcode: str, shape: str, group_size: int) -> float:
   total = sum(_shape_bytes(shape))
   if opcode == "all-gather-start":  # (inputs, outputs): the inputs are 1/n of the outputs
     return total * group_size / (group_size + 1)
-  if opcode == "collective-permute-start":  # (input, output, contexts)
-    return total / 2
+  if opcode == "collective-permute-start":  # (input, output, u32[] contexts)
+    arrays = [(dtype, dims) for dtype, dims in _ARRAY.findall(shape) if dims or dtype != "u32"]
+    return sum(_shape_bytes(" ".join(f"{t}[{d}]" for t, d in arrays))) / 2
   if opcode.removesuffix("-start") == "reduce-scatter":
     return total * group_size
   return total
@@ -208,7 +211,11 @@ def collectives(hlo_text: str, num_devices: int) -> tuple[list[Collective], int]
       if kind is not None:
         n = _group_size(rest, num_devices)
         channel = _CHANNEL.search(rest)
-        key = f"channel {channel.group(1)}" if channel else f"{name}/{inst}"
+        # The parts of one collective share its channel and its groups; JAX gives a scan's
+        # ppermute and its transpose one channel, with the pairs reversed.
+        groups = _PAIRS.search(rest) or _GROUPS.search(rest)
+        where = f"{kind} {groups.group(0) if groups else ''}"
+        key = f"channel {channel.group(1)} {where}" if channel else f"{name}/{inst}"
         previous = found.get(key)
         if previous is None or previous.runs < runs:
           found[key] = Collective(kind, _data_bytes(opcode, shape, n), n, runs)
