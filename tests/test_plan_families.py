@@ -132,10 +132,21 @@ _RING_HLO = "\n".join(
 )
 
 
-def test_hlo_counts_a_ring_and_its_transpose_on_one_channel_apart():
-  totals = hlo.totals(_RING_HLO, num_devices=4)
-  assert totals.runs["collective-permute"] == 6
-  assert totals.bytes["collective-permute"] == 3 * 16 * 256 * (2 + 4)  # no u32 contexts
+# XLA:GPU's form of the same loops: the bound inside a fused compare, the trip count in
+# the loop's backend_config.
+_GPU_RING_HLO = _RING_HLO.replace("  %constant.1 = s32[]{:T(128)} constant(3)\n", "").replace(
+  ", body=%forward", ', body=%forward, backend_config={"known_trip_count":{"n":"3"}}'
+)
+
+
+@pytest.mark.parametrize("text", [_RING_HLO, _GPU_RING_HLO], ids=["tpu", "gpu"])
+def test_hlo_counts_a_ring_and_its_transpose_on_one_channel_apart(text):
+  totals = hlo.totals(text, num_devices=4)
+  backward_runs = 3 if text is _RING_HLO else 1  # no bound to read: counted once
+  assert totals.runs["collective-permute"] == 3 + backward_runs
+  assert totals.unknown_trip_counts == (backward_runs == 1)
+  data = 3 * 16 * 256 * 2 + backward_runs * 16 * 256 * 4  # bf16 texts, f32 gradients
+  assert totals.bytes["collective-permute"] == data  # no u32 contexts
   assert totals.traffic_bytes["collective-permute"] == totals.bytes["collective-permute"]
 
 

@@ -4,7 +4,8 @@ Read from the compiled HLO text (`jax.stages.Compiled.as_text()`), which names e
 all-reduce, all-gather, reduce-scatter, all-to-all and collective-permute with its
 per-device shape and replica groups. A collective inside a while loop (a scanned encoder,
 gradient accumulation) runs once per iteration: its count is multiplied by the loop's
-trip count, read from the loop condition's bound.
+trip count: XLA's ``known_trip_count`` where the loop carries it (XLA:GPU), else the
+bound its condition compares against.
 
 XLA:TPU splits one collective over several fused computations (start, continuation,
 done) that share its `channel_id` and groups: each is counted once. A reduce-scatter may be
@@ -63,6 +64,7 @@ _GROUPS_IOTA = re.compile(r"replica_groups=\[(\d+),(\d+)\]<=")
 _GROUPS_MESH = re.compile(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}")
 _PAIRS = re.compile(r"source_target_pairs=\{[0-9,{}]*\}")
 _GROUPS = re.compile(r"replica_groups=\S+")
+_KNOWN_TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 _CONSTANT = re.compile(r"= [su](?:32|64)\[\][^ ]* constant\((\d+)\)")
 
 
@@ -222,7 +224,10 @@ def collectives(hlo_text: str, num_devices: int) -> tuple[list[Collective], int]
       callees: list[tuple[str, int]] = []
       if opcode == "while":
         body, condition = _BODY.search(rest), _CONDITION.search(rest)
-        trips = _trip_count(comps.get(condition.group(1), [])) if condition else None
+        known = _KNOWN_TRIPS.search(rest)  # XLA's own analysis (XLA:GPU writes it)
+        trips = int(known.group(1)) if known else None
+        if trips is None and condition:
+          trips = _trip_count(comps.get(condition.group(1), []))
         if trips is None:
           unknown += 1
         callees.append((body.group(1) if body else "", runs * (trips or 1)))
