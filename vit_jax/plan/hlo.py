@@ -64,7 +64,7 @@ _GROUPS_IOTA = re.compile(r"replica_groups=\[(\d+),(\d+)\]<=")
 _GROUPS_MESH = re.compile(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}")
 _PAIRS = re.compile(r"source_target_pairs=\{[0-9,{}]*\}")
 _GROUPS = re.compile(r"replica_groups=\S+")
-_KNOWN_TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+KNOWN_TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 _CONSTANT = re.compile(r"= [su](?:32|64)\[\][^ ]* constant\((\d+)\)")
 
 
@@ -149,10 +149,15 @@ def computations(hlo_text: str) -> dict[str, list[str]]:
   return result
 
 
-def _trip_count(condition: list[str]) -> Optional[int]:
+def trip_count(condition: list[str]) -> Optional[int]:
   """A counted loop's bound: the one integer constant its condition compares against."""
   constants = [int(c) for line in condition for c in _CONSTANT.findall(line)]
   return constants[0] if len(constants) == 1 else None
+
+
+def called_computations(line: str) -> list[str]:
+  """The computations an instruction line calls (fusions, calls, branches, a loop body)."""
+  return [c.strip() for m in _CALLED.finditer(line) for c in m.group(1).split(",") if c.strip()]
 
 
 def _group_size(rest: str, num_devices: int) -> int:
@@ -224,10 +229,10 @@ def collectives(hlo_text: str, num_devices: int) -> tuple[list[Collective], int]
       callees: list[tuple[str, int]] = []
       if opcode == "while":
         body, condition = _BODY.search(rest), _CONDITION.search(rest)
-        known = _KNOWN_TRIPS.search(rest)  # XLA's own analysis (XLA:GPU writes it)
+        known = KNOWN_TRIPS.search(rest)  # XLA's own analysis (XLA:GPU writes it)
         trips = int(known.group(1)) if known else None
         if trips is None and condition:
-          trips = _trip_count(comps.get(condition.group(1), []))
+          trips = trip_count(comps.get(condition.group(1), []))
         if trips is None:
           unknown += 1
         callees.append((body.group(1) if body else "", runs * (trips or 1)))

@@ -57,7 +57,7 @@ class Plan:
   train: report.Measure
   eval: report.Measure
   step_flops: Optional[float]  # all devices, one step
-  flops_source: str  # 'xla', or 'analytic' where the step loops
+  flops_source: str  # 'xla' (its loops multiplied out), or 'analytic' (GPUs)
   model_flops_per_image: Optional[float]  # analytic
   time: Optional[report.StepTime]
   # The whole run (`report.RunTotals`): config.total_steps at the step bound.
@@ -158,7 +158,9 @@ def make_plan(config: ml_collections.ConfigDict, topology: AnyTopology) -> Plan:
     options,
   )
   per_image = steps.train_flops_per_example()
-  step_flops, source = steps.step_flops(compiled) if compiled else (None, "none")
+  step_flops, source = (train.xla_flops * n, "xla") if compiled else (None, "none")
+  if compiled and train.has_loops and chip.platform == "tpu":
+    source = "xla, loops multiplied out"  # `loop_cost`: each loop body x its trip count
   if compiled and chip.platform != "tpu":
     # XLA:GPU's matrix products are cuBLAS/cuDNN calls that its cost analysis does not count.
     step_flops, source = (per_image and per_image * spec.batch), "analytic"
@@ -292,6 +294,11 @@ def format_plan(plan: Plan) -> str:
       f"FLOPs per step {plan.step_flops:.4g} ({plan.flops_source} count), per {plan.example} "
       f"{per_image:.4g}"
       + (f" (analytic {analytic:.4g})" if analytic and plan.flops_source != "analytic" else "")
+    )
+  if plan.train.unknown_trip_counts:
+    lines.append(
+      f"  ({plan.train.unknown_trip_counts} loop(s) of unknown trip count: their bodies' "
+      "FLOPs and bytes counted once)"
     )
   lines.append(
     f"collectives per train step, per device: {_collective_line(plan.train.collectives)}"
