@@ -66,6 +66,7 @@ def get_config(arg: str | None = "digits") -> ml_collections.ConfigDict:
   config.dataset, config.train_split, config.test_split = (
     dataset, preset.train_split, preset.test_split
   )  # fmt: skip
+  config.num_classes = preset.num_classes  # the zero-shot classes (a plan reads no data)
   config.pp.crop = 224
   width = models.get_model_config(image).hidden_size
   config.model = models.two_tower_config(

@@ -207,3 +207,87 @@ def test_the_papers_table6_from_the_analytic_counts():
   for row in table6.ROWS:
     tolerance = 0.03 if row.family == "vit" else 0.08
     assert table6.analytic_exaflops(row) == pytest.approx(row.paper_exaflops, rel=tolerance)
+
+
+def _two_layers(name: str, **changes) -> ml_collections.ConfigDict:
+  """A family's real widths, heads and options with 2 layers (the elementwise work per
+  product, which XLA counts and the analytic count does not, is then the real model's)."""
+  config = get_model_config(name)
+  config.transformer.num_layers = 2
+  config.update(changes)
+  return config
+
+
+# The 2026 families, each option the analytic count must know: DINOv3 (RoPE, 4
+# registers, LayerScale, exact GELU; SwiGLU in its S+/H+ sizes), EVA-02 (SwiGLU with a
+# LayerNorm inside, EVA's RoPE, q+v biases), SigLIP's MAP head at B/16 and at so400m's
+# sizes (width 1152, 16 heads, MLP 4304, patch 14; the MAP head was 13% of a width-256
+# SigLIP's XLA count before `cost.map_head_macs` counted it).
+NEW_FAMILIES = {
+  "DINOv3-L_16": _two_layers("DINOv3-L_16"),
+  "DINOv3-L_16 SwiGLU": _two_layers("DINOv3-L_16", mlp="swiglu"),
+  "EVA02-B_14": _two_layers("EVA02-B_14"),
+  "SigLIP-B_16": _two_layers("SigLIP-B_16"),
+  "SigLIP so400m sizes": _two_layers(
+    "SigLIP-B_16", hidden_size=1152, patches=ml_collections.ConfigDict({"size": (14, 14)})
+  ),
+}
+NEW_FAMILIES["SigLIP so400m sizes"].transformer.update(num_heads=16, mlp_dim=4304)
+
+
+@pytest.mark.parametrize("train", [False, True])
+@pytest.mark.parametrize("name", list(NEW_FAMILIES))
+def test_analytic_count_of_the_new_families_is_within_3_percent_of_xlas(name, train):
+  """XLA counts the products and the elementwise work (LayerNorm, softmax, RoPE, the exact
+  GELU's erf polynomial: 65 FLOPs per hidden unit on the CPU, the tanh form 9), a little
+  more than the analytic count of the products; a train step a little less than 3x the
+  forward pass (no gradient of the input image through the patch embedding)."""
+  config = NEW_FAMILIES[name]
+  size = 4 * config.patches.size[0]  # a 4x4 grid
+  model = create_model(config, num_classes=10)
+  analytic = step_cost.vit_flops_per_image(config, size, 10, train=train)
+  ratio = _xla_flops_per_image(model, size, train) / analytic
+  assert (1.0 if not train else 0.97) <= ratio < 1.03, ratio
+
+
+def _contrastive(lock_image: bool, text_pool: str = "last"):
+  """SigLIP-B/16's image tower (2 layers) and big_vision's B text tower (2 layers), the
+  sigmoid loss's objective as a run builds it (one device: the loss over the whole batch)."""
+  from vit_jax.models import two_tower_config
+  from vit_jax.run.objectives import contrastive
+
+  text = dict(size="B", vocab_size=1000, pool=text_pool)
+  model = two_tower_config(NEW_FAMILIES["SigLIP-B_16"], text=text, text_len=16, embed_dim=768)
+  options = ml_collections.ConfigDict(dict(loss="sigmoid", lock_image=lock_image))
+  return contrastive.Contrastive(model, options)
+
+
+@pytest.mark.parametrize("lock_image, text_pool", [(False, "last"), (False, "map"), (True, "last")])
+def test_analytic_two_tower_count_is_within_3_percent_of_xlas(lock_image, text_pool):
+  """One image-text pair of a train step: both towers, both projections and the loss; a
+  locked image tower (LiT) runs forward only (XLA counts 0.47 of a count that takes it
+  as trained)."""
+  objective = _contrastive(lock_image, text_pool)
+  batch = 8
+  images, ids = jnp.zeros((batch, 64, 64, 3)), jnp.zeros((batch, 16), jnp.int32)
+  params = nn.unbox(jax.eval_shape(objective.init, jax.random.PRNGKey(0), images[:1]))
+  loss = lambda p, x, t: objective.loss(p, {"image": x, "text": t}, jax.random.PRNGKey(0))
+  xla = step_cost.compiled_flops(jax.jit(jax.grad(loss)).lower(params, images, ids).compile())
+  analytic = objective.train_flops_per_example(64, batch)
+  assert 0.97 <= xla / batch / analytic < 1.03
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_analytic_contrastive_loss_count_is_within_3_percent_of_xlas(train):
+  """The [B, B] logits of the sigmoid loss: B x E multiply-adds per pair (the rest,
+  log-sigmoid per logit, is elementwise)."""
+  from vit_jax.models import image_text, model_settings
+  from vit_jax.run import contrastive
+
+  settings = model_settings(_contrastive(False).settings)
+  batch, width = 256, settings.embed_dim
+  fn = lambda a, b: contrastive.sigmoid_loss(a, b, jnp.float32(10.0), jnp.float32(-10.0))
+  fn = jax.grad(fn, argnums=(0, 1)) if train else fn
+  xla = step_cost.compiled_flops(_compiled(fn, (batch, width), (batch, width)))
+  analytic = image_text.loss_flops(settings, batch, train=train)
+  assert 1.0 <= xla / batch / analytic < 1.03

@@ -99,13 +99,22 @@ def bit_activation_bytes(
   del model_config, image_size, images, compiler_rematerializes
 
 
-def map_head_macs(cfg: ModelSettings, tokens: int) -> int:
-  """Multiply-adds of the 'map' head (`heads.MAPHead`) over ``tokens`` tokens: the probe's
-  query, the tokens' keys and values, its one row of logits and weighted sum, the output
-  projection and the MLP (of ``map_mlp_dim``, else the encoder's width)."""
-  d = cfg.hidden_size
-  mlp_dim = cfg.map_mlp_dim or cfg.transformer.mlp_dim
-  return 2 * d * d + 2 * tokens * d * d + 2 * tokens * d + 2 * d * mlp_dim
+def encoder_block_macs(tokens: int, width: int, mlp_dim: int, mlp_products: int = 2) -> int:
+  """Multiply-adds of one encoder block on [N, D] tokens: the q/k/v and output
+  projections (4 N D^2), the logits and the weighted values (2 N^2 D) and the MLP's
+  ``mlp_products`` [D, M] products (2; a SwiGLU's gate, value and output: 3). Norms,
+  RoPE, LayerScale and activations are elementwise and not counted."""
+  n, d = tokens, width
+  return n * 4 * d * d + 2 * n * n * d + mlp_products * n * d * mlp_dim
+
+
+def map_head_macs(tokens: int, width: int, mlp_dim: int) -> int:
+  """Multiply-adds of a MAP head (`heads.MAPHead`) pooling [N, D] tokens into one: the
+  probe's query and the output projection (2 D^2), the keys and values of every token
+  (2 N D^2), the probe's logits and weighted values (2 N D) and the MLP on the pooled
+  token (2 D M)."""
+  n, d = tokens, width
+  return 2 * d * d + 2 * n * d * d + 2 * n * d + 2 * d * mlp_dim
 
 
 def vit_flops_per_image(
@@ -118,7 +127,7 @@ def vit_flops_per_image(
   """FLOPs of a ViT's matrix products for one image, a hybrid's ResNet root included.
 
   Counts 2 FLOPs per multiply-add of the patch embedding, the attention projections, the
-  two attention products, the MLP (a SwiGLU's three products), the 'map' head
+  two attention products, the MLP (a SwiGLU's three products), a MAP head
   (`map_head_macs`), the pre-logits and the head; a hybrid adds its ResNet root's
   convolutions (`resnet_macs`) and embeds its feature map's channels. A train step is 3x
   the forward pass (the backward pass computes two products per forward one).
@@ -137,10 +146,10 @@ def vit_flops_per_image(
   macs += patches * ph * pw * channels * d  # patch embedding
   # A SwiGLU's MLP has three [D, M] products (gate, value, out), the paper's MLP two.
   mlp_products = 2 if cfg.mlp == options.MLP else 3
-  per_layer = n * 4 * d * d + 2 * n * n * d + mlp_products * n * d * t.mlp_dim  # [N, D] tokens
-  macs += t.num_layers * per_layer
-  if cfg.classifier == heads.MAP:
-    macs += map_head_macs(cfg, n if cfg.map_include_prefix else patches)
+  macs += t.num_layers * encoder_block_macs(n, d, t.mlp_dim, mlp_products)
+  if cfg.classifier == heads.MAP:  # the probe attends to the patches (PE's: every token)
+    pooled = n if cfg.map_include_prefix else patches
+    macs += map_head_macs(pooled, d, cfg.map_mlp_dim or t.mlp_dim)
   width = d
   if cfg.representation_size:
     macs += d * cfg.representation_size

@@ -24,6 +24,7 @@ from typing import Any, Mapping, Optional
 import ml_collections
 
 from vit_jax import errors
+from vit_jax.models import cost
 from vit_jax.models.execution import ExecutionOptions
 from vit_jax.models.text import SIZES, TextSettings, TextTransformer
 from vit_jax.models.two_tower import LOSS_INIT, ContrastiveInit, TwoTower
@@ -172,21 +173,49 @@ def create_two_tower(
 
 
 def text_flops(settings: TwoTowerSettings, *, train: bool) -> float:
-  """FLOPs of one text: the encoder blocks over ``text_len`` tokens and the projection."""
-  n, d, s = settings.text_len, settings.text.width, settings.text
-  per_layer = n * 4 * d * d + 2 * n * n * d + 2 * n * d * s.mlp_dim  # [L, D] tokens
-  macs = s.depth * per_layer + d * settings.embed_dim
+  """FLOPs of one text: the encoder blocks over ``text_len`` tokens, a MAP pooling's head
+  and the projection (the token embedding is a gather: no products)."""
+  n, s = settings.text_len, settings.text
+  macs = s.depth * cost.encoder_block_macs(n, s.width, s.mlp_dim)
+  if s.pool == "map":
+    macs += cost.map_head_macs(n, s.width, s.mlp_dim)
+  macs += s.width * settings.embed_dim
   return 2.0 * macs * (3 if train else 1)
 
 
+def loss_flops(settings: TwoTowerSettings, batch: int, *, train: bool) -> float:
+  """FLOPs per pair of the contrastive loss over a global ``batch``: each pair's image
+  against every text, B x E multiply-adds of the [B, B] logits (the chunked sigmoid loss
+  computes the same blocks around the ring; its recomputation in the backward pass is
+  not counted, as remat is not). Elementwise work (log-sigmoid, softmax) is not counted."""
+  return 2.0 * batch * settings.embed_dim * (3 if train else 1)
+
+
 def flops_per_image(
-  settings: TwoTowerSettings, image_size: int, num_classes: int, *, train: bool, image_family: Any
+  settings: TwoTowerSettings,
+  image_size: int,
+  num_classes: Optional[int],
+  *,
+  train: bool,
+  image_family: Any,
+  batch: int = 0,
+  lock_image: bool = False,
 ) -> Optional[float]:
-  """FLOPs of one image-text pair: the image model without head, its projection excluded
-  (its feature width is the family's), plus `text_flops`."""
+  """FLOPs of one image-text pair: the image model without head and its projection to
+  the shared width, `text_flops`, and with a global ``batch`` the `loss_flops`. A train
+  step of a locked image tower (``lock_image``, LiT) runs that tower forward only; its
+  projection is trained."""
   del num_classes
-  image = image_family.flops_per_image(settings.image, image_size, None, train=train)
-  return None if image is None else image + text_flops(settings, train=train)
+  image = image_family.flops_per_image(settings.image, image_size, None, train=False)
+  projected = image_family.flops_per_image(
+    settings.image, image_size, settings.embed_dim, train=False
+  )
+  if image is None or projected is None:
+    return None
+  factor = 3 if train else 1
+  image_factor = 1 if lock_image else factor
+  total = image * image_factor + (projected - image) * factor + text_flops(settings, train=train)
+  return total + (loss_flops(settings, batch, train=train) if batch else 0.0)
 
 
 def activation_bytes(

@@ -4,10 +4,11 @@ Read from the compiled HLO text (`jax.stages.Compiled.as_text()`), which names e
 all-reduce, all-gather, reduce-scatter, all-to-all and collective-permute with its
 per-device shape and replica groups. A collective inside a while loop (a scanned encoder,
 gradient accumulation) runs once per iteration: its count is multiplied by the loop's
-trip count, read from the loop condition's bound.
+trip count: XLA's ``known_trip_count`` where the loop carries it (XLA:GPU), else the
+bound its condition compares against.
 
 XLA:TPU splits one collective over several fused computations (start, continuation,
-done) that share its `channel_id`: each channel is counted once. A reduce-scatter may be
+done) that share its `channel_id` and groups: each is counted once. A reduce-scatter may be
 lowered as an all-reduce inside a computation named `all-reduce-scatter...`: it is
 counted as the reduce-scatter it is.
 """
@@ -61,6 +62,9 @@ _CHANNEL = re.compile(r"\bchannel_id=(\d+)")
 _GROUPS_LIST = re.compile(r"replica_groups=\{\{([0-9,]*)\}")
 _GROUPS_IOTA = re.compile(r"replica_groups=\[(\d+),(\d+)\]<=")
 _GROUPS_MESH = re.compile(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}")
+_PAIRS = re.compile(r"source_target_pairs=\{[0-9,{}]*\}")
+_GROUPS = re.compile(r"replica_groups=\S+")
+KNOWN_TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 _CONSTANT = re.compile(r"= [su](?:32|64)\[\][^ ]* constant\((\d+)\)")
 
 
@@ -145,10 +149,15 @@ def computations(hlo_text: str) -> dict[str, list[str]]:
   return result
 
 
-def _trip_count(condition: list[str]) -> Optional[int]:
+def trip_count(condition: list[str]) -> Optional[int]:
   """A counted loop's bound: the one integer constant its condition compares against."""
   constants = [int(c) for line in condition for c in _CONSTANT.findall(line)]
   return constants[0] if len(constants) == 1 else None
+
+
+def called_computations(line: str) -> list[str]:
+  """The computations an instruction line calls (fusions, calls, branches, a loop body)."""
+  return [c.strip() for m in _CALLED.finditer(line) for c in m.group(1).split(",") if c.strip()]
 
 
 def _group_size(rest: str, num_devices: int) -> int:
@@ -173,8 +182,9 @@ def _data_bytes(opcode: str, shape: str, group_size: int) -> float:
   total = sum(_shape_bytes(shape))
   if opcode == "all-gather-start":  # (inputs, outputs): the inputs are 1/n of the outputs
     return total * group_size / (group_size + 1)
-  if opcode == "collective-permute-start":  # (input, output, contexts)
-    return total / 2
+  if opcode == "collective-permute-start":  # (input, output, u32[] contexts)
+    arrays = [(dtype, dims) for dtype, dims in _ARRAY.findall(shape) if dims or dtype != "u32"]
+    return sum(_shape_bytes(" ".join(f"{t}[{d}]" for t, d in arrays))) / 2
   if opcode.removesuffix("-start") == "reduce-scatter":
     return total * group_size
   return total
@@ -208,14 +218,21 @@ def collectives(hlo_text: str, num_devices: int) -> tuple[list[Collective], int]
       if kind is not None:
         n = _group_size(rest, num_devices)
         channel = _CHANNEL.search(rest)
-        key = f"channel {channel.group(1)}" if channel else f"{name}/{inst}"
+        # The parts of one collective share its channel and its groups; JAX gives a scan's
+        # ppermute and its transpose one channel, with the pairs reversed.
+        groups = _PAIRS.search(rest) or _GROUPS.search(rest)
+        where = f"{kind} {groups.group(0) if groups else ''}"
+        key = f"channel {channel.group(1)} {where}" if channel else f"{name}/{inst}"
         previous = found.get(key)
         if previous is None or previous.runs < runs:
           found[key] = Collective(kind, _data_bytes(opcode, shape, n), n, runs)
       callees: list[tuple[str, int]] = []
       if opcode == "while":
         body, condition = _BODY.search(rest), _CONDITION.search(rest)
-        trips = _trip_count(comps.get(condition.group(1), [])) if condition else None
+        known = KNOWN_TRIPS.search(rest)  # XLA's own analysis (XLA:GPU writes it)
+        trips = int(known.group(1)) if known else None
+        if trips is None and condition:
+          trips = trip_count(comps.get(condition.group(1), []))
         if trips is None:
           unknown += 1
         callees.append((body.group(1) if body else "", runs * (trips or 1)))

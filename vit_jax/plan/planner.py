@@ -20,10 +20,10 @@ from absl import logging
 
 from vit_jax import run as run_lib
 from vit_jax import sharding
+from vit_jax.models.image_text import TwoTowerSettings
 from vit_jax.plan import gpu_topology, hlo, report
 from vit_jax.plan.report import gib
 from vit_jax.plan.topology import AnyTopology
-from vit_jax.run import step_cost
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +57,7 @@ class Plan:
   train: report.Measure
   eval: report.Measure
   step_flops: Optional[float]  # all devices, one step
-  flops_source: str  # 'xla', or 'analytic' where the step loops
+  flops_source: str  # 'xla' (its loops multiplied out), or 'analytic' (GPUs)
   model_flops_per_image: Optional[float]  # analytic
   time: Optional[report.StepTime]
   # The whole run (`report.RunTotals`): config.total_steps at the step bound.
@@ -68,6 +68,8 @@ class Plan:
   run_exaflops_xla: Optional[float]
   memory_note: str = ""  # what hbm_bytes is, where not the device's whole HBM
   interconnect: str = "ICI"
+  example: str = "image"  # what the batch counts: 'image', or 'image-text pair'
+  towers: str = ""  # a two-tower model's text tower, loss and locked tower, in words
 
   @property
   def fits(self) -> bool:
@@ -100,6 +102,22 @@ def _measure(
   )
   logging.info("Compiled the %s in %.1f s (%s).", what, time.perf_counter() - start, outcome)
   return measured, compiled
+
+
+def _towers(spec: Any, steps: Any) -> str:
+  """A two-tower run in words: the text tower, the shared width, the loss and whether the
+  image tower is locked (no gradient, no optimizer state); '' for any other model."""
+  model = spec.model
+  if not isinstance(model, TwoTowerSettings):
+    return ""
+  text = model.text
+  locked = getattr(steps.objective, "frozen", ())
+  return (
+    f"image tower {model.image.name}; text tower width {text.width}, {text.depth} layers, "
+    f"{model.text_len} tokens, pool {text.pool}; embeddings {model.embed_dim}; "
+    f"{spec.objective.options.loss} loss over the global batch"
+    + ("; image tower locked (no gradient, no optimizer state)" if locked else "")
+  )
 
 
 def make_plan(config: ml_collections.ConfigDict, topology: AnyTopology) -> Plan:
@@ -139,8 +157,10 @@ def make_plan(config: ml_collections.ConfigDict, topology: AnyTopology) -> Plan:
     topology,
     options,
   )
-  per_image = step_cost.vit_flops_per_image(spec.model, spec.crop, spec.num_classes, train=True)
-  step_flops, source = steps.step_flops(compiled) if compiled else (None, "none")
+  per_image = steps.train_flops_per_example()
+  step_flops, source = (train.xla_flops * n, "xla") if compiled else (None, "none")
+  if compiled and train.has_loops and chip.platform == "tpu":
+    source = "xla, loops multiplied out"  # `loop_cost`: each loop body x its trip count
   if compiled and chip.platform != "tpu":
     # XLA:GPU's matrix products are cuBLAS/cuDNN calls that its cost analysis does not count.
     step_flops, source = (per_image and per_image * spec.batch), "analytic"
@@ -202,6 +222,8 @@ def make_plan(config: ml_collections.ConfigDict, topology: AnyTopology) -> Plan:
     run_exaflops_xla=totals.exaflops_xla,
     memory_note=topology.memory_note,
     interconnect=chip.interconnect,
+    example="image-text pair" if isinstance(spec.model, TwoTowerSettings) else "image",
+    towers=_towers(spec, steps),
   )
 
 
@@ -254,6 +276,7 @@ def format_plan(plan: Plan) -> str:
     f"devices of {plan.device_kind}, {plan.processes} host(s))",
     f"mesh {plan.mesh}, partitioning={plan.partitioning}, dtype={plan.dtype}, "
     f"remat={plan.remat}, crop {plan.crop}, {plan.num_classes} classes",
+    *([plan.towers] if plan.towers else []),
     f"batch {plan.batch}: {plan.batch_per_device} per device"
     + (f" per micro-batch (accum_steps={plan.accum_steps})" if plan.accum_steps > 1 else "")
     + f", {plan.batch_per_host} per host; eval batch {plan.eval_batch}",
@@ -268,9 +291,14 @@ def format_plan(plan: Plan) -> str:
     per_image = plan.step_flops / plan.batch
     analytic = plan.model_flops_per_image
     lines.append(
-      f"FLOPs per step {plan.step_flops:.4g} ({plan.flops_source} count), per image "
+      f"FLOPs per step {plan.step_flops:.4g} ({plan.flops_source} count), per {plan.example} "
       f"{per_image:.4g}"
       + (f" (analytic {analytic:.4g})" if analytic and plan.flops_source != "analytic" else "")
+    )
+  if plan.train.unknown_trip_counts:
+    lines.append(
+      f"  ({plan.train.unknown_trip_counts} loop(s) of unknown trip count: their bodies' "
+      "FLOPs and bytes counted once)"
     )
   lines.append(
     f"collectives per train step, per device: {_collective_line(plan.train.collectives)}"

@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 from vit_jax.hardware import Chip
-from vit_jax.plan import hlo
+from vit_jax.plan import hlo, loop_cost
 from vit_jax.run import step_cost
 
 GIB = 2**30
@@ -59,11 +59,13 @@ class Measure:
 
   memory: Optional[Memory]
   needed_bytes: int
-  xla_flops: float  # one device's program, loop bodies counted once
+  xla_flops: float  # one device's program, each loop body x its trip count
   xla_bytes_accessed: float  # its HBM traffic, counted the same way
   has_loops: bool
   collectives: Optional[hlo.Totals]
   compile_seconds: float
+  # Loops whose trip count could not be read: their bodies are counted once above.
+  unknown_trip_counts: int = 0
 
 
 def too_large_bytes(error: BaseException) -> Optional[int]:
@@ -119,14 +121,21 @@ def measure(
   )
   text = compiled.as_text()
   flops, bytes_accessed = _cost_analysis(compiled)
+  loops = step_cost.has_loops(compiled)
+  unknown = 0
+  if loops:  # XLA counted each loop body once: the other iterations added
+    extra = loop_cost.loop_cost(text)
+    flops, bytes_accessed = flops + extra.extra_flops, bytes_accessed + extra.extra_bytes
+    unknown = extra.unknown_trip_counts
   measured = Measure(
     memory,
     total,
     flops,
     bytes_accessed,
-    step_cost.has_loops(compiled),
+    loops,
     hlo.totals(text, num_devices, node_size),
     seconds,
+    unknown,
   )
   return measured, compiled
 
@@ -155,16 +164,13 @@ def step_time(
 ) -> StepTime:
   """The lower bound for ``measured`` on ``chip``, whose products run in ``dtype``.
 
-  ``step_flops``: every FLOP the step executes (XLA's count, or the analytic one where
-  the step loops); ``model_flops``: the model's analytic count that MFU is defined on.
-  Where XLA counted loop bodies once, its HBM traffic is scaled by the same factor as
-  the FLOPs (the loop bodies dominate both); not on GPUs, where XLA's count leaves out the
-  products (cuBLAS and cuDNN calls) and the traffic stays counted once per loop body.
+  ``step_flops``: every FLOP the step executes (XLA's count with its loops multiplied
+  out, `loop_cost`; on GPUs the analytic one, as XLA:GPU's count leaves out the cuBLAS and
+  cuDNN products); ``model_flops``: the model's analytic count that MFU is defined on.
+  The HBM traffic is XLA's, loops multiplied out the same way.
   """
   flops_per_device = step_flops / num_devices
   traffic = measured.xla_bytes_accessed
-  if measured.has_loops and measured.xla_flops > 0 and chip.platform == "tpu":
-    traffic *= flops_per_device / measured.xla_flops
   totals = measured.collectives
   ici = sum(totals.traffic_bytes.values()) - totals.network_traffic_bytes if totals else 0.0
   network = totals.network_traffic_bytes if totals else 0.0

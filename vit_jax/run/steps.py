@@ -151,11 +151,19 @@ class RunSteps:
     """The train step compiled for the abstract state and batch (no data needed)."""
     return self.train_step.lower(self.abstract_state, self.abstract_train_batch()).compile()
 
-  def step_flops(self, compiled: jax.stages.Compiled) -> tuple[Optional[float], str]:
-    """FLOPs of one compiled step over all devices, and their source (`step_cost.step_flops`)."""
-    per_image = step_cost.vit_flops_per_image(
+  def train_flops_per_example(self) -> Optional[float]:
+    """The analytic FLOPs of one example of the train step: the objective's count where it
+    has one (a two-tower's loss over the batch, a locked tower), else the family's."""
+    count = getattr(self.objective, "train_flops_per_example", None)
+    if count is not None:
+      return count(self.spec.crop, self.spec.batch)
+    return step_cost.vit_flops_per_image(
       self.spec.model, self.spec.crop, self.spec.num_classes, train=True
     )
+
+  def step_flops(self, compiled: jax.stages.Compiled) -> tuple[Optional[float], str]:
+    """FLOPs of one compiled step over all devices, and their source (`step_cost.step_flops`)."""
+    per_image = self.train_flops_per_example()
     return step_cost.step_flops(compiled, self.mesh.size, per_image and per_image * self.spec.batch)
 
   def init_state(self) -> TrainState:

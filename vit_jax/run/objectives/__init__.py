@@ -8,8 +8,11 @@ data, the run's `spec.ObjectiveSettings` and its mesh (for losses computed acros
 
 Optional attributes the run reads: ``batch_fields`` (batch entries besides 'image' and
 'label': name -> (per-example shape, dtype)), ``frozen`` (top-level parameter subtrees
-with no update and no optimizer state) and ``pretrained_key`` (the subtree that
-``config.pretrained`` initialises; absent: the whole tree).
+with no update and no optimizer state), ``pretrained_key`` (the subtree that
+``config.pretrained`` initialises; absent: the whole tree) and
+``train_flops_per_example(image_size, batch)`` (the analytic count of one example of a
+train step where the model family's count is not it, e.g. a contrastive loss over the
+batch; absent: `step_cost.vit_flops_per_image`).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import ml_collections
 
 from vit_jax import errors, sharding
 from vit_jax.aliases import Batch
-from vit_jax.models import create_model, model_settings
+from vit_jax.models import create_model, family_of, image_text, model_settings
 from vit_jax.models.image_text import IMAGE, TwoTowerSettings
 from vit_jax.models.two_tower import LOSS_INIT
 from vit_jax.run import contrastive as losses
@@ -59,6 +59,7 @@ class Contrastive:
         "config.model.bias_init=None: set config.model.bias_init=-10.0 (SigLIP's) or "
         "config.contrastive.loss='softmax'."
       )
+    self.settings = settings
     self.model = create_model(settings, num_classes=None)
     self.encoder = self.model.img  # the image tower (what fine-tuning and LiT read)
     self.text_len = settings.text_len
@@ -72,6 +73,19 @@ class Contrastive:
     """Boxed parameters (with their logical axis names)."""
     ids = jnp.zeros((images.shape[0], self.text_len), jnp.int32)
     return self.model.init({"params": rng}, images, ids)["params"]
+
+  def train_flops_per_example(self, image_size: int, batch: int) -> Optional[float]:
+    """The analytic FLOPs of one image-text pair in a train step of global ``batch``: both
+    towers (a locked image tower forward only) and the loss (`image_text.flops_per_image`)."""
+    return image_text.flops_per_image(
+      self.settings,
+      image_size,
+      None,
+      train=True,
+      image_family=family_of(self.settings.image),
+      batch=batch,
+      lock_image=IMAGE in self.frozen,
+    )
 
   def embed(
     self, params: Any, images: Optional[jax.Array], ids: Optional[jax.Array]
