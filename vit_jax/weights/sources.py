@@ -6,6 +6,8 @@ Sources, told apart by what is on disk (hub names are fetched first, `vit_jax.we
   * a training run of this package: its workdir, `<workdir>/checkpoints` or one step
     folder; model, image size and class names come from the run's `config.json`;
   * a Hugging Face `ViTForImageClassification` / `ViTModel` directory (`vit_jax.weights.hf`);
+  * a transformers `SiglipModel`, `Siglip2Model` or `CLIPModel` directory, both towers and
+    the tokenizer (`vit_jax.weights.hf_two_tower`);
   * a timm checkpoint: a `.safetensors` file, or a folder with `model.safetensors` and
     timm's `config.json` or our export's `timm_model.json` (`vit_jax.weights.timm_import`);
   * ``hf-hub:<org>/<name>[@revision]`` (a transformers or a timm repository) and the
@@ -35,7 +37,7 @@ from vit_jax import errors, input_files, models
 from vit_jax.aliases import Params
 from vit_jax.data import data_config as data_config_lib
 from vit_jax.paths import CONFIG_FILE, RunPaths, as_path
-from vit_jax.weights import architecture, hub, npz, orbax_steps
+from vit_jax.weights import architecture, hf_two_tower, hub, npz, orbax_steps
 
 _MAX_ERROR_LINES = 20  # of check_tree's list of differences
 _PICKLES = (".bin", ".pth", ".pt", ".ckpt", ".pkl", ".pickle")
@@ -59,6 +61,9 @@ class LoadedModel:
   # How the source prepares its inputs; None: the official recipe at image_size with the
   # model config's mean and std (what every source meant before it was read).
   data_config: Optional[data_config_lib.DataConfig] = None
+  # An image-text model's tokenizer (`vit_jax.data.tokenize.Tokenizer`): texts -> the ids
+  # its text tower reads; None for image models.
+  tokenizer: Optional[Any] = None
 
   def __post_init__(self) -> None:
     if self.data_config is None:
@@ -161,6 +166,8 @@ def load(path: str | os.PathLike, model_name: Optional[str] = None) -> LoadedMod
     )
     if not _official_name(source):  # an official name keeps the official recipe
       loaded.data_config = _folder_data_config(path, config, image_size or _UNSIZED_INPUT)
+    if hf_two_tower.model_type(path):
+      loaded.tokenizer = hf_two_tower.read_tokenizer(path)
   elif location.is_dir():
     loaded = _load_run(path)
   elif location.is_file():
@@ -230,6 +237,8 @@ def _reader(path: str) -> Optional[Reader]:
     return (lambda _: hf.read_dir(directory)) if hf.is_hf_dir(directory) else timm_import.read
   if os.path.isdir(path):
     expressible.check_transformers_dir(path)
+    if hf_two_tower.model_type(path):
+      return hf_two_tower.read_dir
     if hf.is_hf_dir(path):
       return hf.read_dir
     if timm_import.is_timm_dir(path):
@@ -250,6 +259,8 @@ def _folder_data_config(
   from vit_jax.weights import hf, timm_import  # pylint: disable=g-import-not-at-top
 
   directory = path if os.path.isdir(path) else os.path.dirname(path)
+  if hf_two_tower.model_type(directory):
+    return hf_two_tower.read_data_config(directory, config, image_size)
   if hf.is_hf_dir(directory):
     return hf.read_data_config(directory, config, image_size)
   return timm_import.read_data_config(directory, config, image_size)
@@ -363,9 +374,14 @@ def run_model_config(run: RunPaths) -> tuple[ml_collections.ConfigDict, int]:
 
 def _check_fits(loaded: LoadedModel) -> None:
   """One ValueError listing every array that does not fit the architecture."""
-  size = loaded.image_size or loaded.module().input_stride
+  module = loaded.module()
+  size = loaded.image_size or module.input_stride
   dummy = jax.ShapeDtypeStruct((1, *size, 3), jnp.float32)
-  expected = jax.eval_shape(lambda x: loaded.module().init(jax.random.PRNGKey(0), x), dummy)
+  init = lambda x: module.init(jax.random.PRNGKey(0), x)
+  if models.family_of(loaded.config).name == models.image_text.TWO_TOWER:
+    ids = jnp.zeros((1, loaded.config.text_len), jnp.int32)
+    init = lambda x: module.init(jax.random.PRNGKey(0), x, ids)
+  expected = jax.eval_shape(init, dummy)
   try:
     npz.check_tree(
       loaded.params, nn.unbox(expected["params"]), source=f"checkpoint {loaded.source!r}"

@@ -1,0 +1,87 @@
+"""transformers' SiglipModel, Siglip2Model and CLIPModel folders read as two-tower models:
+transformers' own logits (within 1e-5 relative) and token ids from a folder written in
+the test (`hf_text_fixtures`), and the bad folders' errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests import hf_text_fixtures as fx
+from vit_jax import errors
+from vit_jax.models import two_tower
+from vit_jax.weights import sources
+
+pytest.importorskip("transformers")
+pytest.importorskip("sentencepiece")
+
+
+@pytest.fixture(scope="module", params=sorted(fx.WRITERS))
+def hf_folder(request, tmp_path_factory) -> str:
+  directory = str(tmp_path_factory.mktemp(request.param))
+  fx.WRITERS[request.param](directory)
+  return directory
+
+
+def our_logits(loaded: sources.LoadedModel, pixels: np.ndarray, texts: list[str]) -> np.ndarray:
+  """[B, T] image-text logits, the images normalised as the folder's processor says."""
+  data = loaded.data_config
+  x = (pixels / 255.0 - np.asarray(data.mean)) / np.asarray(data.std)
+  ids = loaded.tokenizer.encode(texts, loaded.config.text_len)
+  zimg, ztxt, out = loaded.module().apply(
+    {"params": loaded.params}, jnp.asarray(x, jnp.float32), jnp.asarray(ids)
+  )
+  return np.asarray(two_tower.image_text_logits(zimg, ztxt, out))
+
+
+def test_image_text_logits_and_token_ids_equal_transformers(hf_folder):
+  loaded = sources.load(hf_folder)
+  pixels = fx.images()
+  expected = fx.reference(hf_folder, fx.TEXTS, pixels)
+  ours = our_logits(loaded, pixels, fx.TEXTS)
+  assert np.abs(ours - expected).max() <= 1e-5 * np.abs(expected).max(), (ours, expected)
+  ids = loaded.tokenizer.encode(fx.TEXTS, fx.TEXT_LEN)
+  np.testing.assert_array_equal(ids, fx.reference_ids(hf_folder, fx.TEXTS))
+
+
+def test_siglip2_positions_resample_as_transformers_at_another_grid():
+  """NaFlex's table at a grid other than the stored one: transformers' function."""
+  import torch  # pylint: disable=g-import-not-at-top
+  from transformers.models.siglip2 import modeling_siglip2  # pylint: disable=g-import-not-at-top
+
+  from vit_jax.weights import hf_two_tower  # pylint: disable=g-import-not-at-top
+
+  table = np.random.default_rng(0).normal(size=(16, 5)).astype(np.float32)  # a 4x4 grid
+  for grid in ((4, 4), (6, 6), (3, 3)):
+    expected = modeling_siglip2.Siglip2VisionEmbeddings.resize_positional_embeddings(
+      torch.from_numpy(table.reshape(4, 4, 5)), torch.tensor([grid]), grid[0] * grid[1]
+    )[0].numpy()
+    np.testing.assert_allclose(hf_two_tower.naflex_positions(table, grid), expected, atol=1e-6)
+
+
+def _copy(src: str, dst: str, drop: tuple[str, ...] = ()) -> str:
+  shutil.copytree(src, dst, ignore=shutil.ignore_patterns(*drop))
+  return dst
+
+
+def test_unknown_model_type_and_missing_tokenizer_are_one_error_each(hf_folder, tmp_path):
+  other = _copy(hf_folder, str(tmp_path / "blip"))
+  path = os.path.join(other, "config.json")
+  with open(path) as f:
+    config = json.load(f)
+  with open(path, "w") as f:
+    json.dump({**config, "model_type": "blip", "architectures": ["BlipModel"]}, f)
+  with pytest.raises(errors.CheckpointError, match="model_type 'blip' \\(BlipModel\\).*CLIPModel"):
+    sources.load(other)
+  bare = _copy(hf_folder, str(tmp_path / "bare"), drop=("tokenizer*", "spiece.model"))
+  with pytest.raises(errors.CheckpointError, match="No tokenizer_config.json in .*save_pretrained"):
+    sources.load(bare)
+  if os.path.isfile(os.path.join(hf_folder, "spiece.model")):
+    vocabless = _copy(hf_folder, str(tmp_path / "vocabless"), drop=("spiece.model",))
+    with pytest.raises(errors.CheckpointError, match="No spiece.model in .*SiglipTokenizer"):
+      sources.load(vocabless)
