@@ -85,3 +85,42 @@ def test_unknown_model_type_and_missing_tokenizer_are_one_error_each(hf_folder, 
     vocabless = _copy(hf_folder, str(tmp_path / "vocabless"), drop=("spiece.model",))
     with pytest.raises(errors.CheckpointError, match="No spiece.model in .*SiglipTokenizer"):
       sources.load(vocabless)
+
+
+def test_export_back_gives_transformers_the_same_logits(hf_folder, tmp_path):
+  from vit_jax.weights import writers  # pylint: disable=g-import-not-at-top
+
+  loaded = sources.load(hf_folder)
+  out = writers.save(loaded, "hf", tmp_path / "out", class_names=None, image_size=loaded.image_size)
+  pixels = fx.images()
+  np.testing.assert_allclose(
+    fx.reference(out, fx.TEXTS, pixels), fx.reference(hf_folder, fx.TEXTS, pixels), atol=1e-6
+  )
+  np.testing.assert_array_equal(
+    fx.reference_ids(out, fx.TEXTS), fx.reference_ids(hf_folder, fx.TEXTS)
+  )
+
+
+def test_a_model_transformers_cannot_hold_is_refused_with_the_reasons(tmp_path):
+  from vit_jax import models  # pylint: disable=g-import-not-at-top
+  from vit_jax.weights import writers  # pylint: disable=g-import-not-at-top
+
+  config = models.two_tower_config(
+    models.get_model_config("testing"), text=dict(width=16, depth=1, mlp_dim=32, num_heads=2,
+    vocab_size=40, pool="gap"), text_len=8, embed_dim=16,
+  )  # fmt: skip
+  module = models.create_model(config, num_classes=None)
+  import jax  # pylint: disable=g-import-not-at-top
+
+  params = module.init(
+    jax.random.PRNGKey(0), jnp.zeros((1, 16, 16, 3)), jnp.zeros((1, 8), jnp.int32)
+  )
+  loaded = sources.LoadedModel(config, params["params"], None, (16, 16), None, "memory")
+  with pytest.raises(errors.CommandLineError, match="image projection with a bias.*image_head"):
+    writers.save(loaded, "hf", tmp_path / "out", class_names=None, image_size=(16, 16))
+  config.image_head = "none"
+  with pytest.raises(
+    errors.CommandLineError, match="image classifier='token' .*'map'.*text pool='gap'"
+  ):
+    writers.save(loaded, "hf", tmp_path / "out", class_names=None, image_size=(16, 16))
+  assert not os.path.exists(tmp_path / "out")

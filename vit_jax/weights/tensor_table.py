@@ -122,7 +122,8 @@ def to_torch(table: Iterable[Row], flat: dict[str, np.ndarray]) -> dict[str, np.
       parts.setdefault(row.theirs, {})[row.part[0]] = value
   for theirs, pieces in parts.items():
     out[theirs] = np.concatenate([pieces[i] for i in sorted(pieces)])
-  return {k: np.ascontiguousarray(v) for k, v in out.items()}
+  # np.require keeps a 0-d array (CLIP's logit_scale) 0-d; ascontiguousarray makes it [1].
+  return {k: np.require(v, requirements="C") for k, v in out.items()}
 
 
 def from_torch(

@@ -28,7 +28,15 @@ from absl import logging
 from vit_jax import errors, models
 from vit_jax.models import families
 from vit_jax.weights import hf as hf_lib
-from vit_jax.weights import npz, serving, sources, timm_bit, timm_eva, timm_mixer
+from vit_jax.weights import (
+  hf_two_tower_write,
+  npz,
+  serving,
+  sources,
+  timm_bit,
+  timm_eva,
+  timm_mixer,
+)
 from vit_jax.weights import timm as timm_lib
 
 FORMATS = ("hf", "timm", "saved_model", "stablehlo", "npz")
@@ -60,6 +68,8 @@ def writer(
   data_config = model.data_config.at_size(image_size)  # the preprocessing each format states
   if fmt not in FORMATS:
     raise errors.CommandLineError(f"Unknown format {fmt!r}; choose one of {', '.join(FORMATS)}.")
+  if fmt == "hf" and family is families.TWO_TOWER:  # transformers' SigLIP or CLIP
+    return hf_two_tower_write.writer(model, image_size)
   if fmt == "hf" and family.hf_refusal:
     raise errors.CommandLineError(
       f"{family.hf_refusal}: export this model as timm, npz, saved_model or stablehlo."
