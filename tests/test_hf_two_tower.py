@@ -124,3 +124,30 @@ def test_a_model_transformers_cannot_hold_is_refused_with_the_reasons(tmp_path):
   ):
     writers.save(loaded, "hf", tmp_path / "out", class_names=None, image_size=(16, 16))
   assert not os.path.exists(tmp_path / "out")
+
+
+@pytest.fixture(scope="module")
+def siglip2_folder(tmp_path_factory) -> str:
+  directory = str(tmp_path_factory.mktemp("siglip2_predict"))
+  fx.siglip2(directory)
+  return directory
+
+
+def test_predict_texts_prints_transformers_siglip2_probabilities(siglip2_folder, tmp_path, capsys):
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+
+  from vit_jax import predict  # pylint: disable=g-import-not-at-top
+
+  pixels = fx.images(3)
+  for i, p in enumerate(pixels):
+    Image.fromarray(p).save(tmp_path / f"{i}.png")
+  texts = ["a photo of a cat", "a red car", "dog"]
+  argv = ["predict", f"--checkpoint={siglip2_folder}", f"--texts={','.join(texts)}", "--json"]
+  assert predict.main([*argv, str(tmp_path)]) == 0
+  lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+  expected = 1 / (1 + np.exp(-fx.reference(siglip2_folder, texts, pixels)))  # sigmoid per text
+  assert [os.path.basename(line["file"]) for line in lines] == ["0.png", "1.png", "2.png"]
+  for line, probs in zip(lines, expected):
+    scores = {entry["label"]: entry["probability"] for entry in line["top_k"]}
+    assert [entry["label"] for entry in line["top_k"]] == [texts[i] for i in np.argsort(-probs)]
+    np.testing.assert_allclose([scores[t] for t in texts], probs, atol=1e-4)

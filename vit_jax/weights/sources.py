@@ -353,7 +353,19 @@ def _load_run(path: str) -> LoadedModel:
     path,
     run_config,
     data_config_lib.from_run_config(run_config),
+    _run_tokenizer(run_config, names),
   )
+
+
+def _run_tokenizer(run_config: ml_collections.ConfigDict, names: Optional[list[str]]) -> Any:
+  """A contrastive run's tokenizer: the word tokenizer of its captions (its class names in
+  its templates, `data.captions`), rebuilt as the run built it; None for other runs."""
+  if run_config.get("objective") != "contrastive" or not names:
+    return None
+  from vit_jax.data import captions  # pylint: disable=g-import-not-at-top
+
+  templates = run_config.contrastive.templates
+  return captions.Captions(names, templates, int(run_config.model.text_len)).tokenizer
 
 
 def run_model_config(run: RunPaths) -> tuple[ml_collections.ConfigDict, int]:
