@@ -2,7 +2,8 @@
 
 Sources, told apart by what is on disk (hub names are fetched first, `vit_jax.weights.hub`):
   * an official-layout `.npz` (per-layer or scanned): the architecture from ``model_name``
-    or inferred from the array shapes (`vit_jax.weights.architecture`);
+    or inferred from the array shapes (`vit_jax.weights.architecture`); the official LiT
+    image-text layout with its vocabulary beside it (`vit_jax.weights.lit_npz`);
   * a training run of this package: its workdir, `<workdir>/checkpoints` or one step
     folder; model, image size and class names come from the run's `config.json`;
   * a Hugging Face `ViTForImageClassification` / `ViTModel` directory (`vit_jax.weights.hf`);
@@ -37,7 +38,7 @@ from vit_jax import errors, input_files, models
 from vit_jax.aliases import Params
 from vit_jax.data import data_config as data_config_lib
 from vit_jax.paths import CONFIG_FILE, RunPaths, as_path
-from vit_jax.weights import architecture, hf_two_tower, hub, npz, orbax_steps
+from vit_jax.weights import architecture, hf_two_tower, hub, lit_npz, npz, orbax_steps
 
 _MAX_ERROR_LINES = 20  # of check_tree's list of differences
 _PICKLES = (".bin", ".pth", ".pt", ".ckpt", ".pkl", ".pickle")
@@ -287,6 +288,11 @@ def read_params(source: str | os.PathLike) -> tuple[Params, Optional[ml_collecti
 
 def _load_npz(path: str, model_name: Optional[str]) -> LoadedModel:
   params = npz.scanned_to_layers(npz.load_npz(path))
+  if lit_npz.is_lit(params) and not model_name:  # models_lit's image-text layout
+    config, params = lit_npz.read(params, repr(path))
+    size = architecture.trained_image_size(params["img"], config.image)
+    tokenizer = lit_npz.read_tokenizer(path)
+    return LoadedModel(config, params, None, size, None, path, tokenizer=tokenizer)
   saved_data = None
   if model_name:
     config = models.get_model_config(model_name)
