@@ -151,3 +151,34 @@ def test_predict_texts_prints_transformers_siglip2_probabilities(siglip2_folder,
     scores = {entry["label"]: entry["probability"] for entry in line["top_k"]}
     assert [entry["label"] for entry in line["top_k"]] == [texts[i] for i in np.argsort(-probs)]
     np.testing.assert_allclose([scores[t] for t in texts], probs, atol=1e-4)
+  # The Python face: vit_jax.load's Model scores the same files the same.
+  import vit_jax  # pylint: disable=g-import-not-at-top
+
+  files = [str(tmp_path / f"{i}.png") for i in range(3)]
+  probs = vit_jax.load(siglip2_folder, batch_size=2).text_probabilities(files, texts)
+  np.testing.assert_allclose(probs, expected, atol=1e-4)
+
+
+def test_the_image_tower_fine_tunes_and_few_shots_from_a_two_tower_folder(
+  hf_folder, digits_dir, capsys
+):
+  import jax  # pylint: disable=g-import-not-at-top
+  from flax import traverse_util  # pylint: disable=g-import-not-at-top
+
+  from vit_jax import fewshot, models, weights  # pylint: disable=g-import-not-at-top
+
+  loaded = sources.load(hf_folder)
+  image = models.image_settings(loaded.config)
+  module = models.create_model(image, num_classes=None)
+  init = module.init(jax.random.PRNGKey(0), jnp.zeros((1, fx.IMAGE, fx.IMAGE, 3)))["params"]
+  fitted = weights.load_pretrained(hf_folder, jax.device_get(init), image)
+  flat, expected = (traverse_util.flatten_dict(t, sep="/") for t in (fitted, loaded.params["img"]))
+  assert set(flat) == set(expected)
+  for k, v in flat.items():
+    np.testing.assert_array_equal(v, expected[k], err_msg=k)
+  argv = ["fewshot", f"--checkpoint={hf_folder}", "--dataset=digits", "--shots=5", "--seeds=1"]
+  assert fewshot.main([*argv, f"--data_dir={digits_dir}", "--batch=256"]) == 0
+  row = next(
+    line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("digits ")
+  )
+  assert row[1] == "5" and 0.1 < float(row[2]) <= 1.0  # 10 classes: above chance
