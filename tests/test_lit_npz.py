@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
+import vit_jax
 from tests import hf_text_fixtures as fx
 from vit_jax import errors, models
 from vit_jax.models import two_tower
@@ -132,6 +133,14 @@ def test_lit_npz_gives_models_lit_logits_and_token_ids(lit_file):
   expected = 7.0 * zimg_ref @ _text_reference(ids, flat).T
   assert np.abs(logits - expected).max() <= 1e-5 * np.abs(expected).max()
   assert "b" not in loaded.params  # LiT's softmax: no bias
+  # predict --texts' scores (vit_jax.text_scores): LiT's softmax over the texts.
+  pixels = np.random.default_rng(4).integers(0, 256, (2, IMAGE, IMAGE, 3), np.uint8)
+  probs = vit_jax.Model(loaded).text_probabilities(list(pixels), texts)
+  features = np.asarray(image.apply({"params": img}, pixels / 127.5 - 1))  # the official [-1, 1]
+  zimg_ref = features / (np.linalg.norm(features, axis=-1, keepdims=True) + 1e-8)
+  np.testing.assert_allclose(
+    probs, jax.nn.softmax(7.0 * zimg_ref @ _text_reference(ids, flat).T), atol=1e-4
+  )
 
 
 def test_a_bert_lit_tower_is_refused(tmp_path):

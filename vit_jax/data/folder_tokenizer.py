@@ -21,6 +21,7 @@ transformers would split it out.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import string
@@ -28,7 +29,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from vit_jax import errors
+from vit_jax import errors, input_files
 from vit_jax.data import tokenize
 
 CONFIG = "tokenizer_config.json"
@@ -141,8 +142,6 @@ def _exists(path: str, why: str) -> None:
 def read_folder_tokenizer(directory: str) -> FolderTokenizer:
   """The tokenizer saved in a transformers checkpoint folder; a missing or unreadable one
   is one `CheckpointError` naming the file and the fix."""
-  from vit_jax.weights import files  # pylint: disable=g-import-not-at-top
-
   path = os.path.join(directory, CONFIG)
   if not os.path.isfile(path):
     raise errors.CheckpointError(
@@ -151,11 +150,20 @@ def read_folder_tokenizer(directory: str) -> FolderTokenizer:
       "tokenizer.save_pretrained(folder))."
     )
   try:
-    return FolderTokenizer(directory, files.read_json(path))
+    text = input_files.read_text(path, what="tokenizer config", error=errors.CheckpointError)
+    config = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise errors.CheckpointError(f"{path!r} is not valid JSON ({e}).") from None
+  if not isinstance(config, dict):
+    raise errors.CheckpointError(f"{path!r} is not a JSON object: not a tokenizer config.")
+  try:
+    return FolderTokenizer(directory, config)
   except ImportError as e:
     raise errors.UserError(f"Reading {path!r} needs {e.name}: pip install -e '.[text]'.") from None
   except (RuntimeError, OSError, ValueError) as e:
     if isinstance(e, errors.UserError):
       raise
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    raise errors.CheckpointError(f"The tokenizer in {directory!r} could not be read: {first}")
+    raise errors.CheckpointError(
+      f"The tokenizer in {directory!r} could not be read: {first}"
+    ) from None

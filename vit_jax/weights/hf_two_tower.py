@@ -31,6 +31,7 @@ from typing import Any, Optional
 
 import ml_collections
 import numpy as np
+from flax import traverse_util
 
 from vit_jax import errors, models
 from vit_jax.aliases import Params
@@ -225,7 +226,7 @@ def _activation(sub: dict[str, Any], path: str) -> tuple[str, bool]:
 
 
 def _eps(sub: dict[str, Any], path: str, default: float) -> float:
-  return hf._layer_norm_eps({"layer_norm_eps": sub.get("layer_norm_eps", default)}, path)
+  return hf.layer_norm_eps({"layer_norm_eps": sub.get("layer_norm_eps", default)}, path)
 
 
 def _ints(sub: dict[str, Any], path: str, *keys: str) -> list[int]:
@@ -281,7 +282,7 @@ def _config(directory: str, kind: str) -> tuple[ml_collections.ConfigDict, tuple
     "num_attention_heads", "vocab_size", "max_position_embeddings",
   )  # fmt: skip
   t_act, t_approximate = _activation(text, path)
-  eos = text.get("eos_token_id")
+  eos = text.get("eos_token_id", tokenizer.eos_id)  # CLIP pools at the config's
   text_settings = dict(
     width=t_width, depth=t_depth, mlp_dim=t_mlp, num_heads=t_heads, vocab_size=vocab,
     activation=t_act, gelu_approximate=t_approximate,
@@ -311,7 +312,7 @@ def read_dir(
   kind = model_type(directory)
   config, grid = _config(directory, kind)
   settings = models.model_settings(config)
-  tensors = hf._read_tensors(directory)
+  tensors = hf.read_tensors(directory)
   source = f"{directory!r} ({ARCHITECTURES[kind]})"
   tensors = {k: v for k, v in tensors.items() if not k.endswith("position_ids")}
   rows_ = table(kind, settings)
@@ -324,13 +325,8 @@ def read_dir(
   if kind == "clip":
     flat[PATCH_BIAS] = np.zeros(settings.image.hidden_size, np.float32)
   patch = settings.image.patches.size
-  return config, _unflatten(flat), None, (grid[0] * patch[0], grid[1] * patch[1])
-
-
-def _unflatten(flat: dict[str, np.ndarray]) -> Params:
-  from flax import traverse_util  # pylint: disable=g-import-not-at-top
-
-  return traverse_util.unflatten_dict(flat, sep="/")
+  params = traverse_util.unflatten_dict(flat, sep="/")
+  return config, params, None, (grid[0] * patch[0], grid[1] * patch[1])
 
 
 def read_tokenizer(directory: str) -> folder_tokenizer.FolderTokenizer:
