@@ -99,6 +99,12 @@ def test_export_back_gives_transformers_the_same_logits(hf_folder, tmp_path):
   np.testing.assert_array_equal(
     fx.reference_ids(out, fx.TEXTS), fx.reference_ids(hf_folder, fx.TEXTS)
   )
+  # npz: the whole model, its tokenizer files beside it, read back the same.
+  npz_out = writers.save(loaded, "npz", tmp_path / "npz", class_names=None, image_size=(16, 16))
+  again = sources.load(os.path.join(npz_out, writers.NPZ_FILE))
+  np.testing.assert_array_equal(
+    our_logits(again, pixels, fx.TEXTS), our_logits(loaded, pixels, fx.TEXTS)
+  )
 
 
 def test_a_model_transformers_cannot_hold_is_refused_with_the_reasons(tmp_path):
@@ -182,3 +188,22 @@ def test_the_image_tower_fine_tunes_and_few_shots_from_a_two_tower_folder(
     line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("digits ")
   )
   assert row[1] == "5" and 0.1 < float(row[2]) <= 1.0  # 10 classes: above chance
+
+
+def test_stablehlo_export_of_an_image_text_model_is_its_image_tower(hf_folder, tmp_path):
+  """timm, saved_model and stablehlo write the image tower: its features, whose projection
+  (none for SigLIP) and unit length are the model's image embeddings."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from vit_jax.weights import writers  # pylint: disable=g-import-not-at-top
+
+  loaded = sources.load(hf_folder)
+  out = writers.save(loaded, "stablehlo", tmp_path / "hlo", class_names=None, image_size=(16, 16))
+  with open(os.path.join(out, "model.jax_exported"), "rb") as f:
+    exported = jax.export.deserialize(f.read())
+  x = np.random.default_rng(0).uniform(-1, 1, (1, fx.IMAGE, fx.IMAGE, 3)).astype(np.float32)
+  features = np.asarray(exported.call(x))
+  zimg, _, _ = loaded.module().apply({"params": loaded.params}, x, None)
+  head = loaded.params.get("img_head")
+  z = features if head is None else features @ np.asarray(head["kernel"]) + head.get("bias", 0)
+  np.testing.assert_allclose(z / np.linalg.norm(z, axis=-1, keepdims=True), zimg, atol=1e-5)

@@ -187,6 +187,20 @@ def writer(model: Any, image_size: tuple[int, int]) -> Callable[[str], None]:
   return write
 
 
+def tokenizer_copier(model: Any) -> Callable[[str], None]:
+  """What copies the tokenizer files of the transformers folder ``model`` was read from
+  into a folder (nothing for a model read from elsewhere): an `.npz` export's."""
+  source = model.source if os.path.isdir(str(model.source)) else None
+  names = (folder_tokenizer.CONFIG, folder_tokenizer.SPIECE, "tokenizer.json")
+  copied = [n for n in names if source and os.path.isfile(os.path.join(source, n))]
+
+  def copy(directory: str) -> None:
+    for name in copied:
+      shutil.copyfile(os.path.join(source, name), os.path.join(directory, name))
+
+  return copy
+
+
 def _write_tokenizer(tokenizer: Any, directory: str) -> None:
   """A `tokenizers` tokenizer (a contrastive run's) as ``PreTrainedTokenizerFast`` files."""
   inner = getattr(tokenizer, "_tokenizer", None)

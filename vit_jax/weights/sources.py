@@ -288,7 +288,8 @@ def read_params(source: str | os.PathLike) -> tuple[Params, Optional[ml_collecti
 
 def _load_npz(path: str, model_name: Optional[str]) -> LoadedModel:
   params = npz.scanned_to_layers(npz.load_npz(path))
-  if lit_npz.is_lit(params) and not model_name:  # models_lit's image-text layout
+  saved = os.path.isfile(npz.config_path(path))  # our export's model config beside it
+  if lit_npz.is_lit(params) and not model_name and not saved:  # models_lit's layout
     config, params = lit_npz.read(params, repr(path))
     size = architecture.trained_image_size(params["img"], config.image)
     tokenizer = lit_npz.read_tokenizer(path)
@@ -305,17 +306,27 @@ def _load_npz(path: str, model_name: Optional[str]) -> LoadedModel:
   else:
     config = architecture.infer_model_config(params)
     logging.info("%s: inferred architecture %s.", path, config.name)
+  tokenizer = None
+  if models.family_of(config).name == models.image_text.TWO_TOWER:  # our image-text export
+    size = architecture.trained_image_size(params["img"], config.image)
+    tokenizer = _beside_tokenizer(os.path.dirname(path))
+  else:
+    size = architecture.trained_image_size(params, config)
   loaded = LoadedModel(
-    config,
-    params,
-    architecture.num_classes(params),
-    architecture.trained_image_size(params, config),
-    None,
-    path,
+    config, params, architecture.num_classes(params), size, None, path, tokenizer=tokenizer
   )
   if saved_data is not None:
     loaded.data_config = data_config_lib.from_dict(saved_data, repr(npz.config_path(path)))
   return loaded
+
+
+def _beside_tokenizer(directory: str) -> Any:
+  """The transformers tokenizer files an image-text `.npz` export copied beside it, if any."""
+  from vit_jax.data import folder_tokenizer  # pylint: disable=g-import-not-at-top
+
+  if not os.path.isfile(os.path.join(directory, folder_tokenizer.CONFIG)):
+    return None
+  return folder_tokenizer.read_folder_tokenizer(directory)
 
 
 def _saved_config(path: str) -> tuple[ml_collections.ConfigDict, Optional[dict[str, Any]]]:
