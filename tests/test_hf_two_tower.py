@@ -207,3 +207,17 @@ def test_stablehlo_export_of_an_image_text_model_is_its_image_tower(hf_folder, t
   head = loaded.params.get("img_head")
   z = features if head is None else features @ np.asarray(head["kernel"]) + head.get("bias", 0)
   np.testing.assert_allclose(z / np.linalg.norm(z, axis=-1, keepdims=True), zimg, atol=1e-5)
+
+
+def test_a_gemma_tokenizer_folder_pads_left_as_transformers(tmp_path):
+  """SigLIP 2 folders on the hub name GemmaTokenizer, whose class pads left by default."""
+  import transformers as tr  # pylint: disable=g-import-not-at-top
+
+  from vit_jax.data import folder_tokenizer  # pylint: disable=g-import-not-at-top
+
+  state = json.loads(fx._bpe(["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]).to_str())["model"]
+  merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in state["merges"]]
+  tr.GemmaTokenizer(vocab=state["vocab"], merges=merges).save_pretrained(tmp_path)
+  ours = folder_tokenizer.read_folder_tokenizer(str(tmp_path)).encode(fx.TEXTS, fx.TEXT_LEN)
+  np.testing.assert_array_equal(ours, fx.reference_ids(str(tmp_path), fx.TEXTS))
+  assert ours[1, 0] == 0  # "dog": the padding first

@@ -14,7 +14,8 @@ pipeline and SigLIP's processors ask for).
   `tokenizers`, its own normalisation and special tokens, truncated and padded by that
   library as transformers does.
 Padding takes the config's ``pad_token`` on the side its ``padding_side`` names (right
-unless it says left; transformers' ``Siglip2Tokenizer`` class pads left by default).
+unless it says left; where it says nothing, transformers' class default: ``Siglip2Tokenizer``
+and ``GemmaTokenizer``, SigLIP 2's, pad left).
 Texts holding a special token's spelling (``</s>``) are tokenized as text here, where
 transformers would split it out.
 """
@@ -35,7 +36,12 @@ from vit_jax.data import tokenize
 CONFIG = "tokenizer_config.json"
 SPIECE = "spiece.model"
 SENTENCEPIECE_CLASSES = ("SiglipTokenizer",)  # read from SPIECE; any other: tokenizer.json
-_LEFT_BY_DEFAULT = ("Siglip2Tokenizer",)  # transformers' class attribute padding_side='left'
+# transformers 5's classes whose padding_side attribute is 'left' (SigLIP 2 folders name
+# GemmaTokenizer or Siglip2Tokenizer); a config's own padding_side is read first.
+_LEFT_BY_DEFAULT = (
+  "Siglip2Tokenizer", "GemmaTokenizer", "GemmaTokenizerFast", "LlamaTokenizer",
+  "LlamaTokenizerFast", "CodeLlamaTokenizer", "CohereTokenizer", "XLNetTokenizer",
+)  # fmt: skip
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
 
 
