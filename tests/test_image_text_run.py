@@ -4,6 +4,7 @@ recall counts ranks."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -12,15 +13,17 @@ import jax
 import numpy as np
 import pytest
 from flax import traverse_util
+from PIL import Image
 
+import vit_jax
 from configs import siglip
 from tests import train_fixtures
 from tests.test_main import assert_resume_is_exact
-from vit_jax import errors, models, run
+from vit_jax import errors, models, predict, run
 from vit_jax import zeroshot as zeroshot_cli
 from vit_jax.data import captions, tokenize
 from vit_jax.run.evaluators import zeroshot
-from vit_jax.weights import orbax_steps
+from vit_jax.weights import orbax_steps, sources
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEXT = dict(width=16, depth=1, mlp_dim=32, num_heads=2, vocab_size=64, pool="gap")
@@ -65,7 +68,8 @@ def test_locked_image_tower_ends_as_it_started_and_has_no_optimizer_state(
   metrics = run.train_and_evaluate(config, str(tmp_path / "lit"))
   assert 0.0 <= metrics["zeroshot/accuracy"] <= 1.0
   start = _flat(orbax_steps.read_params(source))
-  end = _flat(orbax_steps.read_params(tmp_path / "lit" / "checkpoints"))
+  end_tree = orbax_steps.read_params(tmp_path / "lit" / "checkpoints")
+  end = _flat(end_tree)
   image = {k[len("img/") :]: v for k, v in end.items() if k.startswith("img/")}
   assert image and set(image) == set(start) - {"head/kernel", "head/bias"}
   for k, v in image.items():
@@ -84,6 +88,22 @@ def test_locked_image_tower_ends_as_it_started_and_has_no_optimizer_state(
   )
   recall = metrics["retrieval/text_to_image_recall@5"]
   assert float(printed["retrieval/text_to_image_recall@5"]) == pytest.approx(recall, abs=1e-4)
+  # predict --texts reads the run (its tokenizer rebuilt from its captions): SigLIP's sigmoid
+  # of t * zimg . ztxt + b, computed here from the stored parameters.
+  image = tmp_path / "seven.png"
+  Image.fromarray(np.random.default_rng(0).integers(0, 256, (8, 8, 3), np.uint8)).save(image)
+  texts = ["a photo of the digit seven.", "a photo of the digit two."]
+  argv = ["predict", f"--checkpoint={tmp_path / 'lit'}", f"--texts={','.join(texts)}", "--json"]
+  assert predict.main([*argv, str(image)]) == 0
+  top = json.loads(capsys.readouterr().out)["top_k"]
+  loaded = sources.load(tmp_path / "lit")
+  x = vit_jax.Model(loaded).prepare([str(image)])
+  ids = captions.Captions(loaded.class_names, "digits", 8).tokenizer.encode(texts, 8)
+  zimg, ztxt, out = loaded.module().apply({"params": end_tree}, x, ids)
+  expected = jax.nn.sigmoid(out["t"] * zimg @ ztxt.T + out["b"])[0]
+  assert {e["label"]: e["probability"] for e in top} == pytest.approx(
+    dict(zip(texts, np.asarray(expected).tolist())), abs=1e-6
+  )
 
 
 def test_lock_without_weights_and_sigmoid_without_bias_are_clear_errors(digits_dir):

@@ -71,12 +71,16 @@ def test_embeddings_are_unit_and_either_tower_runs_alone():
 
 @pytest.mark.parametrize("pool", text_lib.POOLS)
 def test_each_pooling_reads_the_transformed_tokens(pool):
-  tower = text_lib.TextTransformer(text_lib.TextSettings(**{**TINY_TEXT.__dict__, "pool": pool}))
-  ids = jnp.asarray(np.random.default_rng(1).integers(0, 40, (2, 7)), jnp.int32)
-  variables = tower.init(jax.random.PRNGKey(0), ids)
-  features, out = tower.apply(variables, ids)
+  settings = text_lib.TextSettings(**{**TINY_TEXT.__dict__, "pool": pool, "eos_id": 39})
+  tower = text_lib.TextTransformer(settings)
+  ids = np.random.default_rng(1).integers(0, 38, (2, 7))
+  ids[0, 3] = ids[0, 5] = ids[1, 1] = 39  # the end token (and the largest id) twice, once
+  variables = tower.init(jax.random.PRNGKey(0), jnp.asarray(ids, jnp.int32))
+  features, out = tower.apply(variables, jnp.asarray(ids, jnp.int32))
   tokens = out["transformed"]
-  expected = {"last": tokens[:, -1], "first": tokens[:, 0], "gap": tokens.mean(axis=1)}
+  first_end = jnp.stack([tokens[0, 3], tokens[1, 1]])  # CLIP's: the first end token
+  expected = {"last": tokens[:, -1], "first": tokens[:, 0], "gap": tokens.mean(axis=1),
+              "eos": first_end, "argmax": first_end}  # fmt: skip
   if pool in expected:
     np.testing.assert_allclose(features, expected[pool], rtol=1e-6)
   else:

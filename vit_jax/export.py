@@ -49,6 +49,9 @@ LOAD_HINTS = {
   "npz": "python -m vit_jax.predict --checkpoint={out}/model.npz, or "
   "--config.pretrained={out}/model.npz to fine-tune",
 }
+TWO_TOWER_HF_HINT = (
+  "transformers.AutoModel.from_pretrained({out!r}) and AutoProcessor.from_pretrained({out!r})"
+)
 
 
 def export(
@@ -75,7 +78,10 @@ def _summary(fmt: str, source: str, out: str) -> str:
     for name in sorted(files):
       path = os.path.join(root, name)
       lines.append(f"  {os.path.relpath(path, out)}  ({os.path.getsize(path):,} bytes)")
-  lines.append("Load it with: " + LOAD_HINTS[fmt].format(out=out))
+  hint = LOAD_HINTS[fmt]
+  if fmt == "hf" and os.path.isfile(os.path.join(out, "tokenizer_config.json")):
+    hint = TWO_TOWER_HF_HINT  # an image-text model: SigLIP, SigLIP 2 or CLIP
+  lines.append("Load it with: " + hint.format(out=out))
   return "\n".join(lines)
 
 

@@ -9,7 +9,9 @@ preprocessing in its `config.json` (a masked-patch-prediction run's too); an off
 `.npz` takes --model, or its architecture and resolution are inferred from the array
 shapes; Hugging Face and timm checkpoints, `hf-hub:<org>/<name>` and official names
 (`ViT-B_16`) are read as `vit_jax.predict` reads them. --crop changes the resolution
-(position embeddings are interpolated as for fine-tuning).
+(position embeddings are interpolated as for fine-tuning). An image-text checkpoint (a
+contrastive run, a transformers SigLIP or CLIP folder, a LiT `.npz`) is evaluated on its
+image tower's features.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import jax.numpy as jnp
 import ml_collections
 from absl import flags, logging
 
-from vit_jax import cli, data, errors, paths, sharding, weights
+from vit_jax import cli, data, errors, models, paths, sharding, weights
 from vit_jax.run.evaluators import fewshot as fewshot_lib
 from vit_jax.run.evaluators import ridge
 from vit_jax.weights import hub, sources
@@ -179,6 +181,7 @@ def _config(values: dict[str, Any]) -> tuple[ml_collections.ConfigDict, data.Set
 def _evaluate(values: dict[str, Any]) -> None:
   """Evaluates the parsed command line's checkpoint and prints a row per dataset and shots."""
   model_config, settings, checkpoint = _config(values)
+  model_config = models.image_settings(model_config)  # an image-text model's image tower
   mesh = sharding.make_mesh(((sharding.DATA_AXIS, -1),))
   evaluator = fewshot_lib.FewShotEvaluator(
     model_config,

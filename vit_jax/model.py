@@ -8,6 +8,7 @@ transformers users expect one.
     model.predict(["cat.jpg"], top_k=5)             # [[(name, probability), ...], ...]
     model.features(x)                               # [B, D] pre-logits; pool=False: [B, N, D]
     model.rollout(x)                                # [B, gh, gw] attention rollout
+    model.text_probabilities(["cat.jpg"], ["a cat", "a dog"])   # an image-text model's [B, T]
     model.with_head(5).at_resolution(384).save("out", format="timm")
 
 Every array method runs one jitted function over fixed-size batches (``batch_size``), so
@@ -198,6 +199,20 @@ class Model:
     return self._refit(self.num_classes, hw, posemb_resize_method=method)
 
   # ------------------------------------------------------------------------ saving
+
+  def text_probabilities(self, images: Any, texts: list[str]) -> np.ndarray:
+    """An image-text model's probability of each text for each image (anything `prepare`
+    takes), [B, T]: with a logit bias (SigLIP) each text's sigmoid, without (CLIP, LiT)
+    the softmax over the texts (`vit_jax.text_scores`, as ``predict --texts``)."""
+    from vit_jax import text_scores  # pylint: disable=g-import-not-at-top
+
+    scores = text_scores.TextScores(self.loaded, texts)
+    x = self.prepare(images)
+    batch = min(self.batch_size, len(x))
+    pad = -len(x) % batch
+    x = np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)])
+    out = [scores(x[i : i + batch]) for i in range(0, len(x), batch)]
+    return np.concatenate(out)[: len(x) - pad]
 
   def save(self, directory: str | os.PathLike, format: str = "npz") -> str:  # noqa: A002
     """Writes the model into the new (or empty) folder ``directory`` as ``format``

@@ -1,7 +1,13 @@
-r"""Classifies image files with a trained model.
+r"""Classifies image files with a trained model, or scores them against texts.
 
     python -m vit_jax.predict --checkpoint=PATH [--model=NAME] [--labels=imagenet2012|FILE] \
         [--top_k=5] [--resolution=R] [--json] IMAGE_OR_FOLDER...
+    python -m vit_jax.predict --checkpoint=TWO_TOWER --texts="a dog,a cat" [--texts_file=F] ...
+
+With texts, an image-text checkpoint (a contrastive run, a transformers SigLIP, SigLIP 2
+or CLIP folder) prints every text's probability for each image, most probable first, as
+transformers' zero-shot pipeline reports them (`vit_jax.text_scores`: SigLIP's sigmoid per
+text, CLIP's softmax over the texts).
 
 PATH: an official-layout `.npz`, a training run (workdir, `checkpoints/` or a step
 folder), a Hugging Face or timm checkpoint, `hf-hub:<org>/<name>` or an official name
@@ -35,7 +41,7 @@ import jax
 import numpy as np
 from absl import flags, logging
 
-from vit_jax import errors, input_files
+from vit_jax import errors, input_files, text_scores
 from vit_jax import model as model_lib
 from vit_jax.data import image_header
 from vit_jax.printable import printable
@@ -123,7 +129,8 @@ class Classifier:
       )
     self.image_size = image_size
     self.batch = batch
-    model.module().grid_hw(image_size)  # a size the model cannot take fails here, with the fix
+    module = model.module()  # a size the model cannot take fails here, with the fix
+    getattr(module, "img", module).grid_hw(image_size)  # a two-tower model: its image tower
     loaded = dataclasses.replace(model, params=jax.device_put(model.params), image_size=image_size)
     self._model = model_lib.Model(loaded, batch_size=batch)
 
@@ -164,6 +171,24 @@ class Classifier:
         yield from zip([p for p, _ in chunk], probs)
 
 
+class TextClassifier(Classifier):
+  """An image-text model's probabilities of ``texts`` (`text_scores.TextScores`) for
+  batches of files."""
+
+  def __init__(
+    self, model: sources.LoadedModel, image_size: tuple[int, int], texts: Sequence[str],
+    batch: int = DEFAULT_BATCH,
+  ):  # fmt: skip
+    super().__init__(model, image_size, batch)
+    self._scores = text_scores.TextScores(model, texts)
+
+  def probabilities(self, images: np.ndarray) -> np.ndarray:
+    """[N, H, W, 3] -> [N, T]; every call runs full batches (one compilation)."""
+    n = len(images)
+    images = np.concatenate([images, np.zeros((-n % self.batch, *images.shape[1:]), images.dtype)])
+    return self._scores(images)[:n]
+
+
 def top_k(probs: np.ndarray, names: Sequence[str], k: int) -> list[tuple[str, float]]:
   order = np.argsort(-probs, kind="stable")[:k]
   return [(names[i], float(probs[i])) for i in order]
@@ -178,12 +203,24 @@ def predict(
   k: int = 5,
   resolution: Optional[int] = None,
   batch: int = DEFAULT_BATCH,
+  texts: Optional[Sequence[str]] = None,
 ) -> Iterator[Prediction]:
-  """Top-``k`` predictions for every readable image among ``inputs`` (files, folders);
-  the files skipped get one warning at the end, and none readable is an error."""
+  """Top-``k`` predictions for every readable image among ``inputs`` (files, folders),
+  or with ``texts`` every text's probability; the files skipped get one warning at the
+  end, and none readable is an error."""
   check_counts(k=k, batch=batch)
   files = image_files(inputs)  # before the model: a wrong path fails at once
   model = sources.load(checkpoint, model_name)
+  if texts or text_scores.is_two_tower(model):
+    if not texts:
+      raise errors.CommandLineError(
+        f"{checkpoint!r} is an image-text model: pass --texts='a dog,a cat' (or "
+        "--texts_file) to score images against them."
+      )
+    size = model.image_size_for(resolution, argument="--resolution")
+    classifier = TextClassifier(model, size, texts, min(batch, len(files)))
+    yield from _predictions(classifier, files, list(texts), len(texts))
+    return
   if not model.num_classes:
     raise errors.CheckpointError(f"{checkpoint!r} has no classification head: nothing to predict.")
   if k > model.num_classes:
@@ -194,6 +231,13 @@ def predict(
   names = model.class_names_for(labels, argument="--labels")
   size = model.image_size_for(resolution, argument="--resolution")
   classifier = Classifier(model, size, min(batch, len(files)))
+  yield from _predictions(classifier, files, names, k)
+
+
+def _predictions(
+  classifier: Classifier, files: Sequence[str], names: Sequence[str], k: int
+) -> Iterator[Prediction]:
+  """The top-``k`` of ``names`` for every readable file; the skipped ones warned of."""
   printed = 0
   for path, probs in classifier.classify(files):
     printed += 1
@@ -233,7 +277,15 @@ def _parse(argv: Sequence[str]) -> dict[str, Any]:
     json=flags.DEFINE_bool(
       "json", False, "JSON lines instead of text lines.", flag_values=flag_values
     ),
-  )
+    texts=flags.DEFINE_string(
+      "texts", None, "Comma-separated texts to score each image against (an image-text "
+      "checkpoint); every text is printed, most probable first.", flag_values=flag_values,
+    ),
+    texts_file=flags.DEFINE_string(
+      "texts_file", None, "A file of texts, one per line (with or instead of --texts).",
+      flag_values=flag_values,
+    ),
+  )  # fmt: skip
   values = cli.parse_command_flags(
     flag_values, argv, holders, ("checkpoint",), __doc__, positional="inputs"
   )
@@ -252,6 +304,7 @@ def _print_predictions(values: dict[str, Any]) -> None:
     k=values["top_k"],
     resolution=values["resolution"],
     batch=values["batch"],
+    texts=text_scores.texts_from(values["texts"], values["texts_file"]),
   ):
     print(prediction.json() if values["json"] else prediction.line(), file=sys.stdout, flush=True)
 

@@ -139,9 +139,13 @@ class MultiHeadDotProductAttention(nn.Module):
     return jnp.einsum("bnk,kd->bnd", y, w_out.reshape(-1, w_out.shape[-1])) + b_out
 
   @nn.compact
-  def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
+  def __call__(
+    self, x: jax.Array, deterministic: bool, mask: Optional[jax.Array] = None
+  ) -> jax.Array:
     """Attention along the second-last axis of x [..., N, D] (the leading axes are batch:
-    the Axial-ViT's rows or columns); returns [..., N, D]."""
+    the Axial-ViT's rows or columns); returns [..., N, D]. ``mask``: bool, broadcast to
+    [B, H, N, N] (query, key), False where a query may not attend to a key (a text
+    tower's padding or causal mask; it takes the einsum path)."""
     lead = x.shape[:-2]
     x = x.reshape(-1, *x.shape[-2:])  # [B, N, D]
     ex = self.execution
@@ -173,7 +177,8 @@ class MultiHeadDotProductAttention(nn.Module):
 
     use_dropout = not deterministic and ex.attention_dropout_rate > 0.0
     need_weights = use_dropout or self.is_mutable_collection("intermediates")
-    if (ex.attention_impl or EINSUM) != EINSUM and not need_weights and relative is None:
+    fused = (ex.attention_impl or EINSUM) != EINSUM and mask is None
+    if fused and not need_weights and relative is None:
       q, k, v = (_biased(jnp.einsum("bnd,dhk->bnhk", x, w), b) for w, b in qkv)  # [B, N, H, Dh]
       if self.rotary is not None:
         q, k = (self.rotary.rotate(t, heads_first=False, freqs=freqs) for t in (q, k))
@@ -191,6 +196,8 @@ class MultiHeadDotProductAttention(nn.Module):
     if relative is not None:  # the same scaled query against the offsets' embeddings
       rel = posemb_lib.relative_logits(q, relative.astype(ex.dtype), self.relative)
       logits = logits + rel.astype(jnp.float32)  # [B, H, N, N]
+    if mask is not None:  # as transformers' additive mask: the float32 minimum
+      logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
     if need_weights:
       weights = jax.nn.softmax(logits, axis=-1)
       self.sow("intermediates", "attention_weights", weights)

@@ -10,6 +10,7 @@ A two-tower config holds an image model config of any family and a text tower:
     config.model.embed_dim = 768        # the shared width of both projections
     config.model.temperature_init = 10.0, config.model.bias_init = -10.0   # SigLIP's
     # CLIP: temperature_init=1 / 0.07, bias_init=None (no bias parameter)
+    config.model.image_head = 'dense'   # or 'linear' (no bias), 'none' (`two_tower.IMAGE_HEADS`)
 
 `two_tower_config` writes one. The model (`two_tower.TwoTower`) keeps the image model's tree
 under ``img`` and the text tower's under ``txt``; the image model is built as a feature
@@ -27,12 +28,17 @@ from vit_jax import errors
 from vit_jax.models import cost
 from vit_jax.models.execution import ExecutionOptions
 from vit_jax.models.text import SIZES, TextSettings, TextTransformer
-from vit_jax.models.two_tower import LOSS_INIT, ContrastiveInit, TwoTower
+from vit_jax.models.two_tower import IMAGE_HEADS, LOSS_INIT, ContrastiveInit, TwoTower
 
 TWO_TOWER = "two_tower"
 TEXT_KEY = "txt/Embed_0/embedding"  # a path only a two-tower tree has
 IMAGE, TEXT = "img", "txt"  # the towers' subtrees
 _TEXT_FIELDS = ("width", "depth", "mlp_dim", "num_heads", "vocab_size", "pool")
+# The text tower's options beside its sizes (`text.TextSettings`: transformers' towers).
+_TEXT_OPTIONS = (
+  "gelu_approximate", "layer_norm_epsilon", "activation", "causal", "pad_id", "eos_id",
+  "head_bias",
+)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +53,7 @@ class TwoTowerSettings:
   embed_dim: int
   temperature_init: float
   bias_init: Optional[float]
+  image_head: str = "dense"  # `two_tower.IMAGE_HEADS`
   model_type: str = TWO_TOWER
   resnet: None = None  # read by the run's checks of a hybrid ViT
 
@@ -59,6 +66,10 @@ class TwoTowerSettings:
       raise errors.ConfigError(
         f"config.model.temperature_init={self.temperature_init!r} must be positive "
         "(SigLIP: 10, CLIP: 1 / 0.07 = 14.3)."
+      )
+    if self.image_head not in IMAGE_HEADS:
+      raise errors.ConfigError(
+        f"config.model.image_head={self.image_head!r}; choose one of {IMAGE_HEADS}."
       )
 
   @classmethod
@@ -77,11 +88,11 @@ class TwoTowerSettings:
       raise errors.ConfigError("config.model.image must be an image model, not a two-tower one.")
     text = dict(config.text)
     size = text.pop("size", None)
-    unknown = sorted(set(text) - set(_TEXT_FIELDS))
+    unknown = sorted(set(text) - set(_TEXT_FIELDS) - set(_TEXT_OPTIONS))
     if unknown:
       raise errors.ConfigError(
         f"config.model.text has unknown keys {unknown}; it takes 'size' (one of "
-        f"{tuple(SIZES)}) or {_TEXT_FIELDS}."
+        f"{tuple(SIZES)}) or {_TEXT_FIELDS}, and {_TEXT_OPTIONS}."
       )
     text_settings = TextSettings.named(size, **text) if size else TextSettings(**text)
     bias = config.get("bias_init")
@@ -93,6 +104,7 @@ class TwoTowerSettings:
       embed_dim=config.embed_dim,
       temperature_init=float(config.temperature_init),
       bias_init=None if bias is None else float(bias),
+      image_head=config.get("image_head", "dense"),
     )
 
   # The run's options are the image model's: it is the tower that sets the compute.
@@ -133,6 +145,7 @@ def two_tower_config(
   embed_dim: int,
   loss: str = "sigmoid",
   name: str = "two-tower",
+  image_head: str = "dense",
 ) -> ml_collections.ConfigDict:
   """``config.model`` of a two-tower model with SigLIP's (``loss='sigmoid'``) or CLIP's
   (``'softmax'``) initial temperature and bias."""
@@ -146,6 +159,7 @@ def two_tower_config(
   config.embed_dim = embed_dim
   config.temperature_init = init.temperature
   config.bias_init = ml_collections.FieldReference(init.bias, field_type=float)
+  config.image_head = image_head
   return config
 
 
@@ -169,7 +183,10 @@ def create_two_tower(
   text_execution = ExecutionOptions(dtype=execution.dtype, remat=execution.remat)
   txt = TextTransformer(settings.text, num_classes=settings.embed_dim, execution=text_execution)
   init = ContrastiveInit(settings.temperature_init, settings.bias_init)
-  return TwoTower(img=img, txt=txt, embed_dim=settings.embed_dim, contrastive_init=init)
+  return TwoTower(
+    img=img, txt=txt, embed_dim=settings.embed_dim, contrastive_init=init,
+    image_head=settings.image_head,
+  )  # fmt: skip
 
 
 def text_flops(settings: TwoTowerSettings, *, train: bool) -> float:
@@ -269,5 +286,5 @@ def architecture_key(config: Any, settings: TwoTowerSettings, *, image_family: A
   text length, the shared width and whether there is a bias."""
   s = settings
   image = image_family.architecture_key(config.image)
-  text = tuple(getattr(s.text, f) for f in _TEXT_FIELDS)
-  return (image, text, s.text_len, s.embed_dim, s.bias_init is None)
+  text = tuple(getattr(s.text, f) for f in _TEXT_FIELDS) + (s.text.head_bias,)
+  return (image, text, s.text_len, s.embed_dim, s.bias_init is None, s.image_head)

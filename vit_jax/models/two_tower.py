@@ -14,6 +14,11 @@ heads): a zero projection would give zero embeddings, whose normalisation has no
         TextSettings.named("B", vocab_size=32_000), num_classes=E), embed_dim=E)
     zimg, ztxt, out = model.apply(variables, images, ids)   # [B, E], [B, E], {'t', 'b'}
 
+``image_head`` says what projects the image features: 'dense' (``img_head``, the default),
+'linear' (``img_head`` without bias: CLIP's ``visual_projection``) or 'none' (the features
+are the embedding, their width ``embed_dim``: transformers' SigLIP, whose image tower ends
+in its attention pooling, and big_vision's ``out_dim=(None, E)``).
+
 Either input may be None (image features alone for few-shot, text alone for class
 prompts); the other embedding is then None.
 """
@@ -31,6 +36,7 @@ import jax.numpy as jnp
 from vit_jax.models.text import TextTransformer
 
 _EPSILON = 1e-8  # big_vision's, in the normalisation's denominator
+IMAGE_HEADS = ("dense", "linear", "none")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +67,7 @@ class TwoTower(nn.Module):
   txt: TextTransformer
   embed_dim: int
   contrastive_init: ContrastiveInit = SIGLIP_INIT
+  image_head: str = "dense"  # `IMAGE_HEADS`
 
   @nn.compact
   def __call__(
@@ -69,7 +76,10 @@ class TwoTower(nn.Module):
     zimg = ztxt = None
     if images is not None:
       features = self.img(images, train=train)  # [B, D]
-      zimg = nn.Dense(self.embed_dim, name="img_head")(features.astype(jnp.float32))
+      zimg = features.astype(jnp.float32)  # [B, D]
+      if self.image_head != "none":
+        head = nn.Dense(self.embed_dim, use_bias=self.image_head == "dense", name="img_head")
+        zimg = head(zimg)
       zimg = normalize(zimg)  # [B, E]
     if ids is not None:
       ztxt = normalize(self.txt(ids, train=train)[0])
@@ -86,3 +96,11 @@ def zero_shot_logits(zimg: jax.Array, zclasses: jax.Array, temperature: jax.Arra
   """[B, E] image embeddings against [K, E] class embeddings (each the normalised mean of
   its prompts' text embeddings) -> [B, K] logits."""
   return temperature * zimg @ normalize(zclasses).T
+
+
+def image_text_logits(zimg: jax.Array, ztxt: jax.Array, out: dict[str, jax.Array]) -> jax.Array:
+  """[B, E] image and [T, E] text embeddings -> [B, T] logits, t * zimg . ztxt + b
+  (transformers' ``logits_per_image``): SigLIP's probabilities are their sigmoid, CLIP's
+  the softmax over the texts."""
+  logits = out["t"] * zimg @ ztxt.T
+  return logits + out["b"] if "b" in out else logits

@@ -69,9 +69,14 @@ class Encoder1DBlock(nn.Module):
 
   @nn.compact
   def __call__(
-    self, x: jax.Array, deterministic: bool, drop_path: float | jax.Array = 0.0
+    self,
+    x: jax.Array,
+    deterministic: bool,
+    drop_path: float | jax.Array = 0.0,
+    mask: Optional[jax.Array] = None,
   ) -> tuple[jax.Array, None]:
-    """``drop_path``: this block's stochastic-depth rate (`DropPath`), on each branch."""
+    """``drop_path``: this block's stochastic-depth rate (`DropPath`), on each branch;
+    ``mask``: the attention's (`MultiHeadDotProductAttention`; a text tower's)."""
     cfg, ex = self.config, self.execution
     norm = lambda name: layers.layer_norm(name, cfg.layer_norm_epsilon, ex.dtype, ex.param_dtype)
     y = norm("LayerNorm_0")(x)
@@ -84,7 +89,7 @@ class Encoder1DBlock(nn.Module):
       cfg.layer_norm_epsilon if cfg.attention_norm else None,
       name="MultiHeadDotProductAttention_1",
     )
-    y = attention(y, deterministic)
+    y = attention(y, deterministic, mask)
     y = nn.Dropout(ex.dropout_rate)(y, deterministic=deterministic)
     # As timm's: x + drop_path(ls(branch)).
     y = self._scaled(y, "LayerScale_attention")

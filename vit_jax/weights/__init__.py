@@ -2,8 +2,10 @@
 
 Reading: `sources.load` (any source -> a `LoadedModel`: config, parameters, classes, image
 size) and `sources.read_params` (the stored tree, for fine-tuning). The sources: official
-`.npz` files (`npz.py`), a training run's Orbax steps (`orbax_steps.py`), Hugging Face
-(`hf.py`) and timm (`timm_import.py`) folders or `.safetensors`, and ``hf-hub:`` or
+`.npz` files (`npz.py`; LiT's image-text layout, `lit_npz.py`), a training run's Orbax
+steps (`orbax_steps.py`), Hugging Face (`hf.py`; SigLIP, SigLIP 2 and CLIP two-tower
+folders, `hf_two_tower.py`, written back by `hf_two_tower_write.py`) and timm
+(`timm_import.py`) folders or `.safetensors`, and ``hf-hub:`` or
 official names fetched through the hub cache (`hub.py`). The architecture of a tree is
 read from its shapes in one place (`architecture.py`). Fitting: `load_pretrained`
 (`fit.py`) adapts a stored tree to a new model (head, representation layer, class token,

@@ -62,6 +62,7 @@ TRANSFORMERS_UNEXPRESSED = {
 }
 TRANSFORMERS_TYPE = "vit"  # the one model_type `hf` reads
 TRANSFORMERS_CLASSES = ("ViTModel", "ViTForImageClassification")
+TWO_TOWER_READ = "SiglipModel, Siglip2Model and CLIPModel (both towers)"
 
 
 def check_timm(name: str, source: str) -> None:
@@ -113,22 +114,40 @@ def check_timm(name: str, source: str) -> None:
 def check_transformers(config: dict[str, Any], source: str) -> None:
   """A `CheckpointError` when a transformers ``config`` (its config.json, with a
   ``model_type``) describes a model this package does not compute."""
+  from vit_jax.weights import hf_two_tower  # pylint: disable=g-import-not-at-top
+
   model_type = config.get("model_type")
   classes = config.get("architectures") or []
   classes = classes if isinstance(classes, list) else [classes]
+  if model_type in hf_two_tower.ARCHITECTURES:
+    return _check_two_tower_classes(str(model_type), classes, source)
   if model_type != TRANSFORMERS_TYPE:
     missing = TRANSFORMERS_UNEXPRESSED.get(str(model_type), "no reader for it")
     named = ", ".join(map(str, classes)) or "no architectures"
     raise errors.CheckpointError(
       f"{source}: transformers model_type {model_type!r} ({named}) is not computed by this "
       f"package ({missing}); it reads model_type {TRANSFORMERS_TYPE!r} "
-      f"({', '.join(TRANSFORMERS_CLASSES)})."
+      f"({', '.join(TRANSFORMERS_CLASSES)}) and the image-text models {TWO_TOWER_READ}."
     )
   unknown = [c for c in classes if c not in TRANSFORMERS_CLASSES]
   if unknown:
     raise errors.CheckpointError(
       f"{source}: transformers architectures {unknown} are not computed by this package "
       f"(it reads {', '.join(TRANSFORMERS_CLASSES)})."
+    )
+
+
+def _check_two_tower_classes(model_type: str, classes: list[Any], source: str) -> None:
+  """An image-text model_type names its one two-tower class (or none)."""
+  from vit_jax.weights import hf_two_tower  # pylint: disable=g-import-not-at-top
+
+  expected = hf_two_tower.ARCHITECTURES[model_type]
+  unknown = [c for c in classes if c != expected]
+  if unknown:
+    raise errors.CheckpointError(
+      f"{source}: transformers architectures {unknown} of model_type {model_type!r} are "
+      f"not computed by this package: it reads {expected} (both towers) as a two-tower "
+      "model; a single tower's folder is not read."
     )
 
 

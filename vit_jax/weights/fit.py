@@ -21,6 +21,7 @@ from absl import logging
 from flax import traverse_util
 
 from vit_jax import errors, models
+from vit_jax.models import image_text
 from vit_jax.models.embeddings import REGISTERS
 from vit_jax.models.mpp import MPP_PARAMS
 from vit_jax.models.patchemb import resample_patch_kernel
@@ -351,7 +352,7 @@ def load_pretrained(
   """
   source = os.fspath(source)
   check_resize_method(options.get("posemb_resize_method", "bilinear"))  # before any reading
-  loaded, stored_config = sources.read_params(source)
+  loaded, stored_config = _image_tower(*sources.read_params(source), model_config)
   where = f"checkpoint {source!r}"
   fitted = fit_params(
     loaded,
@@ -364,6 +365,18 @@ def load_pretrained(
   )
   logging.info("load_pretrained: %d arrays from %s.", len(jax.tree.leaves(fitted)), source)
   return fitted
+
+
+def _image_tower(
+  loaded: Params, stored_config: Optional[Any], model_config: Any
+) -> tuple[Params, Optional[Any]]:
+  """A two-tower tree (``img``, ``txt``: SigLIP, CLIP, LiT, a contrastive run) read for an
+  image model: its image tower and that tower's config; any other tree as it is."""
+  two_tower = models.family_of(model_config).name == image_text.TWO_TOWER
+  if two_tower or not {image_text.IMAGE, image_text.TEXT} <= set(loaded):
+    return loaded, stored_config
+  image = None if stored_config is None else stored_config.image
+  return loaded[image_text.IMAGE], image
 
 
 def fit_params(

@@ -214,7 +214,7 @@ def is_hf_dir(path: str) -> bool:
   return files.read_json(config).get("model_type") == "vit"
 
 
-def _read_tensors(directory: str) -> dict[str, np.ndarray]:
+def read_tensors(directory: str) -> dict[str, np.ndarray]:
   index = os.path.join(directory, WEIGHTS + ".index.json")
   if os.path.isfile(index):
     weight_map = files.read_json(index).get("weight_map")
@@ -271,7 +271,7 @@ def _is_number(value: Any) -> bool:
   return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _layer_norm_eps(hf_config: dict[str, Any], path: str) -> float:
+def layer_norm_eps(hf_config: dict[str, Any], path: str) -> float:
   """config.json's ``layer_norm_eps`` (transformers' default when absent), a positive number."""
   eps = hf_config.get("layer_norm_eps", _DEFAULT_EPS)
   if not _is_number(eps) or not eps > 0:
@@ -291,7 +291,7 @@ def read_dir(
       f"{directory!r}: hidden_act {act!r} is not a GELU this model has ({', '.join(_APPROXIMATE)})."
     )
   tensors = {
-    k[len(_BASE) :] if k.startswith(_BASE) else k: v for k, v in _read_tensors(directory).items()
+    k[len(_BASE) :] if k.startswith(_BASE) else k: v for k, v in read_tensors(directory).items()
   }
   depth, width, heads = (
     files.field(hf_config, key, int, config_path)
@@ -322,7 +322,7 @@ def read_dir(
   )
   config = architecture.infer_model_config(params)
   config.gelu_approximate = _APPROXIMATE[act]
-  config.layer_norm_epsilon = _layer_norm_eps(hf_config, config_path)
+  config.layer_norm_epsilon = layer_norm_eps(hf_config, config_path)
   config.input_mean, config.input_std = _normalization(directory, config)
   size = hf_config.get("image_size", 224)
   size = tuple(size) if isinstance(size, (list, tuple)) else (size, size)

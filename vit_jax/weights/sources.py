@@ -2,10 +2,13 @@
 
 Sources, told apart by what is on disk (hub names are fetched first, `vit_jax.weights.hub`):
   * an official-layout `.npz` (per-layer or scanned): the architecture from ``model_name``
-    or inferred from the array shapes (`vit_jax.weights.architecture`);
+    or inferred from the array shapes (`vit_jax.weights.architecture`); the official LiT
+    image-text layout with its vocabulary beside it (`vit_jax.weights.lit_npz`);
   * a training run of this package: its workdir, `<workdir>/checkpoints` or one step
     folder; model, image size and class names come from the run's `config.json`;
   * a Hugging Face `ViTForImageClassification` / `ViTModel` directory (`vit_jax.weights.hf`);
+  * a transformers `SiglipModel`, `Siglip2Model` or `CLIPModel` directory, both towers and
+    the tokenizer (`vit_jax.weights.hf_two_tower`);
   * a timm checkpoint: a `.safetensors` file, or a folder with `model.safetensors` and
     timm's `config.json` or our export's `timm_model.json` (`vit_jax.weights.timm_import`);
   * ``hf-hub:<org>/<name>[@revision]`` (a transformers or a timm repository) and the
@@ -35,7 +38,7 @@ from vit_jax import errors, input_files, models
 from vit_jax.aliases import Params
 from vit_jax.data import data_config as data_config_lib
 from vit_jax.paths import CONFIG_FILE, RunPaths, as_path
-from vit_jax.weights import architecture, hub, npz, orbax_steps
+from vit_jax.weights import architecture, hf_two_tower, hub, lit_npz, npz, orbax_steps
 
 _MAX_ERROR_LINES = 20  # of check_tree's list of differences
 _PICKLES = (".bin", ".pth", ".pt", ".ckpt", ".pkl", ".pickle")
@@ -59,6 +62,9 @@ class LoadedModel:
   # How the source prepares its inputs; None: the official recipe at image_size with the
   # model config's mean and std (what every source meant before it was read).
   data_config: Optional[data_config_lib.DataConfig] = None
+  # An image-text model's tokenizer (`vit_jax.data.tokenize.Tokenizer`): texts -> the ids
+  # its text tower reads; None for image models.
+  tokenizer: Optional[Any] = None
 
   def __post_init__(self) -> None:
     if self.data_config is None:
@@ -161,6 +167,8 @@ def load(path: str | os.PathLike, model_name: Optional[str] = None) -> LoadedMod
     )
     if not _official_name(source):  # an official name keeps the official recipe
       loaded.data_config = _folder_data_config(path, config, image_size or _UNSIZED_INPUT)
+    if hf_two_tower.model_type(path):
+      loaded.tokenizer = hf_two_tower.read_tokenizer(path)
   elif location.is_dir():
     loaded = _load_run(path)
   elif location.is_file():
@@ -230,6 +238,8 @@ def _reader(path: str) -> Optional[Reader]:
     return (lambda _: hf.read_dir(directory)) if hf.is_hf_dir(directory) else timm_import.read
   if os.path.isdir(path):
     expressible.check_transformers_dir(path)
+    if hf_two_tower.model_type(path):
+      return hf_two_tower.read_dir
     if hf.is_hf_dir(path):
       return hf.read_dir
     if timm_import.is_timm_dir(path):
@@ -250,6 +260,8 @@ def _folder_data_config(
   from vit_jax.weights import hf, timm_import  # pylint: disable=g-import-not-at-top
 
   directory = path if os.path.isdir(path) else os.path.dirname(path)
+  if hf_two_tower.model_type(directory):
+    return hf_two_tower.read_data_config(directory, config, image_size)
   if hf.is_hf_dir(directory):
     return hf.read_data_config(directory, config, image_size)
   return timm_import.read_data_config(directory, config, image_size)
@@ -276,6 +288,12 @@ def read_params(source: str | os.PathLike) -> tuple[Params, Optional[ml_collecti
 
 def _load_npz(path: str, model_name: Optional[str]) -> LoadedModel:
   params = npz.scanned_to_layers(npz.load_npz(path))
+  saved = os.path.isfile(npz.config_path(path))  # our export's model config beside it
+  if lit_npz.is_lit(params) and not model_name and not saved:  # models_lit's layout
+    config, params = lit_npz.read(params, repr(path))
+    size = architecture.trained_image_size(params["img"], config.image)
+    tokenizer = lit_npz.read_tokenizer(path)
+    return LoadedModel(config, params, None, size, None, path, tokenizer=tokenizer)
   saved_data = None
   if model_name:
     config = models.get_model_config(model_name)
@@ -288,17 +306,27 @@ def _load_npz(path: str, model_name: Optional[str]) -> LoadedModel:
   else:
     config = architecture.infer_model_config(params)
     logging.info("%s: inferred architecture %s.", path, config.name)
+  tokenizer = None
+  if models.family_of(config).name == models.image_text.TWO_TOWER:  # our image-text export
+    size = architecture.trained_image_size(params["img"], config.image)
+    tokenizer = _beside_tokenizer(os.path.dirname(path))
+  else:
+    size = architecture.trained_image_size(params, config)
   loaded = LoadedModel(
-    config,
-    params,
-    architecture.num_classes(params),
-    architecture.trained_image_size(params, config),
-    None,
-    path,
+    config, params, architecture.num_classes(params), size, None, path, tokenizer=tokenizer
   )
   if saved_data is not None:
     loaded.data_config = data_config_lib.from_dict(saved_data, repr(npz.config_path(path)))
   return loaded
+
+
+def _beside_tokenizer(directory: str) -> Any:
+  """The transformers tokenizer files an image-text `.npz` export copied beside it, if any."""
+  from vit_jax.data import folder_tokenizer  # pylint: disable=g-import-not-at-top
+
+  if not os.path.isfile(os.path.join(directory, folder_tokenizer.CONFIG)):
+    return None
+  return folder_tokenizer.read_folder_tokenizer(directory)
 
 
 def _saved_config(path: str) -> tuple[ml_collections.ConfigDict, Optional[dict[str, Any]]]:
@@ -342,7 +370,19 @@ def _load_run(path: str) -> LoadedModel:
     path,
     run_config,
     data_config_lib.from_run_config(run_config),
+    _run_tokenizer(run_config, names),
   )
+
+
+def _run_tokenizer(run_config: ml_collections.ConfigDict, names: Optional[list[str]]) -> Any:
+  """A contrastive run's tokenizer: the word tokenizer of its captions (its class names in
+  its templates, `data.captions`), rebuilt as the run built it; None for other runs."""
+  if run_config.get("objective") != "contrastive" or not names:
+    return None
+  from vit_jax.data import captions  # pylint: disable=g-import-not-at-top
+
+  templates = run_config.contrastive.templates
+  return captions.Captions(names, templates, int(run_config.model.text_len)).tokenizer
 
 
 def run_model_config(run: RunPaths) -> tuple[ml_collections.ConfigDict, int]:
@@ -363,9 +403,14 @@ def run_model_config(run: RunPaths) -> tuple[ml_collections.ConfigDict, int]:
 
 def _check_fits(loaded: LoadedModel) -> None:
   """One ValueError listing every array that does not fit the architecture."""
-  size = loaded.image_size or loaded.module().input_stride
+  module = loaded.module()
+  size = loaded.image_size or module.input_stride
   dummy = jax.ShapeDtypeStruct((1, *size, 3), jnp.float32)
-  expected = jax.eval_shape(lambda x: loaded.module().init(jax.random.PRNGKey(0), x), dummy)
+  init = lambda x: module.init(jax.random.PRNGKey(0), x)
+  if models.family_of(loaded.config).name == models.image_text.TWO_TOWER:
+    ids = jnp.zeros((1, loaded.config.text_len), jnp.int32)
+    init = lambda x: module.init(jax.random.PRNGKey(0), x, ids)
+  expected = jax.eval_shape(init, dummy)
   try:
     npz.check_tree(
       loaded.params, nn.unbox(expected["params"]), source=f"checkpoint {loaded.source!r}"

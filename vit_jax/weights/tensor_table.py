@@ -122,22 +122,29 @@ def to_torch(table: Iterable[Row], flat: dict[str, np.ndarray]) -> dict[str, np.
       parts.setdefault(row.theirs, {})[row.part[0]] = value
   for theirs, pieces in parts.items():
     out[theirs] = np.concatenate([pieces[i] for i in sorted(pieces)])
-  return {k: np.ascontiguousarray(v) for k, v in out.items()}
+  # np.require keeps a 0-d array (CLIP's logit_scale) 0-d; ascontiguousarray makes it [1].
+  return {k: np.require(v, requirements="C") for k, v in out.items()}
 
 
 def from_torch(
-  table: Iterable[Row], tensors: dict[str, np.ndarray], source: str, family: str, what: str = ""
+  table: Iterable[Row],
+  tensors: dict[str, np.ndarray],
+  source: str,
+  family: str,
+  what: str = "",
+  library: str = "timm",
 ) -> Params:
   """Our parameter tree of the rows whose torch array ``tensors`` holds; one
   CheckpointError names every missing required array, another every array no row takes
-  (``family``: timm's name of the model; ``what``: what ours has, said with the second)."""
+  (``family``: ``library``'s name of the model; ``what``: what ours has, said with the
+  second)."""
   tensors = {k: np.asarray(v, np.float32) for k, v in tensors.items()}
   table = list(table)
   missing = sorted({r.theirs for r in table if r.required and r.theirs not in tensors})
   if missing:
     raise errors.CheckpointError(
       f"{source}: no {missing[:4]}{' ...' if len(missing) > 4 else ''}; this is not a "
-      f"timm {family} state dict."
+      f"{library} {family} state dict."
     )
   flat = {}
   for row in table:
@@ -151,12 +158,12 @@ def from_torch(
     except ValueError:  # a reshape or split the architecture's sizes do not allow
       raise errors.CheckpointError(
         f"{source}: {row.theirs} of shape {tuple(tensors[row.theirs].shape)} does not fit "
-        f"the timm {family} its config names; the arrays and config.json disagree."
+        f"the {library} {family} its config names; the arrays and config.json disagree."
       ) from None
   unused = set(tensors) - {r.theirs for r in table}
   if unused:
     raise errors.CheckpointError(
-      f"{source}: {len(unused)} timm arrays have no place in this {family}{what}: "
+      f"{source}: {len(unused)} {library} arrays have no place in this {family}{what}: "
       f"{sorted(unused)[:8]}{' ...' if len(unused) > 8 else ''}."
     )
   return traverse_util.unflatten_dict(flat, sep="/")

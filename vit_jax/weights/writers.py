@@ -28,11 +28,20 @@ from absl import logging
 from vit_jax import errors, models
 from vit_jax.models import families
 from vit_jax.weights import hf as hf_lib
-from vit_jax.weights import npz, serving, sources, timm_bit, timm_eva, timm_mixer
+from vit_jax.weights import (
+  hf_two_tower_write,
+  npz,
+  serving,
+  sources,
+  timm_bit,
+  timm_eva,
+  timm_mixer,
+)
 from vit_jax.weights import timm as timm_lib
 
 FORMATS = ("hf", "timm", "saved_model", "stablehlo", "npz")
 LABELS_FILE = "labels.txt"
+IMAGE_TOWER_FORMATS = ("timm", "saved_model", "stablehlo")  # an image-text model's: its image
 NPZ_FILE = "model.npz"
 STALE_SECONDS = 3600  # a temporary folder this old was left by a killed write
 
@@ -52,7 +61,11 @@ def writer(
   image_size: tuple[int, int],
 ) -> Callable[[str], None]:
   """Checks that ``model`` can be written as ``fmt``; returns what writes it into a folder
-  (with `LABELS_FILE` beside every format but hf, which keeps the names in its config)."""
+  (with `LABELS_FILE` beside every format but hf, which keeps the names in its config).
+  An image-text model is written whole as hf (transformers' SigLIP or CLIP) and npz;
+  timm, saved_model and stablehlo take its image tower (`image_tower`: its features)."""
+  if fmt in IMAGE_TOWER_FORMATS and models.family_of(model.config) is families.TWO_TOWER:
+    model = image_tower(model)
   module = model.module(dtype=jnp.float32)
   params = model.params
   names = list(class_names) if class_names else None
@@ -60,6 +73,8 @@ def writer(
   data_config = model.data_config.at_size(image_size)  # the preprocessing each format states
   if fmt not in FORMATS:
     raise errors.CommandLineError(f"Unknown format {fmt!r}; choose one of {', '.join(FORMATS)}.")
+  if fmt == "hf" and family is families.TWO_TOWER:  # transformers' SigLIP or CLIP
+    return hf_two_tower_write.writer(model, image_size)
   if fmt == "hf" and family.hf_refusal:
     raise errors.CommandLineError(
       f"{family.hf_refusal}: export this model as timm, npz, saved_model or stablehlo."
@@ -83,9 +98,13 @@ def writer(
   elif fmt == "stablehlo":
     write = lambda d: serving.write_jax_exported(d, module, params, image_size)
   else:
-    write = lambda d: npz.save_npz(
-      os.path.join(d, NPZ_FILE), params, config=model.config, data_config=data_config.to_dict()
-    )
+    copy = hf_two_tower_write.tokenizer_copier(model)  # an image-text model's tokenizer
+
+    def write(d: str) -> None:
+      npz.save_npz(
+        os.path.join(d, NPZ_FILE), params, config=model.config, data_config=data_config.to_dict()
+      )
+      copy(d)
 
   def write_with_labels(directory: str) -> None:
     write(directory)
@@ -94,6 +113,16 @@ def writer(
         f.write("\n".join(names) + "\n")
 
   return write_with_labels
+
+
+def image_tower(model: sources.LoadedModel) -> sources.LoadedModel:
+  """An image-text model's image tower alone: its features (before the projection and
+  the normalisation; a SigLIP's are its image embeddings), the same preprocessing."""
+  logging.info("%s is an image-text model: writing its image tower.", model.source)
+  return sources.LoadedModel(
+    model.config.image, model.params["img"], None, model.image_size, None, model.source,
+    data_config=model.data_config,
+  )  # fmt: skip
 
 
 def save(
