@@ -15,7 +15,8 @@ heads): a zero projection would give zero embeddings, whose normalisation has no
     zimg, ztxt, out = model.apply(variables, images, ids)   # [B, E], [B, E], {'t', 'b'}
 
 Either input may be None (image features alone for few-shot, text alone for class
-prompts); the other embedding is then None.
+prompts); the other embedding is then None. ``image_features`` [B, D] in place of images
+skips the image model (a LiT run's cached features of its locked tower: `run.feature_cache`).
 """
 
 from __future__ import annotations
@@ -64,11 +65,16 @@ class TwoTower(nn.Module):
 
   @nn.compact
   def __call__(
-    self, images: Optional[jax.Array], ids: Optional[jax.Array], *, train: bool = False
+    self,
+    images: Optional[jax.Array],
+    ids: Optional[jax.Array],
+    *,
+    train: bool = False,
+    image_features: Optional[jax.Array] = None,
   ) -> tuple[Optional[jax.Array], Optional[jax.Array], dict[str, jax.Array]]:
     zimg = ztxt = None
-    if images is not None:
-      features = self.img(images, train=train)  # [B, D]
+    if images is not None or image_features is not None:
+      features = self.img(images, train=train) if image_features is None else image_features
       zimg = nn.Dense(self.embed_dim, name="img_head")(features.astype(jnp.float32))
       zimg = normalize(zimg)  # [B, E]
     if ids is not None:

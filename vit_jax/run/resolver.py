@@ -26,6 +26,7 @@ from vit_jax.models.settings import Settings
 from vit_jax.run import (
   defaults,
   evaluators,
+  feature_cache,
   losses,
   memory_fit,
   objectives,
@@ -294,6 +295,8 @@ def resolve(
     _check_vocabulary(model, class_names, data_settings)
   if data_settings.tokenizer is not None and open_data:
     _check_tokenizer(model, data_settings)
+  if config.objective == "contrastive":
+    feature_cache.check(config.contrastive, data_settings)
   spec = spec_lib.RunSpec(
     model=model,
     num_classes=num_classes,
