@@ -216,3 +216,25 @@ def test_tfds_records_parse_sequences_of_captions():
 
   values, labels, texts = records.parse_text([example], ("image", "captions/text"))
   assert list(values) == [b"img"] and list(labels) == [0] and texts[0] == ("x", "y")
+
+
+def test_retrieval_evaluates_each_test_image_against_its_first_caption(tmp_path, tokenizer_path):
+  from vit_jax.run.evaluators import zeroshot
+
+  config = _config(_caption_folder(tmp_path), tokenizer_path, batch_eval=8)
+  steps = run.build(config)
+  evaluator = zeroshot.build(steps)
+  assert isinstance(evaluator, zeroshot.Retrieval)
+  params = steps.init_state().params
+  metrics = evaluator(params)
+  assert metrics.pop("retrieval/examples") == N  # 3 batches of 8: the padding is left out
+  data = dataset.Dataset(steps.spec.data)
+  images = np.concatenate(
+    [b["image"][b["mask"] > 0] for b in pipeline.EvalBatches(data, "test", 8, 0, 1)]
+  )
+  first = data.tokenizer.encode([_captions(k)[0] for k in _ids(images)], 6)
+  zimg, ztxt, _ = steps.objective.embed(params, images, first)
+  expected = zeroshot.retrieval_metrics(np.asarray(zimg), np.asarray(ztxt))
+  assert metrics.keys() == expected.keys()
+  for k, v in expected.items():
+    assert metrics[k] == pytest.approx(v, abs=1e-6), k
