@@ -77,9 +77,8 @@ def _dataset(reader: readers.Reader, example_fn, local_batch: int) -> tf.data.Da
 
 def _example_fn(settings: Settings, kind: str, num_classes: int, train: bool):
   """(position, uid, value, label, text) -> (position, image [crop, crop, 3], label [K],
-  text, uid); with
-  RandAugment the train image is the crop's uint8 values, for the train step to augment
-  and normalise (`preprocess.train_image`)."""
+  text, uid); with RandAugment the train image is the crop's uint8 values, for the train
+  step to augment and normalise (`preprocess.train_image`)."""
   seed = tf.constant(settings.seed, tf.int64)
 
   def fn(position, uid, value, label, text):

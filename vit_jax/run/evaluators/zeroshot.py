@@ -9,9 +9,10 @@ contrastive run (logged as ``zeroshot/...`` and ``retrieval/...`` every
   text-to-image (the fraction whose own partner ranks in the top k). Example i's caption
   is the one the eval batches carry (`captions.Captions.eval_ids`: template i mod T of its
   class), so its embedding is that prompt's. An item's rank is the number of others that
-  score strictly higher: captions made from labels repeat, and identical ones tie. On data
-with its own captions (no classes) only retrieval runs, each image against its first
-caption (`Retrieval`).
+  score strictly higher: captions made from labels repeat, and identical ones tie.
+
+On data with its own captions (no classes) only retrieval runs, each image against its
+first caption (`Retrieval`).
 """
 
 from __future__ import annotations
