@@ -165,7 +165,8 @@ def test_realign_restores_positions_after_dropped_examples():
       )
       for p in incoming
     ]
-    out = list(_realign(iter(batches), first, size, (2, 3), 4, stop=stop))
+    blanks = (((2, 3), np.float32), ((4,), np.float32))
+    out = list(_realign(iter(batches), first, size, blanks, stop=stop))
     assert [q for q, *_ in out] == list(range(first, stop, size))
     seen = []
     for q, images, labels, present in out:
@@ -220,7 +221,8 @@ def test_lane_reader_serves_each_lane_in_its_order_through_read_many():
   reader = readers.LaneReader(source, first, local, lanes, window, seed, start_step=5)
   stream = reader()
   chunks = [next(stream) for _ in range(3)]  # 3 blocks of 512 steps: many epochs.
-  positions, uids, values, labels = (np.concatenate(c) for c in zip(*chunks))
+  positions, uids, values, labels, texts = (np.concatenate(c) for c in zip(*chunks))
+  assert set(texts) == {b""}  # a source without captions
   steps = len(positions) // local
   np.testing.assert_array_equal(positions, 5 * local + np.arange(steps * local))
   for j in range(local):

@@ -116,7 +116,7 @@ def test_lane_windows_larger_than_tfds_blocks_resume_exactly_from_their_own_lane
   def rows(start_step: int, stop_step: int) -> dict[int, tuple[int, bytes]]:
     reader = readers.LaneReader(source, 0, lanes, lanes, window, 0, start_step)
     out = {}
-    for positions, uids, values, _ in reader():
+    for positions, uids, values, *_ in reader():
       out.update(
         (int(p), (int(u), v)) for p, u, v in zip(positions, uids, values) if p < stop_step * lanes
       )

@@ -7,6 +7,7 @@ cell has a time limit. The notebooks are stored without outputs; this also check
 
 import os
 import pathlib
+import re
 import time
 
 import pytest
@@ -22,7 +23,8 @@ CELL_TIMEOUT_S = 300  # one cell; the whole notebook takes about a minute on 2 C
 
 @pytest.fixture(scope="module")
 def notebook_env(tmp_path_factory):
-  """One WORKDIR for the module: fine_tune.ipynb reuses the digits model vit_jax.ipynb trained."""
+  """One WORKDIR for the module: fine_tune.ipynb and zero_shot.ipynb reuse the digits model
+  vit_jax.ipynb trained."""
   workdir = tmp_path_factory.mktemp("notebooks")
   return {
     "VIT_NOTEBOOK_SMALL": "1",
@@ -70,7 +72,7 @@ def _images(nb) -> int:
   return sum("image/png" in o.get("data", {}) for o in _outputs(nb, "display_data"))
 
 
-@pytest.mark.parametrize("name", ["vit_jax.ipynb", "fine_tune.ipynb"])
+@pytest.mark.parametrize("name", ["vit_jax.ipynb", "fine_tune.ipynb", "zero_shot.ipynb"])
 def test_stored_without_outputs(name):
   nb = nbformat.read(NOTEBOOKS / name, as_version=4)
   nbformat.validate(nb)
@@ -104,3 +106,15 @@ def test_fine_tune_notebook(notebook_env, monkeypatch):
   assert "test accuracy:" in text and "reloaded bitwise: True" in text  # Model.save, load
   assert _images(nb) >= 2  # the sample batch and the curves
   print(f"fine_tune.ipynb: {time.perf_counter() - start:.0f} s")
+
+
+def test_zero_shot_notebook(notebook_env, monkeypatch):
+  start = time.perf_counter()
+  nb = _execute("zero_shot.ipynb", REPO_ROOT, notebook_env, monkeypatch)
+  text = _text(nb)
+  assert not [n for n in NOISE if n in text], text[:3000]
+  accuracy = re.search(r"zero-shot test accuracy ([0-9.]+)%", text)
+  assert accuracy and 0.0 <= float(accuracy.group(1)) <= 100.0, text[-3000:]
+  assert "digits classified zero-shot" in text and "prompts of class 7 :" in text
+  assert "the SigLIP 2 section is skipped" in text  # the online cell never runs here
+  print(f"zero_shot.ipynb: {time.perf_counter() - start:.0f} s")

@@ -22,6 +22,7 @@ from absl import flags, logging
 from vit_jax import cli, data, errors, paths, run, sharding
 from vit_jax.data import captions as captions_lib
 from vit_jax.data.dataset import Dataset
+from vit_jax.run import defaults
 from vit_jax.run.evaluators import zeroshot
 from vit_jax.weights import orbax_steps, sources
 
@@ -63,6 +64,9 @@ def _run_config(values: dict[str, Any]) -> tuple[Any, paths.RunPaths]:
       "its two parents): name the workdir of a contrastive run (configs/siglip.py, lit.py)."
     )
   config, _ = sources.run_model_config(found)
+  base = defaults.get_config()
+  for key in set(base) - set(config):  # added to the package after the run was made
+    config[key] = base[key]
   if config.get("objective") != "contrastive":
     raise errors.CommandLineError(
       f"The run in {found.root} trains {config.get('objective')!r}, not an image-text "

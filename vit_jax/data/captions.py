@@ -98,7 +98,7 @@ class CaptionTokenizer(tokenize.HuggingFaceTokenizer):
     self._tokenizer.save(path)
 
 
-def _mix(*keys: np.ndarray) -> np.ndarray:
+def mix(*keys: np.ndarray) -> np.ndarray:
   """A splitmix64 hash of integer arrays (broadcast): uint64."""
   h = np.zeros(np.broadcast(*keys).shape, np.uint64)
   with np.errstate(over="ignore"):
@@ -134,7 +134,7 @@ class Captions:
     """int32 [B, L]: row r of the global batch of ``step`` (this process's rows start at
     ``first_row``) captioned by the template its (seed, step, row) hash picks."""
     rows = first_row + np.arange(len(labels))
-    return self._ids(labels, _mix(np.int64(seed), np.int64(step), rows))
+    return self._ids(labels, mix(np.int64(seed), np.int64(step), rows))
 
   def eval_ids(self, labels: np.ndarray, indices: np.ndarray) -> np.ndarray:
     """int32 [B, L]: the example of split index i captioned by template i mod T."""

@@ -1,7 +1,9 @@
 """From the run config to a dataset: the settings the pipeline reads, and split sizes.
 
 `config.dataset` is a tfds name ('cifar10', 'digits', ...), 'folder:/path/to/root' or
-'arrays:/path/data.npz' (in-memory arrays saved by `vit_jax.data.arrays.save_arrays`).
+'arrays:/path/data.npz' (in-memory arrays saved by `vit_jax.data.arrays.save_arrays`);
+with ``config.text.tokenizer`` set (free-text captions, `free_text`) a tfds name with a text
+feature ('coco_captions'), 'captions:/path/to/root' or 'wds:/path/to/shards'.
 This module is the only place that reads the data keys of the config, so a missing or
 wrong key fails here, once, with the key's name.
 """
@@ -11,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 import os
 from typing import TYPE_CHECKING, Any, Optional
+
+import numpy as np
 
 from vit_jax import errors
 from vit_jax.data import data_config, presets
@@ -51,6 +55,13 @@ class Settings:
   # tokens per caption (config.model.text_len).
   templates: str | None = None
   text_len: int = 0
+  # Free-text captions (`free_text`; config.text): the tokenizer's path (None: captions
+  # from the labels, as above), its SentencePiece end-token mode, and a tfds dataset's
+  # image and text features (text None: its one text feature).
+  tokenizer: str | None = None
+  text_eos: str = "none"
+  image_feature: str = "image"
+  text_feature: str | None = None
   # The eval preprocessing where it is not the official recipe (a crop, another resize).
   eval_data: Optional[data_config.DataConfig] = None
 
@@ -109,6 +120,15 @@ class Settings:
     text = {}
     if config.get("objective") == "contrastive":
       text = dict(templates=str(config.contrastive.templates), text_len=int(model.text_len))
+      free = config.get("text") or {}  # absent from the config.json of older runs
+      if free.get("tokenizer"):
+        text.update(
+          templates=None,
+          tokenizer=str(free.tokenizer),
+          text_eos=str(free.get("eos", "none")),
+          image_feature=str(free.get("image_feature", "image")),
+          text_feature=free.get("text_feature"),
+        )
       model = model.image  # the image tower's preprocessing
     settings = cls(
       dataset=str(get("dataset")),
@@ -208,6 +228,10 @@ class Dataset:
 
     self.settings = settings
     check_readable(settings.dataset)
+    self.tokenizer = None  # `tokenize.Tokenizer` of free-text captions
+    if settings.tokenizer is not None:
+      self._open_free_text(settings)
+      return
     if settings.dataset.startswith(arrays_lib.PREFIX):
       self._source = arrays_lib.ArrayDataset(settings.dataset[len(arrays_lib.PREFIX) :])
     elif settings.dataset.startswith(folder_lib.PREFIX):
@@ -242,6 +266,31 @@ class Dataset:
           "use a dataset with class names (a tfds ClassLabel, a folder of classes)."
         )
       self.captions = captions.Captions(self.class_names, settings.templates, settings.text_len)
+
+  def _open_free_text(self, settings: Settings) -> None:
+    """A source of images with their own captions (`free_text`), and its tokenizer."""
+    # pylint: disable-next=g-import-not-at-top
+    from vit_jax.data import caption_folder, free_text, tar_shards, tfds_source
+
+    self.tokenizer = free_text.load_tokenizer(settings.tokenizer, settings.text_eos)
+    name = settings.dataset
+    if name.startswith(caption_folder.PREFIX):
+      self._source = caption_folder.CaptionFolder(name[len(caption_folder.PREFIX) :])
+    elif name.startswith(tar_shards.PREFIX):
+      self._source = tar_shards.TarShards(name[len(tar_shards.PREFIX) :])
+    else:
+      check_data_dir(settings.data_dir, "config.data_dir")
+      self._source = tfds_source.TfdsDataset(
+        name,
+        settings.data_dir,
+        settings.manual_dir,
+        text=(settings.image_feature, settings.text_feature),
+      )
+    self.class_names, self.num_classes, self.captions = None, 1, None  # no classes
+
+  def tokenize(self, texts: np.ndarray) -> np.ndarray:
+    """A batch's captions (bytes [B]) as int32 [B, text_len] ids."""
+    return self.tokenizer.encode([t.decode("utf-8") for t in texts], self.settings.text_len)
 
   def split(self, spec: str) -> SplitSource:
     return self._source.split(spec)

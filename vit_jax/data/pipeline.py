@@ -1,7 +1,7 @@
 """The train and eval input pipelines: ordered example indices -> global batches.
 
 Per process:
-  order.py positions -> readers.py: (position, uid, encoded image or path, label)
+  order.py positions -> readers.py: (position, uid, encoded image or path, label, caption)
   chunks, read ahead in a thread -> tf.data: read file, decode + preprocess in parallel
   (deterministic order), drop examples whose image fails -> numpy batches realigned on
   positions, so a failed image is found by position and reported by name (or, with
@@ -16,7 +16,8 @@ contiguous block of rows, so it reads only the lanes of those rows: its own cont
 Train batches: {'image': f32[B, crop, crop, 3], 'label': f32[B, K]}, no mask (every
 row is a real example); with config.pp.randaug the images are the crops' uint8 values
 (0..255), which the train step augments and normalises (data/randaug.py); a contrastive
-run's add 'text': int32 [B, L], captions made from the labels (`captions`).
+run's add 'text': int32 [B, L]: captions made from the labels (`captions`), or the data's
+own captions (`free_text`: one per example and epoch), tokenized here.
 Eval batches add 'mask': f32[B], 1 for real examples and 0 for
 padding, so a pass visits every example exactly once whatever the batch size.
 
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import jax
 import numpy as np
@@ -65,6 +66,7 @@ def _dataset(reader: readers.Reader, example_fn, local_batch: int) -> tf.data.Da
     tf.TensorSpec([None], tf.int64),
     tf.TensorSpec([None], tf.string),
     tf.TensorSpec([None], tf.int64),
+    tf.TensorSpec([None], tf.string),
   )
   ds = tf.data.Dataset.from_generator(reader, output_signature=spec).prefetch(1).unbatch()
   ds = ds.map(example_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
@@ -74,12 +76,12 @@ def _dataset(reader: readers.Reader, example_fn, local_batch: int) -> tf.data.Da
 
 
 def _example_fn(settings: Settings, kind: str, num_classes: int, train: bool):
-  """(position, uid, value, label) -> (position, image [crop, crop, 3], label [K]); with
-  RandAugment the train image is the crop's uint8 values, for the train step to augment
-  and normalise (`preprocess.train_image`)."""
+  """(position, uid, value, label, text) -> (position, image [crop, crop, 3], label [K],
+  text, uid); with RandAugment the train image is the crop's uint8 values, for the train
+  step to augment and normalise (`preprocess.train_image`)."""
   seed = tf.constant(settings.seed, tf.int64)
 
-  def fn(position, uid, value, label):
+  def fn(position, uid, value, label, text):
     data = decodable.decodable(tf.io.read_file(value)) if kind == "path" else value
     if train:
       image = preprocess.train_image(
@@ -94,7 +96,7 @@ def _example_fn(settings: Settings, kind: str, num_classes: int, train: bool):
       )
     else:
       image = preprocess.eval_image(data, settings.eval_data_config())
-    return position, image, preprocess.one_hot(label, num_classes)
+    return position, image, preprocess.one_hot(label, num_classes), text, uid
 
   return fn
 
@@ -103,48 +105,55 @@ def _realign(
   batches: Iterator[tuple[np.ndarray, ...]],
   first: int,
   size: int,
-  image_shape: tuple[int, ...],
-  num_classes: int,
+  blanks: tuple[tuple[tuple[int, ...], Any], ...],
   stop: int | None = None,
-) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
+) -> Iterator[tuple[Any, ...]]:
   """Batches with possibly missing positions -> batches of positions [q, q + size).
 
-  Yields (q, images [size, ...], labels [size, K], present bool [size]); absent rows
-  are zeros. An incoming batch that is exactly the next expected one passes through
+  Incoming batches are (positions, *rows); ``blanks`` gives each row array's (shape of
+  one row, dtype). Yields (q, *rows [size, ...], present bool [size]); absent rows are
+  zeros. An incoming batch that is exactly the next expected one passes through
   uncopied; otherwise each row is copied once into its place. After the input ends,
   batches continue (all absent) until position `stop`.
   """
-  pending: collections.deque = collections.deque()  # (positions, images, labels)
+  pending: collections.deque = collections.deque()  # (positions, *rows)
   last = first - 1  # Highest position received so far.
   q = first
 
-  def cut() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    images = np.zeros([size, *image_shape], np.float32)
-    labels = np.zeros([size, num_classes], np.float32)
+  def cut() -> tuple[np.ndarray, ...]:
+    out = tuple(np.zeros([size, *shape], dtype) for shape, dtype in blanks)
     present = np.zeros([size], bool)
     while pending and pending[0][0][0] < q + size:
-      pos, img, lab = pending.popleft()
+      pos, *rows = pending.popleft()
       k = int(np.searchsorted(pos, q + size))  # Rows of this batch: pos[:k].
-      rows = pos[:k] - q
-      images[rows], labels[rows], present[rows] = img[:k], lab[:k], True
+      where = pos[:k] - q
+      for target, row in zip(out, rows):
+        target[where] = row[:k]
+      present[where] = True
       if k < len(pos):
-        pending.appendleft((pos[k:], img[k:], lab[k:]))
-    return images, labels, present
+        pending.appendleft((pos[k:], *(row[k:] for row in rows)))
+    return (*out, present)
 
-  for pos, img, lab in batches:
+  for pos, *rows in batches:
     if not pending and len(pos) == size and pos[0] == q and pos[-1] == q + size - 1:
-      yield q, img, lab, np.ones([size], bool)
+      yield (q, *rows, np.ones([size], bool))
       q, last = q + size, pos[-1]
       continue
     if len(pos):
-      pending.append((pos, img, lab))
+      pending.append((pos, *rows))
       last = pos[-1]
     while last >= q + size:  # Everything before q + size has arrived.
-      yield q, *cut()
+      yield (q, *cut())
       q += size
   while pending or (stop is not None and q < stop):
-    yield q, *cut()
+    yield (q, *cut())
     q += size
+
+
+def _blanks(settings: Settings, num_classes: int) -> tuple[tuple[tuple[int, ...], Any], ...]:
+  """The (row shape, dtype) of the images, labels, texts and uids `_realign` cuts."""
+  image = ((settings.crop, settings.crop, 3), np.float32)
+  return image, ((num_classes,), np.float32), ((), object), ((), np.int64)
 
 
 class _Failures:
@@ -169,6 +178,7 @@ class _Failures:
           tf.constant(uid, tf.int64),
           tf.constant(value),
           tf.constant(label, tf.int64),
+          tf.constant(b""),
         )
         reason = "it failed inside the input pipeline"
     except (tf.errors.OpError, ValueError) as e:
@@ -195,6 +205,7 @@ def local_train_batches(
   process: int,
   process_count: int,
   stop: threading.Event | None = None,
+  with_index: bool = False,
 ) -> Iterator[HostBatch]:
   """Endless host-local train batches of one process, from `start_step` on.
 
@@ -202,7 +213,8 @@ def local_train_batches(
   batches of local_batch * process_count rows, which do not depend on process_count
   (see the module docstring). Random-access sources shuffle each lane whole; others in
   windows of shuffle_buffer // global batch (at least 1) examples per lane. Setting
-  `stop` ends the batches promptly, even while a read is in progress.
+  `stop` ends the batches promptly, even while a read is in progress. ``with_index``
+  adds 'index': int64 [b], each row's example index in the split (a cache's key).
   """
   settings = dataset.settings
   source = dataset.split(settings.train_split)
@@ -220,12 +232,12 @@ def local_train_batches(
   )
   example_fn = _example_fn(settings, source.kind, dataset.num_classes, train=True)
   failures = _Failures(reader, example_fn, settings.skip_corrupt_images)
-  shape = (settings.crop, settings.crop, 3)
+  blanks = _blanks(settings, dataset.num_classes)
 
   def batches() -> Iterator[HostBatch]:
     ds = _dataset(reader, example_fn, local_batch)
-    for q, images, labels, present in _realign(
-      ds.as_numpy_iterator(), start_step * local_batch, local_batch, shape, dataset.num_classes
+    for q, images, labels, texts, uids, present in _realign(
+      ds.as_numpy_iterator(), start_step * local_batch, local_batch, blanks
     ):
       if stop is not None and stop.is_set():
         return  # The stream was cut short: its last rows are missing, not failed.
@@ -243,9 +255,14 @@ def local_train_batches(
         ok = np.flatnonzero(present)
         for row in np.flatnonzero(~present):
           src = ok[np.argmin(np.abs(ok - row))]
-          images[row], labels[row] = images[src], labels[src]
+          images[row], labels[row], texts[row] = images[src], labels[src], texts[src]
+          uids[row] = uids[src]
       batch = {"image": images, "label": labels}
-      if dataset.captions is not None:
+      if with_index:
+        batch["index"] = uids % source.num_examples
+      if dataset.tokenizer is not None:
+        batch["text"] = dataset.tokenize(texts)
+      elif dataset.captions is not None:
         batch["text"] = dataset.captions.train_ids(
           labels, step=q // local_batch, first_row=process * local_batch, seed=settings.seed
         )
@@ -276,9 +293,8 @@ class EvalBatches:
     self._failures = _Failures(self._reader, self._example_fn, settings.skip_corrupt_images)
     # Built once: each iteration re-runs the reader from position 0 (a fresh pass).
     self._ds = _dataset(self._reader, self._example_fn, local_batch)
-    self._shape = (settings.crop, settings.crop, 3)
-    self._num_classes = dataset.num_classes
-    self._captions, self._first = dataset.captions, lo
+    self._blanks = _blanks(settings, dataset.num_classes)
+    self._dataset, self._first = dataset, lo
 
   def __len__(self) -> int:
     return self.num_batches
@@ -286,8 +302,8 @@ class EvalBatches:
   def __iter__(self) -> Iterator[HostBatch]:
     self._reader.error = None
     stop = self.num_batches * self._local_batch
-    for q, images, labels, present in _realign(
-      self._ds.as_numpy_iterator(), 0, self._local_batch, self._shape, self._num_classes, stop=stop
+    for q, images, labels, texts, _, present in _realign(
+      self._ds.as_numpy_iterator(), 0, self._local_batch, self._blanks, stop=stop
     ):
       if self._reader.error is not None:
         raise self._reader.error
@@ -295,15 +311,22 @@ class EvalBatches:
       for row in np.flatnonzero(real & ~present):
         self._failures.report(q + int(row))
       batch = {"image": images, "label": labels, "mask": (real & present).astype(np.float32)}
-      if self._captions is not None:
-        batch["text"] = self._captions.eval_ids(labels, self._first + q + np.arange(len(labels)))
+      if self._dataset.tokenizer is not None:
+        batch["text"] = self._dataset.tokenize(np.where(present, texts, b""))
+      elif self._dataset.captions is not None:
+        indices = self._first + q + np.arange(len(labels))
+        batch["text"] = self._dataset.captions.eval_ids(labels, indices)
       yield batch
     if self._reader.error is not None:
       raise self._reader.error
 
 
 def train_iterator(
-  settings: Settings, mesh: jax.sharding.Mesh, *, start_step: int = 0
+  settings: Settings,
+  mesh: jax.sharding.Mesh,
+  *,
+  start_step: int = 0,
+  transform: Callable[[HostBatch], HostBatch] | None = None,
 ) -> Iterator[dict[str, jax.Array]]:
   """Endless global train batches, sharded over the 'data' mesh axis.
 
@@ -313,6 +336,9 @@ def train_iterator(
   values (0..255) for the train step's RandAugment (`randaug.make_augmenter`).
   The stream from `start_step` equals the stream from 0 after
   `start_step` batches, without replaying it; neither depends on the process count.
+  ``transform``: applied to each host-local batch, which then holds 'index' (int64 [b],
+  each row's example index in the split), before it goes to the devices (e.g. a LiT run's
+  cache of image features, `run.feature_cache`).
   """
   if not isinstance(settings, Settings):
     raise TypeError(
@@ -324,8 +350,21 @@ def train_iterator(
   local_batch = batching.local_batch_size(settings.batch, mesh, "batch")
   block, blocks = batching.process_row_block(settings.batch, mesh)
   stop = threading.Event()  # Set by closing the iterator; ends the reads at once.
-  batches = local_train_batches(Dataset(settings), local_batch, start_step, block, blocks, stop)
+  batches = local_train_batches(
+    Dataset(settings), local_batch, start_step, block, blocks, stop, with_index=bool(transform)
+  )
+  if transform is not None:
+    batches = _transformed(batches, transform)
   return batching.prefetch_to_device(batches, mesh, settings.prefetch, stop)
+
+
+def _transformed(batches: Iterator[HostBatch], transform) -> Iterator[HostBatch]:
+  """``transform`` of each batch; closing it closes ``batches`` (the tf.data pipeline)."""
+  try:
+    for batch in batches:
+      yield transform(batch)
+  finally:
+    batches.close()
 
 
 class EvalIterator:

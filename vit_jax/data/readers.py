@@ -1,9 +1,12 @@
 """Readers: the visiting order of order.py -> chunks of examples for tf.data.
 
 A reader is the generator function the pipeline hands to
-tf.data.Dataset.from_generator. Called, it streams (positions, uids, values, labels)
-chunks, each [k], in stream-position order; uid = epoch * num_examples + index in the
-split (it seeds the train augmentation). The next read runs in a thread while a chunk
+tf.data.Dataset.from_generator. Called, it streams (positions, uids, values, labels,
+texts) chunks, each [k], in stream-position order; uid = epoch * num_examples + index in
+the split (it seeds the train augmentation). A source with free text (`free_text`) reads
+a third array, each example's captions; the reader picks one per example and epoch
+(`free_text.choose`, keyed by the uid, so resumed and multi-process runs pick alike); the
+texts of other sources are empty. The next read runs in a thread while a chunk
 is consumed. tf.data ends a generator's stream quietly when it raises under
 ignore_errors(), so a reader keeps the exception in `error` for the consumer to raise.
 A train reader's stream also ends as soon as its `stop` event is set (the train iterator
@@ -23,13 +26,15 @@ from typing import Any, Callable, Iterator, Protocol, TypeVar
 
 import numpy as np
 
-from vit_jax.data import order
+from vit_jax.data import free_text, order
 from vit_jax.data.splits import SplitSource
 
 CHUNK = 1024  # Examples handed from Python to tf.data at a time.
 _POLL_SECONDS = 0.05  # How often a stream waiting for a read checks its stop event.
 
-Chunk = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # positions, uids, values, labels
+# positions, uids, values, labels, texts (bytes: one caption per example, or b'')
+Chunk = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+Arrays = tuple[np.ndarray, ...]  # a source's read: values, labels[, captions]
 Example = tuple[Any, int, int, int]  # value, label, index in the split, uid
 Segment = tuple[order.Piece, int, int]  # piece.offsets[a:b], in visiting order
 WindowKey = tuple[int, tuple[int, int]]  # (local lane, window in the lane)
@@ -87,9 +92,19 @@ def _read_ahead(
 class _PieceReader(abc.ABC):
   """What both readers share: error capture, and locating a position by its piece."""
 
-  def __init__(self, source: SplitSource):
+  def __init__(self, source: SplitSource, seed: int | None = None):
     self.source = source
+    self.seed = seed  # picks a caption per epoch; None: each example's first (evaluation)
     self.error: BaseException | None = None
+
+  def _chunk(self, positions: np.ndarray, uids: np.ndarray, rows: Arrays) -> Chunk:
+    """A chunk of read rows (values, labels[, captions]), one caption picked per row."""
+    values, labels = rows[0], rows[1]
+    if len(rows) > 2:
+      texts = free_text.choose(rows[2], uids, self.seed)
+    else:
+      texts = np.full(len(values), b"", object)
+    return positions, uids, values, labels, texts
 
   @abc.abstractmethod
   def _chunks(self) -> Iterator[Chunk]:
@@ -108,7 +123,7 @@ class _PieceReader(abc.ABC):
   def locate(self, position: int) -> Example:
     shard_start, piece = self._piece_at(position)
     index = shard_start + piece.window[0] + int(piece.offsets[0])
-    values, labels = self.source.read(index, index + 1)
+    values, labels = self.source.read(index, index + 1)[:2]
     return values[0], int(labels[0]), index, piece.epoch * self.source.num_examples + index
 
 
@@ -123,18 +138,18 @@ class ShardReader(_PieceReader):
     self.shard_start = shard_start
     self.pieces_from = pieces_from
 
-  def _read(self, piece: order.Piece) -> tuple[np.ndarray, np.ndarray]:
+  def _read(self, piece: order.Piece) -> Arrays:
     lo, hi = piece.window
     return self.source.read(self.shard_start + lo, self.shard_start + hi)
 
   def _chunks(self) -> Iterator[Chunk]:
     n = self.source.num_examples
-    for piece, (values, labels) in _read_ahead(self.pieces_from(0), self._read):
+    for piece, rows in _read_ahead(self.pieces_from(0), self._read):
       for c in range(0, len(piece.offsets), CHUNK):
         idx = piece.offsets[c : c + CHUNK]
         positions = piece.position + c + np.arange(len(idx), dtype=np.int64)
         uids = piece.epoch * n + self.shard_start + piece.window[0] + idx
-        yield positions, uids, values[idx], labels[idx]
+        yield self._chunk(positions, uids, tuple(a[idx] for a in rows))
 
   def _piece_at(self, position: int) -> tuple[int, order.Piece]:
     return self.shard_start, next(self.pieces_from(position))
@@ -185,11 +200,11 @@ class LaneReader(_PieceReader):
     start_step: int,
     stop: threading.Event | None = None,
   ):
-    super().__init__(source)
+    super().__init__(source, seed)
     self.num_local, self.start_step, self.stop = num_local, start_step, stop
     self.lanes = range(first_lane, first_lane + num_local)
     self.bounds = [order.process_shard(source.num_examples, r, num_lanes) for r in self.lanes]
-    self.window, self.seed = window, seed
+    self.window = window
     self.block_steps = max(1, CHUNK // num_local)
 
   def _pieces(self, j: int, lane_position: int) -> Iterator[order.Piece]:
@@ -208,8 +223,8 @@ class LaneReader(_PieceReader):
       previous = needed
 
   def _load(self, block: Block) -> Any:
-    """The windows a block reads, {key: (values, labels)}; from a random-access source
-    just the block's examples, (values, labels) each [lane, step]."""
+    """The windows a block reads, {key: (values, labels[, captions])}; from a
+    random-access source just the block's examples, each array [lane, step]."""
     plan, _, keys = block
     if self.source.random_access:
       index, _ = self._indices(plan)
@@ -230,33 +245,35 @@ class LaneReader(_PieceReader):
         t += b - a
     return index, epochs
 
-  def _gather(self, plan: Plan, cache: dict) -> tuple[np.ndarray, np.ndarray]:
-    """(values, labels) of a block's examples, [lane, step], from the cached windows."""
-    values = np.empty([self.num_local, self.block_steps], object)
-    labels = np.zeros([self.num_local, self.block_steps], np.int64)
+  def _gather(self, plan: Plan, cache: dict) -> Arrays:
+    """(values, labels[, captions]) of a block's examples, each [lane, step], from the
+    cached windows."""
+    shape = [self.num_local, self.block_steps]
+    out: Arrays = ()
     for j, segments in enumerate(plan):
       t = 0
       for piece, a, b in segments:
-        window_values, window_labels = cache[(j, piece.window)]
-        values[j, t : t + b - a] = window_values[piece.offsets[a:b]]
-        labels[j, t : t + b - a] = window_labels[piece.offsets[a:b]]
+        window = cache[(j, piece.window)]
+        out = out or tuple(np.zeros(shape, w.dtype) for w in window)
+        for gathered, rows in zip(out, window):
+          gathered[j, t : t + b - a] = rows[piece.offsets[a:b]]
         t += b - a
-    return values, labels
+    return out
 
   def _chunks(self) -> Iterator[Chunk]:
     """Per block, (positions, uids, values, labels) in position order."""
     cache, step = {}, self.start_step
     for (plan, needed, _), loaded in _read_ahead(self._blocks(), self._load, self.stop):
       if self.source.random_access:
-        values, labels = loaded
+        rows = loaded
       else:
         cache = {key: v for key, v in cache.items() if key in needed}
         cache.update(loaded)
-        values, labels = self._gather(plan, cache)
+        rows = self._gather(plan, cache)
       index, epochs = self._indices(plan)
       uids = epochs * self.source.num_examples + index
       positions = step * self.num_local + np.arange(index.size, dtype=np.int64)
-      yield positions, uids.T.ravel(), values.T.ravel(), labels.T.ravel()
+      yield self._chunk(positions, uids.T.ravel(), tuple(a.T.ravel() for a in rows))
       step += self.block_steps
 
   def _piece_at(self, position: int) -> tuple[int, order.Piece]:

@@ -136,3 +136,19 @@ def parse(records: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
     return np.zeros([0], object), np.zeros([0], np.int64)
   parsed = tf.io.parse_example(tf.constant(records, tf.string), _FEATURES)
   return parsed["image"].numpy().astype(object), parsed["label"].numpy().astype(np.int64)
+
+
+def parse_text(records: list[bytes], text: tuple[str, str]) -> tuple[np.ndarray, ...]:
+  """Serialized image-text examples (``text``: the image and text features' keys) ->
+  (encoded images object [n], zero labels int64 [n], each example's captions: object [n]
+  of tuples of str, `free_text`)."""
+  from vit_jax.data import free_text  # pylint: disable=g-import-not-at-top
+
+  image, caption = text
+  features = {image: tf.io.FixedLenFeature([], tf.string), caption: tf.io.RaggedFeature(tf.string)}
+  parsed = tf.io.parse_example(tf.constant(records, tf.string), features) if records else None
+  values = parsed[image].numpy().astype(object) if records else np.zeros([0], object)
+  rows = parsed[caption].to_list() if records else []
+  texts = [[t.decode("utf-8") for t in row] for row in rows]
+  captions = [free_text.as_captions(t, f"a record's {caption!r}") for t in texts]
+  return values, np.zeros(len(values), np.int64), free_text.captions_array(captions)

@@ -63,6 +63,11 @@ def resolve(spec: str, sizes: Mapping[str, int]) -> list[Range]:
   return ranges
 
 
+def names(spec: str) -> list[str]:
+  """The split names a split string reads: 'train[:90%]+validation' -> [train, validation]."""
+  return [part.split("[")[0].strip() for part in spec.split("+")]
+
+
 def select(ranges: list[Range], start: int, stop: int) -> list[Range]:
   """Sub-ranges holding examples [start, stop) of the concatenation of `ranges`."""
   out, offset = [], 0
@@ -90,11 +95,12 @@ class SplitSource(Protocol):
   random_access: bool
   num_examples: int
 
-  def read(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-    """Examples [start, stop) as (values object [n], labels int64 [n])."""
+  def read(self, start: int, stop: int) -> tuple[np.ndarray, ...]:
+    """Examples [start, stop) as (values object [n], labels int64 [n]), and for a source
+    of free text their captions (object [n] of tuples of str, `free_text`)."""
     ...
 
-  def read_many(self, ranges: list[tuple[int, int]]) -> list[tuple[np.ndarray, np.ndarray]]:
+  def read_many(self, ranges: list[tuple[int, int]]) -> list[tuple[np.ndarray, ...]]:
     """read(start, stop) of each [start, stop) range, in order. Training reads the
     windows a block of steps needs with one call: a source whose reads carry a setup
     cost (tfds) reads them together; one that reads files by path can loop over read."""
@@ -113,17 +119,18 @@ class RangedSplit:
     self._ranges = ranges
     self.num_examples = sum(len(r) for r in ranges)
 
-  def _rows(self, split: str, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-    """(values object [n], labels int64 [n]) of examples [start, stop) of ``split``."""
+  def _rows(self, split: str, start: int, stop: int) -> tuple[np.ndarray, ...]:
+    """(values object [n], labels int64 [n]) of examples [start, stop) of ``split``; a
+    source of free text adds their captions (`free_text`)."""
     raise NotImplementedError
 
-  def read(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-    """Values and labels of examples [start, stop) of the configured split."""
+  def read(self, start: int, stop: int) -> tuple[np.ndarray, ...]:
+    """Values and labels (and captions) of examples [start, stop) of the configured split."""
     parts = [self._rows(r.split, r.start, r.stop) for r in select(self._ranges, start, stop)]
-    if not parts:
-      return np.zeros([0], object), np.zeros([0], np.int64)
-    return np.concatenate([v for v, _ in parts]), np.concatenate([labels for _, labels in parts])
+    if not parts:  # empty arrays of the right kinds
+      return self._rows(self._ranges[0].split, 0, 0)
+    return tuple(np.concatenate(arrays) for arrays in zip(*parts))
 
-  def read_many(self, ranges: list[tuple[int, int]]) -> list[tuple[np.ndarray, np.ndarray]]:
+  def read_many(self, ranges: list[tuple[int, int]]) -> list[tuple[np.ndarray, ...]]:
     """read(start, stop) of each range: cheap one by one."""
     return [self.read(lo, hi) for lo, hi in ranges]

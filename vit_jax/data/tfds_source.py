@@ -1,7 +1,9 @@
 """tfds datasets by name, read from a prepared `data_dir` (local or gs://); never downloads.
 
 Images are read as their stored encoded bytes (decoding happens later, in parallel, in
-the pipeline); only the `image` and `label` features are read. The one exception to
+the pipeline); only the `image` and `label` features are read, or, for image-text data
+(`free_text`), an image feature and a text feature (a string, or a sequence of strings:
+several captions per image, e.g. ``coco_captions``' ``captions/text``). The one exception to
 "never prepares" is the built-in `digits` dataset, which builds itself offline in a
 few seconds the first time it is used; and a dataset whose archives the user placed in
 `manual_dir` is prepared from there by a single-process run.
@@ -15,22 +17,35 @@ import operator
 
 import jax
 import numpy as np
+import tensorflow as tf
 import tensorflow_datasets as tfds
 from absl import logging
+from tensorflow_datasets.core.utils import py_utils
 
 from vit_jax import errors
-from vit_jax.data import digits  # Registers the `digits` builder with tfds.
+from vit_jax.data import digits, free_text  # digits: registers its builder with tfds
 from vit_jax.data import records as records_lib
 from vit_jax.data import splits as splits_lib
 
 _IMAGE, _LABEL = "image", "label"  # Feature keys every supported dataset has.
 _READ_BATCH = 1024  # Records converted to numpy at a time.
+# The text feature of an image-text dataset when config.text.text_feature is None: the
+# first of these it has (flattened names: a sequence's feature is 'sequence/feature').
+TEXT_FEATURES = ("captions/text", "caption", "captions", "text")
 
 
 class TfdsDataset:
   """A prepared tfds dataset: its builder, class names and splits."""
 
-  def __init__(self, name: str, data_dir: str | None = None, manual_dir: str | None = None):
+  def __init__(
+    self,
+    name: str,
+    data_dir: str | None = None,
+    manual_dir: str | None = None,
+    text: tuple[str, str | None] | None = None,
+  ):
+    """``text``: (image feature, text feature or None: `TEXT_FEATURES`) of image-text data,
+    read in place of image and label."""
     self.name = name
     try:
       self.builder = tfds.builder(name, data_dir=data_dir)
@@ -43,6 +58,10 @@ class TfdsDataset:
     self._data_dir = data_dir
     self._manual_dir = manual_dir
     self._prepare_if_possible()
+    self.text = self._text_features(*text) if text else None  # (image, text) serialized keys
+    if self.text:
+      self.num_classes, self.class_names = None, None
+      return
     features = self.builder.info.features
     missing = [k for k in (_IMAGE, _LABEL) if k not in features]
     if missing:
@@ -54,6 +73,25 @@ class TfdsDataset:
     label = features[_LABEL]
     self.num_classes = getattr(label, "num_classes", None)
     self.class_names = list(label.names) if self.num_classes else None
+
+  def _text_features(self, image: str, text: str | None) -> tuple[str, str]:
+    """The serialized keys of the image and text features; one error naming the dataset's
+    features and the config keys when either is missing."""
+    serialized = py_utils.flatten_nest_dict(self.builder.info.features.get_serialized_info())
+    strings = [k for k, v in serialized.items() if v.tf_dtype == tf.string]
+    found = text or next((k for k in TEXT_FEATURES if k in strings), None)
+    features = self.builder.info.features
+    if image not in features or not isinstance(features[image], tfds.features.Image):
+      raise errors.ConfigError(
+        f"tfds dataset {self.name!r} has no image feature {image!r}: set "
+        f"config.text.image_feature to one of its features {list(features)}."
+      )
+    if found not in strings:
+      raise errors.ConfigError(
+        f"tfds dataset {self.name!r} has no text feature {found!r}: set "
+        f"config.text.text_feature to one of its string features {strings}."
+      )
+    return image, found
 
   def _prepare_if_possible(self) -> None:
     """Builds `digits`, or a dataset from config.manual_dir; nothing else downloads."""
@@ -112,18 +150,30 @@ class TfdsDataset:
     """{split name: number of examples}; empty when tfds has no metadata (mock data)."""
     return {name: info.num_examples for name, info in self.builder.info.splits.items()}
 
-  def load(self, split) -> tuple[np.ndarray, np.ndarray]:
+  def load(self, split) -> tuple[np.ndarray, ...]:
     """All examples of a split string or ReadInstruction, in stored order.
 
-    Returns (encoded images object [n], labels int64 [n]).
+    Returns (encoded images object [n], labels int64 [n]), and for image-text data their
+    captions (object [n] of tuples).
     """
+    if self.text:
+      return self._load_text(split)
     decoders = {_IMAGE: tfds.decode.SkipDecoding()}
     if set(self.builder.info.features) != {_IMAGE, _LABEL}:  # Skip the other features.
       decoders = tfds.decode.PartialDecoding({_IMAGE: True, _LABEL: True}, decoders)
+    ds = self._as_dataset(split, decoders)
+    ds = ds.map(lambda ex: (ex[_IMAGE], ex[_LABEL])).batch(_READ_BATCH).prefetch(1)
+    values, labels = [np.zeros([0], object)], [np.zeros([0], np.int64)]
+    for value, label in ds.as_numpy_iterator():
+      values.append(value.astype(object))
+      labels.append(label.astype(np.int64))
+    return np.concatenate(values), np.concatenate(labels)
+
+  def _as_dataset(self, split, decoders) -> tf.data.Dataset:
     try:
       # One file at a time: tfds' default interleaves the ranges of a multi-range read
       # in blocks of 16 records, mixing lanes' windows.
-      ds = self.builder.as_dataset(
+      return self.builder.as_dataset(
         split=split,
         decoders=decoders,
         shuffle_files=False,
@@ -131,12 +181,19 @@ class TfdsDataset:
       )
     except AssertionError as e:  # tfds' "could not find data in <data_dir>".
       raise self.not_prepared_error() from e
-    ds = ds.map(lambda ex: (ex[_IMAGE], ex[_LABEL])).batch(_READ_BATCH).prefetch(1)
-    values, labels = [np.zeros([0], object)], [np.zeros([0], np.int64)]
-    for value, label in ds.as_numpy_iterator():
-      values.append(value.astype(object))
-      labels.append(label.astype(np.int64))
-    return np.concatenate(values), np.concatenate(labels)
+
+  def _load_text(self, split) -> tuple[np.ndarray, ...]:
+    """`load` of image-text data, an example at a time (captions differ in number)."""
+    image, text = self.text
+    ds = self._as_dataset(split, {image: tfds.decode.SkipDecoding()})
+    ds = ds.map(lambda ex: (ex[image], py_utils.flatten_nest_dict(ex)[text]))
+    values, texts = [], []
+    for value, caption in ds.as_numpy_iterator():
+      values.append(value)
+      texts.append(_decoded(caption, f"an example of {self.name}"))
+    out = np.empty(len(values), object)
+    out[:] = values
+    return out, np.zeros(len(values), np.int64), free_text.captions_array(texts)
 
   def split(self, spec: str) -> "TfdsSplit":
     return TfdsSplit(self, spec)
@@ -182,11 +239,11 @@ class TfdsSplit:
         self.num_examples,
       )
 
-  def read(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-    """Encoded images and labels of examples [start, stop)."""
+  def read(self, start: int, stop: int) -> tuple[np.ndarray, ...]:
+    """Encoded images and labels (and captions) of examples [start, stop)."""
     return self.read_many([(start, stop)])[0]
 
-  def read_many(self, ranges: list[tuple[int, int]]) -> list[tuple[np.ndarray, np.ndarray]]:
+  def read_many(self, ranges: list[tuple[int, int]]) -> list[tuple[np.ndarray, ...]]:
     """read(start, stop) of each range, with one parse (or one tfds read: each sets up
     a tf.data pipeline) for all of them."""
     if self._in_memory is not None:
@@ -196,12 +253,14 @@ class TfdsSplit:
       serialized = []
       for split, group in itertools.groupby(parts, key=lambda r: r.split):
         serialized += self._records[split].read([(r.start, r.stop) for r in group])
-      values, labels = records_lib.parse(serialized)
+      text = self._dataset.text
+      rows = records_lib.parse_text(serialized, text) if text else records_lib.parse(serialized)
     else:
       instructions = [
         tfds.core.ReadInstruction(r.split, from_=r.start, to=r.stop, unit="abs") for r in parts
       ]
-      values, labels = self._dataset.load(functools.reduce(operator.add, instructions))
+      rows = self._dataset.load(functools.reduce(operator.add, instructions))
+    values = rows[0]
     ends = np.cumsum([max(hi - lo, 0) for lo, hi in ranges])
     if len(values) != (ends[-1] if len(ends) else 0):
       raise RuntimeError(
@@ -209,4 +268,11 @@ class TfdsSplit:
         f"expected {ends[-1]}; the prepared dataset may be incomplete."
       )
     starts = ends - [max(hi - lo, 0) for lo, hi in ranges]
-    return [(values[a:b], labels[a:b]) for a, b in zip(starts, ends)]
+    return [tuple(r[a:b] for r in rows) for a, b in zip(starts, ends)]
+
+
+def _decoded(captions, where: str) -> tuple[str, ...]:
+  """A text feature's value (bytes, or bytes [n]) as one example's captions."""
+  items = [captions] if isinstance(captions, bytes) else list(np.asarray(captions).ravel())
+  texts = [c.decode("utf-8") if isinstance(c, bytes) else c for c in items]
+  return free_text.as_captions(texts, where)

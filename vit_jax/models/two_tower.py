@@ -20,7 +20,8 @@ are the embedding, their width ``embed_dim``: transformers' SigLIP, whose image 
 in its attention pooling, and big_vision's ``out_dim=(None, E)``).
 
 Either input may be None (image features alone for few-shot, text alone for class
-prompts); the other embedding is then None.
+prompts); the other embedding is then None. ``image_features`` [B, D] in place of images
+skips the image model (a LiT run's cached features of its locked tower: `run.feature_cache`).
 """
 
 from __future__ import annotations
@@ -71,11 +72,16 @@ class TwoTower(nn.Module):
 
   @nn.compact
   def __call__(
-    self, images: Optional[jax.Array], ids: Optional[jax.Array], *, train: bool = False
+    self,
+    images: Optional[jax.Array],
+    ids: Optional[jax.Array],
+    *,
+    train: bool = False,
+    image_features: Optional[jax.Array] = None,
   ) -> tuple[Optional[jax.Array], Optional[jax.Array], dict[str, jax.Array]]:
     zimg = ztxt = None
-    if images is not None:
-      features = self.img(images, train=train)  # [B, D]
+    if images is not None or image_features is not None:
+      features = self.img(images, train=train) if image_features is None else image_features
       zimg = features.astype(jnp.float32)  # [B, D]
       if self.image_head != "none":
         head = nn.Dense(self.embed_dim, use_bias=self.image_head == "dense", name="img_head")

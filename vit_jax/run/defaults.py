@@ -48,9 +48,19 @@ def get_config() -> ml_collections.ConfigDict:
   # Contrastive image-text training: loss "sigmoid" (SigLIP) or "softmax" (CLIP); lock_image:
   # the image tower keeps its config.pretrained weights (LiT); captions from the labels
   # with the prompt templates of vit_jax.data.captions.TEMPLATES.
+  # cache_image_features: with lock_image, the image tower runs once per example (its
+  # features are kept on the host; vit_jax.run.feature_cache).
   config.contrastive = ml_collections.ConfigDict(
-    dict(loss="sigmoid", lock_image=False, templates="digits")
+    dict(loss="sigmoid", lock_image=False, templates="digits", cache_image_features=False)
   )
+  # Image-text data with its own captions (vit_jax.data.free_text; a contrastive run):
+  # tokenizer: the text tower's (a folder, a SentencePiece .model or a tokenizer.json;
+  # None: captions made from the labels with config.contrastive.templates), eos: a
+  # SentencePiece model's end token ('none', 'yes', 'sticky'), and a tfds dataset's image
+  # and text features (text None: its 'captions/text', 'caption', 'captions' or 'text').
+  config.text = ml_collections.ConfigDict(dict(eos="none", image_feature="image"))
+  config.text.tokenizer = ml_collections.FieldReference(None, field_type=str)
+  config.text.text_feature = ml_collections.FieldReference(None, field_type=str)
 
   # Optimization (vit_jax.run.optim).
   config.loss = "softmax_xent"  # or 'sigmoid_xent' (vit_jax.run.losses)

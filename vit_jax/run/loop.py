@@ -139,7 +139,11 @@ def _steps_until_done(
   loop, total_steps = spec.loop, spec.loop.total_steps
   start_step = int(jax.device_get(state.step))
   metrics: dict[str, float] = {}
-  train_iter = data.train_iterator(spec.data, steps.mesh, start_step=start_step)
+  cache = getattr(steps.objective, "feature_cache", None)  # a LiT run's image features
+  transform = cache(state.params, spec.num_train) if cache else None
+  train_iter = data.train_iterator(
+    spec.data, steps.mesh, start_step=start_step, transform=transform
+  )
   try:
     first_batch = next(train_iter)
     compiled_step, step_flops = session.compiling.result()

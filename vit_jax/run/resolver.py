@@ -26,6 +26,7 @@ from vit_jax.models.settings import Settings
 from vit_jax.run import (
   defaults,
   evaluators,
+  feature_cache,
   losses,
   memory_fit,
   objectives,
@@ -167,6 +168,19 @@ def _check_vocabulary(model: Any, class_names: tuple[str, ...], settings: DataSe
     )
 
 
+def _check_tokenizer(model: Any, settings: DataSettings) -> None:
+  """The free-text captions' tokenizer (config.text.tokenizer) fits the text tower."""
+  from vit_jax.data import free_text  # pylint: disable=g-import-not-at-top
+
+  tokenizer = free_text.load_tokenizer(settings.tokenizer, settings.text_eos)
+  if tokenizer.vocab_size > model.text.vocab_size:
+    raise errors.ConfigError(
+      f"{free_text.KEY}={settings.tokenizer!r} has {tokenizer.vocab_size} tokens, more than "
+      f"config.model.text.vocab_size={model.text.vocab_size}: set it to "
+      f"{tokenizer.vocab_size} or more."
+    )
+
+
 def _process_count(mesh: jax.sharding.Mesh) -> int:
   return len({d.process_index for d in mesh.devices.flat})
 
@@ -279,6 +293,10 @@ def resolve(
   num_classes, num_train, class_names = _num_classes(config, data_settings, open_data)
   if data_settings.templates is not None and class_names:
     _check_vocabulary(model, class_names, data_settings)
+  if data_settings.tokenizer is not None and open_data:
+    _check_tokenizer(model, data_settings)
+  if config.objective == "contrastive":
+    feature_cache.check(config.contrastive, data_settings)
   spec = spec_lib.RunSpec(
     model=model,
     num_classes=num_classes,

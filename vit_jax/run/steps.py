@@ -125,27 +125,30 @@ class RunSteps:
   eval_step: Any  # jax.jit(objective.eval_step)
   init: Any  # jax.jit: rng -> a fresh TrainState
 
-  def _batch(self, size: int, **extra: tuple[tuple[int, ...], Any]) -> dict[str, Any]:
+  def _batch(self, size: int, fields: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """``fields``: name -> (per-example shape, dtype), or None to drop a field."""
     crop = self.spec.crop
-    fields = getattr(self.objective, "batch_fields", {})  # e.g. 'text': int32 [B, L]
     shapes = dict(
-      image=((size, crop, crop, 3), jnp.float32),  # [B, H, W, 3] in [-1, 1] (RandAugment: 0..255)
-      label=((size, self.spec.num_classes), jnp.float32),  # [B, K] one-hot
-      **{name: ((size, *shape), dtype) for name, (shape, dtype) in fields.items()},
-      **extra,
+      image=((crop, crop, 3), jnp.float32),  # [B, H, W, 3] in [-1, 1] (RandAugment: 0..255)
+      label=((self.spec.num_classes,), jnp.float32),  # [B, K] one-hot
+      **getattr(self.objective, "batch_fields", {}),  # e.g. 'text': int32 [B, L]
     )
+    shapes.update(fields, **extra)
     return {
-      k: jax.ShapeDtypeStruct(shape, dtype, sharding=self.batch_sharding)
-      for k, (shape, dtype) in shapes.items()
+      k: jax.ShapeDtypeStruct((size, *spec[0]), spec[1], sharding=self.batch_sharding)
+      for k, spec in shapes.items()
+      if spec is not None
     }
 
   def abstract_train_batch(self) -> dict[str, jax.ShapeDtypeStruct]:
-    """The global train batch as the input pipeline delivers it, abstract."""
-    return self._batch(self.spec.batch)
+    """The global train batch as the input pipeline delivers it (and an objective's
+    ``train_fields(crop)`` changes it: a LiT run's cached image features), abstract."""
+    train_fields = getattr(self.objective, "train_fields", None)
+    return self._batch(self.spec.batch, train_fields(self.spec.crop) if train_fields else {})
 
   def abstract_eval_batch(self) -> dict[str, jax.ShapeDtypeStruct]:
     """The global eval batch (with its padding ``mask`` [B]), abstract."""
-    return self._batch(self.spec.data.batch_eval, mask=((self.spec.data.batch_eval,), jnp.float32))
+    return self._batch(self.spec.data.batch_eval, {}, mask=((), jnp.float32))
 
   def compile_train_step(self) -> jax.stages.Compiled:
     """The train step compiled for the abstract state and batch (no data needed)."""

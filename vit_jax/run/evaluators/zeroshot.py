@@ -10,6 +10,9 @@ contrastive run (logged as ``zeroshot/...`` and ``retrieval/...`` every
   is the one the eval batches carry (`captions.Captions.eval_ids`: template i mod T of its
   class), so its embedding is that prompt's. An item's rank is the number of others that
   score strictly higher: captions made from labels repeat, and identical ones tie.
+
+On data with its own captions (no classes) only retrieval runs, each image against its
+first caption (`Retrieval`).
 """
 
 from __future__ import annotations
@@ -93,8 +96,34 @@ class ZeroShot(ZeroShotEvaluator):
     self.every = steps.spec.loop.eval_every
 
 
-def build(steps: Any) -> ZeroShot | None:
-  """None unless the run trains a two-tower model on captioned data."""
-  if getattr(steps.objective, "text_len", None) is None or steps.spec.data.templates is None:
+class Retrieval:
+  """Retrieval on data with its own captions (`data.free_text`, no classes): every test
+  image against every test caption (each example's first), recall@1/5/10 both ways,
+  every ``config.eval_every`` steps."""
+
+  def __init__(self, steps: Any):
+    objective = steps.objective
+    self.batches = data.eval_iterator(steps.spec.data, steps.mesh)
+    self.every = steps.spec.loop.eval_every
+
+    def embed(params, batch):
+      zimg, ztxt, _ = objective.embed(params, batch["image"], batch["text"])
+      return dict(zimg=zimg, ztxt=ztxt, mask=batch["mask"])
+
+    self._embed = jax.jit(embed, out_shardings=sharding.replicated(steps.mesh))
+
+  def __call__(self, params: Params) -> dict[str, float]:
+    parts = [jax.device_get(self._embed(params, batch)) for batch in self.batches]
+    real = np.concatenate([p["mask"] for p in parts]) > 0
+    zimg, ztxt = (np.concatenate([p[k] for p in parts])[real] for k in ("zimg", "ztxt"))
+    return {**retrieval_metrics(zimg, ztxt), "retrieval/examples": float(len(zimg))}
+
+
+def build(steps: Any) -> ZeroShot | Retrieval | None:
+  """None unless the run trains a two-tower model on captioned data: zero-shot and
+  retrieval with captions made from labels, retrieval alone with the data's own."""
+  if getattr(steps.objective, "text_len", None) is None:
     return None
-  return ZeroShot(steps)
+  if steps.spec.data.tokenizer is not None:
+    return Retrieval(steps)
+  return ZeroShot(steps) if steps.spec.data.templates is not None else None

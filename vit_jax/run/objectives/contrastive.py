@@ -2,7 +2,9 @@
 
 ``config.contrastive``: ``loss`` ('sigmoid': SigLIP's, 'softmax': CLIP's; `run.contrastive`)
 and ``lock_image`` (LiT: the image tower gets no gradient and no optimizer state, so it ends
-the run exactly as it started; `frozen` names its subtree for `steps.build_steps`).
+the run exactly as it started; `frozen` names its subtree for `steps.build_steps`);
+``cache_image_features`` (LiT: the train batches carry the locked tower's features,
+computed once per example, `run.feature_cache`, in place of images).
 
 The sigmoid loss is computed in the chunked ring form over the mesh's 'data' axis when
 the batch is split over several devices there, so no device holds the global batch of
@@ -68,6 +70,26 @@ class Contrastive:
     self.pretrained_key = IMAGE  # config.pretrained initialises the image tower
     self.mesh = mesh
     self.batch_fields = {"text": ((self.text_len,), jnp.int32)}  # besides 'image', 'label'
+    self.cache_features = bool(options.get("cache_image_features", False))
+
+  def train_fields(self, crop: int) -> dict[str, Any]:
+    """With cached features, the train batch's 'image_features' [B, D] replace 'image'."""
+    if not self.cache_features:
+      return {}
+    images = jax.ShapeDtypeStruct((1, crop, crop, 3), jnp.float32)
+    out = jax.eval_shape(
+      lambda x: self.model.img.init_with_output(jax.random.key(0), x)[0], images
+    )  # [1, D]
+    return {"image": None, "image_features": (out.shape[1:], jnp.float32)}
+
+  def feature_cache(self, params: Any, num_examples: int) -> Optional[Any]:
+    """The train batches' transform that caches the locked tower's features (None: the
+    batches keep their images)."""
+    if not self.cache_features:
+      return None
+    from vit_jax.run import feature_cache  # pylint: disable=g-import-not-at-top
+
+    return feature_cache.FeatureCache(self.model.img, params[IMAGE], num_examples)
 
   def init(self, rng: jax.Array, images: jax.Array) -> Any:
     """Boxed parameters (with their logical axis names)."""
@@ -104,8 +126,14 @@ class Contrastive:
   def loss(self, params: Any, batch: Batch, rng: jax.Array) -> jax.Array:
     if self.frozen:  # no gradient flows into the locked tower (its update is zero too)
       params = {k: jax.lax.stop_gradient(v) if k in self.frozen else v for k, v in params.items()}
+    images, features = batch.get("image"), batch.get("image_features")  # one of them
     zimg, ztxt, out = self.model.apply(
-      {"params": params}, batch["image"], batch["text"], train=True, rngs={"dropout": rng}
+      {"params": params},
+      images,
+      batch["text"],
+      train=True,
+      image_features=features,
+      rngs={"dropout": rng},
     )
     return self._batch_loss(zimg, ztxt, out)
 

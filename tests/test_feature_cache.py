@@ -1,0 +1,72 @@
+"""A LiT run's cached image features: the image tower runs in the first epoch only, and the
+run ends where the uncached run ends (float tolerance); the settings it needs are named."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flax import traverse_util
+
+from configs import siglip
+from tests import train_fixtures
+from vit_jax import data, errors, models, run
+from vit_jax.run import feature_cache
+from vit_jax.weights import orbax_steps
+
+TEXT = dict(width=16, depth=1, mlp_dim=32, num_heads=2, vocab_size=64, pool="gap")
+
+
+def _lit(data_dir: str, pretrained: str, **overrides):
+  config = siglip.get_config("digits")
+  train_fixtures.override(config, train_fixtures.TINY)
+  config.data_dir, config.pretrained = data_dir, pretrained
+  config.model = models.two_tower_config(
+    models.get_model_config("testing"), text=TEXT, text_len=8, embed_dim=16
+  )
+  # 32 examples in batches of 16: 6 steps are 3 epochs; each image the same every epoch.
+  config.train_split, config.total_steps, config.checkpoint_every = "train[:32]", 6, 6
+  config.contrastive.lock_image = True
+  config.pp.min_area, config.pp.flip = 1.0, False
+  return train_fixtures.override(config, overrides)
+
+
+def test_cached_features_train_as_the_uncached_run(tmp_path, tiny_config, digits_dir, monkeypatch):
+  run.train_and_evaluate(tiny_config, str(tmp_path / "supervised"))
+  source = str(tmp_path / "supervised" / "checkpoints")
+  caches = []
+  real = feature_cache.FeatureCache
+  monkeypatch.setattr(
+    feature_cache, "FeatureCache", lambda *a: caches.append(real(*a)) or caches[-1]
+  )
+  plain = run.train_and_evaluate(_lit(digits_dir, source), str(tmp_path / "plain"))
+  assert not caches
+  cached = run.train_and_evaluate(
+    _lit(digits_dir, source, **{"contrastive.cache_image_features": True}), str(tmp_path / "cached")
+  )
+  assert len(caches) == 1 and caches[0].computed == 2  # the first epoch's 2 batches
+  assert caches[0].filled.all() and caches[0].table.shape == (32, 32)
+  a = traverse_util.flatten_dict(orbax_steps.read_params(tmp_path / "plain" / "checkpoints"))
+  b = traverse_util.flatten_dict(orbax_steps.read_params(tmp_path / "cached" / "checkpoints"))
+  assert a.keys() == b.keys()
+  moved = 0
+  for k, v in a.items():
+    np.testing.assert_allclose(b[k], v, rtol=1e-4, atol=1e-5, err_msg="/".join(k))
+    moved += k[0] != "img"
+  assert moved  # the text tower and projection trained
+  assert cached["eval/loss"] == pytest.approx(plain["eval/loss"], rel=1e-4)
+
+
+def test_cache_needs_a_locked_tower_and_fixed_images(digits_dir):
+  config = _lit(digits_dir, "unused", **{"contrastive.cache_image_features": True})
+
+  def check():
+    feature_cache.check(config.contrastive, data.Settings.from_config(config))
+
+  check()
+  config.contrastive.lock_image = False
+  with pytest.raises(errors.ConfigError, match="lock_image=False trains it"):
+    check()
+  config.contrastive.lock_image = True
+  config.pp.flip = True
+  with pytest.raises(errors.ConfigError, match="flip=True.*set config.pp.min_area=1.0"):
+    check()
