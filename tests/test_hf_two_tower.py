@@ -14,6 +14,7 @@ import pytest
 
 from tests import hf_text_fixtures as fx
 from vit_jax import errors
+from vit_jax.data import free_text
 from vit_jax.models import two_tower
 from vit_jax.weights import sources
 
@@ -47,6 +48,9 @@ def test_image_text_logits_and_token_ids_equal_transformers(hf_folder):
   assert np.abs(ours - expected).max() <= 1e-5 * np.abs(expected).max(), (ours, expected)
   ids = loaded.tokenizer.encode(fx.TEXTS, fx.TEXT_LEN)
   np.testing.assert_array_equal(ids, fx.reference_ids(hf_folder, fx.TEXTS))
+  # The folder named as a run's caption tokenizer (config.text.tokenizer) is the same one.
+  run_ids = free_text.load_tokenizer(hf_folder, "none").encode(fx.TEXTS, fx.TEXT_LEN)
+  np.testing.assert_array_equal(run_ids, ids)
 
 
 def test_siglip2_positions_resample_as_transformers_at_another_grid():

@@ -13,14 +13,15 @@ tokenizes the batch's captions (`load_tokenizer`) to int32 [B, config.model.text
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable
 
 import numpy as np
 
 from vit_jax import errors
 from vit_jax.data import captions as captions_lib
+from vit_jax.data import folder_tokenizer, tokenize
 from vit_jax.data import splits as splits_lib
-from vit_jax.data import tokenize
 
 KEY = "config.text.tokenizer"
 
@@ -66,13 +67,17 @@ def captions_array(rows: list[tuple[str, ...]]) -> np.ndarray:
 
 def load_tokenizer(path: str | None, eos: str) -> tokenize.Tokenizer:
   """The tokenizer ``config.text.tokenizer`` names (a folder, a ``.model`` or a
-  ``tokenizer.json``); a missing one is one error naming the key."""
+  ``tokenizer.json``); a missing one is one error naming the key. A transformers folder
+  (with ``tokenizer_config.json``: a SigLIP, SigLIP 2 or CLIP checkpoint) gives the ids
+  transformers' own tokenizer gives (`folder_tokenizer`), as its text tower was trained."""
   if not path:
     raise errors.ConfigError(
       f"{KEY} is not set: data with free-text captions needs the text tower's tokenizer, "
       f"e.g. --{KEY}=/path/to/spiece.model (or a tokenizer.json, or their folder)."
     )
   try:
+    if os.path.isfile(os.path.join(path, folder_tokenizer.CONFIG)):
+      return folder_tokenizer.read_folder_tokenizer(path)
     return tokenize.load_tokenizer(path, eos)
   except errors.UserError as e:
     raise type(e)(f"{KEY}={path!r}: {e}") from None
