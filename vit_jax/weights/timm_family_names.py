@@ -60,13 +60,22 @@ def eva_config(name: str, args: dict[str, Any]) -> ml_collections.ConfigDict:
   config.transformer.mlp_dim = hidden
   config.mlp_norm = bool(a["scale_mlp"])
   config.attention_norm = bool(a["scale_attn_inner"])
-  config.qkv_bias = options.QKV_BIAS_QV if a["qkv_bias"] else options.QKV_BIAS_NONE
+  # EvaAttention's bias is q and v only; AttentionRope's (attn_type 'rope') one qkv.bias.
+  full = options.QKV_BIAS_ALL if a["attn_type"] == "rope" else options.QKV_BIAS_QV
+  config.qkv_bias = full if a["qkv_bias"] else options.QKV_BIAS_NONE
   has_cls = bool(a["class_token"])
   config.num_registers = int(a["num_reg_tokens"])
   config.posemb = "learn" if a["use_abs_pos_emb"] else "none"
   fc_norm = a["use_fc_norm"]
   config.fc_norm = a["global_pool"] == "avg" if fc_norm is None else bool(fc_norm)
   config.norm_pre = bool(a["use_pre_transformer_norm"])
+  config.patch_bias = not config.norm_pre  # Eva's patch convolution: bias=not norm_pre
+  if a["use_post_transformer_norm"] is False and not config.fc_norm:
+    config.final_norm = False  # PE's spatial and language towers: no final norm at all
+  if a["global_pool"] == "map":  # AttentionPoolLatent's own heads and MLP (PE core)
+    config.map_num_heads = a["attn_pool_num_heads"]
+    pool_mlp = int(d * (a["attn_pool_mlp_ratio"] or a["mlp_ratio"]))
+    config.map_mlp_dim = None if pool_mlp == hidden else pool_mlp
   config.layer_scale_init = 1.0 if a["init_values"] else None  # the value: apply_args
   timm_eva.apply_args(config, a, has_cls, repr(name))
   config.name = name
