@@ -23,6 +23,7 @@ from tests import train_fixtures
 from tests.test_main import assert_resume_is_exact
 from vit_jax import errors, models, run
 from vit_jax.data import captions, dataset, free_text, pipeline
+from vit_jax.weights import sources
 
 N = 20  # examples per split: image k is grey level 10 * k
 TEXT = dict(width=16, depth=1, mlp_dim=32, num_heads=2, vocab_size=64, pool="gap")
@@ -198,6 +199,11 @@ def test_mocked_tfds_text_goes_through_tfds_reader(tmp_path):
 def test_siglip_run_on_tar_shards_resumes_exactly(tmp_path, tokenizer_path, monkeypatch):
   config = _config(_shards(tmp_path / "data"), tokenizer_path, batch=8, batch_eval=8)
   assert_resume_is_exact(config, tmp_path, monkeypatch)
+  # The finished run loads with the tokenizer its captions were read with (predict --texts).
+  loaded = sources.load(str(tmp_path / "straight"))
+  texts = ["a red square", "two blue dots"]
+  expected = free_text.load_tokenizer(tokenizer_path, "none").encode(texts, 16)
+  np.testing.assert_array_equal(loaded.tokenizer.encode(texts, 16), expected)
 
 
 def test_choose_picks_per_epoch_and_evaluation_takes_the_first():

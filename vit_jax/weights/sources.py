@@ -375,9 +375,18 @@ def _load_run(path: str) -> LoadedModel:
 
 
 def _run_tokenizer(run_config: ml_collections.ConfigDict, names: Optional[list[str]]) -> Any:
-  """A contrastive run's tokenizer: the word tokenizer of its captions (its class names in
-  its templates, `data.captions`), rebuilt as the run built it; None for other runs."""
-  if run_config.get("objective") != "contrastive" or not names:
+  """A contrastive run's tokenizer: the one its data's own captions were read with
+  (``config.text.tokenizer``), else the word tokenizer of its captions made from labels
+  (its class names in its templates, `data.captions`), rebuilt as the run built it; None
+  for other runs."""
+  if run_config.get("objective") != "contrastive":
+    return None
+  text = run_config.get("text") or {}
+  if text.get("tokenizer"):
+    from vit_jax.data import free_text  # pylint: disable=g-import-not-at-top
+
+    return free_text.load_tokenizer(text["tokenizer"], text.get("eos", "none"))
+  if not names:
     return None
   from vit_jax.data import captions  # pylint: disable=g-import-not-at-top
 
