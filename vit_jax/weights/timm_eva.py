@@ -110,10 +110,15 @@ def unsupported(args: dict[str, Any]) -> list[str]:
     if not ok:
       problems.append(f"{key}={value!r}")
   full = {**DEFAULTS, **args}
-  fc_norm = full["global_pool"] == "avg" if full["use_fc_norm"] is None else full["use_fc_norm"]
-  if fc_norm and full.get("use_post_transformer_norm"):
+  if uses_fc_norm(full) and full.get("use_post_transformer_norm"):
     problems.append("use_post_transformer_norm=True beside a norm after pooling (two final norms)")
   return problems
+
+
+def uses_fc_norm(args: dict[str, Any]) -> bool:
+  """Whether an Eva of ``args`` (every one of `DEFAULTS` present) normalises after pooling:
+  ``use_fc_norm``, else timm's default, with average pooling."""
+  return args["global_pool"] == "avg" if args["use_fc_norm"] is None else bool(args["use_fc_norm"])
 
 
 TIMM_FREQS = "rope.freqs"  # timm's mixed frequencies, [2, depth, H, Dh / 2]

@@ -66,8 +66,7 @@ def eva_config(name: str, args: dict[str, Any]) -> ml_collections.ConfigDict:
   has_cls = bool(a["class_token"])
   config.num_registers = int(a["num_reg_tokens"])
   config.posemb = "learn" if a["use_abs_pos_emb"] else "none"
-  fc_norm = a["use_fc_norm"]
-  config.fc_norm = a["global_pool"] == "avg" if fc_norm is None else bool(fc_norm)
+  config.fc_norm = timm_eva.uses_fc_norm(a)
   config.norm_pre = bool(a["use_pre_transformer_norm"])
   config.patch_bias = not config.norm_pre  # Eva's patch convolution: bias=not norm_pre
   if a["use_post_transformer_norm"] is False and not config.fc_norm:
