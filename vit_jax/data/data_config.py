@@ -19,7 +19,7 @@ import math
 from typing import Any, Mapping, Optional
 
 from vit_jax import errors
-from vit_jax.models.settings import OFFICIAL_INPUT_MEAN, OFFICIAL_INPUT_STD
+from vit_jax.image_constants import OFFICIAL_INPUT_MEAN, OFFICIAL_INPUT_STD
 
 RGB = tuple[float, float, float]
 # Interpolation names (timm's) -> PIL's resample codes (transformers' ``resample``).

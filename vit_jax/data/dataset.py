@@ -18,7 +18,7 @@ import numpy as np
 
 from vit_jax import errors
 from vit_jax.data import data_config, presets
-from vit_jax.models.settings import OFFICIAL_INPUT_MEAN, OFFICIAL_INPUT_STD
+from vit_jax.image_constants import OFFICIAL_INPUT_MEAN, OFFICIAL_INPUT_STD
 
 if TYPE_CHECKING:
   from vit_jax.data.splits import SplitSource
