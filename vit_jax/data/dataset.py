@@ -228,7 +228,7 @@ class Dataset:
 
     self.settings = settings
     check_readable(settings.dataset)
-    self.tokenizer = None  # `tokenize.Tokenizer` of free-text captions
+    self.tokenizer = None  # `text_tokenizer.Tokenizer` of free-text captions
     if settings.tokenizer is not None:
       self._open_free_text(settings)
       return
