@@ -163,7 +163,7 @@ def image_settings(config: Any) -> Settings:
   """The image model's settings of a model config: a two-tower model's image tower, any
   other model itself."""
   settings = model_settings(config)
-  return settings.image if isinstance(settings, TwoTowerSettings) else settings
+  return settings.image if is_two_tower(settings) else settings
 
 
 def is_mixer(config: Any) -> bool:
@@ -174,3 +174,9 @@ def is_mixer(config: Any) -> bool:
 def is_bit(config: Any) -> bool:
   """Whether a model config (or settings) describes a BiT ResNet."""
   return family_of(config) is BIT
+
+
+def is_two_tower(config: Any) -> bool:
+  """Whether a model config (or settings) describes a two-tower image-text model (a text
+  tower beside the image model: contrastive runs, SigLIP, CLIP, LiT)."""
+  return family_of(config) is TWO_TOWER

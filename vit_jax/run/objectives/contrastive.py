@@ -22,8 +22,8 @@ import ml_collections
 
 from vit_jax import errors, sharding
 from vit_jax.aliases import Batch
-from vit_jax.models import create_model, family_of, image_text, model_settings
-from vit_jax.models.image_text import IMAGE, TwoTowerSettings
+from vit_jax.models import create_model, family_of, image_text, is_two_tower, model_settings
+from vit_jax.models.image_text import IMAGE
 from vit_jax.models.two_tower import LOSS_INIT
 from vit_jax.run import contrastive as losses
 
@@ -39,8 +39,8 @@ def check_options(options: Any) -> None:
 
 
 class Contrastive:
-  """The contrastive objective of a `TwoTowerSettings` model; ``mesh``: the run's (None:
-  the loss over the whole batch at once)."""
+  """The contrastive objective of a two-tower model (`models.is_two_tower`); ``mesh``: the
+  run's (None: the loss over the whole batch at once)."""
 
   def __init__(
     self,
@@ -49,7 +49,7 @@ class Contrastive:
     mesh: Optional[jax.sharding.Mesh] = None,
   ):
     settings = model_settings(model_config)
-    if not isinstance(settings, TwoTowerSettings):
+    if not is_two_tower(settings):
       raise errors.ConfigError(
         "config.objective='contrastive' trains a two-tower model: set config.model to "
         "vit_jax.models.two_tower_config(...) (configs/siglip.py)."
