@@ -25,7 +25,9 @@ from typing import Any
 
 # Public name -> the module that defines it.
 _WHERE = {
+  "CaptionSettings": "caption_settings",
   "DatasetInfo": "dataset",
+  "Needs": "dataset",
   "PRESETS": "presets",
   "Preset": "presets",
   "Settings": "dataset",

@@ -34,6 +34,17 @@ def _check_target(target: str) -> None:
     raise errors.ConfigError(f"Unknown config.mpp.target={target!r}; choose one of {TARGETS}.")
 
 
+def check(config: Any) -> None:
+  """``config.mpp`` is there and names a target, checked when the run is resolved."""
+  options = config.get("mpp")
+  if options is None:
+    raise errors.ConfigError(
+      "config.objective='mpp' reads config.mpp (target, corrupt_rate, mask, random), which "
+      "the config lacks: start from configs/mpp.py."
+    )
+  _check_target(options.get("target"))
+
+
 def _patches(images: jax.Array, patch: tuple[int, int], cells: int) -> jax.Array:
   """[B, H, W, C] -> [B, N, cells * cells, ph / cells * pw / cells, C], patches row-major."""
   b, h, w, c = images.shape
