@@ -48,7 +48,7 @@ def test_two_tower_family_builds_from_config_and_refuses_unknown_text_keys():
     models.get_model_config("testing"), text=TEXT, text_len=8, embed_dim=16, loss="softmax"
   )
   settings = models.model_settings(config)
-  assert models.family_of(config).name == "two_tower" and settings.bias_init is None
+  assert models.is_two_tower(config) and settings.bias_init is None
   assert settings.replace(remat=True).image.remat and models.image_settings(config).name
   config.text.dim = 3
   with pytest.raises(errors.ConfigError, match="unknown keys \\['dim'\\]"):
