@@ -103,15 +103,19 @@ def test_mixup_is_refused_where_the_objective_trains_on_no_labels():
     _resolve(_siglip(**{"mixup.p": 0.2}))
 
 
-def test_the_mpp_entry_checks_its_section_when_the_run_is_resolved():
-  config = common.get_config()
-  config.objective, config.num_classes = "mpp", 3
-  with pytest.raises(errors.ConfigError, match="reads config.mpp .* start from configs/mpp.py"):
-    _resolve(config)
+def test_the_mpp_entry_checks_its_section():
   config = mpp_config.get_config("digits")
   config.mpp.target = "colour"
   with pytest.raises(errors.ConfigError, match="Unknown config.mpp.target='colour'"):
     objectives.entry("mpp").check(config)
+  with pytest.raises(errors.ConfigError, match="Unknown config.mpp.target='colour'"):
+    _resolve(config)
+  config = common.get_config()
+  config.objective, config.num_classes = "mpp", 3
+  train_fixtures.override(config, train_fixtures.TINY)
+  config.model = models.get_model_config("testing")
+  with pytest.raises(errors.ConfigError, match="reads config.mpp .* start from configs/mpp.py"):
+    run.build(config, open_data=False)
 
 
 def test_the_data_checks_are_the_entrys():

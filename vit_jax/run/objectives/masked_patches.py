@@ -35,14 +35,11 @@ def _check_target(target: str) -> None:
 
 
 def check(config: Any) -> None:
-  """``config.mpp`` is there and names a target, checked when the run is resolved."""
+  """``config.mpp``'s target, by name, when the run is resolved (a config without the
+  section is refused when the objective is built)."""
   options = config.get("mpp")
-  if options is None:
-    raise errors.ConfigError(
-      "config.objective='mpp' reads config.mpp (target, corrupt_rate, mask, random), which "
-      "the config lacks: start from configs/mpp.py."
-    )
-  _check_target(options.get("target"))
+  if options is not None:
+    _check_target(options.get("target"))
 
 
 def _patches(images: jax.Array, patch: tuple[int, int], cells: int) -> jax.Array:
@@ -118,6 +115,11 @@ class MaskedPatchPrediction:
   """
 
   def __init__(self, model_config: ModelSettings, options: ml_collections.ConfigDict):
+    if not options:
+      raise errors.ConfigError(
+        "config.objective='mpp' reads config.mpp (target, corrupt_rate, mask, random), "
+        "which the config lacks: start from configs/mpp.py."
+      )
     mc = options
     _check_target(mc.target)
     self.encoder = create_model(model_config, num_classes=None)
