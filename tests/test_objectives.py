@@ -85,6 +85,7 @@ def test_a_two_tower_runs_images_are_normalised_as_its_image_tower_expects():
   [
     ({"contrastive.lock_image": True}, "lock_image=True keeps the image tower as it starts"),
     ({"contrastive.loss": "hinge"}, "Unknown config.contrastive.loss='hinge'"),
+    ({"model": models.get_model_config("testing")}, "trains a two-tower model"),
   ],
 )
 def test_the_contrastive_checks_are_the_entrys_and_the_resolver_raises_them(overrides, message):

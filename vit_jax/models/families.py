@@ -3,9 +3,9 @@
 A `Family` holds what the rest of the package needs of a family: its settings class, its
 builder, its analytic FLOPs and activation bound, and the reader of its parameter shapes.
 The run, the plan, the weights readers and the export ask `family_of` (a config or
-settings) or `family_of_shapes` (a parameter tree) instead of testing for a family by
-hand. A new family (a two-tower image-text model, say) is a module of its own and one
-record in `FAMILIES`.
+settings), `family_of_shapes` (a parameter tree) or `is_mixer`, `is_bit`, `is_two_tower`
+instead of testing for a family by hand. A new family is a module of its own and one record
+in `FAMILIES`.
 """
 
 from __future__ import annotations

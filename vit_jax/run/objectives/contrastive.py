@@ -42,9 +42,19 @@ def check_options(options: Any) -> None:
     )
 
 
+def _check_model(model: Any) -> None:
+  """The model (a config or settings) is a two-tower one."""
+  if not is_two_tower(model):
+    raise errors.ConfigError(
+      "config.objective='contrastive' trains a two-tower model: set config.model to "
+      "vit_jax.models.two_tower_config(...) (configs/siglip.py)."
+    )
+
+
 def check(config: ml_collections.ConfigDict) -> None:
-  """``config.contrastive`` when the run is resolved: its loss, and a locked image tower
-  that starts from weights."""
+  """A run config when it is resolved: a two-tower model, ``config.contrastive``'s loss,
+  and a locked image tower that starts from weights."""
+  _check_model(config.model)
   check_options(config.contrastive)
   if config.contrastive.lock_image and not config.pretrained:
     raise errors.ConfigError(
@@ -95,11 +105,7 @@ class Contrastive:
     mesh: Optional[jax.sharding.Mesh] = None,
   ):
     settings = model_settings(model_config)
-    if not is_two_tower(settings):
-      raise errors.ConfigError(
-        "config.objective='contrastive' trains a two-tower model: set config.model to "
-        "vit_jax.models.two_tower_config(...) (configs/siglip.py)."
-      )
+    _check_model(settings)
     check_options(options)
     if options.loss == "sigmoid" and settings.bias_init is None:
       raise errors.ConfigError(
