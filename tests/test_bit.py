@@ -241,7 +241,7 @@ def test_timm_export_gives_our_logits(tmp_path):
 
 
 def test_an_official_shape_exports_under_its_timm_name():
-  from vit_jax.weights import timm_bit  # pylint: disable=g-import-not-at-top
+  from vit_jax.weights.timm import bit as timm_bit  # pylint: disable=g-import-not-at-top
 
   names = {"BiT-R50x1": "resnetv2_50x1_bit", "BiT-R152x4": "resnetv2_152x4_bit"}
   for name in BIT:

@@ -269,7 +269,7 @@ def test_timm_export_gives_our_logits(tmp_path, tanh):
 
 def test_an_official_shape_exports_under_its_timm_name():
   timm = pytest.importorskip("timm")
-  from vit_jax.weights import timm_mixer  # pylint: disable=g-import-not-at-top
+  from vit_jax.weights.timm import mixer as timm_mixer  # pylint: disable=g-import-not-at-top
 
   for name, timm_name in (("Mixer-B_16", "mixer_b16_224"), ("Mixer-B_32", "mixer_b32_224")):
     config = models.get_model_config(name)

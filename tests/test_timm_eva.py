@@ -17,7 +17,10 @@ from flax import traverse_util
 
 from tests import interop_fixtures as fx
 from vit_jax import errors, models
-from vit_jax.weights import expressible, sources, timm_eva, timm_import, timm_names
+from vit_jax.weights import expressible, sources
+from vit_jax.weights.timm import eva as timm_eva
+from vit_jax.weights.timm import folder as timm_folder
+from vit_jax.weights.timm import names as timm_names
 
 sys.modules.setdefault("triton", None)  # see tests/test_export.py: triton beside TensorFlow
 torch = pytest.importorskip("torch")
@@ -176,7 +179,7 @@ def test_what_eva_py_holds_that_this_vit_does_not_compute_is_one_line_naming_it(
     tmp_path / "model.safetensors",
   )
   with pytest.raises(errors.CheckpointError, match="config.json naming the architecture"):
-    timm_import.read(str(tmp_path / "model.safetensors"))
+    timm_folder.read(str(tmp_path / "model.safetensors"))
 
 
 # Our names -> timm's architecture of the same model.

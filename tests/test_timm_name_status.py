@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from tests import interop_fixtures as fx
-from vit_jax.weights import sources, timm_names
-from vit_jax.weights import timm as timm_vit
+from vit_jax.weights import sources
+from vit_jax.weights.timm import names as timm_names
+from vit_jax.weights.timm import vit as timm_vit
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGE = REPO_ROOT / "docs" / "timm_names.md"
@@ -198,9 +199,9 @@ def test_named_siglip_variants_are_timms_architectures(ours, theirs):
   """The options equal what timm's name reads as (`vit_jax.create(theirs)`), the shape
   too at 224; the count at 224 is timm's (tests/test_models.py pins it)."""
   from vit_jax import models  # pylint: disable=g-import-not-at-top
-  from vit_jax.weights import timm_import  # pylint: disable=g-import-not-at-top
+  from vit_jax.weights.timm import create  # pylint: disable=g-import-not-at-top
 
-  named, (read, _) = models.get_model_config(ours), timm_import.config_from_name(theirs)
+  named, (read, _) = models.get_model_config(ours), create.config_from_name(theirs)
   keys = ("classifier", "class_token", "gelu_approximate", "activation", "hidden_size")
   keys += ("layer_norm_epsilon", "qkv_bias", "patch_bias", "final_norm", "fc_norm")
   for key in keys:

@@ -15,7 +15,9 @@ import pytest
 
 from tests import interop_fixtures as fx
 from vit_jax import errors
-from vit_jax.weights import sources, timm_import, timm_names
+from vit_jax.weights import sources
+from vit_jax.weights.timm import names as timm_names
+from vit_jax.weights.timm import vit_config
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Registered names this ViT computes, as of the table's timm; each kind of refusal below.
@@ -159,7 +161,7 @@ def test_an_architecture_name_alone_reads_as_timm_builds_it(timm, name):
   """The settings read from the table (a config.json with only ``architecture``) equal
   those of timm's module of that name (built on the meta device, one block)."""
   model, tensors = _state_dict_of_one_block(timm, name)
-  config, _ = timm_import.read_vit(tensors, name, timm_names.model_args(name), {}, name)
+  config, _ = vit_config.read_vit(tensors, name, timm_names.model_args(name), {}, name)
   ours = _our_settings(config, "cls_token" in tensors)
   assert ours == _timm_settings(model)
 

@@ -23,7 +23,7 @@ from tests import interop_fixtures as fx
 from tests import train_fixtures
 from vit_jax import errors
 from vit_jax.weights import npz, sources
-from vit_jax.weights import timm as timm_export
+from vit_jax.weights.timm import vit as timm_export
 
 sys.modules.setdefault("triton", None)  # see tests/test_export.py: triton beside TensorFlow
 torch = pytest.importorskip("torch")
