@@ -56,7 +56,8 @@ def check_computed(timm_name: str, source: str) -> None:
 
 def read(checkpoint: arguments.Checkpoint) -> arguments.Loaded:
   """The family's reader: a timm ViT state dict (an Eva's without its config, which alone
-  says its rotary embedding, is one error), its architecture name checked first."""
+  says its rotary embedding, is one error; a distilled DeiT another), its architecture
+  name checked before its arrays are read."""
   tensors, source = checkpoint.tensors, checkpoint.source
   if "blocks.0.gamma_1" in tensors or "blocks.0.attn.q_bias" in tensors:
     raise errors.CheckpointError(
@@ -68,6 +69,7 @@ def read(checkpoint: arguments.Checkpoint) -> arguments.Loaded:
       f"{source} is not a timm ViT state dict (no patch_embed.proj.weight): a "
       "Hugging Face transformers checkpoint is read from its folder (with config.json)."
     )
+  vit.refuse_distilled(tensors, source)  # before the name's check: it says what to load
   check_computed(checkpoint.name, source)
   c = checkpoint
   config, params = read_vit(tensors, c.name, c.args, c.pretrained_cfg, source)
