@@ -81,14 +81,11 @@ NAFLEX = {  # name -> its tiny model arguments (the stored table 4x4 patches)
 def test_naflexvit_at_a_fixed_grid_gives_timms_logits(tmp_path, name, size):
   torch = pytest.importorskip("torch")
   timm = pytest.importorskip("timm")
-  save_file = pytest.importorskip("safetensors.torch").save_file
+  pytest.importorskip("safetensors.torch")
   args = dict(embed_dim=32, depth=1, num_heads=2, pos_embed_grid_size=(4, 4), **NAFLEX[name])
   torch.manual_seed(0)
   model = timm.create_model(name, pretrained=False, num_classes=fx.NUM_CLASSES, **args).eval()
   fx.perturb_torch(model)
-  save_file(
-    {k: v.contiguous() for k, v in model.state_dict().items()}, tmp_path / "model.safetensors"
-  )
   model_args = {**args, "pos_embed_grid_size": [4, 4]}
   config = {
     "architecture": name,
@@ -96,7 +93,7 @@ def test_naflexvit_at_a_fixed_grid_gives_timms_logits(tmp_path, name, size):
     "model_args": model_args,
     "pretrained_cfg": {"input_size": [3, size, size]},
   }
-  (tmp_path / "config.json").write_text(json.dumps(config))
+  fx.save_timm_hub_folder(tmp_path, model, config)
   loaded = sources.load(str(tmp_path))
   assert loaded.image_size == (size, size)
   images = fx.images(2, size)
@@ -107,9 +104,7 @@ def test_naflexvit_at_a_fixed_grid_gives_timms_logits(tmp_path, name, size):
   if size == 96:  # the predict command's; the export is timm's ViT at that grid
     fx.assert_predict_matches_timm(loaded, model, size, tmp_path)
     spec = timm_vit.model_spec(loaded.config, num_classes=fx.NUM_CLASSES, image_size=(size, size))
-    rebuilt = timm.create_model(spec["model_name"], pretrained=False, **spec["kwargs"]).eval()
-    tensors = timm_vit.to_timm(loaded.params, loaded.config)
-    rebuilt.load_state_dict({k: torch.from_numpy(v) for k, v in tensors.items()}, strict=True)
+    rebuilt = fx.timm_rebuilt(spec, timm_vit.to_timm(loaded.params, loaded.config))
     assert fx.relative_error(fx.torch_logits(rebuilt, images), ours) <= fx.TOLERANCE
 
 
@@ -136,32 +131,26 @@ def _tiny_hub_folder(tmp_path, name: str):
   config.json names the architecture and the tiny sizes only."""
   torch = pytest.importorskip("torch")
   timm = pytest.importorskip("timm")
-  save_file = pytest.importorskip("safetensors.torch").save_file
+  pytest.importorskip("safetensors.torch")
   size = 2 * timm_names.registered_args(name)["patch_size"]
   args = dict(FAMILIES[name], img_size=size)
   torch.manual_seed(0)
   model = timm.create_model(name, pretrained=False, num_classes=fx.NUM_CLASSES, **args).eval()
   fx.perturb_torch(model)
-  state = {k: v.contiguous() for k, v in model.state_dict().items()}
-  save_file(state, tmp_path / "model.safetensors")
   config = {"architecture": name, "num_classes": fx.NUM_CLASSES, "model_args": FAMILIES[name]}
-  (tmp_path / "config.json").write_text(json.dumps(config))
+  fx.save_timm_hub_folder(tmp_path, model, config)
   return model, sources.load(str(tmp_path)), size
 
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_each_family_imports_with_timms_logits_and_exports_to_what_timm_rebuilds(tmp_path, name):
-  torch = pytest.importorskip("torch")
-  timm = pytest.importorskip("timm")
-  model, loaded, size = _tiny_hub_folder(tmp_path, name)
+  model, loaded, size = _tiny_hub_folder(tmp_path, name)  # skipped without timm
   images = fx.images(2, size)
   ours = fx.our_logits(loaded, images)
   imported = fx.relative_error(ours, fx.torch_logits(model, images))
   assert imported <= fx.TOLERANCE, imported
   spec = timm_vit.model_spec(loaded.config, num_classes=fx.NUM_CLASSES, image_size=(size, size))
-  tensors = timm_vit.to_timm(loaded.params, loaded.config)
-  rebuilt = timm.create_model(spec["model_name"], pretrained=False, **spec["kwargs"]).eval()
-  rebuilt.load_state_dict({k: torch.from_numpy(v) for k, v in tensors.items()}, strict=True)
+  rebuilt = fx.timm_rebuilt(spec, timm_vit.to_timm(loaded.params, loaded.config))
   exported = fx.relative_error(fx.torch_logits(rebuilt, images), ours)
   print(f"{name} {FAMILIES[name]}: import {imported:.1e}, export {exported:.1e}")  # -s
   assert exported <= fx.TOLERANCE, exported

@@ -178,17 +178,13 @@ REAL += ("vit_intern300m_patch14_448", "vit_giant_patch14_dinov2")  # + timm's G
 @pytest.mark.parametrize("name", REAL)
 def test_a_hub_folder_naming_only_the_architecture_gives_timms_logits(timm, tmp_path, name):
   import torch  # pylint: disable=g-import-not-at-top
-  from safetensors.torch import save_file  # pylint: disable=g-import-not-at-top
 
   torch.manual_seed(0)
   patch = timm_names.registered_args(name)["patch_size"]
   size = 2 * patch
   model = timm.create_model(name, pretrained=False, depth=1, img_size=size, num_classes=3).eval()
   fx.perturb_torch(model)
-  save_file(
-    {k: v.contiguous() for k, v in model.state_dict().items()}, tmp_path / "model.safetensors"
-  )
-  (tmp_path / "config.json").write_text(json.dumps({"architecture": name}))
+  fx.save_timm_hub_folder(tmp_path, model, {"architecture": name})
   loaded = sources.load(str(tmp_path))
   images = fx.images(2, size)
   error = fx.relative_error(fx.our_logits(loaded, images), fx.torch_logits(model, images))
