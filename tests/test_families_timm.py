@@ -136,6 +136,33 @@ CASES = {
 each_family = pytest.mark.parametrize("name", list(CASES))
 
 
+def test_the_registry_picks_the_reader_by_stem_then_module_and_the_writer_by_config():
+  assert families.for_checkpoint(None, {"stem.proj.weight": 0}) is families.MIXER
+  assert families.for_checkpoint("mlp_mixer", {"stem.conv.weight": 0}) is families.BIT  # arrays
+  assert families.for_checkpoint("eva", {}) is families.EVA
+  assert families.for_checkpoint("naflexvit", {}) is families.NAFLEX
+  assert families.for_checkpoint(None, {}) is families.VIT  # a state dict no name describes
+  assert families.for_module("deit") is families.VIT and families.for_module("beit") is None
+  writers = {
+    "ViT-B_16": families.VIT,
+    "DINOv3-S_16": families.EVA,  # RoPE and SwiGLU: timm's Eva
+    "Mixer-B_16": families.MIXER,
+    "BiT-R50x1": families.BIT,
+  }
+  for ours, family in writers.items():
+    assert families.writer_for(models.get_model_config(ours)) is family.writer, ours
+
+
+def test_every_module_of_timms_table_is_a_familys_or_refused_by_name():
+  from vit_jax.weights import expressible  # pylint: disable=g-import-not-at-top
+  from vit_jax.weights.timm import names  # pylint: disable=g-import-not-at-top
+
+  owned = [m for f in families.FAMILIES for m in f.modules]
+  assert len(owned) == len(set(owned))  # one family per module
+  modules = {names.module(n) for n in names.names()}
+  assert modules <= set(owned) | set(expressible.TIMM_MODULES_UNEXPRESSED)
+
+
 def test_the_cases_are_the_registrys_families_beside_the_vit():
   assert {c.timm for c in CASES.values()} == set(families.FAMILIES) - {
     families.VIT,
