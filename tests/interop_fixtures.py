@@ -7,6 +7,7 @@ the logical-axes check)."""
 from __future__ import annotations
 
 import functools
+import json
 import os
 
 import flax.linen as nn
@@ -148,6 +149,28 @@ def perturb_torch(net) -> None:
     for p in net.parameters():
       noise = torch.randn(p.shape, generator=gen)
       p.add_(0.1 * noise) if p.ndim == 1 else p.mul_(5.0).add_(0.1 * noise)
+
+
+def save_timm_hub_folder(directory, model, config: dict) -> None:
+  """A timm ``model``'s state dict as `model.safetensors` beside a hub `config.json` of
+  ``config`` (its ``architecture`` and whatever else the test states)."""
+  from safetensors.torch import save_file  # pylint: disable=g-import-not-at-top
+
+  state = {k: v.contiguous() for k, v in model.state_dict().items()}
+  save_file(state, os.path.join(directory, "model.safetensors"))
+  with open(os.path.join(directory, "config.json"), "w") as f:
+    json.dump(config, f)
+
+
+def timm_rebuilt(spec: dict, tensors: dict):
+  """timm's model of an export's ``spec`` (`timm.create_model(model_name, **kwargs)`) with
+  ``tensors`` (numpy or torch) loaded strictly."""
+  import timm  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+
+  rebuilt = timm.create_model(spec["model_name"], pretrained=False, **spec["kwargs"]).eval()
+  rebuilt.load_state_dict({k: torch.as_tensor(v) for k, v in tensors.items()}, strict=True)
+  return rebuilt
 
 
 def check_logical_axes(model, size: int, strategy: str, sharded: dict[str, int]) -> None:

@@ -16,7 +16,8 @@ import pytest
 import vit_jax
 from tests import fresh_python, interop_fixtures
 from vit_jax import analysis, errors, models
-from vit_jax.weights import load_pretrained, timm_import
+from vit_jax.weights import load_pretrained
+from vit_jax.weights.timm import create as timm_create
 
 timm = pytest.importorskip("timm")
 torch = pytest.importorskip("torch")
@@ -181,7 +182,7 @@ def test_create_by_timm_name_is_timms_architecture(name, tmp_path):
   net = timm.create_model(name, pretrained=False, depth=1, num_classes=3)
   timm.models.save_for_hf(net, str(tmp_path), safe_serialization=True, model_args={"depth": 1})
   read = vit_jax.load(str(tmp_path))
-  config, size = timm_import.config_from_name(name)
+  config, size = timm_create.config_from_name(name)
   assert size == tuple(net.pretrained_cfg["input_size"][1:])
   read.config.transformer.num_layers = config.transformer.num_layers
   read.config.name = config.name

@@ -11,9 +11,11 @@ import pytest
 from flax import traverse_util
 
 from vit_jax import errors, models
-from vit_jax.weights import tensor_table, timm_bit, timm_mixer
-from vit_jax.weights import timm as timm_vit
+from vit_jax.weights import tensor_table
 from vit_jax.weights.tensor_table import Row
+from vit_jax.weights.timm import bit as timm_bit
+from vit_jax.weights.timm import mixer as timm_mixer
+from vit_jax.weights.timm import vit as timm_vit
 
 
 def test_parts_are_stacked_in_order_and_split_back():

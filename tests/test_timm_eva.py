@@ -17,7 +17,10 @@ from flax import traverse_util
 
 from tests import interop_fixtures as fx
 from vit_jax import errors, models
-from vit_jax.weights import expressible, sources, timm_eva, timm_import, timm_names
+from vit_jax.weights import expressible, sources
+from vit_jax.weights.timm import eva as timm_eva
+from vit_jax.weights.timm import folder as timm_folder
+from vit_jax.weights.timm import names as timm_names
 
 sys.modules.setdefault("triton", None)  # see tests/test_export.py: triton beside TensorFlow
 torch = pytest.importorskip("torch")
@@ -63,14 +66,12 @@ def _hub_folder(tmp_path, name: str):
   architecture (and the tiny sizes' arguments that differ from the name's)."""
   _, _, size, extra = TINY[name]
   model = _timm_model(name, size)
-  state = {k: v.contiguous() for k, v in model.state_dict().items()}
-  safetensors_torch.save_file(state, tmp_path / "model.safetensors")
   stats = {k: list(model.pretrained_cfg[k]) for k in ("mean", "std")}
   stats["input_size"] = [3, size, size]  # as timm's hub config: the size it was trained at
   config = {"architecture": name, "num_classes": fx.NUM_CLASSES, "pretrained_cfg": stats}
   if extra:
     config["model_args"] = extra
-  (tmp_path / "config.json").write_text(json.dumps(config))
+  fx.save_timm_hub_folder(tmp_path, model, config)
   return model, sources.load(str(tmp_path))
 
 
@@ -101,9 +102,7 @@ def test_export_is_rebuilt_by_timm_with_the_same_logits(tmp_path, name):
   _, loaded = _hub_folder(tmp_path, name)
   size = TINY[name][2]
   spec = timm_eva.model_spec(loaded.config, num_classes=fx.NUM_CLASSES, image_size=(size, size))
-  tensors = timm_eva.to_timm(loaded.params, loaded.config)
-  rebuilt = timm.create_model(spec["model_name"], pretrained=False, **spec["kwargs"]).eval()
-  rebuilt.load_state_dict({k: torch.from_numpy(v) for k, v in tensors.items()}, strict=True)
+  rebuilt = fx.timm_rebuilt(spec, timm_eva.to_timm(loaded.params, loaded.config))
   images = fx.images(2, size, seed=1)
   error = fx.relative_error(fx.torch_logits(rebuilt, images), fx.our_logits(loaded, images))
   assert error <= fx.TOLERANCE, error
@@ -176,7 +175,7 @@ def test_what_eva_py_holds_that_this_vit_does_not_compute_is_one_line_naming_it(
     tmp_path / "model.safetensors",
   )
   with pytest.raises(errors.CheckpointError, match="config.json naming the architecture"):
-    timm_import.read(str(tmp_path / "model.safetensors"))
+    timm_folder.read(str(tmp_path / "model.safetensors"))
 
 
 # Our names -> timm's architecture of the same model.
@@ -314,9 +313,8 @@ def test_the_export_command_writes_eva_that_reads_back_and_timm_rebuilds(tmp_pat
   model, loaded = _hub_folder(tmp_path / "hub", name)
   export.export(str(tmp_path / "hub"), "timm", str(tmp_path / "out"))
   spec = json.loads((tmp_path / "out" / "timm_model.json").read_text())
-  rebuilt = timm.create_model(spec["model_name"], pretrained=False, **spec["kwargs"]).eval()
   state = safetensors_torch.load_file(tmp_path / "out" / "model.safetensors")
-  rebuilt.load_state_dict(state, strict=True)
+  rebuilt = fx.timm_rebuilt(spec, state)
   again = sources.load(str(tmp_path / "out"))
   assert again.image_size == (TINY[name][2],) * 2
   images = fx.images(2, TINY[name][2], seed=2)

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from tests import interop_fixtures as fx
-from vit_jax.weights import sources, timm_names
-from vit_jax.weights import timm as timm_vit
+from vit_jax.weights import sources
+from vit_jax.weights.timm import names as timm_names
+from vit_jax.weights.timm import vit as timm_vit
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGE = REPO_ROOT / "docs" / "timm_names.md"
@@ -80,14 +81,11 @@ NAFLEX = {  # name -> its tiny model arguments (the stored table 4x4 patches)
 def test_naflexvit_at_a_fixed_grid_gives_timms_logits(tmp_path, name, size):
   torch = pytest.importorskip("torch")
   timm = pytest.importorskip("timm")
-  save_file = pytest.importorskip("safetensors.torch").save_file
+  pytest.importorskip("safetensors.torch")
   args = dict(embed_dim=32, depth=1, num_heads=2, pos_embed_grid_size=(4, 4), **NAFLEX[name])
   torch.manual_seed(0)
   model = timm.create_model(name, pretrained=False, num_classes=fx.NUM_CLASSES, **args).eval()
   fx.perturb_torch(model)
-  save_file(
-    {k: v.contiguous() for k, v in model.state_dict().items()}, tmp_path / "model.safetensors"
-  )
   model_args = {**args, "pos_embed_grid_size": [4, 4]}
   config = {
     "architecture": name,
@@ -95,7 +93,7 @@ def test_naflexvit_at_a_fixed_grid_gives_timms_logits(tmp_path, name, size):
     "model_args": model_args,
     "pretrained_cfg": {"input_size": [3, size, size]},
   }
-  (tmp_path / "config.json").write_text(json.dumps(config))
+  fx.save_timm_hub_folder(tmp_path, model, config)
   loaded = sources.load(str(tmp_path))
   assert loaded.image_size == (size, size)
   images = fx.images(2, size)
@@ -106,9 +104,7 @@ def test_naflexvit_at_a_fixed_grid_gives_timms_logits(tmp_path, name, size):
   if size == 96:  # the predict command's; the export is timm's ViT at that grid
     fx.assert_predict_matches_timm(loaded, model, size, tmp_path)
     spec = timm_vit.model_spec(loaded.config, num_classes=fx.NUM_CLASSES, image_size=(size, size))
-    rebuilt = timm.create_model(spec["model_name"], pretrained=False, **spec["kwargs"]).eval()
-    tensors = timm_vit.to_timm(loaded.params, loaded.config)
-    rebuilt.load_state_dict({k: torch.from_numpy(v) for k, v in tensors.items()}, strict=True)
+    rebuilt = fx.timm_rebuilt(spec, timm_vit.to_timm(loaded.params, loaded.config))
     assert fx.relative_error(fx.torch_logits(rebuilt, images), ours) <= fx.TOLERANCE
 
 
@@ -135,32 +131,26 @@ def _tiny_hub_folder(tmp_path, name: str):
   config.json names the architecture and the tiny sizes only."""
   torch = pytest.importorskip("torch")
   timm = pytest.importorskip("timm")
-  save_file = pytest.importorskip("safetensors.torch").save_file
+  pytest.importorskip("safetensors.torch")
   size = 2 * timm_names.registered_args(name)["patch_size"]
   args = dict(FAMILIES[name], img_size=size)
   torch.manual_seed(0)
   model = timm.create_model(name, pretrained=False, num_classes=fx.NUM_CLASSES, **args).eval()
   fx.perturb_torch(model)
-  state = {k: v.contiguous() for k, v in model.state_dict().items()}
-  save_file(state, tmp_path / "model.safetensors")
   config = {"architecture": name, "num_classes": fx.NUM_CLASSES, "model_args": FAMILIES[name]}
-  (tmp_path / "config.json").write_text(json.dumps(config))
+  fx.save_timm_hub_folder(tmp_path, model, config)
   return model, sources.load(str(tmp_path)), size
 
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_each_family_imports_with_timms_logits_and_exports_to_what_timm_rebuilds(tmp_path, name):
-  torch = pytest.importorskip("torch")
-  timm = pytest.importorskip("timm")
-  model, loaded, size = _tiny_hub_folder(tmp_path, name)
+  model, loaded, size = _tiny_hub_folder(tmp_path, name)  # skipped without timm
   images = fx.images(2, size)
   ours = fx.our_logits(loaded, images)
   imported = fx.relative_error(ours, fx.torch_logits(model, images))
   assert imported <= fx.TOLERANCE, imported
   spec = timm_vit.model_spec(loaded.config, num_classes=fx.NUM_CLASSES, image_size=(size, size))
-  tensors = timm_vit.to_timm(loaded.params, loaded.config)
-  rebuilt = timm.create_model(spec["model_name"], pretrained=False, **spec["kwargs"]).eval()
-  rebuilt.load_state_dict({k: torch.from_numpy(v) for k, v in tensors.items()}, strict=True)
+  rebuilt = fx.timm_rebuilt(spec, timm_vit.to_timm(loaded.params, loaded.config))
   exported = fx.relative_error(fx.torch_logits(rebuilt, images), ours)
   print(f"{name} {FAMILIES[name]}: import {imported:.1e}, export {exported:.1e}")  # -s
   assert exported <= fx.TOLERANCE, exported
@@ -198,9 +188,9 @@ def test_named_siglip_variants_are_timms_architectures(ours, theirs):
   """The options equal what timm's name reads as (`vit_jax.create(theirs)`), the shape
   too at 224; the count at 224 is timm's (tests/test_models.py pins it)."""
   from vit_jax import models  # pylint: disable=g-import-not-at-top
-  from vit_jax.weights import timm_import  # pylint: disable=g-import-not-at-top
+  from vit_jax.weights.timm import create  # pylint: disable=g-import-not-at-top
 
-  named, (read, _) = models.get_model_config(ours), timm_import.config_from_name(theirs)
+  named, (read, _) = models.get_model_config(ours), create.config_from_name(theirs)
   keys = ("classifier", "class_token", "gelu_approximate", "activation", "hidden_size")
   keys += ("layer_norm_epsilon", "qkv_bias", "patch_bias", "final_norm", "fc_norm")
   for key in keys:

@@ -15,7 +15,9 @@ import pytest
 
 from tests import interop_fixtures as fx
 from vit_jax import errors
-from vit_jax.weights import sources, timm_import, timm_names
+from vit_jax.weights import sources
+from vit_jax.weights.timm import names as timm_names
+from vit_jax.weights.timm import vit_config
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Registered names this ViT computes, as of the table's timm; each kind of refusal below.
@@ -159,7 +161,7 @@ def test_an_architecture_name_alone_reads_as_timm_builds_it(timm, name):
   """The settings read from the table (a config.json with only ``architecture``) equal
   those of timm's module of that name (built on the meta device, one block)."""
   model, tensors = _state_dict_of_one_block(timm, name)
-  config, _ = timm_import.read_vit(tensors, name, timm_names.model_args(name), {}, name)
+  config, _ = vit_config.read_vit(tensors, name, timm_names.model_args(name), {}, name)
   ours = _our_settings(config, "cls_token" in tensors)
   assert ours == _timm_settings(model)
 
@@ -176,17 +178,13 @@ REAL += ("vit_intern300m_patch14_448", "vit_giant_patch14_dinov2")  # + timm's G
 @pytest.mark.parametrize("name", REAL)
 def test_a_hub_folder_naming_only_the_architecture_gives_timms_logits(timm, tmp_path, name):
   import torch  # pylint: disable=g-import-not-at-top
-  from safetensors.torch import save_file  # pylint: disable=g-import-not-at-top
 
   torch.manual_seed(0)
   patch = timm_names.registered_args(name)["patch_size"]
   size = 2 * patch
   model = timm.create_model(name, pretrained=False, depth=1, img_size=size, num_classes=3).eval()
   fx.perturb_torch(model)
-  save_file(
-    {k: v.contiguous() for k, v in model.state_dict().items()}, tmp_path / "model.safetensors"
-  )
-  (tmp_path / "config.json").write_text(json.dumps({"architecture": name}))
+  fx.save_timm_hub_folder(tmp_path, model, {"architecture": name})
   loaded = sources.load(str(tmp_path))
   images = fx.images(2, size)
   error = fx.relative_error(fx.our_logits(loaded, images), fx.torch_logits(model, images))

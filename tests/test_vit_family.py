@@ -23,7 +23,7 @@ from tests import interop_fixtures as fx
 from tests import train_fixtures
 from vit_jax import errors
 from vit_jax.weights import npz, sources
-from vit_jax.weights import timm as timm_export
+from vit_jax.weights.timm import vit as timm_export
 
 sys.modules.setdefault("triton", None)  # see tests/test_export.py: triton beside TensorFlow
 torch = pytest.importorskip("torch")
@@ -124,9 +124,7 @@ def test_timm_family_gives_the_librarys_logits_and_exports_back(timm_sources, na
 
   # Export: timm builds the exported architecture, loads the arrays strictly, gives ours.
   spec = timm_export.model_spec(loaded.config, num_classes=fx.NUM_CLASSES, image_size=(size, size))
-  rebuilt = timm.create_model(spec["model_name"], pretrained=False, **spec["kwargs"]).eval()
-  tensors = timm_export.to_timm(loaded.params, loaded.config)
-  rebuilt.load_state_dict({k: torch.from_numpy(v) for k, v in tensors.items()}, strict=True)
+  rebuilt = fx.timm_rebuilt(spec, timm_export.to_timm(loaded.params, loaded.config))
   exported = fx.relative_error(fx.torch_logits(rebuilt, images), ours)
   print(f"| timm `{FAMILIES[name][0]}` | {imported:.1e} | {exported:.1e} |")
   assert imported <= fx.TOLERANCE and exported <= fx.TOLERANCE

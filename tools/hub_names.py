@@ -8,7 +8,7 @@ AugReg and SAM files; the original ViT / R50+ViT-B/16 files ('orig_in21k' and
 'orig_in21k_ft_in1k' tags) lost theirs and are named here from the architecture, as the
 official bucket named them (`imagenet21k/ViT-B_16`, `imagenet21k+imagenet2012/ViT-B_16`
 at 384 and `imagenet21k+imagenet2012/ViT-B_16-224`). Only timm's ViT and ResNet-hybrid
-modules are read: those are the architectures `vit_jax.weights.timm_import` reads.
+modules are read: those are the architectures `vit_jax.weights.timm` reads.
 """
 
 from __future__ import annotations

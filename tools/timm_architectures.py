@@ -12,7 +12,7 @@ arguments and stops, on torch's ``meta`` device (a hybrid's backbone is built th
 without memory): no weights, no model. A NaFlexViT's dataclass config is written as the
 fields it sets. Values that are not JSON (a norm or activation class, a
 `functools.partial`, a backbone) are written as their class name with their keyword
-arguments, e.g. ``"LayerNorm(eps=1e-05)"``; `vit_jax.weights.timm_names` reads them,
+arguments, e.g. ``"LayerNorm(eps=1e-05)"``; `vit_jax.weights.timm.names` reads them,
 and `tests/test_timm_names.py` holds this file equal to what the installed timm gives.
 """
 

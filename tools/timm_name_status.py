@@ -6,7 +6,7 @@ r"""Writes `docs/timm_names.md`: every architecture name of timm's ViT-family mo
     python tools/timm_name_status.py --redo=naflexvit,vit_tiny_patch16_224  # those anew
 
 A name **loads** when our model built abstractly from the name alone
-(`vit_jax.weights.timm_import.config_from_name`, then `jax.eval_shape` of its ``init``)
+(`vit_jax.weights.timm.create.config_from_name`, then `jax.eval_shape` of its ``init``)
 has exactly the parameter count of timm's model of that name (built on torch's ``meta``
 device: no memory, no weights), with timm's class count. Otherwise its line is the reason:
 the one-line error the package gives for that name (a family or argument not computed),
@@ -45,9 +45,9 @@ def our_count(name: str, num_classes: int) -> int:
   from flax import linen as nn
 
   from vit_jax import models
-  from vit_jax.weights import timm_import
+  from vit_jax.weights.timm import create
 
-  config, size = timm_import.config_from_name(name)
+  config, size = create.config_from_name(name)
   module = models.create_model(config, num_classes=num_classes or None)
   images = jax.ShapeDtypeStruct((1, *size, 3), jnp.float32)
   shapes = jax.eval_shape(module.init, jax.random.PRNGKey(0), images)
@@ -120,7 +120,7 @@ def parse(text: str) -> dict[str, str]:
 
 def all_names() -> dict[str, str]:
   """{name: timm module} of every name in the architecture table."""
-  from vit_jax.weights import timm_names
+  from vit_jax.weights.timm import names as timm_names
 
   return {name: timm_names.module(name) for name in timm_names.names()}
 

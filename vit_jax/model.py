@@ -31,7 +31,8 @@ import numpy as np
 from vit_jax import analysis, errors, models
 from vit_jax.aliases import Params
 from vit_jax.data.data_config import DataConfig
-from vit_jax.weights import fit, sources, timm_import, writers
+from vit_jax.weights import fit, sources, writers
+from vit_jax.weights.timm import create as timm_create
 
 DEFAULT_BATCH = 32  # images per jitted call
 DEFAULT_IMAGE_SIZE = 224  # `create`'s input size for a name that does not say one
@@ -302,7 +303,7 @@ def create(
   elif name_or_config in models.MODEL_NAMES:
     config, named_size = models.get_model_config(name_or_config), None
   else:
-    config, named_size = timm_import.config_from_name(name_or_config)
+    config, named_size = timm_create.config_from_name(name_or_config)
   size = image_size or named_size or DEFAULT_IMAGE_SIZE
   hw = (size, size) if isinstance(size, int) else tuple(size)
   models.create_model(config, num_classes=None).grid_hw(hw)  # a size that fits the patches

@@ -13,15 +13,15 @@ what is missing.
 from __future__ import annotations
 
 import os
-import re
 from typing import Any
 
 from vit_jax import errors
-from vit_jax.weights import files, timm_eva, timm_naflex, timm_names
+from vit_jax.weights import files
+from vit_jax.weights.timm import families, names
 
-# timm modules (`timm_names.module`) whose models this package's ViT does not compute:
-# the family and what it has that ours lacks. A name of eva.py is checked by its
-# arguments instead (`timm_eva.unsupported`), as is an MLP-Mixer's (`_MIXER_ARGS`).
+# timm modules (`names.module`) whose models this package does not compute: the family
+# and what it has that ours lacks. A name of a module a timm family reads is checked by
+# that family's record (`families.TimmFamily.unexpressed`).
 TIMM_MODULES_UNEXPRESSED = {
   "vision_transformer_relpos": (
     "a relative-position ViT",
@@ -40,16 +40,6 @@ TIMM_MODULES_UNEXPRESSED = {
   "gemma4_vit": ("Gemma 4's ViT", "2D RoPE, q/k normalisation and four norms per block"),
   "qwen3_vit": ("Qwen3's ViT", "axial RoPE beside a resampled absolute table"),
 }
-# A timm MlpMixer argument beyond these is a gMLP, ResMLP or gated Mixer.
-_MIXER_ARGS = {"patch_size", "num_blocks", "embed_dim", "mlp_ratio", "img_size", "num_classes"}
-# timm families read (`timm_import`, `timm_mixer`, `timm_bit`, `timm_eva`), by name where
-# the architecture table does not hold the name.
-TIMM_EXPRESSED = r"^(vit|deit|deit3|flexivit|mixer|resnetv2|eva02|eva)_"
-TIMM_READ = (
-  "vit_*, deit*, flexivit_*, mixer_*, resnetv2_* (BiT) and eva.py's DINOv3, EVA-02, "
-  "Perception Encoder and RoPE-ViT"
-)
-
 # transformers model types with what this package's ViT lacks.
 TRANSFORMERS_UNEXPRESSED = {
   "dinov3_vit": "DINOv3 in transformers' layout: import timm's copy, vit_*_dinov3",
@@ -71,43 +61,24 @@ def check_timm(name: str, source: str) -> None:
   base = name.split(".")[0]
   if not base:
     return
-  module = timm_names.module(base)
-  if module == timm_eva.MODULE:
-    args = {**timm_eva.DEFAULTS, **timm_names.model_args(base)}
-    missing = timm_eva.unsupported(args)
+  module = names.module(base)
+  family = families.for_module(module)
+  if family is not None:
+    missing = family.unexpressed(base) if family.unexpressed is not None else []
     if missing:
-      raise errors.CheckpointError(
-        f"{source}: timm architecture {name!r} (timm eva.py) has {', '.join(missing)}, "
-        "which this package does not compute."
-      )
-    return
-  if module == "mlp_mixer":
-    args = timm_names.registered_args(base) or {}
-    extra = [f"{k}={v!r}" for k, v in sorted(args.items()) if k not in _MIXER_ARGS]
-    if extra:
-      raise errors.CheckpointError(
-        f"{source}: timm architecture {name!r} (timm mlp_mixer.py) has {', '.join(extra)}, "
-        "which this package does not compute (it computes the MLP-Mixer of mixer_*)."
-      )
-    return
-  if module == timm_naflex.MODULE:
-    missing = timm_naflex.unsupported({**timm_naflex.DEFAULTS, **timm_names.model_args(base)})
-    if missing:
-      raise errors.CheckpointError(
-        f"{source}: timm architecture {name!r} (timm naflexvit.py, read at a fixed grid) "
-        f"has {', '.join(missing)}, which this package does not compute."
-      )
+      refusal = family.refusal.format(module=module, missing=", ".join(missing))
+      raise errors.CheckpointError(f"{source}: timm architecture {name!r} {refusal}")
     return
   if module in TIMM_MODULES_UNEXPRESSED:
-    family, missing = TIMM_MODULES_UNEXPRESSED[module]
+    what, missing = TIMM_MODULES_UNEXPRESSED[module]
     raise errors.CheckpointError(
-      f"{source}: timm architecture {name!r} is {family} (timm {module}.py), which this "
+      f"{source}: timm architecture {name!r} is {what} (timm {module}.py), which this "
       f"package does not compute: it has {missing}."
     )
-  if not re.match(TIMM_EXPRESSED, base) and module is None:
+  if module is None and not families.named_by_prefix(base):
     raise errors.CheckpointError(
       f"{source}: timm architecture {name!r} is none this package computes (it reads "
-      f"timm's {TIMM_READ} models)."
+      f"timm's {families.read_families()} models)."
     )
 
 

@@ -10,7 +10,7 @@ Sources, told apart by what is on disk (hub names are fetched first, `vit_jax.we
   * a transformers `SiglipModel`, `Siglip2Model` or `CLIPModel` directory, both towers and
     the tokenizer (`vit_jax.weights.hf_two_tower`);
   * a timm checkpoint: a `.safetensors` file, or a folder with `model.safetensors` and
-    timm's `config.json` or our export's `timm_model.json` (`vit_jax.weights.timm_import`);
+    timm's `config.json` or our export's `timm_model.json` (`vit_jax.weights.timm.folder`);
   * ``hf-hub:<org>/<name>[@revision]`` (a transformers or a timm repository) and the
     official names (``ViT-B_16``, AugReg file stems): the hub copy, through its cache.
 Pickles (`.bin`, `.pth`, ...) are refused unread: unpickling runs arbitrary code.
@@ -230,20 +230,21 @@ Reader = Callable[
 
 def _reader(path: str) -> Optional[Reader]:
   """The reader of a transformers or timm checkpoint at ``path``; None for other sources."""
-  from vit_jax.weights import expressible, hf, timm_import  # pylint: disable=g-import-not-at-top
+  from vit_jax.weights import expressible, hf  # pylint: disable=g-import-not-at-top
+  from vit_jax.weights.timm import folder as timm_folder  # pylint: disable=g-import-not-at-top
 
   if path.endswith(_SAFETENSORS) and os.path.isfile(path):
     directory = os.path.dirname(path)
     expressible.check_transformers_dir(directory)
-    return (lambda _: hf.read_dir(directory)) if hf.is_hf_dir(directory) else timm_import.read
+    return (lambda _: hf.read_dir(directory)) if hf.is_hf_dir(directory) else timm_folder.read
   if os.path.isdir(path):
     expressible.check_transformers_dir(path)
     if hf_two_tower.model_type(path):
       return hf_two_tower.read_dir
     if hf.is_hf_dir(path):
       return hf.read_dir
-    if timm_import.is_timm_dir(path):
-      return timm_import.read
+    if timm_folder.is_timm_dir(path):
+      return timm_folder.read
   return None
 
 
@@ -257,14 +258,15 @@ def _folder_data_config(
   path: str, config: ml_collections.ConfigDict, image_size: tuple[int, int]
 ) -> data_config_lib.DataConfig:
   """The preprocessing a transformers folder's image processor or a timm config states."""
-  from vit_jax.weights import hf, timm_import  # pylint: disable=g-import-not-at-top
+  from vit_jax.weights import hf  # pylint: disable=g-import-not-at-top
+  from vit_jax.weights.timm import folder as timm_folder  # pylint: disable=g-import-not-at-top
 
   directory = path if os.path.isdir(path) else os.path.dirname(path)
   if hf_two_tower.model_type(directory):
     return hf_two_tower.read_data_config(directory, config, image_size)
   if hf.is_hf_dir(directory):
     return hf.read_data_config(directory, config, image_size)
-  return timm_import.read_data_config(directory, config, image_size)
+  return timm_folder.read_data_config(directory, config, image_size)
 
 
 def is_hf_or_timm(path: str | os.PathLike) -> bool:

@@ -19,7 +19,6 @@ import signal
 import tempfile
 import threading
 import time
-from types import ModuleType
 from typing import Callable, Iterator, Optional, Sequence
 
 import jax.numpy as jnp
@@ -28,29 +27,15 @@ from absl import logging
 from vit_jax import errors, models
 from vit_jax.models import families
 from vit_jax.weights import hf as hf_lib
-from vit_jax.weights import (
-  hf_two_tower_write,
-  npz,
-  serving,
-  sources,
-  timm_bit,
-  timm_eva,
-  timm_mixer,
-)
-from vit_jax.weights import timm as timm_lib
+from vit_jax.weights import hf_two_tower_write, npz, serving, sources
+from vit_jax.weights.timm import families as timm_families
+from vit_jax.weights.timm import folder as timm_folder
 
 FORMATS = ("hf", "timm", "saved_model", "stablehlo", "npz")
 LABELS_FILE = "labels.txt"
 IMAGE_TOWER_FORMATS = ("timm", "saved_model", "stablehlo")  # an image-text model's: its image
 NPZ_FILE = "model.npz"
 STALE_SECONDS = 3600  # a temporary folder this old was left by a killed write
-
-# The timm mapping of each family (`models.FAMILIES`).
-_TIMM_WRITERS: dict[families.Family, ModuleType] = {
-  families.VIT: timm_lib,
-  families.MIXER: timm_mixer,
-  families.BIT: timm_bit,
-}
 
 
 def writer(
@@ -85,14 +70,12 @@ def writer(
     )
     return lambda d: hf_lib.write_dir(d, *files)
   if fmt == "timm":
-    timm_writer = _TIMM_WRITERS[family]
-    if family is families.VIT and timm_eva.is_eva(model.config):
-      timm_writer = timm_eva  # RoPE, SwiGLU, q+v biases: timm's Eva (DINOv3, EVA-02)
+    timm_writer = timm_families.writer_for(model.config)  # RoPE, SwiGLU: timm's Eva
     spec = timm_writer.model_spec(
       model.config, num_classes=model.num_classes, image_size=image_size
     )
     tensors = timm_writer.to_timm(params, model.config)
-    write = lambda d: timm_lib.write_dir(d, tensors, spec, data_config)
+    write = lambda d: timm_folder.write_dir(d, tensors, spec, data_config)
   elif fmt == "saved_model":
     write = lambda d: serving.write_saved_model(d, module, params, image_size)
   elif fmt == "stablehlo":

@@ -1,6 +1,7 @@
-"""timm's `Eva` (eva.py: DINOv3, EVA-02, PE, RoPE-ViT) <-> our parameters, numpy only: one table
-of arrays (`eva_table`) read both ways, the reader of an Eva state dict with the arguments
-of its architecture name (`read_eva`), and the export's `timm_model.json` (`model_spec`).
+"""timm's `Eva` (eva.py: DINOv3, EVA-02, PE, RoPE-ViT) <-> our parameters, numpy only: one
+table of arrays (`eva_table`) read both ways, the reader of an Eva state dict with the
+arguments of its architecture name (`read_eva`, `read`), and the export's `timm_model.json`
+(`model_spec`); what the arguments mean for our config is `eva_config.py`.
 
 What an Eva computes and the arrays do not show is in its constructor arguments: the
 rotary embedding (``rope_type`` 'cat' is our 'eva' kind, 'dinov3' DINOv3's, 'mixed' the
@@ -18,7 +19,6 @@ epsilon.
 
 from __future__ import annotations
 
-import numbers
 import re
 from typing import Any, Optional
 
@@ -29,97 +29,9 @@ from flax import traverse_util
 from vit_jax import errors, models
 from vit_jax.aliases import Params
 from vit_jax.models import attention, options, vit_shapes
-from vit_jax.weights import tensor_table, timm_names, timm_rows
+from vit_jax.weights import tensor_table
 from vit_jax.weights.tensor_table import Row, rows
-
-MODULE = "eva"  # timm's module of these architectures (`timm_names.module`)
-# Eva's constructor defaults for the arguments read here (timm 1.0.31, `Eva.__init__`).
-DEFAULTS: dict[str, Any] = dict(
-  global_pool="avg",
-  use_fc_norm=None,
-  use_post_transformer_norm=None,
-  class_token=True,
-  use_rot_pos_emb=False,
-  rope_type="cat",
-  rope_temperature=10000.0,
-  rope_rotate_half=False,
-  rope_grid_offset=0.0,
-  rope_grid_indexing="ij",
-  ref_feat_shape=None,
-  attn_type="eva",
-  attn_pool_num_heads=None,
-  attn_pool_mlp_ratio=None,
-  no_embed_class=False,
-  init_values=None,
-  layer_norm_eps=1e-6,  # timm's LayerNorm, Eva's default norm_layer
-)
-ROPE_KINDS = {"cat": "eva", "dinov3": "dinov3", "mixed": "mixed"}  # timm rope_type -> ours
-# timm global_pool -> classifier
-POOLS = {"token": "token", "avg": "gap", "map": "map", "": "unpooled"}
-ATTN_TYPES = ("eva", "rope")  # EvaAttention (no key bias), AttentionRope (qkv.bias)
-EPSILONS = (1e-5, 1e-6)  # the LayerNorm epsilons of timm's registered Eva architectures
-
-
-def _number(v: Any) -> bool:
-  return isinstance(v, numbers.Real) and not isinstance(v, bool)
-
-
-def _square(v: Any) -> bool:
-  return v is None or (isinstance(v, list) and len(v) == 2 and v[0] == v[1])
-
-
-# Argument -> the values this ViT computes (a callable: a check of the value); arguments
-# not here and not in _FREE are refused by name.
-_COMPUTED: dict[str, Any] = {
-  "global_pool": tuple(POOLS),
-  "class_token": (True, False),
-  "num_reg_tokens": lambda v: isinstance(v, int) and v >= 0,
-  "use_rot_pos_emb": (True, False),
-  "rope_type": tuple(ROPE_KINDS),
-  "rope_temperature": _number,
-  "rope_rotate_half": (True, False),
-  "rope_grid_offset": _number,
-  "rope_grid_indexing": ("ij", "xy"),
-  "attn_type": ATTN_TYPES,
-  "attn_pool_num_heads": lambda v: v is None or (isinstance(v, int) and v > 0),
-  "attn_pool_mlp_ratio": lambda v: v is None or _number(v),
-  "ref_feat_shape": _square,
-  "no_embed_class": (True, False),
-  "init_values": lambda v: v is None or _number(v),
-  "layer_norm_eps": _number,
-  "use_fc_norm": (True, False, None),
-  "use_post_transformer_norm": (None, True, False),  # False: PE spatial / language
-  "use_pre_transformer_norm": (True, False),
-  "scale_attn_inner": (True, False),
-  "in_chans": (3,),  # what timm.models.save_for_hf writes beside the arguments
-}
-# Arguments that only fix shapes the arrays show, or how timm runs.
-_FREE = {"embed_dim", "depth", "patch_size", "mlp_ratio", "img_size", "num_heads"}
-_FREE |= {"num_classes", "dynamic_img_size", "qkv_fused", "qkv_bias", "swiglu_mlp"}
-_FREE |= {"swiglu_align_to", "scale_mlp", "use_abs_pos_emb"}
-
-
-def unsupported(args: dict[str, Any]) -> list[str]:
-  """``key=value`` of each Eva argument this package's ViT does not compute."""
-  problems = []
-  for key, value in args.items():
-    accepted = _COMPUTED.get(key)
-    if key in _FREE:
-      continue
-    ok = accepted is not None and (accepted(value) if callable(accepted) else value in accepted)
-    if not ok:
-      problems.append(f"{key}={value!r}")
-  full = {**DEFAULTS, **args}
-  if uses_fc_norm(full) and full.get("use_post_transformer_norm"):
-    problems.append("use_post_transformer_norm=True beside a norm after pooling (two final norms)")
-  return problems
-
-
-def uses_fc_norm(args: dict[str, Any]) -> bool:
-  """Whether an Eva of ``args`` (every one of `DEFAULTS` present) normalises after pooling:
-  ``use_fc_norm``, else timm's default, with average pooling."""
-  return args["global_pool"] == "avg" if args["use_fc_norm"] is None else bool(args["use_fc_norm"])
-
+from vit_jax.weights.timm import arguments, eva_config, names, shared_rows
 
 TIMM_FREQS = "rope.freqs"  # timm's mixed frequencies, [2, depth, H, Dh / 2]
 
@@ -199,7 +111,7 @@ def eva_table(
     for a, b in layers:
       table += rows(mlp_ours + a, mlp_theirs + b, tensor_table.DENSE)
   if map_heads:
-    table += timm_rows.map_head_rows(map_heads)
+    table += shared_rows.map_head_rows(map_heads)
   return table
 
 
@@ -242,8 +154,8 @@ def read_eva(
 ) -> tuple[ml_collections.ConfigDict, Params]:
   """(model config, per-layer params) of a timm Eva state dict; ``args``: its registered
   arguments updated with the stored ones (the input statistics are the caller's)."""
-  args = {**DEFAULTS, **args}
-  problems = unsupported(args)
+  args = {**eva_config.DEFAULTS, **args}
+  problems = eva_config.unsupported(args)
   if problems:
     raise errors.CheckpointError(
       f"{source}: timm's {timm_name!r} has {', '.join(problems)}, which this ViT does not compute."
@@ -258,49 +170,17 @@ def read_eva(
   params = from_timm(tensors, heads, source, map_heads)
   shapes = _shapes(params)
   config = vit_shapes.config_from_shapes(shapes, models.get_model_config("testing"), "none")
-  apply_args(config, args, "cls" in shapes, source)
+  eva_config.apply_args(config, args, "cls" in shapes, source)
   return config, params
 
 
-def apply_args(
-  config: ml_collections.ConfigDict, args: dict[str, Any], has_cls: bool, source: str
-) -> None:
-  """What an Eva's arrays cannot say, from its arguments (``args``: every one of `DEFAULTS`
-  present): pooling, the table's prefix rows, LayerNorm epsilon, LayerScale init, the
-  activation and the rotary embedding; every field then checked."""
-  pool = args["global_pool"]
-  if pool == "token" and not has_cls:
-    raise errors.CheckpointError(f"{source}: timm global_pool 'token' without a class token.")
-  config.classifier = POOLS[pool]
-  config.class_token = has_cls if config.classifier != "token" else None
-  config.map_include_prefix = pool == "map"  # Eva's attention pool sees every token
-  config.posemb_patches_only = bool(args["no_embed_class"])
-  config.layer_norm_epsilon = float(args["layer_norm_eps"])
-  if config.layer_scale_init is not None and args["init_values"]:
-    config.layer_scale_init = float(args["init_values"])
-  config.activation, config.gelu_approximate = "gelu", False  # Eva's nn.GELU
-  if args["use_rot_pos_emb"]:
-    ref = args["ref_feat_shape"]
-    config.rope = ROPE_KINDS[args["rope_type"]]
-    config.rope_temperature = float(args["rope_temperature"])
-    config.rope_rotate_half = bool(args["rope_rotate_half"])
-    config.rope_grid_offset = float(args["rope_grid_offset"])
-    config.rope_ref_grid = None if ref is None or config.rope != "eva" else int(ref[0])
-    config.rope_grid_indexing = args["rope_grid_indexing"]
-    if config.rope == "mixed":  # timm's RotaryEmbeddingMixed reads neither
-      config.rope_grid_offset, config.rope_ref_grid = 0.0, None
-  config.name = "custom"
-  models.model_settings(config)  # every field checked
-
-
-def is_eva(config: Any) -> bool:
-  """Whether a ViT config needs timm's Eva (RoPE, SwiGLU, a q and v bias without a key
-  bias) over its ViT (which has q/k/v biases or none: ``qkv_bias=False``)."""
-  return (
-    config.get("rope") is not None
-    or config.get("mlp", options.MLP) != options.MLP
-    or config.get("qkv_bias", options.QKV_BIAS_ALL) == options.QKV_BIAS_QV
-  )
+def read(checkpoint: arguments.Checkpoint) -> arguments.Loaded:
+  """The family's reader: `read_eva` with the input statistics and, for RoPE without a
+  table (DINOv3), the size of the pretrained config (as a ResNet's)."""
+  c = checkpoint
+  config, params = read_eva(c.tensors, c.name, c.args, c.source)
+  arguments.read_input_stats(config, c.pretrained_cfg, c.source)
+  return arguments.loaded(config, params, c.class_names, arguments.input_size(c.pretrained_cfg))
 
 
 def check_exportable(config: ml_collections.ConfigDict, num_classes: Optional[int]) -> None:
@@ -312,7 +192,7 @@ def check_exportable(config: ml_collections.ConfigDict, num_classes: Optional[in
     problems.append("a map head over the patches only (timm's Eva's sees every token)")
   if config.posemb not in ("learn", "none"):
     problems.append(f"position embeddings {config.posemb!r} (timm's Eva: 'learn' or 'none')")
-  if config.layer_norm_epsilon not in EPSILONS:
+  if config.layer_norm_epsilon not in eva_config.EPSILONS:
     problems.append(f"LayerNorm epsilon {config.layer_norm_epsilon:g} (timm's Eva: 1e-5, 1e-6)")
   if (config.activation, config.gelu_approximate) != ("gelu", False):
     problems.append("an activation other than the exact GELU")
@@ -335,10 +215,10 @@ def _registered_name(epsilon: float, kwargs: dict[str, Any]) -> str:
   ViT computes, that leaves unset those ``kwargs`` sets to None (timm's create_model drops
   None keywords: a registered LayerScale or reference grid would stay)."""
   unset = [k for k, v in kwargs.items() if v is None]
-  for name in sorted(timm_names.names()):
-    args = {**DEFAULTS, **timm_names.model_args(name)}
-    if timm_names.module(name) == MODULE and args["layer_norm_eps"] == epsilon:
-      if not unsupported(args) and all(args.get(k) is None for k in unset):
+  for name in sorted(names.names()):
+    args = {**eva_config.DEFAULTS, **names.model_args(name)}
+    if names.module(name) == eva_config.MODULE and args["layer_norm_eps"] == epsilon:
+      if not eva_config.unsupported(args) and all(args.get(k) is None for k in unset):
         return name
   raise errors.ConfigError(
     f"This model cannot be exported to timm's Eva: no architecture timm registers with "
@@ -360,7 +240,7 @@ def model_spec(
   check_exportable(config, num_classes)
   t, d, patch = config.transformer, config.hidden_size, tuple(config.patches.size)
   module = models.create_model(config, num_classes=num_classes)
-  rope = {v: k for k, v in ROPE_KINDS.items()}
+  rope = {v: k for k, v in eva_config.ROPE_KINDS.items()}
   pool = config.classifier == "map"
   side = config.rope_ref_grid
   kwargs = dict(
@@ -379,7 +259,7 @@ def model_spec(
     swiglu_align_to=1 if config.mlp == options.SWIGLU else 0,  # 1: split, width kept
     class_token=module.has_class_token,
     num_reg_tokens=config.num_registers,
-    global_pool={v: k for k, v in POOLS.items()}[config.classifier],
+    global_pool={v: k for k, v in eva_config.POOLS.items()}[config.classifier],
     use_fc_norm=config.fc_norm,
     use_post_transformer_norm=config.final_norm and not config.fc_norm,
     use_abs_pos_emb=config.posemb == "learn",
@@ -419,7 +299,7 @@ def model_spec(
 def to_timm(params: Params, config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
   """timm's Eva state dict (numpy, float32, fused ``qkv``) of a per-layer parameter tree."""
   config = models.with_family_defaults(config)
-  flat = timm_rows.fold_patch_bias(tensor_table.flat_float32(params), config)
+  flat = shared_rows.fold_patch_bias(tensor_table.flat_float32(params), config)
   t = config.transformer
   pool = config.classifier == "map"
   table = eva_table(

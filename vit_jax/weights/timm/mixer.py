@@ -6,7 +6,9 @@ norm2, mlp_channels.fc1/fc2}``, ``norm`` and ``head``; its block is the official
 exact GELU by default (``nn.GELU``) where the official weights were trained with the tanh
 approximation; timm's `MlpMixer` takes ``act_layer`` as a class, not a name, so an export
 with the tanh GELU states it apart (``spec['act_layer']``: pass
-``act_layer=timm.layers.get_act_layer(spec['act_layer'])`` beside the ``kwargs``).
+``act_layer=timm.layers.get_act_layer(spec['act_layer'])`` beside the ``kwargs``). The
+family's reader (`read`) and config of a ``mixer_*`` name alone (`config_from_name`) are
+here too; timm's gMLP, ResMLP and gated Mixers (other arguments) are refused by name.
 """
 
 from __future__ import annotations
@@ -17,13 +19,18 @@ from typing import Any, Optional
 import ml_collections
 import numpy as np
 
-from vit_jax import errors
+from vit_jax import errors, models
 from vit_jax.aliases import Params
-from vit_jax.weights import tensor_table
-from vit_jax.weights import timm as timm_vit
+from vit_jax.weights import architecture, tensor_table
 from vit_jax.weights.tensor_table import Row, rows
+from vit_jax.weights.timm import arguments, names
 
+MODULE = "mlp_mixer"  # timm's module of these architectures (`names.module`)
 STEM = "stem.proj.weight"  # the array that tells a timm Mixer state dict
+# timm MlpMixer's constructor defaults for what the arrays show (`MlpMixer.__init__`).
+_SHAPES: dict[str, Any] = dict(patch_size=16, num_blocks=8, embed_dim=512, mlp_ratio=(0.5, 4.0))
+# A timm MlpMixer argument beyond these is a gMLP, ResMLP or gated Mixer.
+_ARGS = set(_SHAPES) | {"img_size", "num_classes"}
 _BLOCK = re.compile(r"^blocks\.(\d+)\.")
 # Official Mixer architectures (patch, width, depth) -> timm names (their factories fix
 # these three; any other shape is built as timm's MlpMixer class itself).
@@ -62,6 +69,49 @@ def from_timm(tensors: dict[str, np.ndarray], source: str) -> Params:
   depth = 1 + max((int(m[1]) for k in tensors if (m := _BLOCK.match(k))), default=-1)
   what = " (LayerNorm blocks, no stem norm, average pooling)"
   return tensor_table.from_torch(mixer_table(depth), tensors, source, "MlpMixer", what)
+
+
+def unexpressed(name: str) -> list[str]:
+  """``key=value`` of each argument timm registers for ``name`` beyond the MLP-Mixer's."""
+  args = names.registered_args(name) or {}
+  return [f"{k}={v!r}" for k, v in sorted(args.items()) if k not in _ARGS]
+
+
+def read(checkpoint: arguments.Checkpoint) -> arguments.Loaded:
+  """The family's reader: the stem's arrays fix the Mixer; its activation is timm's GELU,
+  exact or tanh (``act_layer``)."""
+  c = checkpoint
+  params = from_timm(c.tensors, c.source)
+  config = architecture.infer_model_config(params)
+  activation, config.gelu_approximate = arguments.activation(c.args, c.source)
+  if activation != "gelu":
+    raise errors.CheckpointError(
+      f"{c.source}: a timm MlpMixer with act_layer {activation!r}: the Mixer computes a GELU."
+    )
+  arguments.read_input_stats(config, c.pretrained_cfg, c.source)
+  return arguments.loaded(config, params, c.class_names)
+
+
+def config_from_name(
+  name: str, args: dict[str, Any], source: str
+) -> tuple[ml_collections.ConfigDict, tuple[int, int]]:
+  """Our Mixer config of timm's ``mixer_*`` ``name`` with its registered arguments, and its
+  input size: timm's token and channel MLP widths are ``int(width * ratio)`` for its two
+  ratios."""
+  del source  # the name is the one error's subject
+  a = {**_SHAPES, **args}
+  extra = sorted(set(a) - _ARGS)
+  if extra:  # gMLP, ResMLP and gated Mixers: check_timm refuses them by name first
+    raise errors.ConfigError(f"{name!r}: timm MlpMixer arguments {extra} are not computed.")
+  config = models.get_model_config("Mixer-B_16")
+  config.name = name
+  config.patches.size = arguments.pair(a["patch_size"])
+  d = config.hidden_dim = int(a["embed_dim"])
+  config.num_blocks = int(a["num_blocks"])
+  tokens, channels = a["mlp_ratio"]
+  config.tokens_mlp_dim, config.channels_mlp_dim = int(d * tokens), int(d * channels)
+  config.gelu_approximate = False  # timm's nn.GELU
+  return config, names.named_size(name, args)
 
 
 def to_timm(params: Params, config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
@@ -117,5 +167,5 @@ def model_spec(
     "pretrained_cfg_overlay": {"num_classes": num_classes},
   }
   if config.gelu_approximate:
-    spec["act_layer"] = timm_vit.act_layer("gelu", True)
+    spec["act_layer"] = arguments.act_layer("gelu", True)
   return spec

@@ -1,11 +1,12 @@
 """timm's ViT architecture names -> the constructor arguments timm registers for them.
 
-The table is `timm_architectures.json`, package data generated from timm's own registry by
-`tools/timm_architectures.py` (no torch here). Its values are timm's, with a class or a
-partial written as ``Name(key=value)`` (``"LayerNorm(eps=1e-05)"``). `model_args` gives
-them in the reader's words (`timm_import`), `unsupported` the ones this ViT does not
-compute (RMSNorm, SwiGLU, QK-norm, parallel blocks, a distillation token, other
-backbones...).
+The table is `vit_jax/weights/timm_architectures.json`, package data generated from
+timm's own registry by `tools/timm_architectures.py` (no torch here). Its values are
+timm's, with a class or a partial written as ``Name(key=value)``
+(``"LayerNorm(eps=1e-05)"``). `model_args` gives them in the readers' words, `unsupported`
+the ones timm's plain ViT has and this ViT does not compute (RMSNorm, SwiGLU, QK-norm,
+parallel blocks, a distillation token, other backbones...), `named_size` the input size
+timm builds a name for.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ GLU_MLP = "GluMlp(act_layer='SiLU', gate_last=False)"
 BASE_SHAPES: dict[str, Any] = dict(
   patch_size=16, embed_dim=768, depth=12, num_heads=12, mlp_ratio=4.0, qkv_bias=True
 )
+_IMAGE_SIZE = re.compile(r"_(\d+)$")  # timm names end in their input size: ..._224
+_TIMM_DEFAULT_SIZE = 224  # timm's VisionTransformer img_size default
 _LAYER_NORM = re.compile(r"^LayerNorm\((?:eps=([0-9.e+-]+))?\)$|^LayerNorm$")
 # A hybrid's backbone this package holds: timm's BiT-style ResNetV2 (weight-standardised
 # convs, GroupNorm), or its root alone (an nn.Sequential stem: `_resnetv2(layers=())`).
@@ -109,3 +112,13 @@ def model_args(name: str) -> dict[str, Any]:
   elif norm is not None:
     args["norm_layer"] = norm
   return args
+
+
+def named_size(name: str, args: dict[str, Any]) -> tuple[int, int]:
+  """The input size timm builds architecture ``name`` for: its ``img_size`` argument, else
+  its default weights' input size, else the size its name ends in, else timm's default."""
+  size = args.get("img_size") or input_size(name)
+  if size is None:
+    match = _IMAGE_SIZE.search(name)
+    size = int(match.group(1)) if match else _TIMM_DEFAULT_SIZE
+  return tuple(size) if isinstance(size, (list, tuple)) else (int(size), int(size))

@@ -5,7 +5,7 @@ norm2, conv2, norm3, conv3}``, ``norm`` (the final GroupNorm) and ``head.fc`` (a
 [K, C, 1, 1]). Both standardise kernels as (w - mean) / sqrt(var + 1e-8) (`models.bit`), so
 the kernels are only transposed. timm names BiT models by depth and width
 (``resnetv2_50x1_bit``); the other ResNet-v2s of timm (BatchNorm, other stems and
-epsilons) compute something else and are refused by name.
+epsilons) compute something else and are refused by name (`check_name`, in `read`).
 """
 
 from __future__ import annotations
@@ -19,9 +19,11 @@ import numpy as np
 from vit_jax import errors
 from vit_jax.aliases import Params
 from vit_jax.models import bit
-from vit_jax.weights import tensor_table
+from vit_jax.weights import architecture, tensor_table
 from vit_jax.weights.tensor_table import Row, rows
+from vit_jax.weights.timm import arguments
 
+MODULE = "resnetv2"  # timm's module of ResNet-v2 (not in `names`' table: read by the stem)
 STEM = "stem.conv.weight"  # the array that tells a timm ResNet-v2 state dict
 _UNIT = re.compile(r"^stages\.(\d+)\.blocks\.(\d+)\.")
 _BIT_NAME = re.compile(r"^resnetv2_(\d+)x(\d+)_bit$")
@@ -83,6 +85,17 @@ def from_timm(tensors: dict[str, np.ndarray], source: str) -> Params:
   table = bit_table(tuple(units.get(s, 0) for s in range(max(units, default=-1) + 1)))
   what = " (GroupNorm, weight-standardised convs, no biases)"
   return tensor_table.from_torch(table, tensors, source, "BiT ResNet", what)
+
+
+def read(checkpoint: arguments.Checkpoint) -> arguments.Loaded:
+  """The family's reader: a BiT state dict under a BiT's name (or none), at the input size
+  of its pretrained config (a ResNet's weights do not fix it)."""
+  c = checkpoint
+  check_name(c.name, c.args, c.source)
+  params = from_timm(c.tensors, c.source)
+  config = architecture.infer_model_config(params)
+  arguments.read_input_stats(config, c.pretrained_cfg, c.source)
+  return arguments.loaded(config, params, c.class_names, arguments.input_size(c.pretrained_cfg))
 
 
 def to_timm(params: Params, config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:

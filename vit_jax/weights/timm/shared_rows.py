@@ -1,7 +1,6 @@
-"""Rows and conversions timm's ViT (`weights/timm.py`) and Eva (`weights/timm_eva.py`)
-tables share, numpy only: the attention and MLP rows, the attention pool's
-(``AttentionPoolLatent``, the MAP head), and the patch bias that a norm before the blocks
-leaves timm without."""
+"""Rows and conversions timm's ViT (`vit.py`) and Eva (`eva.py`) tables share, numpy only:
+the attention and MLP rows, the attention pool's (``AttentionPoolLatent``, the MAP head),
+and the patch bias that a norm before the blocks leaves timm without."""
 
 from __future__ import annotations
 

@@ -1,15 +1,11 @@
 """timm `VisionTransformer` (and its ResNet hybrids) <-> our parameters, numpy only: one
 table of arrays (`vit_table`) read both ways (`to_timm`, `from_timm`), and the export's
-`timm_model.json` (`model_spec`); reading a timm folder's config is `timm_import`.
+`timm_model.json` (`model_spec`); what a ViT's arguments say beyond its arrays is
+`vit_config.py`, the export's folder `folder.py`.
 
-The export is a `model.safetensors` with timm's key names, timm's own `config.json`
-(``timm.create_model('local-dir:DIR')`` loads the folder as it is; its ``pretrained_cfg``
-states the model's input size, crop, interpolation, mean and std, which timm's
-`resolve_data_config` reads) and `timm_model.json`, the `timm.create_model` name and
-keyword arguments that rebuild the architecture. The name picks timm's model class and
-default config; the keyword arguments set every dimension. A shape timm has no name for
-(e.g. the quickstart's 4-layer, 64-wide ViT) takes the generic `vit_base_patch16_224`;
-the spec's "architecture" states the real shape.
+The export's name picks timm's model class and default config; the keyword arguments set
+every dimension. A shape timm has no name for (e.g. the quickstart's 4-layer, 64-wide ViT)
+takes the generic `vit_base_patch16_224`; the spec's "architecture" states the real shape.
 
 timm's fused attention input ``qkv`` is our query, key and value stacked; classifier
 'gap' is ``global_pool='avg'`` with the final norm before pooling unless ``fc_norm``;
@@ -23,8 +19,6 @@ Hybrids map onto timm's R50 (3, 4, 9), R26 (2, 2, 2, 2) and root-only models.
 
 from __future__ import annotations
 
-import json
-import os
 import re
 from typing import Any, Optional
 
@@ -33,14 +27,11 @@ import numpy as np
 
 from vit_jax import errors, models
 from vit_jax.aliases import Params
-from vit_jax.data.data_config import DataConfig
 from vit_jax.models import options
-from vit_jax.weights import architecture, tensor_table, timm_eva, timm_names, timm_rows
+from vit_jax.weights import architecture, tensor_table
 from vit_jax.weights.tensor_table import Row, rows
+from vit_jax.weights.timm import arguments, eva_config, names, shared_rows
 
-WEIGHTS = "model.safetensors"
-SPEC = "timm_model.json"
-HUB_CONFIG = "config.json"  # timm's (`hub_config`)
 # Official architectures -> timm names (any other plain ViT uses the generic name below,
 # with every dimension given as a keyword argument).
 _VIT_NAMES = {
@@ -64,12 +55,6 @@ _HYBRID_NAMES = {
   (2, 2, 2, 2): "vit_small_r26_s32_224",
   (): "vit_tiny_r_s16_p8_224",
 }
-# (our activation, tanh GELU?) -> timm's act_layer name (QuickGELU has no tanh variant).
-ACT_LAYERS = {
-  ("gelu", False): "gelu",
-  ("gelu", True): "gelu_tanh",
-  ("quick_gelu", False): "quick_gelu",
-}
 # ModelSettings fields that are timm VisionTransformer keyword arguments, given only where
 # not the default of timm or of the name exported under; the other fields are set in
 # model_spec, or refused by check_exportable.
@@ -85,11 +70,6 @@ _TIMM_STD_EPS = 1e-8
 _OUR_STD_EPS = 1e-5
 
 
-def act_layer(activation: str, gelu_approximate: bool) -> str:
-  """timm's ``act_layer`` name of our activation."""
-  return ACT_LAYERS[activation, gelu_approximate and activation == "gelu"]
-
-
 def check_exportable(config: ml_collections.ConfigDict, num_classes: Optional[int]) -> None:
   """One ValueError listing what timm's VisionTransformer cannot represent."""
   problems = []
@@ -102,7 +82,7 @@ def check_exportable(config: ml_collections.ConfigDict, num_classes: Optional[in
     )
   if config.get("posemb", "learn") != "learn":
     problems.append(f"position embeddings {config.posemb!r} (timm: posemb='learn')")
-  if timm_eva.is_eva(config):
+  if eva_config.is_eva(config):
     problems.append("RoPE, SwiGLU or a q and v bias without a key bias (written as timm's Eva)")
   if config.get("map_num_heads") or config.get("map_mlp_dim") or config.get("map_include_prefix"):
     problems.append("a map head of its own heads, MLP or tokens (Perception Encoder's: Eva)")
@@ -156,10 +136,10 @@ def model_spec(
     fc_norm=config.fc_norm,  # always: timm's default (None) means 'with average pooling'
     qkv_bias=config.qkv_bias == options.QKV_BIAS_ALL,
     final_norm=config.final_norm,
-    act_layer=act_layer(config.activation, config.gelu_approximate),
+    act_layer=arguments.act_layer(config.activation, config.gelu_approximate),
     num_classes=num_classes,
   )
-  registered = timm_names.registered_args(name) or {}
+  registered = names.registered_args(name) or {}
   kwargs.update(
     {
       arg: config[field]
@@ -269,14 +249,14 @@ def vit_table(
     ours, theirs = f"Transformer/encoderblock_{i}/", f"blocks.{i}."
     att = ours + "MultiHeadDotProductAttention_1/"
     fused = ("query", "key", "value")
-    table += timm_rows.attention_rows(att, theirs + "attn.", num_heads, fused, qkv_bias)
+    table += shared_rows.attention_rows(att, theirs + "attn.", num_heads, fused, qkv_bias)
     table += rows(ours + "LayerNorm_0", theirs + "norm1")
     table += rows(ours + "LayerNorm_2", theirs + "norm2")
-    table += timm_rows.mlp_rows(ours + "MlpBlock_3", theirs + "mlp", mlp)
+    table += shared_rows.mlp_rows(ours + "MlpBlock_3", theirs + "mlp", mlp)
     table.append(Row(ours + "LayerScale_attention/scale", theirs + "ls1.gamma", **optional))
     table.append(Row(ours + "LayerScale_mlp/scale", theirs + "ls2.gamma", **optional))
   if map_head:
-    table += timm_rows.map_head_rows(num_heads)
+    table += shared_rows.map_head_rows(num_heads)
   if resnet is not None:
     table += _resnet_rows(*resnet)
   return table
@@ -286,7 +266,7 @@ def to_timm(params: Params, config: ml_collections.ConfigDict) -> dict[str, np.n
   """timm's state dict (numpy, float32) of a per-layer parameter tree. timm's ViT with
   ``pre_norm`` has no patch bias: ours is added to the position rows of the patches."""
   config = models.with_family_defaults(config)
-  flat = timm_rows.fold_patch_bias(tensor_table.flat_float32(params), config)
+  flat = shared_rows.fold_patch_bias(tensor_table.flat_float32(params), config)
   resnet = config.get("resnet")
   units = None if resnet is None else tuple(resnet.num_layers)
   table = vit_table(
@@ -355,42 +335,3 @@ def _zero_biases(table: list[Row], tensors: dict[str, np.ndarray]) -> dict[str, 
     if row.required and row.theirs.endswith(".bias") and missing:
       tensors[row.theirs] = np.zeros(tensors[weight].shape[0], np.float32)
   return tensors
-
-
-def hub_config(spec: dict[str, Any]) -> Optional[dict[str, Any]]:
-  """timm's own `config.json` (the hub's layout, what ``timm.create_model('local-dir:DIR')``
-  reads) of an export's ``spec``: the architecture name, its arguments, the pooling and
-  the overlay as ``pretrained_cfg`` (`write_dir` puts the data config in it).
-  None for a shape timm has no name for or an activation timm's config cannot name (a
-  tanh-GELU Mixer): `SPEC` rebuilds those."""
-  if not spec.get("model_name") or "act_layer" in spec:  # a tanh Mixer: timm takes a class
-    return None
-  args = dict(spec["kwargs"])
-  config = {
-    "architecture": spec["model_name"],
-    "num_classes": args["num_classes"],
-    "model_args": args,
-    "pretrained_cfg": spec["pretrained_cfg_overlay"],
-  }
-  if "global_pool" in args:
-    config["global_pool"] = args["global_pool"]
-  return config
-
-
-def write_dir(
-  directory: str, tensors: dict[str, np.ndarray], spec: dict[str, Any], data_config: DataConfig
-) -> None:
-  """The export's folder: `WEIGHTS`, `SPEC` (the create_model arguments, with the data
-  config in its overlay) and, for a named architecture, timm's `config.json`."""
-  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
-
-  spec = {
-    **spec,
-    "pretrained_cfg_overlay": {**spec["pretrained_cfg_overlay"], **data_config.to_timm()},
-  }
-  save_file(tensors, os.path.join(directory, WEIGHTS))
-  written = {SPEC: spec, HUB_CONFIG: hub_config(spec)}
-  for name, content in written.items():
-    if content is not None:
-      with open(os.path.join(directory, name), "w") as f:
-        json.dump(content, f, indent=2)

@@ -1,7 +1,8 @@
 """timm's NaFlexViT (naflexvit.py: the SigLIP 2 NaFlex towers, ...) read at a fixed square
 grid, numpy only: at one input size a NaFlexViT is a ViT whose position table is its
 stored one resampled to the patch grid, so its state dict is rewritten as timm's
-`VisionTransformer`'s (`to_vit_tensors`) and its arguments as that ViT's (`vit_args`).
+`VisionTransformer`'s (`to_vit_tensors`) and its arguments as that ViT's (`vit_args`),
+then read by the ViT's reader (`vit_config`): the family's `read` and `config_from_name`.
 
 Followed: timm's `NaFlexEmbeds` on an image tensor (a linear patch embedding over
 channels-last patches; a learned [1, gh, gw, D] table interpolated with
@@ -18,15 +19,16 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
 from vit_jax import errors
-from vit_jax.weights import timm_names
+from vit_jax.weights.timm import arguments, names, vit_config
 
-MODULE = "naflexvit"  # timm's module of these architectures (`timm_names.module`)
+MODULE = "naflexvit"  # timm's module of these architectures (`names.module`)
 # NaFlexVitCfg's defaults for the fields read here (timm 1.0.31).
 DEFAULTS: dict[str, Any] = dict(
-  timm_names.BASE_SHAPES,
+  names.BASE_SHAPES,
   init_values=None,
   class_token=False,
   reg_tokens=0,
@@ -78,6 +80,11 @@ def unsupported(args: dict[str, Any]) -> list[str]:
   if args.get("global_pool") == "map" and prefix:
     problems.append(f"global_pool='map' over the patches beside {prefix} prefix token(s)")
   return problems
+
+
+def unexpressed(name: str) -> list[str]:
+  """`unsupported` of the arguments timm registers for architecture ``name``."""
+  return unsupported({**DEFAULTS, **names.model_args(name)})
 
 
 def vit_args(args: dict[str, Any]) -> dict[str, Any]:
@@ -193,3 +200,37 @@ def to_vit_tensors(
       raise errors.CheckpointError(f"{source}: NaFlexViT array {key!r} is not read.")
   out["pos_embed"] = position_table(tensors, args, grid, source)
   return out
+
+
+def read(checkpoint: arguments.Checkpoint) -> arguments.Loaded:
+  """The family's reader: a NaFlexViT read as the ViT it is at its pretrained square input
+  size (else at its stored table's grid)."""
+  c = checkpoint
+  problems = unsupported({**DEFAULTS, **c.args})  # the stored arguments too
+  if problems:
+    raise errors.CheckpointError(
+      f"{c.source}: timm NaFlexViT {c.name!r} with {', '.join(problems)}: not computed here."
+    )
+  stored = stored_grid(c.args)
+  patch = vit_args(c.args)["patch_size"]
+  size = arguments.input_size(c.pretrained_cfg)
+  grid = stored if size is None else (size[0] // patch, size[1] // patch)
+  if grid[0] != grid[1]:
+    raise errors.CheckpointError(
+      f"{c.source}: NaFlexViT at input size {size}: this package reads it at a square grid."
+    )
+  vit = to_vit_tensors(c.tensors, c.args, grid, c.source)
+  args = vit_args(c.args)
+  config, params = vit_config.read_vit(vit, c.name, args, c.pretrained_cfg, c.source)
+  return arguments.loaded(config, params, c.class_names)
+
+
+def config_from_name(
+  name: str, args: dict[str, Any], source: str
+) -> tuple[ml_collections.ConfigDict, tuple[int, int]]:
+  """The family's config of an architecture ``name``: the ViT it is at its stored table's
+  grid."""
+  grid = stored_grid(args)
+  args = vit_args(args)
+  args["img_size"] = [g * args["patch_size"] for g in grid]
+  return vit_config.config_of(name, args, source)
