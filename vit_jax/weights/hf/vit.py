@@ -203,8 +203,9 @@ def writer(
     raise errors.CommandLineError(
       f"{family.hf_refusal}: export this model as timm, npz, saved_model or stablehlo."
     )
+  names = class_names or [str(i) for i in range(model.num_classes or 0)]  # id2label's
   tensors, hf_config, processor = to_hf(
-    model.params, model.config, image_size=image_size, class_names=class_names,
+    model.params, model.config, image_size=image_size, class_names=names,
     data_config=data_config,
   )  # fmt: skip
   configs = {folder.CONFIG: hf_config, folder.PREPROCESSOR: processor}
