@@ -1,6 +1,7 @@
 """transformers' image-text models <-> our two-tower parameters: ``SiglipModel``,
-``Siglip2Model`` and ``CLIPModel`` folders as ``save_pretrained`` writes them, one table of
-arrays read both ways (`table`, through `tensor_table`).
+``Siglip2Model`` and ``CLIPModel`` folders as ``save_pretrained`` writes them, read
+(`detect`, `read`, `read_data_config`, `read_tokenizer`) and written (`writer`) here
+through the one table of arrays of `two_tower_table`.
 
 What each is here (`models.image_text`, `models.text`):
 - SigLIP: a ViT without class token pooled by attention (``MAPHead_0``, transformers'

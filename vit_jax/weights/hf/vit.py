@@ -4,6 +4,7 @@ A `ViTForImageClassification` directory holds `config.json`, `model.safetensors`
 `preprocessor_config.json`. HF's ViT has a class token, a learned 1-D position table
 (class row first) and no representation layer before the head, so only such models
 export; `ViTModel` directories (no head, a tanh pooler = our `pre_logits`) import too.
+Read: `detect`, `read`, `read_data_config`; written: `writer` (`to_hf`'s files).
 
 Layouts (ours -> torch): Dense kernels [in, out] -> weight [out, in]; attention
 query/key/value [D, H, Dh] -> [H*Dh, D] and out [H, Dh, D] -> [D, H*Dh]; the patch
