@@ -81,7 +81,7 @@ class Format:
   data_config: Callable[[str, Read], Optional[DataConfig]] = _stated  # its preprocessing
   tokenizer: Callable[[str, Read], Any] = _no_tokenizer  # an image-text model's, else None
   # The tree as stored, for fine-tuning, and the config where it has one; None: `read`'s
-  # (through `sources.load`, which checks the tree against the config).
+  # tree and config, checked against each other (`sources.read_params`).
   read_tree: Optional[Callable[[str], tuple[Params, Optional[ml_collections.ConfigDict]]]] = None
   export: Optional[str] = None  # its `writers.FORMATS` name where it can be written
   family: Optional[str] = None  # the one family it writes (None: any its writer takes)
@@ -89,8 +89,8 @@ class Format:
 
 
 def _directory(path: str) -> str:
-  """The folder of a folder checkpoint or of a `.safetensors` file."""
-  return path if os.path.isdir(path) else os.path.dirname(path)
+  """The folder of a folder checkpoint or of a `.safetensors` file (what ``detect`` took)."""
+  return hf_folder.directory(path) or path
 
 
 # -------------------------------------------------------------- transformers and timm
