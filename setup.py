@@ -34,7 +34,7 @@ EXTRAS_REQUIRE = {
     "scikit-image>=0.22",
   ],
   "notebooks": ["matplotlib>=3.8", "scikit-image>=0.22", "jupyter"],
-  # Image-text models: reading the text tower's tokenizer (vit_jax/data/tokenize.py).
+  # Image-text models: reading the text tower's tokenizer (vit_jax/data/text_tokenizer.py).
   "text": ["sentencepiece>=0.2", "tokenizers>=0.20"],
   # Loading exports in PyTorch (README "Inference and export"). timm imports torchvision,
   # which must be built for the same torch: a CUDA torchvision beside a CPU torch fails.

@@ -21,7 +21,7 @@ from tests import train_fixtures
 from tests.test_main import assert_resume_is_exact
 from vit_jax import errors, models, predict, run
 from vit_jax import zeroshot as zeroshot_cli
-from vit_jax.data import captions, tokenize
+from vit_jax.data import captions, text_tokenizer
 from vit_jax.run.evaluators import zeroshot
 from vit_jax.weights import orbax_steps, sources
 
@@ -48,7 +48,7 @@ def test_two_tower_family_builds_from_config_and_refuses_unknown_text_keys():
     models.get_model_config("testing"), text=TEXT, text_len=8, embed_dim=16, loss="softmax"
   )
   settings = models.model_settings(config)
-  assert models.family_of(config).name == "two_tower" and settings.bias_init is None
+  assert models.is_two_tower(config) and settings.bias_init is None
   assert settings.replace(remat=True).image.remat and models.image_settings(config).name
   config.text.dim = 3
   with pytest.raises(errors.ConfigError, match="unknown keys \\['dim'\\]"):
@@ -128,7 +128,7 @@ def test_captions_do_not_depend_on_the_process_split_and_the_tokenizer_reads_bac
   np.testing.assert_array_equal(whole, np.concatenate(halves))
   assert len({tuple(r) for r in whole}) > 10  # several templates are drawn
   made.tokenizer.save(str(tmp_path / "tokenizer.json"))
-  again = tokenize.load_tokenizer(str(tmp_path))
+  again = text_tokenizer.load_tokenizer(str(tmp_path))
   texts = [t for row in made.texts for t in row]
   np.testing.assert_array_equal(again.encode(texts, 12), made.tokenizer.encode(texts, 12))
 

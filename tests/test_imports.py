@@ -114,6 +114,23 @@ def test_no_package_imports_itself_back(graph):
   assert not _cycle(packages)
 
 
+@pytest.mark.parametrize(
+  "package, below",
+  [
+    ("vit_jax.data", "vit_jax.models"),  # the input pipeline does not know the model
+    ("vit_jax.weights", "vit_jax.run"),  # the run imports the weights
+  ],
+)
+def test_a_package_does_not_import_what_it_must_not_know(graph, package, below):
+  inside = lambda name, pkg: name == pkg or name.startswith(pkg + ".")  # noqa: E731
+  found = {
+    name: sorted(t for t in targets if inside(t, below))
+    for name, targets in graph.items()
+    if inside(name, package)
+  }
+  assert not {name: targets for name, targets in found.items() if targets}
+
+
 def test_a_cycle_is_found():
   assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
   assert _cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []

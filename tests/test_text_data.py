@@ -23,6 +23,7 @@ from tests import train_fixtures
 from tests.test_main import assert_resume_is_exact
 from vit_jax import errors, models, run
 from vit_jax.data import captions, dataset, free_text, pipeline
+from vit_jax.run import objectives
 from vit_jax.weights import sources
 
 N = 20  # examples per split: image k is grey level 10 * k
@@ -147,7 +148,7 @@ def _take(batches, steps: int) -> dict[str, np.ndarray]:
 def _check_guarantees(config, first_only: bool = False) -> None:
   """Exact resume, process-count independence, and each row's text one of its image's
   captions (every caption drawn over the epochs; the first in evaluation)."""
-  data = dataset.Dataset(dataset.Settings.from_config(config))
+  data = dataset.Dataset(objectives.data_settings(config))
   straight = _take(pipeline.local_train_batches(data, 4, 0, 0, 1), 20)  # 4 epochs
   resumed = _take(pipeline.local_train_batches(data, 4, 13, 0, 1), 2)
   halves = [_take(pipeline.local_train_batches(data, 2, 0, p, 2), 20) for p in (0, 1)]
@@ -178,7 +179,7 @@ def test_tfds_text_feature_keeps_the_guarantees(tmp_path, tokenizer_path):
   CaptionedTiny(data_dir=str(tmp_path)).download_and_prepare()
   config = _config("captioned_tiny", tokenizer_path, data_dir=str(tmp_path))
   _check_guarantees(config)
-  source = dataset.Dataset(dataset.Settings.from_config(config)).split("train[:3]")
+  source = dataset.Dataset(objectives.data_settings(config)).split("train[:3]")
   texts = source.read(0, 3)[2]  # through the records path: every caption of the example
   assert all(t in [tuple(_captions(k)) for k in range(N)] for t in texts)
 
@@ -217,7 +218,7 @@ def test_choose_picks_per_epoch_and_evaluation_takes_the_first():
 def test_bad_input_is_one_error_naming_it(tmp_path, tokenizer_path):
   def open_(name, **overrides):
     config = _config(name, tokenizer_path, **overrides)
-    return dataset.Dataset(dataset.Settings.from_config(config)).split("train")
+    return dataset.Dataset(objectives.data_settings(config)).split("train")
 
   os.makedirs(tmp_path / "a" / "train")
   _shard(tmp_path / "a" / "train" / "00000.tar", range(3), caption=lambda k: None if k else "x")

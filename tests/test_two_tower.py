@@ -154,3 +154,15 @@ def test_a_tiny_siglip_learns_to_pair_images_with_captions():
   assert np.mean(losses[-10:]) < 0.6 * np.mean(losses[:10])
   retrieval, zero_shot = accuracies(params)
   assert retrieval >= 0.9 and zero_shot >= 0.9
+
+
+def test_the_registry_says_which_configs_are_two_tower():
+  """`models.is_two_tower` answers for configs and settings alike, as `is_mixer` does."""
+  text = dict(width=16, depth=1, mlp_dim=32, num_heads=2, vocab_size=64, pool="gap")
+  config = models.two_tower_config(
+    models.get_model_config("testing"), text=text, text_len=8, embed_dim=16
+  )
+  assert models.is_two_tower(config) and models.is_two_tower(models.model_settings(config))
+  for name in ("testing", "Mixer-B_16", "BiT-R50x1"):
+    assert not models.is_two_tower(models.get_model_config(name))
+  assert models.image_settings(config) == models.model_settings(config).image

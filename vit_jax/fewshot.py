@@ -28,6 +28,7 @@ import ml_collections
 from absl import flags, logging
 
 from vit_jax import cli, data, errors, models, paths, sharding, weights
+from vit_jax.run import objectives
 from vit_jax.run.evaluators import fewshot as fewshot_lib
 from vit_jax.run.evaluators import ridge
 from vit_jax.weights import formats, hub, run_checkpoint, sources
@@ -128,7 +129,7 @@ def _from_run(
       f"{run.root}: leave --model out for a run's checkpoints."
     )
   run_config, _ = run_checkpoint.run_model_config(run)
-  settings = data.Settings.from_config(run_config)
+  settings = objectives.data_settings(run_config)
   data_dir = settings.data_dir
   if data_dir and "://" not in data_dir and not os.path.isdir(data_dir):
     # A read-only command builds nothing where a run's config.json points.

@@ -41,7 +41,7 @@ import jax
 import numpy as np
 from absl import flags, logging
 
-from vit_jax import errors, input_files, text_scores
+from vit_jax import errors, input_files, models, text_scores
 from vit_jax import model as model_lib
 from vit_jax.data import image_header
 from vit_jax.printable import printable
@@ -211,7 +211,7 @@ def predict(
   check_counts(k=k, batch=batch)
   files = image_files(inputs)  # before the model: a wrong path fails at once
   model = sources.load(checkpoint, model_name)
-  if texts or text_scores.is_two_tower(model):
+  if texts or models.is_two_tower(model.config):
     if not texts:
       raise errors.CommandLineError(
         f"{checkpoint!r} is an image-text model: pass --texts='a dog,a cat' (or "

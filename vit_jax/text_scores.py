@@ -18,14 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax import errors, models
-from vit_jax.models import image_text, two_tower
+from vit_jax.models import two_tower
 
 SIGMOID, SOFTMAX = "sigmoid", "softmax"
-
-
-def is_two_tower(loaded: Any) -> bool:
-  """Whether a `weights.LoadedModel` is an image-text (two-tower) model."""
-  return models.family_of(loaded.config).name == image_text.TWO_TOWER
 
 
 def texts_from(texts: str | None, texts_file: str | None) -> list[str]:
@@ -43,7 +38,7 @@ class TextScores:
   """[B, H, W, 3] model inputs -> [B, T] probabilities of ``texts`` (module docstring)."""
 
   def __init__(self, loaded: Any, texts: Sequence[str]):
-    if not is_two_tower(loaded):
+    if not models.is_two_tower(loaded.config):
       raise errors.CommandLineError(
         f"{loaded.source!r} is an image classifier, not an image-text model: texts score "
         "only with a two-tower checkpoint (a contrastive run, a SigLIP or CLIP folder)."

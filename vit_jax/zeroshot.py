@@ -22,7 +22,7 @@ from absl import flags, logging
 from vit_jax import cli, data, errors, paths, run, sharding
 from vit_jax.data import captions as captions_lib
 from vit_jax.data.dataset import Dataset
-from vit_jax.run import defaults
+from vit_jax.run import defaults, objectives
 from vit_jax.run.evaluators import zeroshot
 from vit_jax.weights import orbax_steps, run_checkpoint
 
@@ -56,7 +56,7 @@ def _parse(argv: Sequence[str]) -> dict[str, Any]:
   return values
 
 
-def _run_config(values: dict[str, Any]) -> tuple[Any, paths.RunPaths]:
+def _run_config(values: dict[str, Any]) -> tuple[Any, paths.RunPaths, data.CaptionSettings]:
   found = paths.RunPaths.containing(values["checkpoint"])
   if found is None:
     raise errors.CommandLineError(
@@ -67,21 +67,22 @@ def _run_config(values: dict[str, Any]) -> tuple[Any, paths.RunPaths]:
   base = defaults.get_config()
   for key in set(base) - set(config):  # added to the package after the run was made
     config[key] = base[key]
-  if config.get("objective") != "contrastive":
+  captions = objectives.entry(config.objective).data_needs(config).text
+  if captions is None:  # its objective trains on no texts
     raise errors.CommandLineError(
       f"The run in {found.root} trains {config.get('objective')!r}, not an image-text "
       "model: zero-shot needs a contrastive run (configs/siglip.py, configs/lit.py)."
     )
-  return config, found
+  return config, found, captions
 
 
 def _evaluate(values: dict[str, Any]) -> None:
-  config, found = _run_config(values)
+  config, found, captions = _run_config(values)
   run_names = found.read_class_names()
   if not run_names:
     raise errors.CheckpointError(f"{found.root} has no class_names.json: its captions' words.")
-  length = int(config.model.text_len)
-  tokenizer = captions_lib.Captions(run_names, config.contrastive.templates, length).tokenizer
+  length = captions.text_len
+  tokenizer = captions.load_tokenizer(run_names)  # the run's, as it was trained
   if values["dataset"] and values["dataset"] != config.dataset:
     config.dataset, config.num_classes = values["dataset"], None
     config.test_split = data.PRESETS[values["dataset"]].test_split if values[

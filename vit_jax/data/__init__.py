@@ -2,7 +2,8 @@
 
 Every source yields the same global batches, sharded over the mesh axis 'data'
 (``settings``: a `Settings`; `eval_iterator` and `dataset_info` also take a run config,
-read through `Settings.from_config`):
+read through `Settings.from_config`, which knows nothing of the objective: the settings
+with its captions are a run's ``spec.data``, or `vit_jax.run.objectives.data_settings`):
   train_iterator(settings, mesh, *, start_step=0) -> endless
       {'image': f32[B, crop, crop, 3] in [-1, 1], 'label': f32[B, K] one-hot}
       (with settings.randaug the images' uint8 values 0..255: the train step runs
@@ -25,7 +26,9 @@ from typing import Any
 
 # Public name -> the module that defines it.
 _WHERE = {
+  "CaptionSettings": "caption_settings",
   "DatasetInfo": "dataset",
+  "Needs": "dataset",
   "PRESETS": "presets",
   "Preset": "presets",
   "Settings": "dataset",

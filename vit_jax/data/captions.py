@@ -5,7 +5,7 @@ classes) becomes image-text data: each example's caption is one of a set of prom
 templates filled with its class's words ("a photo of the digit seven."). Nothing is
 downloaded: the tokenizer is a word-level `tokenizers` model whose vocabulary is every
 word of those captions, sorted (so it is the same on every machine and every process),
-and it writes a standard ``tokenizer.json`` that `tokenize.load_tokenizer` reads back.
+and it writes a standard ``tokenizer.json`` that `text_tokenizer.load_tokenizer` reads back.
 
 Which template an example gets is a hash of (seed, step, global row) in training and of
 the example's index in evaluation: the same on resume and for any process count, as the
@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from vit_jax import errors
-from vit_jax.data import tokenize
+from vit_jax.data import text_tokenizer
 
 # Prompt templates by name ('{}' is the class's words). 'digits': the captions the digits
 # are trained on. 'clip': the 7 ImageNet templates that CLIP's prompt-engineering notebook
@@ -73,7 +73,7 @@ def prompts(names: Sequence[str], templates: Sequence[str]) -> list[list[str]]:
   return [[t.format(w) for t in templates] for w in class_words(names)]
 
 
-class CaptionTokenizer(tokenize.HuggingFaceTokenizer):
+class CaptionTokenizer(text_tokenizer.HuggingFaceTokenizer):
   """A word-level tokenizer over the words of ``texts``: lowercased, split on spaces and
   punctuation, ids 0 (pad), 1 (unknown word), 2 (end, appended to every text), then the
   words in sorted order."""
@@ -94,7 +94,7 @@ class CaptionTokenizer(tokenize.HuggingFaceTokenizer):
     self.vocab_size, self.pad_id, self.unk_id = len(vocab), vocab[PAD], vocab[UNK]
 
   def save(self, path: str) -> None:
-    """Writes ``tokenizer.json`` (`tokenize.load_tokenizer` reads it)."""
+    """Writes ``tokenizer.json`` (`text_tokenizer.load_tokenizer` reads it)."""
     self._tokenizer.save(path)
 
 
@@ -118,7 +118,7 @@ class Captions:
     class_names: Sequence[str],
     templates: str,
     length: int,
-    tokenizer: tokenize.Tokenizer | None = None,
+    tokenizer: text_tokenizer.Tokenizer | None = None,
   ):
     self.templates = check_templates(templates)
     self.texts = prompts(class_names, self.templates)  # [K][T]

@@ -19,7 +19,7 @@ import math
 from typing import Any, Mapping, Optional
 
 from vit_jax import errors
-from vit_jax.models.settings import OFFICIAL_INPUT_MEAN, OFFICIAL_INPUT_STD
+from vit_jax.image_constants import OFFICIAL_INPUT_MEAN, OFFICIAL_INPUT_STD
 
 RGB = tuple[float, float, float]
 # Interpolation names (timm's) -> PIL's resample codes (transformers' ``resample``).
@@ -238,11 +238,16 @@ def _hw(value: Any, source: str) -> Optional[int | tuple[int, int]]:
   )
 
 
-def from_run_config(config: Mapping[str, Any]) -> DataConfig:
-  """A run's eval preprocessing: ``pp.crop`` and the model's mean/std, with the official
-  recipe unless ``pp`` sets crop_pct, crop_mode, interpolation or resizer (then PIL's
-  antialiased resize unless it says resizer='tf')."""
-  pp, model = config.get("pp") or {}, config.get("model") or {}
+def from_run_config(
+  config: Mapping[str, Any], model: Optional[Mapping[str, Any]] = None
+) -> DataConfig:
+  """A run's eval preprocessing: ``pp.crop`` and the mean/std of ``model`` (None:
+  ``config.model``; a two-tower run's image tower), with the official recipe unless ``pp``
+  sets crop_pct, crop_mode, interpolation or resizer (then PIL's antialiased resize unless
+  it says resizer='tf')."""
+  pp = config.get("pp") or {}
+  if model is None:
+    model = config.get("model") or {}
   mean = tuple(model.get("input_mean", OFFICIAL_INPUT_MEAN))
   std = tuple(model.get("input_std", OFFICIAL_INPUT_STD))
   crop = int(pp["crop"])

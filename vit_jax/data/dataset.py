@@ -2,29 +2,42 @@
 
 `config.dataset` is a tfds name ('cifar10', 'digits', ...), 'folder:/path/to/root' or
 'arrays:/path/data.npz' (in-memory arrays saved by `vit_jax.data.arrays.save_arrays`);
-with ``config.text.tokenizer`` set (free-text captions, `free_text`) a tfds name with a text
-feature ('coco_captions'), 'captions:/path/to/root' or 'wds:/path/to/shards'.
+with free-text captions (``config.text.tokenizer``, `caption_settings`, `free_text`) a tfds
+name with a text feature ('coco_captions'), 'captions:/path/to/root' or 'wds:/path/to/shards'.
 This module is the only place that reads the data keys of the config, so a missing or
-wrong key fails here, once, with the key's name.
+wrong key fails here, once, with the key's name. What the trained objective asks of the
+data (captions, the image model's normalisation) comes in as `Needs`: the objective's
+answer (`vit_jax.run.objectives`), never its name.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 import numpy as np
 
 from vit_jax import errors
 from vit_jax.data import data_config, presets
-from vit_jax.models.settings import OFFICIAL_INPUT_MEAN, OFFICIAL_INPUT_STD
+from vit_jax.data.caption_settings import CaptionSettings
+from vit_jax.image_constants import OFFICIAL_INPUT_MEAN, OFFICIAL_INPUT_STD
 
 if TYPE_CHECKING:
   from vit_jax.data.splits import SplitSource
 
 # Keys that may hold None: no local tfds dir, no manual-download dir, classes from the data.
 _OPTIONAL = ("data_dir", "manual_dir", "num_classes")
+
+
+@dataclasses.dataclass(frozen=True)
+class Needs:
+  """What a run's objective asks of its data (`vit_jax.run.objectives`): captions in the
+  batches ('text'; None: none) and the model config whose ``input_mean``/``input_std``
+  normalise the images (None: ``config.model``; a two-tower model's image tower)."""
+
+  text: Optional[CaptionSettings] = None
+  image_model: Optional[Mapping[str, Any]] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,18 +63,8 @@ class Settings:
   # The normalisation the model's weights expect (config.model.input_mean/input_std).
   input_mean: tuple[float, ...] = OFFICIAL_INPUT_MEAN
   input_std: tuple[float, ...] = OFFICIAL_INPUT_STD
-  # Captions from the labels (`captions`), for a two-tower model's contrastive run: the
-  # templates' name (config.contrastive.templates; None: no 'text' in the batches) and the
-  # tokens per caption (config.model.text_len).
-  templates: str | None = None
-  text_len: int = 0
-  # Free-text captions (`free_text`; config.text): the tokenizer's path (None: captions
-  # from the labels, as above), its SentencePiece end-token mode, and a tfds dataset's
-  # image and text features (text None: its one text feature).
-  tokenizer: str | None = None
-  text_eos: str = "none"
-  image_feature: str = "image"
-  text_feature: str | None = None
+  # The batches' captions ('text'), from the labels or the data's own (None: no 'text').
+  text: Optional[CaptionSettings] = None
   # The eval preprocessing where it is not the official recipe (a crop, another resize).
   eval_data: Optional[data_config.DataConfig] = None
 
@@ -102,9 +105,9 @@ class Settings:
     )
 
   @classmethod
-  def from_config(cls, config: Any) -> "Settings":
+  def from_config(cls, config: Any, needs: Needs = Needs()) -> "Settings":
     """Reads an ml_collections.ConfigDict; a missing key, or None where a value is
-    needed, fails with the key's name."""
+    needed, fails with the key's name. ``needs``: the objective's (`Needs`)."""
 
     def get(key: str, node: Any = config, prefix: str = "") -> Any:
       if key not in node or (node[key] is None and key not in _OPTIONAL):
@@ -116,20 +119,7 @@ class Settings:
       return node[key]
 
     pp = get("pp")
-    model = config.get("model") or {}
-    text = {}
-    if config.get("objective") == "contrastive":
-      text = dict(templates=str(config.contrastive.templates), text_len=int(model.text_len))
-      free = config.get("text") or {}  # absent from the config.json of older runs
-      if free.get("tokenizer"):
-        text.update(
-          templates=None,
-          tokenizer=str(free.tokenizer),
-          text_eos=str(free.get("eos", "none")),
-          image_feature=str(free.get("image_feature", "image")),
-          text_feature=free.get("text_feature"),
-        )
-      model = model.image  # the image tower's preprocessing
+    model = needs.image_model if needs.image_model is not None else config.get("model") or {}
     settings = cls(
       dataset=str(get("dataset")),
       data_dir=get("data_dir"),
@@ -151,7 +141,7 @@ class Settings:
       skip_corrupt_images=bool(get("skip_corrupt_images")),
       input_mean=tuple(model.get("input_mean", OFFICIAL_INPUT_MEAN)),
       input_std=tuple(model.get("input_std", OFFICIAL_INPUT_STD)),
-      **text,
+      text=needs.text,
     )
     for key in ("crop", "batch", "batch_eval", "shuffle_buffer"):
       if getattr(settings, key) <= 0:
@@ -165,7 +155,8 @@ class Settings:
         f"the usual value)."
       )
     # Read once the crop is known to be valid: the eval preprocessing is sized by it.
-    return dataclasses.replace(settings, eval_data=data_config.from_run_config(config))
+    eval_data = data_config.from_run_config(config, model)
+    return dataclasses.replace(settings, eval_data=eval_data)
 
 
 def _randaug(value: Any) -> tuple[int, float] | None:
@@ -228,9 +219,10 @@ class Dataset:
 
     self.settings = settings
     check_readable(settings.dataset)
-    self.tokenizer = None  # `tokenize.Tokenizer` of free-text captions
-    if settings.tokenizer is not None:
-      self._open_free_text(settings)
+    self.tokenizer = None  # `text_tokenizer.Tokenizer` of free-text captions
+    text = settings.text
+    if text is not None and text.tokenizer is not None:
+      self._open_free_text(settings, text)
       return
     if settings.dataset.startswith(arrays_lib.PREFIX):
       self._source = arrays_lib.ArrayDataset(settings.dataset[len(arrays_lib.PREFIX) :])
@@ -257,7 +249,7 @@ class Dataset:
         f"{settings.dataset!r} does not say how many classes it has; set config.num_classes."
       )
     self.captions = None  # `captions.Captions` where the batches carry 'text'
-    if settings.templates is not None:
+    if text is not None:
       from vit_jax.data import captions  # pylint: disable=g-import-not-at-top
 
       if not self.class_names:
@@ -265,14 +257,14 @@ class Dataset:
           f"{settings.dataset!r} does not name its classes, which its captions are made of: "
           "use a dataset with class names (a tfds ClassLabel, a folder of classes)."
         )
-      self.captions = captions.Captions(self.class_names, settings.templates, settings.text_len)
+      self.captions = captions.Captions(self.class_names, text.templates, text.text_len)
 
-  def _open_free_text(self, settings: Settings) -> None:
+  def _open_free_text(self, settings: Settings, text: CaptionSettings) -> None:
     """A source of images with their own captions (`free_text`), and its tokenizer."""
     # pylint: disable-next=g-import-not-at-top
-    from vit_jax.data import caption_folder, free_text, tar_shards, tfds_source
+    from vit_jax.data import caption_folder, tar_shards, tfds_source
 
-    self.tokenizer = free_text.load_tokenizer(settings.tokenizer, settings.text_eos)
+    self.tokenizer = text.load_tokenizer(None)
     name = settings.dataset
     if name.startswith(caption_folder.PREFIX):
       self._source = caption_folder.CaptionFolder(name[len(caption_folder.PREFIX) :])
@@ -284,13 +276,14 @@ class Dataset:
         name,
         settings.data_dir,
         settings.manual_dir,
-        text=(settings.image_feature, settings.text_feature),
+        text=(text.image_feature, text.text_feature),
       )
     self.class_names, self.num_classes, self.captions = None, 1, None  # no classes
 
   def tokenize(self, texts: np.ndarray) -> np.ndarray:
     """A batch's captions (bytes [B]) as int32 [B, text_len] ids."""
-    return self.tokenizer.encode([t.decode("utf-8") for t in texts], self.settings.text_len)
+    length = self.settings.text.text_len
+    return self.tokenizer.encode([t.decode("utf-8") for t in texts], length)
 
   def split(self, spec: str) -> SplitSource:
     return self._source.split(spec)

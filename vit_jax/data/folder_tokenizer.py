@@ -31,7 +31,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from vit_jax import errors, input_files
-from vit_jax.data import tokenize
+from vit_jax.data import text_tokenizer
 
 CONFIG = "tokenizer_config.json"
 SPIECE = "spiece.model"
@@ -52,7 +52,7 @@ def _token(value: Any) -> Optional[str]:
   return value if isinstance(value, str) else None
 
 
-class FolderTokenizer(tokenize.Tokenizer):
+class FolderTokenizer(text_tokenizer.Tokenizer):
   """A transformers folder's tokenizer (module docstring); ``eos_id`` is the end token's
   id (None: the tokenizer names none), ``pad_id`` the padding's."""
 
@@ -71,7 +71,7 @@ class FolderTokenizer(tokenize.Tokenizer):
     if self.tokenizer_class in SENTENCEPIECE_CLASSES:
       self._init_sentencepiece(os.path.join(directory, SPIECE))
     else:
-      self._init_tokenizers(os.path.join(directory, tokenize.HF_FILE))
+      self._init_tokenizers(os.path.join(directory, text_tokenizer.HF_FILE))
     self.eos_id = None if eos is None else self._id(eos)
     if pad is None:
       raise errors.CheckpointError(
@@ -91,7 +91,7 @@ class FolderTokenizer(tokenize.Tokenizer):
   def _init_tokenizers(self, path: str) -> None:
     import tokenizers  # pylint: disable=g-import-not-at-top
 
-    _exists(path, f"{self.tokenizer_class or 'this tokenizer'} reads {tokenize.HF_FILE}")
+    _exists(path, f"{self.tokenizer_class or 'this tokenizer'} reads {text_tokenizer.HF_FILE}")
     self._hf = tokenizers.Tokenizer.from_file(path)
     self._sp = None
     self.vocab_size = self._hf.get_vocab_size()

@@ -20,7 +20,7 @@ import numpy as np
 
 from vit_jax import errors
 from vit_jax.data import captions as captions_lib
-from vit_jax.data import folder_tokenizer, tokenize
+from vit_jax.data import folder_tokenizer, text_tokenizer
 from vit_jax.data import splits as splits_lib
 
 KEY = "config.text.tokenizer"
@@ -65,7 +65,7 @@ def captions_array(rows: list[tuple[str, ...]]) -> np.ndarray:
   return out
 
 
-def load_tokenizer(path: str | None, eos: str) -> tokenize.Tokenizer:
+def load_tokenizer(path: str | None, eos: str) -> text_tokenizer.Tokenizer:
   """The tokenizer ``config.text.tokenizer`` names (a folder, a ``.model`` or a
   ``tokenizer.json``); a missing one is one error naming the key. A transformers folder
   (with ``tokenizer_config.json``: a SigLIP, SigLIP 2 or CLIP checkpoint) gives the ids
@@ -78,7 +78,7 @@ def load_tokenizer(path: str | None, eos: str) -> tokenize.Tokenizer:
   try:
     if os.path.isfile(os.path.join(path, folder_tokenizer.CONFIG)):
       return folder_tokenizer.read_folder_tokenizer(path)
-    return tokenize.load_tokenizer(path, eos)
+    return text_tokenizer.load_tokenizer(path, eos)
   except errors.UserError as e:
     raise type(e)(f"{KEY}={path!r}: {e}") from None
 

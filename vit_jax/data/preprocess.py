@@ -27,8 +27,7 @@ import tensorflow as tf
 from vit_jax import errors
 from vit_jax.data import eval_images
 from vit_jax.data.data_config import DataConfig
-from vit_jax.models.settings import OFFICIAL_INPUT_MEAN as OFFICIAL_MEAN
-from vit_jax.models.settings import OFFICIAL_INPUT_STD as OFFICIAL_STD
+from vit_jax.image_constants import OFFICIAL_INPUT_MEAN, OFFICIAL_INPUT_STD
 
 # Aspect ratios (width / height) of the inception crop, as in Szegedy et al. (2015).
 CROP_ASPECT_RANGE = (3.0 / 4.0, 4.0 / 3.0)
@@ -94,10 +93,12 @@ def resize(image: tf.Tensor, crop: int) -> tf.Tensor:
   return tf.image.resize(image, [crop, crop], method="bilinear")
 
 
-def normalize(image: tf.Tensor, mean: RGB = OFFICIAL_MEAN, std: RGB = OFFICIAL_STD) -> tf.Tensor:
+def normalize(
+  image: tf.Tensor, mean: RGB = OFFICIAL_INPUT_MEAN, std: RGB = OFFICIAL_INPUT_STD
+) -> tf.Tensor:
   """float32 in 0..255 -> (x - 127.5) / 127.5, clipped to [-1, 1] exactly; with another
   ``mean``/``std`` (per RGB channel, 0..1 scale) -> (x / 255 - mean) / std."""
-  if tuple(mean) == OFFICIAL_MEAN and tuple(std) == OFFICIAL_STD:
+  if tuple(mean) == OFFICIAL_INPUT_MEAN and tuple(std) == OFFICIAL_INPUT_STD:
     image = (tf.cast(image, tf.float32) - 127.5) / 127.5
     return tf.clip_by_value(image, -1.0, 1.0)
   scaled = tf.cast(image, tf.float32) / 255.0
@@ -127,8 +128,8 @@ def train_image(
   seed: tf.Tensor,
   *,
   randaug: tuple[int, float] | None,
-  mean: RGB = OFFICIAL_MEAN,
-  std: RGB = OFFICIAL_STD,
+  mean: RGB = OFFICIAL_INPUT_MEAN,
+  std: RGB = OFFICIAL_INPUT_STD,
   **crop_options,
 ) -> tf.Tensor:
   """Encoded bytes -> float32 [crop, crop, 3], randomly cropped and flipped (train_crop,

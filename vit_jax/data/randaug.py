@@ -39,7 +39,7 @@ import numpy as np
 
 from vit_jax.aliases import Batch
 from vit_jax.data import randaug_ops as ops
-from vit_jax.models.settings import OFFICIAL_INPUT_MEAN, OFFICIAL_INPUT_STD
+from vit_jax.image_constants import OFFICIAL_INPUT_MEAN, OFFICIAL_INPUT_STD
 
 RNG_TAG = 0x726175  # 'rau': folded into the step's key for RandAugment's draws
 _MAX_LEVEL = 10.0  # The magnitude at which each op reaches its reference strength.

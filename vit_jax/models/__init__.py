@@ -19,6 +19,7 @@ from vit_jax.models.families import (
   image_settings,
   is_bit,
   is_mixer,
+  is_two_tower,
   model_settings,
 )
 from vit_jax.models.heads import CLASSIFIERS
@@ -74,6 +75,7 @@ __all__ = [
   "get_model_config",
   "is_bit",
   "is_mixer",
+  "is_two_tower",
   "model_settings",
   "resize_grid",
   "sincos_2d",

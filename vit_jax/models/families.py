@@ -3,9 +3,9 @@
 A `Family` holds what the rest of the package needs of a family: its settings class, its
 builder, its analytic FLOPs and activation bound, and the reader of its parameter shapes.
 The run, the plan, the weights readers and the export ask `family_of` (a config or
-settings) or `family_of_shapes` (a parameter tree) instead of testing for a family by
-hand. A new family (a two-tower image-text model, say) is a module of its own and one
-record in `FAMILIES`.
+settings), `family_of_shapes` (a parameter tree) or `is_mixer`, `is_bit`, `is_two_tower`
+instead of testing for a family by hand. A new family is a module of its own and one record
+in `FAMILIES`.
 """
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ def image_settings(config: Any) -> Settings:
   """The image model's settings of a model config: a two-tower model's image tower, any
   other model itself."""
   settings = model_settings(config)
-  return settings.image if isinstance(settings, TwoTowerSettings) else settings
+  return settings.image if is_two_tower(settings) else settings
 
 
 def is_mixer(config: Any) -> bool:
@@ -174,3 +174,9 @@ def is_mixer(config: Any) -> bool:
 def is_bit(config: Any) -> bool:
   """Whether a model config (or settings) describes a BiT ResNet."""
   return family_of(config) is BIT
+
+
+def is_two_tower(config: Any) -> bool:
+  """Whether a model config (or settings) describes a two-tower image-text model (a text
+  tower beside the image model: contrastive runs, SigLIP, CLIP, LiT)."""
+  return family_of(config) is TWO_TOWER

@@ -23,12 +23,10 @@ from typing import Any, Optional
 import jax.numpy as jnp
 
 from vit_jax import errors
+from vit_jax.image_constants import OFFICIAL_INPUT_MEAN, OFFICIAL_INPUT_STD
 from vit_jax.models import bit, execution, layers, mixer, options
 from vit_jax.models import posemb as posemb_lib
 from vit_jax.models import rope as rope_lib
-
-# The inputs the official weights expect: pixels in [0, 1] mapped to [-1, 1], per RGB.
-OFFICIAL_INPUT_MEAN = OFFICIAL_INPUT_STD = (0.5, 0.5, 0.5)
 
 
 def _read(node: Any, key: str, where: str) -> Any:

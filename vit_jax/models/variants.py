@@ -29,7 +29,7 @@ from typing import Callable, Optional, Sequence
 
 import ml_collections
 
-from vit_jax import errors
+from vit_jax import errors, image_constants
 from vit_jax.models import bit, mixer, settings
 
 
@@ -133,8 +133,8 @@ def _bit(name: str, units: Sequence[int], width_factor: int) -> ml_collections.C
     {"num_layers": tuple(units), "width_factor": width_factor}
   )
   config.head_bias_init = 0.0
-  config.input_mean = settings.OFFICIAL_INPUT_MEAN
-  config.input_std = settings.OFFICIAL_INPUT_STD
+  config.input_mean = image_constants.OFFICIAL_INPUT_MEAN
+  config.input_std = image_constants.OFFICIAL_INPUT_STD
   config.scan = False  # units of different shapes are never scanned; present for the checks
   config.remat = False
   config.remat_policy = ml_collections.FieldReference(None, field_type=str)

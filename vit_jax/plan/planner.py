@@ -18,9 +18,8 @@ from typing import Any, Callable, Optional
 import ml_collections
 from absl import logging
 
+from vit_jax import models, sharding
 from vit_jax import run as run_lib
-from vit_jax import sharding
-from vit_jax.models.image_text import TwoTowerSettings
 from vit_jax.plan import gpu_topology, hlo, report
 from vit_jax.plan.report import gib
 from vit_jax.plan.topology import AnyTopology
@@ -108,7 +107,7 @@ def _towers(spec: Any, steps: Any) -> str:
   """A two-tower run in words: the text tower, the shared width, the loss and whether the
   image tower is locked (no gradient, no optimizer state); '' for any other model."""
   model = spec.model
-  if not isinstance(model, TwoTowerSettings):
+  if not models.is_two_tower(model):
     return ""
   text = model.text
   locked = getattr(steps.objective, "frozen", ())
@@ -222,7 +221,7 @@ def make_plan(config: ml_collections.ConfigDict, topology: AnyTopology) -> Plan:
     run_exaflops_xla=totals.exaflops_xla,
     memory_note=topology.memory_note,
     interconnect=chip.interconnect,
-    example="image-text pair" if isinstance(spec.model, TwoTowerSettings) else "image",
+    example="image-text pair" if models.is_two_tower(spec.model) else "image",
     towers=_towers(spec, steps),
   )
 

@@ -13,6 +13,7 @@ from typing import Any
 import ml_collections
 
 from vit_jax import errors, models
+from vit_jax.data import caption_settings
 from vit_jax.run.evaluators import fewshot, ridge
 
 
@@ -53,12 +54,15 @@ def get_config() -> ml_collections.ConfigDict:
   config.contrastive = ml_collections.ConfigDict(
     dict(loss="sigmoid", lock_image=False, templates="digits", cache_image_features=False)
   )
-  # Image-text data with its own captions (vit_jax.data.free_text; a contrastive run):
-  # tokenizer: the text tower's (a folder, a SentencePiece .model or a tokenizer.json;
-  # None: captions made from the labels with config.contrastive.templates), eos: a
-  # SentencePiece model's end token ('none', 'yes', 'sticky'), and a tfds dataset's image
-  # and text features (text None: its 'captions/text', 'caption', 'captions' or 'text').
-  config.text = ml_collections.ConfigDict(dict(eos="none", image_feature="image"))
+  # Image-text data with its own captions (vit_jax.data.free_text; a contrastive run; the
+  # rule: vit_jax.data.caption_settings): tokenizer: the text tower's (a folder, a
+  # SentencePiece .model or a tokenizer.json; None: captions made from the labels with
+  # config.contrastive.templates), eos: a SentencePiece model's end token ('none', 'yes',
+  # 'sticky'), and a tfds dataset's image and text features (text None: its
+  # 'captions/text', 'caption', 'captions' or 'text').
+  config.text = ml_collections.ConfigDict(
+    dict(eos=caption_settings.DEFAULT_EOS, image_feature=caption_settings.DEFAULT_IMAGE_FEATURE)
+  )
   config.text.tokenizer = ml_collections.FieldReference(None, field_type=str)
   config.text.text_feature = ml_collections.FieldReference(None, field_type=str)
 

@@ -26,7 +26,6 @@ from vit_jax.models.settings import Settings
 from vit_jax.run import (
   defaults,
   evaluators,
-  feature_cache,
   losses,
   memory_fit,
   objectives,
@@ -36,7 +35,6 @@ from vit_jax.run import (
 from vit_jax.run import spec as spec_lib
 from vit_jax.run import steps as steps_lib
 from vit_jax.run.mixup import MixupSettings
-from vit_jax.run.objectives import contrastive
 from vit_jax.run.optim import OptimizerSettings
 
 # Loop settings: the smallest value each may take.
@@ -58,15 +56,7 @@ def _loop(config: ml_collections.ConfigDict) -> spec_lib.LoopSettings:
 
 
 def _objective(config: ml_collections.ConfigDict) -> spec_lib.ObjectiveSettings:
-  objectives.check_name(config.objective)
-  if config.objective == "contrastive":
-    contrastive.check_options(config.contrastive)
-    if config.contrastive.lock_image and not config.pretrained:
-      raise errors.ConfigError(
-        "config.contrastive.lock_image=True keeps the image tower as it starts, but "
-        "config.pretrained names no weights for it: set config.pretrained (LiT) or "
-        "config.contrastive.lock_image=False."
-      )
+  objectives.entry(config.objective).check(config)
   losses.check_loss(config.loss)
   losses.check_label_smoothing(config.label_smoothing)
   options = config.get(config.objective, ml_collections.ConfigDict())
@@ -80,7 +70,7 @@ def _objective(config: ml_collections.ConfigDict) -> spec_lib.ObjectiveSettings:
 
 def _mixup(config: ml_collections.ConfigDict) -> MixupSettings:
   settings = MixupSettings.from_config(config)
-  if settings.p and config.objective != "classification":
+  if settings.p and not objectives.entry(config.objective).trains_on_labels:
     raise errors.ConfigError(
       f"config.mixup.p={settings.p} mixes images and labels, which "
       f"config.objective={config.objective!r} does not train on: set config.mixup.p=0."
@@ -120,14 +110,14 @@ def _accum_steps(config: ml_collections.ConfigDict, batch: int, data_size: int) 
 
 
 def _num_classes(
-  config: ml_collections.ConfigDict, data_settings: DataSettings, open_data: bool
+  config: ml_collections.ConfigDict, data_settings: DataSettings, info: Optional[data.DatasetInfo]
 ) -> tuple[int, Optional[int], Optional[tuple[str, ...]]]:
-  """(classes, train examples, class names): from the data (which rejects a contradicting
-  config.num_classes), or config.num_classes alone when the data is not opened."""
-  if open_data:
-    info = data.dataset_info(data_settings)
+  """(classes, train examples, class names): from the data's ``info`` (the data rejects a
+  contradicting config.num_classes), or config.num_classes alone when the data is not
+  opened (``info`` None)."""
+  if info is not None:
     names = tuple(info.class_names) if info.class_names else None
-    _check_data_size(config, data_settings, info.num_classes, info.num_train)
+    _check_data_size(config, data_settings, info.num_train)
     return info.num_classes, info.num_train, names
   if not config.num_classes:
     raise errors.ConfigError(
@@ -138,46 +128,15 @@ def _num_classes(
 
 
 def _check_data_size(
-  config: ml_collections.ConfigDict, settings: DataSettings, num_classes: int, num_train: int
+  config: ml_collections.ConfigDict, settings: DataSettings, num_train: int
 ) -> None:
-  """A train split that fills no global batch, or a classification with one class (its
-  loss is 0 from the start), cannot train: refused before anything is written."""
+  """A train split that fills no global batch cannot train: refused before anything is
+  written (what the objective needs of the data: its ``check_data``)."""
   if config.total_steps and num_train < settings.batch:
     raise errors.ConfigError(
       f"config.train_split={settings.train_split!r} of {settings.dataset!r} has {num_train} "
       f"examples, fewer than config.batch={settings.batch}: use a larger split or a "
       "smaller config.batch."
-    )
-  if config.objective == "classification" and num_classes < 2:
-    raise errors.ConfigError(
-      f"config.dataset={settings.dataset!r} has {num_classes} class: a classifier needs at "
-      "least 2 (add a class, or check config.train_split)."
-    )
-
-
-def _check_vocabulary(model: Any, class_names: tuple[str, ...], settings: DataSettings) -> None:
-  """The captions' tokenizer fits the text tower's vocabulary."""
-  from vit_jax.data import captions  # pylint: disable=g-import-not-at-top
-
-  words = captions.Captions(class_names, settings.templates, settings.text_len).tokenizer
-  if words.vocab_size > model.text.vocab_size:
-    raise errors.ConfigError(
-      f"config.model.text.vocab_size={model.text.vocab_size} is smaller than the "
-      f"{words.vocab_size} words of {settings.dataset!r}'s captions: set "
-      f"config.model.text.vocab_size={words.vocab_size} or more."
-    )
-
-
-def _check_tokenizer(model: Any, settings: DataSettings) -> None:
-  """The free-text captions' tokenizer (config.text.tokenizer) fits the text tower."""
-  from vit_jax.data import free_text  # pylint: disable=g-import-not-at-top
-
-  tokenizer = free_text.load_tokenizer(settings.tokenizer, settings.text_eos)
-  if tokenizer.vocab_size > model.text.vocab_size:
-    raise errors.ConfigError(
-      f"{free_text.KEY}={settings.tokenizer!r} has {tokenizer.vocab_size} tokens, more than "
-      f"config.model.text.vocab_size={model.text.vocab_size}: set it to "
-      f"{tokenizer.vocab_size} or more."
     )
 
 
@@ -278,7 +237,7 @@ def resolve(
   loop = _loop(config)
   objective = _objective(config)
   optimizer = OptimizerSettings.from_config(config)
-  data_settings = DataSettings.from_config(config)
+  data_settings = objectives.data_settings(config)
   _check_crop(models.image_settings(model), data_settings.crop)
   sharding.logical_rules(config.partitioning)  # an unknown strategy fails by name
   evaluator_settings = evaluators.read_settings(config)
@@ -290,13 +249,9 @@ def resolve(
   data.local_batch_size(data_settings.batch, mesh, "batch", processes)
   data.local_batch_size(data_settings.batch_eval, mesh, "batch_eval", processes)
   accum_steps = _accum_steps(config, data_settings.batch, mesh.shape[sharding.DATA_AXIS])
-  num_classes, num_train, class_names = _num_classes(config, data_settings, open_data)
-  if data_settings.templates is not None and class_names:
-    _check_vocabulary(model, class_names, data_settings)
-  if data_settings.tokenizer is not None and open_data:
-    _check_tokenizer(model, data_settings)
-  if config.objective == "contrastive":
-    feature_cache.check(config.contrastive, data_settings)
+  info = data.dataset_info(data_settings) if open_data else None
+  num_classes, num_train, class_names = _num_classes(config, data_settings, info)
+  objectives.entry(config.objective).check_data(config, model, data_settings, info)
   spec = spec_lib.RunSpec(
     model=model,
     num_classes=num_classes,

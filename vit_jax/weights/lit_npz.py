@@ -25,7 +25,7 @@ from flax import traverse_util
 
 from vit_jax import errors, models
 from vit_jax.aliases import Params
-from vit_jax.data import tokenize
+from vit_jax.data import text_tokenizer
 from vit_jax.weights import architecture, npz
 
 _BLOCK = "txt/Encoder_0/encoderblock_"
@@ -87,7 +87,7 @@ def read(params: Params, source: str) -> tuple[ml_collections.ConfigDict, Params
   return config, ours
 
 
-def read_tokenizer(path: str) -> Optional[tokenize.Tokenizer]:
+def read_tokenizer(path: str) -> Optional[text_tokenizer.Tokenizer]:
   """The vocabulary beside LiT `.npz` ``path`` (``<stem>.model``) as models_lit tokenizes
   (the end token appended, kept last, and the padding); None when there is none."""
   vocab = os.path.splitext(path)[0] + ".model"
@@ -95,7 +95,7 @@ def read_tokenizer(path: str) -> Optional[tokenize.Tokenizer]:
     return None
   import sentencepiece  # pylint: disable=g-import-not-at-top
 
-  tokenizer = tokenize.load_tokenizer(vocab, eos="sticky")
+  tokenizer = text_tokenizer.load_tokenizer(vocab, eos="sticky")
   # models_lit pads with the end token
   tokenizer.pad_id = sentencepiece.SentencePieceProcessor(model_file=vocab).eos_id()
   return tokenizer

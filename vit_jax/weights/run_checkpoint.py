@@ -11,7 +11,7 @@ from typing import Any, Optional
 import flax.linen as nn
 import ml_collections
 
-from vit_jax import errors
+from vit_jax import errors, models
 from vit_jax.aliases import Params
 from vit_jax.paths import CONFIG_FILE, RunPaths, as_path
 from vit_jax.weights import npz, orbax_steps
@@ -44,23 +44,14 @@ def read(
 
 
 def run_tokenizer(run_config: ml_collections.ConfigDict, names: Optional[list[str]]) -> Any:
-  """A contrastive run's tokenizer: the one its data's own captions were read with
-  (``config.text.tokenizer``), else the word tokenizer of its captions made from labels
-  (its class names in its templates, `data.captions`), rebuilt as the run built it; None
-  for other runs."""
-  if run_config.get("objective") != "contrastive":
-    return None
-  text = run_config.get("text") or {}
-  if text.get("tokenizer"):
-    from vit_jax.data import free_text  # pylint: disable=g-import-not-at-top
+  """The tokenizer of a two-tower run's captions, as the run read them (the one rule,
+  `data.caption_settings`): its data's own captions' (``config.text.tokenizer``), else the
+  word tokenizer of its class names in its templates; None for an image model."""
+  from vit_jax.data import caption_settings  # pylint: disable=g-import-not-at-top
 
-    return free_text.load_tokenizer(text["tokenizer"], text.get("eos", "none"))
-  if not names:
+  if not models.is_two_tower(run_config.model):
     return None
-  from vit_jax.data import captions  # pylint: disable=g-import-not-at-top
-
-  templates = run_config.contrastive.templates
-  return captions.Captions(names, templates, int(run_config.model.text_len)).tokenizer
+  return caption_settings.CaptionSettings.from_config(run_config).load_tokenizer(names)
 
 
 def run_model_config(run: RunPaths) -> tuple[ml_collections.ConfigDict, int]:

@@ -61,7 +61,7 @@ class LoadedModel:
   # How the source prepares its inputs; None: the official recipe at image_size with the
   # model config's mean and std (what every source meant before it was read).
   data_config: Optional[data_config_lib.DataConfig] = None
-  # An image-text model's tokenizer (`vit_jax.data.tokenize.Tokenizer`): texts -> the ids
+  # An image-text model's tokenizer (`vit_jax.data.text_tokenizer.Tokenizer`): texts -> the ids
   # its text tower reads; None for image models.
   tokenizer: Optional[Any] = None
 

@@ -122,8 +122,9 @@ class Retrieval:
 def build(steps: Any) -> ZeroShot | Retrieval | None:
   """None unless the run trains a two-tower model on captioned data: zero-shot and
   retrieval with captions made from labels, retrieval alone with the data's own."""
-  if getattr(steps.objective, "text_len", None) is None:
+  text = steps.spec.data.text
+  if getattr(steps.objective, "text_len", None) is None or text is None:
     return None
-  if steps.spec.data.tokenizer is not None:
+  if text.tokenizer is not None:
     return Retrieval(steps)
-  return ZeroShot(steps) if steps.spec.data.templates is not None else None
+  return ZeroShot(steps) if text.templates is not None else None

@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
 
+from vit_jax import errors
 from vit_jax.aliases import Batch
+from vit_jax.data.dataset import DatasetInfo
+from vit_jax.data.dataset import Settings as DataSettings
 from vit_jax.models import VisionTransformer
 from vit_jax.run import losses
+
+
+def check_data(config: Any, model: Any, data: DataSettings, info: Optional[DatasetInfo]) -> None:
+  """A dataset of one class cannot train a classifier (its loss is 0 from the start)."""
+  del config, model
+  if info is not None and info.num_classes < 2:
+    raise errors.ConfigError(
+      f"config.dataset={data.dataset!r} has {info.num_classes} class: a classifier needs at "
+      "least 2 (add a class, or check config.train_split)."
+    )
 
 
 class Classification:

@@ -22,10 +22,14 @@ import ml_collections
 
 from vit_jax import errors, sharding
 from vit_jax.aliases import Batch
-from vit_jax.models import create_model, family_of, image_text, model_settings
-from vit_jax.models.image_text import IMAGE, TwoTowerSettings
+from vit_jax.data.caption_settings import CaptionSettings
+from vit_jax.data.dataset import DatasetInfo, Needs
+from vit_jax.data.dataset import Settings as DataSettings
+from vit_jax.models import create_model, family_of, image_text, is_two_tower, model_settings
+from vit_jax.models.image_text import IMAGE
 from vit_jax.models.two_tower import LOSS_INIT
 from vit_jax.run import contrastive as losses
+from vit_jax.run import feature_cache
 
 LOSSES = tuple(LOSS_INIT)
 
@@ -38,9 +42,61 @@ def check_options(options: Any) -> None:
     )
 
 
+def _check_model(model: Any) -> None:
+  """The model (a config or settings) is a two-tower one."""
+  if not is_two_tower(model):
+    raise errors.ConfigError(
+      "config.objective='contrastive' trains a two-tower model: set config.model to "
+      "vit_jax.models.two_tower_config(...) (configs/siglip.py)."
+    )
+
+
+def check(config: ml_collections.ConfigDict) -> None:
+  """A run config when it is resolved: a two-tower model, ``config.contrastive``'s loss,
+  and a locked image tower that starts from weights."""
+  _check_model(config.model)
+  check_options(config.contrastive)
+  if config.contrastive.lock_image and not config.pretrained:
+    raise errors.ConfigError(
+      "config.contrastive.lock_image=True keeps the image tower as it starts, but "
+      "config.pretrained names no weights for it: set config.pretrained (LiT) or "
+      "config.contrastive.lock_image=False."
+    )
+
+
+def data_needs(config: ml_collections.ConfigDict) -> Needs:
+  """Captions (`CaptionSettings.from_config`: the data's own or made from the labels), and
+  images prepared as the image tower expects."""
+  return Needs(text=CaptionSettings.from_config(config), image_model=config.model.image)
+
+
+def check_data(
+  config: ml_collections.ConfigDict,
+  model: Any,
+  data: DataSettings,
+  info: Optional[DatasetInfo],
+) -> None:
+  """The captions' tokenizer fits the text tower's vocabulary (once the data is read), and
+  cached image features have one image per example."""
+  text = data.text
+  tokenizer = text.load_tokenizer(info.class_names) if info is not None else None
+  if tokenizer is not None and tokenizer.vocab_size > model.text.vocab_size:
+    size, have = tokenizer.vocab_size, model.text.vocab_size
+    if text.tokenizer is not None:  # free text (`data.free_text`)
+      raise errors.ConfigError(
+        f"config.text.tokenizer={text.tokenizer!r} has {size} tokens, more than "
+        f"config.model.text.vocab_size={have}: set it to {size} or more."
+      )
+    raise errors.ConfigError(
+      f"config.model.text.vocab_size={have} is smaller than the {size} words of "
+      f"{data.dataset!r}'s captions: set config.model.text.vocab_size={size} or more."
+    )
+  feature_cache.check(config.contrastive, data)
+
+
 class Contrastive:
-  """The contrastive objective of a `TwoTowerSettings` model; ``mesh``: the run's (None:
-  the loss over the whole batch at once)."""
+  """The contrastive objective of a two-tower model (`models.is_two_tower`); ``mesh``: the
+  run's (None: the loss over the whole batch at once)."""
 
   def __init__(
     self,
@@ -49,11 +105,7 @@ class Contrastive:
     mesh: Optional[jax.sharding.Mesh] = None,
   ):
     settings = model_settings(model_config)
-    if not isinstance(settings, TwoTowerSettings):
-      raise errors.ConfigError(
-        "config.objective='contrastive' trains a two-tower model: set config.model to "
-        "vit_jax.models.two_tower_config(...) (configs/siglip.py)."
-      )
+    _check_model(settings)
     check_options(options)
     if options.loss == "sigmoid" and settings.bias_init is None:
       raise errors.ConfigError(
@@ -87,8 +139,6 @@ class Contrastive:
     batches keep their images)."""
     if not self.cache_features:
       return None
-    from vit_jax.run import feature_cache  # pylint: disable=g-import-not-at-top
-
     return feature_cache.FeatureCache(self.model.img, params[IMAGE], num_examples)
 
   def init(self, rng: jax.Array, images: jax.Array) -> Any:

@@ -34,6 +34,14 @@ def _check_target(target: str) -> None:
     raise errors.ConfigError(f"Unknown config.mpp.target={target!r}; choose one of {TARGETS}.")
 
 
+def check(config: Any) -> None:
+  """``config.mpp``'s target, by name, when the run is resolved (a config without the
+  section is refused when the objective is built)."""
+  options = config.get("mpp")
+  if options is not None:
+    _check_target(options.get("target"))
+
+
 def _patches(images: jax.Array, patch: tuple[int, int], cells: int) -> jax.Array:
   """[B, H, W, C] -> [B, N, cells * cells, ph / cells * pw / cells, C], patches row-major."""
   b, h, w, c = images.shape
@@ -107,6 +115,11 @@ class MaskedPatchPrediction:
   """
 
   def __init__(self, model_config: ModelSettings, options: ml_collections.ConfigDict):
+    if not options:
+      raise errors.ConfigError(
+        "config.objective='mpp' reads config.mpp (target, corrupt_rate, mask, random), "
+        "which the config lacks: start from configs/mpp.py."
+      )
     mc = options
     _check_target(mc.target)
     self.encoder = create_model(model_config, num_classes=None)

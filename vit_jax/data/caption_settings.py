@@ -1,0 +1,65 @@
+"""Where a two-tower run's captions come from and the tokenizer that reads them, stated once.
+
+`CaptionSettings.from_config(config)` is the rule: with ``config.text.tokenizer`` set, the
+data's own captions (`free_text`), read with that tokenizer and ``config.text.eos``;
+otherwise captions made from the class names in ``config.contrastive.templates``
+(`captions`), read with the word tokenizer built from them. Both have
+``config.model.text_len`` tokens. The input pipeline (through the objective's data needs,
+`dataset.Needs`) and the loader of a finished run (`weights.sources`) both call it, so a
+run is read back with the tokenizer it trained with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+if TYPE_CHECKING:
+  from vit_jax.data.text_tokenizer import Tokenizer
+
+# config.text.eos of `vit_jax.run.defaults` (and of a config.json written before the key):
+# a SentencePiece model's encoder adds no end token.
+DEFAULT_EOS = "none"
+DEFAULT_IMAGE_FEATURE = "image"  # config.text.image_feature: a tfds dataset's image feature
+
+
+@dataclasses.dataclass(frozen=True)
+class CaptionSettings:
+  """The captions of a run's batches ('text': int32 [B, text_len])."""
+
+  text_len: int  # tokens per caption (config.model.text_len)
+  templates: Optional[str] = None  # captions from the labels; None: the data's own
+  tokenizer: Optional[str] = None  # the data's own captions' tokenizer (a path)
+  eos: str = DEFAULT_EOS  # a SentencePiece model's end-token mode
+  image_feature: str = DEFAULT_IMAGE_FEATURE  # a tfds dataset's features (text None: its
+  text_feature: Optional[str] = None  # one text feature, `tfds_source`)
+
+  @classmethod
+  def from_config(cls, config: Any) -> "CaptionSettings":
+    """The captions of a run config (a ConfigDict, or a run's saved config.json)."""
+    text_len = int(config["model"]["text_len"])
+    free = config.get("text") or {}  # absent from the config.json of older runs
+    if not free.get("tokenizer"):
+      return cls(text_len, templates=str(config["contrastive"]["templates"]))
+    return cls(
+      text_len,
+      tokenizer=str(free["tokenizer"]),
+      eos=str(free.get("eos", DEFAULT_EOS)),
+      image_feature=str(free.get("image_feature", DEFAULT_IMAGE_FEATURE)),
+      text_feature=free.get("text_feature"),
+    )
+
+  def load_tokenizer(self, class_names: Optional[Sequence[str]]) -> Optional[Tokenizer]:
+    """The tokenizer of these captions: the data's own captions' (`free_text.load_tokenizer`),
+    else the word tokenizer of ``class_names`` in the templates, built as the run built it
+    (None without class names)."""
+    # pylint: disable=g-import-not-at-top  (a tokenizer library, only where one is read)
+    if self.tokenizer is not None:
+      from vit_jax.data import free_text
+
+      return free_text.load_tokenizer(self.tokenizer, self.eos)
+    if not class_names:
+      return None
+    from vit_jax.data import captions
+
+    return captions.Captions(class_names, self.templates, self.text_len).tokenizer
