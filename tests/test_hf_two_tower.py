@@ -16,7 +16,7 @@ from tests import hf_text_fixtures as fx
 from vit_jax import errors
 from vit_jax.data import free_text
 from vit_jax.models import two_tower
-from vit_jax.weights import sources
+from vit_jax.weights import npz, sources
 
 pytest.importorskip("transformers")
 pytest.importorskip("sentencepiece")
@@ -58,14 +58,14 @@ def test_siglip2_positions_resample_as_transformers_at_another_grid():
   import torch  # pylint: disable=g-import-not-at-top
   from transformers.models.siglip2 import modeling_siglip2  # pylint: disable=g-import-not-at-top
 
-  from vit_jax.weights import hf_two_tower  # pylint: disable=g-import-not-at-top
+  from vit_jax.weights.hf import two_tower_table  # pylint: disable=g-import-not-at-top
 
   table = np.random.default_rng(0).normal(size=(16, 5)).astype(np.float32)  # a 4x4 grid
   for grid in ((4, 4), (6, 6), (3, 3)):
     expected = modeling_siglip2.Siglip2VisionEmbeddings.resize_positional_embeddings(
       torch.from_numpy(table.reshape(4, 4, 5)), torch.tensor([grid]), grid[0] * grid[1]
     )[0].numpy()
-    np.testing.assert_allclose(hf_two_tower.naflex_positions(table, grid), expected, atol=1e-6)
+    np.testing.assert_allclose(two_tower_table.naflex_positions(table, grid), expected, atol=1e-6)
 
 
 def _copy(src: str, dst: str, drop: tuple[str, ...] = ()) -> str:
@@ -105,7 +105,7 @@ def test_export_back_gives_transformers_the_same_logits(hf_folder, tmp_path):
   )
   # npz: the whole model, its tokenizer files beside it, read back the same.
   npz_out = writers.save(loaded, "npz", tmp_path / "npz", class_names=None, image_size=(16, 16))
-  again = sources.load(os.path.join(npz_out, writers.NPZ_FILE))
+  again = sources.load(os.path.join(npz_out, npz.EXPORT_FILE))
   np.testing.assert_array_equal(
     our_logits(again, pixels, fx.TEXTS), our_logits(loaded, pixels, fx.TEXTS)
   )

@@ -17,7 +17,7 @@ from vit_jax.data import captions
 from vit_jax.data.caption_settings import CaptionSettings
 from vit_jax.data.dataset import DatasetInfo
 from vit_jax.run import defaults, objectives
-from vit_jax.weights import sources
+from vit_jax.weights import run_checkpoint
 
 TEXT = dict(width=16, depth=1, mlp_dim=32, num_heads=2, vocab_size=64, pool="gap")
 NAMES = ["zero", "one", "two"]
@@ -49,9 +49,9 @@ def test_captions_made_from_labels_are_read_back_with_the_runs_tokenizer():
   assert CaptionSettings.from_config(_saved(config)) == text
   words = ["a photo of the number one.", "two"]
   built = captions.Captions(NAMES, config.contrastive.templates, 8).tokenizer
-  loaded = sources._run_tokenizer(_saved(config), NAMES)  # pylint: disable=protected-access
+  loaded = run_checkpoint.run_tokenizer(_saved(config), NAMES)
   assert loaded.encode(words, 8).tolist() == built.encode(words, 8).tolist()
-  assert sources._run_tokenizer(_saved(config), None) is None  # no class names saved
+  assert run_checkpoint.run_tokenizer(_saved(config), None) is None  # no class names saved
 
 
 def test_free_text_captions_and_older_configs_follow_the_same_rule():
@@ -68,7 +68,7 @@ def test_free_text_captions_and_older_configs_follow_the_same_rule():
 def test_image_models_have_no_captions_and_load_no_tokenizer():
   config = common.get_config()
   assert objectives.data_settings(config).text is None
-  assert sources._run_tokenizer(_saved(config), NAMES) is None  # pylint: disable=protected-access
+  assert run_checkpoint.run_tokenizer(_saved(config), NAMES) is None
 
 
 def test_a_two_tower_runs_images_are_normalised_as_its_image_tower_expects():
@@ -78,6 +78,8 @@ def test_a_two_tower_runs_images_are_normalised_as_its_image_tower_expects():
   assert (settings.input_mean, settings.input_std) == ((0.48, 0.46, 0.41), (0.3,) * 3)
   evaluated = settings.eval_data_config()  # the eval images as the train images
   assert (evaluated.mean, evaluated.std) == ((0.48, 0.46, 0.41), (0.3,) * 3)
+  loaded = run_checkpoint.eval_data_config(_saved(config))  # the finished run, loaded
+  assert (loaded.mean, loaded.std) == ((0.48, 0.46, 0.41), (0.3,) * 3)
 
 
 @pytest.mark.parametrize(

@@ -31,7 +31,7 @@ from vit_jax import cli, data, errors, models, paths, sharding, weights
 from vit_jax.run import objectives
 from vit_jax.run.evaluators import fewshot as fewshot_lib
 from vit_jax.run.evaluators import ridge
-from vit_jax.weights import hub, sources
+from vit_jax.weights import formats, hub, run_checkpoint, sources
 
 MAX_BATCH = 65536  # images per forward pass, all devices together
 
@@ -128,7 +128,7 @@ def _from_run(
       f"--model={values['model']} would replace the model of the run in "
       f"{run.root}: leave --model out for a run's checkpoints."
     )
-  run_config, _ = sources.run_model_config(run)
+  run_config, _ = run_checkpoint.run_model_config(run)
   settings = objectives.data_settings(run_config)
   data_dir = settings.data_dir
   if data_dir and "://" not in data_dir and not os.path.isdir(data_dir):
@@ -156,12 +156,12 @@ def _from_weights(
 def _config(values: dict[str, Any]) -> tuple[ml_collections.ConfigDict, data.Settings, str]:
   """Model, data settings for the evaluator, and the parameters' source."""
   checkpoint = values["checkpoint"]
-  weights = hub.is_hub_source(checkpoint) or sources.is_hf_or_timm(checkpoint)
-  run = None if weights else paths.RunPaths.containing(checkpoint)
+  found = None if hub.is_hub_source(checkpoint) else formats.find(checkpoint)
+  run = paths.RunPaths.containing(checkpoint) if found is formats.RUN else None
   if run is not None:
     model_config, settings = _from_run(run, values)
     source = os.fspath(run.checkpoint_source(checkpoint))
-  elif paths.as_path(checkpoint).is_dir() and not weights:
+  elif found is formats.RUN:  # a folder of no run
     raise errors.MissingError(
       f"No config.json in or above {checkpoint!r}: pass a run's workdir, its "
       "checkpoints/ folder or a step folder inside it."

@@ -31,7 +31,7 @@ import numpy as np
 from vit_jax import analysis, errors, models
 from vit_jax.aliases import Params
 from vit_jax.data.data_config import DataConfig
-from vit_jax.weights import fit, sources, writers
+from vit_jax.weights import fit, npz, sources, writers
 from vit_jax.weights.timm import create as timm_create
 
 DEFAULT_BATCH = 32  # images per jitted call
@@ -265,7 +265,7 @@ def load(source: str | os.PathLike, *, model_name: Optional[str] = None, **kwarg
   run, a transformers or timm folder or `.safetensors`, ``hf-hub:<org>/<name>``, an official
   name) or a folder `Model.save` wrote as npz; ``model_name`` overrides an `.npz`'s
   architecture; ``kwargs``: `Model`'s (``batch_size``)."""
-  saved = os.path.join(os.fspath(source), writers.NPZ_FILE)
+  saved = os.path.join(os.fspath(source), npz.EXPORT_FILE)
   if os.path.isfile(saved):
     loaded = sources.load(saved, model_name)
     labels = os.path.join(os.fspath(source), writers.LABELS_FILE)

@@ -24,7 +24,7 @@ from vit_jax.data import captions as captions_lib
 from vit_jax.data.dataset import Dataset
 from vit_jax.run import defaults, objectives
 from vit_jax.run.evaluators import zeroshot
-from vit_jax.weights import orbax_steps, sources
+from vit_jax.weights import orbax_steps, run_checkpoint
 
 
 def _parse(argv: Sequence[str]) -> dict[str, Any]:
@@ -63,7 +63,7 @@ def _run_config(values: dict[str, Any]) -> tuple[Any, paths.RunPaths, data.Capti
       f"--checkpoint={values['checkpoint']} is not a training run (no config.json in it or "
       "its two parents): name the workdir of a contrastive run (configs/siglip.py, lit.py)."
     )
-  config, _ = sources.run_model_config(found)
+  config, _ = run_checkpoint.run_model_config(found)
   base = defaults.get_config()
   for key in set(base) - set(config):  # added to the package after the run was made
     config[key] = base[key]

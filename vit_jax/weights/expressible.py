@@ -85,12 +85,12 @@ def check_timm(name: str, source: str) -> None:
 def check_transformers(config: dict[str, Any], source: str) -> None:
   """A `CheckpointError` when a transformers ``config`` (its config.json, with a
   ``model_type``) describes a model this package does not compute."""
-  from vit_jax.weights import hf_two_tower  # pylint: disable=g-import-not-at-top
+  from vit_jax.weights.hf import two_tower_table  # pylint: disable=g-import-not-at-top
 
   model_type = config.get("model_type")
   classes = config.get("architectures") or []
   classes = classes if isinstance(classes, list) else [classes]
-  if model_type in hf_two_tower.ARCHITECTURES:
+  if model_type in two_tower_table.ARCHITECTURES:
     return _check_two_tower_classes(str(model_type), classes, source)
   if model_type != TRANSFORMERS_TYPE:
     missing = TRANSFORMERS_UNEXPRESSED.get(str(model_type), "no reader for it")
@@ -110,9 +110,9 @@ def check_transformers(config: dict[str, Any], source: str) -> None:
 
 def _check_two_tower_classes(model_type: str, classes: list[Any], source: str) -> None:
   """An image-text model_type names its one two-tower class (or none)."""
-  from vit_jax.weights import hf_two_tower  # pylint: disable=g-import-not-at-top
+  from vit_jax.weights.hf import two_tower_table  # pylint: disable=g-import-not-at-top
 
-  expected = hf_two_tower.ARCHITECTURES[model_type]
+  expected = two_tower_table.ARCHITECTURES[model_type]
   unknown = [c for c in classes if c != expected]
   if unknown:
     raise errors.CheckpointError(

@@ -372,7 +372,7 @@ def _image_tower(
 ) -> tuple[Params, Optional[Any]]:
   """A two-tower tree (``img``, ``txt``: SigLIP, CLIP, LiT, a contrastive run) read for an
   image model: its image tower and that tower's config; any other tree as it is."""
-  two_tower = models.family_of(model_config).name == image_text.TWO_TOWER
+  two_tower = models.is_two_tower(model_config)
   if two_tower or not {image_text.IMAGE, image_text.TEXT} <= set(loaded):
     return loaded, stored_config
   image = None if stored_config is None else stored_config.image

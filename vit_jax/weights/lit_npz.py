@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Mapping, Optional
+from typing import Mapping, Optional
 
 import ml_collections
 import numpy as np
@@ -26,14 +26,24 @@ from flax import traverse_util
 from vit_jax import errors, models
 from vit_jax.aliases import Params
 from vit_jax.data import text_tokenizer
-from vit_jax.weights import architecture
+from vit_jax.weights import architecture, npz
 
 _BLOCK = "txt/Encoder_0/encoderblock_"
+_TOWERS = {"img", "txt", "t"}  # models_lit's layout: an image and a text tower, ``t``
 
 
-def is_lit(params: Mapping[str, Any]) -> bool:
-  """Whether an `.npz` tree is models_lit's layout (an image and a text tower, ``t``)."""
-  return {"img", "txt", "t"} <= set(params)
+def detect(path: str) -> bool:
+  """Whether ``path`` is a LiT `.npz` (its keys' layout, read from the archive's listing;
+  not our image-text export, which has its model config beside it)."""
+  if not os.path.isfile(path) or os.path.isfile(npz.config_path(path)):
+    return False
+  return _TOWERS <= npz.top_keys(path)
+
+
+def read_file(path: str) -> tuple[ml_collections.ConfigDict, Params, Optional[tuple[int, int]]]:
+  """(two-tower model config, our tree, image size) of the LiT `.npz` at ``path``."""
+  config, params = read(npz.scanned_to_layers(npz.load_npz(path)), repr(path))
+  return config, params, architecture.trained_image_size(params["img"], config.image)
 
 
 def _shape(flat: Mapping[str, np.ndarray], key: str, source: str) -> tuple[int, ...]:

@@ -13,18 +13,24 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import zipfile
 import zlib
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import flax.linen as nn
 import ml_collections
 import numpy as np
+from absl import logging
 from flax import traverse_util
 
-from vit_jax import errors
+from vit_jax import errors, input_files, models
 from vit_jax.aliases import Params
+from vit_jax.data import data_config as data_config_lib
+from vit_jax.data import folder_tokenizer
+from vit_jax.weights import architecture
 
+EXPORT_FILE = "model.npz"  # the archive in a folder an npz export (`Model.save`) writes
 SCANNED_BLOCK = "encoderblock"
 DATA_CONFIG_KEY = "data_config"  # the sidecar's key of the eval preprocessing
 _LAYER_BLOCK = re.compile(r"^encoderblock_(\d+)$")
@@ -124,6 +130,16 @@ def load_npz(path: str | os.PathLike) -> Params:
   return traverse_util.unflatten_dict(flat, sep="/")
 
 
+def top_keys(path: str) -> set[str]:
+  """The first components of the archive's keys (``img``, ``txt``, ...), read from its
+  listing without its arrays; empty for a file that is no readable archive."""
+  try:
+    with zipfile.ZipFile(path) as archive:
+      return {name.removesuffix(".npy").split("/")[0] for name in archive.namelist()}
+  except (OSError, zipfile.BadZipFile):
+    return set()
+
+
 def config_path(path: str | os.PathLike) -> str:
   """Where the model config of an `.npz` is kept: ``m.npz`` -> ``m.config.json`` (beside
   the archive, so the archive stays the official layout that other readers take)."""
@@ -203,3 +219,94 @@ def check_tree(
         lines.append(f"  {title} ({len(items)}):")
         lines.extend(f"    {item}" for item in items)
     raise ValueError("\n".join(lines))
+
+
+# ---------------------------------------------------------- the `.npz` as a checkpoint
+
+
+def read(
+  path: str, model_name: Optional[str]
+) -> tuple[
+  ml_collections.ConfigDict, Params, Optional[tuple[int, int]], Optional[data_config_lib.DataConfig]
+]:
+  """(model config, per-layer params, image size, the preprocessing saved with it or None)
+  of an official-layout `.npz`: the architecture ``model_name`` names, else our export's
+  config beside it (`config_path`), else the one its array shapes say."""
+  params = scanned_to_layers(load_npz(path))
+  saved_data = None
+  if model_name:
+    config = models.get_model_config(model_name)
+    # The registry leaves it out; official ImageNet-21k files have one.
+    if "pre_logits" in params:
+      config.representation_size = params["pre_logits"]["kernel"].shape[-1]
+    config.classifier = "token" if "cls" in params else "gap"
+  elif os.path.isfile(config_path(path)):
+    config, saved_data = _saved_config(config_path(path))
+  else:
+    config = architecture.infer_model_config(params)
+    logging.info("%s: inferred architecture %s.", path, config.name)
+  if models.is_two_tower(config):  # our image-text export
+    size = architecture.trained_image_size(params["img"], config.image)
+  else:
+    size = architecture.trained_image_size(params, config)
+  data_config = None
+  if saved_data is not None:
+    data_config = data_config_lib.from_dict(saved_data, repr(config_path(path)))
+  return config, params, size, data_config
+
+
+def _saved_config(path: str) -> tuple[ml_collections.ConfigDict, Optional[dict[str, Any]]]:
+  """The model config `save_npz` wrote beside an archive (checked by the fit check) and
+  the data config saved in it (None in files written before it was)."""
+  try:
+    saved = json.loads(input_files.read_text(path, what="model config"))
+  except json.JSONDecodeError as e:
+    raise errors.CheckpointError(
+      f"{path!r} is not JSON ({e.msg}, line {e.lineno}): remove it to infer the model from "
+      "the arrays, or write it again with the archive."
+    ) from None
+  if not isinstance(saved, dict) or not isinstance(saved.get("transformer", {}), dict):
+    raise errors.CheckpointError(
+      f"{path!r} is not a model config: remove it to infer the model from the arrays."
+    )
+  saved_data = saved.pop(DATA_CONFIG_KEY, None)
+  return ml_collections.ConfigDict(saved), saved_data
+
+
+def read_tokenizer(path: str, config: ml_collections.ConfigDict) -> Any:
+  """The transformers tokenizer files an image-text export copied beside the archive, if
+  any (`writer`); None for image models."""
+  directory = os.path.dirname(path)
+  if not models.is_two_tower(config):
+    return None
+  if not os.path.isfile(os.path.join(directory, folder_tokenizer.CONFIG)):
+    return None
+  return folder_tokenizer.read_folder_tokenizer(directory)
+
+
+def writer(
+  model: Any,
+  *,
+  image_size: tuple[int, int],  # pylint: disable=unused-argument  (the arrays say it)
+  class_names: Optional[list[str]],  # pylint: disable=unused-argument  (labels.txt: writers)
+  data_config: data_config_lib.DataConfig,
+) -> Callable[[str], None]:
+  """What writes ``model`` (a `sources.LoadedModel`) into a folder: `EXPORT_FILE` with
+  its model config and ``data_config`` beside it, and an image-text model's tokenizer
+  files copied from the transformers folder it was read from (nothing for one read from
+  elsewhere)."""
+  source = model.source if os.path.isdir(str(model.source)) else None
+  names = (folder_tokenizer.CONFIG, folder_tokenizer.SPIECE, "tokenizer.json")
+  copied = [n for n in names if source and os.path.isfile(os.path.join(source, n))]
+
+  def write(directory: str) -> None:
+    save_npz(
+      os.path.join(directory, EXPORT_FILE),
+      model.params,
+      config=model.config,
+      data_config=data_config.to_dict(),
+    )
+    for name in copied:
+      shutil.copyfile(os.path.join(source, name), os.path.join(directory, name))
+
+  return write

@@ -1,14 +1,16 @@
 """Any weights source -> one `LoadedModel` (config, parameters, classes, image size).
 
-Sources, told apart by what is on disk (hub names are fetched first, `vit_jax.weights.hub`):
-  * an official-layout `.npz` (per-layer or scanned): the architecture from ``model_name``
-    or inferred from the array shapes (`vit_jax.weights.architecture`); the official LiT
-    image-text layout with its vocabulary beside it (`vit_jax.weights.lit_npz`);
+A source's format is found once (`vit_jax.weights.formats.of`; hub names are fetched
+first, `vit_jax.weights.hub`), and its record reads it:
+  * an official-layout `.npz` (per-layer or scanned): the architecture from ``model_name``,
+    our export's config beside it, or the array shapes (`vit_jax.weights.npz`); the
+    official LiT image-text layout with its vocabulary beside it (`vit_jax.weights.lit_npz`);
   * a training run of this package: its workdir, `<workdir>/checkpoints` or one step
-    folder; model, image size and class names come from the run's `config.json`;
-  * a Hugging Face `ViTForImageClassification` / `ViTModel` directory (`vit_jax.weights.hf`);
+    folder; model, image size and class names come from the run's `config.json`
+    (`vit_jax.weights.run_checkpoint`);
+  * a Hugging Face `ViTForImageClassification` / `ViTModel` directory (`vit_jax.weights.hf.vit`);
   * a transformers `SiglipModel`, `Siglip2Model` or `CLIPModel` directory, both towers and
-    the tokenizer (`vit_jax.weights.hf_two_tower`);
+    the tokenizer (`vit_jax.weights.hf.two_tower`);
   * a timm checkpoint: a `.safetensors` file, or a folder with `model.safetensors` and
     timm's `config.json` or our export's `timm_model.json` (`vit_jax.weights.timm.folder`);
   * ``hf-hub:<org>/<name>[@revision]`` (a transformers or a timm repository) and the
@@ -23,10 +25,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.resources
-import json
 import os
 import shlex
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import flax.linen as nn
 import jax
@@ -37,13 +38,11 @@ from absl import logging
 from vit_jax import errors, input_files, models
 from vit_jax.aliases import Params
 from vit_jax.data import data_config as data_config_lib
-from vit_jax.paths import CONFIG_FILE, RunPaths, as_path
-from vit_jax.weights import architecture, hf_two_tower, hub, lit_npz, npz, orbax_steps
+from vit_jax.paths import as_path
+from vit_jax.weights import architecture, formats, hub, npz
 
 _MAX_ERROR_LINES = 20  # of check_tree's list of differences
 _PICKLES = (".bin", ".pth", ".pt", ".ckpt", ".pkl", ".pickle")
-_SAFETENSORS = ".safetensors"
-_UNSIZED_INPUT = (224, 224)  # the data config's input size where a source says none
 IMAGENET2012 = "imagenet2012"  # the ``labels`` value of the class names shipped with the package
 _IMAGENET2012_FILE = "imagenet2012_labels.txt"  # in vit_jax/data, class-index order
 
@@ -70,7 +69,7 @@ class LoadedModel:
     if self.data_config is None:
       config = models.with_family_defaults(self.config)
       self.data_config = data_config_lib.official(
-        self.image_size or _UNSIZED_INPUT, tuple(config.input_mean), tuple(config.input_std)
+        self.image_size or formats.UNSIZED_INPUT, tuple(config.input_mean), tuple(config.input_std)
       )
 
   def module(self, **overrides: Any) -> models.VisionTransformer:
@@ -154,32 +153,17 @@ def imagenet2012_class_names() -> list[str]:
 
 
 def load(path: str | os.PathLike, model_name: Optional[str] = None) -> LoadedModel:
-  """Reads a model from ``path`` (any source of the module docstring); ``model_name`` (an
-  official variant) overrides the architecture of an `.npz`. Raises FileNotFoundError when
-  there is nothing to read and ValueError when the arrays do not fit the architecture."""
+  """Reads a model from ``path`` (any source of the module docstring) through its format's
+  record (`formats.of`: found once); ``model_name`` (an official variant) overrides the
+  architecture of an `.npz`. Raises FileNotFoundError when there is nothing to read and
+  ValueError when the arrays do not fit the architecture."""
   source = str(path)
-  location = _local(path)  # also a file:// URL, an epath.Path, gs://
-  path = os.fspath(location)
-  if reader := _reader(path):
-    config, params, names, image_size = reader(path)
-    loaded = LoadedModel(
-      config, params, architecture.num_classes(params), image_size, names, source
-    )
-    if not _official_name(source):  # an official name keeps the official recipe
-      loaded.data_config = _folder_data_config(path, config, image_size or _UNSIZED_INPUT)
-    if hf_two_tower.model_type(path):
-      loaded.tokenizer = hf_two_tower.read_tokenizer(path)
-  elif location.is_dir():
-    loaded = _load_run(path)
-  elif location.is_file():
-    loaded = _load_npz(path, model_name)
-  else:
-    raise errors.MissingError(
-      f"No checkpoint at {path!r}: pass an official-layout .npz, a "
-      "training run's workdir (or its checkpoints/ or a step folder), "
-      "a Hugging Face or timm checkpoint (folder or .safetensors), hf-hub:<org>/<name> "
-      "or an official name such as ViT-B_16."
-    )
+  path = os.fspath(_local(path))  # also a file:// URL, an epath.Path, gs://
+  fmt = formats.of(path)
+  loaded, read = _loaded(fmt, path, source, model_name)
+  if not _official_name(source):  # an official name keeps the official recipe
+    loaded.data_config = fmt.data_config(path, read) or loaded.data_config
+  loaded.tokenizer = fmt.tokenizer(path, read)
   _check_fits(loaded)
   return loaded
 
@@ -222,30 +206,17 @@ def _local(source: str | os.PathLike) -> Any:
   return location
 
 
-# A transformers or timm reader: path -> (config, params, class names, image size).
-Reader = Callable[
-  [str], tuple[ml_collections.ConfigDict, Params, Optional[list[str]], Optional[tuple[int, int]]]
-]
-
-
-def _reader(path: str) -> Optional[Reader]:
-  """The reader of a transformers or timm checkpoint at ``path``; None for other sources."""
-  from vit_jax.weights import expressible, hf  # pylint: disable=g-import-not-at-top
-  from vit_jax.weights.timm import folder as timm_folder  # pylint: disable=g-import-not-at-top
-
-  if path.endswith(_SAFETENSORS) and os.path.isfile(path):
-    directory = os.path.dirname(path)
-    expressible.check_transformers_dir(directory)
-    return (lambda _: hf.read_dir(directory)) if hf.is_hf_dir(directory) else timm_folder.read
-  if os.path.isdir(path):
-    expressible.check_transformers_dir(path)
-    if hf_two_tower.model_type(path):
-      return hf_two_tower.read_dir
-    if hf.is_hf_dir(path):
-      return hf.read_dir
-    if timm_folder.is_timm_dir(path):
-      return timm_folder.read
-  return None
+def _loaded(
+  fmt: formats.Format, path: str, source: str, model_name: Optional[str]
+) -> tuple[LoadedModel, formats.Read]:
+  """The model ``fmt`` reads at ``path`` (its preprocessing and tokenizer not read yet)."""
+  read = fmt.read(path, model_name)
+  num_classes = architecture.num_classes(read.params)
+  loaded = LoadedModel(
+    read.config, read.params, num_classes, read.image_size, read.class_names, source,
+    read.run_config,
+  )  # fmt: skip
+  return loaded, read
 
 
 def _official_name(source: str) -> bool:
@@ -254,153 +225,17 @@ def _official_name(source: str) -> bool:
   return not os.path.exists(source) and hub.official_copy(source) is not None
 
 
-def _folder_data_config(
-  path: str, config: ml_collections.ConfigDict, image_size: tuple[int, int]
-) -> data_config_lib.DataConfig:
-  """The preprocessing a transformers folder's image processor or a timm config states."""
-  from vit_jax.weights import hf  # pylint: disable=g-import-not-at-top
-  from vit_jax.weights.timm import folder as timm_folder  # pylint: disable=g-import-not-at-top
-
-  directory = path if os.path.isdir(path) else os.path.dirname(path)
-  if hf_two_tower.model_type(directory):
-    return hf_two_tower.read_data_config(directory, config, image_size)
-  if hf.is_hf_dir(directory):
-    return hf.read_data_config(directory, config, image_size)
-  return timm_folder.read_data_config(directory, config, image_size)
-
-
-def is_hf_or_timm(path: str | os.PathLike) -> bool:
-  """Whether ``path`` is a transformers or timm checkpoint (a folder or `.safetensors`)."""
-  return _reader(os.fspath(path)) is not None
-
-
 def read_params(source: str | os.PathLike) -> tuple[Params, Optional[ml_collections.ConfigDict]]:
   """The parameter tree of any source, for fine-tuning, and its model config where the
   source has one. `.npz` files and Orbax folders are read as stored (either encoder
   layout; an Orbax folder needs no config.json); the rest as `load` reads them."""
-  location = _local(source)
-  path = os.fspath(location)
-  if is_hf_or_timm(path):
-    loaded = load(path)
-    return loaded.params, loaded.config
-  if location.is_dir():
-    return orbax_steps.read_params(path), None
-  return npz.load_npz(path), None
-
-
-def _load_npz(path: str, model_name: Optional[str]) -> LoadedModel:
-  params = npz.scanned_to_layers(npz.load_npz(path))
-  saved = os.path.isfile(npz.config_path(path))  # our export's model config beside it
-  if lit_npz.is_lit(params) and not model_name and not saved:  # models_lit's layout
-    config, params = lit_npz.read(params, repr(path))
-    size = architecture.trained_image_size(params["img"], config.image)
-    tokenizer = lit_npz.read_tokenizer(path)
-    return LoadedModel(config, params, None, size, None, path, tokenizer=tokenizer)
-  saved_data = None
-  if model_name:
-    config = models.get_model_config(model_name)
-    # The registry leaves it out; official ImageNet-21k files have one.
-    if "pre_logits" in params:
-      config.representation_size = params["pre_logits"]["kernel"].shape[-1]
-    config.classifier = "token" if "cls" in params else "gap"
-  elif os.path.isfile(npz.config_path(path)):
-    config, saved_data = _saved_config(npz.config_path(path))
-  else:
-    config = architecture.infer_model_config(params)
-    logging.info("%s: inferred architecture %s.", path, config.name)
-  tokenizer = None
-  if models.family_of(config).name == models.image_text.TWO_TOWER:  # our image-text export
-    size = architecture.trained_image_size(params["img"], config.image)
-    tokenizer = _beside_tokenizer(os.path.dirname(path))
-  else:
-    size = architecture.trained_image_size(params, config)
-  loaded = LoadedModel(
-    config, params, architecture.num_classes(params), size, None, path, tokenizer=tokenizer
-  )
-  if saved_data is not None:
-    loaded.data_config = data_config_lib.from_dict(saved_data, repr(npz.config_path(path)))
-  return loaded
-
-
-def _beside_tokenizer(directory: str) -> Any:
-  """The transformers tokenizer files an image-text `.npz` export copied beside it, if any."""
-  from vit_jax.data import folder_tokenizer  # pylint: disable=g-import-not-at-top
-
-  if not os.path.isfile(os.path.join(directory, folder_tokenizer.CONFIG)):
-    return None
-  return folder_tokenizer.read_folder_tokenizer(directory)
-
-
-def _saved_config(path: str) -> tuple[ml_collections.ConfigDict, Optional[dict[str, Any]]]:
-  """The model config `npz.save_npz` wrote beside an archive (checked by the fit check)
-  and the data config saved in it (None in files written before it was)."""
-  try:
-    saved = json.loads(input_files.read_text(path, what="model config"))
-  except json.JSONDecodeError as e:
-    raise errors.CheckpointError(
-      f"{path!r} is not JSON ({e.msg}, line {e.lineno}): remove it to infer the model from "
-      "the arrays, or write it again with the archive."
-    ) from None
-  if not isinstance(saved, dict) or not isinstance(saved.get("transformer", {}), dict):
-    raise errors.CheckpointError(
-      f"{path!r} is not a model config: remove it to infer the model from the arrays."
-    )
-  saved_data = saved.pop(npz.DATA_CONFIG_KEY, None)
-  return ml_collections.ConfigDict(saved), saved_data
-
-
-def _load_run(path: str) -> LoadedModel:
-  run = RunPaths.containing(path)
-  if run is None:
-    raise errors.MissingError(
-      f"{path!r} is a folder but neither a training run (no "
-      f"{CONFIG_FILE} in it or up to two levels above) nor a Hugging Face "
-      "ViT directory (config.json with model_type 'vit')."
-    )
-  run_config, crop = run_model_config(run)
-  names = run.read_class_names()
-  source = run.checkpoint_source(path)
-  params = npz.scanned_to_layers(nn.unbox(dict(orbax_steps.read_params(source))))
-  config = run_config.model
-  config.scan = False  # the parameters are per-layer now
-  return LoadedModel(
-    config,
-    params,
-    architecture.num_classes(params),
-    (crop, crop),
-    names,
-    path,
-    run_config,
-    data_config_lib.from_run_config(run_config),
-    _run_tokenizer(run_config, names),
-  )
-
-
-def _run_tokenizer(run_config: ml_collections.ConfigDict, names: Optional[list[str]]) -> Any:
-  """The tokenizer of a two-tower run's captions, as the run read them (the one rule,
-  `data.caption_settings`): its data's own captions' (``config.text.tokenizer``), else the
-  word tokenizer of its class names in its templates; None for an image model."""
-  from vit_jax.data import caption_settings  # pylint: disable=g-import-not-at-top
-
-  if not models.is_two_tower(run_config.model):
-    return None
-  return caption_settings.CaptionSettings.from_config(run_config).load_tokenizer(names)
-
-
-def run_model_config(run: RunPaths) -> tuple[ml_collections.ConfigDict, int]:
-  """A run's saved config and its crop, checked to hold a model (an object) and a
-  positive integer ``pp.crop``: what the read-only commands use of it (its data settings
-  are never used: nothing is built, written or fetched because of them)."""
-  saved = run.read_config()
-  pp = saved.get("pp")
-  crop = pp.get("crop") if isinstance(pp, dict) else None
-  if not isinstance(saved.get("model"), dict) or not isinstance(crop, int) or crop < 1:
-    raise errors.CheckpointError(
-      f"{run.config_path} is not a run config this package wrote: it needs a 'model' "
-      f"object and a positive integer 'pp.crop' (model: {type(saved.get('model')).__name__}, "
-      f"pp.crop: {crop!r}). Fix it, or put back the config.json the run wrote."
-    )
-  return ml_collections.ConfigDict(saved), crop
+  path = os.fspath(_local(source))
+  fmt = formats.of(path)
+  if fmt.read_tree is not None:
+    return fmt.read_tree(path)
+  loaded, _ = _loaded(fmt, path, str(source), None)
+  _check_fits(loaded)
+  return loaded.params, loaded.config
 
 
 def _check_fits(loaded: LoadedModel) -> None:
@@ -409,7 +244,7 @@ def _check_fits(loaded: LoadedModel) -> None:
   size = loaded.image_size or module.input_stride
   dummy = jax.ShapeDtypeStruct((1, *size, 3), jnp.float32)
   init = lambda x: module.init(jax.random.PRNGKey(0), x)
-  if models.family_of(loaded.config).name == models.image_text.TWO_TOWER:
+  if models.is_two_tower(loaded.config):
     ids = jnp.zeros((1, loaded.config.text_len), jnp.int32)
     init = lambda x: module.init(jax.random.PRNGKey(0), x, ids)
   expected = jax.eval_shape(init, dummy)

@@ -1,8 +1,9 @@
 """The write side of the weights package: a loaded model -> a folder in one format.
 
 `save(model, fmt, out, class_names=..., image_size=...)` checks that ``model`` can be
-written as ``fmt`` (`FORMATS`; the family decides the timm mapping and whether the
-transformers layout exists), then writes the files into a new folder beside ``out``
+written as ``fmt`` (`FORMATS`: hf, timm and npz through their checkpoint format's record,
+`formats.for_export`, whose writer the family picks; saved_model and stablehlo through
+`serving`), then writes the files into a new folder beside ``out``
 (``.OUT.tmp-*``) renamed to ``out`` at the end: a failure, Ctrl-C or SIGTERM leaves
 nothing in ``out``; a temporary folder left by a killed write (older than an hour) is
 removed by the next write to the same ``out``. ``out`` must not exist or be empty. The
@@ -25,16 +26,11 @@ import jax.numpy as jnp
 from absl import logging
 
 from vit_jax import errors, models
-from vit_jax.models import families
-from vit_jax.weights import hf as hf_lib
-from vit_jax.weights import hf_two_tower_write, npz, serving, sources
-from vit_jax.weights.timm import families as timm_families
-from vit_jax.weights.timm import folder as timm_folder
+from vit_jax.weights import formats, serving, sources
 
 FORMATS = ("hf", "timm", "saved_model", "stablehlo", "npz")
 LABELS_FILE = "labels.txt"
 IMAGE_TOWER_FORMATS = ("timm", "saved_model", "stablehlo")  # an image-text model's: its image
-NPZ_FILE = "model.npz"
 STALE_SECONDS = 3600  # a temporary folder this old was left by a killed write
 
 
@@ -49,7 +45,7 @@ def writer(
   (with `LABELS_FILE` beside every format but hf, which keeps the names in its config).
   An image-text model is written whole as hf (transformers' SigLIP or CLIP) and npz;
   timm, saved_model and stablehlo take its image tower (`image_tower`: its features)."""
-  if fmt in IMAGE_TOWER_FORMATS and models.family_of(model.config) is families.TWO_TOWER:
+  if fmt in IMAGE_TOWER_FORMATS and models.is_two_tower(model.config):
     model = image_tower(model)
   module = model.module(dtype=jnp.float32)
   params = model.params
@@ -58,36 +54,15 @@ def writer(
   data_config = model.data_config.at_size(image_size)  # the preprocessing each format states
   if fmt not in FORMATS:
     raise errors.CommandLineError(f"Unknown format {fmt!r}; choose one of {', '.join(FORMATS)}.")
-  if fmt == "hf" and family is families.TWO_TOWER:  # transformers' SigLIP or CLIP
-    return hf_two_tower_write.writer(model, image_size)
-  if fmt == "hf" and family.hf_refusal:
-    raise errors.CommandLineError(
-      f"{family.hf_refusal}: export this model as timm, npz, saved_model or stablehlo."
+  checkpoint = formats.for_export(fmt, family)  # hf, timm, npz: a checkpoint format's
+  if checkpoint is not None and checkpoint.write is not None:
+    write = checkpoint.write(
+      model, image_size=image_size, class_names=names, data_config=data_config
     )
-  if fmt == "hf":
-    files = hf_lib.to_hf(
-      params, model.config, image_size=image_size, class_names=names, data_config=data_config
-    )
-    return lambda d: hf_lib.write_dir(d, *files)
-  if fmt == "timm":
-    timm_writer = timm_families.writer_for(model.config)  # RoPE, SwiGLU: timm's Eva
-    spec = timm_writer.model_spec(
-      model.config, num_classes=model.num_classes, image_size=image_size
-    )
-    tensors = timm_writer.to_timm(params, model.config)
-    write = lambda d: timm_folder.write_dir(d, tensors, spec, data_config)
   elif fmt == "saved_model":
     write = lambda d: serving.write_saved_model(d, module, params, image_size)
-  elif fmt == "stablehlo":
-    write = lambda d: serving.write_jax_exported(d, module, params, image_size)
   else:
-    copy = hf_two_tower_write.tokenizer_copier(model)  # an image-text model's tokenizer
-
-    def write(d: str) -> None:
-      npz.save_npz(
-        os.path.join(d, NPZ_FILE), params, config=model.config, data_config=data_config.to_dict()
-      )
-      copy(d)
+    write = lambda d: serving.write_jax_exported(d, module, params, image_size)
 
   def write_with_labels(directory: str) -> None:
     write(directory)

@@ -4,6 +4,7 @@ A `ViTForImageClassification` directory holds `config.json`, `model.safetensors`
 `preprocessor_config.json`. HF's ViT has a class token, a learned 1-D position table
 (class row first) and no representation layer before the head, so only such models
 export; `ViTModel` directories (no head, a tanh pooler = our `pre_logits`) import too.
+Read: `detect`, `read`, `read_data_config`; written: `writer` (`to_hf`'s files).
 
 Layouts (ours -> torch): Dense kernels [in, out] -> weight [out, in]; attention
 query/key/value [D, H, Dh] -> [H*Dh, D] and out [H, Dh, D] -> [D, H*Dh]; the patch
@@ -13,7 +14,6 @@ reshape, so a round trip is bit-exact.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Callable, Optional
 
@@ -21,20 +21,17 @@ import ml_collections
 import numpy as np
 from flax import traverse_util
 
-from vit_jax import errors
+from vit_jax import errors, models
 from vit_jax.aliases import Params
 from vit_jax.data import data_config as data_config_lib
 from vit_jax.models import settings
 from vit_jax.weights import architecture, files
+from vit_jax.weights.hf import folder
 
-WEIGHTS = "model.safetensors"
-CONFIG = "config.json"
-PREPROCESSOR = "preprocessor_config.json"
 _BASE = "vit."  # ViTForImageClassification's prefix of the ViTModel inside it
 # hidden_act <-> our GELU: the tanh approximation (official weights) or exact erf GELU.
 _HIDDEN_ACT = {True: "gelu_pytorch_tanh", False: "gelu"}
 _APPROXIMATE = {"gelu_pytorch_tanh": True, "gelu_new": True, "gelu": False}
-_DEFAULT_EPS = 1e-12  # transformers' ViTConfig default (google/vit-* say it too)
 _IGNORED = ("embeddings.mask_token",)  # masked-image-modelling only
 
 Mapping = tuple[str, str, Callable[[np.ndarray], np.ndarray], Callable[[np.ndarray], np.ndarray]]
@@ -193,45 +190,34 @@ def to_hf(
   return tensors, hf_config, preprocessor
 
 
-def write_dir(
-  directory: str,
-  tensors: dict[str, np.ndarray],
-  hf_config: dict[str, Any],
-  preprocessor: dict[str, Any],
-) -> None:
-  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
-
-  save_file(tensors, os.path.join(directory, WEIGHTS), metadata={"format": "pt"})
-  for name, content in ((CONFIG, hf_config), (PREPROCESSOR, preprocessor)):
-    with open(os.path.join(directory, name), "w") as f:
-      json.dump(content, f, indent=2)
-
-
-def is_hf_dir(path: str) -> bool:
-  config = os.path.join(path, CONFIG)
-  if not os.path.isfile(config):
-    return False
-  return files.read_json(config).get("model_type") == "vit"
-
-
-def read_tensors(directory: str) -> dict[str, np.ndarray]:
-  index = os.path.join(directory, WEIGHTS + ".index.json")
-  if os.path.isfile(index):
-    weight_map = files.read_json(index).get("weight_map")
-    if not isinstance(weight_map, dict):
-      raise errors.CheckpointError(f"{index!r} has no weight_map object: re-save the model.")
-    shards = sorted({files.inside(directory, name, index) for name in weight_map.values()})
-  elif os.path.isfile(os.path.join(directory, WEIGHTS)):
-    shards = [os.path.join(directory, WEIGHTS)]
-  else:
-    raise errors.MissingError(
-      f"No {WEIGHTS} in {directory!r} (pytorch_model.bin is not read: "
-      "save the model with safe_serialization=True)."
+def writer(
+  model: Any,
+  *,
+  image_size: tuple[int, int],
+  class_names: Optional[list[str]],
+  data_config: data_config_lib.DataConfig,
+) -> Callable[[str], None]:
+  """Checks that ``model`` (a `sources.LoadedModel`) can be written as a
+  `ViTForImageClassification` folder; returns what writes it into a folder."""
+  family = models.family_of(model.config)
+  if family.hf_refusal:
+    raise errors.CommandLineError(
+      f"{family.hf_refusal}: export this model as timm, npz, saved_model or stablehlo."
     )
-  tensors = {}
-  for shard in shards:
-    tensors.update(files.read_safetensors(shard))
-  return tensors
+  names = class_names or [str(i) for i in range(model.num_classes or 0)]  # id2label's
+  tensors, hf_config, processor = to_hf(
+    model.params, model.config, image_size=image_size, class_names=names,
+    data_config=data_config,
+  )  # fmt: skip
+  configs = {folder.CONFIG: hf_config, folder.PREPROCESSOR: processor}
+  return lambda directory: folder.write_files(directory, tensors, configs)
+
+
+def detect(path: str) -> bool:
+  """Whether ``path`` is a `ViTForImageClassification` / `ViTModel` folder (config.json's
+  model_type 'vit') or the `.safetensors` file of one."""
+  directory = folder.directory(path)
+  return directory is not None and folder.model_type(directory) == "vit"
 
 
 def _normalization(
@@ -239,7 +225,7 @@ def _normalization(
 ) -> tuple[tuple[float, ...], tuple[float, ...]]:
   """(mean, std) of the folder's image processor (`preprocessor_config.json`); without
   one, the model config's (the official [-1, 1])."""
-  path = os.path.join(directory, PREPROCESSOR)
+  path = os.path.join(directory, folder.PREPROCESSOR)
   if not os.path.lexists(path):
     return tuple(config.input_mean), tuple(config.input_std)
   processor = files.read_json(path)
@@ -249,7 +235,7 @@ def _normalization(
   def rgb(key: str) -> tuple[float, ...]:
     value = processor.get(key, [0.5] * 3)
     values = value if isinstance(value, list) else [value] * 3
-    if len(values) != 3 or not all(_is_number(v) for v in values):
+    if len(values) != 3 or not all(folder.is_number(v) for v in values):
       raise errors.CheckpointError(f"{path!r}: {key} is {value!r}, not a number or 3 numbers.")
     return tuple(float(v) for v in values)
 
@@ -261,38 +247,27 @@ def read_data_config(
 ) -> data_config_lib.DataConfig:
   """The folder's image processor (`preprocessor_config.json`) as a `DataConfig`; without
   one, the official recipe with the model config's mean and std."""
-  path = os.path.join(directory, PREPROCESSOR)
+  path = os.path.join(directory, folder.PREPROCESSOR)
   if not os.path.lexists(path):
     return data_config_lib.official(image_size, tuple(config.input_mean), tuple(config.input_std))
   return data_config_lib.from_hf_processor(files.read_json(path), image_size, repr(path))
 
 
-def _is_number(value: Any) -> bool:
-  return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def layer_norm_eps(hf_config: dict[str, Any], path: str) -> float:
-  """config.json's ``layer_norm_eps`` (transformers' default when absent), a positive number."""
-  eps = hf_config.get("layer_norm_eps", _DEFAULT_EPS)
-  if not _is_number(eps) or not eps > 0:
-    raise errors.CheckpointError(f"{path!r}: layer_norm_eps is {eps!r}, not a positive number.")
-  return float(eps)
-
-
-def read_dir(
-  directory: str,
+def read(
+  path: str,
 ) -> tuple[ml_collections.ConfigDict, Params, Optional[list[str]], tuple[int, int]]:
-  """(model config, per-layer params, class names or None, image size) of an HF ViT dir."""
-  config_path = os.path.join(directory, CONFIG)
+  """(model config, per-layer params, class names or None, image size) of an HF ViT folder
+  (``path``, or the `.safetensors` file in it)."""
+  directory = folder.directory(path) or path
+  config_path = os.path.join(directory, folder.CONFIG)
   hf_config = files.read_json(config_path)
   act = hf_config.get("hidden_act", "gelu")
   if act not in _APPROXIMATE:
     raise errors.CheckpointError(
       f"{directory!r}: hidden_act {act!r} is not a GELU this model has ({', '.join(_APPROXIMATE)})."
     )
-  tensors = {
-    k[len(_BASE) :] if k.startswith(_BASE) else k: v for k, v in read_tensors(directory).items()
-  }
+  stored = folder.read_tensors(directory)
+  tensors = {k[len(_BASE) :] if k.startswith(_BASE) else k: v for k, v in stored.items()}
   depth, width, heads = (
     files.field(hf_config, key, int, config_path)
     for key in ("num_hidden_layers", "hidden_size", "num_attention_heads")
@@ -322,7 +297,7 @@ def read_dir(
   )
   config = architecture.infer_model_config(params)
   config.gelu_approximate = _APPROXIMATE[act]
-  config.layer_norm_epsilon = layer_norm_eps(hf_config, config_path)
+  config.layer_norm_epsilon = folder.layer_norm_eps(hf_config, config_path)
   config.input_mean, config.input_std = _normalization(directory, config)
   size = hf_config.get("image_size", 224)
   size = tuple(size) if isinstance(size, (list, tuple)) else (size, size)
