@@ -154,8 +154,10 @@ def test_the_registry_picks_the_reader_by_stem_then_module_and_the_writer_by_con
 
 
 def test_every_module_of_timms_table_is_a_familys_or_refused_by_name():
-  from vit_jax.weights import expressible  # pylint: disable=g-import-not-at-top
-  from vit_jax.weights.timm import names  # pylint: disable=g-import-not-at-top
+  from vit_jax.weights.timm import (
+    expressible,  # pylint: disable=g-import-not-at-top
+    names,  # pylint: disable=g-import-not-at-top
+  )
 
   owned = [m for f in families.FAMILIES for m in f.modules]
   assert len(owned) == len(set(owned))  # one family per module

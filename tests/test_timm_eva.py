@@ -17,8 +17,9 @@ from flax import traverse_util
 
 from tests import interop_fixtures as fx
 from vit_jax import errors, models
-from vit_jax.weights import expressible, sources
+from vit_jax.weights import sources
 from vit_jax.weights.timm import eva as timm_eva
+from vit_jax.weights.timm import expressible
 from vit_jax.weights.timm import folder as timm_folder
 from vit_jax.weights.timm import names as timm_names
 

@@ -26,12 +26,12 @@ from vit_jax.data.data_config import DataConfig
 from vit_jax.models import families
 from vit_jax.paths import as_path
 from vit_jax.weights import (
-  expressible,
   lit_npz,
   npz,
   orbax_steps,
   run_checkpoint,
 )
+from vit_jax.weights.hf import expressible as hf_expressible
 from vit_jax.weights.hf import folder as hf_folder
 from vit_jax.weights.hf import two_tower, vit
 from vit_jax.weights.timm import families as timm_families
@@ -213,7 +213,7 @@ def find(path: str) -> Optional[Format]:
   transformers class this package does not compute is refused here, by name."""
   directory = hf_folder.directory(path)
   if directory is not None:
-    expressible.check_transformers_dir(directory)
+    hf_expressible.check_transformers_dir(directory)
   return next((f for f in FORMATS if f.detect(path)), None)
 
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 import ml_collections
 
 from vit_jax import errors, models
-from vit_jax.weights import expressible
-from vit_jax.weights.timm import families, names
+from vit_jax.weights.timm import expressible, families, names
 
 
 def config_from_name(name: str) -> tuple[ml_collections.ConfigDict, tuple[int, int]]:

@@ -6,7 +6,7 @@ its config from a name alone, what of a registered name it does not compute, and
 
 `for_checkpoint` picks the family that reads a state dict, `for_module` the family of an
 architecture name's timm module, `writer_for` the write side of the family that writes one
-of our models; `expressible.py` words its refusals from the records. A new family is one
+of our models; `expressible.py` here words its refusals from the records. A new family is one
 module and one record here.
 """
 

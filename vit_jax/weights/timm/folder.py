@@ -30,8 +30,8 @@ import numpy as np
 from vit_jax import errors, models
 from vit_jax.data import data_config as data_config_lib
 from vit_jax.data.data_config import DataConfig
-from vit_jax.weights import expressible, files
-from vit_jax.weights.timm import arguments, families, names
+from vit_jax.weights import files
+from vit_jax.weights.timm import arguments, expressible, families, names
 
 WEIGHTS = "model.safetensors"
 SPEC = "timm_model.json"
