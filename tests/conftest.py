@@ -1,10 +1,26 @@
-"""Shared fixtures: a tiny run config on the built-in digits dataset."""
+"""Shared fixtures: a tiny run config on the built-in digits dataset; the session's XLA
+compilation cache."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
 # Tests run on the CPU. Set before JAX starts: with libtpu installed (the `tpu` extra, for
 # `vit_jax.plan`) JAX would first try a TPU backend in every test process.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+# One persistent compilation cache for the session, in the environment so that every
+# subprocess (the commands, the multi-device and multi-process scripts) reads and adds to
+# it: the tiny runs compile the same programs in many processes and many tests. Programs
+# that compiled in 0.2 s or more are kept (JAX's default keeps those of 1 s or more: few of
+# the tiny programs). Fresh per session (nothing read from an earlier run), kept out of the
+# user's ~/.cache; a JAX_COMPILATION_CACHE_DIR already set is used instead.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  _CACHE = tempfile.mkdtemp(prefix="vit_jax_tests_xla_")
+  atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 
 # TensorFlow 2.21 then triton (torch's compiler, imported by torchvision and timm) ends
 # the process with a segmentation fault; triton first, the two coexist. Loading it here lets
