@@ -47,6 +47,19 @@ def tiny_config(digits_dir):
   return train_fixtures.tiny_config(digits_dir)
 
 
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory, digits_dir):
+  """(config, workdir, final metrics) of the `testing` model trained briefly on digits
+  (`train_fixtures.trained_config`), with 10-shot evaluation and a whole evaluation at its
+  last step: the trained classifier the few-shot and predict tests share. Copy the workdir
+  before changing it."""
+  from vit_jax import run  # pylint: disable=g-import-not-at-top
+
+  config = train_fixtures.trained_config(digits_dir)
+  workdir = str(tmp_path_factory.mktemp("trained_run"))
+  return config, workdir, run.train_and_evaluate(config, workdir)
+
+
 def pytest_configure(config):
   # Keep TensorFlow quiet and off any accelerator; tests are CPU-only.
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
