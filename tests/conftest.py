@@ -48,6 +48,17 @@ def tiny_config(digits_dir):
 
 
 @pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory, digits_dir):
+  """(workdir, final metrics) of the tiny run (`tiny_config`) trained straight to step 6
+  in-process (steps 3 and 6 saved): the uninterrupted run of the resume test and the
+  supervised checkpoint the LiT tests start from. Copy the workdir before changing it."""
+  from vit_jax import run  # pylint: disable=g-import-not-at-top
+
+  workdir = str(tmp_path_factory.mktemp("tiny_run"))
+  return workdir, run.train_and_evaluate(train_fixtures.tiny_config(digits_dir), workdir)
+
+
+@pytest.fixture(scope="session")
 def trained_run(tmp_path_factory, digits_dir):
   """(config, workdir, final metrics) of the `testing` model trained briefly on digits
   (`train_fixtures.trained_config`), with 10-shot evaluation and a whole evaluation at its
