@@ -2,14 +2,13 @@
 variants, the options it refuses, its FLOPs against XLA's, the quickstart trained with a
 tiny one, its sharding and a plan for a TPU slice."""
 
-import importlib.util
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.markers import needs_libtpu
 from vit_jax import errors, sharding
 from vit_jax.models import create_model, get_model_config, model_settings
 from vit_jax.models.vit import AxialEncoderBlock
@@ -152,7 +151,7 @@ def test_the_analytic_count_matches_xla(changes):
   assert analytic > step_cost.vit_flops_per_image(config, 32, 10, train=False)  # the plain ViT
 
 
-@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed")
+@needs_libtpu
 def test_plan_compiles_an_axial_vit_for_a_tpu_slice():
   from configs import pretrain  # pylint: disable=g-import-not-at-top
   from vit_jax.plan import planner, topology  # pylint: disable=g-import-not-at-top

@@ -3,6 +3,8 @@ run ends where the uncached run ends (float tolerance); the settings it needs ar
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from flax import traverse_util
@@ -30,9 +32,8 @@ def _lit(data_dir: str, pretrained: str, **overrides):
   return train_fixtures.override(config, overrides)
 
 
-def test_cached_features_train_as_the_uncached_run(tmp_path, tiny_config, digits_dir, monkeypatch):
-  run.train_and_evaluate(tiny_config, str(tmp_path / "supervised"))
-  source = str(tmp_path / "supervised" / "checkpoints")
+def test_cached_features_train_as_the_uncached_run(tmp_path, tiny_run, digits_dir, monkeypatch):
+  source = os.path.join(tiny_run[0], "checkpoints")  # the supervised tiny run
   caches = []
   real = feature_cache.FeatureCache
   monkeypatch.setattr(

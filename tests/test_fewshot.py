@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 from sklearn import linear_model
 
-from tests import train_fixtures
-from vit_jax import data, run, sharding
+from vit_jax import data, sharding
 from vit_jax.data import data_config
 from vit_jax.run.evaluators import fewshot, ridge
 from vit_jax.weights import npz, orbax_steps
@@ -72,26 +71,8 @@ def test_too_few_examples_of_a_class_is_an_error():
 # --- A trained model's features -----------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def trained_run(tmp_path_factory, digits_dir):
-  """(config, workdir, final metrics) of the `testing` model trained briefly on digits, with
-  10-shot evaluation at its last step."""
-  config = train_fixtures.tiny_config(
-    digits_dir,
-    batch=32,
-    batch_eval=128,
-    shuffle_buffer=256,
-    total_steps=150,
-    lr__warmup_steps=10,
-    log_every=50,
-    eval_every=1000,
-    checkpoint_every=1000,
-  )
-  config.fewshot.datasets = ("digits",)
-  config.fewshot.shots = (10,)
-  config.fewshot.every = 150
-  workdir = str(tmp_path_factory.mktemp("fewshot_run"))
-  return config, workdir, run.train_and_evaluate(config, workdir)
+# `trained_run` (tests/conftest.py): the `testing` model trained briefly on digits, with
+# 10-shot evaluation at its last step.
 
 
 def test_trained_features_beat_random_features(trained_run):

@@ -60,10 +60,9 @@ def test_siglip_run_with_text_in_the_batch_resumes_exactly(tmp_path, digits_dir,
 
 
 def test_locked_image_tower_ends_as_it_started_and_has_no_optimizer_state(
-  tmp_path, tiny_config, digits_dir, capsys
+  tmp_path, tiny_run, digits_dir, capsys
 ):
-  run.train_and_evaluate(tiny_config, str(tmp_path / "supervised"))
-  source = str(tmp_path / "supervised" / "checkpoints")
+  source = os.path.join(tiny_run[0], "checkpoints")  # the supervised tiny run
   config = _siglip(digits_dir, pretrained=source, **{"contrastive.lock_image": True})
   metrics = run.train_and_evaluate(config, str(tmp_path / "lit"))
   assert 0.0 <= metrics["zeroshot/accuracy"] <= 1.0

@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -102,10 +103,15 @@ def test_a_user_error_is_one_line_without_traceback_and_exit_status_2(tmp_path, 
   )
 
 
-def assert_resume_is_exact(config, tmp_path, monkeypatch):
+def assert_resume_is_exact(config, tmp_path, monkeypatch, straight_run=None):
   """A run stopped after step 4 (step 3 saved) and resumed ends with the parameters and
-  accuracy of an uninterrupted run, bit for bit."""
-  straight = run.train_and_evaluate(config, str(tmp_path / "straight"))
+  accuracy of an uninterrupted run, bit for bit. ``straight_run``: (workdir, final metrics)
+  of that uninterrupted run of ``config`` when one was made already (else it runs here)."""
+  if straight_run is None:
+    straight_dir = str(tmp_path / "straight")
+    straight = run.train_and_evaluate(config, straight_dir)
+  else:
+    straight_dir, straight = straight_run
 
   train_fixtures.run_preempted(config, str(tmp_path / "resumed"), monkeypatch)
   # Step 3 was saved (checkpoint_every=3) and survived the failure; step 4 was not saved.
@@ -121,16 +127,16 @@ def assert_resume_is_exact(config, tmp_path, monkeypatch):
   resumed = run.train_and_evaluate(config, str(tmp_path / "resumed"))
   assert starts == [3]
   assert resumed["eval/accuracy"] == straight["eval/accuracy"]
-  a = orbax_steps.read_params(tmp_path / "straight" / "checkpoints" / "6")
+  a = orbax_steps.read_params(os.path.join(straight_dir, "checkpoints", "6"))
   b = orbax_steps.read_params(tmp_path / "resumed" / "checkpoints" / "6")
   for k, v in traverse_util.flatten_dict(a, sep="/").items():
     np.testing.assert_array_equal(traverse_util.flatten_dict(b, sep="/")[k], v, err_msg=k)
 
 
 def test_resumed_run_continues_at_the_saved_step_with_identical_parameters(
-  tmp_path, tiny_config, monkeypatch
+  tmp_path, tiny_config, monkeypatch, tiny_run
 ):
-  assert_resume_is_exact(tiny_config, tmp_path, monkeypatch)
+  assert_resume_is_exact(tiny_config, tmp_path, monkeypatch, straight_run=tiny_run)
 
 
 def test_resume_is_exact_with_every_regularizer_on(tmp_path, tiny_config, monkeypatch):
@@ -151,10 +157,9 @@ def test_resume_is_exact_with_every_regularizer_on(tmp_path, tiny_config, monkey
   assert_resume_is_exact(tiny_config, tmp_path, monkeypatch)
 
 
-def test_resume_with_another_model_is_an_error_and_keeps_the_run(tmp_path, tiny_config):
+def test_resume_with_another_model_is_an_error_and_keeps_the_run(tmp_path, tiny_config, tiny_run):
   workdir = str(tmp_path / "run")
-  tiny_config.total_steps = 3
-  run.train_and_evaluate(tiny_config, workdir)
+  shutil.copytree(tiny_run[0], workdir)  # the tiny run of tiny_config, finished
   before = sorted(os.listdir(os.path.join(workdir, "checkpoints")))
   tiny_config.model.hidden_size = 48
   with pytest.raises(ValueError, match="model differ.*new --workdir"):

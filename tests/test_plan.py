@@ -3,7 +3,6 @@ and v3:2x2 (compiled for TPU devices on this CPU host; needs libtpu, the `tpu` e
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import re
@@ -13,15 +12,11 @@ import pytest
 
 from configs import pretrain
 from tests import train_fixtures
+from tests.markers import needs_libtpu
 from vit_jax import hardware, sharding
 from vit_jax import run as run_lib
 from vit_jax.models import get_model_config
 from vit_jax.plan import cli, hlo, planner, report, topology
-
-needs_libtpu = pytest.mark.skipif(
-  importlib.util.find_spec("libtpu") is None,
-  reason='libtpu is not installed (pip install -e ".[tpu]"): nothing compiles for a TPU',
-)
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,8 @@ import jax
 import pytest
 
 from configs import lit
-from tests.test_plan import needs_libtpu, tiny_config
+from tests.markers import needs_libtpu
+from tests.test_plan import tiny_config
 from vit_jax import hardware, models
 from vit_jax.models import image_text
 from vit_jax.plan import hlo, loop_cost, planner, report, topology

@@ -3,19 +3,14 @@ compiler), and a tiny ViT's forward pass compiled for one TPUv3 core (needs libt
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
+from tests.markers import needs_libtpu
 from vit_jax import hardware
 from vit_jax.models import get_model_config
 from vit_jax.plan import inference, topology
 from vit_jax.run import memory_fit
 
-needs_libtpu = pytest.mark.skipif(
-  importlib.util.find_spec("libtpu") is None,
-  reason='libtpu is not installed (pip install -e ".[tpu]"): nothing compiles for a TPU',
-)
 BUDGET = 1000.0
 
 

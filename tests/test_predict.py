@@ -15,8 +15,7 @@ from flax import traverse_util
 from PIL import Image
 
 from tests import interop_fixtures as fx
-from tests import train_fixtures
-from vit_jax import errors, models, predict, run
+from vit_jax import errors, models, predict
 from vit_jax.data import digits
 from vit_jax.weights import architecture, sources
 
@@ -156,22 +155,10 @@ def _png(array: np.ndarray) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def digits_run(tmp_path_factory, digits_dir):
-  """(workdir, final metrics, folder of the test split as <label>/<index>.png) of a short
-  quickstart-style run on digits at 8x8."""
-  config = train_fixtures.tiny_config(
-    digits_dir,
-    batch=32,
-    batch_eval=120,
-    shuffle_buffer=256,
-    total_steps=60,
-    lr__warmup_steps=5,
-    log_every=60,
-    eval_every=1000,
-    checkpoint_every=1000,
-  )
-  workdir = str(tmp_path_factory.mktemp("run"))
-  metrics = run.train_and_evaluate(config, workdir)
+def digits_run(tmp_path_factory, trained_run):
+  """(workdir, final metrics, folder of the test split as <label>/<index>.png) of the
+  session's short quickstart-style run on digits at 8x8 (`trained_run`)."""
+  _, workdir, metrics = trained_run
   folder = tmp_path_factory.mktemp("test_images")
   images, labels = digits.digits_arrays()
   for i in digits.split_indices()["test"]:

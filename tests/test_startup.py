@@ -3,7 +3,6 @@ backend noise on a host with libtpu but no TPU, log lines without absl's prefix 
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import re
@@ -11,15 +10,17 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
 from absl import flags, logging
 
 from tests import fresh_python
 from tests import interop_fixtures as fx
+from tests.markers import needs_libtpu
 from vit_jax import cli
 
 
 def test_command_start_up_skips_keras_and_caches_compilations(tmp_path):
+  env = fresh_python.clean_env(XDG_CACHE_HOME=str(tmp_path))
+  env.pop("JAX_COMPILATION_CACHE_DIR", None)  # the tests' own cache (tests/conftest.py)
   out = fresh_python.run_json(
     """
     import json, os, sys
@@ -35,7 +36,7 @@ def test_command_start_up_skips_keras_and_caches_compilations(tmp_path):
       cache=jax.config.jax_compilation_cache_dir,
     )))
     """,
-    fresh_python.clean_env(XDG_CACHE_HOME=str(tmp_path)),
+    env,
   )
   assert out["keras"] == []  # TensorFlow's eager import of Keras was skipped
   assert out["blocked_left"] == []  # and Keras still imports if asked for
@@ -43,9 +44,7 @@ def test_command_start_up_skips_keras_and_caches_compilations(tmp_path):
   assert out["cache"] == str(tmp_path / "vit_jax" / "xla")
 
 
-@pytest.mark.skipif(
-  importlib.util.find_spec("libtpu") is None, reason="the CPU is chosen only where libtpu is"
-)
+@needs_libtpu  # the CPU is chosen only where libtpu is
 def test_a_command_on_a_host_with_libtpu_and_no_accelerator_runs_on_the_cpu_quietly(tmp_path):
   """Without a platform chosen, JAX would start libtpu's TPU backend (and any GPU
   plugin's) and log its failure; `cli.run_command` chooses the CPU before anything starts
