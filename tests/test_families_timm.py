@@ -25,6 +25,7 @@ import pytest
 
 from tests import interop_fixtures as fx
 from tests import test_bit, test_mixer, train_fixtures
+from tests.markers import needs_libtpu
 from vit_jax import errors, export, models
 from vit_jax.models import families as model_families
 from vit_jax.weights import architecture, npz, sources
@@ -358,9 +359,7 @@ def test_the_configs_take_the_family_names(name):
         assert section[last] == value, (argument, key)
 
 
-@pytest.mark.skipif(
-  __import__("importlib").util.find_spec("libtpu") is None, reason="libtpu is not installed"
-)
+@needs_libtpu
 @each_family
 def test_plan_compiles_the_family_for_a_tpu_slice(name):
   from configs import pretrain  # pylint: disable=g-import-not-at-top
