@@ -26,6 +26,7 @@ INSTALL_REQUIRES = [
 EXTRAS_REQUIRE = {
   "test": [
     "pytest>=8",
+    "pytest-xdist>=3.5",  # the suite over the cores (pytest.ini)
     "ruff>=0.6",  # the linter and formatter, configured in pyproject.toml
     "nbclient>=0.10",
     "nbformat>=5.9",
