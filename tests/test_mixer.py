@@ -186,10 +186,12 @@ def rebuild_timm(spec: dict):
   return mlp_mixer.MlpMixer(**spec["kwargs"], **_act("act_layer" in spec)).eval()
 
 
+@pytest.mark.parametrize("pretrained, kwargs", TIMM_FAMILIES)
 @pytest.mark.parametrize("tanh", [False, True])
-def test_timm_import_reads_the_gelu_the_weights_were_trained_with(tmp_path, tanh):
+def test_timm_import_reads_the_gelu_the_weights_were_trained_with(
+  tmp_path, pretrained, kwargs, tanh
+):
   """The other GELU gives other logits (timm's logits: tests/test_families_timm.py)."""
-  pretrained, kwargs = TIMM_FAMILIES[0]
   net = write_timm_mixer(tmp_path, pretrained, tanh, **kwargs)
   loaded = sources.load(str(tmp_path))
   assert loaded.config.gelu_approximate is tanh
