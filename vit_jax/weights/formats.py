@@ -91,13 +91,14 @@ def _directory(path: str) -> str:
 # -------------------------------------------------------------- transformers and timm
 
 
-def _hf_vit_data(path: str, read: Read) -> DataConfig:
-  size = read.image_size or UNSIZED_INPUT
-  return vit.read_data_config(_directory(path), read.config, size)
-
-
-def _two_tower_data(path: str, read: Read) -> DataConfig:
-  return two_tower.read_data_config(path, read.config, read.image_size or UNSIZED_INPUT)
+def _stated_in_folder(
+  read_data_config: Callable[[str, ml_collections.ConfigDict, tuple[int, int]], DataConfig],
+) -> Callable[[str, Read], DataConfig]:
+  """The preprocessing a checkpoint's folder states (an image processor, timm's
+  ``pretrained_cfg``), read by the format's ``read_data_config(directory, config, size)``."""
+  return lambda path, read: read_data_config(
+    _directory(path), read.config, read.image_size or UNSIZED_INPUT
+  )
 
 
 def _is_timm(path: str) -> bool:
@@ -106,11 +107,6 @@ def _is_timm(path: str) -> bool:
   if os.path.isfile(path):
     return path.endswith(hf_folder.SAFETENSORS)
   return os.path.isdir(path) and timm_folder.is_timm_dir(path)
-
-
-def _timm_data(path: str, read: Read) -> DataConfig:
-  size = read.image_size or UNSIZED_INPUT
-  return timm_folder.read_data_config(_directory(path), read.config, size)
 
 
 def _timm_writer(
@@ -131,7 +127,7 @@ HF_TWO_TOWER = Format(
   name="transformers two-tower folder (SiglipModel, Siglip2Model, CLIPModel)",
   detect=two_tower.detect,
   read=lambda path, _: Read(*two_tower.read(path)),
-  data_config=_two_tower_data,
+  data_config=_stated_in_folder(two_tower.read_data_config),
   tokenizer=lambda path, _: two_tower.read_tokenizer(path),
   export="hf",
   family=families.TWO_TOWER.name,
@@ -141,7 +137,7 @@ HF_VIT = Format(
   name="transformers ViT folder (ViTForImageClassification, ViTModel)",
   detect=vit.detect,
   read=lambda path, _: Read(*vit.read(path)),
-  data_config=_hf_vit_data,
+  data_config=_stated_in_folder(vit.read_data_config),
   export="hf",
   write=vit.writer,
 )
@@ -149,7 +145,7 @@ TIMM = Format(
   name="timm folder or .safetensors",
   detect=_is_timm,
   read=lambda path, _: Read(*timm_folder.read(path)),
-  data_config=_timm_data,
+  data_config=_stated_in_folder(timm_folder.read_data_config),
   export="timm",
   write=_timm_writer,
 )

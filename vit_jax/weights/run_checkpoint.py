@@ -13,7 +13,7 @@ import ml_collections
 
 from vit_jax import errors, models
 from vit_jax.aliases import Params
-from vit_jax.data import data_config
+from vit_jax.data import caption_settings, data_config
 from vit_jax.data.data_config import DataConfig
 from vit_jax.paths import CONFIG_FILE, RunPaths, as_path
 from vit_jax.weights import npz, orbax_steps
@@ -56,8 +56,6 @@ def run_tokenizer(run_config: ml_collections.ConfigDict, names: Optional[list[st
   """The tokenizer of a two-tower run's captions, as the run read them (the one rule,
   `data.caption_settings`): its data's own captions' (``config.text.tokenizer``), else the
   word tokenizer of its class names in its templates; None for an image model."""
-  from vit_jax.data import caption_settings  # pylint: disable=g-import-not-at-top
-
   if not models.is_two_tower(run_config.model):
     return None
   return caption_settings.CaptionSettings.from_config(run_config).load_tokenizer(names)
