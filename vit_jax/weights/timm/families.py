@@ -67,9 +67,9 @@ class TimmFamily:
   writer: Optional[TimmWriter] = None
 
 
-def _is(config: Config, family: model_families.Family) -> bool:
-  """Whether ``config`` is of our model ``family``."""
-  return models.family_of(config) is family
+def _is_vit(config: Config) -> bool:
+  """Whether ``config`` is of our ViT family (`models.is_mixer` and `is_bit` for the rest)."""
+  return models.family_of(config) is model_families.VIT
 
 
 VIT = TimmFamily(
@@ -79,9 +79,7 @@ VIT = TimmFamily(
   config_from_name=vit_config.config_from_name,
   prefixes=("vit", "deit", "deit3", "flexivit"),
   reads="vit_*, deit*, flexivit_*",
-  writer=TimmWriter(
-    lambda c: _is(c, model_families.VIT) and not eva_config.is_eva(c), vit.model_spec, vit.to_timm
-  ),
+  writer=TimmWriter(lambda c: _is_vit(c) and not eva_config.is_eva(c), vit.model_spec, vit.to_timm),
 )
 EVA = TimmFamily(
   name="eva",
@@ -91,9 +89,7 @@ EVA = TimmFamily(
   unexpressed=eva_config.unexpressed,
   prefixes=("eva02", "eva"),
   reads="eva.py's DINOv3, EVA-02, Perception Encoder and RoPE-ViT",
-  writer=TimmWriter(
-    lambda c: _is(c, model_families.VIT) and eva_config.is_eva(c), eva.model_spec, eva.to_timm
-  ),
+  writer=TimmWriter(lambda c: _is_vit(c) and eva_config.is_eva(c), eva.model_spec, eva.to_timm),
 )
 NAFLEX = TimmFamily(
   name="naflex",
@@ -119,7 +115,7 @@ MIXER = TimmFamily(
   ),
   prefixes=("mixer",),
   reads="mixer_*",
-  writer=TimmWriter(lambda c: _is(c, model_families.MIXER), mixer.model_spec, mixer.to_timm),
+  writer=TimmWriter(models.is_mixer, mixer.model_spec, mixer.to_timm),
 )
 BIT = TimmFamily(
   name="bit",
@@ -128,7 +124,7 @@ BIT = TimmFamily(
   stem=bit.STEM,
   prefixes=("resnetv2",),
   reads="resnetv2_* (BiT)",
-  writer=TimmWriter(lambda c: _is(c, model_families.BIT), bit.model_spec, bit.to_timm),
+  writer=TimmWriter(models.is_bit, bit.model_spec, bit.to_timm),
 )
 FAMILIES = (VIT, EVA, NAFLEX, MIXER, BIT)
 
