@@ -62,6 +62,9 @@ def test_fine_tune_reports_progress_returns_history_and_refuses_other_arguments(
   with pytest.raises(errors.ResumeError, match="the model #"):
     tuned.with_head(5).fine_tune(images, labels, steps=6, workdir=workdir)
   assert orbax_steps.finalized_steps(workdir / "checkpoints") == saved  # nothing trained
+  (workdir / "inputs" / "fine_tune.json").unlink()  # as a folder of `python -m vit_jax.main`
+  with pytest.raises(errors.ResumeError, match="holds a run that fine_tune did not start"):
+    model.fine_tune(images, labels, steps=6, workdir=workdir)
 
 
 @pytest.mark.parametrize(
