@@ -85,20 +85,19 @@ def train_on_arrays(
   inputs = os.path.join(workdir, INPUTS)
   data_path = os.path.join(inputs, "arrays.npz")
   weights = os.path.join(inputs, "pretrained")
-  called = {
-    "steps": steps,
-    "lr": lr,
-    "batch": batch,
-    "seed": seed,
-    "class_names": None if class_names is None else list(class_names),
-    "overrides": dict(overrides or {}),
-    "images": _digest(images),
-    "labels": _digest(labels),
-    "test_images": None if test_images is None else _digest(test_images),
-    "test_labels": None if test_labels is None else _digest(test_labels),
-    "model": _digest(model.params, model.config.to_json(), model.data_config.to_dict()),
-  }
-  called = json.loads(json.dumps(called, default=repr))  # as the file holds it
+  called = _arguments(
+    model,
+    steps=steps,
+    lr=lr,
+    batch=batch,
+    seed=seed,
+    class_names=None if class_names is None else list(class_names),
+    overrides=dict(overrides or {}),
+    images=_digest(images),
+    labels=_digest(labels),
+    test_images=None if test_images is None else _digest(test_images),
+    test_labels=None if test_labels is None else _digest(test_labels),
+  )
   if not _check_same_run(workdir, called):  # a new run: this call's inputs
     os.makedirs(inputs, exist_ok=True)
     arrays.save_arrays(
@@ -139,6 +138,13 @@ def train_on_arrays(
   finally:
     bar.close()
   return workdir, bar.history
+
+
+def _arguments(model: Any, **arguments: Any) -> dict[str, Any]:
+  """A call's arguments as ``inputs/fine_tune.json`` holds them: the values given, the
+  arrays (already digested) and the starting model by their digests."""
+  model_digest = _digest(model.params, model.config.to_json(), model.data_config.to_dict())
+  return json.loads(json.dumps({**arguments, "model": model_digest}, default=repr))
 
 
 def _check_same_run(workdir: str, called: dict[str, Any]) -> bool:
