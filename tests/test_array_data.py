@@ -90,7 +90,7 @@ def test_fine_tune_on_arrays_learns_a_colour_task_and_leaves_a_run(tmp_path):
   colours = np.array([[230, 20, 20], [20, 230, 20], [20, 20, 230]], np.uint8)
   images = np.broadcast_to(colours[labels][:, None, None], (30, 12, 12, 3)).copy()
   model = vit_jax.create("testing", num_classes=5, image_size=SIZE)
-  tuned = model.fine_tune(
+  tuned, history = model.fine_tune(
     images,
     labels,
     steps=20,
@@ -99,6 +99,7 @@ def test_fine_tune_on_arrays_learns_a_colour_task_and_leaves_a_run(tmp_path):
     overrides={"optim.name": "adamw", "lr.base": 0.01, "pp.flip": False},
   )
   assert tuned.num_classes == CLASSES and tuned.class_names == ["red", "green", "blue"]
+  assert history.final["eval/accuracy"] == 1.0
   assert (tmp_path / "run" / "checkpoints").is_dir()  # a run as the command leaves one
   top = [p[0][0] for p in tuned.predict(colours[:, None, None].repeat(SIZE, 1).repeat(SIZE, 2))]
   assert top == ["red", "green", "blue"]

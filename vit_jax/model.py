@@ -231,13 +231,17 @@ class Model:
     """transformers' name: `save` as npz, read back by `vit_jax.from_pretrained`."""
     return self.save(directory)
 
-  def fine_tune(self, images: Any, labels: Any = None, **kwargs: Any) -> "Model":
-    """A fine-tuned copy, trained on arrays by the run of ``python -m vit_jax.main``
-    (`vit_jax.fine_tune.train_on_arrays`: its arguments) and loaded from its folder."""
+  def fine_tune(self, images: Any, labels: Any = None, **kwargs: Any) -> tuple["Model", Any]:
+    """``(tuned, history)``: a fine-tuned copy, trained on arrays by the run of ``python -m
+    vit_jax.main`` (`vit_jax.fine_tune.train_on_arrays`: its arguments; a progress bar
+    with loss, img/s and ETA, then the evaluation) and loaded from its folder, with this
+    model's preprocessing; and the run's `vit_jax.run.progress.History` (``history.train``
+    per report, ``history.final`` the evaluation). A ``workdir`` holding a run started
+    with other arguments is refused, naming them."""
     from vit_jax import fine_tune  # pylint: disable=g-import-not-at-top  (the run: heavier)
 
-    workdir = fine_tune.train_on_arrays(self, images, labels, **kwargs)
-    return load(workdir, batch_size=self.batch_size)
+    workdir, history = fine_tune.train_on_arrays(self, images, labels, **kwargs)
+    return load(workdir, batch_size=self.batch_size), history
 
 
 def _model_inputs(images: Any) -> np.ndarray:

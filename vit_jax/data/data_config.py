@@ -34,7 +34,8 @@ TIMM_INTERPOLATION = "bicubic"
 TIMM_CROP_MODE = "center"
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-_RUN_KEYS = ("crop_pct", "crop_mode", "interpolation", "resizer")  # a run's optional pp keys
+# A run's optional pp keys (beside pp.crop and the model's mean/std).
+_RUN_KEYS = ("crop_pct", "crop_mode", "interpolation", "resizer", "crop_offset")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,8 +244,8 @@ def from_run_config(
 ) -> DataConfig:
   """A run's eval preprocessing: ``pp.crop`` and the mean/std of ``model`` (None:
   ``config.model``; a two-tower run's image tower), with the official recipe unless ``pp``
-  sets crop_pct, crop_mode, interpolation or resizer (then PIL's antialiased resize unless
-  it says resizer='tf')."""
+  sets crop_pct, crop_mode, interpolation, resizer or crop_offset (then PIL's antialiased
+  resize unless it says resizer='tf')."""
   pp = config.get("pp") or {}
   if model is None:
     model = config.get("model") or {}
@@ -258,6 +259,16 @@ def from_run_config(
     return DataConfig((crop, crop), mean=mean, std=std, **{"resizer": "pil", **given})
   except errors.ConfigError as e:
     raise errors.ConfigError(f"config.pp: {e} Fix the config.pp keys named.") from None
+
+
+def to_run_pp(config: DataConfig) -> dict[str, Any]:
+  """The ``config.pp`` keys of a run whose evaluation prepares images as ``config`` does
+  (`from_run_config` reads them back, with ``pp.crop`` and the model's mean/std): none for
+  the official recipe, else every key it reads. A run fine-tuned from a checkpoint keeps
+  the checkpoint's preprocessing through them (`vit_jax.fine_tune`)."""
+  if config == official(config.input_size, config.mean, config.std):
+    return {}
+  return {key: getattr(config, key) for key in _RUN_KEYS}
 
 
 def _rgb(value: Any, name: str) -> RGB:

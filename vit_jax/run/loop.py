@@ -186,9 +186,12 @@ def _steps_until_done(
   return state, metrics
 
 
-def train(steps: steps_lib.RunSteps, workdir: str) -> dict[str, float]:
+def train(
+  steps: steps_lib.RunSteps, workdir: str, observer: Optional[progress_lib.Observer] = None
+) -> dict[str, float]:
   """Trains (or resumes) and evaluates the run ``steps`` were built for (``steps.spec``)
-  in ``workdir``; returns the final metrics.
+  in ``workdir``; returns the final metrics. ``observer`` is told each progress report
+  and evaluation (`progress.Observer`).
 
   ``total_steps=0`` only evaluates the initial (e.g. pretrained) parameters. Every check
   (the settings, the folder's config and checkpoints, the pretrained weights' fit) passes
@@ -220,7 +223,11 @@ def train(steps: steps_lib.RunSteps, workdir: str) -> dict[str, float]:
       guard = divergence.Guard(_tunables(spec), restored_step=restored_step)
       total_steps = spec.loop.total_steps
       progress = progress_lib.Progress(
-        folder.events, total_steps=total_steps, global_batch=spec.batch, start_step=start_step
+        folder.events,
+        total_steps=total_steps,
+        global_batch=spec.batch,
+        start_step=start_step,
+        observer=observer,
       )
       logging.info(
         "Training %s on %s from step %d to %d on %d devices (mesh %s, %s).",
@@ -250,6 +257,11 @@ def train(steps: steps_lib.RunSteps, workdir: str) -> dict[str, float]:
   return {**metrics, **final}
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-  """Resolves ``config`` on all devices (`resolver.build`), builds its steps and runs them."""
-  return train(resolver.build(config), workdir)
+def train_and_evaluate(
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  observer: Optional[progress_lib.Observer] = None,
+) -> dict[str, float]:
+  """Resolves ``config`` on all devices (`resolver.build`), builds its steps and runs them
+  (``observer``: `train`'s)."""
+  return train(resolver.build(config), workdir, observer)

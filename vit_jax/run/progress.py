@@ -1,14 +1,16 @@
-"""The training loop's outputs: a progress line and TensorBoard scalars in the run's folder.
+"""The training loop's outputs: a progress line and TensorBoard scalars in the run's folder,
+and the same reports handed to an `Observer` (a caller's hook: `History`, a progress bar).
 
-Only process 0 writes; every process may call these. Beside img/s the line shows MFU, the
-model FLOPs achieved as a share of the devices' dense peak (`vit_jax.run.step_cost`), once
-`start` has been given the FLOPs of one step.
+Only process 0 writes and calls the observer; every process may call these. Beside img/s the
+line shows MFU, the model FLOPs achieved as a share of the devices' dense peak
+(`vit_jax.run.step_cost`), once `start` has been given the FLOPs of one step.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Protocol
 
 import jax
 from absl import logging
@@ -23,15 +25,63 @@ def _format_duration(seconds: float) -> str:
   return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
 
 
-class Progress:
-  """Measures throughput between reports and writes scalars to ``events_dir``."""
+class Observer(Protocol):
+  """What a caller of the run (`vit_jax.fine_tune`) is told, as the progress line is."""
 
-  def __init__(self, events_dir: str, *, total_steps: int, global_batch: int, start_step: int):
+  def on_start(self, start_step: int, total_steps: int) -> None:
+    """The first step is about to run (after compilation), from ``start_step``."""
+
+  def on_train(self, step: int, total_steps: int, scalars: Mapping[str, float]) -> None:
+    """A progress report: ``train/loss``, ``train/lr``, ``img_per_sec``, ... at ``step``."""
+
+  def on_eval(self, step: int, total_steps: int, metrics: Mapping[str, float]) -> None:
+    """An evaluation's metrics (``eval/accuracy``, ...) at ``step``; the last one is the
+    final evaluation."""
+
+
+@dataclasses.dataclass
+class History:
+  """The reports of one run's training, in order (an `Observer`): ``train`` one row per
+  progress line ({'step', 'train/loss', 'train/lr', 'img_per_sec', ...}), ``evaluations``
+  one row per evaluation ({'step', 'eval/accuracy', ...}), the final one last."""
+
+  train: list[dict[str, float]] = dataclasses.field(default_factory=list)
+  evaluations: list[dict[str, float]] = dataclasses.field(default_factory=list)
+
+  @property
+  def final(self) -> dict[str, float]:
+    """The last evaluation's metrics ({} before one)."""
+    return self.evaluations[-1] if self.evaluations else {}
+
+  def on_start(self, start_step: int, total_steps: int) -> None:
+    del start_step, total_steps  # the rows carry their steps
+
+  def on_train(self, step: int, total_steps: int, scalars: Mapping[str, float]) -> None:
+    self.train.append({"step": step, **scalars})
+
+  def on_eval(self, step: int, total_steps: int, metrics: Mapping[str, float]) -> None:
+    self.evaluations.append({"step": step, **metrics})
+
+
+class Progress:
+  """Measures throughput between reports, writes scalars to ``events_dir`` and tells
+  ``observer`` what the progress line says."""
+
+  def __init__(
+    self,
+    events_dir: str,
+    *,
+    total_steps: int,
+    global_batch: int,
+    start_step: int,
+    observer: Optional[Observer] = None,
+  ):
     self.total_steps = total_steps
     self.global_batch = global_batch
     self.num_devices = jax.device_count()
     self.is_writer = jax.process_index() == 0
     self._last_step = start_step
+    self._observer = observer if self.is_writer else None
     self._last_time = time.perf_counter()
     self._step_flops: Optional[float] = None
     self._peak_flops: Optional[float] = None  # per device, set once by `start`
@@ -59,6 +109,8 @@ class Progress:
         else:
           kind = device.device_kind
           logging.info("No MFU: no peak is known for one %s (%s).", kind, compute_dtype)
+    if self._observer is not None:
+      self._observer.on_start(self._last_step, self.total_steps)
     self._last_time = time.perf_counter()
 
   def _mfu(self, steps_per_sec: float) -> Optional[float]:
@@ -106,6 +158,8 @@ class Progress:
         eta,
       )
     self.write_scalars(step, scalars)
+    if self._observer is not None:
+      self._observer.on_train(step, self.total_steps, scalars)
     return scalars
 
   def report_eval(self, step: int, metrics: Mapping[str, float]) -> None:
@@ -117,6 +171,8 @@ class Progress:
         " | ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items())),
       )
     self.write_scalars(step, metrics)
+    if self._observer is not None:
+      self._observer.on_eval(step, self.total_steps, metrics)
     # The time spent evaluating does not count towards training throughput.
     self._last_time = time.perf_counter()
 

@@ -126,8 +126,7 @@ def model_spec(
   ``_create_resnetv2_bit`` builds its BiTs, with the state dict loaded from
   `model.safetensors`.
   """
-  if not num_classes:
-    raise errors.ConfigError("This model cannot be exported to timm: no classification head.")
+  num_classes = num_classes or 0  # no head: timm's num_classes=0, the pooled features out
   name = timm_name(config)
   units, width = tuple(config.resnet.num_layers), int(config.resnet.width_factor)
   kwargs: dict[str, Any] = dict(num_classes=num_classes)

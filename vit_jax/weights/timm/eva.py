@@ -183,7 +183,7 @@ def read(checkpoint: arguments.Checkpoint) -> arguments.Loaded:
   return arguments.loaded(config, params, c.class_names, arguments.input_size(c.pretrained_cfg))
 
 
-def check_exportable(config: ml_collections.ConfigDict, num_classes: Optional[int]) -> None:
+def check_exportable(config: ml_collections.ConfigDict) -> None:
   """One ConfigError listing what timm's Eva cannot represent of ``config``."""
   problems = []
   if config.classifier not in ("token", "gap", "map"):
@@ -202,8 +202,6 @@ def check_exportable(config: ml_collections.ConfigDict, num_classes: Optional[in
     problems.append("a representation layer, ResNet stem or Axial-ViT blocks")
   if config.norm_pre and config.posemb != "learn":
     problems.append("a norm before the blocks without a table (timm's Eva has no patch bias)")
-  if not num_classes:
-    problems.append("no classification head")
   if problems:
     raise errors.ConfigError(
       "This model cannot be exported to timm's Eva: " + "; ".join(problems) + "."
@@ -232,12 +230,14 @@ def _mlp_ratio(hidden: int, width: int) -> float:
 
 
 def model_spec(
-  config: ml_collections.ConfigDict, *, num_classes: int, image_size: tuple[int, int]
+  config: ml_collections.ConfigDict, *, num_classes: Optional[int], image_size: tuple[int, int]
 ) -> dict[str, Any]:
   """{'model_name', 'kwargs', 'pretrained_cfg_overlay'} for `timm.create_model`: a name
-  registered with the model's LayerNorm epsilon, every other choice by keyword."""
+  registered with the model's LayerNorm epsilon, every other choice by keyword; no head is
+  timm's ``num_classes=0``."""
   config = models.with_family_defaults(config)
-  check_exportable(config, num_classes)
+  check_exportable(config)
+  num_classes = num_classes or 0
   t, d, patch = config.transformer, config.hidden_size, tuple(config.patches.size)
   module = models.create_model(config, num_classes=num_classes)
   rope = {v: k for k, v in eva_config.ROPE_KINDS.items()}

@@ -136,8 +136,7 @@ def model_spec(
   has no timm name (``model_name`` None) and is ``timm.models.mlp_mixer.MlpMixer(**kwargs)``
   with the state dict loaded from `model.safetensors`.
   """
-  if not num_classes:
-    raise errors.ConfigError("This model cannot be exported to timm: no classification head.")
+  num_classes = num_classes or 0  # no head: timm's num_classes=0, the pooled features out
   patch = tuple(config.patches.size)
   d = config.hidden_dim
   name = _NAMES.get((patch[0], d, config.num_blocks)) if patch[0] == patch[1] else None

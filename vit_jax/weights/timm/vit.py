@@ -70,8 +70,8 @@ _TIMM_STD_EPS = 1e-8
 _OUR_STD_EPS = 1e-5
 
 
-def check_exportable(config: ml_collections.ConfigDict, num_classes: Optional[int]) -> None:
-  """One ValueError listing what timm's VisionTransformer cannot represent."""
+def check_exportable(config: ml_collections.ConfigDict) -> None:
+  """One ConfigError listing what timm's VisionTransformer cannot represent."""
   problems = []
   if config.get("classifier", "token") not in POOLS:
     problems.append(f"classifier {config.classifier!r} (timm: one of {tuple(POOLS)})")
@@ -100,8 +100,6 @@ def check_exportable(config: ml_collections.ConfigDict, num_classes: Optional[in
     )
   if config.get("fc_norm") and not config.get("final_norm", True):
     problems.append("fc_norm without final_norm (timm's final_norm=False has no norm at all)")
-  if not num_classes:
-    problems.append("no classification head")
   if problems:
     raise errors.ConfigError("This model cannot be exported to timm: " + "; ".join(problems) + ".")
 
@@ -109,11 +107,13 @@ def check_exportable(config: ml_collections.ConfigDict, num_classes: Optional[in
 def model_spec(
   config: ml_collections.ConfigDict,
   *,
-  num_classes: int,
+  num_classes: Optional[int],
   image_size: tuple[int, int],
 ) -> dict[str, Any]:
-  """{'model_name', 'kwargs', 'pretrained_cfg_overlay'} for `timm.create_model`."""
-  check_exportable(config, num_classes)
+  """{'model_name', 'kwargs', 'pretrained_cfg_overlay'} for `timm.create_model`; a model
+  without a head (``num_classes`` None or 0) is timm's ``num_classes=0``, pre-logits out."""
+  check_exportable(config)
+  num_classes = num_classes or 0
   t, resnet = config.transformer, config.get("resnet")
   patch = tuple(config.patches.size)
   config = models.with_family_defaults(config)
@@ -154,7 +154,8 @@ def model_spec(
     "architecture": (
       f"{stem}ViT: patch {'x'.join(map(str, patch))}, width {config.hidden_size}, depth "
       f"{t.num_layers}, {t.num_heads} heads, MLP {t.mlp_dim}, input {size}, "
-      f"{num_classes} classes (model_name only picks timm's class; kwargs set the shape)"
+      f"{f'{num_classes} classes' if num_classes else 'no head'} (model_name only picks "
+      "timm's class; kwargs set the shape)"
     ),
     "model_name": name,
     "kwargs": kwargs,
