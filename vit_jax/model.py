@@ -138,7 +138,7 @@ class Model:
     with ``nnx.Optimizer``; `vit_jax.nnx_view.NNXModel.to_model` is the way back)."""
     from vit_jax import nnx_view  # pylint: disable=g-import-not-at-top  (flax.nnx: on use)
 
-    return nnx_view.NNXModel(self._facts, self._params)
+    return nnx_view.NNXModel(self)
 
   # ------------------------------------------------------------------ running the model
 

@@ -22,9 +22,6 @@ from typing import Any
 import jax
 from flax import nnx
 
-from vit_jax import model as model_lib
-from vit_jax.aliases import Params
-
 
 def _is_variable(value: Any) -> bool:
   return isinstance(value, nnx.Variable)
@@ -34,14 +31,15 @@ class NNXModel(nnx.Module):
   """The parameters of a `vit_jax.Model` as ``nnx.Param`` (``params``, the model's tree)
   and its forward functions; made by `vit_jax.Model.to_nnx`."""
 
-  def __init__(self, facts: Any, params: Params):
-    self._facts = facts  # static: the `Model`'s config, preprocessing and class names
-    self.params = nnx.data(jax.tree.map(nnx.Param, params))
+  def __init__(self, model: Any):
+    # Static: the `Model`'s treedef (its config, preprocessing and class names).
+    self._treedef = jax.tree.structure(model)
+    self.params = nnx.data(jax.tree.map(nnx.Param, model.params))
 
-  def to_model(self) -> model_lib.Model:
+  def to_model(self) -> Any:
     """The `vit_jax.Model` of the current parameters (it saves, exports and predicts)."""
     values = jax.tree.map(lambda v: v[...], self.params, is_leaf=_is_variable)
-    return model_lib.Model._of(self._facts, values)  # pylint: disable=protected-access
+    return jax.tree.unflatten(self._treedef, jax.tree.leaves(values))
 
   def __call__(self, x: jax.Array) -> jax.Array:
     """Logits [B, K] of model inputs [B, H, W, 3] (`vit_jax.Model.logits`)."""
