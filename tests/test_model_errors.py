@@ -44,6 +44,10 @@ def test_channels_first_inputs_name_the_transpose_in_their_library(model):
   with pytest.raises(errors.ConfigError, match=r"NCHW\) torch array .*x\.permute\(0, 2, 3, 1\)"):
     model(torch.from_numpy(nchw))
   np.testing.assert_array_equal(model(torch.from_numpy(X)), model(X))  # NHWC torch works
+  with pytest.raises(errors.ConfigError, match=r"\(CHW\) numpy array .*x\.transpose\(1, 2, 0\)"):
+    model.prepare(np.zeros((3, 40, 40), np.uint8))  # an image, as torchvision holds it
+  with pytest.raises(errors.ConfigError, match=r"\(NCHW\) torch array"):
+    model.predict(torch.zeros((2, 3, 40, 40), dtype=torch.uint8))
 
 
 def test_another_input_size_names_at_resolution(model):

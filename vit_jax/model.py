@@ -236,6 +236,7 @@ class Model:
     this model's image size."""
     from vit_jax.data import preprocess  # pylint: disable=g-import-not-at-top
 
+    model_checks.check_channels_last(images, channels=(3, 4))  # RGBA is read as RGB
     return preprocess.prepare(images, self.data_config)
 
   @property

@@ -28,26 +28,28 @@ def traced(tree: Any) -> bool:
   return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(tree))
 
 
-# The transpose of channels-first [B, 3, H, W] to [B, H, W, 3], in the input's own library.
-_TO_CHANNELS_LAST = {
-  "torch": "x.permute(0, 2, 3, 1)",
-  "jax": "jnp.transpose(x, (0, 2, 3, 1))",
-  "numpy": "x.transpose(0, 2, 3, 1)",
-}
+def check_channels_last(images: Any, channels: tuple[int, ...] = (3,)) -> None:
+  """An array whose channels come first ([B, 3, H, W] or [3, H, W]: torch's layout) is an
+  error naming the transpose in its own library (numpy, torch, jax)."""
+  shape = tuple(np.shape(images)) if hasattr(images, "shape") else ()
+  if len(shape) not in (3, 4) or shape[-3] != 3 or shape[-1] in channels:
+    return
+  order, layout = ((0, 2, 3, 1), "NCHW") if len(shape) == 4 else ((1, 2, 0), "CHW")
+  library = type(images).__module__.split(".")[0]
+  library = library if library in ("torch", "numpy") else "jax" if "jax" in library else "numpy"
+  fix = {"torch": f"x.permute{order}", "jax": f"jnp.transpose(x, {order})"}
+  raise errors.ConfigError(
+    f"Images and model inputs are channels-last ({'[B, ' if len(shape) == 4 else '['}H, W, "
+    f"3]); got a channels-first ({layout}) {library} array {shape}: pass "
+    f"{fix.get(library, f'x.transpose{order}')}."
+  )
 
 
 def check_inputs(images: Any, image_size: Optional[tuple[int, int]]) -> None:
   """Model inputs read by their shape and dtype alone (a tracer's too): float [B, H, W, 3];
   a uint8 batch or channels-first one is an error naming the fix, before any trace."""
+  check_channels_last(images)
   shape, dtype = tuple(np.shape(images)), str(getattr(images, "dtype", ""))
-  if len(shape) == 4 and shape[1] == 3 and shape[-1] != 3:
-    library = type(images).__module__.split(".")[0]
-    library = library if library in _TO_CHANNELS_LAST else "jax" if library == "jaxlib" else "numpy"
-    raise errors.ConfigError(
-      f"Model inputs are channels-last [B, H, W, 3]; got a channels-first (NCHW) {library} "
-      f"array {shape}: pass {_TO_CHANNELS_LAST[library]} (model.prepare(images) makes inputs "
-      "from images)."
-    )
   if "uint8" in dtype or len(shape) != 4 or shape[-1] != 3:
     size = f"{image_size[0]}x{image_size[1]} " if image_size else ""
     raise errors.ConfigError(
