@@ -16,6 +16,7 @@ only its own output.
 from __future__ import annotations
 
 import importlib
+import types
 from typing import Any
 
 from vit_jax import platforms as _platforms
@@ -30,3 +31,13 @@ def __getattr__(name: str) -> Any:
   if name not in _FACE:
     raise AttributeError(f"module 'vit_jax' has no attribute {name!r}")
   return getattr(importlib.import_module("vit_jax.model"), name)
+
+
+def __dir__() -> list[str]:
+  """The public names (tab completion): the face, and the subpackages imported so far."""
+  imported = [n for n, v in globals().items() if not n.startswith("_") and _is_submodule(v)]
+  return sorted({*__all__, *imported})
+
+
+def _is_submodule(value: Any) -> bool:
+  return isinstance(value, types.ModuleType) and value.__name__.startswith(f"{__name__}.")

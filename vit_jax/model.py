@@ -11,24 +11,31 @@ transformers users expect one.
     model.text_probabilities(["cat.jpg"], ["a cat", "a dog"])   # an image-text model's [B, T]
     model.with_head(5).at_resolution(384).save("out", format="timm")
 
-Every array method runs one jitted function over fixed-size batches (``batch_size``), so
-a long list compiles once. The names of the ecosystem are aliases: `from_pretrained` /
-`create_model` (module level, `vit_jax`), `forward_features` and `save_pretrained`.
+A `Model` is a JAX value: a pytree whose leaves are its parameters (the config,
+preprocessing and class names are static), so `jax.jit`, `jax.grad`, `jax.vmap` and optax
+take it whole, and `model(x)`, `features` and `logits` trace inside them;
+`model.replace(params=new)` is the model with other parameters (it saves and exports).
+Outside a transformation every array method runs one jitted function over fixed-size
+batches (``batch_size``), so a long list compiles once. The names of the ecosystem are
+aliases: `from_pretrained` / `create_model` (module level, `vit_jax`), `forward_features`
+and `save_pretrained`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vit_jax import analysis, errors, models
+from vit_jax import analysis, errors, model_checks, models
 from vit_jax.aliases import Params
 from vit_jax.data.data_config import DataConfig
 from vit_jax.weights import fit, npz, sources, writers
@@ -39,25 +46,81 @@ DEFAULT_IMAGE_SIZE = 224  # `create`'s input size for a name that does not say o
 DEFAULT_NUM_CLASSES = 1000  # `create`'s head, timm's default
 
 
+class _Facts:
+  """What a model is besides its parameters: the static half of its pytree. One object per
+  model that `load`, `create` or a `Model` method makes, shared by the models `replace` and
+  JAX transformations rebuild from it and compared by identity, so they share one treedef
+  and one set of jitted functions."""
+
+  def __init__(self, loaded: sources.LoadedModel, batch_size: int):
+    self.loaded = dataclasses.replace(loaded, params=None)  # the facts, not the arrays
+    self.batch_size = batch_size
+    self.compiled: dict[str, Callable[..., jax.Array]] = {}  # kind -> jitted apply
+
+
+@jax.tree_util.register_pytree_with_keys_class
 class Model:
   """A model with its parameters and what is known of them (`weights.LoadedModel`):
   ``config``, ``params``, ``num_classes`` (None: no head), ``image_size``,
   ``class_names``, ``source``. Inputs of `__call__`, `features` and `attention` are model
-  inputs, float32 [B, H, W, 3] as `prepare` makes them; `predict` takes images."""
+  inputs, float32 [B, H, W, 3] as `prepare` makes them; `predict` takes images. A pytree
+  (module docstring): its leaves are ``params``; change them with `replace`."""
+
+  _facts: _Facts
+  _params: Params
 
   def __init__(self, loaded: sources.LoadedModel, *, batch_size: int = DEFAULT_BATCH):
     if batch_size < 1:
       raise errors.ConfigError(f"batch_size={batch_size} must be at least 1 (images per call).")
-    self.loaded = loaded
-    self.batch_size = batch_size
-    self._compiled: dict[str, Callable[..., jax.Array]] = {}
+    self._facts = _Facts(loaded, batch_size)
+    self._params = loaded.params
 
-  config = property(lambda self: self.loaded.config)
-  params = property(lambda self: self.loaded.params)
-  num_classes = property(lambda self: self.loaded.num_classes)
-  image_size = property(lambda self: self.loaded.image_size)
-  class_names = property(lambda self: self.loaded.class_names)
-  source = property(lambda self: self.loaded.source)
+  @classmethod
+  def _of(cls, facts: _Facts, params: Any) -> "Model":
+    """A model of ``facts`` holding ``params`` as they are (tracers, abstract values or
+    optax's placeholders alike: JAX rebuilds pytrees from any leaves)."""
+    model = object.__new__(cls)
+    model._facts, model._params = facts, params
+    return model
+
+  def tree_flatten_with_keys(self) -> tuple[tuple[tuple[Any, Params], ...], _Facts]:
+    return ((jax.tree_util.GetAttrKey("params"), self._params),), self._facts
+
+  @classmethod
+  def tree_unflatten(cls, facts: _Facts, children: tuple[Params]) -> "Model":
+    return cls._of(facts, children[0])
+
+  @property
+  def params(self) -> Params:
+    """The parameter tree (per layer, as `module.apply` takes it)."""
+    return self._params
+
+  @params.setter
+  def params(self, value: Params) -> None:
+    raise AttributeError("A Model is immutable (a JAX value): model = model.replace(params=new).")
+
+  def replace(self, *, params: Params) -> "Model":
+    """This model with ``params`` (a tree of this one's structure and shapes, e.g. what
+    optax or `jax.grad` made of it): a new model that runs, saves and exports as any
+    other. Also inside `jax.jit`."""
+    want, got = model_checks.shapes(self._params), model_checks.shapes(params)
+    if got != want:
+      wrong = sorted(k for k in want.keys() | got.keys() if want.get(k) != got.get(k))
+      said = ", ".join(f"{k}: {got.get(k)} for {want.get(k)}" for k in wrong[:3])
+      raise errors.ConfigError(
+        f"model.replace(params=...) needs this model's tree of {len(want)} arrays; got "
+        f"{len(got)}, {said}: pass what model.params became (with_head(K) or "
+        "at_resolution(R) make other shapes)."
+      )
+    return Model._of(self._facts, params)
+
+  batch_size = property(lambda self: self._facts.batch_size)
+  loaded = property(lambda self: dataclasses.replace(self._facts.loaded, params=self._params))
+  config = property(lambda self: self._facts.loaded.config)
+  num_classes = property(lambda self: self._facts.loaded.num_classes)
+  image_size = property(lambda self: self._facts.loaded.image_size)
+  class_names = property(lambda self: self._facts.loaded.class_names)
+  source = property(lambda self: self._facts.loaded.source)
 
   def __repr__(self) -> str:
     return (
@@ -68,39 +131,77 @@ class Model:
   @property
   def module(self) -> Any:
     """The Flax module of these parameters (``apply({'params': model.params}, x)``)."""
-    return self.loaded.module()
+    return self._facts.loaded.module()
+
+  def to_nnx(self) -> Any:
+    """This model as a Flax NNX module holding its parameters as ``nnx.Param`` (train it
+    with ``nnx.Optimizer``; `vit_jax.nnx_view.NNXModel.to_model` is the way back)."""
+    from vit_jax import nnx_view  # pylint: disable=g-import-not-at-top  (flax.nnx: on use)
+
+    return nnx_view.NNXModel(self)
 
   # ------------------------------------------------------------------ running the model
 
-  def _run(self, kind: str, images: Any) -> np.ndarray:
-    """``kind`` ('logits', 'pooled', 'tokens') of [B, H, W, 3] inputs, batch by batch."""
-    if kind not in self._compiled:
-      module = self.loaded.module(num_classes=None if kind != "logits" else self.num_classes)
-      unpooled = {"pool": False} if kind == "tokens" else {}  # a ViT's; other families pool
-      if unpooled:
-        self._vit("features(pool=False)")
-      self._compiled[kind] = jax.jit(lambda p, x: module.apply({"params": p}, x, **unpooled))
-    x = _model_inputs(images)
+  def _apply(self, kind: str) -> Callable[[Params, jax.Array], jax.Array]:
+    """``kind`` ('logits', 'pooled', 'tokens') of [B, H, W, 3] inputs, as a pure function."""
+    module = self._facts.loaded.module(num_classes=None if kind != "logits" else self.num_classes)
+    unpooled = {"pool": False} if kind == "tokens" else {}  # a ViT's; other families pool
+    if unpooled:
+      self._vit("features(pool=False)")
+    return lambda p, x: module.apply({"params": p}, x, **unpooled)
+
+  def _run(self, kind: str, images: Any) -> np.ndarray | jax.Array:
+    """``kind`` of model inputs: traced (a tracer among the inputs or the parameters, as
+    in `jax.jit` or `jax.grad`) in one call, else on the host batch by batch."""
+    if model_checks.traced((self._params, images)):
+      model_checks.check_inputs(images, self.image_size)
+      with self._built_size(images):
+        return self._apply(kind)(self._params, jnp.asarray(images, jnp.float32))
+    compiled = self._facts.compiled
+    if kind not in compiled:
+      compiled[kind] = jax.jit(self._apply(kind))
+    x = model_checks.host_inputs(images, self.image_size)
     batch = min(self.batch_size, len(x))
     pad = -len(x) % batch
     x = np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)])
-    out = [
-      self._compiled[kind](self.params, jnp.asarray(x[i : i + batch]))
-      for i in range(0, len(x), batch)
-    ]
+    with self._built_size(x):
+      out = [
+        compiled[kind](self._params, jnp.asarray(x[i : i + batch])) for i in range(0, len(x), batch)
+      ]
     return np.asarray(jnp.concatenate(out))[: len(x) - pad]
 
-  def __call__(self, images: Any) -> np.ndarray:
+  @contextlib.contextmanager
+  def _built_size(self, images: Any) -> Iterator[None]:
+    """Flax's parameter-shape error of inputs of another size, as the fix: the trace fails
+    there, before anything compiles."""
+    try:
+      yield
+    except flax.errors.ScopeParamShapeError:
+      hw, size = tuple(np.shape(images)[1:3]), self.image_size
+      if size is None or hw == tuple(size):
+        raise
+      r = hw[0] if hw[0] == hw[1] else hw
+      raise errors.ConfigError(
+        f"{self!r} was built for {size[0]}x{size[1]} inputs, got {hw[0]}x{hw[1]}: use "
+        f"model.at_resolution({r}) for a model of that size, or model.prepare(images) for "
+        f"inputs of {size[0]}x{size[1]}."
+      ) from None
+
+  def __call__(self, images: Any) -> np.ndarray | jax.Array:
+    """`logits`."""
+    return self.logits(images)
+
+  def logits(self, images: Any) -> np.ndarray | jax.Array:
     """Logits [B, K] of model inputs [B, H, W, 3] (no head: the pre-logits [B, D])."""
     return self._run("logits", images)
 
-  def features(self, images: Any, pool: bool = True) -> np.ndarray:
+  def features(self, images: Any, pool: bool = True) -> np.ndarray | jax.Array:
     """Pre-logits [B, D] (what the head reads: pooled, ``fc_norm`` and representation
     layer applied); ``pool=False``: every token after the encoder, [B, N, D] (timm's
     `forward_features`)."""
     return self._run("pooled" if pool else "tokens", images)
 
-  def forward_features(self, images: Any) -> np.ndarray:
+  def forward_features(self, images: Any) -> np.ndarray | jax.Array:
     """timm's name: every token after the encoder, [B, N, D]."""
     return self.features(images, pool=False)
 
@@ -113,12 +214,13 @@ class Model:
   def attention(self, images: Any) -> np.ndarray:
     """Every layer's and head's attention probabilities, [L, B, H, N, N] (the prefix
     tokens first: `vit_jax.analysis.attention_weights`)."""
-    return analysis.attention_weights(self._vit("attention"), self.params, _model_inputs(images))
+    x = model_checks.host_inputs(images, self.image_size)
+    return analysis.attention_weights(self._vit("attention"), self.params, x)
 
   def rollout(self, images: Any) -> np.ndarray:
     """Attention rollout (Abnar & Zuidema, 2020) of the output token over the patches,
     [B, gh, gw] (`vit_jax.analysis.attention_rollout`; `analysis.resize_map` draws it)."""
-    module, x = self._vit("rollout"), _model_inputs(images)
+    module, x = self._vit("rollout"), model_checks.host_inputs(images, self.image_size)
     return analysis.attention_rollout(
       self.attention(x),
       num_prefix=module.num_prefix_tokens,
@@ -134,12 +236,13 @@ class Model:
     this model's image size."""
     from vit_jax.data import preprocess  # pylint: disable=g-import-not-at-top
 
+    model_checks.check_channels_last(images, channels=(3, 4))  # RGBA is read as RGB
     return preprocess.prepare(images, self.data_config)
 
   @property
   def data_config(self) -> DataConfig:
     """The checkpoint's eval preprocessing at this model's image size."""
-    return self.loaded.data_config.at_size(self._input_size())
+    return self._facts.loaded.data_config.at_size(self._input_size())
 
   def predict(
     self, images: Any, top_k: int = 5, labels: Optional[str] = None
@@ -153,7 +256,7 @@ class Model:
       raise errors.ConfigError(f"{self!r} has no head: give it one with with_head(K).")
     if top_k < 1:
       raise errors.ConfigError(f"top_k={top_k} must be at least 1 (classes per image).")
-    names = self.loaded.class_names_for(labels)
+    names = self._facts.loaded.class_names_for(labels)
     probs = np.asarray(jax.nn.softmax(self(self.prepare(images)), axis=-1))
     order = np.argsort(-probs, axis=-1, kind="stable")[:, :top_k]
     return [[(names[i], float(p[i])) for i in row] for p, row in zip(probs, order)]
@@ -208,6 +311,7 @@ class Model:
     from vit_jax import text_scores  # pylint: disable=g-import-not-at-top
 
     scores = text_scores.TextScores(self.loaded, texts)
+    model_checks.warn_truncated(self._facts.loaded.tokenizer, texts, self.config.text_len)
     x = self.prepare(images)
     batch = min(self.batch_size, len(x))
     pad = -len(x) % batch
@@ -244,17 +348,6 @@ class Model:
     return load(workdir, batch_size=self.batch_size), history
 
 
-def _model_inputs(images: Any) -> np.ndarray:
-  """Model inputs as float32 [B, H, W, 3]; a uint8 batch is an error with the fix."""
-  x = np.asarray(images)
-  if x.dtype == np.uint8 or x.ndim != 4:
-    raise errors.ConfigError(
-      f"Model inputs must be float32 [B, H, W, 3] as model.prepare(images) makes them, got "
-      f"{x.dtype} {x.shape}: call model.prepare(images) first (or model.predict(images))."
-    )
-  return x.astype(np.float32)
-
-
 def _init_params(
   config: ml_collections.ConfigDict, num_classes: Optional[int], size: tuple[int, int], seed: int
 ) -> Params:
@@ -269,6 +362,7 @@ def load(source: str | os.PathLike, *, model_name: Optional[str] = None, **kwarg
   run, a transformers or timm folder or `.safetensors`, ``hf-hub:<org>/<name>``, an official
   name) or a folder `Model.save` wrote as npz; ``model_name`` overrides an `.npz`'s
   architecture; ``kwargs``: `Model`'s (``batch_size``)."""
+  model_checks.check_name(os.fspath(source))
   saved = os.path.join(os.fspath(source), npz.EXPORT_FILE)
   if os.path.isfile(saved):
     loaded = sources.load(saved, model_name)
@@ -300,6 +394,8 @@ def create(
     if not isinstance(name_or_config, str):
       raise errors.ConfigError("pretrained=True needs a name: vit_jax.load(source) for files.")
     official = name_or_config in models.MODEL_NAMES
+    if not official:
+      timm_create.check_name(name_or_config)
     model = load(name_or_config if official else f"hf-hub:timm/{name_or_config}", **kwargs)
     return model if model.num_classes == (num_classes or None) else model.with_head(num_classes)
   if not isinstance(name_or_config, str):

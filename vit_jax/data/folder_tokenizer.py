@@ -113,6 +113,7 @@ class FolderTokenizer(text_tokenizer.Tokenizer):
   def _ids(self, text: str) -> list[int]:
     if self._sp is not None:
       return list(self._sp.encode(self.canonical(text))) + [self.eos_id]
+    self._hf.no_truncation(), self._hf.no_padding()  # what encode() set for its batch
     return self._hf.encode(text).ids
 
   def encode(self, texts: Sequence[str] | str, length: int) -> np.ndarray:

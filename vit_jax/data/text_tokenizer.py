@@ -49,6 +49,10 @@ class Tokenizer(abc.ABC):
   def _fit(self, ids: list[int], length: int) -> list[int]:
     return ids[:length]
 
+  def num_ids(self, text: str) -> int:
+    """How many ids ``text`` has before `encode` fits it to a length."""
+    return len(self._ids(text))
+
   def encode(self, texts: Sequence[str] | str, length: int) -> np.ndarray:
     if length <= 0:
       raise errors.ConfigError(f"text length={length} must be positive (e.g. 64).")

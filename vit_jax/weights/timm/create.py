@@ -5,21 +5,33 @@ and `tools/timm_name_status.py` build through here."""
 
 from __future__ import annotations
 
+import difflib
+
 import ml_collections
 
 from vit_jax import errors, models
 from vit_jax.weights.timm import expressible, families, names
 
 
+def check_name(name: str) -> None:
+  """``name`` (a ``.tag`` ignored) is a timm architecture; else one error with the closest
+  names of timm's and of this package's models."""
+  arch = name.split(".")[0]
+  if names.registered_args(arch) is not None:
+    return
+  close = difflib.get_close_matches(arch, [*models.MODEL_NAMES, *names.names()], n=3)
+  raise errors.ConfigError(
+    f"{name!r} is neither a model of this package nor a timm architecture of timm "
+    f"{names.timm_version()}"
+    + (f"; did you mean {' or '.join(close)}?" if close else " (e.g. vit_tiny_patch16_224).")
+  )
+
+
 def config_from_name(name: str) -> tuple[ml_collections.ConfigDict, tuple[int, int]]:
   """(our model config, input size) of timm's architecture ``name``. A name that is not in
   the table, or that this package does not compute, is one error."""
+  check_name(name)
   arch = name.split(".")[0]
-  if names.registered_args(arch) is None:
-    raise errors.ConfigError(
-      f"{name!r} is neither a model of this package ({', '.join(models.MODEL_NAMES)}) nor a "
-      f"timm ViT architecture of timm {names.timm_version()} (e.g. vit_tiny_patch16_224)."
-    )
   expressible.check_timm(arch, repr(name))
   family = families.for_module(names.module(arch)) or families.VIT
   if family.config_from_name is None:
