@@ -22,7 +22,7 @@ from tests.test_main import assert_resume_is_exact
 from vit_jax import errors, models, predict, run
 from vit_jax import zeroshot as zeroshot_cli
 from vit_jax.data import captions, text_tokenizer
-from vit_jax.run.evaluators import zeroshot
+from vit_jax.run.evaluators import retrieval
 from vit_jax.weights import orbax_steps, sources
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -134,7 +134,7 @@ def test_captions_do_not_depend_on_the_process_split_and_the_tokenizer_reads_bac
 
 def test_recall_counts_the_candidates_scoring_strictly_higher():
   scores = np.array([[0.9, 0.1, 0.0], [0.8, 0.5, 0.1], [0.3, 0.2, 0.1]])
-  assert zeroshot.recall_at(scores, (1, 2, 3)) == {1: 1 / 3, 2: 2 / 3, 3: 1.0}
+  assert retrieval.recall_at(scores, (1, 2, 3)) == {1: 1 / 3, 2: 2 / 3, 3: 1.0}
 
 
 def test_the_runs_sigmoid_loss_passes_texts_around_8_devices_and_equals_one_device(tmp_path):

@@ -255,23 +255,27 @@ def test_tfds_records_parse_sequences_of_captions():
   assert list(values) == [b"img"] and list(labels) == [0] and texts[0] == ("x", "y")
 
 
-def test_retrieval_evaluates_each_test_image_against_its_first_caption(tmp_path, tokenizer_path):
-  from vit_jax.run.evaluators import zeroshot
+def test_retrieval_evaluates_each_test_image_against_all_its_captions(tmp_path, tokenizer_path):
+  from vit_jax.run.evaluators import retrieval, zeroshot
 
   config = _config(_caption_folder(tmp_path), tokenizer_path, batch_eval=8)
   steps = run.build(config)
   evaluator = zeroshot.build(steps)
-  assert isinstance(evaluator, zeroshot.Retrieval)
+  assert isinstance(evaluator, retrieval.Retrieval)
   params = steps.init_state().params
   metrics = evaluator(params)
   assert metrics.pop("retrieval/examples") == N  # 3 batches of 8: the padding is left out
+  assert metrics.pop("retrieval/captions") == 2 * N  # both captions of every image
   data = dataset.Dataset(steps.spec.data)
   images = np.concatenate(
     [b["image"][b["mask"] > 0] for b in pipeline.EvalBatches(data, "test", 8, 0, 1)]
   )
-  first = data.tokenizer.encode([_captions(k)[0] for k in _ids(images)], 6)
-  zimg, ztxt, _ = steps.objective.embed(params, images, first)
-  expected = zeroshot.retrieval_metrics(np.asarray(zimg), np.asarray(ztxt))
+  np.testing.assert_array_equal(_ids(images), np.arange(N))  # split order: image k is k
+  texts = [c for k in range(N) for c in _captions(k)]
+  zimg = steps.objective.embed(params, images, None)[0]
+  ztxt = steps.objective.embed(params, None, data.tokenizer.encode(texts, 6))[1]
+  owner = np.repeat(np.arange(N), 2)
+  expected = retrieval.retrieval_metrics(np.asarray(zimg), np.asarray(ztxt), owner)
   assert metrics.keys() == expected.keys()
   for k, v in expected.items():
     assert metrics[k] == pytest.approx(v, abs=1e-6), k
