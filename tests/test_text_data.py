@@ -279,3 +279,41 @@ def test_retrieval_evaluates_each_test_image_against_all_its_captions(tmp_path, 
   assert metrics.keys() == expected.keys()
   for k, v in expected.items():
     assert metrics[k] == pytest.approx(v, abs=1e-6), k
+
+
+def test_shards_and_caption_files_hold_offsets_not_captions(tmp_path):
+  """Memory per example is a few fixed-size numbers, whatever the captions: no list or
+  object array of the split's captions or names is kept (they are read a block at a time)."""
+  from vit_jax.data import caption_folder, tar_shards
+
+  root = _shards(tmp_path / "wds")[len(tar_shards.PREFIX) :]
+  index = tar_shards.TarShards(root).index("train")
+  arrays = {k: v for k, v in vars(index).items() if k != "shards"}
+  assert all(isinstance(v, np.ndarray) and v.dtype != object for v in arrays.values())
+  per_example = sum(v.nbytes for k, v in arrays.items() if k != "ends") / len(index)
+  assert len(index) == N and per_example == 25
+  images, texts = index.rows(2, 5)
+  assert [t[0] for t in texts] == [_captions(k)[0] for k in (2, 3, 4)]  # 3: its .json
+  assert Image.open(io.BytesIO(images[1])).getpixel((0, 0)) == (30, 30, 30)
+
+  root = _caption_folder(tmp_path / "folder")[len(caption_folder.PREFIX) :]
+  source = caption_folder.CaptionFolder(root)
+  captions_file = source._file("train")  # pylint: disable=protected-access
+  arrays = {k: v for k, v in vars(captions_file).items() if isinstance(v, np.ndarray)}
+  assert set(arrays) == {"lines", "starts"} and all(v.dtype == np.int64 for v in arrays.values())
+  paths, texts = source.rows("train", 18, 20)
+  assert [os.path.basename(p) for p in paths] == ["18.png", "19.png"]
+  assert [t for t in texts] == [tuple(_captions(18)), tuple(_captions(19))]
+
+
+def test_a_bad_caption_read_with_its_block_names_its_member(tmp_path):
+  from vit_jax.data import tar_shards
+
+  with tarfile.open(tmp_path / "00000.tar", "w") as tar:
+    for name, payload in (("0001.png", _png(1)), ("0001.txt", b"\xff not utf-8")):
+      info = tarfile.TarInfo(name)
+      info.size = len(payload)
+      tar.addfile(info, io.BytesIO(payload))
+  index = tar_shards.TarShards(str(tmp_path)).index("train")
+  with pytest.raises(errors.InputFileError, match="00000.tar, 0001.txt: not a UTF-8 caption"):
+    index.rows(0, 1)
