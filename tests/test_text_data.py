@@ -317,3 +317,44 @@ def test_a_bad_caption_read_with_its_block_names_its_member(tmp_path):
   index = tar_shards.TarShards(str(tmp_path)).index("train")
   with pytest.raises(errors.InputFileError, match="00000.tar, 0001.txt: not a UTF-8 caption"):
     index.rows(0, 1)
+
+
+def test_a_changed_tokenizer_is_refused_on_resume_in_one_line(tmp_path, tokenizer_path):
+  import shutil
+
+  import jax.numpy as jnp
+
+  from vit_jax.data.caption_settings import CaptionSettings
+  from vit_jax.run import checkpoints
+
+  settings = CaptionSettings(6, tokenizer=tokenizer_path)
+  moved = tmp_path / "moved" / "tokenizer.json"
+  moved.parent.mkdir()
+  shutil.copy(tokenizer_path, moved)
+  (moved.parent / "model.safetensors").write_bytes(b"weights are not the tokenizer")
+  same = CaptionSettings(6, tokenizer=str(moved.parent)).identity()  # the folder: its file
+  assert same == settings.identity() and settings.identity().startswith("sha256:")
+  other = tmp_path / "other.json"
+  captions.CaptionTokenizer(["other words"]).save(str(other))
+  assert CaptionSettings(6, tokenizer=str(other)).identity() != settings.identity()
+  assert CaptionSettings(7, tokenizer=tokenizer_path).identity() != settings.identity()
+
+  # A contrastive run records it with the data keys of its checkpoints.
+  from vit_jax import sharding
+
+  mesh = sharding.make_mesh((("data", -1), ("model", 1)))
+  config = _config("wds:/data", tokenizer_path, num_classes=1)
+  spec = run.resolve(config, mesh=mesh, open_data=False)
+  assert spec.data_identity()["tokenizer"] == settings.identity()
+  data = {"dataset": "wds:/data", "tokenizer": settings.identity()}
+  state = {"params": {"w": jnp.arange(4.0)}, "step": jnp.zeros((), jnp.int32)}
+  ckpts = checkpoints.RunCheckpoints(tmp_path / "ckpts", data=data, async_save=False)
+  ckpts.save(1, state)
+  ckpts.close()
+  assert checkpoints.check_resume(tmp_path / "ckpts", data, state)
+  changed = {**data, "tokenizer": CaptionSettings(6, tokenizer=str(other)).identity()}
+  with pytest.raises(errors.ResumeError) as raised:
+    checkpoints.check_resume(tmp_path / "ckpts", changed, state)
+  message = str(raised.value)
+  assert "\n" not in message and "(step 1) trained with another tokenizer (sha256:" in message
+  assert "text_len=6 eos=none -> sha256:" in message
