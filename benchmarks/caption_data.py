@@ -173,7 +173,8 @@ def cost(args: argparse.Namespace, work: str) -> None:
   spm.SentencePieceTrainer.train(
     input=os.path.join(work, "captions.txt"),
     model_prefix=os.path.join(work, "spiece"),
-    vocab_size=60,
+    vocab_size=48,
+    minloglevel=2,
     model_type="unigram",
   )
   settings = objectives.data_settings(run_config(root, write_tokenizer(work), args.batch))
