@@ -150,6 +150,8 @@ def test_the_runs_sigmoid_loss_passes_texts_around_8_devices_and_equals_one_devi
   assert r["ring/permutes"] and not r["one/permutes"]
   np.testing.assert_allclose(r["ring/loss"], r["one/loss"], rtol=1e-5)
   assert r["one/loss"][1] < r["one/loss"][0]
+  np.testing.assert_allclose(r["accum/loss"], r["one/loss"], rtol=1e-5)
+  assert r["accum/permutes"]
   for k in (k for k in r if k.startswith("one/params/")):
-    ring = r["ring/" + k[len("one/") :]]
-    np.testing.assert_allclose(ring, r[k], atol=1e-5, err_msg=k)
+    for other in ("ring", "accum"):
+      np.testing.assert_allclose(r[f"{other}/" + k[len("one/") :]], r[k], atol=1e-5, err_msg=k)
