@@ -1,7 +1,8 @@
 """Run by test_image_text_run.py in a subprocess with 8 fake CPU devices.
 
 Two SigLIP train steps of a tiny two-tower run on a mesh of 8 'data' devices (the chunked
-ring loss) and of 1 device (the whole batch at once); writes the losses, the parameters
+ring loss), of 1 device (the whole batch at once) and of 8 devices in 2 accumulated
+micro-batches (the ring loss over the whole batch's embeddings); writes the losses, the parameters
 and whether the 8-device step passes texts around the ring to the .npz given as argv[1].
 """
 
@@ -32,7 +33,9 @@ def main(out_path: str) -> None:
   batch = train_fixtures.fixed_batch()
   batch["text"] = np.random.default_rng(0).integers(0, 64, (16, 8)).astype(np.int32)
   results = {}
-  for name, devices in (("ring", jax.devices()), ("one", jax.devices()[:1])):
+  cases = (("ring", jax.devices(), 1), ("one", jax.devices()[:1], 1), ("accum", jax.devices(), 2))
+  for name, devices, accum_steps in cases:
+    config.accum_steps = accum_steps  # accum: two micro-batches of 8, one pair a device
     mesh = sharding.make_mesh((("data", -1), ("model", 1)), devices)
     trainer = run.build(config, mesh=mesh, open_data=False)
     state = trainer.init_state()

@@ -77,3 +77,57 @@ def test_the_chunked_sigmoid_loss_equals_the_whole_batch_on_8_devices():
   assert out["loss"][1] == pytest.approx(out["loss"][0], rel=1e-5)
   assert max(out["grads_rel"]) < 1e-5
   assert out["permute"] and not out["all_gather"]
+
+
+@pytest.mark.parametrize("loss", ["sigmoid", pytest.param("softmax", marks=pytest.mark.slow)])
+def test_accumulated_steps_score_every_pair_against_the_whole_batch(loss):
+  """accum_steps=4 gives one batch of 8's loss and update (GradCache), where averaging the
+  micro-batches' own losses (each its own contrastive batch of 2) would not."""
+  import functools
+
+  import flax.linen as nn
+  import jax
+  import ml_collections
+  import optax
+
+  from vit_jax import models
+  from vit_jax.run import steps
+  from vit_jax.run.objectives import contrastive as objective_lib
+
+  text = dict(width=16, depth=1, mlp_dim=32, num_heads=2, vocab_size=64, pool="gap")
+  config = models.two_tower_config(
+    models.get_model_config("testing"), text=text, text_len=6, embed_dim=16
+  )
+  options = ml_collections.FrozenConfigDict(dict(loss=loss, lock_image=False))
+  objective = objective_lib.Contrastive(config, options)
+  rng = np.random.default_rng(0)
+  batch = {
+    "image": rng.uniform(-1, 1, (8, 16, 16, 3)).astype(np.float32),
+    "text": rng.integers(3, 64, (8, 6)).astype(np.int32),
+  }
+  params = nn.unbox(objective.init(jax.random.key(0), batch["image"][:1]))
+  if "b" in params:  # SigLIP's -10 leaves the negatives near zero gradient: weigh them in
+    params["b"] = np.zeros_like(params["b"])
+  tx = optax.sgd(1.0)  # the update is minus the gradient
+  state = steps.TrainState(jax.numpy.int32(0), params, tx.init(params), jax.random.PRNGKey(1))
+
+  def step(accum, whole_batch=True):
+    fn = functools.partial(
+      steps.train_step,
+      loss_fn=objective.loss,
+      tx=tx,
+      accum_steps=accum,
+      accumulated_value_and_grad=objective.accumulated_value_and_grad if whole_batch else None,
+    )
+    new, metrics = jax.jit(fn)(state, batch)
+    return float(metrics["train/loss"]), jax.tree.leaves(new.params)
+
+  one_loss, one = step(1)
+  four_loss, four = step(4)
+  assert four_loss == pytest.approx(one_loss, rel=1e-5)
+  for a, b in zip(four, one):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+  _, naive = step(4, whole_batch=False)
+  moved = [np.max(np.abs(a - p)) for a, p in zip(one, jax.tree.leaves(params))]
+  differ = [np.max(np.abs(a - b)) for a, b in zip(naive, one)]
+  assert max(differ) > 0.01 * max(moved)

@@ -22,7 +22,7 @@ from tests.test_main import assert_resume_is_exact
 from vit_jax import errors, models, predict, run
 from vit_jax import zeroshot as zeroshot_cli
 from vit_jax.data import captions, text_tokenizer
-from vit_jax.run.evaluators import zeroshot
+from vit_jax.run.evaluators import retrieval
 from vit_jax.weights import orbax_steps, sources
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -134,7 +134,7 @@ def test_captions_do_not_depend_on_the_process_split_and_the_tokenizer_reads_bac
 
 def test_recall_counts_the_candidates_scoring_strictly_higher():
   scores = np.array([[0.9, 0.1, 0.0], [0.8, 0.5, 0.1], [0.3, 0.2, 0.1]])
-  assert zeroshot.recall_at(scores, (1, 2, 3)) == {1: 1 / 3, 2: 2 / 3, 3: 1.0}
+  assert retrieval.recall_at(scores, (1, 2, 3)) == {1: 1 / 3, 2: 2 / 3, 3: 1.0}
 
 
 def test_the_runs_sigmoid_loss_passes_texts_around_8_devices_and_equals_one_device(tmp_path):
@@ -150,6 +150,8 @@ def test_the_runs_sigmoid_loss_passes_texts_around_8_devices_and_equals_one_devi
   assert r["ring/permutes"] and not r["one/permutes"]
   np.testing.assert_allclose(r["ring/loss"], r["one/loss"], rtol=1e-5)
   assert r["one/loss"][1] < r["one/loss"][0]
+  np.testing.assert_allclose(r["accum/loss"], r["one/loss"], rtol=1e-5)
+  assert r["accum/permutes"]
   for k in (k for k in r if k.startswith("one/params/")):
-    ring = r["ring/" + k[len("one/") :]]
-    np.testing.assert_allclose(ring, r[k], atol=1e-5, err_msg=k)
+    for other in ("ring", "accum"):
+      np.testing.assert_allclose(r[f"{other}/" + k[len("one/") :]], r[k], atol=1e-5, err_msg=k)

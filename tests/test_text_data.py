@@ -255,23 +255,106 @@ def test_tfds_records_parse_sequences_of_captions():
   assert list(values) == [b"img"] and list(labels) == [0] and texts[0] == ("x", "y")
 
 
-def test_retrieval_evaluates_each_test_image_against_its_first_caption(tmp_path, tokenizer_path):
-  from vit_jax.run.evaluators import zeroshot
+def test_retrieval_evaluates_each_test_image_against_all_its_captions(tmp_path, tokenizer_path):
+  from vit_jax.run.evaluators import retrieval, zeroshot
 
   config = _config(_caption_folder(tmp_path), tokenizer_path, batch_eval=8)
   steps = run.build(config)
   evaluator = zeroshot.build(steps)
-  assert isinstance(evaluator, zeroshot.Retrieval)
+  assert isinstance(evaluator, retrieval.Retrieval)
   params = steps.init_state().params
   metrics = evaluator(params)
   assert metrics.pop("retrieval/examples") == N  # 3 batches of 8: the padding is left out
+  assert metrics.pop("retrieval/captions") == 2 * N  # both captions of every image
   data = dataset.Dataset(steps.spec.data)
   images = np.concatenate(
     [b["image"][b["mask"] > 0] for b in pipeline.EvalBatches(data, "test", 8, 0, 1)]
   )
-  first = data.tokenizer.encode([_captions(k)[0] for k in _ids(images)], 6)
-  zimg, ztxt, _ = steps.objective.embed(params, images, first)
-  expected = zeroshot.retrieval_metrics(np.asarray(zimg), np.asarray(ztxt))
+  np.testing.assert_array_equal(_ids(images), np.arange(N))  # split order: image k is k
+  texts = [c for k in range(N) for c in _captions(k)]
+  zimg = steps.objective.embed(params, images, None)[0]
+  ztxt = steps.objective.embed(params, None, data.tokenizer.encode(texts, 6))[1]
+  owner = np.repeat(np.arange(N), 2)
+  expected = retrieval.retrieval_metrics(np.asarray(zimg), np.asarray(ztxt), owner)
   assert metrics.keys() == expected.keys()
   for k, v in expected.items():
     assert metrics[k] == pytest.approx(v, abs=1e-6), k
+
+
+def test_shards_and_caption_files_hold_offsets_not_captions(tmp_path):
+  """Memory per example is a few fixed-size numbers, whatever the captions: no list or
+  object array of the split's captions or names is kept (they are read a block at a time)."""
+  from vit_jax.data import caption_folder, tar_shards
+
+  root = _shards(tmp_path / "wds")[len(tar_shards.PREFIX) :]
+  index = tar_shards.TarShards(root).index("train")
+  arrays = {k: v for k, v in vars(index).items() if k != "shards"}
+  assert all(isinstance(v, np.ndarray) and v.dtype != object for v in arrays.values())
+  per_example = sum(v.nbytes for k, v in arrays.items() if k != "ends") / len(index)
+  assert len(index) == N and per_example == 25
+  images, texts = index.rows(2, 5)
+  assert [t[0] for t in texts] == [_captions(k)[0] for k in (2, 3, 4)]  # 3: its .json
+  assert Image.open(io.BytesIO(images[1])).getpixel((0, 0)) == (30, 30, 30)
+
+  root = _caption_folder(tmp_path / "folder")[len(caption_folder.PREFIX) :]
+  source = caption_folder.CaptionFolder(root)
+  captions_file = source._file("train")  # pylint: disable=protected-access
+  arrays = {k: v for k, v in vars(captions_file).items() if isinstance(v, np.ndarray)}
+  assert set(arrays) == {"lines", "starts"} and all(v.dtype == np.int64 for v in arrays.values())
+  paths, texts = source.rows("train", 18, 20)
+  assert [os.path.basename(p) for p in paths] == ["18.png", "19.png"]
+  assert [t for t in texts] == [tuple(_captions(18)), tuple(_captions(19))]
+
+
+def test_a_bad_caption_read_with_its_block_names_its_member(tmp_path):
+  from vit_jax.data import tar_shards
+
+  with tarfile.open(tmp_path / "00000.tar", "w") as tar:
+    for name, payload in (("0001.png", _png(1)), ("0001.txt", b"\xff not utf-8")):
+      info = tarfile.TarInfo(name)
+      info.size = len(payload)
+      tar.addfile(info, io.BytesIO(payload))
+  index = tar_shards.TarShards(str(tmp_path)).index("train")
+  with pytest.raises(errors.InputFileError, match="00000.tar, 0001.txt: not a UTF-8 caption"):
+    index.rows(0, 1)
+
+
+def test_a_changed_tokenizer_is_refused_on_resume_in_one_line(tmp_path, tokenizer_path):
+  import shutil
+
+  import jax.numpy as jnp
+
+  from vit_jax.data.caption_settings import CaptionSettings
+  from vit_jax.run import checkpoints
+
+  settings = CaptionSettings(6, tokenizer=tokenizer_path)
+  moved = tmp_path / "moved" / "tokenizer.json"
+  moved.parent.mkdir()
+  shutil.copy(tokenizer_path, moved)
+  (moved.parent / "model.safetensors").write_bytes(b"weights are not the tokenizer")
+  same = CaptionSettings(6, tokenizer=str(moved.parent)).identity()  # the folder: its file
+  assert same == settings.identity() and settings.identity().startswith("sha256:")
+  other = tmp_path / "other.json"
+  captions.CaptionTokenizer(["other words"]).save(str(other))
+  assert CaptionSettings(6, tokenizer=str(other)).identity() != settings.identity()
+  assert CaptionSettings(7, tokenizer=tokenizer_path).identity() != settings.identity()
+
+  # A contrastive run records it with the data keys of its checkpoints.
+  from vit_jax import sharding
+
+  mesh = sharding.make_mesh((("data", -1), ("model", 1)))
+  config = _config("wds:/data", tokenizer_path, num_classes=1)
+  spec = run.resolve(config, mesh=mesh, open_data=False)
+  assert spec.data_identity()["tokenizer"] == settings.identity()
+  data = {"dataset": "wds:/data", "tokenizer": settings.identity()}
+  state = {"params": {"w": jnp.arange(4.0)}, "step": jnp.zeros((), jnp.int32)}
+  ckpts = checkpoints.RunCheckpoints(tmp_path / "ckpts", data=data, async_save=False)
+  ckpts.save(1, state)
+  ckpts.close()
+  assert checkpoints.check_resume(tmp_path / "ckpts", data, state)
+  changed = {**data, "tokenizer": CaptionSettings(6, tokenizer=str(other)).identity()}
+  with pytest.raises(errors.ResumeError) as raised:
+    checkpoints.check_resume(tmp_path / "ckpts", changed, state)
+  message = str(raised.value)
+  assert "\n" not in message and "(step 1) trained with another tokenizer (sha256:" in message
+  assert "text_len=6 eos=none -> sha256:" in message

@@ -10,12 +10,14 @@ names them by path relative to the folder:
 
 Examples are the named files in sorted order (the same on every machine; split strings
 such as ``train[:90%]`` slice that order); images the file does not name are not read.
-Captions are kept in memory; images are read by path in the pipeline, like `folder`'s.
+The captions file is read once to check it and to note, per example, the byte offsets of
+its lines (`_CaptionFile`: 8 bytes a line, 8 an example); a block of examples reads its
+lines again. The names are held only while they are sorted; images are read by path in
+the pipeline, like `folder`'s.
 """
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 
@@ -30,61 +32,85 @@ PREFIX = "captions:"  # config.dataset = 'captions:/path/to/root'
 FILES = ("captions.tsv", "captions.jsonl")
 
 
-def _parse_tsv(path: str, lines: list[str]) -> list[tuple[str, object]]:
-  rows = []
-  for number, line in enumerate(lines, 1):
-    if not line.strip():
-      continue
-    name, tab, caption = line.rstrip("\r\n").partition("\t")
-    if not tab:
-      raise errors.InputFileError(
-        f"{path}:{number}: no tab; each line is file<TAB>caption (got {line[:80]!r})."
-      )
-    rows.append((name, caption))
-  return rows
+Row = tuple[str, object]  # (file name, its caption value) of one line
 
 
-def _parse_jsonl(path: str, lines: list[str]) -> list[tuple[str, object]]:
-  rows = []
-  for number, line in enumerate(lines, 1):
-    if not line.strip():
-      continue
-    try:
-      item = json.loads(line)
-    except json.JSONDecodeError as e:
-      raise errors.InputFileError(f"{path}:{number}: not JSON ({e.msg}).") from None
-    name = item.get("file", item.get("image")) if isinstance(item, dict) else None
-    if not isinstance(name, str):
-      raise errors.InputFileError(
-        f'{path}:{number}: each line is an object with "file" (or "image") and "caption" '
-        f'(or a list in "captions"); got {line.strip()[:80]!r}.'
-      )
-    rows.append((name, item.get("caption", item.get("captions"))))
-  return rows
-
-
-def read_captions(folder: str) -> tuple[np.ndarray, np.ndarray]:
-  """(image paths object [n], captions object [n] of tuples) of one split folder, in
-  sorted file order; a missing, empty or malformed captions file is an error naming it."""
-  found = [f for f in FILES if tf.io.gfile.exists(os.path.join(folder, f))]
-  if len(found) != 1:
-    what = "both " + " and ".join(found) if found else f"no {' or '.join(FILES)}"
-    raise errors.MissingError(
-      f"Caption folder {folder!r} has {what}: put exactly one captions file beside the "
-      "images (file<TAB>caption lines, or JSON lines with file and caption)."
+def _parse_tsv(path: str, number: int, line: str) -> Row:
+  name, tab, caption = line.rstrip("\r\n").partition("\t")
+  if not tab:
+    raise errors.InputFileError(
+      f"{path}:{number}: no tab; each line is file<TAB>caption (got {line[:80]!r})."
     )
-  path = os.path.join(folder, found[0])
-  with tf.io.gfile.GFile(path, "r") as f:
-    lines = f.read().splitlines()
-  parse = _parse_tsv if path.endswith(".tsv") else _parse_jsonl
-  texts: dict[str, list[str]] = collections.defaultdict(list)
-  for name, caption in parse(path, lines):
-    texts[name] += free_text.as_captions(caption, f"{path}, {name!r}")
-  if not texts:
-    raise errors.InputFileError(f"Captions file {path!r} names no image: it is empty.")
-  names = sorted(texts)
-  paths = np.array([os.path.join(folder, n) for n in names], dtype=object)
-  return paths, free_text.captions_array([tuple(texts[n]) for n in names])
+  return name, caption
+
+
+def _parse_jsonl(path: str, number: int, line: str) -> Row:
+  try:
+    item = json.loads(line)
+  except json.JSONDecodeError as e:
+    raise errors.InputFileError(f"{path}:{number}: not JSON ({e.msg}).") from None
+  name = item.get("file", item.get("image")) if isinstance(item, dict) else None
+  if not isinstance(name, str):
+    raise errors.InputFileError(
+      f'{path}:{number}: each line is an object with "file" (or "image") and "caption" '
+      f'(or a list in "captions"); got {line.strip()[:80]!r}.'
+    )
+  return name, item.get("caption", item.get("captions"))
+
+
+def _decode(path: str, number: int, raw: bytes) -> str:
+  try:
+    return raw.decode("utf-8")
+  except UnicodeDecodeError:
+    raise errors.InputFileError(f"{path}:{number}: not UTF-8 text.") from None
+
+
+class _CaptionFile:
+  """One split folder's captions file, indexed: examples in sorted file order, each the
+  byte offsets of its lines (``lines[starts[i]:starts[i + 1]]``, int64)."""
+
+  def __init__(self, folder: str):
+    found = [f for f in FILES if tf.io.gfile.exists(os.path.join(folder, f))]
+    if len(found) != 1:
+      what = "both " + " and ".join(found) if found else f"no {' or '.join(FILES)}"
+      raise errors.MissingError(
+        f"Caption folder {folder!r} has {what}: put exactly one captions file beside the "
+        "images (file<TAB>caption lines, or JSON lines with file and caption)."
+      )
+    self.folder, self.path = folder, os.path.join(folder, found[0])
+    self._parse = _parse_tsv if self.path.endswith(".tsv") else _parse_jsonl
+    names, offsets, offset = [], [], 0
+    with free_text.open_binary(self.path) as f:
+      for number, raw in enumerate(f, 1):
+        line = _decode(self.path, number, raw)
+        if line.strip():
+          name, caption = self._parse(self.path, number, line)
+          free_text.as_captions(caption, f"{self.path}, {name!r}")
+          names.append(name)
+          offsets.append(offset)
+        offset += len(raw)
+    if not names:
+      raise errors.InputFileError(f"Captions file {self.path!r} names no image: it is empty.")
+    order = sorted(range(len(names)), key=names.__getitem__)  # stable: a file's lines in order
+    self.lines = np.array(offsets, np.int64)[order]  # [lines]
+    new = [i for i in range(len(order)) if i == 0 or names[order[i]] != names[order[i - 1]]]
+    self.starts = np.array([*new, len(order)], np.int64)  # [n + 1]
+
+  def __len__(self) -> int:
+    return len(self.starts) - 1
+
+  def rows(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+    """(image paths object [k], captions object [k] of tuples) of examples [start, stop)."""
+    paths, captions = np.empty(stop - start, object), np.empty(stop - start, object)
+    with free_text.open_binary(self.path) as f:
+      for i in range(start, stop):
+        texts: list[str] = []
+        for offset in self.lines[self.starts[i] : self.starts[i + 1]]:
+          f.seek(int(offset))
+          name, caption = self._parse(self.path, 0, f.readline().decode("utf-8"))
+          texts += free_text.as_captions(caption, f"{self.path}, {name!r}")
+        paths[i - start], captions[i - start] = os.path.join(self.folder, name), tuple(texts)
+    return paths, captions
 
 
 class CaptionFolder:
@@ -94,14 +120,16 @@ class CaptionFolder:
     layout = f"<root>/<split>/ folders of images, each with a {' or '.join(FILES)}"
     self.root = free_text.check_root(root, "Caption folder", PREFIX, layout)
     self.class_names = None
-    self._splits: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    self._files: dict[str, _CaptionFile] = {}
+
+  def _file(self, split: str) -> _CaptionFile:
+    if split not in self._files:
+      self._files[split] = _CaptionFile(os.path.join(self.root, split))
+    return self._files[split]
 
   def rows(self, split: str, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
     """(image paths, captions) of examples [start, stop) of a split folder."""
-    if split not in self._splits:
-      self._splits[split] = read_captions(os.path.join(self.root, split))
-    paths, captions = self._splits[split]
-    return paths[start:stop], captions[start:stop]
+    return self._file(split).rows(start, stop)
 
   def split(self, spec: str) -> free_text.CaptionedSplit:
     """The examples a split string selects (e.g. 'train[:90%]'); values are file paths."""
@@ -113,6 +141,6 @@ class CaptionFolder:
           "exist: create it or set config.train_split / config.test_split to a folder of "
           f"{self.root!r}."
         )
-    sizes = {name: len(self.rows(name, 0, None)[0]) for name in names}
+    sizes = {name: len(self._file(name)) for name in names}
     ranges = splits_lib.resolve(spec, sizes)
     return free_text.CaptionedSplit(f"{self.root}:{spec}", ranges, self.rows, "path")

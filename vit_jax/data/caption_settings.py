@@ -12,6 +12,9 @@ run is read back with the tokenizer it trained with.
 from __future__ import annotations
 
 import dataclasses
+import glob
+import hashlib
+import os
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 if TYPE_CHECKING:
@@ -21,6 +24,18 @@ if TYPE_CHECKING:
 # a SentencePiece model's encoder adds no end token.
 DEFAULT_EOS = "none"
 DEFAULT_IMAGE_FEATURE = "image"  # config.text.image_feature: a tfds dataset's image feature
+# The files of a tokenizer folder that say how it splits text (a transformers folder's or
+# a SentencePiece model beside a checkpoint), hashed by `CaptionSettings.identity`.
+TOKENIZER_FILES = (
+  "tokenizer.json",
+  "tokenizer_config.json",
+  "special_tokens_map.json",
+  "added_tokens.json",
+  "vocab.json",
+  "vocab.txt",
+  "merges.txt",
+  "*.model",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +63,25 @@ class CaptionSettings:
       image_feature=str(free.get("image_feature", DEFAULT_IMAGE_FEATURE)),
       text_feature=free.get("text_feature"),
     )
+
+  def identity(self) -> str:
+    """The tokenizer as a resumed run must find it: a hash of its files' names and bytes
+    (not their path: a moved copy is the same tokenizer) with ``text_len`` and ``eos``;
+    captions made from labels by their templates (the class names are the dataset's)."""
+    options = f"text_len={self.text_len}"
+    if self.tokenizer is None:
+      return f"templates={self.templates} {options}"
+    path = self.tokenizer
+    files = [path]
+    if os.path.isdir(path):
+      pattern = lambda name: os.path.join(glob.escape(path), name)  # noqa: E731
+      files = sorted({f for name in TOKENIZER_FILES for f in glob.glob(pattern(name))})
+    digest = hashlib.sha256()
+    for file in files:
+      digest.update(os.path.basename(file).encode() + b"\0")
+      with open(file, "rb") as f:
+        digest.update(f.read())
+    return f"sha256:{digest.hexdigest()[:16]} {options} eos={self.eos}"
 
   def load_tokenizer(self, class_names: Optional[Sequence[str]]) -> Optional[Tokenizer]:
     """The tokenizer of these captions: the data's own captions' (`free_text.load_tokenizer`),

@@ -14,7 +14,7 @@ tokenizes the batch's captions (`load_tokenizer`) to int32 [B, config.model.text
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from typing import Any, BinaryIO, Callable
 
 import numpy as np
 
@@ -81,6 +81,15 @@ def load_tokenizer(path: str | None, eos: str) -> text_tokenizer.Tokenizer:
     return text_tokenizer.load_tokenizer(path, eos)
   except errors.UserError as e:
     raise type(e)(f"{KEY}={path!r}: {e}") from None
+
+
+def open_binary(path: str) -> BinaryIO:
+  """A local file unbuffered by TensorFlow, or a bucket's through tf.io.gfile: seekable."""
+  if "://" not in path:
+    return open(path, "rb")
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  return tf.io.gfile.GFile(path, "rb")
 
 
 def check_root(root: str, what: str, prefix: str, layout: str) -> str:

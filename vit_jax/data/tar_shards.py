@@ -12,8 +12,10 @@ then member order.
 Read without the ``webdataset`` package: it streams shards start to end, shuffling in a
 buffer, which gives neither this pipeline's exact resume nor its process-count
 independence (`order`). Here each shard's tar headers are read once (`tarfile`, standard
-library; the captions are read then and kept in memory), which gives every image's byte
-offset, so an example is one seek and one read anywhere in the split (random access).
+library), which gives every image's and caption's byte offset, so an example is two seeks
+and two reads anywhere in the split (random access). Nothing else is kept: the index is
+25 bytes an example (`_Index`), and captions are read with their images, a block at a time,
+so memory does not grow with the captions of the split (LAION-400M's index: 10 GB).
 """
 
 from __future__ import annotations
@@ -35,11 +37,6 @@ TEXTS = ("txt", "json")
 DEFAULT_SPLIT = "train"  # the split of shards lying directly in ROOT
 
 
-def _open(path: str):
-  """A local file unbuffered by TensorFlow, or a bucket's through tf.io.gfile."""
-  return tf.io.gfile.GFile(path, "rb") if "://" in path else open(path, "rb")
-
-
 def _key_and_extension(name: str) -> tuple[str, str]:
   """'dir/000017.jpg' -> ('dir/000017', 'jpg'): WebDataset's key is the member name up
   to the first dot of its base name."""
@@ -59,22 +56,36 @@ def _caption(raw: bytes, where: str, extension: str) -> tuple[str, ...]:
   return free_text.as_captions(value, where)
 
 
-def index_shard(path: str) -> tuple[np.ndarray, np.ndarray, list[tuple[str, ...]]]:
-  """(image byte offsets int64 [n], sizes int64 [n], captions [n]) of one shard, in
-  member order; an image without a caption (or a caption without an image) is an error
-  naming the shard and the key."""
-  images: dict[str, tuple[int, int]] = {}
-  texts: dict[str, tuple[str, bytes]] = {}
+Member = tuple[int, int]  # a member's data: (byte offset in the shard, size)
+
+
+def _member_name(f, offset: int) -> str:
+  """The name in the tar header just before the data at ``offset`` (for an error)."""
   try:
-    with _open(path) as f, tarfile.open(fileobj=f, mode="r:") as tar:
+    f.seek(offset - tarfile.BLOCKSIZE)
+    return tarfile.TarInfo.frombuf(f.read(tarfile.BLOCKSIZE), "utf-8", "surrogateescape").name
+  except (tarfile.TarError, ValueError, OSError):
+    return f"the member at byte {offset}"
+
+
+def index_shard(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """(image offset and size [n, 2], caption offset and size [n, 2], caption is JSON
+  bool [n]) of one shard, int64, in member order; an image without a caption (or a
+  caption without an image) is an error naming the shard and the key."""
+  images: dict[str, Member] = {}
+  texts: dict[str, tuple[str, Member]] = {}
+  try:
+    with free_text.open_binary(path) as f, tarfile.open(fileobj=f, mode="r:") as tar:
       for member in tar:
         if not member.isfile():
           continue
         key, extension = _key_and_extension(member.name)
+        where = (member.offset_data, member.size)
         if extension in IMAGES:
-          images[key] = (member.offset_data, member.size)
+          images[key] = where
         elif extension in TEXTS and (extension == "txt" or texts.get(key, ("json",))[0] == "json"):
-          texts[key] = (extension, tar.extractfile(member).read())
+          texts[key] = (extension, where)
+      tar.members = []  # the headers are in `images` and `texts` now
   except tarfile.TarError as e:
     raise errors.InputFileError(
       f"Shard {path!r} is not an uncompressed tar file ({e}); WebDataset shards are .tar."
@@ -90,35 +101,56 @@ def index_shard(path: str) -> tuple[np.ndarray, np.ndarray, list[tuple[str, ...]
   if not images:
     raise errors.InputFileError(f"Shard {path!r} holds no {'/'.join(IMAGES)} images.")
   keys = list(images)  # member order
-  captions = [_caption(texts[k][1], f"{path}, {k}.{texts[k][0]}", texts[k][0]) for k in keys]
   return (
-    np.array([images[k][0] for k in keys], np.int64),
-    np.array([images[k][1] for k in keys], np.int64),
-    captions,
+    np.array([images[k] for k in keys], np.int64).reshape(-1, 2),
+    np.array([texts[k][1] for k in keys], np.int64).reshape(-1, 2),
+    np.array([texts[k][0] == "json" for k in keys], bool),
   )
 
 
 class _Index:
-  """Every example of one split's shards: its shard, image offset and size, captions."""
+  """Where every example of one split's shards is: per shard its end (examples before
+  it and in it), per example its image's and caption's byte offset and size and whether
+  the caption is JSON: 8 + 4 + 8 + 4 + 1 bytes."""
 
   def __init__(self, shards: list[str]):
     self.shards = shards
     parts = [index_shard(path) for path in shards]
-    self.shard = np.concatenate([np.full(len(p[0]), i, np.int32) for i, p in enumerate(parts)])
-    self.offset = np.concatenate([p[0] for p in parts])
-    self.size = np.concatenate([p[1] for p in parts])
-    self.captions = free_text.captions_array([c for p in parts for c in p[2]])
+    largest = max(int(p[i][:, 1].max()) for p in parts for i in (0, 1))
+    if largest >= 2**32:
+      raise errors.InputFileError(
+        f"A member of {len(shards)} shards ({shards[0]!r}, ...) is {largest} bytes: images "
+        "and captions of 4 GiB or more are not read; split it."
+      )
+    self.ends = np.cumsum([len(p[0]) for p in parts])  # [S]
+    self.image_offset = np.concatenate([p[0][:, 0] for p in parts])  # int64 [n]
+    self.image_size = np.concatenate([p[0][:, 1] for p in parts]).astype(np.uint32)
+    self.text_offset = np.concatenate([p[1][:, 0] for p in parts])
+    self.text_size = np.concatenate([p[1][:, 1] for p in parts]).astype(np.uint32)
+    self.text_json = np.concatenate([p[2] for p in parts])
 
-  def images(self, start: int, stop: int) -> np.ndarray:
-    """Encoded images [stop - start] (object of bytes): one open per shard touched."""
-    out = np.empty(stop - start, object)
-    for shard in np.unique(self.shard[start:stop]):
-      rows = start + np.flatnonzero(self.shard[start:stop] == shard)
-      with _open(self.shards[int(shard)]) as f:
-        for row in rows:
-          f.seek(int(self.offset[row]))
-          out[row - start] = f.read(int(self.size[row]))
-    return out
+  def __len__(self) -> int:
+    return len(self.image_offset)
+
+  def rows(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+    """(encoded images object [k] of bytes, captions object [k] of tuples) of examples
+    [start, stop): one open per shard touched."""
+    images, captions = np.empty(stop - start, object), np.empty(stop - start, object)
+    shard_of = np.searchsorted(self.ends, np.arange(start, stop), side="right")
+    for shard in np.unique(shard_of):
+      path = self.shards[int(shard)]
+      with free_text.open_binary(path) as f:
+        for row in start + np.flatnonzero(shard_of == shard):
+          f.seek(int(self.image_offset[row]))
+          images[row - start] = f.read(int(self.image_size[row]))
+          offset, extension = int(self.text_offset[row]), "json" if self.text_json[row] else "txt"
+          f.seek(offset)
+          raw = f.read(int(self.text_size[row]))
+          try:
+            captions[row - start] = _caption(raw, path, extension)
+          except errors.InputFileError:  # again, naming the member (read from its header)
+            _caption(raw, f"{path}, {_member_name(f, offset)}", extension)
+    return images, captions
 
 
 class TarShards:
@@ -153,11 +185,10 @@ class TarShards:
 
   def rows(self, split: str, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
     """(encoded images, captions) of examples [start, stop) of a split's shards."""
-    index = self.index(split)
-    return index.images(start, stop), index.captions[start:stop]
+    return self.index(split).rows(start, stop)
 
   def split(self, spec: str) -> free_text.CaptionedSplit:
     """The examples a split string selects; values are encoded images."""
-    sizes = {name: len(self.index(name).offset) for name in splits_lib.names(spec)}
+    sizes = {name: len(self.index(name)) for name in splits_lib.names(spec)}
     ranges = splits_lib.resolve(spec, sizes)
     return free_text.CaptionedSplit(f"{self.root}:{spec}", ranges, self.rows, "bytes")

@@ -83,6 +83,7 @@ def check_resume(
     stored = meta.get("data")
     if not stored:
       break
+    resume_policy.check_tokenizer(stored, data, f"{directory} (step {step})")
     changed = [
       rule
       for rule in resume_policy.rules(resume_policy.CHECKPOINT)

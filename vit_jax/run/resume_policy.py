@@ -18,7 +18,9 @@ change is appended to `config_history.jsonl`. docs/architecture.md shows `markdo
 from __future__ import annotations
 
 import dataclasses
-from typing import Collection, Literal, Optional
+from typing import Any, Collection, Literal, Mapping, Optional
+
+from vit_jax import errors
 
 ERROR, WARNING, SWITCH = "error", "warning", "switch"
 CONFIG_JSON, CHECKPOINT = "config.json", "checkpoint"
@@ -93,3 +95,22 @@ def markdown() -> str:
     ),
   ]
   return "\n".join(lines) + "\n"
+
+
+# The captions' tokenizer (`data.CaptionSettings.identity`), stored with each checkpoint
+# beside the keys of `RULES` and checked on its own: the text tower's embedding rows are
+# the ids of the tokenizer it trained with, so another tokenizer (or text_len, or end
+# token) is another run.
+TOKENIZER = "tokenizer"
+
+
+def check_tokenizer(stored: Mapping[str, Any], current: Mapping[str, Any], run: str) -> None:
+  """Refuses, in one line, a resume whose tokenizer identity differs from the one the
+  checkpoint of ``run`` (its folder and step) recorded; a checkpoint without one passes."""
+  before, after = stored.get(TOKENIZER), current.get(TOKENIZER)
+  if before is not None and after is not None and before != after:
+    raise errors.ResumeError(
+      f"The run in {run} trained with another tokenizer ({before} -> {after}): the text "
+      "tower's ids would change meaning. Put config.text.tokenizer and config.model.text_len "
+      "back as they were, or use a new --workdir; nothing was changed."
+    )

@@ -89,7 +89,9 @@ class RunSpec:
     """What the run trains on, stored with every checkpoint and compared on resume: the
     keys `resume_policy` records there."""
     values = {**dataclasses.asdict(self.data), "num_train": self.num_train, "seed": self.seed}
-    return {rule.key: values[rule.key] for rule in resume_policy.rules(resume_policy.CHECKPOINT)}
+    keys = {rule.key: values[rule.key] for rule in resume_policy.rules(resume_policy.CHECKPOINT)}
+    text = self.data.text
+    return {**keys, resume_policy.TOKENIZER: text.identity()} if text is not None else keys
 
   def with_model(self, **changes: Any) -> "RunSpec":
     """This run with model fields changed (e.g. ``remat=True``)."""

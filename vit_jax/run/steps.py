@@ -48,6 +48,11 @@ class TrainState:
   rng: jax.Array  # uint32[2]: the run's base key; per-step keys are folded from it
 
 
+def _micro_batches(x: jax.Array, accum_steps: int) -> jax.Array:
+  """[B, ...] -> [A, B/A, ...]: micro-batch j holds rows j, j + A, j + 2A, ..."""
+  return jnp.swapaxes(x.reshape(x.shape[0] // accum_steps, accum_steps, *x.shape[1:]), 0, 1)
+
+
 def train_step(
   state: TrainState,
   batch: Batch,
@@ -57,6 +62,9 @@ def train_step(
   accum_steps: int,
   mix: Optional[Callable[[Batch, jax.Array], Batch]] = None,
   augment: Optional[Callable[[Batch, jax.Array], Batch]] = None,
+  accumulated_value_and_grad: Optional[
+    Callable[[Any, Batch, jax.Array], tuple[jax.Array, Any]]
+  ] = None,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
   """One optimizer update from a global batch, in ``accum_steps`` (1: one) micro-batches.
 
@@ -67,7 +75,10 @@ def train_step(
   split, keyed by the step (and RandAugment by the row).
 
   Micro-batch j takes examples j, j + A, j + 2A, ... so that each one is spread over all
-  devices; the mean of the micro-batch gradients equals the full-batch gradient.
+  devices; the mean of the micro-batch gradients equals the full-batch gradient. A loss
+  that couples the batch's examples (a contrastive one) is not a mean over them: its
+  objective's ``accumulated_value_and_grad(params, micro_batches [A, B/A, ...], rngs [A])``
+  gives the loss over the whole batch and its gradient from the micro-batches.
   """
   step_rng = jax.random.fold_in(state.rng, state.step)
   if augment is not None:
@@ -77,10 +88,11 @@ def train_step(
   grad_fn = jax.value_and_grad(loss_fn)
   if accum_steps == 1:
     loss_value, grads = grad_fn(state.params, batch, step_rng)
+  elif accumulated_value_and_grad is not None:
+    rngs = jax.vmap(lambda j: jax.random.fold_in(step_rng, j))(jnp.arange(accum_steps))
+    micro = jax.tree.map(lambda x: _micro_batches(x, accum_steps), batch)
+    loss_value, grads = accumulated_value_and_grad(state.params, micro, rngs)
   else:
-
-    def split(x):  # [B, ...] -> [A, B/A, ...]
-      return jnp.swapaxes(x.reshape(x.shape[0] // accum_steps, accum_steps, *x.shape[1:]), 0, 1)
 
     def accumulate(carry, micro):
       loss_sum, grad_sum = carry
@@ -92,7 +104,7 @@ def train_step(
     (loss_sum, grad_sum), _ = jax.lax.scan(
       accumulate,
       (jnp.zeros((), jnp.float32), zeros),
-      (jax.tree.map(split, batch), jnp.arange(accum_steps)),
+      (jax.tree.map(lambda x: _micro_batches(x, accum_steps), batch), jnp.arange(accum_steps)),
     )
     loss_value = loss_sum / accum_steps
     grads = jax.tree.map(lambda g: g / accum_steps, grad_sum)
@@ -234,6 +246,7 @@ def build_steps(spec: RunSpec, mesh: jax.sharding.Mesh) -> RunSteps:
         loss_fn=objective.loss,
         tx=tx,
         accum_steps=spec.accum_steps,
+        accumulated_value_and_grad=getattr(objective, "accumulated_value_and_grad", None),
         mix=mixup.make_mixer(spec.mixup, blocks=mesh.shape[sharding.DATA_AXIS]),
         augment=randaug.make_augmenter(
           spec.data.randaug, spec.data.input_mean, spec.data.input_std

@@ -6,18 +6,19 @@ contrastive run (logged as ``zeroshot/...`` and ``retrieval/...`` every
   prompts (every template filled with its name, as CLIP's prompt ensembling); an image
   is assigned the class whose embedding is nearest (`two_tower.zero_shot_logits`).
 - Retrieval: every test image against every test caption, recall@k image-to-text and
-  text-to-image (the fraction whose own partner ranks in the top k). Example i's caption
-  is the one the eval batches carry (`captions.Captions.eval_ids`: template i mod T of its
-  class), so its embedding is that prompt's. An item's rank is the number of others that
-  score strictly higher: captions made from labels repeat, and identical ones tie.
+  text-to-image (the fraction whose own partner ranks in the top k, `retrieval`). Example
+  i's caption is the one the eval batches carry (`captions.Captions.eval_ids`: template i
+  mod T of its class), so its embedding is that prompt's. An item's rank is the number of
+  others that score strictly higher: captions made from labels repeat, and identical ones
+  tie.
 
-On data with its own captions (no classes) only retrieval runs, each image against its
-first caption (`Retrieval`).
+On data with its own captions (no classes) only retrieval runs, each image against
+every caption of its own (`retrieval.Retrieval`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable
 
 import jax
 import numpy as np
@@ -27,26 +28,9 @@ from vit_jax.aliases import Params
 from vit_jax.data import captions as captions_lib
 from vit_jax.data.dataset import Dataset
 from vit_jax.models import two_tower
+from vit_jax.run.evaluators import retrieval
 
-RECALL_AT = (1, 5, 10)
 _TEXT_CHUNK = 1024  # prompts embedded per forward pass
-
-
-def recall_at(scores: np.ndarray, ks: Sequence[int] = RECALL_AT) -> dict[int, float]:
-  """[N, N] scores of query i against candidate j (own partner j = i) -> recall@k."""
-  own = np.diagonal(scores)[:, None]
-  rank = np.sum(scores > own, axis=1)  # [N]
-  return {k: float(np.mean(rank < k)) for k in ks}
-
-
-def retrieval_metrics(zimg: np.ndarray, ztxt: np.ndarray) -> dict[str, float]:
-  """recall@1/5/10 both ways of N pairs of normalised embeddings [N, E]."""
-  scores = zimg @ ztxt.T  # [N images, N texts]
-  out = {}
-  for direction, s in (("image_to_text", scores), ("text_to_image", scores.T)):
-    for k, value in recall_at(s).items():
-      out[f"retrieval/{direction}_recall@{k}"] = value
-  return out
 
 
 class ZeroShotEvaluator:
@@ -80,7 +64,7 @@ class ZeroShotEvaluator:
     logits = np.asarray(two_tower.zero_shot_logits(zimg, prompts.mean(axis=1), t))  # [N, K]
     metrics = {"zeroshot/accuracy": float(np.mean(logits.argmax(-1) == labels))}
     ztxt = prompts[labels, np.arange(len(labels)) % prompts.shape[1]]  # [N, E]
-    metrics.update(retrieval_metrics(zimg, ztxt))
+    metrics.update(retrieval.retrieval_metrics(zimg, ztxt))
     metrics["zeroshot/examples"] = float(len(labels))
     return metrics
 
@@ -96,35 +80,12 @@ class ZeroShot(ZeroShotEvaluator):
     self.every = steps.spec.loop.eval_every
 
 
-class Retrieval:
-  """Retrieval on data with its own captions (`data.free_text`, no classes): every test
-  image against every test caption (each example's first), recall@1/5/10 both ways,
-  every ``config.eval_every`` steps."""
-
-  def __init__(self, steps: Any):
-    objective = steps.objective
-    self.batches = data.eval_iterator(steps.spec.data, steps.mesh)
-    self.every = steps.spec.loop.eval_every
-
-    def embed(params, batch):
-      zimg, ztxt, _ = objective.embed(params, batch["image"], batch["text"])
-      return dict(zimg=zimg, ztxt=ztxt, mask=batch["mask"])
-
-    self._embed = jax.jit(embed, out_shardings=sharding.replicated(steps.mesh))
-
-  def __call__(self, params: Params) -> dict[str, float]:
-    parts = [jax.device_get(self._embed(params, batch)) for batch in self.batches]
-    real = np.concatenate([p["mask"] for p in parts]) > 0
-    zimg, ztxt = (np.concatenate([p[k] for p in parts])[real] for k in ("zimg", "ztxt"))
-    return {**retrieval_metrics(zimg, ztxt), "retrieval/examples": float(len(zimg))}
-
-
-def build(steps: Any) -> ZeroShot | Retrieval | None:
+def build(steps: Any) -> ZeroShot | retrieval.Retrieval | None:
   """None unless the run trains a two-tower model on captioned data: zero-shot and
   retrieval with captions made from labels, retrieval alone with the data's own."""
   text = steps.spec.data.text
   if getattr(steps.objective, "text_len", None) is None or text is None:
     return None
   if text.tokenizer is not None:
-    return Retrieval(steps)
+    return retrieval.Retrieval(steps)
   return ZeroShot(steps) if text.templates is not None else None

@@ -12,7 +12,9 @@ with no update and no optimizer state), ``pretrained_key`` (the subtree that
 ``config.pretrained`` initialises; absent: the whole tree) and
 ``train_flops_per_example(image_size, batch)`` (the analytic count of one example of a
 train step where the model family's count is not it, e.g. a contrastive loss over the
-batch; absent: `step_cost.vit_flops_per_image`).
+batch; absent: `step_cost.vit_flops_per_image`) and ``accumulated_value_and_grad(params,
+micro_batches, rngs)`` (a loss that couples the batch's examples, over the whole batch
+from ``config.accum_steps`` micro-batches; absent: the mean of the micro-batches' losses).
 
 Each name's `Entry` also answers what the rest of the package asks of an objective (its
 checks, the data it needs, whether it trains on labels): the resolver, the input

@@ -9,7 +9,9 @@ computed once per example, `run.feature_cache`, in place of images).
 The sigmoid loss is computed in the chunked ring form over the mesh's 'data' axis when
 the batch is split over several devices there, so no device holds the global batch of
 logits; the global batch (and so the loss) is the same whatever the process count.
-Batches hold 'image' and 'text' (int32 [B, text_len], `data.captions`).
+Batches hold 'image' and 'text' (int32 [B, text_len], `data.captions`). With
+``config.accum_steps`` > 1 the loss is still over the whole batch's negatives
+(`Contrastive.accumulated_value_and_grad`): the same loss and gradient as one big batch.
 """
 
 from __future__ import annotations
@@ -173,11 +175,14 @@ class Contrastive:
       return losses.sigmoid_loss_chunked(zimg, ztxt, out["t"], out["b"], self.mesh)
     return losses.sigmoid_loss(zimg, ztxt, out["t"], out["b"])
 
-  def loss(self, params: Any, batch: Batch, rng: jax.Array) -> jax.Array:
+  def _towers(
+    self, params: Any, batch: Batch, rng: jax.Array
+  ) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
+    """Training embeddings of a (micro-)batch: ([b, E] images, [b, E] texts, {'t', 'b'})."""
     if self.frozen:  # no gradient flows into the locked tower (its update is zero too)
       params = {k: jax.lax.stop_gradient(v) if k in self.frozen else v for k, v in params.items()}
     images, features = batch.get("image"), batch.get("image_features")  # one of them
-    zimg, ztxt, out = self.model.apply(
+    return self.model.apply(
       {"params": params},
       images,
       batch["text"],
@@ -185,7 +190,60 @@ class Contrastive:
       image_features=features,
       rngs={"dropout": rng},
     )
-    return self._batch_loss(zimg, ztxt, out)
+
+  def loss(self, params: Any, batch: Batch, rng: jax.Array) -> jax.Array:
+    return self._batch_loss(*self._towers(params, batch, rng))
+
+  def accumulated_value_and_grad(
+    self, params: Any, micro: Batch, rngs: jax.Array
+  ) -> tuple[jax.Array, Any]:
+    """The loss over the whole batch and its gradient, from ``micro``: the batch as A
+    micro-batches (every field [A, B/A, ...], micro-batch j holding rows j, j + A, ...,
+    as `steps.train_step` splits it) and ``rngs`` [A] their dropout keys.
+
+    Every pair is scored against the whole batch's negatives, as in one big batch: the
+    GradCache scheme (Gao et al., 2021, "Scaling Deep Contrastive Learning Batch Size
+    under Memory Limited Setup"). First each micro-batch is embedded with no gradient
+    kept; the loss over all B embeddings gives its gradient with respect to each
+    embedding (and to t, b); then each micro-batch is embedded again, with the same
+    dropout key, and its parameter gradient is that of <embeddings, their gradients>,
+    summed over micro-batches. Memory is one micro-batch's activations plus [B, E]
+    embeddings; the cost is a second forward pass of both towers.
+    """
+
+    def embed(_, xs):  # one micro-batch: its [b, E] embeddings and {'t', 'b'}
+      return None, self._towers(params, *xs)
+
+    _, (zimgs, ztxts, outs) = jax.lax.scan(embed, None, (micro, rngs))  # [A, b, E]
+    accum, rows = zimgs.shape[:2]
+
+    def merge(z):  # [A, b, E] -> [B, E] in the batch's row order
+      return jnp.swapaxes(z, 0, 1).reshape(accum * rows, *z.shape[2:])
+
+    def unmerge(z):  # [B, E] -> [A, b, E]
+      return jnp.swapaxes(z.reshape(rows, accum, *z.shape[1:]), 0, 1)
+
+    out = jax.tree.map(lambda x: x[0], outs)  # t, b: the same in every micro-batch
+    loss, (g_zimg, g_ztxt, g_out) = jax.value_and_grad(self._batch_loss, argnums=(0, 1, 2))(
+      merge(zimgs), merge(ztxts), out
+    )
+
+    def backward(grad_sum, xs):
+      batch, rng, g_img, g_txt, first = xs
+
+      def surrogate(p):  # its gradient is this micro-batch's share of the batch's
+        zimg, ztxt, o = self._towers(p, batch, rng)
+        scalars = sum(jnp.sum(o[k] * g_out[k]) for k in g_out)  # t, b: counted once
+        return jnp.sum(zimg * g_img) + jnp.sum(ztxt * g_txt) + first * scalars
+
+      return jax.tree.map(jnp.add, grad_sum, jax.grad(surrogate)(params)), None
+
+    firsts = (jnp.arange(accum) == 0).astype(jnp.float32)
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    grads, _ = jax.lax.scan(
+      backward, zeros, (micro, rngs, unmerge(g_zimg), unmerge(g_ztxt), firsts)
+    )
+    return loss, grads
 
   def eval_step(self, params: Any, batch: Batch) -> dict[str, jax.Array]:
     """Sums over the real examples of a batch, each image scored against the batch's real
