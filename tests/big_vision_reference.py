@@ -4,14 +4,15 @@ here). It follows, module for module and name for name:
 
 - `big_vision/models/vit.py`: ``MlpBlock``, ``Encoder1DBlock``, ``Encoder`` (a Python loop
   or ``nn.scan`` over ``encoderblock``), ``MAPHead``, the ViT (``pool_type`` 'map', 'gap',
-  'tok'; ``posemb`` 'learn' or 'sincos2d'), ``pyloop_to_scan`` / ``scan_to_pyloop`` in its
+  'tok'; learned ``posemb``), ``pyloop_to_scan`` / ``scan_to_pyloop`` in its
   ``load``;
 - `big_vision/models/proj/image_text/text_transformer.py` (pool 'last' or 'map');
 - `big_vision/models/proj/image_text/two_towers.py` (``out_dim``, ``t``, ``b``) and its
   ``load`` of one file's ``img``, ``txt``, ``t``, ``b``;
 - `big_vision/utils.py`: the tree flattened with '/' into ``np.savez`` (releases under
   ``params/``), ``load_params`` (recover the tree, take ``params``);
-- `big_vision/pp/ops_text.py` ``tokenize``: `tf.strings.lower`, the SentencePiece ids with
+- `big_vision/pp/ops_text.py` ``tokenize``: `tf.strings.lower` (ASCII letters: as
+  `bytes.lower`), the SentencePiece ids with
   the end token, truncated keeping the end token ('sticky'), padded with ``pad_value``.
 
 Where it differs: no dropout, remat, dtypes or sharding constraints (none changes the
@@ -83,14 +84,6 @@ class MAPHead(nn.Module):
     return (x + MlpBlock(self.mlp_dim)(nn.LayerNorm()(x)))[:, 0]
 
 
-def posemb_sincos_2d(h: int, w: int, width: int, temperature: float = 10_000.0):
-  y, x = jnp.mgrid[:h, :w]
-  omega = 1.0 / temperature ** (jnp.arange(width // 4) / (width // 4 - 1))
-  y = jnp.einsum("m,d->md", y.flatten(), omega)
-  x = jnp.einsum("m,d->md", x.flatten(), omega)
-  return jnp.concatenate([jnp.sin(x), jnp.cos(x), jnp.sin(y), jnp.cos(y)], axis=1)[None]
-
-
 class ViT(nn.Module):
   num_classes: Optional[int]
   patch_size: int
@@ -99,7 +92,6 @@ class ViT(nn.Module):
   mlp_dim: int
   num_heads: int
   pool_type: str = "gap"
-  posemb: str = "learn"
   scan: bool = False
 
   @nn.compact
@@ -108,11 +100,8 @@ class ViT(nn.Module):
     x = nn.Conv(self.width, p, strides=p, padding="VALID", name="embedding")(image)
     n, h, w, c = x.shape
     x = x.reshape(n, h * w, c)
-    if self.posemb == "learn":
-      init = nn.initializers.normal(stddev=1 / np.sqrt(c))
-      x = x + self.param("pos_embedding", init, (1, h * w, c), x.dtype)
-    else:
-      x = x + posemb_sincos_2d(h, w, c)
+    init = nn.initializers.normal(stddev=1 / np.sqrt(c))
+    x = x + self.param("pos_embedding", init, (1, h * w, c), x.dtype)
     if self.pool_type == "tok":
       cls = self.param("cls", nn.initializers.normal(1.0), (1, 1, c), x.dtype)
       x = jnp.concatenate([jnp.tile(cls, [n, 1, 1]), x], axis=1)
@@ -141,8 +130,9 @@ class TextTransformer(nn.Module):
   @nn.compact
   def __call__(self, text):
     x = nn.Embed(num_embeddings=self.vocab_size, features=self.width)(text)
-    _, l, d = x.shape
-    x = x + self.param("pos_embedding", nn.initializers.normal(1 / np.sqrt(d)), (1, l, d))
+    _, length, d = x.shape
+    init = nn.initializers.normal(1 / np.sqrt(d))
+    x = x + self.param("pos_embedding", init, (1, length, d))
     x = Encoder(self.depth, self.mlp_dim, self.num_heads, self.scan)(x)  # Encoder_0
     x = MAPHead(self.mlp_dim, self.num_heads)(x) if self.pool_type == "map" else x[:, -1]
     if self.num_classes:
@@ -177,7 +167,7 @@ class TwoTowers(nn.Module):
 
 def probabilities(model: TwoTowers, params: Any, images, ids) -> np.ndarray:
   """The demo notebooks' probabilities: sigmoid(t zimg . ztxt + b); LiT's softmax."""
-  zimg, ztxt, out = model.apply({"params": params}, images, ids)
+  zimg, ztxt, out = jax.jit(model.apply)({"params": params}, images, ids)
   logits = zimg @ ztxt.T * out["t"]
   if "b" in out:
     return np.asarray(jax.nn.sigmoid(logits + out["b"]))
@@ -237,13 +227,12 @@ def tokenize(
 ) -> np.ndarray:
   """ops_text.tokenize(max_len, eos='sticky', pad_value=..., lower=...) of each text."""
   import sentencepiece
-  import tensorflow as tf
 
   sp = sentencepiece.SentencePieceProcessor(model_file=vocabulary)
   rows = []
   for text in texts:
-    if lower:
-      text = tf.strings.lower(text).numpy().decode("utf-8")
+    if lower:  # tf.strings.lower's default: ASCII letters only, as bytes.lower
+      text = text.encode("utf-8").lower().decode("utf-8")
     tokens = sp.encode(text, add_eos=True)
     if len(tokens) >= max_len:
       tokens = tokens[: max_len - 1] + tokens[-1:]

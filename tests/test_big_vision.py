@@ -6,17 +6,19 @@ compared with big_vision's probabilities and token ids; the export read back by 
 from __future__ import annotations
 
 import io
+import json
 import os
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
 import vit_jax
 from tests import big_vision_reference as bv
-from vit_jax import errors, models, text_scores
-from vit_jax.weights import big_vision, formats, sources
+from vit_jax import errors, models, text_scores, weights
+from vit_jax.weights import big_vision, formats
 
 sentencepiece = pytest.importorskip("sentencepiece")
 
@@ -54,7 +56,8 @@ def _saved(tmp_path, vocabulary, model, *, prefix=True, name="siglip.npz"):
   """``model`` initialised (t and b moved off their init) and saved as big_vision saves
   it, with the vocabulary as ``<stem>.model``; (path, params)."""
   images = jnp.zeros((1, IMAGE, IMAGE, 3))
-  params = model.init(jax.random.PRNGKey(0), images, jnp.zeros((1, LENGTH), jnp.int32))["params"]
+  init = jax.jit(model.init)
+  params = init(jax.random.PRNGKey(0), images, jnp.zeros((1, LENGTH), jnp.int32))["params"]
   params = {**params, "t": jnp.full((1,), np.log(3.0))}
   if "b" in params:
     params["b"] = jnp.full((1,), -0.5)
@@ -119,3 +122,98 @@ def test_lit_with_class_token_exports_back_into_big_vision(tmp_path, vocabulary)
   written = str(out / big_vision.TOKENIZER_FILE)
   np.testing.assert_array_equal(bv.tokenize(TEXTS, written, LENGTH, pad_value=1), ids)
   np.testing.assert_allclose(_ours(vit_jax.load(str(out)), _images()), want, atol=1e-5)
+
+
+def test_predict_texts_prints_big_vision_probabilities(tmp_path, vocabulary, capsys):
+  """``python -m vit_jax.predict --checkpoint=siglip.npz --texts=...`` on image files at
+  the model's size: big_vision's ``resize|value_range(-1, 1)`` is then x / 127.5 - 1."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+
+  from vit_jax import predict  # pylint: disable=g-import-not-at-top
+
+  model = _model()
+  path, params = _saved(tmp_path, vocabulary, model)
+  pixels = np.random.default_rng(1).integers(0, 256, (2, IMAGE, IMAGE, 3), np.uint8)
+  folder = tmp_path / "images"
+  folder.mkdir()
+  for i, p in enumerate(pixels):
+    Image.fromarray(p).save(folder / f"{i}.png")
+  argv = ["predict", f"--checkpoint={path}", f"--texts={','.join(TEXTS)}", "--json"]
+  assert predict.main([*argv, str(folder)]) == 0
+  lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+  ids = bv.tokenize(TEXTS, vocabulary, LENGTH, pad_value=1)
+  want = bv.probabilities(model, params, pixels / 127.5 - 1, ids)
+  for line, probs in zip(lines, want):
+    scores = {entry["label"]: entry["probability"] for entry in line["top_k"]}
+    np.testing.assert_allclose([scores[t] for t in TEXTS], probs, atol=1e-5)
+  assert predict.main(["predict", f"--checkpoint={path}", str(folder)]) == 2  # no --texts
+  assert "is an image-text model: pass --texts" in capsys.readouterr().err
+
+
+def test_plain_vit_with_head(tmp_path):
+  """big_vision's plain ViT (root names, ``pool_type='gap'``, a classifier head) gives its
+  logits; written back, big_vision's ``load`` reads it. Its 'sincos2d' is refused."""
+  vit = bv.ViT(5, PATCH, WIDTH, DEPTH, MLP, HEADS, pool_type="gap")
+  params = jax.jit(vit.init)(jax.random.PRNGKey(1), jnp.zeros((1, IMAGE, IMAGE, 3)))["params"]
+  path = str(tmp_path / "vit_s16_i1k.npz")
+  bv.save(path, params, prefix=False)
+  model = vit_jax.load(path)
+  assert model.config.classifier == "gap" and model.num_classes == 5
+  want = np.asarray(jax.jit(vit.apply)({"params": params}, _images()))
+  np.testing.assert_allclose(model(_images()), want, atol=1e-5)
+  model.save(str(tmp_path / "out"), format="big_vision")
+  again = bv.load_params(str(tmp_path / "out" / big_vision.EXPORT_FILE))
+  np.testing.assert_allclose(jax.jit(vit.apply)({"params": again}, _images()), want, atol=1e-5)
+  sincos = {k: v for k, v in params.items() if k != "pos_embedding"}
+  bv.save(path, sincos, prefix=False)
+  with pytest.raises(errors.CheckpointError, match="sincos2d"):
+    vit_jax.load(path)
+
+
+def test_pretrained_image_tower_and_lit_run_from_a_siglip_file(tmp_path, vocabulary):
+  """``config.pretrained``'s reader: a classifier takes the SigLIP image tower (a fresh
+  head), a LiT model both towers (its image projection fresh, SigLIP's bias dropped)."""
+  path, params = _saved(tmp_path, vocabulary, _model())
+  siglip = vit_jax.load(path).config
+  image_config = siglip.image
+  init = models.create_model(image_config, num_classes=4).init(
+    jax.random.PRNGKey(0), jnp.zeros((1, IMAGE, IMAGE, 3))
+  )["params"]  # fmt: skip
+  fitted = weights.load_pretrained(path, init, image_config)
+  stored = params["img"]["MAPHead_0"]["probe"]
+  np.testing.assert_array_equal(fitted["MAPHead_0"]["probe"], stored)
+  assert fitted["head"]["kernel"].shape == (WIDTH, 4)
+  lit = models.two_tower_config(
+    image_config, text=dict(siglip.text), text_len=LENGTH, embed_dim=WIDTH, loss="softmax"
+  )
+  module = models.create_model(lit, num_classes=None)
+  ids = jnp.zeros((1, LENGTH), jnp.int32)
+  init = module.init(jax.random.PRNGKey(0), jnp.zeros((1, IMAGE, IMAGE, 3)), ids)["params"]
+  fitted = weights.load_pretrained(path, init, lit)
+  assert "b" not in fitted and fitted["img_head"]["kernel"].shape == (WIDTH, WIDTH)
+  np.testing.assert_array_equal(
+    fitted["txt"]["Embed_0"]["embedding"], params["txt"]["Embed_0"]["embedding"]
+  )
+  np.testing.assert_array_equal(fitted["t"], params["t"])
+
+
+def test_tokenizer_options_and_refusals(tmp_path, vocabulary):
+  """Gemma's vocabulary (SigLIP 2) pads with its pad piece, others with id 1; what is not
+  read or written is one error naming it."""
+  config = ml_collections.ConfigDict(dict(model_type="two_tower", text=dict(vocab_size=40)))
+  assert big_vision.tokenizer(vocabulary, config).pad_id == 1
+  config.text.vocab_size = big_vision.GEMMA_VOCAB
+  assert big_vision.tokenizer(vocabulary, config).pad_id == 0
+  path, _ = _saved(tmp_path, vocabulary, _model())
+  with pytest.raises(errors.CheckpointError, match="leave out the model name"):
+    vit_jax.load(path, model_name="ViT-B_16")
+  naflex = str(tmp_path / "naflex.npz")
+  block = "img/Transformer/encoderblock/MlpBlock_0/Dense_0/kernel"
+  np.savez(naflex, **{"img/embedding/kernel": np.zeros((48, 16)), "t": np.zeros(1), block: 0})
+  with pytest.raises(errors.CheckpointError, match="NaFlex"):
+    vit_jax.load(naflex)
+  model = vit_jax.load(path)
+  model.loaded.config.image.gelu_approximate = False
+  with pytest.raises(errors.CheckpointError, match="gelu_approximate=False"):
+    model.save(str(tmp_path / "refused"), format="big_vision")
+  assert not os.path.exists(tmp_path / "refused")

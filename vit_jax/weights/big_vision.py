@@ -29,9 +29,10 @@ lower-cased, the end token appended and kept last when truncating ('sticky'), pa
 id 1 (SigLIP's ``pad_value=1``), or with the model's pad piece for Gemma's 256,000-token
 vocabulary (SigLIP 2's ``tok`` op).
 
-Not read: NaFlex image towers (``proj.image_text.naflex_vit``), text towers without a
-projection (``out_dim`` None); written: ViT image towers that big_vision's `vit.py`
-computes (tanh GELU, no registers, LayerScale, other norms or biases).
+Not read: NaFlex image towers (``proj.image_text.naflex_vit``), ``posemb='sincos2d'``
+(big_vision's frequencies are not `models.posemb.sincos_2d`'s), text towers without a
+projection (``out_dim`` None). Written: ViT image towers with learned positions that
+big_vision's `vit.py` computes (tanh GELU; no registers, LayerScale, other norms or biases).
 """
 
 from __future__ import annotations
@@ -181,18 +182,16 @@ def load_flat(path: str) -> dict[str, np.ndarray]:
   return {k.removeprefix(PREFIX) if prefixed else k: v for k, v in flat.items()}
 
 
-def _image_config(tree: Params) -> ml_collections.ConfigDict:
-  """The ViT config of an image tower in our names: its shapes, tanh GELU; without a
-  learned table, big_vision's other position embedding (sincos2d)."""
+def _image_config(tree: Params, source: str) -> ml_collections.ConfigDict:
+  """The ViT config of an image tower in our names: its shapes, tanh GELU. A tower
+  without a learned table has big_vision's 'sincos2d', whose frequencies (exponents over
+  D/4 - 1) are not this package's (over D/4, MoCo v3's): refused."""
   if _OUR_POSEMB not in traverse_util.flatten_dict(tree, sep="/"):
-    width = tree["embedding"]["kernel"].shape[-1]
-    grid = np.broadcast_to(np.float32(0), (1, 1, width))  # shapes only, to infer the rest
-    tree = {**tree, "Transformer": {**tree["Transformer"], "posembed_input": {
-      "pos_embedding": grid}}}  # fmt: skip
-    config = architecture.infer_model_config(tree)
-    config.posemb = "sincos2d"
-  else:
-    config = architecture.infer_model_config(tree)
+    raise errors.CheckpointError(
+      f"{source}: an image tower without learned position embeddings (big_vision's "
+      "posemb='sincos2d', whose frequencies this package does not compute)."
+    )
+  config = architecture.infer_model_config(tree)
   if "cls" in tree:  # big_vision adds the positions before the class token
     config.posemb_patches_only = True
   config.gelu_approximate = True
@@ -217,7 +216,7 @@ def read(path: str) -> tuple[ml_collections.ConfigDict, Params, Optional[tuple[i
   _refuse_naflex(flat, source)
   tree = traverse_util.unflatten_dict(to_ours(flat), sep="/")
   if "txt" not in tree:
-    config = _image_config(tree)
+    config = _image_config(tree, source)
     return config, tree, architecture.trained_image_size(tree, config)
   config = _two_tower_config(tree, source)
   return config, tree, architecture.trained_image_size(tree["img"], config.image)
@@ -240,7 +239,7 @@ def _two_tower_config(tree: Params, source: str) -> ml_collections.ConfigDict:
   heads = text[block + "MultiHeadDotProductAttention_1/query/kernel"].shape[1]
   mlp = text[block + "MlpBlock_3/Dense_0/kernel"].shape[1]
   embed = text["head/kernel"].shape[1]
-  image = _image_config(tree["img"])
+  image = _image_config(tree["img"], source)
   head = "dense" if "img_head" in tree else "none"
   image_width = tree["img_head"]["kernel"].shape[1] if head == "dense" else image.hidden_size
   if image_width != embed:
@@ -318,7 +317,7 @@ def check_writable(config: ml_collections.ConfigDict) -> None:
     problems += [
       f"{k}={image.get(k)!r}" for k, want in expected.items() if image.get(k, want) != want
     ]
-    if image.get("posemb") not in ("learn", "sincos2d"):
+    if image.get("posemb") != "learn":
       problems.append(f"posemb={image.get('posemb')!r}")
   if two_tower:
     text, head = dict(config.text), config.get("image_head", "dense")
@@ -326,8 +325,11 @@ def check_writable(config: ml_collections.ConfigDict) -> None:
       problems.append("image_head='linear'")
     if text.get("pool", "last") not in ("last", "first", "gap", "map"):
       problems.append(f"text pool={text['pool']!r}")
-    for key, want in dict(activation="gelu", gelu_approximate=True, causal=False,
-                          pad_id=None, head_bias=True, layer_norm_epsilon=1e-6).items():  # fmt: skip
+    computed = dict(
+      activation="gelu", gelu_approximate=True, causal=False, pad_id=None, head_bias=True,
+      layer_norm_epsilon=1e-6,
+    )  # fmt: skip
+    for key, want in computed.items():
       if text.get(key, want) != want:
         problems.append(f"text {key}={text[key]!r}")
   if problems:

@@ -35,8 +35,8 @@ from vit_jax.models.posemb import (
   square_grid,
 )
 from vit_jax.weights import architecture, sources
-from vit_jax.weights.fit_towers import fit_two_tower
 from vit_jax.weights.architecture import POSEMB, POSEMB_X, POSEMB_Y
+from vit_jax.weights.fit_towers import fit_two_tower
 from vit_jax.weights.npz import Params, check_tree, is_scanned, to_layout
 
 _MAX_DETAIL_LINES = 40  # of check_tree's list, in load_pretrained's error

@@ -1,9 +1,9 @@
 """The write side of the weights package: a loaded model -> a folder in one format.
 
 `save(model, fmt, out, class_names=..., image_size=...)` checks that ``model`` can be
-written as ``fmt`` (`FORMATS`: hf, timm, npz and big_vision through their checkpoint format's record,
-`formats.for_export`, whose writer the family picks; saved_model and stablehlo through
-`serving`), then writes the files into a new folder beside ``out``
+written as ``fmt`` (`FORMATS`: hf, timm, npz and big_vision through their checkpoint
+format's record, `formats.for_export`, whose writer the family picks; saved_model and
+stablehlo through `serving`), then writes the files into a new folder beside ``out``
 (``.OUT.tmp-*``) renamed to ``out`` at the end: a failure, Ctrl-C or SIGTERM leaves
 nothing in ``out``; a temporary folder left by a killed write (older than an hour) is
 removed by the next write to the same ``out``. ``out`` must not exist or be empty. The
@@ -44,8 +44,8 @@ def writer(
   """Checks that ``model`` can be written as ``fmt``; returns what writes it into a folder
   (with `LABELS_FILE` beside every format but hf, which keeps the names in its config).
   An image-text model is written whole as hf (transformers' SigLIP or CLIP), npz and
-  big_vision;
-  timm, saved_model and stablehlo take its image tower (`image_tower`: its features)."""
+  big_vision; timm, saved_model and stablehlo take its image tower (`image_tower`: its
+  features)."""
   if fmt in IMAGE_TOWER_FORMATS and models.is_two_tower(model.config):
     model = image_tower(model)
   module = model.module(dtype=jnp.float32)
