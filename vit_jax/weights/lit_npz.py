@@ -7,9 +7,10 @@ with ``out_dim[0]`` set its ``img/head`` is the image projection, our ``img_head
 the class token's features are the embedding: ``image_head='none'``); ``txt/`` is
 models_lit's ``TextTransformer`` (``Embed_0``, ``pos_embedding``, ``Encoder_0`` with the
 official blocks and ``encoder_norm``, the last position, ``head``): ours name for name
-(big_vision's own text tower numbers its blocks' modules otherwise: `weights.big_vision`); ``t`` ours; no bias (LiT's softmax loss). The tokenizer appends
-the end token, keeps it last when truncating and pads with it (models_lit's
-``SentencepieceTokenizer``); the text length is the position table's (16).
+(big_vision's own text tower numbers its blocks' modules otherwise: `weights.big_vision`);
+``t`` ours; no bias (LiT's softmax loss). The tokenizer appends the end token, keeps it
+last when truncating and pads with it (models_lit's ``SentencepieceTokenizer``); the text
+length is the position table's (16).
 Not read: the BERT text towers (LiT-B16B, LiT-L16L: flaxformer's BERT).
 """
 
