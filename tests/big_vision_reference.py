@@ -4,20 +4,20 @@ here). It follows, module for module and name for name:
 
 - `big_vision/models/vit.py`: ``MlpBlock``, ``Encoder1DBlock``, ``Encoder`` (a Python loop
   or ``nn.scan`` over ``encoderblock``), ``MAPHead``, the ViT (``pool_type`` 'map', 'gap',
-  'tok'; learned ``posemb``), ``pyloop_to_scan`` / ``scan_to_pyloop`` in its
-  ``load``;
+  'tok'; learned ``posemb``), ``pyloop_to_scan`` / ``scan_to_pyloop`` in its ``load``;
 - `big_vision/models/proj/image_text/text_transformer.py` (pool 'last' or 'map');
 - `big_vision/models/proj/image_text/two_towers.py` (``out_dim``, ``t``, ``b``) and its
   ``load`` of one file's ``img``, ``txt``, ``t``, ``b``;
 - `big_vision/utils.py`: the tree flattened with '/' into ``np.savez`` (releases under
   ``params/``), ``load_params`` (recover the tree, take ``params``);
-- `big_vision/pp/ops_text.py` ``tokenize``: `tf.strings.lower` (ASCII letters: as
-  `bytes.lower`), the SentencePiece ids with
-  the end token, truncated keeping the end token ('sticky'), padded with ``pad_value``.
+- `big_vision/pp/ops_text.py` ``tokenize``: `tf.strings.lower` (ASCII letters only, as
+  `bytes.lower`), the SentencePiece ids with the end token, truncated keeping the end
+  token ('sticky'), padded with ``pad_value``.
 
 Where it differs: no dropout, remat, dtypes or sharding constraints (none changes the
-values in evaluation); the tokenizer runs the Python `sentencepiece` with ``add_eos``
-rather than `tensorflow_text`'s op over the same model.
+values in evaluation); the class token and the image head start random, not at zero (a
+zero head would give zero embeddings); the tokenizer runs the Python `sentencepiece` with
+``add_eos`` rather than `tensorflow_text`'s op over the same model.
 """
 
 from __future__ import annotations

@@ -176,9 +176,8 @@ def test_pretrained_image_tower_and_lit_run_from_a_siglip_file(tmp_path, vocabul
   path, params = _saved(tmp_path, vocabulary, _model())
   siglip = vit_jax.load(path).config
   image_config = siglip.image
-  init = models.create_model(image_config, num_classes=4).init(
-    jax.random.PRNGKey(0), jnp.zeros((1, IMAGE, IMAGE, 3))
-  )["params"]  # fmt: skip
+  classifier = models.create_model(image_config, num_classes=4)
+  init = jax.jit(classifier.init)(jax.random.PRNGKey(0), jnp.zeros((1, IMAGE, IMAGE, 3)))["params"]
   fitted = weights.load_pretrained(path, init, image_config)
   stored = params["img"]["MAPHead_0"]["probe"]
   np.testing.assert_array_equal(fitted["MAPHead_0"]["probe"], stored)
@@ -188,7 +187,8 @@ def test_pretrained_image_tower_and_lit_run_from_a_siglip_file(tmp_path, vocabul
   )
   module = models.create_model(lit, num_classes=None)
   ids = jnp.zeros((1, LENGTH), jnp.int32)
-  init = module.init(jax.random.PRNGKey(0), jnp.zeros((1, IMAGE, IMAGE, 3)), ids)["params"]
+  init = jax.jit(module.init)(jax.random.PRNGKey(0), jnp.zeros((1, IMAGE, IMAGE, 3)), ids)
+  init = init["params"]
   fitted = weights.load_pretrained(path, init, lit)
   assert "b" not in fitted and fitted["img_head"]["kernel"].shape == (WIDTH, WIDTH)
   np.testing.assert_array_equal(
@@ -217,3 +217,31 @@ def test_tokenizer_options_and_refusals(tmp_path, vocabulary):
   with pytest.raises(errors.CheckpointError, match="gelu_approximate=False"):
     model.save(str(tmp_path / "refused"), format="big_vision")
   assert not os.path.exists(tmp_path / "refused")
+
+
+def test_lit_run_starts_from_a_big_vision_siglip_image_tower(tmp_path, vocabulary, digits_dir):
+  """``config.pretrained`` of a LiT run (locked image tower) names a SigLIP `.npz`: the
+  run's image tower is big_vision's (its positions resized to the run's crop) and ends as
+  it started."""
+  from configs import siglip  # pylint: disable=g-import-not-at-top
+  from tests import train_fixtures  # pylint: disable=g-import-not-at-top
+  from vit_jax import run  # pylint: disable=g-import-not-at-top
+  from vit_jax.weights import orbax_steps  # pylint: disable=g-import-not-at-top
+
+  path, params = _saved(tmp_path, vocabulary, _model())
+  config = siglip.get_config("digits")
+  train_fixtures.override(config, train_fixtures.TINY)
+  config.data_dir = digits_dir
+  config.model = models.two_tower_config(
+    vit_jax.load(path).config.image, text=dict(width=16, depth=1, mlp_dim=32, num_heads=2,
+    vocab_size=64), text_len=8, embed_dim=16,
+  )  # fmt: skip
+  config.pretrained = path
+  config.contrastive.lock_image = True
+  run.train_and_evaluate(config, str(tmp_path / "lit"))
+  end = orbax_steps.read_params(tmp_path / "lit" / "checkpoints")["img"]
+  np.testing.assert_array_equal(end["MAPHead_0"]["probe"], params["img"]["MAPHead_0"]["probe"])
+  block = end["Transformer"]["encoderblock_1"]["MlpBlock_3"]["Dense_0"]["kernel"]
+  stored = params["img"]["Transformer"]["encoderblock_1"]["MlpBlock_0"]["Dense_0"]["kernel"]
+  np.testing.assert_array_equal(block, stored)
+  assert end["Transformer"]["posembed_input"]["pos_embedding"].shape == (1, 4, WIDTH)
