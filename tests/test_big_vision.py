@@ -17,7 +17,7 @@ import pytest
 
 import vit_jax
 from tests import big_vision_reference as bv
-from vit_jax import errors, models, text_scores, weights
+from vit_jax import errors, export, models, text_scores, weights
 from vit_jax.weights import big_vision, formats
 
 sentencepiece = pytest.importorskip("sentencepiece")
@@ -150,7 +150,7 @@ def test_predict_texts_prints_big_vision_probabilities(tmp_path, vocabulary, cap
   assert "is an image-text model: pass --texts" in capsys.readouterr().err
 
 
-def test_plain_vit_with_head(tmp_path):
+def test_plain_vit_with_head(tmp_path, capsys):
   """big_vision's plain ViT (root names, ``pool_type='gap'``, a classifier head) gives its
   logits; written back, big_vision's ``load`` reads it. Its 'sincos2d' is refused."""
   vit = bv.ViT(5, PATCH, WIDTH, DEPTH, MLP, HEADS, pool_type="gap")
@@ -161,8 +161,10 @@ def test_plain_vit_with_head(tmp_path):
   assert model.config.classifier == "gap" and model.num_classes == 5
   want = np.asarray(jax.jit(vit.apply)({"params": params}, _images()))
   np.testing.assert_allclose(model(_images()), want, atol=1e-5)
-  model.save(str(tmp_path / "out"), format="big_vision")
-  again = bv.load_params(str(tmp_path / "out" / big_vision.EXPORT_FILE))
+  out = str(tmp_path / "out")
+  assert export.main(["export", f"--checkpoint={path}", "--format=big_vision", f"--out={out}"]) == 0
+  assert "Load it with: big_vision's two_towers.load" in capsys.readouterr().out
+  again = bv.load_params(os.path.join(out, big_vision.EXPORT_FILE))
   np.testing.assert_allclose(jax.jit(vit.apply)({"params": again}, _images()), want, atol=1e-5)
   sincos = {k: v for k, v in params.items() if k != "pos_embedding"}
   bv.save(path, sincos, prefix=False)
