@@ -219,6 +219,8 @@ def test_tokenizer_options_and_refusals(tmp_path, vocabulary):
   with pytest.raises(errors.CheckpointError, match="gelu_approximate=False"):
     model.save(str(tmp_path / "refused"), format="big_vision")
   assert not os.path.exists(tmp_path / "refused")
+  with pytest.raises(errors.ConfigError, match="is an image-text model: score images"):
+    model(_images())  # a classifier's call, refused before anything is traced
 
 
 def test_lit_run_starts_from_a_big_vision_siglip_image_tower(tmp_path, vocabulary, digits_dir):

@@ -74,6 +74,11 @@ class Model:
 
   def _run(self, kind: str, images: Any) -> np.ndarray:
     """``kind`` ('logits', 'pooled', 'tokens') of [B, H, W, 3] inputs, batch by batch."""
+    if models.is_two_tower(self.config):  # before anything is traced or compiled
+      raise errors.ConfigError(
+        f"{self!r} is an image-text model: score images against texts with "
+        "text_probabilities(images, texts), or export its image tower (save(format='timm'))."
+      )
     if kind not in self._compiled:
       module = self.loaded.module(num_classes=None if kind != "logits" else self.num_classes)
       unpooled = {"pool": False} if kind == "tokens" else {}  # a ViT's; other families pool
