@@ -45,6 +45,7 @@ import zipfile
 from typing import Any, Callable, Mapping, Optional
 
 import flax.linen as nn
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from flax import traverse_util
@@ -175,11 +176,18 @@ def to_theirs(params: Params) -> dict[str, np.ndarray]:
 # ------------------------------------------------------------------------- reading
 
 
+def _float32(value: np.ndarray) -> np.ndarray:
+  """big_vision saves bfloat16 arrays as 2-byte void (its `recover_dtype` views them back)."""
+  if value.dtype.kind == "V" and value.dtype.itemsize == 2:
+    return value.view(jnp.bfloat16).astype(np.float32)
+  return value
+
+
 def load_flat(path: str) -> dict[str, np.ndarray]:
   """The archive's arrays by flat key, `PREFIX` removed (`npz.load_npz`'s checks)."""
   flat = traverse_util.flatten_dict(npz.load_npz(path), sep="/")
   prefixed = all(k.startswith(PREFIX) for k in flat)
-  return {k.removeprefix(PREFIX) if prefixed else k: v for k, v in flat.items()}
+  return {k.removeprefix(PREFIX) if prefixed else k: _float32(v) for k, v in flat.items()}
 
 
 def _image_config(tree: Params, source: str) -> ml_collections.ConfigDict:
