@@ -68,6 +68,13 @@ def _saved(tmp_path, vocabulary, model, *, prefix=True, name="siglip.npz"):
   return path, params
 
 
+@pytest.fixture(scope="module")
+def siglip(tmp_path_factory, vocabulary):
+  """A tiny SigLIP saved in the released layout: (path, params, big_vision's model)."""
+  model = _model()
+  return (*_saved(tmp_path_factory.mktemp("siglip"), vocabulary, model), model)
+
+
 def _images(n=2) -> np.ndarray:
   return np.random.default_rng(0).uniform(-1, 1, (n, IMAGE, IMAGE, 3)).astype(np.float32)
 
@@ -77,9 +84,10 @@ def _ours(model: vit_jax.Model, images: np.ndarray, texts=TEXTS) -> np.ndarray:
   return text_scores.TextScores(model.loaded, texts)(images)
 
 
-def test_siglip_released_layout_gives_big_vision_probabilities_and_ids(tmp_path, vocabulary):
-  model = _model()
-  path, params = _saved(tmp_path, vocabulary, model)
+def test_siglip_released_layout_gives_big_vision_probabilities_and_ids(
+  tmp_path, vocabulary, siglip
+):
+  path, params, model = siglip
   assert formats.of(path) is formats.BIG_VISION
   loaded = vit_jax.load(path)
   ids = bv.tokenize(TEXTS, vocabulary, LENGTH, pad_value=1)
@@ -88,6 +96,10 @@ def test_siglip_released_layout_gives_big_vision_probabilities_and_ids(tmp_path,
   assert loaded.image_size == (IMAGE, IMAGE)
   want = bv.probabilities(model, params, _images(), ids)
   np.testing.assert_allclose(_ours(loaded, _images()), want, atol=1e-5)
+  out = tmp_path / "export"
+  loaded.save(str(out), format="big_vision")
+  again = bv.load(str(out / big_vision.EXPORT_FILE), image_scan=False)
+  np.testing.assert_allclose(bv.probabilities(model, again, _images(), ids), want, atol=1e-5)
 
 
 def test_siglip2_stacked_layout_without_prefix(tmp_path, vocabulary):
@@ -124,15 +136,14 @@ def test_lit_with_class_token_exports_back_into_big_vision(tmp_path, vocabulary)
   np.testing.assert_allclose(_ours(vit_jax.load(str(out)), _images()), want, atol=1e-5)
 
 
-def test_predict_texts_prints_big_vision_probabilities(tmp_path, vocabulary, capsys):
+def test_predict_texts_prints_big_vision_probabilities(tmp_path, vocabulary, siglip, capsys):
   """``python -m vit_jax.predict --checkpoint=siglip.npz --texts=...`` on image files at
   the model's size: big_vision's ``resize|value_range(-1, 1)`` is then x / 127.5 - 1."""
   from PIL import Image  # pylint: disable=g-import-not-at-top
 
   from vit_jax import predict  # pylint: disable=g-import-not-at-top
 
-  model = _model()
-  path, params = _saved(tmp_path, vocabulary, model)
+  path, params, model = siglip
   pixels = np.random.default_rng(1).integers(0, 256, (2, IMAGE, IMAGE, 3), np.uint8)
   folder = tmp_path / "images"
   folder.mkdir()
@@ -174,20 +185,19 @@ def test_plain_vit_with_head(tmp_path, capsys):
     vit_jax.load(path)
 
 
-def test_pretrained_image_tower_and_lit_run_from_a_siglip_file(tmp_path, vocabulary):
+def test_pretrained_image_tower_and_lit_run_from_a_siglip_file(siglip):
   """``config.pretrained``'s reader: a classifier takes the SigLIP image tower (a fresh
   head), a LiT model both towers (its image projection fresh, SigLIP's bias dropped)."""
-  path, params = _saved(tmp_path, vocabulary, _model())
-  siglip = vit_jax.load(path).config
-  image_config = siglip.image
+  path, params, _ = siglip
+  read = vit_jax.load(path).config
+  image_config = read.image
   classifier = models.create_model(image_config, num_classes=4)
   init = jax.jit(classifier.init)(jax.random.PRNGKey(0), jnp.zeros((1, IMAGE, IMAGE, 3)))["params"]
   fitted = weights.load_pretrained(path, init, image_config)
-  stored = params["img"]["MAPHead_0"]["probe"]
-  np.testing.assert_array_equal(fitted["MAPHead_0"]["probe"], stored)
+  np.testing.assert_array_equal(fitted["MAPHead_0"]["probe"], params["img"]["MAPHead_0"]["probe"])
   assert fitted["head"]["kernel"].shape == (WIDTH, 4)
   lit = models.two_tower_config(
-    image_config, text=dict(siglip.text), text_len=LENGTH, embed_dim=WIDTH, loss="softmax"
+    image_config, text=dict(read.text), text_len=LENGTH, embed_dim=WIDTH, loss="softmax"
   )
   module = models.create_model(lit, num_classes=None)
   ids = jnp.zeros((1, LENGTH), jnp.int32)
@@ -201,14 +211,14 @@ def test_pretrained_image_tower_and_lit_run_from_a_siglip_file(tmp_path, vocabul
   np.testing.assert_array_equal(fitted["t"], params["t"])
 
 
-def test_tokenizer_options_and_refusals(tmp_path, vocabulary):
+def test_tokenizer_options_and_refusals(tmp_path, vocabulary, siglip):
   """Gemma's vocabulary (SigLIP 2) pads with its pad piece, others with id 1; what is not
   read or written is one error naming it."""
   config = ml_collections.ConfigDict(dict(model_type="two_tower", text=dict(vocab_size=40)))
   assert big_vision.tokenizer(vocabulary, config).pad_id == 1
   config.text.vocab_size = big_vision.GEMMA_VOCAB
   assert big_vision.tokenizer(vocabulary, config).pad_id == 0
-  path, _ = _saved(tmp_path, vocabulary, _model())
+  path = siglip[0]
   with pytest.raises(errors.CheckpointError, match="leave out the model name"):
     vit_jax.load(path, model_name="ViT-B_16")
   naflex = str(tmp_path / "naflex.npz")
@@ -225,17 +235,17 @@ def test_tokenizer_options_and_refusals(tmp_path, vocabulary):
     model(_images())  # a classifier's call, refused before anything is traced
 
 
-def test_lit_run_starts_from_a_big_vision_siglip_image_tower(tmp_path, vocabulary, digits_dir):
+def test_lit_run_starts_from_a_big_vision_siglip_image_tower(tmp_path, siglip, digits_dir):
   """``config.pretrained`` of a LiT run (locked image tower) names a SigLIP `.npz`: the
   run's image tower is big_vision's (its positions resized to the run's crop) and ends as
   it started."""
-  from configs import siglip  # pylint: disable=g-import-not-at-top
+  from configs import siglip as siglip_config  # pylint: disable=g-import-not-at-top
   from tests import train_fixtures  # pylint: disable=g-import-not-at-top
   from vit_jax import run  # pylint: disable=g-import-not-at-top
   from vit_jax.weights import orbax_steps  # pylint: disable=g-import-not-at-top
 
-  path, params = _saved(tmp_path, vocabulary, _model())
-  config = siglip.get_config("digits")
+  path, params, _ = siglip
+  config = siglip_config.get_config("digits")
   train_fixtures.override(config, train_fixtures.TINY)
   config.data_dir = digits_dir
   config.model = models.two_tower_config(
