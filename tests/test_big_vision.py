@@ -261,3 +261,20 @@ def test_lit_run_starts_from_a_big_vision_siglip_image_tower(tmp_path, siglip, d
   stored = params["img"]["Transformer"]["encoderblock_1"]["MlpBlock_0"]["Dense_0"]["kernel"]
   np.testing.assert_array_equal(block, stored)
   assert end["Transformer"]["posembed_input"]["pos_embedding"].shape == (1, 4, WIDTH)
+
+
+def test_a_class_token_position_row_is_folded_into_the_token(tmp_path):
+  """A ViT whose position table has a class-token row (the official layout) written as
+  big_vision's (positions before the class token) gives the same logits, read back here
+  and by big_vision's ViT."""
+  model = vit_jax.create("testing", num_classes=3, image_size=8)
+  assert model.config.classifier == "token" and not model.config.posemb_patches_only
+  x = np.random.default_rng(2).uniform(-1, 1, (2, 8, 8, 3)).astype(np.float32)
+  model.save(str(tmp_path / "out"), format="big_vision")
+  again = vit_jax.load(str(tmp_path / "out"))
+  np.testing.assert_allclose(again(x), model(x), atol=1e-5)
+  c = model.config
+  vit = bv.ViT(3, c.patches.size[0], c.hidden_size, c.transformer.num_layers,
+               c.transformer.mlp_dim, c.transformer.num_heads, pool_type="tok")  # fmt: skip
+  stored = bv.load_params(str(tmp_path / "out" / big_vision.EXPORT_FILE))
+  np.testing.assert_allclose(jax.jit(vit.apply)({"params": stored}, x), model(x), atol=1e-5)

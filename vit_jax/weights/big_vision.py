@@ -141,35 +141,31 @@ def to_ours(flat: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
   return out
 
 
-def _image_to_theirs(flat: dict[str, np.ndarray], tower: str) -> None:
+def _image_to_theirs(flat: dict[str, np.ndarray], tower: str, prefix_rows: int) -> None:
   """Our image tower at ``tower`` in big_vision's names, in place: the position table at
-  the root; a class token's row folded into the token (big_vision adds positions before
-  the class token: cls + row 0 then the patches' rows is the same sum)."""
+  the root; a class token's row (``prefix_rows`` 1) folded into the token (big_vision adds
+  positions before the class token: cls + row 0, then the patches' rows, is the same sum)."""
   posemb = flat.pop(tower + _OUR_POSEMB, None)
   if posemb is None:
     return
-  grid = np.shape(posemb)[1]
-  if tower + "cls" in flat and not _is_square(grid):
-    flat[tower + "cls"] = flat[tower + "cls"] + posemb[:, :1]
-    posemb = posemb[:, 1:]
+  if prefix_rows:
+    flat[tower + "cls"] = flat[tower + "cls"] + posemb[:, :prefix_rows]
+    posemb = posemb[:, prefix_rows:]
   flat[tower + "pos_embedding"] = posemb
 
 
-def _is_square(n: int) -> bool:
-  return math.isqrt(n) ** 2 == n
-
-
-def to_theirs(params: Params) -> dict[str, np.ndarray]:
-  """Our tree (a two-tower model or a ViT, per layer) as big_vision's flat keys."""
-  flat = traverse_util.flatten_dict(npz.scanned_to_layers(nn.unbox(dict(params))), sep="/")
-  flat = {k: np.asarray(v, np.float32) for k, v in flat.items()}
-  if "txt/Embed_0/embedding" in flat:
-    _image_to_theirs(flat, "img/")
+def to_theirs(params: Params, config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
+  """Our tree (a two-tower model or a ViT, of ``config``) as big_vision's flat keys, per
+  layer."""
+  flat = traverse_util.flatten_dict(nn.unbox(dict(params)), sep="/")
+  flat = _unstack({k: np.asarray(v, np.float32) for k, v in flat.items()})
+  if models.is_two_tower(config):
+    _image_to_theirs(flat, "img/", architecture.num_prefix_rows(config.image))
     if "img_head/kernel" in flat:
       flat["img/head/kernel"] = flat.pop("img_head/kernel")
       flat["img/head/bias"] = flat.pop("img_head/bias")
   else:
-    _image_to_theirs(flat, "")
+    _image_to_theirs(flat, "", architecture.num_prefix_rows(config))
   return _rename_blocks(flat, _OUR_BLOCK_NAMES)
 
 
@@ -320,13 +316,16 @@ def check_writable(config: ml_collections.ConfigDict) -> None:
       activation="gelu", gelu_approximate=True, num_registers=0, layer_scale_init=None,
       norm_pre=False, fc_norm=False, final_norm=True, qkv_bias="all", patch_bias=True,
       mlp="mlp", attention_norm=False, mlp_norm=False, rope=None, axial=False,
-      layer_norm_epsilon=1e-6, resnet=None,
+      layer_norm_epsilon=1e-6, resnet=None, map_num_heads=None, map_mlp_dim=None,
+      map_include_prefix=False,
     )  # fmt: skip
     problems += [
       f"{k}={image.get(k)!r}" for k, want in expected.items() if image.get(k, want) != want
     ]
     if image.get("posemb") != "learn":
       problems.append(f"posemb={image.get('posemb')!r}")
+    if image.get("classifier") not in ("token", "gap", "map"):
+      problems.append(f"classifier={image.get('classifier')!r}")
   if two_tower:
     text, head = dict(config.text), config.get("image_head", "dense")
     if head == "linear":
@@ -348,9 +347,10 @@ def check_writable(config: ml_collections.ConfigDict) -> None:
     )
 
 
-def save(path: str, params: Params) -> None:
-  """Our tree written as a released big_vision `.npz` (`PREFIX`, per layer, float32)."""
-  arrays = {PREFIX + k: v for k, v in to_theirs(params).items()}
+def save(path: str, params: Params, config: ml_collections.ConfigDict) -> None:
+  """Our tree of ``config`` written as a released big_vision `.npz` (`PREFIX`, per layer,
+  float32)."""
+  arrays = {PREFIX + k: v for k, v in to_theirs(params, config).items()}
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   with open(path, "wb") as f:
     np.savez(f, **arrays)
@@ -370,7 +370,7 @@ def writer(
   proto = getattr(model.tokenizer, "model_proto", None)
 
   def write(directory: str) -> None:
-    save(os.path.join(directory, EXPORT_FILE), model.params)
+    save(os.path.join(directory, EXPORT_FILE), model.params, model.config)
     if proto is not None:
       with open(os.path.join(directory, TOKENIZER_FILE), "wb") as f:
         f.write(proto())
