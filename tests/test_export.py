@@ -165,6 +165,7 @@ def _nothing_written(tmp_path, out, *, out_existed: bool) -> None:
     ({"classifier": "gap"}, "hf", r"classifier 'gap' \(HF's ViT classifies the class token"),
     ({"posemb": "learn_2d"}, "hf", r"position embeddings 'learn_2d'"),
     ({"classifier": "unpooled"}, "timm", r"classifier 'unpooled'"),
+    ({"gelu_approximate": False}, "big_vision", r"do not compute this model: gelu_approx"),
   ],
 )
 def test_unsupported_models_fail_before_writing(tmp_path, overrides, fmt, message):

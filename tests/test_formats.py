@@ -24,7 +24,7 @@ def written(tmp_path_factory) -> dict[str, str]:
   """A random tiny ViT written as each format `Model.save` writes, by source kind."""
   root = tmp_path_factory.mktemp("formats")
   model = vit_jax.create("testing", num_classes=3, image_size=8)
-  for fmt in ("hf", "timm", "npz"):
+  for fmt in ("hf", "timm", "npz", "big_vision"):
     model.save(root / fmt, fmt)
   return {
     "hf folder": str(root / "hf"),
@@ -32,6 +32,7 @@ def written(tmp_path_factory) -> dict[str, str]:
     "timm folder": str(root / "timm"),
     "timm .safetensors": str(root / "timm" / "model.safetensors"),
     "npz": str(root / "npz" / "model.npz"),
+    "big_vision": str(root / "big_vision" / "model.npz"),
   }
 
 
@@ -68,6 +69,7 @@ def _tried_up_to(found: formats.Format) -> dict[str, int]:
     ("timm folder", formats.TIMM),
     ("timm .safetensors", formats.TIMM),
     ("npz", formats.NPZ),
+    ("big_vision", formats.BIG_VISION),
   ],
 )
 def test_a_written_source_is_detected_once_per_call(written, detects, kind, record):
@@ -125,5 +127,6 @@ def test_each_export_name_has_its_writer():
   assert formats.for_export("hf", families.VIT) is formats.HF_VIT
   assert formats.for_export("timm", families.MIXER) is formats.TIMM
   assert formats.for_export("npz", families.TWO_TOWER) is formats.NPZ
+  assert formats.for_export("big_vision", families.TWO_TOWER) is formats.BIG_VISION
   assert formats.for_export("stablehlo", families.VIT) is None
   assert all(f.write is not None for f in formats.FORMATS if f.export)

@@ -14,6 +14,9 @@ or timm checkpoint, `hf-hub:<org>/<name>`, an official name). FMT:
   stablehlo    `jax.export` artifact model.jax_exported (parameters inside).
   npz          official-layout model.npz: e.g. a Hugging Face checkpoint in, then usable
                as `config.pretrained` for fine-tuning.
+  big_vision   big_vision's layout, model.npz (``params/img/...``, ``params/txt/...``,
+               ``params/t``, ``params/b``, per layer) and an image-text model's
+               SentencePiece model.model: big_vision's two_towers.load (or vit.load).
 Every format but hf also gets labels.txt (one class name per line). The files are
 written into a new folder beside DIR (`.DIR.tmp-*`) that is renamed to DIR at the end: a
 failure, Ctrl-C or SIGTERM leaves nothing in DIR and removes that folder; one left by a
@@ -48,6 +51,8 @@ LOAD_HINTS = {
   ".call(x), x: float32 [B, H, W, 3] in [-1, 1]",
   "npz": "python -m vit_jax.predict --checkpoint={out}/model.npz, or "
   "--config.pretrained={out}/model.npz to fine-tune",
+  "big_vision": "big_vision's two_towers.load(None, {out!r} + '/model.npz', model_cfg) "
+  "(a ViT: vit.load), its tokenizer {out}/model.model; or vit_jax.load({out!r})",
 }
 TWO_TOWER_HF_HINT = (
   "transformers.AutoModel.from_pretrained({out!r}) and AutoProcessor.from_pretrained({out!r})"

@@ -153,6 +153,11 @@ class Model:
   def _run(self, kind: str, images: Any) -> np.ndarray | jax.Array:
     """``kind`` of model inputs: traced (a tracer among the inputs or the parameters, as
     in `jax.jit` or `jax.grad`) in one call, else on the host batch by batch."""
+    if models.is_two_tower(self.config):  # before anything is traced or compiled
+      raise errors.ConfigError(
+        f"{self!r} is an image-text model: score images against texts with "
+        "text_probabilities(images, texts), or export its image tower (save(format='timm'))."
+      )
     if model_checks.traced((self._params, images)):
       model_checks.check_inputs(images, self.image_size)
       with self._built_size(images):

@@ -14,6 +14,9 @@ Every text becomes exactly ``length`` ids: longer ones are truncated, shorter on
 with the tokenizer's pad id (0 where it names none). ``eos``, for SentencePiece models
 (whose encoders add no end token): 'none' adds nothing; 'yes' appends the end token, which
 truncation may cut; 'sticky' (big_vision's SigLIP) keeps it as the last id even then.
+``lower`` lower-cases ASCII letters first (big_vision's default, `tf.strings.lower`, which
+leaves other letters as they are); ``pad_id`` replaces the model's pad piece (big_vision's
+SigLIP pads with id 1, its end token).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from __future__ import annotations
 import abc
 import glob
 import os
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -29,6 +32,7 @@ from vit_jax import errors
 
 EOS_MODES = ("none", "yes", "sticky")
 HF_FILE = "tokenizer.json"
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
 
 def _check_eos(eos: str) -> None:
@@ -65,19 +69,27 @@ class Tokenizer(abc.ABC):
 
 
 class SentencePieceTokenizer(Tokenizer):
-  """A SentencePiece ``.model``; ``eos`` as the module says."""
+  """A SentencePiece ``.model``; ``eos``, ``lower`` and ``pad_id`` as the module says."""
 
-  def __init__(self, path: str, eos: str = "none"):
+  def __init__(
+    self, path: str, eos: str = "none", *, lower: bool = False, pad_id: Optional[int] = None
+  ):
     import sentencepiece  # pylint: disable=g-import-not-at-top
 
     _check_eos(eos)
     self._model = sentencepiece.SentencePieceProcessor(model_file=path)
     self._eos = eos
+    self._lower = lower
     self.vocab_size = self._model.get_piece_size()
-    self.pad_id = max(self._model.pad_id(), 0)  # -1: the model has no pad piece
+    # -1: the model has no pad piece
+    self.pad_id = max(self._model.pad_id(), 0) if pad_id is None else pad_id
+
+  def model_proto(self) -> bytes:
+    """The ``.model`` file's bytes (what an export writes beside the weights)."""
+    return self._model.serialized_model_proto()
 
   def _ids(self, text: str) -> list[int]:
-    ids = self._model.encode(text)
+    ids = self._model.encode(text.translate(_ASCII_LOWER) if self._lower else text)
     return ids + [self._model.eos_id()] if self._eos != "none" else ids
 
   def _fit(self, ids: list[int], length: int) -> list[int]:
@@ -103,9 +115,12 @@ class HuggingFaceTokenizer(Tokenizer):
     return self._tokenizer.encode(text).ids
 
 
-def load_tokenizer(path: str, eos: str = "none") -> Tokenizer:
+def load_tokenizer(
+  path: str, eos: str = "none", *, lower: bool = False, pad_id: Optional[int] = None
+) -> Tokenizer:
   """The tokenizer in ``path``: a ``.model`` or ``tokenizer.json`` file, or a folder that
-  holds one (``tokenizer.json`` first)."""
+  holds one (``tokenizer.json`` first); ``eos``, ``lower`` and ``pad_id`` apply to a
+  SentencePiece model."""
   _check_eos(eos)
   if os.path.isdir(path):
     found = [os.path.join(path, HF_FILE)] if os.path.isfile(os.path.join(path, HF_FILE)) else []
@@ -121,7 +136,7 @@ def load_tokenizer(path: str, eos: str = "none") -> Tokenizer:
   try:
     if os.path.basename(path).endswith(".json"):
       return HuggingFaceTokenizer(path)
-    return SentencePieceTokenizer(path, eos)
+    return SentencePieceTokenizer(path, eos, lower=lower, pad_id=pad_id)
   except ImportError as e:
     raise errors.UserError(f"Reading {path!r} needs {e.name}: pip install -e '.[text]'.") from None
   except (RuntimeError, OSError, ValueError) as e:

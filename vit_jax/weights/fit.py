@@ -36,6 +36,7 @@ from vit_jax.models.posemb import (
 )
 from vit_jax.weights import architecture, sources
 from vit_jax.weights.architecture import POSEMB, POSEMB_X, POSEMB_Y
+from vit_jax.weights.fit_towers import fit_two_tower
 from vit_jax.weights.npz import Params, check_tree, is_scanned, to_layout
 
 _MAX_DETAIL_LINES = 40  # of check_tree's list, in load_pretrained's error
@@ -394,8 +395,16 @@ def fit_params(
 ) -> Params:
   """`load_pretrained`'s policy on a tree in memory (``loaded``, its model config
   ``stored_config`` or None): the parameters of a new head, resolution or layout. Each
-  adaptation is logged as '<log_as>: <note>.' (``where`` names the tree in errors)."""
+  adaptation is logged as '<log_as>: <note>.' (``where`` names the tree in errors). For an
+  image-text ``model_config`` the image tower is fitted so and the rest kept
+  (`fit_towers.fit_two_tower`)."""
   check_resize_method(posemb_resize_method)
+  if models.is_two_tower(model_config):
+    return fit_two_tower(
+      loaded, stored_config, init_params, model_config, fit_params, where=where, log_as=log_as,
+      reset_head=reset_head, posemb_resize_method=posemb_resize_method,
+      stored_grid_hw=stored_grid_hw, new_grid_hw=new_grid_hw,
+    )  # fmt: skip
   init_tree = nn.unbox(dict(init_params))
   want = traverse_util.flatten_dict(init_tree, sep="/")
 

@@ -7,8 +7,9 @@ read through the record `of` finds; `writers` writes through `for_export`'s.
 The records, in the order they are tried (`FORMATS`): transformers' two-tower folders
 (SigLIP, SigLIP 2, CLIP; `hf.two_tower`), transformers' ViT folders (`hf.vit`), timm
 folders and `.safetensors` files (`timm/folder.py`, written by the family's timm mapping),
-a folder (a run of this package or its Orbax steps; `run_checkpoint`), LiT's `.npz`
-(`lit_npz`) and any other file (the official `.npz`; `npz`). A new format is its module
+a folder (a run of this package or its Orbax steps; `run_checkpoint`), big_vision's
+`.npz` (SigLIP, SigLIP 2, LiT, its ViTs; `big_vision`), LiT's `.npz` (`lit_npz`) and any
+other file (the official `.npz`; `npz`). A new format is its module
 and one record here.
 """
 
@@ -26,6 +27,7 @@ from vit_jax.data.data_config import DataConfig
 from vit_jax.models import families
 from vit_jax.paths import as_path
 from vit_jax.weights import (
+  big_vision,
   lit_npz,
   npz,
   orbax_steps,
@@ -177,6 +179,17 @@ def _read_lit(path: str, model_name: Optional[str]) -> Read:
   return Read(config, params, None, size)
 
 
+def _read_big_vision(path: str, model_name: Optional[str]) -> Read:
+  """A big_vision `.npz`; with ``model_name`` refused (its names are not the official ones)."""
+  if model_name:
+    raise errors.CheckpointError(
+      f"{path!r} is a big_vision checkpoint, whose architecture is read from its arrays: "
+      f"leave out the model name {model_name!r}."
+    )
+  config, params, size = big_vision.read(path)
+  return Read(config, params, None, size)
+
+
 RUN = Format(
   name="run folder (this package's Orbax steps)",
   detect=run_checkpoint.detect,
@@ -191,6 +204,15 @@ LIT_NPZ = Format(
   tokenizer=lambda path, read: lit_npz.read_tokenizer(path),
   read_tree=_npz_tree,
 )
+BIG_VISION = Format(
+  name="big_vision .npz (SigLIP, SigLIP 2, LiT, ViT)",
+  detect=big_vision.detect,
+  read=_read_big_vision,
+  tokenizer=lambda path, read: big_vision.read_tokenizer(path, read.config),
+  read_tree=big_vision.read_tree,
+  export="big_vision",
+  write=big_vision.writer,
+)
 NPZ = Format(
   name="official .npz",
   detect=lambda path: as_path(path).is_file(),
@@ -201,7 +223,7 @@ NPZ = Format(
   write=npz.writer,
 )
 
-FORMATS: tuple[Format, ...] = (HF_TWO_TOWER, HF_VIT, TIMM, RUN, LIT_NPZ, NPZ)
+FORMATS: tuple[Format, ...] = (HF_TWO_TOWER, HF_VIT, TIMM, RUN, BIG_VISION, LIT_NPZ, NPZ)
 
 
 def find(path: str) -> Optional[Format]:

@@ -6,10 +6,11 @@ What they are here: ``img/`` is the official ViT's tree (read as any official `.
 with ``out_dim[0]`` set its ``img/head`` is the image projection, our ``img_head``, else
 the class token's features are the embedding: ``image_head='none'``); ``txt/`` is
 models_lit's ``TextTransformer`` (``Embed_0``, ``pos_embedding``, ``Encoder_0`` with the
-official blocks and ``encoder_norm``, the last position, ``head``): big_vision's tower
-and ours, name for name; ``t`` ours; no bias (LiT's softmax loss). The tokenizer appends
-the end token, keeps it last when truncating and pads with it (models_lit's
-``SentencepieceTokenizer``); the text length is the position table's (16).
+official blocks and ``encoder_norm``, the last position, ``head``): ours name for name
+(big_vision's own text tower numbers its blocks' modules otherwise: `weights.big_vision`);
+``t`` ours; no bias (LiT's softmax loss). The tokenizer appends the end token, keeps it
+last when truncating and pads with it (models_lit's ``SentencepieceTokenizer``); the text
+length is the position table's (16).
 Not read: the BERT text towers (LiT-B16B, LiT-L16L: flaxformer's BERT).
 """
 

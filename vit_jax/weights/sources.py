@@ -5,6 +5,8 @@ first, `vit_jax.weights.hub`), and its record reads it:
   * an official-layout `.npz` (per-layer or scanned): the architecture from ``model_name``,
     our export's config beside it, or the array shapes (`vit_jax.weights.npz`); the
     official LiT image-text layout with its vocabulary beside it (`vit_jax.weights.lit_npz`);
+  * big_vision's `.npz` (SigLIP, SigLIP 2, its LiT and ViTs, released under ``params/``)
+    with its SentencePiece model beside it (`vit_jax.weights.big_vision`);
   * a training run of this package: its workdir, `<workdir>/checkpoints` or one step
     folder; model, image size and class names come from the run's `config.json`
     (`vit_jax.weights.run_checkpoint`);

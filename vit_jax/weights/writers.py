@@ -1,9 +1,9 @@
 """The write side of the weights package: a loaded model -> a folder in one format.
 
 `save(model, fmt, out, class_names=..., image_size=...)` checks that ``model`` can be
-written as ``fmt`` (`FORMATS`: hf, timm and npz through their checkpoint format's record,
-`formats.for_export`, whose writer the family picks; saved_model and stablehlo through
-`serving`), then writes the files into a new folder beside ``out``
+written as ``fmt`` (`FORMATS`: hf, timm, npz and big_vision through their checkpoint
+format's record, `formats.for_export`, whose writer the family picks; saved_model and
+stablehlo through `serving`), then writes the files into a new folder beside ``out``
 (``.OUT.tmp-*``) renamed to ``out`` at the end: a failure, Ctrl-C or SIGTERM leaves
 nothing in ``out``; a temporary folder left by a killed write (older than an hour) is
 removed by the next write to the same ``out``. ``out`` must not exist or be empty. The
@@ -28,7 +28,7 @@ from absl import logging
 from vit_jax import errors, models
 from vit_jax.weights import formats, serving, sources
 
-FORMATS = ("hf", "timm", "saved_model", "stablehlo", "npz")
+FORMATS = ("hf", "timm", "saved_model", "stablehlo", "npz", "big_vision")
 LABELS_FILE = "labels.txt"
 IMAGE_TOWER_FORMATS = ("timm", "saved_model", "stablehlo")  # an image-text model's: its image
 STALE_SECONDS = 3600  # a temporary folder this old was left by a killed write
@@ -43,8 +43,9 @@ def writer(
 ) -> Callable[[str], None]:
   """Checks that ``model`` can be written as ``fmt``; returns what writes it into a folder
   (with `LABELS_FILE` beside every format but hf, which keeps the names in its config).
-  An image-text model is written whole as hf (transformers' SigLIP or CLIP) and npz;
-  timm, saved_model and stablehlo take its image tower (`image_tower`: its features)."""
+  An image-text model is written whole as hf (transformers' SigLIP or CLIP), npz and
+  big_vision; timm, saved_model and stablehlo take its image tower (`image_tower`: its
+  features)."""
   if fmt in IMAGE_TOWER_FORMATS and models.is_two_tower(model.config):
     model = image_tower(model)
   module = model.module(dtype=jnp.float32)
@@ -54,7 +55,7 @@ def writer(
   data_config = model.data_config.at_size(image_size)  # the preprocessing each format states
   if fmt not in FORMATS:
     raise errors.CommandLineError(f"Unknown format {fmt!r}; choose one of {', '.join(FORMATS)}.")
-  checkpoint = formats.for_export(fmt, family)  # hf, timm, npz: a checkpoint format's
+  checkpoint = formats.for_export(fmt, family)  # hf, timm, npz, big_vision: a format's
   if checkpoint is not None and checkpoint.write is not None:
     write = checkpoint.write(
       model, image_size=image_size, class_names=names, data_config=data_config

@@ -1,0 +1,242 @@
+"""A minimal reproduction of big_vision's image-text models, their save and load, and their
+text tokenization, written from its sources for the tests (big_vision is not installable
+here). It follows, module for module and name for name:
+
+- `big_vision/models/vit.py`: ``MlpBlock``, ``Encoder1DBlock``, ``Encoder`` (a Python loop
+  or ``nn.scan`` over ``encoderblock``), ``MAPHead``, the ViT (``pool_type`` 'map', 'gap',
+  'tok'; learned ``posemb``), ``pyloop_to_scan`` / ``scan_to_pyloop`` in its ``load``;
+- `big_vision/models/proj/image_text/text_transformer.py` (pool 'last' or 'map');
+- `big_vision/models/proj/image_text/two_towers.py` (``out_dim``, ``t``, ``b``) and its
+  ``load`` of one file's ``img``, ``txt``, ``t``, ``b``;
+- `big_vision/utils.py`: the tree flattened with '/' into ``np.savez`` (releases under
+  ``params/``), ``load_params`` (recover the tree, take ``params``);
+- `big_vision/pp/ops_text.py` ``tokenize``: `tf.strings.lower` (ASCII letters only, as
+  `bytes.lower`), the SentencePiece ids with the end token, truncated keeping the end
+  token ('sticky'), padded with ``pad_value``.
+
+Where it differs: no dropout, remat, dtypes or sharding constraints (none changes the
+values in evaluation); the class token and the image head start random, not at zero (a
+zero head would give zero embeddings); the tokenizer runs the Python `sentencepiece` with
+``add_eos`` rather than `tensorflow_text`'s op over the same model.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import traverse_util
+
+
+class MlpBlock(nn.Module):
+  mlp_dim: int
+
+  @nn.compact
+  def __call__(self, x):
+    d = x.shape[-1]
+    x = nn.gelu(nn.Dense(self.mlp_dim)(x))  # flax's default: the tanh form
+    return nn.Dense(d)(x)
+
+
+class Encoder1DBlock(nn.Module):
+  mlp_dim: int
+  num_heads: int
+
+  @nn.compact
+  def __call__(self, x, _=None):
+    y = nn.LayerNorm()(x)
+    x = x + nn.MultiHeadDotProductAttention(num_heads=self.num_heads)(y, y)
+    y = nn.LayerNorm()(x)
+    return x + MlpBlock(self.mlp_dim)(y), None
+
+
+class Encoder(nn.Module):
+  depth: int
+  mlp_dim: int
+  num_heads: int
+  scan: bool = False
+
+  @nn.compact
+  def __call__(self, x):
+    if self.scan:
+      x, _ = nn.scan(
+        Encoder1DBlock, variable_axes={"params": 0}, split_rngs={"params": True},
+        in_axes=nn.broadcast, length=self.depth,
+      )(name="encoderblock", mlp_dim=self.mlp_dim, num_heads=self.num_heads)(x, None)  # fmt: skip
+    else:
+      for i in range(self.depth):
+        x, _ = Encoder1DBlock(self.mlp_dim, self.num_heads, name=f"encoderblock_{i}")(x)
+    return nn.LayerNorm(name="encoder_norm")(x)
+
+
+class MAPHead(nn.Module):
+  mlp_dim: int
+  num_heads: int
+
+  @nn.compact
+  def __call__(self, x):
+    n, _, d = x.shape
+    probe = self.param("probe", nn.initializers.xavier_uniform(), (1, 1, d), x.dtype)
+    x = nn.MultiHeadDotProductAttention(num_heads=self.num_heads)(jnp.tile(probe, [n, 1, 1]), x)
+    return (x + MlpBlock(self.mlp_dim)(nn.LayerNorm()(x)))[:, 0]
+
+
+class ViT(nn.Module):
+  num_classes: Optional[int]
+  patch_size: int
+  width: int
+  depth: int
+  mlp_dim: int
+  num_heads: int
+  pool_type: str = "gap"
+  scan: bool = False
+
+  @nn.compact
+  def __call__(self, image):
+    p = (self.patch_size, self.patch_size)
+    x = nn.Conv(self.width, p, strides=p, padding="VALID", name="embedding")(image)
+    n, h, w, c = x.shape
+    x = x.reshape(n, h * w, c)
+    init = nn.initializers.normal(stddev=1 / np.sqrt(c))
+    x = x + self.param("pos_embedding", init, (1, h * w, c), x.dtype)
+    if self.pool_type == "tok":
+      cls = self.param("cls", nn.initializers.normal(1.0), (1, 1, c), x.dtype)
+      x = jnp.concatenate([jnp.tile(cls, [n, 1, 1]), x], axis=1)
+    x = Encoder(self.depth, self.mlp_dim, self.num_heads, self.scan, name="Transformer")(x)
+    if self.pool_type == "map":
+      x = MAPHead(self.mlp_dim, self.num_heads)(x)
+    elif self.pool_type == "gap":
+      x = x.mean(axis=1)
+    else:  # tok
+      x = x[:, 0]
+    if self.num_classes:
+      x = nn.Dense(self.num_classes, name="head", kernel_init=nn.initializers.normal(0.5))(x)
+    return x
+
+
+class TextTransformer(nn.Module):
+  num_classes: Optional[int]
+  width: int
+  depth: int
+  mlp_dim: int
+  num_heads: int
+  vocab_size: int
+  pool_type: str = "last"
+  scan: bool = False
+
+  @nn.compact
+  def __call__(self, text):
+    x = nn.Embed(num_embeddings=self.vocab_size, features=self.width)(text)
+    _, length, d = x.shape
+    init = nn.initializers.normal(1 / np.sqrt(d))
+    x = x + self.param("pos_embedding", init, (1, length, d))
+    x = Encoder(self.depth, self.mlp_dim, self.num_heads, self.scan)(x)  # Encoder_0
+    x = MAPHead(self.mlp_dim, self.num_heads)(x) if self.pool_type == "map" else x[:, -1]
+    if self.num_classes:
+      x = nn.Dense(self.num_classes, name="head")(x)
+    return x
+
+
+class TwoTowers(nn.Module):
+  image: dict
+  text: dict
+  out_dim: Any  # int or (image, text)
+  temperature_init: float = 10.0
+  bias_init: Optional[float] = -10.0
+
+  @nn.compact
+  def __call__(self, image, text):
+    dims = (self.out_dim, self.out_dim) if isinstance(self.out_dim, int) else self.out_dim
+    zimg = ztxt = None
+    if text is not None:
+      ztxt = TextTransformer(dims[1], **self.text, name="txt")(text)
+      ztxt = ztxt / (jnp.linalg.norm(ztxt, axis=1, keepdims=True) + 1e-8)
+    if image is not None:
+      zimg = ViT(dims[0], **self.image, name="img")(image)
+      zimg = zimg / (jnp.linalg.norm(zimg, axis=1, keepdims=True) + 1e-8)
+    t_init = jnp.log(self.temperature_init)
+    t = self.param("t", lambda k, s: t_init * jnp.ones(s), (1,))
+    out = {"t": jnp.exp(t)}
+    if self.bias_init is not None:
+      out["b"] = self.param("b", lambda k, s: self.bias_init * jnp.ones(s), (1,))
+    return zimg, ztxt, out
+
+
+def probabilities(model: TwoTowers, params: Any, images, ids) -> np.ndarray:
+  """The demo notebooks' probabilities: sigmoid(t zimg . ztxt + b); LiT's softmax."""
+  zimg, ztxt, out = jax.jit(model.apply)({"params": params}, images, ids)
+  logits = zimg @ ztxt.T * out["t"]
+  if "b" in out:
+    return np.asarray(jax.nn.sigmoid(logits + out["b"]))
+  return np.asarray(jax.nn.softmax(logits, axis=-1))
+
+
+# ------------------------------------------------------------------ save and load
+
+
+def save(path: str, params: Any, *, prefix: bool = True) -> None:
+  """`np.savez` of the '/'-flattened tree, under ``params/`` as releases are."""
+  flat = traverse_util.flatten_dict(jax.device_get(params), sep="/")
+  np.savez(path, **{("params/" if prefix else "") + k: np.asarray(v) for k, v in flat.items()})
+
+
+def load_params(path: str) -> dict:
+  """utils.load_params: the tree recovered from the flat keys, ``params`` taken."""
+  with np.load(path, allow_pickle=False) as archive:
+    tree = traverse_util.unflatten_dict({k: archive[k] for k in archive.files}, sep="/")
+  return tree.get("params", tree)
+
+
+def _scan_to_pyloop(tower: dict) -> dict:
+  t = dict(tower["Transformer"])
+  stacked = t.pop("encoderblock")
+  depth = len(stacked["LayerNorm_0"]["bias"])
+  for i in range(depth):
+    t[f"encoderblock_{i}"] = jax.tree.map(lambda x, i=i: x[i], stacked)
+  return {**tower, "Transformer": t}
+
+
+def _pyloop_to_scan(tower: dict) -> dict:
+  t = dict(tower["Transformer"])
+  depth = len([k for k in t if k.startswith("encoderblock_")])
+  blocks = [t.pop(f"encoderblock_{i}") for i in range(depth)]
+  t["encoderblock"] = jax.tree.map(lambda *xs: np.stack(xs), *blocks)
+  return {**tower, "Transformer": t}
+
+
+def load(path: str, image_scan: bool) -> dict:
+  """two_towers.load of one file: ``img`` (vit.load: the layout converted to the model's
+  ``scan``), ``txt`` (as stored: text_transformer.load converts nothing), ``t``, ``b``."""
+  tree = load_params(path)
+  img = tree["img"]
+  if image_scan and "encoderblock" not in img["Transformer"]:
+    img = _pyloop_to_scan(img)
+  if not image_scan and "encoderblock" in img["Transformer"]:
+    img = _scan_to_pyloop(img)
+  return {**tree, "img": img}
+
+
+# ------------------------------------------------------------------------- tokenize
+
+
+def tokenize(
+  texts: Sequence[str], vocabulary: str, max_len: int, *, pad_value: int, lower: bool = True
+) -> np.ndarray:
+  """ops_text.tokenize(max_len, eos='sticky', pad_value=..., lower=...) of each text."""
+  import sentencepiece
+
+  sp = sentencepiece.SentencePieceProcessor(model_file=vocabulary)
+  rows = []
+  for text in texts:
+    if lower:  # tf.strings.lower's default: ASCII letters only, as bytes.lower
+      text = text.encode("utf-8").lower().decode("utf-8")
+    tokens = sp.encode(text, add_eos=True)
+    if len(tokens) >= max_len:
+      tokens = tokens[: max_len - 1] + tokens[-1:]
+    else:
+      tokens = tokens + [pad_value] * (max_len - len(tokens))
+    rows.append(tokens)
+  return np.asarray(rows, np.int32)
