@@ -318,3 +318,17 @@ def test_suggest_shows_the_budget_of_a_larger_allocator_share(monkeypatch):
   assert lines[0] == "  XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 (environment): budget 75.19 GiB, fits"
   assert lines[1] == "  config.model.dtype=bfloat16: refused"
   assert tried[0].model.dtype == "bfloat16" and len(lines) == len(tried) + 1
+
+
+@needs_cuda_plugin
+@needs_cudnn
+def test_the_plan_says_and_compiles_the_gpus_choice_for_an_unset_config(capsys):
+  """The pre-training recipe leaves the attention and dtype unset: on H100s the plan
+  compiles it with cuDNN's attention in bfloat16, and says so first."""
+  assert cli.main([*test_plan.TINY_PRETRAINING_COMMAND, "--topology=h100x8"]) == 0
+  out = capsys.readouterr().out.splitlines()
+  assert out[0] == (
+    "Execution on GPU: attention cudnn (unset: the GPU's fastest measured), compute bfloat16 "
+    "with float32 parameters (unset: the GPU's fastest measured)."
+  )
+  assert "dtype=bfloat16" in out[2]

@@ -23,18 +23,18 @@ RESOLUTION = 224
 NUM_CLASSES = 1000
 TIMED_STEPS = 20
 WARMUP_STEPS = 3
-# --smoke: every row on the CPU with a 2-layer, 32-wide model at 32x32.
+# --smoke: every row on the CPU with a 1-layer, 32-wide model at 32x32 (`smoke_model`).
 SMOKE = dict(resolution=32, batch=4, steps=2, warmup=1)
 RANDAUG = (2, 10)  # the RandAugment row's config.pp.randaug (layers, magnitude)
 MIXUP_P = 0.8  # and its config.mixup.p
 
 
 def smoke_model(model: Any) -> Any:
-  """A tiny model of the same family: a ViT of 2 layers, width 32, 2 heads of 16, patches
+  """A tiny model of the same family: a ViT of 1 layer, width 32, 2 heads of 16, patches
   16; a two-tower model's text tower of 1 layer, width 32, 100 tokens."""
   image = model.image if "image" in model else model
   image.hidden_size = 32
-  image.transformer.num_layers = 2
+  image.transformer.num_layers = 1
   image.transformer.num_heads = 2
   image.transformer.mlp_dim = 64
   if "text" in model:

@@ -46,11 +46,15 @@ def row_correctness(smoke: bool) -> dict[str, Any]:
   config.lr.base = 1e-3
   if smoke:
     smoke_model(config.model)
-  meshes = {
-    "accel": sharding.make_mesh(tuple(config.mesh), accel[:1]),
-    "cpu": sharding.make_mesh(tuple(config.mesh), cpu[:1]),
-  }
-  steps = {k: run.build(config, mesh=m, open_data=False) for k, m in meshes.items()}
+
+  def build(devices: list[Any]) -> Any:
+    return run.build(
+      config, mesh=sharding.make_mesh(tuple(config.mesh), devices[:1]), open_data=False
+    )
+
+  # On a CPU (--smoke) the accelerator is the CPU: the same steps.
+  steps = {"cpu": build(cpu)}
+  steps["accel"] = steps["cpu"] if accel[0].platform == "cpu" else build(accel)
   init = steps["cpu"].init_state()
   host_state = jax.device_get(init)
   rng = np.random.default_rng(0)
@@ -93,7 +97,8 @@ def row_correctness(smoke: bool) -> dict[str, Any]:
 def _attention_check(smoke: bool) -> dict[str, Any]:
   """cuDNN's fused attention against XLA's in bf16 (ViT-S/16: 64-wide heads, as cuDNN
   needs): logits and the gradient of a random projection of them. On a CPU (``--smoke``),
-  XLA's `dot_product_attention` against the model's einsum attention."""
+  XLA's `dot_product_attention` against the model's einsum attention, in float32 (the CPU
+  compiles bfloat16 several times slower)."""
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
@@ -104,6 +109,7 @@ def _attention_check(smoke: bool) -> dict[str, Any]:
   on_gpu = jax.devices()[0].platform == "gpu"
   test, reference = ("cudnn", "xla") if on_gpu else ("xla", "einsum")
   resolution = 224 if not smoke else SMOKE["resolution"]
+  dtype = "float32" if smoke else "bfloat16"
   rng = np.random.default_rng(1)
   images = jnp.asarray(rng.uniform(-1, 1, (16, resolution, resolution, 3)), jnp.float32)
   weights = jnp.asarray(rng.standard_normal((16, NUM_CLASSES)), jnp.float32)
@@ -113,7 +119,7 @@ def _attention_check(smoke: bool) -> dict[str, Any]:
     config = get_model_config("ViT-S_16")
     if smoke:
       smoke_model(config)
-    config.dtype = "bfloat16"
+    config.dtype = dtype
     config.attention_impl = impl
     model = create_model(config, num_classes=NUM_CLASSES)
     if params is None:
@@ -136,7 +142,7 @@ def _attention_check(smoke: bool) -> dict[str, Any]:
   return dict(
     test=test,
     reference=reference,
-    dtype="bfloat16",
+    dtype=dtype,
     rtol=BF16_RTOL,
     logits_rel=logits_rel,
     grads_rel=grads_rel,
