@@ -1,6 +1,6 @@
 """The run config the speed benchmarks time: one model at one batch and crop, without dropout.
 
-`throughput.py` and `gpu_check.py` both build their train and inference rows from it, so
+`throughput.py` and `gpu_check/` both build their train and inference rows from it, so
 their figures describe the same step.
 """
 

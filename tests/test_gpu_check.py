@@ -1,69 +1,92 @@
-"""benchmarks/gpu_check.py: every row on the CPU with tiny models (``--smoke``), and its
-report's table from results as a GPU run writes them."""
+"""benchmarks/gpu_check: every row on the CPU with tiny models in one process (``--smoke``),
+the files it writes as rows complete, its report's table from results as a GPU run writes
+them, the trace summary and the compiled step's kernel counts."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import sys
 
 import pytest
 
+from benchmarks.gpu_check import correctness, hlo_evidence, kernel_profile, report, rows
 from tests import fresh_python
 
-SCRIPT = os.path.join(fresh_python.REPO, "benchmarks", "gpu_check.py")
+COMMAND = ["-m", "benchmarks.gpu_check"]
 
 
-@pytest.fixture(scope="module")
-def gpu_check():
-  spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-  module = importlib.util.module_from_spec(spec)
-  sys.modules["gpu_check"] = module  # its dataclasses look their module up
-  spec.loader.exec_module(module)
-  return module
-
-
-def test_smoke_runs_every_row_on_the_cpu(tmp_path, gpu_check):
-  proc = fresh_python.run([SCRIPT, "--smoke", f"--out={tmp_path}"], fresh_python.clean_env())
+def test_smoke_runs_every_row_on_the_cpu(tmp_path):
+  proc = fresh_python.run(
+    [*COMMAND, "--smoke", f"--out={tmp_path}", "--budget-s=3600"],
+    fresh_python.clean_env(),
+    timeout=900,
+  )
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-  report = json.loads((tmp_path / "gpu_check.json").read_text())
-  results = report["results"]
-  assert list(results) == list(gpu_check.ROWS)
-  assert all(r["ok"] for r in results.values())
+  results = json.loads((tmp_path / "gpu_check.json").read_text())["results"]
+  assert list(results) == list(rows.ROWS)
+  assert all(r["ok"] for r in results.values()), {k: r.get("error") for k, r in results.items()}
+  # One line per row, appended in order as each completed.
+  lines = (tmp_path / "gpu_check.jsonl").read_text().splitlines()
+  assert [json.loads(line)["row"] for line in lines] == list(rows.ROWS)
   steps = results["correctness"]["train_step_vs_cpu"]
-  assert len(steps["losses_cpu"]) == gpu_check.CORRECTNESS_STEPS
-  assert steps["f32"]["params_rel"] <= gpu_check.F32_RTOL
+  assert len(steps["losses_cpu"]) == correctness.CORRECTNESS_STEPS
+  assert steps["f32"]["params_rel"] <= correctness.F32_RTOL
   attention = results["correctness"]["attention"]
   assert (attention["test"], attention["reference"]) == ("xla", "einsum")
-  # bf16 differs between the two attentions, but not by more than bf16's rounding.
-  assert 0 < attention["logits_rel"] <= gpu_check.BF16_RTOL
-  for speed in gpu_check.SPEEDS:
+  assert 0 < attention["logits_rel"] <= correctness.BF16_RTOL
+  for speed in rows.SPEEDS:
     row = results[speed.name]
     assert row["img_s"] > 0 and row["step_ms_min"] <= row["step_ms_median"]
     assert row["device"]["platform"] == "cpu"
+  # Unset on a CPU: the CPU's choice, the einsum attention in float32.
+  default = results[rows.TRAIN_DEFAULT.name]
+  assert (default["attention"], default["dtype"]) == ("einsum", "float32")
+  assert results[rows.KNOWN[1].name]["attention"] == "einsum"  # asked for
+  assert results[rows.RANDAUG]["final_loss"] > 0
+  pipeline = results[rows.PIPELINE]
+  assert pipeline.get("skipped") or pipeline["img_s"] > 0 and pipeline["pipeline_img_s"] > 0
+  assert results["timm_loader"]["img_s"] > 0
+  assert results[rows.SIGLIP]["mfu"] > 0  # both towers' analytic FLOPs
   assert results["timm"]["train"]["img_s"] > 0 and results["timm"]["infer"]["img_s"] > 0
   profile = results["profile"]["profile"]
   assert 0 < profile["busy_ms"] <= profile["span_ms"] and profile["kinds_ms"]["XLA fusion"] > 0
   table = (tmp_path / "gpu_check.md").read_text()
   assert "Failed rows: none" in table
-  assert all(f"| {s.name} |" in table for s in gpu_check.SPEEDS)
-  assert (tmp_path / "gpu_check.log").read_text().count("=====") == len(gpu_check.ROWS)
+  assert all(f"| {s.name} |" in table for s in rows.SPEEDS)
+  assert (tmp_path / "gpu_check.log").read_text().count("=====") == len(rows.ROWS)
 
 
-def test_the_table_gives_timm_ratios_the_plan_and_failures(gpu_check):
-  speed = dict(
-    img_s=3000.0, step_ms_median=85.0, mfu=0.32, gflop_per_img_analytic=105.4,
-    peak_bytes_in_use=2 * 2**30, compile_s=20.0, ok=True,
-    device=dict(platform="gpu", device_kind="NVIDIA H100 80GB HBM3", count=1),
+def test_a_spent_budget_still_writes_every_file(tmp_path):
+  proc = fresh_python.run(
+    [*COMMAND, "--smoke", f"--out={tmp_path}", "--budget-s=0", "--only=timm,correctness"],
+    fresh_python.clean_env(),
+  )
+  assert proc.returncode == 1, proc.stderr[-3000:]
+  results = json.loads((tmp_path / "gpu_check.json").read_text())["results"]
+  assert [r["error"] for r in results.values()] == ["not run: the budget of 0 s was spent"] * 2
+  assert len((tmp_path / "gpu_check.jsonl").read_text().splitlines()) == 2
+  assert "Failed rows: timm, correctness" in (tmp_path / "gpu_check.md").read_text()
+
+
+def _speed(img_s: float, **extra) -> dict:
+  return dict(
+    img_s=img_s, step_ms_median=85.0, mfu=0.32, gflop_per_img_analytic=105.4,
+    peak_bytes_in_use=2 * 2**30, compile_s=20.0, ok=True, attention="cudnn", dtype="bfloat16",
+    device=dict(platform="gpu", device_kind="NVIDIA H100 80GB HBM3", count=1), **extra,
   )  # fmt: skip
-  report = dict(
+
+
+def test_the_table_gives_timm_ratios_the_plan_the_input_rows_and_failures():
+  report_ = dict(
     smoke=False,
     versions=dict(python="3.12", jax="0.11.2", nvidia_smi="NVIDIA H100"),
-    plan={"h100x1": {"train/ViT-B_16/256/einsum": {"needed_bytes": 3 * 2**30}}},
+    plan={"h100x1": {rows.TRAIN_DEFAULT.name: {"needed_bytes": 3 * 2**30}}},
     results={
-      "train/ViT-B_16/256/einsum": speed,
-      "train/ViT-L_16/128/cudnn": dict(ok=False, error="exit 1: RESOURCE_EXHAUSTED"),
+      rows.TRAIN_DEFAULT.name: _speed(3000.0),
+      rows.RANDAUG: _speed(2400.0),
+      rows.PIPELINE: _speed(1500.0, pipeline_img_s=2000.0),
+      "timm_loader": dict(ok=True, img_s=2500.0, workers=16),
+      rows.SIGLIP: dict(ok=True, skipped="the input pipeline does not import here"),
+      "train/ViT-L_16/128/default": dict(ok=False, error="exit 1: RESOURCE_EXHAUSTED"),
       "timm": dict(
         ok=True,
         timm="1.0",
@@ -74,24 +97,28 @@ def test_the_table_gives_timm_ratios_the_plan_and_failures(gpu_check):
       ),  # fmt: skip
     },
   )
-  table = gpu_check.table(report)
+  table = report.table(report_)
   assert (
-    "| train/ViT-B_16/256/einsum | 3000 | 85.0 | 32.0% | 105.4 | 2.00 | 3.00 | 20 | 2000 | 1.50 |"
-    in table
+    f"| {rows.TRAIN_DEFAULT.name} | cudnn, bfloat16 | 3000 | 85.0 | 32.0% | 105.4 | 2.00 | "
+    "3.00 | 20 | 2000 | 1.50 |" in table
   )
-  assert "| train/ViT-L_16/128/cudnn | exit 1: RESOURCE_EXHAUSTED |" in table
-  assert "Failed rows: train/ViT-L_16/128/cudnn" in table
+  assert "RandAugment and Mixup in the step: 0.80x the plain step." in table
+  assert "1500 img/s end to end (0.50x the synthetic-batch row); the pipeline alone 2000" in table
+  assert "timm's DataLoader (16 workers) on the same files: 2500 img/s." in table
+  assert "| train/ViT-L_16/128/default | exit 1: RESOURCE_EXHAUSTED |" in table
+  assert f"Skipped rows: {rows.SIGLIP} (the input pipeline does not import here)" in table
+  assert "Failed rows: train/ViT-L_16/128/default" in table
 
 
 def test_a_row_that_does_not_exist_is_refused(tmp_path):
   proc = fresh_python.run(
-    [SCRIPT, f"--out={tmp_path}", "--only=train/ViT-X"], fresh_python.clean_env()
+    [*COMMAND, f"--out={tmp_path}", "--only=train/ViT-X"], fresh_python.clean_env()
   )
   assert proc.returncode == 2
   assert "--only: train/ViT-X not among the rows" in proc.stderr
 
 
-def test_the_trace_summary_counts_overlapping_kernels_once(gpu_check):
+def test_the_trace_summary_counts_overlapping_kernels_once():
   meta = lambda name, pid, tid=None: dict(  # noqa: E731
     ph="M", name="thread_name" if tid else "process_name", pid=pid, tid=tid, args=dict(name=name)
   )
@@ -104,7 +131,7 @@ def test_the_trace_summary_counts_overlapping_kernels_once(gpu_check):
     kernel("loop_multiply_fusion", 1000, 100),
     kernel("PjitFunction(step)", 0, 5000, pid=2),  # the host's: not counted
   ]
-  summary = gpu_check.summarise_trace(events, steps=2)
+  summary = kernel_profile.summarise_trace(events, steps=2)
   assert summary["span_ms"] == pytest.approx(1100 / 1e3 / 2)
   assert summary["busy_ms"] == pytest.approx(600 / 1e3 / 2)  # the overlap counted once
   assert summary["kinds_ms"] == pytest.approx(
@@ -112,3 +139,40 @@ def test_the_trace_summary_counts_overlapping_kernels_once(gpu_check):
   )
   assert summary["kernels_per_step"] == 1.5
   assert [t["kind"] for t in summary["top"]] == ["matmul", "attention (cuDNN)", "XLA fusion"]
+
+
+# Optimized HLO as XLA:GPU prints it, cut down: a fusion's own computation is not launched,
+# a loop's body is, once per instruction.
+HLO = """HloModule step, entry_computation_layout={(f32[4]{0})->f32[4]{0}}
+
+%fused_add (p0: f32[4]) -> f32[4] {
+  %p0 = f32[4]{0} parameter(0)
+  ROOT %add.1 = f32[4]{0} add(f32[4]{0} %p0, f32[4]{0} %p0)
+}
+
+%body (p: (s32[], f32[4])) -> (s32[], f32[4]) {
+  %p = (s32[], f32[4]{0}) parameter(0)
+  %x = f32[4]{0} get-tuple-element((s32[], f32[4]{0}) %p), index=1
+  %mm = (f32[4]{0}, s8[16]{0}) custom-call(f32[4]{0} %x), custom_call_target="__cublas$lt$matmul"
+  ROOT %t = (s32[], f32[4]{0}) tuple(s32[] %i, f32[4]{0} %x)
+}
+
+ENTRY %main (a: f32[4]) -> f32[4] {
+  %a = f32[4]{0} parameter(0)
+  %f = f32[4]{0} fusion(f32[4]{0} %a), kind=kLoop, calls=%fused_add
+  %att = (bf16[4]{0}) custom-call(f32[4]{0} %f), custom_call_target="__cudnn$fmhaSoftmax"
+  %w = (s32[], f32[4]{0}) while((s32[], f32[4]{0}) %init), condition=%cond, body=%body
+  ROOT %c = f32[4]{0} copy(f32[4]{0} %f)
+}
+"""
+
+
+def test_kernel_counts_of_a_compiled_step():
+  counts = hlo_evidence.kernel_counts(HLO)
+  assert counts["by_kind"] == {
+    "fusion: kLoop": 1,
+    "library: __cudnn$fmhaSoftmax": 1,
+    "library: __cublas$lt$matmul": 1,
+    "op: copy": 1,
+  }
+  assert (counts["kernels"], counts["library_calls"], counts["fusions"]) == (4, 2, 1)

@@ -49,6 +49,7 @@ def run_main(workdir, *overrides, timeout=300):
 ABSL_PREFIX = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d")
 # How each line a run prints at the default verbosity starts.
 RUN_LINES = (
+  "Execution on CPU: attention einsum",
   "Building digits",
   "Training ",
   "Compiled the train step",

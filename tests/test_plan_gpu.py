@@ -168,8 +168,11 @@ def test_gpu_plan_of_a_data_parallel_step(name):
   assert plan.fits and plan.flops_source == "analytic" and plan.devices == 8
   assert plan.step_flops == pytest.approx(plan.model_flops_per_image * plan.batch)
   assert plan.hbm_bytes == pytest.approx(topology.parse(name).device_memory_bytes)
-  # Data parallel: the gradients are all-reduced, as many bytes as the parameters.
-  assert plan.train.collectives.bytes["all-reduce"] == pytest.approx(plan.params_bytes, rel=0.02)
+  # Data parallel: the gradients are all-reduced, one per parameter, in the compute dtype
+  # (the GPU's default, bfloat16: half the f32 parameters' bytes).
+  assert plan.dtype == "bfloat16"
+  half = plan.params_bytes / 2
+  assert plan.train.collectives.bytes["all-reduce"] == pytest.approx(half, rel=0.02)
   assert plan.train.xla_bytes_accessed > plan.params_bytes  # XLA's traffic, run on the CPU
   t = plan.time
   assert t.bound_s > 0 and 0 < t.mfu <= 1 and t.hbm_s > 0
@@ -315,3 +318,17 @@ def test_suggest_shows_the_budget_of_a_larger_allocator_share(monkeypatch):
   assert lines[0] == "  XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 (environment): budget 75.19 GiB, fits"
   assert lines[1] == "  config.model.dtype=bfloat16: refused"
   assert tried[0].model.dtype == "bfloat16" and len(lines) == len(tried) + 1
+
+
+@needs_cuda_plugin
+@needs_cudnn
+def test_the_plan_says_and_compiles_the_gpus_choice_for_an_unset_config(capsys):
+  """The pre-training recipe leaves the attention and dtype unset: on H100s the plan
+  compiles it with cuDNN's attention in bfloat16, and says so first."""
+  assert cli.main([*test_plan.TINY_PRETRAINING_COMMAND, "--topology=h100x8"]) == 0
+  out = capsys.readouterr().out.splitlines()
+  assert out[0] == (
+    "Execution on GPU: attention cudnn (unset: the GPU's fastest measured), compute bfloat16 "
+    "with float32 parameters (unset: the GPU's fastest measured)."
+  )
+  assert "dtype=bfloat16" in out[2]

@@ -130,8 +130,17 @@ def _train(values: dict[str, Any]) -> int:
     values["heartbeat_timeout"],
   )
   # Imported after start-up: nothing may touch JAX's backends before it.
+  from vit_jax import models  # pylint: disable=g-import-not-at-top
   from vit_jax import run as run_lib  # pylint: disable=g-import-not-at-top
+  from vit_jax.models import backend_defaults  # pylint: disable=g-import-not-at-top
   from vit_jax.run import preemption  # pylint: disable=g-import-not-at-top
+
+  # The run's first line: the attention and dtype it computes with, and why (the resolver
+  # applies the same choice).
+  choice = backend_defaults.choose(
+    models.model_settings(config.model), backend_defaults.platform(jax.devices())
+  )
+  logging.info("%s", choice.describe())
 
   try:
     metrics = run_lib.train_and_evaluate(config, workdir)

@@ -15,9 +15,15 @@ import jax.numpy as jnp
 from vit_jax import errors
 
 EINSUM = "einsum"  # `ExecutionOptions.attention_impl` of the ViT's own einsum attention
+CUDNN = "cudnn"  # cuDNN's fused attention (`jax.nn.dot_product_attention` on a GPU)
 # `ExecutionOptions.attention_impl` values: None or EINSUM (the einsum attention), or an
 # ``implementation`` of `jax.nn.dot_product_attention`.
-ATTENTION_IMPLS: tuple[Optional[str], ...] = (None, EINSUM, "xla", "cudnn")
+ATTENTION_IMPLS: tuple[Optional[str], ...] = (None, EINSUM, "xla", CUDNN)
+# A config's "unset" for ``config.model.attention_impl`` and ``config.model.dtype``: a run
+# takes its backend's choice (`models.backend_defaults.choose`); a model built outside a
+# run computes an unset dtype in `UNSET_DTYPE` and an unset attention as EINSUM.
+UNSET = None
+UNSET_DTYPE = "float32"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +61,11 @@ def remat_policy(name: Optional[str]) -> Optional[Callable[..., bool]]:
       "jax.checkpoint_policies, e.g. 'nothing_saveable', or None."
     )
   return policy
+
+
+def compute_dtype(name: Optional[str]) -> jnp.dtype:
+  """The computation dtype a settings' ``dtype`` names (`UNSET`: `UNSET_DTYPE`)."""
+  return jnp.dtype(UNSET_DTYPE if name is UNSET else name)
 
 
 def check_attention_impl(impl: Optional[str]) -> None:

@@ -64,8 +64,11 @@ def _bool(value: Any, key: str) -> bool:
   return value
 
 
-def dtype_name(value: Any) -> str:
-  """The name of the floating-point dtype ``value`` ('bfloat16', jnp.bfloat16, ...)."""
+def dtype_name(value: Any) -> Optional[str]:
+  """The name of the floating-point dtype ``value`` ('bfloat16', jnp.bfloat16, ...); None
+  stays None (`execution.UNSET`: a run takes its backend's choice)."""
+  if value is execution.UNSET:
+    return None
   try:
     dtype = jnp.dtype(value)
   except TypeError:
@@ -115,7 +118,9 @@ class ModelSettings:
   remat: bool
   remat_policy: Optional[str]  # a name in `jax.checkpoint_policies`
   attention_impl: Optional[str]  # `execution.ATTENTION_IMPLS`
-  dtype: str  # the computation's, e.g. 'bfloat16' (parameters stay float32)
+  # the computation's, e.g. 'bfloat16' (parameters stay float32); None: unset (a run takes
+  # its backend's, `backend_defaults`; a model built alone computes in float32)
+  dtype: Optional[str]
   # The options that came after the paper: each defaults to the official model's value,
   # the one place it is stated (`variants` writes these defaults into every ViT config, and
   # a config saved before an option existed reads it here). Checked by `options`.
@@ -256,7 +261,7 @@ class ModelSettings:
       remat=self.remat,
       remat_policy=self.remat_policy,
       stoch_depth=self.stoch_depth,
-      dtype=jnp.dtype(self.dtype),
+      dtype=execution.compute_dtype(self.dtype),
     )
 
   def get(self, key: str, default: Any = None) -> Any:
@@ -344,7 +349,7 @@ class _FamilySettings:
   def execution_options(self) -> execution.ExecutionOptions:
     """How the model runs: its remat, remat policy and dtype (no dropout or scan)."""
     return execution.ExecutionOptions(
-      remat=self.remat, remat_policy=self.remat_policy, dtype=jnp.dtype(self.dtype)
+      remat=self.remat, remat_policy=self.remat_policy, dtype=execution.compute_dtype(self.dtype)
     )
 
 

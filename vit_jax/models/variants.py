@@ -98,7 +98,9 @@ def _vit(
   config.remat = False
   config.remat_policy = ml_collections.FieldReference(None, field_type=str)
   config.attention_impl = ml_collections.FieldReference(None, field_type=str)
-  config.dtype = "float32"
+  # Unset (None): a run computes in its backend's dtype (`backend_defaults`), float32 on
+  # a CPU or TPU, bfloat16 on a GPU.
+  config.dtype = ml_collections.FieldReference(None, field_type=str)
   return config
 
 

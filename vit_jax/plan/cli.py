@@ -25,7 +25,8 @@ from vit_jax import cli as cli_lib  # isort: skip
 import ml_collections
 from absl import flags
 
-from vit_jax import errors, sharding
+from vit_jax import errors, models, sharding
+from vit_jax.models import backend_defaults
 from vit_jax.plan import gpu_topology, planner, report, topology
 
 # --suggest halves the batch at most this many times looking for one that fits.
@@ -115,9 +116,14 @@ def _plan(values: dict[str, Any]) -> int:
   config = values["config"]
   slice_ = topology.parse(values["topology"])
   topology.prepare_environment(slice_)
+  # What the resolver chooses for an unset attention or dtype on this hardware, and why.
+  execution = backend_defaults.choose(models.model_settings(config.model), slice_.chip.platform)
+  if not values["json"]:
+    print(execution.describe(), flush=True)
   plan = planner.make_plan(config, slice_)
   if values["json"]:
-    print(json.dumps({**dataclasses.asdict(plan), "fits": plan.fits}, indent=1))
+    found = {**dataclasses.asdict(plan), "fits": plan.fits, "execution": execution.describe()}
+    print(json.dumps(found, indent=1))
   else:
     print(planner.format_plan(plan))
   if plan.fits:

@@ -21,7 +21,7 @@ import ml_collections
 
 from vit_jax import data, errors, models, sharding, weights
 from vit_jax.data.dataset import Settings as DataSettings
-from vit_jax.models import model_settings, posemb
+from vit_jax.models import backend_defaults, model_settings, posemb
 from vit_jax.models.settings import Settings
 from vit_jax.run import (
   defaults,
@@ -234,6 +234,8 @@ def resolve(
   """
   defaults.check_complete(config)
   model = model_settings(config.model)
+  # An unset attention or dtype: the backend's fastest (explicit settings kept).
+  model = backend_defaults.choose(model, backend_defaults.platform(mesh.devices.flat)).apply(model)
   loop = _loop(config)
   objective = _objective(config)
   optimizer = OptimizerSettings.from_config(config)
