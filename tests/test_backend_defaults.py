@@ -92,12 +92,16 @@ def test_the_resolver_applies_the_choice_of_a_faked_gpu_backend(monkeypatch, tin
   mesh = sharding.make_mesh(tuple(tiny_config.mesh))
   spec = run.resolve(tiny_config, mesh=mesh, open_data=False)
   assert (spec.model.attention_impl, spec.model.dtype) == ("einsum", "float32")
+  # config.json records the dtype chosen, as runs from before the unset default recorded
+  # theirs, so that such a run resumes; the attention stays unset, as it always was.
+  assert spec.config_json["model"]["dtype"] == "float32"
+  assert spec.config_json["model"]["attention_impl"] is None
   monkeypatch.setattr(backend_defaults, "platform", lambda devices: "gpu")
   spec = run.resolve(tiny_config, mesh=mesh, open_data=False)
   assert spec.model.dtype == "bfloat16"
   head = spec.model.hidden_size // spec.model.transformer.num_heads
   assert spec.model.attention_impl == ("cudnn" if head % 8 == 0 else "einsum")
-  assert spec.config_json["model"]["dtype"] is None  # config.json keeps the user's "unset"
+  assert spec.config_json["model"]["dtype"] == "bfloat16"
 
 
 def test_the_runs_first_line_says_the_choice(monkeypatch, caplog, tmp_path, digits_dir):

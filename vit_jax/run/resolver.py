@@ -235,7 +235,8 @@ def resolve(
   defaults.check_complete(config)
   model = model_settings(config.model)
   # An unset attention or dtype: the backend's fastest (explicit settings kept).
-  model = backend_defaults.choose(model, backend_defaults.platform(mesh.devices.flat)).apply(model)
+  execution_choice = backend_defaults.choose(model, backend_defaults.platform(mesh.devices.flat))
+  model = execution_choice.apply(model)
   loop = _loop(config)
   objective = _objective(config)
   optimizer = OptimizerSettings.from_config(config)
@@ -272,7 +273,7 @@ def resolve(
     accum_steps=accum_steps,
     seed=int(config.seed),
     allowed_changes=frozenset(s for s in resume_policy.SWITCHES if config[s]),
-    config_json=json.loads(config.to_json_best_effort()),
+    config_json=_recorded(json.loads(config.to_json_best_effort()), execution_choice),
     class_names=class_names,
   )
   if memory_limit_bytes is None:
@@ -280,6 +281,17 @@ def resolve(
   spec = fit_accumulation(spec, mesh, memory_limit_bytes)
   _check_memory(spec, mesh, memory_limit_bytes, host=open_data)
   return spec
+
+
+def _recorded(config_json: dict[str, Any], choice: backend_defaults.Choice) -> dict[str, Any]:
+  """config.json with an unset model dtype recorded as the backend chose it: the run's record
+  says what it computed in, and a run recorded before the unset default (its "float32")
+  resumes on a CPU or TPU. An unset attention stays unset: it was always the backend's
+  choice, and it changes no array."""
+  model = config_json["model"]
+  if model.get("dtype", "") is None:
+    model["dtype"] = choice.dtype
+  return config_json
 
 
 def build(
