@@ -193,12 +193,14 @@ def test_split_slicing_on_folders(tmp_path):
     data.dataset_info(_config(tmp_path, train_split="train[:80]", test_split="train"))
 
 
-def test_each_process_reads_its_own_shard(tmp_path):
+@pytest.mark.parametrize("input_pipeline", ["grain", "tf"])
+def test_each_process_reads_its_own_shard(tmp_path, input_pipeline):
   from vit_jax.data import dataset, pipeline
 
   n = _id_folder(tmp_path, "train", [4, 4, 3])  # 11 examples: shards of 5 and 6.
   _id_folder(tmp_path, "test", [1])
-  ds = dataset.Dataset(dataset.Settings.from_config(_config(tmp_path)))
+  config = _config(tmp_path, input_pipeline=input_pipeline)
+  ds = dataset.Dataset(dataset.Settings.from_config(config))
   epoch = []
   for process in (0, 1):
     batches = pipeline.local_train_batches(ds, 5, 0, process, 2)

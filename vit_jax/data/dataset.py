@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 
 # Keys that may hold None: no local tfds dir, no manual-download dir, classes from the data.
 _OPTIONAL = ("data_dir", "manual_dir", "num_classes")
+# config.input_pipeline: Grain's threads with Pillow (no TensorFlow), or tf.data.
+INPUT_PIPELINES = ("grain", "tf")
+DEFAULT_INPUT_PIPELINE = "grain"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +70,7 @@ class Settings:
   text: Optional[CaptionSettings] = None
   # The eval preprocessing where it is not the official recipe (a crop, another resize).
   eval_data: Optional[data_config.DataConfig] = None
+  input_pipeline: str = DEFAULT_INPUT_PIPELINE  # one of INPUT_PIPELINES
 
   def eval_data_config(self) -> data_config.DataConfig:
     """The eval images' preprocessing, at ``crop`` (which a command may have changed)."""
@@ -142,7 +146,14 @@ class Settings:
       input_mean=tuple(model.get("input_mean", OFFICIAL_INPUT_MEAN)),
       input_std=tuple(model.get("input_std", OFFICIAL_INPUT_STD)),
       text=needs.text,
+      # Absent from the config.json of runs made before it existed.
+      input_pipeline=str(config.get("input_pipeline", DEFAULT_INPUT_PIPELINE)),
     )
+    if settings.input_pipeline not in INPUT_PIPELINES:
+      raise errors.ConfigError(
+        f"config.input_pipeline={settings.input_pipeline!r} must be one of {INPUT_PIPELINES}: "
+        "'grain' (Pillow on the host, no TensorFlow) or 'tf' (tf.data, the [tf] extra)."
+      )
     for key in ("crop", "batch", "batch_eval", "shuffle_buffer"):
       if getattr(settings, key) <= 0:
         raise errors.ConfigError(

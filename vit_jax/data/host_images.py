@@ -1,0 +1,168 @@
+"""Per-example image preprocessing on the host without TensorFlow: Pillow decodes, NumPy
+and Pillow crop, flip and resize (the Grain pipeline's, `grain_batches`).
+
+Every function takes the encoded bytes of one image and returns float32 [crop, crop, 3],
+so it runs in any thread (Pillow releases the GIL while it decodes and resizes).
+Randomness comes only from a generator keyed by (config.seed, uid), uid = epoch *
+num_examples + index in the split, so the same example in the same epoch always gets the
+same crop and flip, whatever the batch size, the process count or the resume step.
+
+The train crop follows torchvision's `RandomResizedCrop` (area uniform in
+[min_area, 1] of the image, log-uniform aspect ratio in 3/4..4/3, 10 proposals) and, as
+TensorFlow's `sample_distorted_bounding_box` in the tf.data pipeline, falls back to the
+whole image when no proposal fits. Pillow resizes the window with its antialiased
+bilinear filter straight from the (JPEG: DCT-downscaled, `Image.draft`) decoded image;
+the tf.data pipeline's resize does not antialias, so the two pipelines' train pixels
+differ a little. The official eval resize ('tf' resizer) is TensorFlow's own bilinear
+resize without antialiasing, here in NumPy (`resize_bilinear`, equal to
+`tf.image.resize` within float round-off).
+
+Every image passes `image_header.decodable` first (decoded size bounded from the header,
+a GIF cut after its first frame); a refused or damaged image raises ValueError naming why.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+from PIL import Image
+
+from vit_jax import errors
+from vit_jax.data import eval_images, image_header
+from vit_jax.data.data_config import DataConfig
+from vit_jax.image_constants import OFFICIAL_INPUT_MEAN, OFFICIAL_INPUT_STD
+
+RGB = tuple[float, float, float]
+CROP_ASPECT_RANGE = (3.0 / 4.0, 4.0 / 3.0)  # width / height, as the tf.data pipeline's
+_CROP_ATTEMPTS = 10
+
+
+def open_image(data: bytes) -> Image.Image:
+  """Encoded bytes -> a lazily decoded Pillow image (its first frame); ValueError when
+  `image_header.decodable` refuses it or Pillow cannot read it."""
+  data = image_header.decodable(data)
+  try:
+    return Image.open(io.BytesIO(data))
+  except (OSError, SyntaxError) as e:
+    raise ValueError(f"not an image Pillow decodes ({e})") from None
+
+
+def _rgb(image: Image.Image) -> Image.Image:
+  """Decoded as RGB: grey repeated on three channels, an alpha channel dropped."""
+  try:
+    return image if image.mode == "RGB" else image.convert("RGB")
+  except (OSError, SyntaxError, ValueError) as e:
+    raise ValueError(f"a damaged image ({e})") from None
+
+
+def crop_window(
+  height: int, width: int, rng: np.random.Generator, min_area: float
+) -> tuple[int, int, int, int]:
+  """A random crop window (y, x, h, w) covering min_area..100% of the image area with
+  aspect ratio in CROP_ASPECT_RANGE; the whole image when no proposal fits."""
+  area = height * width
+  log_lo, log_hi = math.log(CROP_ASPECT_RANGE[0]), math.log(CROP_ASPECT_RANGE[1])
+  for _ in range(_CROP_ATTEMPTS):
+    target = area * rng.uniform(min_area, 1.0)
+    aspect = math.exp(rng.uniform(log_lo, log_hi))
+    w = int(round(math.sqrt(target * aspect)))
+    h = int(round(math.sqrt(target / aspect)))
+    if 0 < w <= width and 0 < h <= height:
+      y = int(rng.integers(0, height - h + 1))
+      x = int(rng.integers(0, width - w + 1))
+      return y, x, h, w
+  return 0, 0, height, width
+
+
+def example_rng(seed: int, uid: int) -> np.random.Generator:
+  """The generator of one example's crop and flip, keyed by (config.seed, uid)."""
+  return np.random.default_rng([seed % 2**63, uid])
+
+
+def train_crop(
+  data: bytes, rng: np.random.Generator, *, crop: int, min_area: float, flip: bool
+) -> np.ndarray:
+  """Encoded bytes -> uint8 [crop, crop, 3]: inception crop, optional horizontal flip,
+  bilinear resize. A JPEG is decoded at the smallest DCT scale that keeps the window at
+  least `crop` pixels on each edge."""
+  image = open_image(data)
+  width, height = image.size
+  y, x, h, w = crop_window(height, width, rng, min_area)
+  if image.format == "JPEG":  # draft keeps the decoded size >= the requested one
+    image.draft("RGB", (math.ceil(width * crop / w), math.ceil(height * crop / h)))
+  image = _rgb(image)
+  sx, sy = image.size[0] / width, image.size[1] / height
+  box = (x * sx, y * sy, (x + w) * sx, (y + h) * sy)
+  out = image.resize((crop, crop), Image.Resampling.BILINEAR, box=box)
+  if flip and rng.random() < 0.5:
+    out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+  return np.asarray(out)
+
+
+def normalize(
+  pixels: np.ndarray, mean: RGB = OFFICIAL_INPUT_MEAN, std: RGB = OFFICIAL_INPUT_STD
+) -> np.ndarray:
+  """0..255 -> float32 (x - 127.5) / 127.5 clipped to [-1, 1]; with another mean/std (per
+  RGB channel, 0..1 scale) (x / 255 - mean) / std, as `preprocess.normalize`."""
+  if tuple(mean) == OFFICIAL_INPUT_MEAN and tuple(std) == OFFICIAL_INPUT_STD:
+    return np.clip((pixels.astype(np.float32) - 127.5) / 127.5, -1.0, 1.0)
+  mean_, std_ = np.asarray(mean, np.float32), np.asarray(std, np.float32)
+  return (pixels.astype(np.float32) / 255.0 - mean_) / std_
+
+
+def train_image(
+  data: bytes,
+  rng: np.random.Generator,
+  *,
+  randaug: tuple[int, float] | None,
+  mean: RGB = OFFICIAL_INPUT_MEAN,
+  std: RGB = OFFICIAL_INPUT_STD,
+  **crop_options,
+) -> np.ndarray:
+  """Encoded bytes -> float32 [crop, crop, 3]: `train_crop`, normalised; with `randaug`
+  its uint8 values (0..255) for the train step's RandAugment, as the tf.data pipeline."""
+  pixels = train_crop(data, rng, **crop_options)
+  if randaug is None:
+    return normalize(pixels, mean, std)
+  return pixels.astype(np.float32)
+
+
+def _bilinear_axis(out_size: int, in_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """TensorFlow's half-pixel bilinear sampling along one axis: lower and upper source
+  indices and the weight of the upper one (`resize_bilinear_op.cc`)."""
+  source = (np.arange(out_size, dtype=np.float32) + 0.5) * np.float32(in_size / out_size) - 0.5
+  floor = np.floor(source)
+  lower = np.maximum(floor, 0).astype(np.int64)
+  upper = np.minimum(np.ceil(source), in_size - 1).astype(np.int64)
+  return lower, upper, (source - floor).astype(np.float32)
+
+
+def resize_bilinear(pixels: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+  """uint8 [h, w, 3] -> float32 [H, W, 3]: `tf.image.resize(..., 'bilinear')` (half-pixel
+  centres, no antialiasing), the official eval recipe's resize."""
+  (lo_y, hi_y, wy), (lo_x, hi_x, wx) = (
+    _bilinear_axis(size[0], pixels.shape[0]),
+    _bilinear_axis(size[1], pixels.shape[1]),
+  )
+  rows = pixels.astype(np.float32)
+  top, bottom = rows[lo_y], rows[hi_y]  # [H, w, 3]
+  left = top[:, lo_x] + (top[:, hi_x] - top[:, lo_x]) * wx[None, :, None]
+  right = bottom[:, lo_x] + (bottom[:, hi_x] - bottom[:, lo_x]) * wx[None, :, None]
+  return left + (right - left) * wy[:, None, None]  # [H, W, 3]
+
+
+def eval_image(data: bytes, data_config: DataConfig) -> np.ndarray:
+  """Encoded bytes -> float32 [H, W, 3] as ``data_config`` says: the official recipe (the
+  whole image, TensorFlow's bilinear resize) or timm's PIL transform."""
+  if data_config.resizer == "pil":
+    pixels = eval_images.transform(_rgb(open_image(data)), data_config)  # uint8 [H, W, 3]
+    return eval_images.normalize(pixels, data_config)
+  if data_config.interpolation != "bilinear":
+    raise errors.ConfigError(
+      f"The Grain input pipeline resizes the official way with 'bilinear' only, not "
+      f"{data_config.interpolation!r}; set config.input_pipeline='tf' for it."
+    )
+  resized = resize_bilinear(np.asarray(_rgb(open_image(data))), data_config.input_size)
+  return normalize(resized, data_config.mean, data_config.std)
