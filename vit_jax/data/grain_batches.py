@@ -54,21 +54,23 @@ class Stage:
     self._shape = (settings.crop, settings.crop, 3)
 
   def image(self, value: Any, uid: int) -> np.ndarray:
-    """float32 [crop, crop, 3] of one example; ValueError or OSError when it fails."""
+    """One example's image: the train crop's uint8 [crop, crop, 3] (normalised as it is
+    written into its batch, `_write`) or the eval image's float32; ValueError or OSError
+    when it fails."""
     data = read_bytes(value) if self._kind == "path" else bytes(value)
     s = self._settings
     if not self._train:
       return host_images.eval_image(data, s.eval_data_config())
-    return host_images.train_image(
-      data,
-      host_images.example_rng(s.seed, uid),
-      crop=s.crop,
-      min_area=s.min_area,
-      flip=s.flip,
-      randaug=s.randaug,
-      mean=s.input_mean,
-      std=s.input_std,
-    )
+    rng = host_images.example_rng(s.seed, uid)
+    return host_images.train_crop(data, rng, crop=s.crop, min_area=s.min_area, flip=s.flip)
+
+  def _write(self, image: np.ndarray, out: np.ndarray) -> None:
+    """An `image` into its batch row ``out`` (float32 [crop, crop, 3])."""
+    if image.dtype != np.uint8:
+      out[...] = image
+      return
+    s = self._settings
+    host_images.normalize_into(image, out, s.randaug is not None, s.input_mean, s.input_std)
 
   def reason(self, value: Any, uid: int, label: int) -> str:
     """Why the example (value, uid, label) fails; "" when it does not (any more)."""
@@ -108,8 +110,9 @@ class Stage:
       for row in self._rows(reader):
         if row is None:
           continue
-        for target, value in zip(batch, row):
-          target[k] = value
+        position, image, label, text, uid = row
+        self._write(image, batch[1][k])
+        batch[0][k], batch[2][k], batch[3][k], batch[4][k] = position, label, text, uid
         k += 1
         if k == local_batch:
           yield batch
