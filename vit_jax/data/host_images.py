@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import io
 import math
+import os
+from typing import Sequence
 
 import numpy as np
 import simplejpeg
@@ -38,6 +40,7 @@ from vit_jax.image_constants import OFFICIAL_INPUT_MEAN, OFFICIAL_INPUT_STD
 RGB = tuple[float, float, float]
 CROP_ASPECT_RANGE = (3.0 / 4.0, 4.0 / 3.0)  # width / height, as the tf.data pipeline's
 _CROP_ATTEMPTS = 10
+_JPEG = b"\xff\xd8\xff"
 
 
 def open_image(data: bytes) -> Image.Image:
@@ -86,12 +89,15 @@ def example_rng(seed: int, uid: int) -> np.random.Generator:
   return np.random.default_rng([seed % 2**63, uid])
 
 
-def _decode_jpeg(data: bytes, least: tuple[int, int]) -> Image.Image:
-  """A JPEG decoded as RGB by libjpeg-turbo through simplejpeg (about 1.6x Pillow's
-  decode here), at the smallest DCT scale that keeps at least ``least`` (height, width)
-  pixels; Pillow's decoder (its `draft`) for what simplejpeg refuses (CMYK)."""
+def _decode_jpeg(data: bytes, least: tuple[int, int] = (0, 0)) -> Image.Image:
+  """A JPEG decoded as RGB by libjpeg-turbo through simplejpeg, with TensorFlow's
+  `decode_jpeg` defaults (the fast integer DCT, fancy upsampling: the same pixels, and
+  1.6x Pillow's decode here), at the smallest DCT scale that keeps at least ``least``
+  (height, width) pixels; Pillow's decoder (its `draft`) for what simplejpeg refuses (CMYK)."""
   try:
-    pixels = simplejpeg.decode_jpeg(data, "RGB", min_height=least[0], min_width=least[1])
+    pixels = simplejpeg.decode_jpeg(
+      data, "RGB", fastdct=True, min_height=least[0], min_width=least[1]
+    )
     return Image.fromarray(pixels)
   except ValueError:
     image = _open(data)
@@ -191,5 +197,40 @@ def eval_image(data: bytes, data_config: DataConfig) -> np.ndarray:
       f"The Grain input pipeline resizes the official way with 'bilinear' only, not "
       f"{data_config.interpolation!r}; set config.input_pipeline='tf' for it."
     )
-  resized = resize_bilinear(np.asarray(_rgb(open_image(data))), data_config.input_size)
+  data = image_header.decodable(data)
+  image = _decode_jpeg(data) if data[:3] == _JPEG else _rgb(_open(data))
+  resized = resize_bilinear(np.asarray(image), data_config.input_size)
+  return normalize(resized, data_config.mean, data_config.std)
+
+
+def prepare(
+  images: eval_images.ImageLike | Sequence[eval_images.ImageLike], data_config: DataConfig
+) -> np.ndarray:
+  """The eval transform: ``images`` (paths, bytes, PIL images, uint8 arrays, or a list of
+  them) -> float32 [N, H, W, 3] as ``data_config`` says. 'pil' configs: timm's transform
+  (`eval_images.prepare_pil`); the official recipe ('tf'): the eval pipeline's, files and
+  bytes decoded by Pillow and resized as TensorFlow resizes (`resize_bilinear`), so
+  `predict` gives a file the evaluator's input."""
+  items = eval_images.image_list(images)
+  if data_config.resizer == "pil":
+    return eval_images.prepare_pil(items, data_config)
+  if data_config.interpolation != "bilinear":  # TensorFlow's other resize methods
+    from vit_jax.data import preprocess  # pylint: disable=g-import-not-at-top
+
+    return np.stack([preprocess.official(item, data_config) for item in items])
+  return np.stack([_official(item, data_config) for item in items])
+
+
+def _official(item: eval_images.ImageLike, data_config: DataConfig) -> np.ndarray:
+  """One image as the official recipe prepares it: float32 [H, W, 3]."""
+  if isinstance(item, (str, os.PathLike)):
+    with open(item, "rb") as f:
+      item = f.read()
+  if isinstance(item, bytes):
+    try:
+      return eval_image(item, data_config)
+    except ValueError as e:
+      raise errors.InputFileError(f"not an image this package decodes ({e}).") from None
+  pixels = np.asarray(eval_images.to_pil(item))  # pixels: an array or a PIL image
+  resized = resize_bilinear(pixels, data_config.input_size)
   return normalize(resized, data_config.mean, data_config.std)
