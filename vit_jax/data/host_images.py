@@ -1,8 +1,11 @@
-"""Per-example image preprocessing on the host without TensorFlow: Pillow decodes, NumPy
-and Pillow crop, flip and resize (the Grain pipeline's, `grain_batches`).
+"""Per-example image preprocessing on the host without TensorFlow (the Grain pipeline's,
+`grain_batches`, and `Model.prepare`'s): JPEGs decoded by simplejpeg with TensorFlow's
+decode settings (the same pixels as `tf.io.decode_image`), other formats by Pillow;
+Pillow and NumPy crop, flip and resize.
 
-Every function takes the encoded bytes of one image and returns float32 [crop, crop, 3],
-so it runs in any thread (Pillow releases the GIL while it decodes and resizes).
+Every function takes the encoded bytes of one image and returns its pixels (the train
+crop's uint8, the eval image's float32), so it runs in any thread (the decoders and
+Pillow's resize release the GIL).
 Randomness comes only from a generator keyed by (config.seed, uid), uid = epoch *
 num_examples + index in the split, so the same example in the same epoch always gets the
 same crop and flip, whatever the batch size, the process count or the resume step.
@@ -11,9 +14,9 @@ The train crop follows torchvision's `RandomResizedCrop` (area uniform in
 [min_area, 1] of the image, log-uniform aspect ratio in 3/4..4/3, 10 proposals) and, as
 TensorFlow's `sample_distorted_bounding_box` in the tf.data pipeline, falls back to the
 whole image when no proposal fits. Pillow resizes the window with its antialiased
-bilinear filter straight from the (JPEG: DCT-downscaled, `Image.draft`) decoded image;
-the tf.data pipeline's resize does not antialias, so the two pipelines' train pixels
-differ a little. The official eval resize ('tf' resizer) is TensorFlow's own bilinear
+bilinear filter straight from the decoded image (a JPEG's DCT-downscaled where the
+window stays larger than the crop); the tf.data pipeline's resize does not antialias,
+so the two pipelines' train pixels differ a little. The official eval resize ('tf' resizer) is TensorFlow's own bilinear
 resize without antialiasing, here in NumPy (`resize_bilinear`, equal to
 `tf.image.resize` within float round-off).
 
