@@ -45,7 +45,10 @@ def _input_pipeline(name: str) -> str:
       "the host, no TensorFlow), 'tf' (tf.data) or 'auto' (tf.data where TensorFlow is "
       "installed)."
     )
-  has_tf = importlib.util.find_spec("tensorflow") is not None
+  try:
+    has_tf = importlib.util.find_spec("tensorflow") is not None
+  except ImportError:  # an import hook that refuses it: as good as not installed
+    has_tf = False
   if name == "tf" and not has_tf:
     raise errors.ConfigError(
       "config.input_pipeline='tf' needs TensorFlow: pip install -e \".[tf]\", or set "
