@@ -16,9 +16,9 @@ TensorFlow's `sample_distorted_bounding_box` in the tf.data pipeline, falls back
 whole image when no proposal fits. Pillow resizes the window with its antialiased
 bilinear filter straight from the decoded image (a JPEG's DCT-downscaled where the
 window stays larger than the crop); the tf.data pipeline's resize does not antialias,
-so the two pipelines' train pixels differ a little. The official eval resize ('tf' resizer) is TensorFlow's own bilinear
-resize without antialiasing, here in NumPy (`resize_bilinear`, equal to
-`tf.image.resize` within float round-off).
+so the two pipelines' train pixels differ a little. The official eval resize ('tf'
+resizer) is TensorFlow's own bilinear resize without antialiasing, here in NumPy
+(`resize_bilinear`, equal to `tf.image.resize` within float round-off).
 
 Every image passes `image_header.decodable` first (decoded size bounded from the header,
 a GIF cut after its first frame); a refused or damaged image raises ValueError naming why.
