@@ -4,10 +4,11 @@ without TensorFlow (`config.input_pipeline='grain'`).
 Each chunk of a reader (`readers.py`: positions, uids, values, labels, texts in stream
 order) becomes a `grain.MapDataset` whose map reads the file (a 'path' source), checks
 and decodes the image (`host_images`) and preprocesses it; Grain runs the map over
-`workers` threads in order (`ReadOptions`), and the next chunk's dataset starts while
-the batch that ends a chunk is still filling. A failed image is left out, as the tf.data
-stage's `ignore_errors`, so `pipeline._realign` finds its position and `Stage.reason`
-names the error. Rows are written into preallocated batch arrays (no stacking copy).
+`workers` threads in order (`ReadOptions`); the threads drain at the end of each chunk
+(`readers.CHUNK` examples: a few images' idle time per thousand). A failed image is left
+out, as the tf.data stage's `ignore_errors`, so `pipeline._realign` finds its position
+and `Stage.reason` names the error. Rows are written into preallocated batch arrays (no
+stacking copy).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ def default_workers() -> int:
 def read_bytes(path: Any) -> bytes:
   """A 'path' source's local file, at most `input_files.MAX_IMAGE_BYTES` (OSError else)."""
   name = path.decode() if isinstance(path, bytes) else str(path)
+  if not input_files.is_local(name):
+    raise OSError("a remote file: the Grain pipeline reads local files (input_pipeline='tf')")
   name = name.removeprefix("file://")
   with open(name, "rb") as f:
     data = f.read(input_files.MAX_IMAGE_BYTES + 1)
