@@ -14,9 +14,10 @@ INSTALL_REQUIRES = [
   "orbax-checkpoint>=0.11,<0.13",
   "pillow>=10",
   "scikit-learn>=1.3",
-  "tensorboard>=2.15",
-  "tensorflow-cpu>=2.16,<2.22",
-  "tensorflow-datasets>=4.9.6,<4.10",
+  "tensorboard>=2.15",  # its event writer, without TensorFlow (run/progress.py)
+  "tensorflow-datasets>=4.9.6,<4.10",  # split strings, data sources; imports without TensorFlow
+  "grain>=0.2.18,<0.3",  # the input pipeline's threads (vit_jax/data/grain_batches.py)
+  "simplejpeg>=1.8",  # libjpeg-turbo with TensorFlow's decode settings (data/host_images.py)
   "array-record>=0.5",  # ArrayRecord datasets, read by index (vit_jax/data/records.py)
   "safetensors>=0.4",  # the hf and timm exports and imports, numpy API (no torch)
   "huggingface_hub>=0.24",  # hf-hub: sources and official names, through the user's cache
@@ -24,6 +25,10 @@ INSTALL_REQUIRES = [
 ]
 
 EXTRAS_REQUIRE = {
+  # TensorFlow: the tf.data input pipeline (config.input_pipeline='tf', the default 'auto'
+  # where installed), TFRecord tfds datasets and building tfds datasets (digits included),
+  # gs:// image folders, and the SavedModel export.
+  "tf": ["tensorflow-cpu>=2.16,<2.22"],
   "test": [
     "pytest>=8",
     "pytest-xdist>=3.5",  # the suite over the cores (pytest.ini)

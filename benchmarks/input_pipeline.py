@@ -34,6 +34,12 @@ smooth structure, gradients and noise, so they compress like photographs, ~60 Ki
     (/proc/self/io rchar: what the readers requested) against the stored bytes.
 
       python benchmarks/input_pipeline.py --tfds [--images 6000] [--batch 128] [--rounds 3]
+
+  * `--compare`: the tf.data stage, the Grain stage and a torch `DataLoader` (torchvision
+    decode, the same crop) on `--images` JPEGs (default 6,000; `--smoke`: 600), images/s
+    and images per CPU-second, rows interleaved (`benchmarks/input_rows.py`).
+
+      python benchmarks/input_pipeline.py --compare [--smoke] [--workers 2] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -635,9 +641,26 @@ def tfds_case(args) -> None:
     print(f"| {name} | {fmt} | {count} | {rates} | {cpu:.2f} | {loads} |")
 
 
+def compare_case(args) -> None:
+  from benchmarks import input_rows
+
+  images = args.images or (600 if args.smoke else 6000)
+  batch, steps = args.batch or 128, args.steps if not args.smoke else 4
+  workers = args.workers or len(os.sched_getaffinity(0))
+  with tempfile.TemporaryDirectory() as root:
+    kib = write_jpeg_folder(root, images)
+    print(f"{images} train JPEGs of 500x375 (mean {kib:.0f} KiB), batch {batch}, {steps} timed")
+    print(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
+    input_rows.compare(root, workers, batch, steps, args.rounds)
+    print(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--tfds", action="store_true", help="the tfds case (see above)")
+  parser.add_argument("--compare", action="store_true", help="tf.data, Grain, DataLoader")
+  parser.add_argument("--smoke", action="store_true", help="compare: 600 images, 4 steps")
+  parser.add_argument("--workers", type=int, default=None, help="compare: cores (all)")
   parser.add_argument("--images", type=int, default=None, help="train images written")
   parser.add_argument("--batch", type=int, default=None)
   parser.add_argument("--steps", type=int, default=20, help="folder case: timed batches")
@@ -670,6 +693,8 @@ def main() -> None:
   args = parser.parse_args()
   if args.timm_worker:
     timm_worker(args)
+  elif args.compare:
+    compare_case(args)
   elif args.randaug_cost:
     randaug_cost_case(args)
   elif not args.tfds:

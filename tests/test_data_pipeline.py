@@ -42,16 +42,20 @@ def _take(iterator, count):
   return [{k: np.asarray(v) for k, v in next(iterator).items()} for _ in range(count)]
 
 
-def _with_randaug(config: ml_collections.ConfigDict, randaug) -> ml_collections.ConfigDict:
+def _with_randaug(
+  config: ml_collections.ConfigDict, randaug, input_pipeline: str = "grain"
+) -> ml_collections.ConfigDict:
   config = config.copy_and_resolve_references()
   config.pp.randaug = randaug
+  config.input_pipeline = input_pipeline
   return config
 
 
 # RandAugment on: the pipeline hands the crops' uint8 values (the step augments them).
+@pytest.mark.parametrize("input_pipeline", ["grain", "tf"])
 @pytest.mark.parametrize("randaug", [None, (2, 3)])
-def test_start_step_equals_running_that_many_steps(digits_config, randaug):
-  digits_config = _with_randaug(digits_config, randaug)
+def test_start_step_equals_running_that_many_steps(digits_config, randaug, input_pipeline):
+  digits_config = _with_randaug(digits_config, randaug, input_pipeline)
   # 1437 examples / 128 = 11.2 steps per epoch: step 10..13 crosses into epoch 1.
   settings = data.Settings.from_config(digits_config)
   from_zero = _take(data.train_iterator(settings, _mesh()), 14)
@@ -74,10 +78,14 @@ def test_the_train_iterator_takes_settings_not_a_config(digits_config):
     data.train_iterator(digits_config, _mesh())
 
 
-def test_randaug_hands_the_crops_uint8_values_in_the_same_order_and_split(digits_config):
+@pytest.mark.parametrize("input_pipeline", ["grain", "tf"])
+def test_randaug_hands_the_crops_uint8_values_in_the_same_order_and_split(
+  digits_config, input_pipeline
+):
   # With RandAugment on, the train step augments and normalises (data/randaug.py): the
   # pipeline hands the same crops rounded to their uint8 values.
-  augmented_config = _with_randaug(digits_config, (2, 3))
+  digits_config = _with_randaug(digits_config, None, input_pipeline)
+  augmented_config = _with_randaug(digits_config, (2, 3), input_pipeline)
   plain = _take(data.train_iterator(data.Settings.from_config(digits_config), _mesh()), 1)[0]
   pixels = _take(data.train_iterator(data.Settings.from_config(augmented_config), _mesh()), 1)[0]
   np.testing.assert_array_equal(plain["label"], pixels["label"])

@@ -1,4 +1,4 @@
-"""The eval transform (`preprocess.prepare`) against timm's and transformers' own, on
+"""The eval transform (`host_images.prepare`) against timm's and transformers' own, on
 photo-like images made here; the data config read from timm and transformers folders.
 
 Measured tolerances: against timm's `create_transform(**resolve_data_config(...))` and
@@ -18,7 +18,7 @@ from PIL import Image
 
 from tests import interop_fixtures as fx
 from vit_jax import errors
-from vit_jax.data import data_config, preprocess
+from vit_jax.data import data_config, host_images, preprocess
 
 sys.modules.setdefault("triton", None)  # see tests/test_export.py: triton beside TensorFlow
 timm = pytest.importorskip("timm")
@@ -51,7 +51,7 @@ def test_prepare_equals_timm(crop_mode, interpolation, crop_pct, input_size):
   config = data_config.from_timm(cfg, (224, 224))
   for height, width in SIZES:
     image = fx.photo(height, width)
-    got = preprocess.prepare(image, config)
+    got = host_images.prepare(image, config)
     assert got.shape == (1, *input_size, 3) and got.dtype == np.float32
     np.testing.assert_allclose(got[0], _timm_input(cfg, image), rtol=0, atol=EXACT_ATOL)
 
@@ -85,7 +85,7 @@ def test_prepare_equals_transformers_processors(name, kwargs, atol):
     image = fx.photo(height, width)
     want = processor(images=Image.fromarray(image), return_tensors="np")["pixel_values"][0]
     np.testing.assert_allclose(
-      preprocess.prepare(image, config)[0], want.transpose(1, 2, 0), rtol=0, atol=atol
+      host_images.prepare(image, config)[0], want.transpose(1, 2, 0), rtol=0, atol=atol
     )
 
 
@@ -94,13 +94,13 @@ def test_every_kind_of_image_gives_the_same_input(tmp_path):
   pixels = fx.photo(50, 70)
   path = tmp_path / "a.png"
   Image.fromarray(pixels).save(path)
-  want = preprocess.prepare(pixels, config)  # [1, 32, 32, 3]
+  want = host_images.prepare(pixels, config)  # [1, 32, 32, 3]
   for image in (str(path), path, path.read_bytes(), Image.fromarray(pixels)):
-    np.testing.assert_array_equal(preprocess.prepare(image, config), want)
-  batch = preprocess.prepare([pixels, path, np.stack([pixels, pixels])], config)
+    np.testing.assert_array_equal(host_images.prepare(image, config), want)
+  batch = host_images.prepare([pixels, path, np.stack([pixels, pixels])], config)
   np.testing.assert_array_equal(batch, np.concatenate([want] * 4))
   rgba = np.concatenate([pixels, np.full((50, 70, 1), 7, np.uint8)], axis=-1)
-  np.testing.assert_array_equal(preprocess.prepare(rgba, config), want)  # alpha dropped
+  np.testing.assert_array_equal(host_images.prepare(rgba, config), want)  # alpha dropped
 
 
 @pytest.mark.parametrize("fmt", ["PNG", "JPEG"])
@@ -111,7 +111,7 @@ def test_official_recipe_is_the_eval_pipelines_input(fmt):
 
   config = data_config.official((32, 32))
   want = preprocess.eval_image(tf.constant(buf.getvalue()), config).numpy()
-  np.testing.assert_array_equal(preprocess.prepare(buf.getvalue(), config)[0], want)
+  np.testing.assert_array_equal(host_images.prepare(buf.getvalue(), config)[0], want)
 
 
 def test_eval_pipeline_prepares_a_crop_as_prepare_does():
@@ -127,7 +127,7 @@ def test_eval_pipeline_prepares_a_crop_as_prepare_does():
     lambda data: preprocess.eval_image(data, config)
   )
   got = np.stack([x.numpy() for x in dataset])
-  np.testing.assert_array_equal(got, preprocess.prepare(encoded, config))
+  np.testing.assert_array_equal(got, host_images.prepare(encoded, config))
 
 
 def test_run_config_asks_for_a_crop(tiny_config):
@@ -160,7 +160,7 @@ def test_run_config_asks_for_a_crop(tiny_config):
 def test_bad_images_are_one_clear_error(image, message):
   config = data_config.DataConfig((8, 8), resizer="pil")
   with pytest.raises(errors.InputFileError, match=message.replace("(", r"\(").replace(")", r"\)")):
-    preprocess.prepare(image, config)
+    host_images.prepare(image, config)
 
 
 @pytest.mark.parametrize(
@@ -200,7 +200,7 @@ def test_timm_folder_logits_with_its_own_preprocessing(timm_crop_folder):
   transform = timm.data.create_transform(**timm.data.resolve_data_config({}, model=net))
   theirs = np.stack([transform(Image.fromarray(i)).permute(1, 2, 0).numpy() for i in images])
   want = fx.torch_logits(net, theirs)
-  got = fx.our_logits(loaded, preprocess.prepare(images, loaded.data_config))
+  got = fx.our_logits(loaded, host_images.prepare(images, loaded.data_config))
   assert fx.relative_error(got, want) <= fx.TOLERANCE
 
 

@@ -11,7 +11,7 @@ from PIL import Image
 
 from tests import interop_fixtures as fx
 from vit_jax import export, weights
-from vit_jax.data import preprocess
+from vit_jax.data import host_images
 
 sys.modules.setdefault("triton", None)  # see tests/test_export.py: triton beside TensorFlow
 timm = pytest.importorskip("timm")
@@ -64,11 +64,11 @@ def test_timm_export_is_a_local_dir_with_the_true_data_config(tmp_path, request,
   assert resolved["interpolation"] == want.interpolation
   assert tuple(resolved["mean"]) == want.mean and tuple(resolved["std"]) == want.std
   images = _images()
-  ours = fx.our_logits(model, preprocess.prepare(images, model.data_config))
+  ours = fx.our_logits(model, host_images.prepare(images, model.data_config))
   theirs = fx.torch_logits(net, _timm_inputs(net, images))
   if want.resizer == "pil":  # timm's transform is ours: the whole path agrees
     assert fx.relative_error(theirs, ours) <= fx.TOLERANCE
-  same_inputs = preprocess.prepare(images, model.data_config)
+  same_inputs = host_images.prepare(images, model.data_config)
   assert fx.relative_error(fx.torch_logits(net, same_inputs), ours) <= fx.TOLERANCE
   again = weights.load(out)  # our reader of the export: timm's equivalent (PIL resize)
   assert again.data_config == dataclasses.replace(want, resizer="pil")
@@ -85,7 +85,7 @@ def test_hf_export_writes_the_crop_as_an_image_processor(tmp_path, request):
   images = _images()
   theirs = processor(images=[Image.fromarray(i) for i in images], return_tensors="np")
   np.testing.assert_allclose(
-    preprocess.prepare(images, again.data_config),
+    host_images.prepare(images, again.data_config),
     theirs["pixel_values"].transpose(0, 2, 3, 1),
     rtol=0,
     atol=FAST_ATOL,
@@ -106,5 +106,5 @@ def test_npz_round_trip_keeps_gelu_stats_and_data_config(tmp_path, request, whic
   assert again.data_config == model.data_config
   for key in ("gelu_approximate", "input_mean", "input_std"):
     assert tuple(np.atleast_1d(again.config[key])) == tuple(np.atleast_1d(model.config[key]))
-  images = preprocess.prepare(_images(), model.data_config)
+  images = host_images.prepare(_images(), model.data_config)
   np.testing.assert_array_equal(fx.our_logits(again, images), fx.our_logits(model, images))

@@ -87,7 +87,8 @@ def _parse(argv: Sequence[str]) -> dict[str, Any]:
 
 
 def _import_tensorflow() -> None:
-  """Imports TensorFlow without its eager import of Keras (see `_KERAS_EAGER_IMPORTS`)."""
+  """Imports TensorFlow, where installed, without its eager import of Keras (see
+  `_KERAS_EAGER_IMPORTS`)."""
   if "tensorflow" in sys.modules:
     return
   blocked = [name for name in _KERAS_EAGER_IMPORTS if name not in sys.modules]
@@ -95,6 +96,8 @@ def _import_tensorflow() -> None:
     sys.modules[name] = None  # `import name` raises ImportError, which TensorFlow skips
   try:
     import tensorflow  # noqa: F401  # pylint: disable=g-import-not-at-top,unused-import
+  except ImportError:
+    pass  # TensorFlow is optional (the [tf] extra): the Grain input pipeline needs none.
   finally:
     for name in blocked:
       del sys.modules[name]

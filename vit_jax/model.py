@@ -239,10 +239,10 @@ class Model:
     3]) -> model inputs float32 [N, H, W, 3], prepared as this checkpoint expects: its own
     data config (`vit_jax.data.data_config`: resize, crop, interpolation, mean and std) at
     this model's image size."""
-    from vit_jax.data import preprocess  # pylint: disable=g-import-not-at-top
+    from vit_jax.data import host_images  # pylint: disable=g-import-not-at-top
 
     model_checks.check_channels_last(images, channels=(3, 4))  # RGBA is read as RGB
-    return preprocess.prepare(images, self.data_config)
+    return host_images.prepare(images, self.data_config)
 
   @property
   def data_config(self) -> DataConfig:

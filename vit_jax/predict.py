@@ -12,7 +12,7 @@ text, CLIP's softmax over the texts).
 PATH: an official-layout `.npz`, a training run (workdir, `checkpoints/` or a step
 folder), a Hugging Face or timm checkpoint, `hf-hub:<org>/<name>` or an official name
 such as `ViT-B_16` (`vit_jax.weights.sources`). Images are prepared
-as the checkpoint says (`vit_jax.data.preprocess.prepare` with its data config: timm's
+as the checkpoint says (`vit_jax.data.host_images.prepare` with its data config: timm's
 crop fraction and interpolation, a transformers image processor's resize and crop, or
 the official recipe of the eval pipeline, the whole image resized bilinearly to [-1, 1])
 and classified in jitted batches. Every file is checked before it is opened

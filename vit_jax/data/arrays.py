@@ -19,6 +19,7 @@ contents under a run changes its data (its size is checked on resume, as any dat
 
 from __future__ import annotations
 
+import io
 import os
 from typing import Any, Iterable, Optional, Sequence
 
@@ -138,9 +139,16 @@ class ArraySplit(splits_lib.RangedSplit):
     self._dataset = dataset
 
   def _rows(self, split: str, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top  (the pipeline's encoder)
-
     images, labels = self._dataset.rows(split, start, stop)
     values = np.empty(len(images), object)  # bytes, not a fixed-width numpy string
-    values[:] = [tf.io.encode_png(image).numpy() for image in images]
+    values[:] = [_png(image) for image in images]
     return values, labels
+
+
+def _png(image: np.ndarray) -> bytes:
+  """uint8 [H, W, 3] -> PNG bytes (lossless, quickly compressed: read back at once)."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+
+  out = io.BytesIO()
+  Image.fromarray(image).save(out, "PNG", compress_level=1)
+  return out.getvalue()

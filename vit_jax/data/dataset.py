@@ -13,6 +13,7 @@ answer (`vit_jax.run.objectives`), never its name.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
@@ -28,6 +29,32 @@ if TYPE_CHECKING:
 
 # Keys that may hold None: no local tfds dir, no manual-download dir, classes from the data.
 _OPTIONAL = ("data_dir", "manual_dir", "num_classes")
+# config.input_pipeline: Grain's threads with Pillow (no TensorFlow), tf.data, or 'auto':
+# tf.data where TensorFlow is installed (it measured faster on 2 cores:
+# docs/input_pipelines.md), else Grain.
+INPUT_PIPELINES = ("auto", "grain", "tf")
+DEFAULT_INPUT_PIPELINE = "auto"
+
+
+def _input_pipeline(name: str) -> str:
+  """config.input_pipeline -> the stage that runs ('grain' or 'tf'); one error line for an
+  unknown name or 'tf' without TensorFlow."""
+  if name not in INPUT_PIPELINES:
+    raise errors.ConfigError(
+      f"config.input_pipeline={name!r} must be one of {INPUT_PIPELINES}: 'grain' (Pillow on "
+      "the host, no TensorFlow), 'tf' (tf.data) or 'auto' (tf.data where TensorFlow is "
+      "installed)."
+    )
+  try:
+    has_tf = importlib.util.find_spec("tensorflow") is not None
+  except ImportError:  # an import hook that refuses it: as good as not installed
+    has_tf = False
+  if name == "tf" and not has_tf:
+    raise errors.ConfigError(
+      "config.input_pipeline='tf' needs TensorFlow: pip install -e \".[tf]\", or set "
+      "config.input_pipeline='grain'."
+    )
+  return "tf" if name == "tf" or (name == "auto" and has_tf) else "grain"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +94,7 @@ class Settings:
   text: Optional[CaptionSettings] = None
   # The eval preprocessing where it is not the official recipe (a crop, another resize).
   eval_data: Optional[data_config.DataConfig] = None
+  input_pipeline: str = "grain"  # the stage that runs: 'grain' or 'tf' (`_input_pipeline`)
 
   def eval_data_config(self) -> data_config.DataConfig:
     """The eval images' preprocessing, at ``crop`` (which a command may have changed)."""
@@ -142,6 +170,8 @@ class Settings:
       input_mean=tuple(model.get("input_mean", OFFICIAL_INPUT_MEAN)),
       input_std=tuple(model.get("input_std", OFFICIAL_INPUT_STD)),
       text=needs.text,
+      # Absent from the config.json of runs made before it existed.
+      input_pipeline=_input_pipeline(str(config.get("input_pipeline", DEFAULT_INPUT_PIPELINE))),
     )
     for key in ("crop", "batch", "batch_eval", "shuffle_buffer"):
       if getattr(settings, key) <= 0:
@@ -208,14 +238,28 @@ def check_readable(dataset: str) -> None:
     )
 
 
+def _tfds_source(dataset: str) -> Any:
+  """`tfds_source`, which reads TFRecord and builds datasets with TensorFlow; one error
+  line naming the extra where TensorFlow is not installed."""
+  try:
+    from vit_jax.data import tfds_source  # pylint: disable=g-import-not-at-top
+  except ModuleNotFoundError as e:
+    if e.name != "tensorflow":
+      raise
+    raise errors.ConfigError(
+      f"config.dataset={dataset!r} is a tfds dataset, read (and built) with TensorFlow: "
+      'pip install -e ".[tf]", or use an image folder (folder:ROOT) or saved arrays (arrays:PATH).'
+    ) from None
+  return tfds_source
+
+
 class Dataset:
   """The configured dataset: opens splits and knows the number of classes."""
 
   def __init__(self, settings: Settings):
-    # The readers import TensorFlow: only a run that opens its data pays for it.
+    # Imported here: only a run that opens its data pays for them (tfds_source: TensorFlow).
     from vit_jax.data import arrays as arrays_lib  # pylint: disable=g-import-not-at-top
     from vit_jax.data import folder as folder_lib  # pylint: disable=g-import-not-at-top
-    from vit_jax.data import tfds_source  # pylint: disable=g-import-not-at-top
 
     self.settings = settings
     check_readable(settings.dataset)
@@ -231,6 +275,7 @@ class Dataset:
         settings.dataset[len(folder_lib.PREFIX) :], settings.train_split
       )
     else:
+      tfds_source = _tfds_source(settings.dataset)
       check_data_dir(settings.data_dir, "config.data_dir")
       self._source = tfds_source.TfdsDataset(
         settings.dataset, settings.data_dir, settings.manual_dir

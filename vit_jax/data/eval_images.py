@@ -1,4 +1,4 @@
-"""The PIL half of the eval transform `vit_jax.data.preprocess.prepare`: images of any
+"""The PIL half of the eval transform `vit_jax.data.host_images.prepare`: images of any
 kind (a file path, encoded bytes, a PIL image, a uint8 array [H, W], [H, W, 3|4] or
 [N, H, W, 3], or a list of these) as a list (`image_list`), and for ``resizer='pil'``
 configs the model's inputs float32 [N, H, W, 3] (`prepare_pil`), with no TensorFlow.

@@ -4,16 +4,17 @@ Class names are the sorted sub-folder names of the train split; their position i
 label, and every other split is labelled with the same names (so a test folder that
 lacks a class keeps the labels right). Within a split, files are listed in a fixed
 pseudo-random order (sorted paths permuted with seed 0), so slices such as
-`train[:90%]` and per-process shards mix all classes. Paths may be local or any
-filesystem `tf.io.gfile` reads (gs://...).
+`train[:90%]` and per-process shards mix all classes. Paths may be local or, with
+TensorFlow installed (the input pipeline 'tf'), any filesystem `tf.io.gfile` reads
+(gs://...).
 """
 
 from __future__ import annotations
 
 import os
+from types import ModuleType
 
 import numpy as np
-import tensorflow as tf
 from absl import logging
 
 from vit_jax import errors, input_files
@@ -25,11 +26,38 @@ PREFIX = "folder:"  # config.dataset = 'folder:/path/to/root'
 _LISTING_SEED = 0  # Seed of the fixed file order within a split; never change it.
 
 
+def _gfile(path: str) -> ModuleType | None:
+  """`tf.io.gfile` for a remote path (gs://...), None for a local one (os reads it)."""
+  if input_files.is_local(path):
+    return None
+  try:
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise errors.ConfigError(
+      f"Reading the image folder {path!r} needs TensorFlow's filesystems: "
+      'pip install -e ".[tf]", or copy the folder to a local disk.'
+    ) from None
+  return tf.io.gfile
+
+
+def _local(path: str) -> str:
+  return path.removeprefix("file://")
+
+
+def _isdir(path: str) -> bool:
+  gfile = _gfile(path)
+  return gfile.isdir(path) if gfile else os.path.isdir(_local(path))
+
+
+def _listdir(path: str) -> list[str]:
+  gfile = _gfile(path)
+  return [n.rstrip("/") for n in gfile.listdir(path)] if gfile else os.listdir(_local(path))
+
+
 def _subdirs(path: str) -> list[str]:
   """Sorted names of the visible sub-folders of `path`."""
-  names = [n.rstrip("/") for n in tf.io.gfile.listdir(path)]
   return sorted(
-    n for n in names if not n.startswith(".") and tf.io.gfile.isdir(os.path.join(path, n))
+    n for n in _listdir(path) if not n.startswith(".") and _isdir(os.path.join(path, n))
   )
 
 
@@ -55,7 +83,7 @@ class ImageFolder:
 
   def __init__(self, root: str, train_split: str):
     """`train_split`: the split string whose folder defines the class names."""
-    if not tf.io.gfile.isdir(root):
+    if not _isdir(root):
       raise errors.MissingError(
         f"Image folder {root!r} does not exist. config.dataset = "
         f'"{PREFIX}<root>" needs <root>/<split>/<class>/*.jpg|jpeg|png.'
@@ -102,7 +130,7 @@ class ImageFolder:
           )
         found = _regular_files(
           folder,
-          sorted(f for f in tf.io.gfile.listdir(folder) if f.lower().endswith(IMAGE_EXTENSIONS)),
+          sorted(f for f in _listdir(folder) if f.lower().endswith(IMAGE_EXTENSIONS)),
         )
         if not found:
           raise errors.ConfigError(

@@ -2,7 +2,8 @@
 
 Per process:
   order.py positions -> readers.py: (position, uid, encoded image or path, label, caption)
-  chunks, read ahead in a thread -> tf.data: read file, decode + preprocess in parallel
+  chunks, read ahead in a thread -> the stage config.input_pipeline names (Grain's threads,
+  `grain_batches`, or tf.data, `tf_batches`): read file, decode + preprocess in parallel
   (deterministic order), drop examples whose image fails -> numpy batches realigned on
   positions, so a failed image is found by position and reported by name (or, with
   config.skip_corrupt_images, replaced) -> batching.prefetch_to_device.
@@ -31,74 +32,42 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol
 
 import jax
 import numpy as np
-import tensorflow as tf
 from absl import logging
 
 from vit_jax import errors
 from vit_jax.aliases import HostBatch
-from vit_jax.data import batching, decodable, order, preprocess, readers
+from vit_jax.data import batching, order, readers
 from vit_jax.data.dataset import Dataset, Settings, as_settings
 
 _EVAL_WINDOW = 10_000  # Examples an eval pass reads at a time.
 
 
-def _options() -> tf.data.Options:
-  """No autotuning thread: deleting an iterator waits for that thread to wake up, which
-  held the end of a run for 2-14 s (closing the train iterator). Without it the map still
-  runs on every core (AUTOTUNE then means the core count) and prefetch still grows its
-  buffer by itself."""
-  options = tf.data.Options()
-  options.autotune.enabled = False
-  return options
+class Stage(Protocol):
+  """What the pipeline needs of its preprocessing stage (`grain_batches`, `tf_batches`)."""
+
+  def batches(self, reader: readers.Reader, local_batch: int) -> Callable[[], Iterator[tuple]]:
+    """A function giving a fresh stream of (positions, images, labels, texts, uids)
+    batches in position order, the examples whose image failed left out."""
+    ...
+
+  def reason(self, value: Any, uid: int, label: int) -> str:
+    """Why one example's image fails, in words."""
+    ...
 
 
-_OPTIONS = _options()
+def stage(settings: Settings, kind: str, num_classes: int, train: bool) -> Stage:
+  """The preprocessing stage `settings.input_pipeline` names (Grain's or tf.data's)."""
+  if settings.input_pipeline == "tf":
+    from vit_jax.data import tf_batches  # pylint: disable=g-import-not-at-top  (TensorFlow)
 
+    return tf_batches.Stage(settings, kind, num_classes, train)
+  from vit_jax.data import grain_batches  # pylint: disable=g-import-not-at-top
 
-def _dataset(reader: readers.Reader, example_fn, local_batch: int) -> tf.data.Dataset:
-  """tf.data: chunks -> examples -> preprocessed (failed ones dropped) -> batches."""
-  spec = (
-    tf.TensorSpec([None], tf.int64),
-    tf.TensorSpec([None], tf.int64),
-    tf.TensorSpec([None], tf.string),
-    tf.TensorSpec([None], tf.int64),
-    tf.TensorSpec([None], tf.string),
-  )
-  ds = tf.data.Dataset.from_generator(reader, output_signature=spec).prefetch(1).unbatch()
-  ds = ds.map(example_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-  ds = ds.ignore_errors()  # Missing positions are found and reported by _realign.
-  ds = ds.batch(local_batch)
-  return ds.prefetch(tf.data.AUTOTUNE).with_options(_OPTIONS)
-
-
-def _example_fn(settings: Settings, kind: str, num_classes: int, train: bool):
-  """(position, uid, value, label, text) -> (position, image [crop, crop, 3], label [K],
-  text, uid); with RandAugment the train image is the crop's uint8 values, for the train
-  step to augment and normalise (`preprocess.train_image`)."""
-  seed = tf.constant(settings.seed, tf.int64)
-
-  def fn(position, uid, value, label, text):
-    data = decodable.decodable(tf.io.read_file(value)) if kind == "path" else value
-    if train:
-      image = preprocess.train_image(
-        data,
-        tf.stack([seed, uid]),
-        crop=settings.crop,
-        min_area=settings.min_area,
-        flip=settings.flip,
-        randaug=settings.randaug,
-        mean=settings.input_mean,
-        std=settings.input_std,
-      )
-    else:
-      image = preprocess.eval_image(data, settings.eval_data_config())
-    return position, image, preprocess.one_hot(label, num_classes), text, uid
-
-  return fn
+  return grain_batches.Stage(settings, kind, num_classes, train)
 
 
 def _realign(
@@ -159,8 +128,8 @@ def _blanks(settings: Settings, num_classes: int) -> tuple[tuple[tuple[int, ...]
 class _Failures:
   """Reports images that could not be read or decoded: raise, or log and count."""
 
-  def __init__(self, reader: readers.Reader, example_fn, skip: bool):
-    self.reader, self.example_fn, self.skip = reader, example_fn, skip
+  def __init__(self, reader: readers.Reader, stage: Stage, skip: bool):
+    self.reader, self.stage, self.skip = reader, stage, skip
     self.count = 0
 
   def report(self, position: int) -> None:
@@ -170,19 +139,7 @@ class _Failures:
       name = value.decode() if isinstance(value, bytes) else str(value)
     else:
       name = f"example {index} of {source.name}"
-    try:
-      reason = decodable.refusal(tf.io.read_file(name).numpy()) if source.kind == "path" else ""
-      if not reason:  # Run the same function again, eagerly, to recover the decoder's message.
-        self.example_fn(
-          tf.constant(position, tf.int64),
-          tf.constant(uid, tf.int64),
-          tf.constant(value),
-          tf.constant(label, tf.int64),
-          tf.constant(b""),
-        )
-        reason = "it failed inside the input pipeline"
-    except (tf.errors.OpError, ValueError) as e:
-      reason = getattr(e, "message", str(e)).strip().splitlines()[0]
+    reason = self.stage.reason(value, uid, label)
     if not self.skip:
       raise errors.ConfigError(
         f"Cannot read image {name!r}: {reason}. Remove or replace the file, or set "
@@ -230,14 +187,14 @@ def local_train_batches(
   reader = readers.LaneReader(
     source, process * local_batch, local_batch, num_lanes, window, settings.seed, start_step, stop
   )
-  example_fn = _example_fn(settings, source.kind, dataset.num_classes, train=True)
-  failures = _Failures(reader, example_fn, settings.skip_corrupt_images)
+  preprocessing = stage(settings, source.kind, dataset.num_classes, train=True)
+  failures = _Failures(reader, preprocessing, settings.skip_corrupt_images)
   blanks = _blanks(settings, dataset.num_classes)
 
   def batches() -> Iterator[HostBatch]:
-    ds = _dataset(reader, example_fn, local_batch)
+    stream = preprocessing.batches(reader, local_batch)
     for q, images, labels, texts, uids, present in _realign(
-      ds.as_numpy_iterator(), start_step * local_batch, local_batch, blanks
+      stream(), start_step * local_batch, local_batch, blanks
     ):
       if stop is not None and stop.is_set():
         return  # The stream was cut short: its last rows are missing, not failed.
@@ -289,10 +246,10 @@ class EvalBatches:
     self._reader = readers.ShardReader(
       self.source, lo, lambda position: order.eval_pieces(hi - lo, _EVAL_WINDOW, position)
     )
-    self._example_fn = _example_fn(settings, self.source.kind, dataset.num_classes, train=False)
-    self._failures = _Failures(self._reader, self._example_fn, settings.skip_corrupt_images)
-    # Built once: each iteration re-runs the reader from position 0 (a fresh pass).
-    self._ds = _dataset(self._reader, self._example_fn, local_batch)
+    preprocessing = stage(settings, self.source.kind, dataset.num_classes, train=False)
+    self._failures = _Failures(self._reader, preprocessing, settings.skip_corrupt_images)
+    # Built once: each call re-runs the reader from position 0 (a fresh pass).
+    self._stream = preprocessing.batches(self._reader, local_batch)
     self._blanks = _blanks(settings, dataset.num_classes)
     self._dataset, self._first = dataset, lo
 
@@ -303,7 +260,7 @@ class EvalBatches:
     self._reader.error = None
     stop = self.num_batches * self._local_batch
     for q, images, labels, texts, _, present in _realign(
-      self._ds.as_numpy_iterator(), 0, self._local_batch, self._blanks, stop=stop
+      self._stream(), 0, self._local_batch, self._blanks, stop=stop
     ):
       if self._reader.error is not None:
         raise self._reader.error
@@ -359,7 +316,7 @@ def train_iterator(
 
 
 def _transformed(batches: Iterator[HostBatch], transform) -> Iterator[HostBatch]:
-  """``transform`` of each batch; closing it closes ``batches`` (the tf.data pipeline)."""
+  """``transform`` of each batch; closing it closes ``batches`` (the stage's pipeline)."""
   try:
     for batch in batches:
       yield transform(batch)

@@ -6,9 +6,9 @@ pipeline derives it from (config.seed, epoch, example index), so the same exampl
 the same epoch always gets the same crop and flip, whatever the batch size or the step
 the run was resumed at. (RandAugment runs in the train step: data/randaug.py.)
 
-The eval transform of files, bytes, PIL images and arrays is `prepare` (its PIL half,
-timm's transform, is `vit_jax.data.eval_images`); `eval_image` is the same inside a
-`tf.data` pipeline.
+The eval transform of files, bytes, PIL images and arrays is `host_images.prepare`
+(without TensorFlow; its PIL half, timm's transform, is `vit_jax.data.eval_images`);
+`eval_image` is the same inside a `tf.data` pipeline.
 
 Output convention (shared with the official checkpoints): float32 [crop, crop, 3] with
 values (x - 127.5) / 127.5, clipped so they lie within [-1, 1] exactly. Weights trained
@@ -19,7 +19,6 @@ with another normalisation (timm's ImageNet or CLIP mean/std; the model config's
 from __future__ import annotations
 
 import os
-from typing import Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -160,20 +159,9 @@ def eval_image(data: tf.Tensor, data_config: DataConfig) -> tf.Tensor:
   return image
 
 
-def prepare(
-  images: eval_images.ImageLike | Sequence[eval_images.ImageLike], data_config: DataConfig
-) -> np.ndarray:
-  """The eval transform: ``images`` (paths, bytes, PIL images, uint8 arrays, or a list of
-  them) -> float32 [N, H, W, 3] as ``data_config`` says. 'pil' configs: timm's transform
-  (`eval_images.prepare_pil`); the official recipe ('tf'): the eval pipeline's ops, files
-  and bytes decoded by TensorFlow, so `predict` gives a file the evaluator's input."""
-  items = eval_images.image_list(images)
-  if data_config.resizer == "pil":
-    return eval_images.prepare_pil(items, data_config)
-  return np.stack([_official(item, data_config) for item in items])
-
-
-def _official(item: eval_images.ImageLike, data_config: DataConfig) -> np.ndarray:
+def official(item: eval_images.ImageLike, data_config: DataConfig) -> np.ndarray:
+  """One image as the official recipe prepares it, by TensorFlow: float32 [H, W, 3]
+  (`host_images.prepare` for the 'tf' resize methods other than bilinear)."""
   if isinstance(item, (str, os.PathLike)):
     with open(item, "rb") as f:
       item = f.read()

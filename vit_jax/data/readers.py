@@ -1,7 +1,8 @@
-"""Readers: the visiting order of order.py -> chunks of examples for tf.data.
+"""Readers: the visiting order of order.py -> chunks of examples for the decoding stage.
 
-A reader is the generator function the pipeline hands to
-tf.data.Dataset.from_generator. Called, it streams (positions, uids, values, labels,
+A reader is the generator function the pipeline hands to its stage (Grain's,
+`grain_batches`, iterates it; tf.data's, `tf_batches`, wraps it in
+tf.data.Dataset.from_generator). Called, it streams (positions, uids, values, labels,
 texts) chunks, each [k], in stream-position order; uid = epoch * num_examples + index in
 the split (it seeds the train augmentation). A source with free text (`free_text`) reads
 a third array, each example's captions; the reader picks one per example and epoch
@@ -29,7 +30,7 @@ import numpy as np
 from vit_jax.data import free_text, order
 from vit_jax.data.splits import SplitSource
 
-CHUNK = 1024  # Examples handed from Python to tf.data at a time.
+CHUNK = 1024  # Examples handed to the decoding stage at a time.
 _POLL_SECONDS = 0.05  # How often a stream waiting for a read checks its stop event.
 
 # positions, uids, values, labels, texts (bytes: one caption per example, or b'')

@@ -87,9 +87,11 @@ class Progress:
     self._peak_flops: Optional[float] = None  # per device, set once by `start`
     self._writer = None
     if self.is_writer:
-      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      # TensorBoard's own event writer: no TensorFlow needed.
+      # pylint: disable-next=g-import-not-at-top
+      from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-      self._writer = tf.summary.create_file_writer(events_dir)
+      self._writer = EventFileWriter(events_dir)
 
   def start(self, step_flops: Optional[float], compute_dtype: Any) -> None:
     """Starts the clock (after compilation, before the first step) with the FLOPs of one
@@ -121,11 +123,11 @@ class Progress:
   def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
     if self._writer is None:
       return
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    from tensorboard.compat.proto import event_pb2, summary_pb2  # pylint: disable=g-import-not-at-top
 
-    with self._writer.as_default():
-      for name, value in scalars.items():
-        tf.summary.scalar(name, float(value), step=step)
+    values = [summary_pb2.Summary.Value(tag=k, simple_value=float(v)) for k, v in scalars.items()]
+    summary = summary_pb2.Summary(value=values)
+    self._writer.add_event(event_pb2.Event(wall_time=time.time(), step=step, summary=summary))
     self._writer.flush()
 
   def report_train(self, step: int, metrics: Mapping[str, float]) -> dict[str, float]:

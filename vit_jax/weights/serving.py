@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vit_jax import errors
 from vit_jax.aliases import Params
 
 JAX_EXPORTED = "model.jax_exported"
@@ -30,7 +31,13 @@ def _apply(module: nn.Module):
 def write_saved_model(
   directory: str, module: nn.Module, params: Params, image_size: tuple[int, int]
 ) -> None:
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  try:
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise errors.ConfigError(
+      'The SavedModel export needs TensorFlow: pip install -e ".[tf]", or export another '
+      "format (StableHLO, npz, hf, timm)."
+    ) from None
   from jax.experimental import jax2tf  # pylint: disable=g-import-not-at-top
 
   h, w = image_size

@@ -1,0 +1,239 @@
+"""Per-example image preprocessing on the host without TensorFlow (the Grain pipeline's,
+`grain_batches`, and `Model.prepare`'s): JPEGs decoded by simplejpeg with TensorFlow's
+decode settings (the same pixels as `tf.io.decode_image`), other formats by Pillow;
+Pillow and NumPy crop, flip and resize.
+
+Every function takes the encoded bytes of one image and returns its pixels (the train
+crop's uint8, the eval image's float32), so it runs in any thread (the decoders and
+Pillow's resize release the GIL).
+Randomness comes only from a generator keyed by (config.seed, uid), uid = epoch *
+num_examples + index in the split, so the same example in the same epoch always gets the
+same crop and flip, whatever the batch size, the process count or the resume step.
+
+The train crop follows torchvision's `RandomResizedCrop` (area uniform in
+[min_area, 1] of the image, log-uniform aspect ratio in 3/4..4/3, 10 proposals) and, as
+TensorFlow's `sample_distorted_bounding_box` in the tf.data pipeline, falls back to the
+whole image when no proposal fits. Pillow resizes the window with its antialiased
+bilinear filter straight from the decoded image (a JPEG's DCT-downscaled where the
+window stays larger than the crop); the tf.data pipeline's resize does not antialias,
+so the two pipelines' train pixels differ a little. The official eval resize ('tf'
+resizer) is TensorFlow's own bilinear resize without antialiasing, here in NumPy
+(`resize_bilinear`, equal to `tf.image.resize` within float round-off).
+
+Every image passes `image_header.decodable` first (decoded size bounded from the header,
+a GIF cut after its first frame); a refused or damaged image raises ValueError naming why.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+from typing import Sequence
+
+import numpy as np
+import simplejpeg
+from PIL import Image
+
+from vit_jax import errors
+from vit_jax.data import eval_images, image_header
+from vit_jax.data.data_config import DataConfig
+from vit_jax.image_constants import OFFICIAL_INPUT_MEAN, OFFICIAL_INPUT_STD
+
+RGB = tuple[float, float, float]
+CROP_ASPECT_RANGE = (3.0 / 4.0, 4.0 / 3.0)  # width / height, as the tf.data pipeline's
+_CROP_ATTEMPTS = 10
+_JPEG = b"\xff\xd8\xff"
+
+
+def open_image(data: bytes) -> Image.Image:
+  """Encoded bytes -> a lazily decoded Pillow image (its first frame); ValueError when
+  `image_header.decodable` refuses it or Pillow cannot read it."""
+  return _open(image_header.decodable(data))
+
+
+def _open(data: bytes) -> Image.Image:
+  """Bytes `image_header.decodable` passed -> a lazily decoded Pillow image."""
+  try:
+    return Image.open(io.BytesIO(data))
+  except (OSError, SyntaxError) as e:
+    raise ValueError(f"not an image Pillow decodes ({e})") from None
+
+
+def _rgb(image: Image.Image) -> Image.Image:
+  """Decoded as RGB: grey repeated on three channels, an alpha channel dropped."""
+  try:
+    return image if image.mode == "RGB" else image.convert("RGB")
+  except (OSError, SyntaxError, ValueError) as e:
+    raise ValueError(f"a damaged image ({e})") from None
+
+
+def crop_window(
+  height: int, width: int, rng: np.random.Generator, min_area: float
+) -> tuple[int, int, int, int]:
+  """A random crop window (y, x, h, w) covering min_area..100% of the image area with
+  aspect ratio in CROP_ASPECT_RANGE; the whole image when no proposal fits."""
+  area = height * width
+  log_lo, log_hi = math.log(CROP_ASPECT_RANGE[0]), math.log(CROP_ASPECT_RANGE[1])
+  for _ in range(_CROP_ATTEMPTS):
+    target = area * rng.uniform(min_area, 1.0)
+    aspect = math.exp(rng.uniform(log_lo, log_hi))
+    w = int(round(math.sqrt(target * aspect)))
+    h = int(round(math.sqrt(target / aspect)))
+    if 0 < w <= width and 0 < h <= height:
+      y = int(rng.integers(0, height - h + 1))
+      x = int(rng.integers(0, width - w + 1))
+      return y, x, h, w
+  return 0, 0, height, width
+
+
+def example_rng(seed: int, uid: int) -> np.random.Generator:
+  """The generator of one example's crop and flip, keyed by (config.seed, uid)."""
+  return np.random.default_rng([seed % 2**63, uid])
+
+
+def _decode_jpeg(data: bytes, least: tuple[int, int] = (0, 0)) -> Image.Image:
+  """A JPEG decoded as RGB by libjpeg-turbo through simplejpeg, with TensorFlow's
+  `decode_jpeg` defaults (the fast integer DCT, fancy upsampling: the same pixels, and
+  1.6x Pillow's decode here), at the smallest DCT scale that keeps at least ``least``
+  (height, width) pixels; Pillow's decoder (its `draft`) for what simplejpeg refuses (CMYK)."""
+  try:
+    pixels = simplejpeg.decode_jpeg(
+      data, "RGB", fastdct=True, min_height=least[0], min_width=least[1]
+    )
+    return Image.fromarray(pixels)
+  except ValueError:
+    image = _open(data)
+    image.draft("RGB", (least[1], least[0]))
+    return _rgb(image)
+
+
+def train_crop(
+  data: bytes, rng: np.random.Generator, *, crop: int, min_area: float, flip: bool
+) -> np.ndarray:
+  """Encoded bytes -> uint8 [crop, crop, 3]: inception crop, optional horizontal flip,
+  bilinear resize. A JPEG is decoded at the smallest DCT scale that keeps the window at
+  least `crop` pixels on each edge."""
+  data = image_header.decodable(data)
+  image = _open(data)
+  width, height = image.size
+  y, x, h, w = crop_window(height, width, rng, min_area)
+  if image.format == "JPEG":
+    least = (math.ceil(height * crop / h), math.ceil(width * crop / w))
+    image = _decode_jpeg(data, least)
+  else:
+    image = _rgb(image)
+  sx, sy = image.size[0] / width, image.size[1] / height
+  box = (x * sx, y * sy, (x + w) * sx, (y + h) * sy)
+  out = image.resize((crop, crop), Image.Resampling.BILINEAR, box=box)
+  if flip and rng.random() < 0.5:
+    out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+  return np.asarray(out)
+
+
+def normalize(
+  pixels: np.ndarray, mean: RGB = OFFICIAL_INPUT_MEAN, std: RGB = OFFICIAL_INPUT_STD
+) -> np.ndarray:
+  """0..255 -> float32 (x - 127.5) / 127.5 clipped to [-1, 1]; with another mean/std (per
+  RGB channel, 0..1 scale) (x / 255 - mean) / std, as `preprocess.normalize`."""
+  if tuple(mean) == OFFICIAL_INPUT_MEAN and tuple(std) == OFFICIAL_INPUT_STD:
+    return np.clip((pixels.astype(np.float32) - 127.5) / 127.5, -1.0, 1.0)
+  mean_, std_ = np.asarray(mean, np.float32), np.asarray(std, np.float32)
+  return (pixels.astype(np.float32) / 255.0 - mean_) / std_
+
+
+def normalize_into(
+  pixels: np.ndarray,
+  out: np.ndarray,
+  randaug: bool,
+  mean: RGB = OFFICIAL_INPUT_MEAN,
+  std: RGB = OFFICIAL_INPUT_STD,
+) -> None:
+  """uint8 [crop, crop, 3] -> ``out`` (float32, same shape): `normalize`d, or with
+  RandAugment the uint8 values themselves (the train step augments and normalises them).
+  In place, with scalar factors where the channels share them (the official recipe):
+  NumPy's loops over a last axis of 3 are about 15x slower."""
+  if randaug:
+    out[...] = pixels
+    return
+  std_, mean_ = np.asarray(std, np.float32), np.asarray(mean, np.float32)
+  if (std_ == std_[0]).all() and (mean_ == mean_[0]).all():  # scalars: vectorised loops
+    std_, mean_ = std_[:1].reshape(()), mean_[:1].reshape(())
+  np.multiply(pixels, (1.0 / (255.0 * std_)).astype(np.float32), out=out)
+  out -= mean_ / std_
+  if tuple(mean) == OFFICIAL_INPUT_MEAN and tuple(std) == OFFICIAL_INPUT_STD:
+    np.clip(out, -1.0, 1.0, out=out)  # within [-1, 1] exactly, as `normalize`
+
+
+def _bilinear_axis(out_size: int, in_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """TensorFlow's half-pixel bilinear sampling along one axis: lower and upper source
+  indices and the weight of the upper one (`resize_bilinear_op.cc`)."""
+  source = (np.arange(out_size, dtype=np.float32) + 0.5) * np.float32(in_size / out_size) - 0.5
+  floor = np.floor(source)
+  lower = np.maximum(floor, 0).astype(np.int64)
+  upper = np.minimum(np.ceil(source), in_size - 1).astype(np.int64)
+  return lower, upper, (source - floor).astype(np.float32)
+
+
+def resize_bilinear(pixels: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+  """uint8 [h, w, 3] -> float32 [H, W, 3]: `tf.image.resize(..., 'bilinear')` (half-pixel
+  centres, no antialiasing), the official eval recipe's resize."""
+  (lo_y, hi_y, wy), (lo_x, hi_x, wx) = (
+    _bilinear_axis(size[0], pixels.shape[0]),
+    _bilinear_axis(size[1], pixels.shape[1]),
+  )
+  rows = pixels.astype(np.float32)
+  top, bottom = rows[lo_y], rows[hi_y]  # [H, w, 3]
+  left = top[:, lo_x] + (top[:, hi_x] - top[:, lo_x]) * wx[None, :, None]
+  right = bottom[:, lo_x] + (bottom[:, hi_x] - bottom[:, lo_x]) * wx[None, :, None]
+  return left + (right - left) * wy[:, None, None]  # [H, W, 3]
+
+
+def eval_image(data: bytes, data_config: DataConfig) -> np.ndarray:
+  """Encoded bytes -> float32 [H, W, 3] as ``data_config`` says: the official recipe (the
+  whole image, TensorFlow's bilinear resize) or timm's PIL transform."""
+  if data_config.resizer == "pil":
+    pixels = eval_images.transform(_rgb(open_image(data)), data_config)  # uint8 [H, W, 3]
+    return eval_images.normalize(pixels, data_config)
+  if data_config.interpolation != "bilinear":
+    raise errors.ConfigError(
+      f"The Grain input pipeline resizes the official way with 'bilinear' only, not "
+      f"{data_config.interpolation!r}; set config.input_pipeline='tf' for it."
+    )
+  data = image_header.decodable(data)
+  image = _decode_jpeg(data) if data[:3] == _JPEG else _rgb(_open(data))
+  resized = resize_bilinear(np.asarray(image), data_config.input_size)
+  return normalize(resized, data_config.mean, data_config.std)
+
+
+def prepare(
+  images: eval_images.ImageLike | Sequence[eval_images.ImageLike], data_config: DataConfig
+) -> np.ndarray:
+  """The eval transform: ``images`` (paths, bytes, PIL images, uint8 arrays, or a list of
+  them) -> float32 [N, H, W, 3] as ``data_config`` says. 'pil' configs: timm's transform
+  (`eval_images.prepare_pil`); the official recipe ('tf'): the eval pipeline's, files and
+  bytes decoded by Pillow and resized as TensorFlow resizes (`resize_bilinear`), so
+  `predict` gives a file the evaluator's input."""
+  items = eval_images.image_list(images)
+  if data_config.resizer == "pil":
+    return eval_images.prepare_pil(items, data_config)
+  if data_config.interpolation != "bilinear":  # TensorFlow's other resize methods
+    from vit_jax.data import preprocess  # pylint: disable=g-import-not-at-top
+
+    return np.stack([preprocess.official(item, data_config) for item in items])
+  return np.stack([_official(item, data_config) for item in items])
+
+
+def _official(item: eval_images.ImageLike, data_config: DataConfig) -> np.ndarray:
+  """One image as the official recipe prepares it: float32 [H, W, 3]."""
+  if isinstance(item, (str, os.PathLike)):
+    with open(item, "rb") as f:
+      item = f.read()
+  if isinstance(item, bytes):
+    try:
+      return eval_image(item, data_config)
+    except ValueError as e:
+      raise errors.InputFileError(f"not an image this package decodes ({e}).") from None
+  pixels = np.asarray(eval_images.to_pil(item))  # pixels: an array or a PIL image
+  resized = resize_bilinear(pixels, data_config.input_size)
+  return normalize(resized, data_config.mean, data_config.std)
