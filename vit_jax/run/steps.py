@@ -236,7 +236,7 @@ def build_steps(spec: RunSpec, mesh: jax.sharding.Mesh) -> RunSteps:
         accum_steps=spec.accum_steps,
         mix=mixup.make_mixer(spec.mixup, blocks=mesh.shape[sharding.DATA_AXIS]),
         augment=randaug.make_augmenter(
-          spec.data.randaug, spec.data.input_mean, spec.data.input_std
+          spec.data.randaug, spec.data.input_mean, spec.data.input_std, mesh
         ),
       ),
       in_shardings=(state_shardings, batch_sharding),
