@@ -1,6 +1,6 @@
 """RandAugment (Cubuk et al. 2020) as big_vision trains ViTs with it, inside the train step.
 
-    augment = make_augmenter((2, 10.0), mean, std)    # None: config.pp.randaug is None
+    augment = make_augmenter((2, 10.0), mean, std, mesh)  # None: config.pp.randaug is None
     batch = augment(batch, rng)                       # in steps.train_step, before Mixup
 
 With ``config.pp.randaug`` the input pipeline hands the train crops as their uint8 values
@@ -120,7 +120,7 @@ def batch_rounds(key: jax.Array, layers: int, shape: Sequence[int]) -> Rounds:
   return jax.vmap(lambda k: draw_rounds(k, layers, shape[1], shape[2]))(keys)
 
 
-def _branches(magnitude: float) -> list[Callable[[jax.Array, jax.Array, jax.Array], jax.Array]]:
+def branches(magnitude: float) -> list[Callable[[jax.Array, jax.Array, jax.Array], jax.Array]]:
   """The op of each index of OPS at `magnitude`: (uint8 image [H, W, 3], negate, centre)
   -> uint8 image. The sign picks one of two fixed maps (`lax.cond`: one is run)."""
   level = magnitude / _MAX_LEVEL
@@ -136,7 +136,7 @@ def _branches(magnitude: float) -> list[Callable[[jax.Array, jax.Array, jax.Arra
   def plain(op: Callable[[jax.Array], jax.Array]):
     return lambda image, negate, centre: op(image)
 
-  branches = {
+  by_name = {
     "AutoContrast": plain(ops.autocontrast),
     "Equalize": plain(ops.equalize),
     "Invert": plain(ops.invert),
@@ -156,7 +156,7 @@ def _branches(magnitude: float) -> list[Callable[[jax.Array, jax.Array, jax.Arra
       lambda x: ops.solarize_add(x, int(level * _SOLARIZE_ADD), _SOLARIZE_ADD_THRESHOLD)
     ),
   }
-  return [branches[name] for name in OPS]
+  return [by_name[name] for name in OPS]
 
 
 def apply_rounds(images: jax.Array, rounds: Rounds, magnitude: float) -> jax.Array:
@@ -169,13 +169,13 @@ def apply_rounds(images: jax.Array, rounds: Rounds, magnitude: float) -> jax.Arr
   element. The plan counts the switch at the mean of its branches, the cost of the op
   drawn uniformly (`vit_jax.plan.loop_cost`; its ops carry the name SCOPE).
   """
-  branches = _branches(float(magnitude))
+  drawn_op = branches(float(magnitude))
 
   def one_image(row: jax.Array, out: jax.Array) -> jax.Array:
     image = out[row]  # [H, W, 3]
     for k in range(rounds.ops.shape[1]):
       op, negate, centre = (r[row, k] for r in rounds)
-      image = jax.lax.switch(op, branches, image, negate, centre)
+      image = jax.lax.switch(op, drawn_op, image, negate, centre)
     return out.at[row].set(image)
 
   with jax.named_scope(SCOPE):

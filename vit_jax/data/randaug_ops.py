@@ -1,20 +1,21 @@
-"""RandAugment's single ops in JAX, each Pillow's equivalent, built from three kinds of stage.
+"""RandAugment's single ops in JAX on one image, each Pillow's equivalent, none a gather.
 
 Every op is one of:
 
-  * a per-channel 256-entry lookup table (`apply_lut`): AutoContrast, Equalize, Invert,
-    Posterize, Solarize, SolarizeAdd;
-  * a nearest-pixel affine map with grey fill (`affine`): Rotate, ShearX/Y, TranslateX/Y;
+  * a per-channel table of the 256 values: arithmetic where the table is a formula
+    (Invert, Posterize, Solarize, SolarizeAdd, AutoContrast's stretch), one-hot products
+    where it is the image's own (Equalize: `histograms`, `lookup`);
+  * a nearest-pixel affine map with grey fill, fixed when the step compiles (`resample`):
+    Rotate, ShearX/Y, TranslateX/Y;
   * a blend towards a degenerate image (`blend`, PIL's Image.blend): Color (the grey
     image), Contrast (its rounded mean), Brightness (black), Sharpness (PIL's SMOOTH);
   * a grey square (`cutout_mask`): Cutout.
 
-`randaug.apply_rounds` runs a batch through one stage of each kind per round, the
-identity where an image's op is of another kind (table: identity, affine: the identity
-matrix, blend: the image itself, cutout: no square), so no image branches; the single
-ops below are the same building blocks on one image, compared with Pillow in
-tests/test_randaug.py. Images are uint8 [H, W, 3]; integer arithmetic where Pillow's is
-integer, float32 products made exact where PIL rounds twice (`_split`).
+No gather or scatter: a TPU runs those element by element (docs/plan.md, "RandAugment in
+the step"). `randaug.apply_rounds` runs the drawn op of each image alone; each op is
+compared with Pillow in tests/test_randaug.py. Images are uint8 [H, W, 3]; integer
+arithmetic where Pillow's is integer, float32 products made exact where PIL rounds twice
+(`_split`).
 """
 
 from __future__ import annotations
