@@ -384,7 +384,8 @@ def _augmentation_line(plan: Plan) -> str:
   share = lambda part, whole: f" ({part / whole:.1%} of the step)" if whole else ""
   text = (
     f"RandAugment {plan.augmentation_route}; per device: {aug.xla_flops:.3g} FLOPs"
-    f"{share(aug.xla_flops, train.xla_flops)}, {aug.xla_bytes_accessed / 1e9:.3g} GB of HBM"
+    f"{share(aug.xla_flops, (plan.step_flops or 0) / plan.devices)}, "
+    f"{aug.xla_bytes_accessed / 1e9:.3g} GB of HBM"
     f"{share(aug.xla_bytes_accessed, train.xla_bytes_accessed)}"
   )
   if plan.augmentation_time and plan.time:
