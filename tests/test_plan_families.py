@@ -12,6 +12,7 @@ from configs import lit
 from tests.markers import needs_libtpu
 from tests.test_plan import tiny_config
 from vit_jax import hardware, models
+from vit_jax.data import randaug
 from vit_jax.models import image_text
 from vit_jax.plan import hlo, loop_cost, planner, report, topology
 
@@ -180,6 +181,30 @@ def test_loop_cost_multiplies_each_loop_body_by_its_trip_count(outer):
   assert flops < want_flops
   assert flops + extra.extra_flops == pytest.approx(want_flops, rel=0.01)
   assert bytes_ + extra.extra_bytes >= want_bytes  # the loop's carries are read and written
+
+
+def test_loop_cost_counts_randaugments_switch_at_the_mean_of_its_branches():
+  """XLA counts a switch as its most expensive branch; RandAugment's (in its name scope,
+  as `randaug.apply_rounds` runs it) runs one branch, drawn uniformly: the mean. A switch
+  outside the scope keeps XLA's count."""
+  branches = [lambda x: x + 1.0, lambda x: jax.numpy.tanh(x @ x), lambda x: x @ x @ x @ x]
+
+  def cost(scope: str) -> tuple[float, int]:
+    def looped(x, ops):
+      def body(k, x):
+        with jax.named_scope(scope):
+          return jax.lax.switch(ops[k], branches, x)
+
+      return jax.lax.fori_loop(0, 4, body, x)
+
+    x, ops = jax.numpy.ones((128, 128)), jax.numpy.zeros((4,), jax.numpy.int32)
+    compiled = jax.jit(looped).lower(x, ops).compile()
+    extra = loop_cost.loop_cost(compiled.as_text())
+    return compiled.cost_analysis()["flops"] + extra.extra_flops, extra.loops
+
+  each = [_cpu_cost(b, (128, 128))[0] for b in branches]
+  assert cost("elsewhere") == (pytest.approx(4 * max(each), rel=0.01), 1)
+  assert cost(randaug.SCOPE) == (pytest.approx(4 * sum(each) / 3, rel=0.01), 1)
 
 
 def _tree_bytes(tree) -> int:

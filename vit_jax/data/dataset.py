@@ -191,8 +191,10 @@ class Settings:
 
 def _randaug(value: Any) -> tuple[int, float] | None:
   """config.pp.randaug: None, or (layers, magnitude) with layers an int >= 0 and
-  magnitude a finite number >= 0 (a list, as config.json stores it, is read alike)."""
-  if value is None:
+  magnitude a finite number >= 0 (a list, as config.json stores it, is read alike).
+  ``(None,)`` is None too: ml_collections parses ``--config.pp.randaug=None`` of the
+  tuple-typed field as that one-element tuple."""
+  if value is None or (isinstance(value, (tuple, list)) and list(value) == [None]):
     return None
   is_int = lambda v: isinstance(v, int) and not isinstance(v, bool)
   if isinstance(value, (tuple, list)) and len(value) == 2:

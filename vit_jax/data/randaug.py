@@ -1,6 +1,6 @@
 """RandAugment (Cubuk et al. 2020) as big_vision trains ViTs with it, inside the train step.
 
-    augment = make_augmenter((2, 10.0), mean, std)    # None: config.pp.randaug is None
+    augment = make_augmenter((2, 10.0), mean, std, mesh)  # None: config.pp.randaug is None
     batch = augment(batch, rng)                       # in steps.train_step, before Mixup
 
 With ``config.pp.randaug`` the input pipeline hands the train crops as their uint8 values
@@ -35,13 +35,15 @@ from typing import Callable, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
+from jax.sharding import Mesh, PartitionSpec
 
 from vit_jax.aliases import Batch
 from vit_jax.data import randaug_ops as ops
 from vit_jax.image_constants import OFFICIAL_INPUT_MEAN, OFFICIAL_INPUT_STD
+from vit_jax.sharding import DATA_AXIS
 
 RNG_TAG = 0x726175  # 'rau': folded into the step's key for RandAugment's draws
+SCOPE = "randaugment"  # The name scope of its ops in the compiled step (`apply_rounds`).
 _MAX_LEVEL = 10.0  # The magnitude at which each op reaches its reference strength.
 _ROTATE_DEGREES = 30.0  # At magnitude 10.
 _SHEAR = 0.3
@@ -118,94 +120,66 @@ def batch_rounds(key: jax.Array, layers: int, shape: Sequence[int]) -> Rounds:
   return jax.vmap(lambda k: draw_rounds(k, layers, shape[1], shape[2]))(keys)
 
 
-@functools.cache
-def _tables(magnitude: float) -> np.ndarray:
-  """int32 [len(OPS), 256]: the table of each op whose table is fixed at `magnitude`; the
-  identity for the others (AutoContrast and Equalize's depend on the image)."""
-  tables = np.tile(ops.IDENTITY_LUT, (len(OPS), 1))
-  tables[_INDEX["Invert"]] = ops.invert_lut()
-  tables[_INDEX["Posterize"]] = ops.posterize_lut(int(magnitude / _MAX_LEVEL * _POSTERIZE_BITS))
-  tables[_INDEX["Solarize"]] = ops.solarize_lut(solarize_threshold(magnitude))
-  solarize_add = int(magnitude / _MAX_LEVEL * _SOLARIZE_ADD)
-  tables[_INDEX["SolarizeAdd"]] = ops.solarize_add_lut(solarize_add, _SOLARIZE_ADD_THRESHOLD)
-  return tables
+def branches(magnitude: float) -> list[Callable[[jax.Array, jax.Array, jax.Array], jax.Array]]:
+  """The op of each index of OPS at `magnitude`: (uint8 image [H, W, 3], negate, centre)
+  -> uint8 image. The sign picks one of two fixed maps (`lax.cond`: one is run)."""
+  level = magnitude / _MAX_LEVEL
+  factor = enhance_factor(magnitude)
 
+  def signed(op: Callable[[jax.Array, float], jax.Array], value: float):
+    def run(image: jax.Array, negate: jax.Array, centre: jax.Array) -> jax.Array:
+      del centre
+      return jax.lax.cond(negate, lambda x: op(x, -value), lambda x: op(x, value), image)
 
-def _table_stage(images: jax.Array, op: jax.Array, magnitude: float) -> jax.Array:
-  """Images [B, H, W, 3] through their ops' lookup tables (op: [B]; the identity for
-  other kinds), applied to the whole batch in one gather."""
-  counts = ops.histograms(images)  # [B, 3, 256]
-  candidates = jnp.stack(
-    [
-      jnp.broadcast_to(jnp.asarray(_tables(magnitude))[op][:, None, :], counts.shape),
-      jax.vmap(ops.autocontrast_lut)(counts),
-      jax.vmap(ops.equalize_lut)(counts),
-    ]
-  )  # [3, B, 3, 256]
-  kind = jnp.where(op == _INDEX["AutoContrast"], 1, jnp.where(op == _INDEX["Equalize"], 2, 0))
-  chosen = jnp.arange(3)[:, None, None, None] == kind[None, :, None, None]
-  # The choice as a sum (a reduction), not a select: XLA fuses a select into the gather
-  # that reads the tables, and then computes an image's table entry anew for each pixel.
-  return ops.apply_lut(images, jnp.sum(jnp.where(chosen, candidates, 0), axis=0))
+    return run
 
+  def plain(op: Callable[[jax.Array], jax.Array]):
+    return lambda image, negate, centre: op(image)
 
-def _affine_stage(image: jax.Array, op: jax.Array, negate: jax.Array, magnitude: float):
-  """One image through its op's affine map (the identity matrix for other kinds)."""
-  sign = jnp.where(negate, -1.0, 1.0)
-  height, width = image.shape[:2]
-  shear = sign * (magnitude / _MAX_LEVEL * _SHEAR)
-  shift = sign * (magnitude / _MAX_LEVEL * _TRANSLATE_PIXELS)
-  candidates = {
-    "Rotate": ops.rotate_matrix(sign * (magnitude / _MAX_LEVEL * _ROTATE_DEGREES), height, width),
-    "ShearX": ops.shear_matrix(shear, axis=1),
-    "ShearY": ops.shear_matrix(shear, axis=0),
-    "TranslateX": ops.translate_matrix(shift, axis=1),
-    "TranslateY": ops.translate_matrix(shift, axis=0),
+  by_name = {
+    "AutoContrast": plain(ops.autocontrast),
+    "Equalize": plain(ops.equalize),
+    "Invert": plain(ops.invert),
+    "Rotate": signed(ops.rotate, level * _ROTATE_DEGREES),
+    "Posterize": plain(lambda x: ops.posterize(x, int(level * _POSTERIZE_BITS))),
+    "Solarize": plain(lambda x: ops.solarize(x, solarize_threshold(magnitude))),
+    "Color": plain(lambda x: ops.color(x, factor)),
+    "Contrast": plain(lambda x: ops.contrast(x, factor)),
+    "Brightness": plain(lambda x: ops.brightness(x, factor)),
+    "Sharpness": plain(lambda x: ops.sharpness(x, factor)),
+    "ShearX": signed(ops.shear_x, level * _SHEAR),
+    "ShearY": signed(ops.shear_y, level * _SHEAR),
+    "TranslateX": signed(ops.translate_x, level * _TRANSLATE_PIXELS),
+    "TranslateY": signed(ops.translate_y, level * _TRANSLATE_PIXELS),
+    "Cutout": lambda x, negate, centre: ops.cutout(x, cutout_half_size(magnitude), centre),
+    "SolarizeAdd": plain(
+      lambda x: ops.solarize_add(x, int(level * _SOLARIZE_ADD), _SOLARIZE_ADD_THRESHOLD)
+    ),
   }
-  matrix = jnp.asarray(ops.IDENTITY_MATRIX, jnp.float32)
-  for name, candidate in candidates.items():
-    matrix = jnp.where(op == _INDEX[name], candidate, matrix)
-  return ops.affine(image, matrix)
-
-
-def _blend_stage(image: jax.Array, op: jax.Array, magnitude: float) -> jax.Array:
-  """One image blended towards its op's degenerate image (itself for other kinds: the
-  blend at factor f from the image to the image is the image)."""
-  degenerate = image.astype(jnp.int32)
-  degenerate = jnp.where(op == _INDEX["Color"], ops.grey(image), degenerate)
-  degenerate = jnp.where(op == _INDEX["Contrast"], ops.grey_mean(image), degenerate)
-  degenerate = jnp.where(op == _INDEX["Brightness"], 0, degenerate)
-  degenerate = jnp.where(op == _INDEX["Sharpness"], ops.smooth(image), degenerate)
-  return ops.blend(degenerate, image, enhance_factor(magnitude))
-
-
-def _cutout_stage(image: jax.Array, op: jax.Array, centre: jax.Array, magnitude: float):
-  """One image with its grey square where its op is Cutout."""
-  half = cutout_half_size(magnitude)
-  mask = ops.cutout_mask(*image.shape[:2], half, centre) & (op == _INDEX["Cutout"])
-  return jnp.where(mask, jnp.uint8(ops.REPLACE), image)
+  return [by_name[name] for name in OPS]
 
 
 def apply_rounds(images: jax.Array, rounds: Rounds, magnitude: float) -> jax.Array:
   """uint8 [B, H, W, 3] -> uint8 [B, H, W, 3]: each image's rounds ([B, layers]) at
-  `magnitude`. Every image passes one stage of each kind per round (table, affine, blend,
-  cutout), the identity where its op is of another kind: no per-image branch.
+  `magnitude`, one image at a time (a loop over the rows), each round running the drawn
+  op alone (`lax.switch` on a scalar: no other op is computed, where a vmapped switch
+  would compute all 16 and select).
 
-  The rounds are a loop: unrolled, XLA fused one round's gathers into the next round's
-  reads (Sharpness reads 9 neighbours, Color 3 channels) and computed them anew for each
-  read, which doubled the cost on the CPU (2 rounds: 13.7 against 7.6 CPU ms per 224 px
-  image). A step with the loop gets the analytic FLOP count (`step_cost.step_flops`).
+  The ops are gather-free (`randaug_ops`): a TPU runs a per-element gather element by
+  element. The plan counts the switch at the mean of its branches, the cost of the op
+  drawn uniformly (`vit_jax.plan.loop_cost`; its ops carry the name SCOPE).
   """
-  magnitude = float(magnitude)
+  drawn_op = branches(float(magnitude))
 
-  def one_round(k: jax.Array, images: jax.Array) -> jax.Array:
-    op, negate, centre = (jax.lax.dynamic_index_in_dim(r, k, 1, keepdims=False) for r in rounds)
-    images = _table_stage(images, op, magnitude)
-    images = jax.vmap(_affine_stage, (0, 0, 0, None))(images, op, negate, magnitude)
-    images = jax.vmap(_blend_stage, (0, 0, None))(images, op, magnitude)
-    return jax.vmap(_cutout_stage, (0, 0, 0, None))(images, op, centre, magnitude)
+  def one_image(row: jax.Array, out: jax.Array) -> jax.Array:
+    image = out[row]  # [H, W, 3]
+    for k in range(rounds.ops.shape[1]):
+      op, negate, centre = (r[row, k] for r in rounds)
+      image = jax.lax.switch(op, drawn_op, image, negate, centre)
+    return out.at[row].set(image)
 
-  return jax.lax.fori_loop(0, rounds.ops.shape[1], one_round, images)
+  with jax.named_scope(SCOPE):
+    return jax.lax.fori_loop(0, images.shape[0], one_image, images)
 
 
 def randaugment(images: jax.Array, key: jax.Array, layers: int, magnitude: float) -> jax.Array:
@@ -227,19 +201,33 @@ def normalize(pixels: jax.Array, mean: Sequence[float], std: Sequence[float]) ->
 
 
 def make_augmenter(
-  randaug: Optional[tuple[int, float]], mean: Sequence[float], std: Sequence[float]
+  randaug: Optional[tuple[int, float]],
+  mean: Sequence[float],
+  std: Sequence[float],
+  mesh: Optional[Mesh] = None,
 ) -> Optional[Callable[[Batch, jax.Array], Batch]]:
   """``(batch, rng) -> batch`` for `steps.train_step`: the batch's 'image' (float32 [B, H,
   W, 3], the crops' uint8 values as the pipeline hands them with RandAugment on)
   augmented and normalised with (mean, std); None when ``randaug`` (``config.pp.randaug``,
-  (layers, magnitude)) is None."""
+  (layers, magnitude)) is None. With the run's `mesh` each device loops over its own rows
+  of the batch (sharded over the 'data' axis); the draws are the global batch's, so the
+  result does not depend on the mesh."""
   if randaug is None:
     return None
   layers, magnitude = randaug
 
   def augment(batch: Batch, rng: jax.Array) -> Batch:
     pixels = jnp.clip(batch["image"], 0.0, 255.0).astype(jnp.uint8)
-    augmented = randaugment(pixels, rng, layers, magnitude)
+    if layers <= 0:
+      augmented = pixels
+    else:
+      rounds = batch_rounds(rng, layers, pixels.shape)
+      run = functools.partial(apply_rounds, magnitude=magnitude)
+      if mesh is not None:
+        rows = PartitionSpec(DATA_AXIS)
+        specs = (rows, Rounds(rows, rows, rows))
+        run = jax.shard_map(run, mesh=mesh, in_specs=specs, out_specs=rows)
+      augmented = run(pixels, rounds)
     return {**batch, "image": normalize(augmented, mean, std)}
 
   return augment

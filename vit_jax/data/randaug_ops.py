@@ -1,20 +1,21 @@
-"""RandAugment's single ops in JAX, each Pillow's equivalent, built from three kinds of stage.
+"""RandAugment's single ops in JAX on one image, each Pillow's equivalent, none a gather.
 
 Every op is one of:
 
-  * a per-channel 256-entry lookup table (`apply_lut`): AutoContrast, Equalize, Invert,
-    Posterize, Solarize, SolarizeAdd;
-  * a nearest-pixel affine map with grey fill (`affine`): Rotate, ShearX/Y, TranslateX/Y;
+  * a per-channel table of the 256 values: arithmetic where the table is a formula
+    (Invert, Posterize, Solarize, SolarizeAdd, AutoContrast's stretch), one-hot products
+    where it is the image's own (Equalize: `histograms`, `lookup`);
+  * a nearest-pixel affine map with grey fill, fixed when the step compiles (`resample`):
+    Rotate, ShearX/Y, TranslateX/Y;
   * a blend towards a degenerate image (`blend`, PIL's Image.blend): Color (the grey
     image), Contrast (its rounded mean), Brightness (black), Sharpness (PIL's SMOOTH);
   * a grey square (`cutout_mask`): Cutout.
 
-`randaug.apply_rounds` runs a batch through one stage of each kind per round, the
-identity where an image's op is of another kind (table: identity, affine: the identity
-matrix, blend: the image itself, cutout: no square), so no image branches; the single
-ops below are the same building blocks on one image, compared with Pillow in
-tests/test_randaug.py. Images are uint8 [H, W, 3]; integer arithmetic where Pillow's is
-integer, float32 products made exact where PIL rounds twice (`_split`).
+No gather or scatter: a TPU runs those element by element (docs/plan.md, "RandAugment in
+the step"). `randaug.apply_rounds` runs the drawn op of each image alone; each op is
+compared with Pillow in tests/test_randaug.py. Images are uint8 [H, W, 3]; integer
+arithmetic where Pillow's is integer, float32 products made exact where PIL rounds twice
+(`_split`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import jax.numpy as jnp
 import numpy as np
 
 REPLACE = 128  # Grey for the pixels that geometric ops and cutout uncover.
-IDENTITY_LUT = np.arange(256, dtype=np.int32)  # [256]
 
 
 def _split(value: jax.Array | float, low_bits: int) -> tuple[jax.Array, jax.Array]:
@@ -53,33 +53,40 @@ def _times(value: tuple[jax.Array, jax.Array], n: jax.Array) -> jax.Array:
   return high * n + low * n
 
 
-# Lookup tables: int32 [3, 256] per image, or [256] for all channels.
+# Table ops: a value's new value per channel. Arithmetic where the table is a formula; an
+# image's own table (Equalize) through one-hot products, never a gather or a scatter: a
+# TPU runs a per-element gather element by element (XLA:TPU's cost model: ~2 s for a
+# batch of 128 224-pixel images), while a one-hot product is the matrix unit's work.
+
+_NIBBLES = jnp.arange(16, dtype=jnp.int32)
 
 
-def _table_index(image: jax.Array) -> jax.Array:
-  """uint8 [..., H, W, 3] -> int32 index of each value in the flat tables of all images
-  and channels: image i's channel c at (i * 3 + c) * 256. One flat gather or scatter for
-  a whole batch: one per image under vmap costs XLA:CPU several times more."""
-  batch = image.shape[:-3]
-  offset = jnp.arange(3, dtype=jnp.int32) * 256
-  if batch:
-    offset = jnp.arange(math.prod(batch), dtype=jnp.int32).reshape(*batch, 1, 1, 1) * 768 + offset
-  return image.astype(jnp.int32) + offset
-
-
-def apply_lut(image: jax.Array, lut: jax.Array) -> jax.Array:
-  """uint8 [..., H, W, 3], int [..., 3, 256] (or [256]) tables (clipped to 0..255) ->
-  uint8 [..., H, W, 3]."""
-  batch = image.shape[:-3]
-  lut = jnp.clip(jnp.broadcast_to(jnp.asarray(lut, jnp.int32), (*batch, 3, 256)), 0, 255)
-  return jnp.take(lut.astype(jnp.uint8).reshape(-1), _table_index(image), mode="clip")
+def _nibbles(image: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """uint8 [H, W, 3] -> float32 one-hots [H * W, 3, 16] of each value's high and low 4
+  bits: value v = 16 h + l is the pair (h, l)."""
+  x = image.astype(jnp.int32).reshape(-1, 3, 1)
+  high = (x >> 4 == _NIBBLES).astype(jnp.float32)
+  low = (x & 15 == _NIBBLES).astype(jnp.float32)
+  return high, low
 
 
 def histograms(image: jax.Array) -> jax.Array:
-  """uint8 [..., H, W, 3] -> int32 [..., 3, 256]: the pixel count of each value, per channel."""
-  batch = image.shape[:-3]
-  counts = jnp.zeros([math.prod(batch) * 768], jnp.int32)
-  return counts.at[_table_index(image).reshape(-1)].add(1).reshape(*batch, 3, 256)
+  """uint8 [H, W, 3] -> int32 [3, 256]: the pixel count of each value, per channel, as
+  the one-hot product high^T low ([16, P] x [P, 16] per channel; exact: 0/1 operands,
+  float32 sums below 2**24)."""
+  high, low = _nibbles(image)
+  counts = jnp.einsum("pch,pcl->chl", high, low, preferred_element_type=jnp.float32)
+  return counts.astype(jnp.int32).reshape(3, 256)
+
+
+def lookup(image: jax.Array, table: jax.Array) -> jax.Array:
+  """uint8 [H, W, 3] through int [3, 256] per-channel tables (values 0..255) -> uint8:
+  the high 4 bits pick a row of the table as a 16 x 16 matrix (a one-hot product), the
+  low 4 bits an entry of that row (a one-hot sum). Exact: one nonzero term per sum."""
+  high, low = _nibbles(image)
+  rows = table.astype(jnp.float32).reshape(3, 16, 16)
+  picked = jnp.einsum("pch,chl->pcl", high, rows, preferred_element_type=jnp.float32)
+  return jnp.sum(picked * low, axis=-1).astype(jnp.uint8).reshape(image.shape)
 
 
 @functools.cache
@@ -97,27 +104,33 @@ def _autocontrast_float64_low() -> np.ndarray:
   return np.sort((lo[rows] * 256 + hi[rows]) * 256 + cols).astype(np.int32)
 
 
-def autocontrast_lut(counts: jax.Array) -> jax.Array:
-  """PIL's ImageOps.autocontrast as tables, from the image's `histograms` (int32 [3, 256]):
-  each channel stretched so its min is 0 and its max 255; a flat channel keeps its values.
-  Exact: integer floor, minus one where PIL's float64 round-off lands below an integer
-  (`_autocontrast_float64_low`)."""
-  x = jnp.arange(256, dtype=jnp.int32)[None, :]
-  lo = jnp.min(jnp.where(counts > 0, x, 255), axis=1)[:, None]  # [3, 1]
-  hi = jnp.max(jnp.where(counts > 0, x, 0), axis=1)[:, None]
-  exact = jnp.clip((x - lo) * 255 // jnp.maximum(hi - lo, 1), 0, 255)  # [3, 256]
-  low = jnp.asarray(_autocontrast_float64_low())
-  key = (lo * 256 + hi) * 256 + x
-  found = low[jnp.clip(jnp.searchsorted(low, key), 0, low.shape[0] - 1)] == key
-  return jnp.where(hi > lo, exact - found.astype(jnp.int32), x)
+_AUTOCONTRAST_MAX_LOW = 17  # The most entries of one (lo, hi) pair's table that land low.
 
 
-def equalize_lut(counts: jax.Array) -> jax.Array:
+def autocontrast(image: jax.Array) -> jax.Array:
+  """PIL's ImageOps.autocontrast: each channel stretched so its min is 0 and its max 255;
+  a flat channel keeps its values. Exact: the integer floor, minus one at the entries of
+  the channel's (lo, hi) where PIL's float64 round-off lands below an integer
+  (`_autocontrast_float64_low`: at most 17 per pair, compared with each pixel)."""
+  x = image.astype(jnp.int32)  # [H, W, 3]
+  lo, hi = x.min(axis=(0, 1)), x.max(axis=(0, 1))  # [3]
+  exact = jnp.clip((x - lo) * 255 // jnp.maximum(hi - lo, 1), 0, 255)
+  keys = jnp.asarray(_autocontrast_float64_low())
+  base = (lo * 256 + hi) * 256  # [3]: the pair's first key
+  first = jnp.searchsorted(keys, base)
+  candidates = jnp.arange(_AUTOCONTRAST_MAX_LOW)[:, None] + first  # [17, 3]
+  found = keys[jnp.clip(candidates, 0, keys.shape[0] - 1)] - base  # x of a low entry, or
+  found = jnp.where((found >= 0) & (found < 256), found, -1)  # -1: no entry
+  low = (x[..., None, :] == found).any(axis=-2)  # [H, W, 3]
+  return jnp.where(hi > lo, exact - low.astype(jnp.int32), x).astype(jnp.uint8)
+
+
+def equalize_table(counts: jax.Array) -> jax.Array:
   """PIL's ImageOps.equalize as tables, from the image's `histograms` (int32 [3, 256]):
   each channel's histogram spread over 0..255."""
   values = jnp.arange(256, dtype=jnp.int32)
   last = jnp.max(jnp.where(counts > 0, values, -1), axis=1)  # the highest value present
-  last_count = jnp.take_along_axis(counts, last[:, None], axis=1)[:, 0]
+  last_count = jnp.sum(jnp.where(values == last[:, None], counts, 0), axis=1)
   step = (counts.sum(axis=1) - last_count) // 255  # [3]
   safe = jnp.maximum(step, 1)[:, None]
   below = jnp.cumsum(counts, axis=1) - counts  # pixels below each value
@@ -125,53 +138,33 @@ def equalize_lut(counts: jax.Array) -> jax.Array:
   return jnp.where((step > 0)[:, None], table, values[None, :])
 
 
-def invert_lut() -> np.ndarray:
+def equalize(image: jax.Array) -> jax.Array:
+  return lookup(image, jnp.clip(equalize_table(histograms(image)), 0, 255))
+
+
+def invert(image: jax.Array) -> jax.Array:
   """PIL's ImageOps.invert: 255 - x."""
-  return 255 - IDENTITY_LUT
+  return 255 - image
 
 
-def posterize_lut(bits: int) -> np.ndarray:
+def posterize(image: jax.Array, bits: int) -> jax.Array:
   """PIL's ImageOps.posterize: keep the `bits` high bits, 1..8. Fewer (magnitude < 2.5)
   keep 1, as big_vision's uint8 shift by 8 does (TensorFlow clamps it to 7 bits); more
   (magnitude >= 20) keep all 8."""
   shift = 8 - min(max(bits, 1), 8)
-  return IDENTITY_LUT & ((0xFF << shift) & 0xFF)
-
-
-def solarize_lut(threshold: int) -> np.ndarray:
-  """PIL's ImageOps.solarize: invert the values >= threshold (256: none, 0: all)."""
-  return np.where(IDENTITY_LUT >= max(threshold, 0), 255 - IDENTITY_LUT, IDENTITY_LUT)
-
-
-def solarize_add_lut(addition: int, threshold: int) -> np.ndarray:
-  """big_vision's SolarizeAdd (no PIL op; timm's is this table): add `addition` to the
-  values below `threshold`, clipped to 0..255."""
-  added = np.clip(IDENTITY_LUT + addition, 0, 255)
-  return np.where(IDENTITY_LUT < threshold, added, IDENTITY_LUT)
-
-
-def autocontrast(image: jax.Array) -> jax.Array:
-  return apply_lut(image, autocontrast_lut(histograms(image)))
-
-
-def equalize(image: jax.Array) -> jax.Array:
-  return apply_lut(image, equalize_lut(histograms(image)))
-
-
-def invert(image: jax.Array) -> jax.Array:
-  return apply_lut(image, invert_lut())
-
-
-def posterize(image: jax.Array, bits: int) -> jax.Array:
-  return apply_lut(image, posterize_lut(bits))
+  return image & jnp.uint8((0xFF << shift) & 0xFF)
 
 
 def solarize(image: jax.Array, threshold: int) -> jax.Array:
-  return apply_lut(image, solarize_lut(threshold))
+  """PIL's ImageOps.solarize: invert the values >= threshold (256: none, 0: all)."""
+  return jnp.where(image.astype(jnp.int32) >= max(threshold, 0), 255 - image, image)
 
 
 def solarize_add(image: jax.Array, addition: int, threshold: int) -> jax.Array:
-  return apply_lut(image, solarize_add_lut(addition, threshold))
+  """big_vision's SolarizeAdd (no PIL op; timm's is this table): add `addition` to the
+  values below `threshold`, clipped to 0..255."""
+  x = image.astype(jnp.int32)
+  return jnp.where(x < threshold, jnp.clip(x + addition, 0, 255), x).astype(jnp.uint8)
 
 
 # Blends: PIL's Image.blend(degenerate, image, factor) with the op's degenerate image.
@@ -236,80 +229,125 @@ def sharpness(image: jax.Array, factor: float) -> jax.Array:
   return blend(smooth(image), image, factor)
 
 
-# The affine map: output pixel (x, y) takes input pixel (a x + b y + c, d x + e y + f).
+# The affine ops: output pixel (x, y) takes input pixel (a x + b y + c, d x + e y + f),
+# the nearest, or grey outside. Each map is fixed when the step compiles (the magnitude
+# sets the angle, shear or shift; the sign picks one of two maps), so every output
+# pixel's source is known then (`source_pixels`) and `resample` moves it without a gather.
+
+_TILE = 8  # `resample`'s output tiles are 8 x 8 pixels.
 
 
-def affine(image: jax.Array, matrix: jax.Array) -> jax.Array:
-  """Output (x, y) takes input floor(a x + b y + c + 1/2, d x + e y + f + 1/2) (pixel
-  indices: the nearest, halves rounded up as PIL does), or grey outside the image;
-  matrix = float32 [6] (a, b, c, d, e, f). One gather of whole pixels."""
+def source_pixels(matrix: tuple[float, ...], height: int, width: int) -> np.ndarray:
+  """int32 [H, W, 2]: the (row, column) each output pixel takes for `matrix` (a, b, c,
+  d, e, f) in pixel indices: floor(a x + b y + c + 1/2), halves rounded up as PIL does,
+  in float64 as PIL's C. A source outside the image is clamped to the grey row or
+  column just past the nearest edge (-1, or H or W), next to its neighbours' sources."""
+  a, b, c, d, e, f = (float(v) for v in matrix)
+  y, x = np.mgrid[:height, :width].astype(np.float64)
+  sx = np.floor(a * x + b * y + c + 0.5).astype(np.int64)
+  sy = np.floor(d * x + e * y + f + 0.5).astype(np.int64)
+  return np.stack([np.clip(sy, -1, height), np.clip(sx, -1, width)], axis=-1).astype(np.int32)
+
+
+@functools.cache
+def _tiles(matrix: tuple[float, ...], height: int, width: int):
+  """`resample`'s static plan for `matrix`: each 8 x 8 output tile's window origin in
+  the grey-padded image (int [T, 2]), the window side S and each output pixel's index in
+  its tile's S x S window (uint8 or int32 [T, 64]), with the padding and the tile grid."""
+  sources = source_pixels(matrix, height, width)
+  grid = (-(-height // _TILE), -(-width // _TILE))
+  full = np.full((grid[0] * _TILE, grid[1] * _TILE, 2), -1, np.int32)
+  full[:height, :width] = sources
+  full[height:], full[:, width:] = full[height - 1 : height], full[:, width - 1 : width]
+  tiles = full.reshape(grid[0], _TILE, grid[1], _TILE, 2).transpose(0, 2, 1, 3, 4)
+  tiles = tiles.reshape(-1, _TILE * _TILE, 2)  # [T, 64, (row, column)]
+  origin = tiles.min(axis=1)  # [T, 2]
+  side = int((tiles.max(axis=1) - origin).max()) + 1
+  local = (tiles[..., 0] - origin[:, None, 0]) * side + (tiles[..., 1] - origin[:, None, 1])
+  index_type = np.uint8 if side * side <= 256 else np.int32
+  return origin + side, side, local.astype(index_type), grid
+
+
+def resample(image: jax.Array, matrix: tuple[float, ...]) -> jax.Array:
+  """uint8 [H, W, 3] through the affine `matrix` (`source_pixels`), grey outside.
+
+  Without a gather (a TPU runs one element by element): the output in 8 x 8 tiles, each
+  reading one S x S window of the grey-padded image (S: 11 for a rotation of 30 degrees;
+  static slices), each output pixel picking its source in the window by a compare-select
+  sum over the window's S * S pixels (exact: one nonzero term), the 3 channels packed in
+  one int32 so that the compare is made once per pixel and fuses into the sum."""
   height, width = image.shape[:2]
-  matrix = jnp.asarray(matrix, jnp.float32)
-  a, b, d, e = (_split(matrix[i], 12) for i in (0, 1, 3, 4))
-  xs = jnp.arange(width, dtype=jnp.float32)[None, :]  # [1, W]
-  ys = jnp.arange(height, dtype=jnp.float32)[:, None]  # [H, 1]
-  # Products rounded before the sums (_split; exact for indices below 4096).
-  source_x = jnp.floor(_times(a, xs) + _times(b, ys) + (matrix[2] + 0.5)).astype(jnp.int32)
-  source_y = jnp.floor(_times(d, xs) + _times(e, ys) + (matrix[5] + 0.5)).astype(jnp.int32)
-  inside = (source_x >= 0) & (source_x < width) & (source_y >= 0) & (source_y < height)
-  index = jnp.where(inside, source_y * width + source_x, height * width)  # else the grey pixel
-  pixels = jnp.concatenate([image.reshape(-1, 3), jnp.full([1, 3], REPLACE, image.dtype)])
-  return pixels[index]  # [H, W, 3]
+  origins, side, local, grid = _tiles(tuple(float(v) for v in matrix), height, width)
+  x = image.astype(jnp.int32)
+  packed = x[..., 0] + (x[..., 1] << 8) + (x[..., 2] << 16)  # [H, W]
+  grey = REPLACE * (1 + (1 << 8) + (1 << 16))
+  padded = jnp.pad(packed, side, constant_values=grey)  # [H + 2 S, W + 2 S]
+  windows = jax.lax.gather(
+    padded,
+    jnp.asarray(origins, jnp.int32),
+    jax.lax.GatherDimensionNumbers(
+      offset_dims=(1, 2), collapsed_slice_dims=(), start_index_map=(0, 1)
+    ),
+    slice_sizes=(side, side),
+    mode=jax.lax.GatherScatterMode.PROMISE_IN_BOUNDS,
+  ).reshape(len(origins), 1, side * side)  # [T, 1, S * S]
+  picks = jnp.asarray(local)[..., None] == jnp.arange(side * side)  # [T, 64, S * S]
+  out = jnp.sum(jnp.where(picks, windows, 0), axis=-1)  # [T, 64]
+  out = out.reshape(*grid, _TILE, _TILE).transpose(0, 2, 1, 3)
+  out = out.reshape(grid[0] * _TILE, grid[1] * _TILE)[:height, :width, None]
+  return ((out >> jnp.arange(0, 24, 8)) & 0xFF).astype(jnp.uint8)
 
 
-IDENTITY_MATRIX = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0)
+def _single(argument: float) -> float:
+  """An op's argument rounded to float32: the same map for arguments a rounding apart
+  (big_vision's 1.5 * 0.3 and 0.45)."""
+  return float(np.float32(argument))
 
 
-def rotate_matrix(degrees: jax.Array | float, height: int, width: int) -> jax.Array:
+def rotate_matrix(degrees: float, height: int, width: int) -> tuple[float, ...]:
   """PIL's Image.rotate(degrees): counter-clockwise about the image centre."""
-  radians = jnp.asarray(degrees, jnp.float32) * jnp.float32(math.pi / 180.0)
-  cos, sin = jnp.cos(radians), jnp.sin(radians)
+  radians = math.radians(_single(degrees))
+  cos, sin = math.cos(radians), math.sin(radians)
   cx, cy = (width - 1) / 2.0, (height - 1) / 2.0  # the centre, in pixel indices
-  # cos * cx etc. rounded before the sums (_split: 2 cx and 2 cy are integers < 4096).
-  cos_, sin_ = _split(cos, 12), _split(sin, 12)
-  c = cx - _times(cos_, jnp.float32(cx)) + _times(sin_, jnp.float32(cy))
-  f = cy - _times(sin_, jnp.float32(cx)) - _times(cos_, jnp.float32(cy))
-  return jnp.stack([cos, -sin, c, sin, cos, f])
+  return (cos, -sin, cx - cos * cx + sin * cy, sin, cos, cy - sin * cx - cos * cy)
 
 
-def shear_matrix(level: jax.Array | float, axis: int) -> jax.Array:
+def shear_matrix(level: float, axis: int) -> tuple[float, ...]:
   """Shear about the top-left pixel (big_vision's pixel indices): axis 1 (ShearX) output
   (x, y) takes input (x + level y, y); axis 0 (ShearY) (x, level x + y)."""
-  level = jnp.asarray(level, jnp.float32)
-  zero, one = jnp.zeros_like(level), jnp.ones_like(level)
+  level = _single(level)
   if axis == 1:
-    return jnp.stack([one, level, zero, zero, one, zero])
-  return jnp.stack([one, zero, zero, level, one, zero])
+    return (1.0, level, 0.0, 0.0, 1.0, 0.0)
+  return (1.0, 0.0, 0.0, level, 1.0, 0.0)
 
 
-def translate_matrix(pixels: jax.Array | float, axis: int) -> jax.Array:
+def translate_matrix(pixels: float, axis: int) -> tuple[float, ...]:
   """Output index i takes input i + round(pixels) (halves up) along `axis` (1: columns,
   TranslateX; 0: rows, TranslateY): the content moves left (up) by `pixels`."""
-  shift = jnp.floor(jnp.asarray(pixels, jnp.float32) + 0.5)
-  zero, one = jnp.zeros_like(shift), jnp.ones_like(shift)
+  shift = math.floor(_single(pixels) + 0.5)
   if axis == 1:
-    return jnp.stack([one, zero, shift, zero, one, zero])
-  return jnp.stack([one, zero, zero, zero, one, shift])
+    return (1.0, 0.0, shift, 0.0, 1.0, 0.0)
+  return (1.0, 0.0, 0.0, 0.0, 1.0, shift)
 
 
-def rotate(image: jax.Array, degrees: jax.Array | float) -> jax.Array:
-  return affine(image, rotate_matrix(degrees, *image.shape[:2]))
+def rotate(image: jax.Array, degrees: float) -> jax.Array:
+  return resample(image, rotate_matrix(degrees, *image.shape[:2]))
 
 
-def shear_x(image: jax.Array, level: jax.Array | float) -> jax.Array:
-  return affine(image, shear_matrix(level, axis=1))
+def shear_x(image: jax.Array, level: float) -> jax.Array:
+  return resample(image, shear_matrix(level, axis=1))
 
 
-def shear_y(image: jax.Array, level: jax.Array | float) -> jax.Array:
-  return affine(image, shear_matrix(level, axis=0))
+def shear_y(image: jax.Array, level: float) -> jax.Array:
+  return resample(image, shear_matrix(level, axis=0))
 
 
-def translate_x(image: jax.Array, pixels: jax.Array | float) -> jax.Array:
-  return affine(image, translate_matrix(pixels, axis=1))
+def translate_x(image: jax.Array, pixels: float) -> jax.Array:
+  return resample(image, translate_matrix(pixels, axis=1))
 
 
-def translate_y(image: jax.Array, pixels: jax.Array | float) -> jax.Array:
-  return affine(image, translate_matrix(pixels, axis=0))
+def translate_y(image: jax.Array, pixels: float) -> jax.Array:
+  return resample(image, translate_matrix(pixels, axis=0))
 
 
 # Cutout.

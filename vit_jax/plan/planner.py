@@ -15,11 +15,13 @@ import dataclasses
 import time
 from typing import Any, Callable, Optional
 
+import jax
 import ml_collections
 from absl import logging
 
 from vit_jax import models, sharding
 from vit_jax import run as run_lib
+from vit_jax.data import randaug
 from vit_jax.plan import gpu_topology, hlo, report
 from vit_jax.plan.report import gib
 from vit_jax.plan.topology import AnyTopology
@@ -69,6 +71,10 @@ class Plan:
   interconnect: str = "ICI"
   example: str = "image"  # what the batch counts: 'image', or 'image-text pair'
   towers: str = ""  # a two-tower model's text tower, loss and locked tower, in words
+  # RandAugment (config.pp.randaug) compiled alone as the train step runs it: its share.
+  augmentation: Optional[report.Measure] = None
+  augmentation_time: Optional[report.StepTime] = None
+  augmentation_route: str = ""
 
   @property
   def fits(self) -> bool:
@@ -156,6 +162,7 @@ def make_plan(config: ml_collections.ConfigDict, topology: AnyTopology) -> Plan:
     topology,
     options,
   )
+  augmentation, augmentation_time = _augmentation(spec, steps, mesh, where, topology, options)
   per_image = steps.train_flops_per_example()
   step_flops, source = (train.xla_flops * n, "xla") if compiled else (None, "none")
   if compiled and train.has_loops and chip.platform == "tpu":
@@ -223,7 +230,45 @@ def make_plan(config: ml_collections.ConfigDict, topology: AnyTopology) -> Plan:
     interconnect=chip.interconnect,
     example="image-text pair" if models.is_two_tower(spec.model) else "image",
     towers=_towers(spec, steps),
+    augmentation=augmentation,
+    augmentation_time=augmentation_time,
+    augmentation_route=ROUTE if augmentation else "",
   )
+
+
+ROUTE = (
+  "on the accelerator, in the train step: one image at a time, the drawn op alone, "
+  "gather-free (data/randaug.py)"
+)
+
+
+def _augmentation(
+  spec: Any, steps: Any, mesh: Any, where: str, topology: AnyTopology, options: Any
+) -> tuple[Optional[report.Measure], Optional[report.StepTime]]:
+  """RandAugment compiled alone for the slice, on the train batch the step gets (XLA's
+  count, its loops multiplied out and its switch at the mean of its ops, `loop_cost`),
+  and its time at the bound; (None, None) for a run without it."""
+  augment = randaug.make_augmenter(
+    spec.data.randaug, spec.data.input_mean, spec.data.input_std, mesh
+  )
+  if augment is None:
+    return None, None
+  batch, key = steps.abstract_train_batch(), steps.abstract_state.rng
+  measured, compiled = _measure(
+    f"RandAugment {spec.data.randaug}",
+    where,
+    lambda: jax.jit(augment).lower(batch, key),
+    mesh.size,
+    topology,
+    options,
+  )
+  if compiled is None:
+    return measured, None
+  flops = measured.xla_flops * mesh.size
+  timing = report.step_time(
+    measured, topology.chip, num_devices=mesh.size, step_flops=flops, model_flops=None
+  )
+  return measured, timing
 
 
 def _memory_rows(plan: Plan) -> list[tuple[str, str, str]]:
@@ -312,6 +357,8 @@ def format_plan(plan: Plan) -> str:
     )
   if plan.run_hours_at_bound is not None:
     lines.append(_run_line(plan))
+  if plan.augmentation is not None:
+    lines.append(_augmentation_line(plan))
   seconds = (plan.train.compile_seconds, plan.eval.compile_seconds)
   lines.append(f"compiled in {seconds[0]:.1f} s (train), {seconds[1]:.1f} s (eval)")
   lines.append("fits" if plan.fits else "does not fit (below)")
@@ -329,6 +376,22 @@ def _run_line(plan: Plan) -> str:
     f"run: {plan.total_steps} steps >= {plan.run_hours_at_bound:.2f} h at that bound, "
     f"{plan.run_core_days:.3g} TensorCore-days{flops}"
   )
+
+
+def _augmentation_line(plan: Plan) -> str:
+  """RandAugment's share of the train step: FLOPs, HBM bytes and time at the bound."""
+  aug, train = plan.augmentation, plan.train
+  share = lambda part, whole: f" ({part / whole:.1%} of the step)" if whole else ""
+  text = (
+    f"RandAugment {plan.augmentation_route}; per device: {aug.xla_flops:.3g} FLOPs"
+    f"{share(aug.xla_flops, (plan.step_flops or 0) / plan.devices)}, "
+    f"{aug.xla_bytes_accessed / 1e9:.3g} GB of HBM"
+    f"{share(aug.xla_bytes_accessed, train.xla_bytes_accessed)}"
+  )
+  if plan.augmentation_time and plan.time:
+    bound = plan.augmentation_time.bound_s
+    text += f", >= {bound * 1e3:.2f} ms at the bound{share(bound, plan.time.bound_s)}"
+  return text
 
 
 def shortfall(plan: Plan) -> str:

@@ -249,7 +249,7 @@ def build_steps(spec: RunSpec, mesh: jax.sharding.Mesh) -> RunSteps:
         accumulated_value_and_grad=getattr(objective, "accumulated_value_and_grad", None),
         mix=mixup.make_mixer(spec.mixup, blocks=mesh.shape[sharding.DATA_AXIS]),
         augment=randaug.make_augmenter(
-          spec.data.randaug, spec.data.input_mean, spec.data.input_std
+          spec.data.randaug, spec.data.input_mean, spec.data.input_std, mesh
         ),
       ),
       in_shardings=(state_shardings, batch_sharding),
