@@ -36,6 +36,15 @@ INPUT_PIPELINES = ("auto", "grain", "tf")
 DEFAULT_INPUT_PIPELINE = "auto"
 
 
+def tensorflow_installed() -> bool:
+  """Whether TensorFlow can be imported (the `tf` extra); an import hook that refuses it
+  counts as not installed."""
+  try:
+    return importlib.util.find_spec("tensorflow") is not None
+  except ImportError:
+    return False
+
+
 def _input_pipeline(name: str) -> str:
   """config.input_pipeline -> the stage that runs ('grain' or 'tf'); one error line for an
   unknown name or 'tf' without TensorFlow."""
@@ -45,10 +54,7 @@ def _input_pipeline(name: str) -> str:
       "the host, no TensorFlow), 'tf' (tf.data) or 'auto' (tf.data where TensorFlow is "
       "installed)."
     )
-  try:
-    has_tf = importlib.util.find_spec("tensorflow") is not None
-  except ImportError:  # an import hook that refuses it: as good as not installed
-    has_tf = False
+  has_tf = tensorflow_installed()
   if name == "tf" and not has_tf:
     raise errors.ConfigError(
       "config.input_pipeline='tf' needs TensorFlow: pip install -e \".[tf]\", or set "
@@ -238,28 +244,15 @@ def check_readable(dataset: str) -> None:
     )
 
 
-def _tfds_source(dataset: str) -> Any:
-  """`tfds_source`, which reads TFRecord and builds datasets with TensorFlow; one error
-  line naming the extra where TensorFlow is not installed."""
-  try:
-    from vit_jax.data import tfds_source  # pylint: disable=g-import-not-at-top
-  except ModuleNotFoundError as e:
-    if e.name != "tensorflow":
-      raise
-    raise errors.ConfigError(
-      f"config.dataset={dataset!r} is a tfds dataset, read (and built) with TensorFlow: "
-      'pip install -e ".[tf]", or use an image folder (folder:ROOT) or saved arrays (arrays:PATH).'
-    ) from None
-  return tfds_source
-
-
 class Dataset:
   """The configured dataset: opens splits and knows the number of classes."""
 
   def __init__(self, settings: Settings):
-    # Imported here: only a run that opens its data pays for them (tfds_source: TensorFlow).
-    from vit_jax.data import arrays as arrays_lib  # pylint: disable=g-import-not-at-top
-    from vit_jax.data import folder as folder_lib  # pylint: disable=g-import-not-at-top
+    # Imported here: only a run that opens its data pays for them (tfds, Pillow).
+    # pylint: disable=g-import-not-at-top
+    from vit_jax.data import arrays as arrays_lib
+    from vit_jax.data import digits, tfds_source
+    from vit_jax.data import folder as folder_lib
 
     self.settings = settings
     check_readable(settings.dataset)
@@ -274,8 +267,10 @@ class Dataset:
       self._source = folder_lib.ImageFolder(
         settings.dataset[len(folder_lib.PREFIX) :], settings.train_split
       )
+    elif settings.dataset == digits.NAME and not tensorflow_installed():
+      # The examples tfds would build, in its order, from scikit-learn's arrays.
+      self._source = digits.DigitsArrays()
     else:
-      tfds_source = _tfds_source(settings.dataset)
       check_data_dir(settings.data_dir, "config.data_dir")
       self._source = tfds_source.TfdsDataset(
         settings.dataset, settings.data_dir, settings.manual_dir

@@ -7,6 +7,10 @@ several captions per image, e.g. ``coco_captions``' ``captions/text``). The one 
 "never prepares" is the built-in `digits` dataset, which builds itself offline in a
 few seconds the first time it is used; and a dataset whose archives the user placed in
 `manual_dir` is prepared from there by a single-process run.
+
+TensorFlow reads TFRecord (tfds' default format) and builds datasets; a dataset prepared
+as ArrayRecord is read without it (`records`), and without TensorFlow any other is one
+error line naming the `tf` extra and tfds' command that converts it to ArrayRecord.
 """
 
 from __future__ import annotations
@@ -14,15 +18,16 @@ from __future__ import annotations
 import functools
 import itertools
 import operator
+from typing import Any
 
 import jax
 import numpy as np
-import tensorflow as tf
 import tensorflow_datasets as tfds
 from absl import logging
 from tensorflow_datasets.core.utils import py_utils
 
 from vit_jax import errors
+from vit_jax.data import dataset as dataset_lib
 from vit_jax.data import digits, free_text  # digits: registers its builder with tfds
 from vit_jax.data import records as records_lib
 from vit_jax.data import splits as splits_lib
@@ -58,6 +63,7 @@ class TfdsDataset:
     self._data_dir = data_dir
     self._manual_dir = manual_dir
     self._prepare_if_possible()
+    self._check_readable()
     self.text = self._text_features(*text) if text else None  # (image, text) serialized keys
     if self.text:
       self.num_classes, self.class_names = None, None
@@ -78,7 +84,7 @@ class TfdsDataset:
     """The serialized keys of the image and text features; one error naming the dataset's
     features and the config keys when either is missing."""
     serialized = py_utils.flatten_nest_dict(self.builder.info.features.get_serialized_info())
-    strings = [k for k, v in serialized.items() if v.tf_dtype == tf.string]
+    strings = [k for k, v in serialized.items() if v.np_dtype == np.object_]
     found = text or next((k for k in TEXT_FEATURES if k in strings), None)
     features = self.builder.info.features
     if image not in features or not isinstance(features[image], tfds.features.Image):
@@ -125,6 +131,21 @@ class TfdsDataset:
           f"--manual_dir=<dir>`."
         ) from e
 
+  def _check_readable(self) -> None:
+    """Without TensorFlow, a prepared dataset must be ArrayRecord: one error line naming
+    the extra and tfds' conversion (docs/input_pipelines.md) otherwise."""
+    file_format = self.builder.info.file_format or tfds.core.FileFormat.TFRECORD
+    if not self.builder.is_prepared() or dataset_lib.tensorflow_installed():
+      return
+    if file_format != tfds.core.FileFormat.ARRAY_RECORD:
+      raise errors.ConfigError(
+        f"tfds dataset {self.name!r} is stored as {file_format.value}, which is read with "
+        f'TensorFlow: pip install -e ".[tf]", or convert it to ArrayRecord once where '
+        f"TensorFlow is installed: `tfds convert_format --dataset_version_dir="
+        f"{self.builder.data_dir} --out_file_format=array_record --out_dir=<new data_dir>/"
+        f"{self.name}/{self.builder.version}` and set config.data_dir=<new data_dir>."
+      )
+
   def _data_dir_text(self) -> str:
     return (
       repr(self._data_dir)
@@ -169,7 +190,9 @@ class TfdsDataset:
       labels.append(label.astype(np.int64))
     return np.concatenate(values), np.concatenate(labels)
 
-  def _as_dataset(self, split, decoders) -> tf.data.Dataset:
+  def _as_dataset(self, split, decoders) -> Any:
+    """The tf.data.Dataset of a split: tfds' reader (TensorFlow: a prepared dataset without it
+    is ArrayRecord, read by `records`, `_check_readable`)."""
     try:
       # One file at a time: tfds' default interleaves the ranges of a multi-range read
       # in blocks of 16 records, mixing lanes' windows.
