@@ -90,6 +90,8 @@ class DigitsSplit(splits_lib.RangedSplit):
   """A configured split of `DigitsArrays`; values are PNG-encoded greyscale images."""
 
   kind = "bytes"
+  # Shuffled in windows, as the prepared (TFRecord) dataset is: the same batches.
+  random_access = False
 
   def __init__(self, dataset: DigitsArrays, spec: str, ranges: list[splits_lib.Range]):
     super().__init__(f"{NAME}:{spec}", ranges)
