@@ -120,12 +120,15 @@ class ArrayRecordSplit:
     return list(self.source.__getitems__(indices)) if indices else []
 
 
-def open_split(builder: tfds.core.DatasetBuilder, split: str) -> Records | None:
-  """Direct reads of a named split of a prepared dataset; None for other formats."""
-  file_format = builder.info.file_format or tfds.core.FileFormat.TFRECORD
+def open_split(
+  builder: tfds.core.DatasetBuilder, split: str, file_format: tfds.core.FileFormat
+) -> Records | None:
+  """Direct reads of a named split of a prepared dataset in ``file_format`` (the prepared
+  one, or ArrayRecord converted beside it); None for other formats."""
   if file_format == tfds.core.FileFormat.ARRAY_RECORD:
     raw = tfds.decode.DeserializeMethod.RAW_BYTES
-    return ArrayRecordSplit(builder.as_data_source(split=split, deserialize_method=raw))
+    source = builder.as_data_source(split=split, deserialize_method=raw, file_format=file_format)
+    return ArrayRecordSplit(source)
   if file_format == tfds.core.FileFormat.TFRECORD:
     files = builder.info.splits[split].file_instructions
     return TfrecordSplit([TfrecordShard(os.fspath(f.filename), f.examples_in_shard) for f in files])

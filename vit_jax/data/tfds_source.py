@@ -63,7 +63,9 @@ class TfdsDataset:
     self._data_dir = data_dir
     self._manual_dir = manual_dir
     self._prepare_if_possible()
-    self._check_readable()
+    # The format prepared (which sets the shuffle: `TfdsSplit`), and the one read.
+    self.stored_format = self.builder.info.file_format or tfds.core.FileFormat.TFRECORD
+    self.file_format = self._readable_format()
     self.text = self._text_features(*text) if text else None  # (image, text) serialized keys
     if self.text:
       self.num_classes, self.class_names = None, None
@@ -131,20 +133,27 @@ class TfdsDataset:
           f"--manual_dir=<dir>`."
         ) from e
 
-  def _check_readable(self) -> None:
-    """Without TensorFlow, a prepared dataset must be ArrayRecord: one error line naming
-    the extra and tfds' conversion (docs/input_pipelines.md) otherwise."""
-    file_format = self.builder.info.file_format or tfds.core.FileFormat.TFRECORD
-    if not self.builder.is_prepared() or dataset_lib.tensorflow_installed():
-      return
-    if file_format != tfds.core.FileFormat.ARRAY_RECORD:
-      raise errors.ConfigError(
-        f"tfds dataset {self.name!r} is stored as {file_format.value}, which is read with "
-        f'TensorFlow: pip install -e ".[tf]", or convert it to ArrayRecord once where '
-        f"TensorFlow is installed: `tfds convert_format --dataset_version_dir="
-        f"{self.builder.data_dir} --out_file_format=array_record --out_dir=<new data_dir>/"
-        f"{self.name}/{self.builder.version}` and set config.data_dir=<new data_dir>."
-      )
+  def _readable_format(self) -> tfds.core.FileFormat:
+    """The file format read: the prepared one; without TensorFlow, ArrayRecord: the
+    prepared format or a copy converted beside it (tfds convert_format, in place), else
+    one error line naming the extra and the conversion (docs/input_pipelines.md)."""
+    array_record, stored = tfds.core.FileFormat.ARRAY_RECORD, self.stored_format
+    if stored == array_record or not self.builder.is_prepared():
+      return stored
+    if dataset_lib.tensorflow_installed():
+      return stored
+    # A registered builder's info comes from its code, which does not list the formats
+    # converted beside it; the files' own builder does.
+    from_files = tfds.builder_from_directory(self.builder.data_dir)
+    if array_record in from_files.info.available_file_formats():
+      self.builder = from_files
+      return array_record
+    raise errors.ConfigError(
+      f"tfds dataset {self.name!r} is stored as {stored.value}, which is read with "
+      f'TensorFlow: pip install -e ".[tf]", or add an ArrayRecord copy once where '
+      f"TensorFlow is installed (pip install apache-beam mlcroissant): `tfds convert_format "
+      f"--dataset_version_dir={self.builder.data_dir} --out_file_format=array_record`."
+    )
 
   def _data_dir_text(self) -> str:
     return (
@@ -244,11 +253,12 @@ class TfdsSplit:
       self._ranges = splits_lib.resolve(spec, sizes)
       self.num_examples = sum(len(r) for r in self._ranges)
       self._records = {
-        r.split: records_lib.open_split(dataset.builder, r.split) for r in self._ranges
+        r.split: records_lib.open_split(dataset.builder, r.split, dataset.file_format)
+        for r in self._ranges
       }
-      self.random_access = all(
-        isinstance(r, records_lib.ArrayRecordSplit) for r in self._records.values()
-      )
+      # Shuffled as the prepared format is stored: an ArrayRecord copy of a TFRecord
+      # dataset (read without TensorFlow) gives the TFRecord dataset's batches.
+      self.random_access = dataset.stored_format == tfds.core.FileFormat.ARRAY_RECORD
     else:
       # No sizes: mock data, or a dataset not prepared, which `load` reports (with the
       # command that prepares it) before anything is said about reading it.
