@@ -9,8 +9,9 @@ few seconds the first time it is used; and a dataset whose archives the user pla
 `manual_dir` is prepared from there by a single-process run.
 
 TensorFlow reads TFRecord (tfds' default format) and builds datasets; a dataset prepared
-as ArrayRecord is read without it (`records`), and without TensorFlow any other is one
-error line naming the `tf` extra and tfds' command that converts it to ArrayRecord.
+as ArrayRecord, or with an ArrayRecord copy converted beside it, is read without it
+(`records`), and without TensorFlow any other is one error line naming the `tf` extra and
+tfds' command that converts it.
 """
 
 from __future__ import annotations
