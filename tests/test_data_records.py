@@ -10,7 +10,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from tests import train_fixtures
-from vit_jax import errors
+from vit_jax import errors, platforms
 from vit_jax.data import dataset, order, pipeline, readers, records, tfds_source
 
 _SHARDS = 3  # digits' 1,437 train examples in 3 files: ranges cross files.
@@ -214,7 +214,8 @@ def test_an_array_record_copy_beside_tfrecord_is_read_without_tensorflow(
   info["alternativeFileFormats"] = ["array_record"]
   (converted / "dataset_info.json").write_text(json.dumps(info))
   with_tf = tfds_source.TfdsDataset("digits", str(tmp_path))
-  monkeypatch.setattr(dataset, "tensorflow_installed", lambda: False)
+  installed = platforms.installed
+  monkeypatch.setattr(platforms, "installed", lambda m: m != "tensorflow" and installed(m))
   without_tf = tfds_source.TfdsDataset("digits", str(tmp_path))  # (a Dataset: DigitsArrays)
   assert (with_tf.file_format.value, without_tf.file_format.value) == ("tfrecord", "array_record")
   a, b = (tfds_source.TfdsSplit(d, "train[5:]+test") for d in (with_tf, without_tf))

@@ -13,13 +13,12 @@ answer (`vit_jax.run.objectives`), never its name.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 import numpy as np
 
-from vit_jax import errors
+from vit_jax import errors, platforms
 from vit_jax.data import data_config, presets
 from vit_jax.data.caption_settings import CaptionSettings
 from vit_jax.image_constants import OFFICIAL_INPUT_MEAN, OFFICIAL_INPUT_STD
@@ -36,15 +35,6 @@ INPUT_PIPELINES = ("auto", "grain", "tf")
 DEFAULT_INPUT_PIPELINE = "auto"
 
 
-def tensorflow_installed() -> bool:
-  """Whether TensorFlow can be imported (the `tf` extra); an import hook that refuses it
-  counts as not installed."""
-  try:
-    return importlib.util.find_spec("tensorflow") is not None
-  except ImportError:
-    return False
-
-
 def _input_pipeline(name: str) -> str:
   """config.input_pipeline -> the stage that runs ('grain' or 'tf'); one error line for an
   unknown name or 'tf' without TensorFlow."""
@@ -54,7 +44,7 @@ def _input_pipeline(name: str) -> str:
       "the host, no TensorFlow), 'tf' (tf.data) or 'auto' (tf.data where TensorFlow is "
       "installed)."
     )
-  has_tf = tensorflow_installed()
+  has_tf = platforms.installed("tensorflow")
   if name == "tf" and not has_tf:
     raise errors.ConfigError(
       "config.input_pipeline='tf' needs TensorFlow: pip install -e \".[tf]\", or set "
@@ -267,7 +257,7 @@ class Dataset:
       self._source = folder_lib.ImageFolder(
         settings.dataset[len(folder_lib.PREFIX) :], settings.train_split
       )
-    elif settings.dataset == digits.NAME and not tensorflow_installed():
+    elif settings.dataset == digits.NAME and not platforms.installed("tensorflow"):
       # The examples tfds would build, in its order, from scikit-learn's arrays.
       self._source = digits.DigitsArrays()
     else:

@@ -27,8 +27,7 @@ import tensorflow_datasets as tfds
 from absl import logging
 from tensorflow_datasets.core.utils import py_utils
 
-from vit_jax import errors
-from vit_jax.data import dataset as dataset_lib
+from vit_jax import errors, platforms
 from vit_jax.data import digits, free_text  # digits: registers its builder with tfds
 from vit_jax.data import records as records_lib
 from vit_jax.data import splits as splits_lib
@@ -141,7 +140,7 @@ class TfdsDataset:
     array_record, stored = tfds.core.FileFormat.ARRAY_RECORD, self.stored_format
     if stored == array_record or not self.builder.is_prepared():
       return stored
-    if dataset_lib.tensorflow_installed():
+    if platforms.installed("tensorflow"):
       return stored
     # A registered builder's info comes from its code, which does not list the formats
     # converted beside it; the files' own builder does.
