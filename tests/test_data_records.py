@@ -1,10 +1,16 @@
 """Direct record reads of prepared tfds datasets: TFRecord by offset, ArrayRecord by index."""
 
+import glob
+import json
+import os
+import shutil
+
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
 from tests import train_fixtures
+from vit_jax import errors, platforms
 from vit_jax.data import dataset, order, pipeline, readers, records, tfds_source
 
 _SHARDS = 3  # digits' 1,437 train examples in 3 files: ranges cross files.
@@ -150,7 +156,7 @@ def test_array_record_eval_equals_tfrecord_eval(prepared):
 def test_other_file_formats_are_left_to_tfds(prepared, monkeypatch):
   data = _dataset(prepared["tfrecord"])
   direct = data.split("train[5:]+test")
-  monkeypatch.setattr(records, "open_split", lambda builder, split: None)
+  monkeypatch.setattr(records, "open_split", lambda builder, split, file_format: None)
   source = tfds_source.TfdsSplit(data._source, "train[5:]+test")
   assert source._records == {"train": None, "test": None}
   ranges = [(10, 30), (1430, 1440)]
@@ -191,3 +197,33 @@ def test_corrupt_record_image_is_named_or_skipped(prepared, file_format, monkeyp
   assert len(changed) == 1 and any(
     (images[changed[0]] == images[r]).all() for r in range(360) if r != changed[0]
   )
+
+
+def test_an_array_record_copy_beside_tfrecord_is_read_without_tensorflow(
+  prepared, tmp_path, monkeypatch
+):
+  """A TFRecord dataset with an ArrayRecord copy converted beside it (what `tfds
+  convert_format` without --out_dir leaves: the shards, and the format in the info's
+  alternative formats) is read from the copy without TensorFlow, shuffled in the TFRecord
+  dataset's windows: its batches. Without the copy: one error naming the conversion."""
+  folder = "digits/1.0.0"
+  converted = shutil.copytree(os.path.join(prepared["tfrecord"], folder), tmp_path / folder)
+  for shard in glob.glob(os.path.join(prepared["array_record"], folder, "*.array_record-*")):
+    shutil.copy(shard, converted)
+  info = json.loads((converted / "dataset_info.json").read_text())
+  info["alternativeFileFormats"] = ["array_record"]
+  (converted / "dataset_info.json").write_text(json.dumps(info))
+  with_tf = tfds_source.TfdsDataset("digits", str(tmp_path))
+  installed = platforms.installed
+  monkeypatch.setattr(platforms, "installed", lambda m: m != "tensorflow" and installed(m))
+  without_tf = tfds_source.TfdsDataset("digits", str(tmp_path))  # (a Dataset: DigitsArrays)
+  assert (with_tf.file_format.value, without_tf.file_format.value) == ("tfrecord", "array_record")
+  a, b = (tfds_source.TfdsSplit(d, "train[5:]+test") for d in (with_tf, without_tf))
+  assert a.random_access is b.random_access is False  # the same windows: the same batches
+  assert isinstance(b._records["train"], records.ArrayRecordSplit)
+  ranges = [(0, 40), (470, 520), (1430, 1440), (1700, 1792)]
+  for (values_a, labels_a), (values_b, labels_b) in zip(a.read_many(ranges), b.read_many(ranges)):
+    assert list(values_a) == list(values_b)
+    np.testing.assert_array_equal(labels_a, labels_b)
+  with pytest.raises(errors.ConfigError, match=r"tfds convert_format --dataset_version_dir="):
+    tfds_source.TfdsDataset("digits", prepared["tfrecord"])

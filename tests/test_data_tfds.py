@@ -1,5 +1,6 @@
 """tfds datasets by name: the built-in digits, mocked cifar10, clear errors offline."""
 
+import io
 import logging
 import time
 
@@ -8,6 +9,7 @@ import ml_collections
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
+from PIL import Image
 
 from tests import train_fixtures
 from vit_jax import data
@@ -57,6 +59,26 @@ def test_digits_builds_offline_with_documented_splits(tmp_path, capsys):
   # Slicing works on the real builder.
   info = data.dataset_info(_config("digits", tmp_path, train_split="train[:90%]"))
   assert info.num_train == round(0.9 * 1437)
+
+
+def test_digits_from_arrays_are_the_prepared_dataset_in_its_order(digits_dir):
+  """Without TensorFlow digits reads scikit-learn's arrays (`digits.DigitsArrays`): the
+  examples tfds stores, in its stored order, with the same pixels, for any split string."""
+  prepared = tfds_source.TfdsDataset("digits", digits_dir)
+  arrays = digits.DigitsArrays()
+  assert arrays.class_names == prepared.class_names
+  for spec in ("train", "test", "train[5:]+test[:10%]"):
+    want, got = prepared.split(spec), arrays.split(spec)
+    assert (got.num_examples, got.random_access) == (want.num_examples, want.random_access)
+    values, labels = want.read(0, want.num_examples)
+    got_values, got_labels = got.read(0, got.num_examples)
+    np.testing.assert_array_equal(got_labels, labels, err_msg=spec)
+    for a, b in zip(got_values, values, strict=True):
+      np.testing.assert_array_equal(_pixels(a), _pixels(b), err_msg=spec)
+
+
+def _pixels(png: bytes) -> np.ndarray:
+  return np.asarray(Image.open(io.BytesIO(png)))
 
 
 def test_digits_pipeline_delivers_rgb(tmp_path):

@@ -1,13 +1,21 @@
 """Training, resuming and predicting without TensorFlow: a fresh process in which the
 package cannot find TensorFlow (its path finder is blind to it, as if it were not
-installed) trains the quickstart config a few steps over an image folder and over saved
-arrays with the Grain pipeline, resumes one, and predicts; digits (a tfds dataset, built
-with TensorFlow) is one error line naming the extra."""
+installed) trains with the Grain pipeline over an image folder (and resumes, and predicts),
+saved arrays, the quickstart's `digits` (the batches of the tf.data path, checked here
+against this process's, which has TensorFlow) and a tfds dataset prepared as ArrayRecord
+(stopped after a saved step and resumed exactly); the same dataset as TFRecord is one error
+line naming the extra and tfds' conversion."""
 
 import os
+import pathlib
 import subprocess
 import sys
 import textwrap
+
+import numpy as np
+import tensorflow_datasets as tfds
+
+from tests import batches_of
 
 _SCRIPT = textwrap.dedent(
   """
@@ -25,14 +33,18 @@ _SCRIPT = textwrap.dedent(
   finders = sys.meta_path
   finders[:] = [HideTensorFlow if f is importlib.machinery.PathFinder else f for f in finders]
 
+  import jax
   import numpy as np
   from PIL import Image
 
   import vit_jax
-  from vit_jax import main
+  from configs import quickstart
+  from tests import batches_of
+  from vit_jax import data, main, run
   from vit_jax.data import arrays
+  from vit_jax.weights import orbax_steps
 
-  tmp = sys.argv[1]
+  tmp, array_record_dir, tfrecord_dir = sys.argv[1:]
   rng = np.random.default_rng(0)
   for split, n in (("train", 24), ("test", 8)):
     for k in range(n):
@@ -45,36 +57,103 @@ _SCRIPT = textwrap.dedent(
     os.path.join(tmp, "a.npz"), images, np.arange(24) % 3, test_images=images[:8],
     test_labels=np.arange(8) % 3,
   )
+  FLAGS = ["--config.batch=8", "--config.batch_eval=8", "--config.checkpoint_every=2",
+    "--config.log_every=2", "--config.eval_every=100", "--config.lr.warmup_steps=1",
+    "--config.shuffle_buffer=64", "--config.fewshot.every=0", "--config.pp.crop=8",
+    "--config.model.patches.size=(4, 4)", "--config.model.transformer.num_layers=1"]
 
-  def train(dataset, workdir, steps):
-    flags = [f"--config.dataset={dataset}", "--config.batch=8", "--config.batch_eval=8",
-      f"--config.total_steps={steps}", "--config.checkpoint_every=2", "--config.log_every=2",
-      "--config.eval_every=100", "--config.lr.warmup_steps=1", "--config.shuffle_buffer=64",
-      "--config.fewshot.every=0", "--config.pp.crop=8", "--config.model.patches.size=(4, 4)",
-      "--config.model.transformer.num_layers=1"]
-    code = main.main(["main", "--config=configs/quickstart.py", f"--workdir={workdir}", *flags])
-    assert code == 0, code
+  def train(dataset, workdir, steps, *extra):
+    flags = [f"--config.dataset={dataset}", f"--config.total_steps={steps}", *FLAGS, *extra]
+    return main.main(["main", "--config=configs/quickstart.py", f"--workdir={workdir}", *flags])
 
-  run = os.path.join(tmp, "run")
-  train(f"folder:{tmp}/images", run, 2)
-  train(f"folder:{tmp}/images", run, 4)  # resumed from step 2
-  assert sorted(os.listdir(os.path.join(run, "checkpoints"))) == ["2", "4"]
-  train(f"arrays:{tmp}/a.npz", os.path.join(tmp, "arrays_run"), 2)
-  top = vit_jax.load(run).predict(os.path.join(tmp, "images", "test", "c0", "0.jpg"))
+  run_dir = os.path.join(tmp, "run")
+  assert train(f"folder:{tmp}/images", run_dir, 2) == 0
+  assert train(f"folder:{tmp}/images", run_dir, 4) == 0  # resumed from step 2
+  assert sorted(os.listdir(os.path.join(run_dir, "checkpoints"))) == ["2", "4"]
+  assert train(f"arrays:{tmp}/a.npz", os.path.join(tmp, "arrays_run"), 2) == 0
+  top = vit_jax.load(run_dir).predict(os.path.join(tmp, "images", "test", "c0", "0.jpg"))
   assert top[0][0][0] in ("c0", "c1"), top
-  code = main.main(["main", "--config=configs/quickstart.py", f"--workdir={tmp}/digits"])
-  assert code == 2, code  # digits is a tfds dataset: one Error line naming the [tf] extra
+
+  # The quickstart's digits, from scikit-learn's arrays: it trains, and its batches are saved
+  # for the parent to compare with the tf.data path's.
+  assert train("digits", os.path.join(tmp, "digits_run"), 2) == 0
+  np.savez(os.path.join(tmp, "digits.npz"), **batches_of.quickstart_batches())
+
+  # A tfds dataset prepared as ArrayRecord: stopped after step 4 (step 3 saved), resumed.
+  config = quickstart.get_config()
+  config.update(dict(dataset="no_tf_images", data_dir=array_record_dir, batch=8, batch_eval=8,
+    total_steps=6, checkpoint_every=3, log_every=1, eval_every=100, shuffle_buffer=16))
+  config.lr.warmup_steps, config.pp.crop, config.fewshot.every = 1, 8, 0
+  config.model.transformer.num_layers = 1
+  straight = run.train_and_evaluate(config, os.path.join(tmp, "straight"))
+  real_iterator = data.train_iterator
+
+  def preempted(*args, **kwargs):
+    batches = real_iterator(*args, **kwargs)
+    for _ in range(4):
+      yield next(batches)
+    batches.close()
+    raise RuntimeError("preempted")
+
+  data.train_iterator = preempted
+  try:
+    run.train_and_evaluate(config, os.path.join(tmp, "resumed"))
+    raise AssertionError("not preempted")
+  except RuntimeError as e:
+    assert str(e) == "preempted", e
+  data.train_iterator = real_iterator
+  assert sorted(os.listdir(os.path.join(tmp, "resumed", "checkpoints"))) == ["3"]
+  resumed = run.train_and_evaluate(config, os.path.join(tmp, "resumed"))
+  for key in ("train/loss", "eval/loss", "eval/accuracy"):  # step 6's, bit for bit
+    assert resumed[key] == straight[key], (key, resumed, straight)
+  a = orbax_steps.read_params(os.path.join(tmp, "straight", "checkpoints", "6"))
+  b = orbax_steps.read_params(os.path.join(tmp, "resumed", "checkpoints", "6"))
+  for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True):
+    np.testing.assert_array_equal(x, y)
+
+  # The same dataset as TFRecord: one Error line naming the [tf] extra and the conversion.
+  code = train("no_tf_images", os.path.join(tmp, "tfrecord_run"), 2,
+    f"--config.data_dir={tfrecord_dir}")
+  assert code == 2, code
   assert "tensorflow" not in sys.modules
   print("OK")
   """
 )
 
 
-def test_trains_resumes_and_predicts_without_tensorflow(tmp_path):
+class NoTfImages(tfds.core.GeneratorBasedBuilder):
+  """40 train and 8 test random 12x12 RGB images of 3 classes."""
+
+  VERSION = tfds.core.Version("1.0.0")
+  code_path = pathlib.Path(__file__)  # as digits.Digits: importlib_resources is not installed
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    features = {
+      "image": tfds.features.Image(shape=(12, 12, 3)),
+      "label": tfds.features.ClassLabel(names=["a", "b", "c"]),
+    }
+    return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(features))
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    return {"train": self._generate_examples(40, 0), "test": self._generate_examples(8, 1)}
+
+  def _generate_examples(self, n: int, seed: int):
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+      yield i, {"image": rng.integers(0, 256, (12, 12, 3), dtype=np.uint8), "label": i % 3}
+
+
+def test_trains_resumes_and_predicts_without_tensorflow(tmp_path, digits_dir):
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  prepared = {}
+  for file_format in ("array_record", "tfrecord"):
+    prepared[file_format] = str(tmp_path / file_format)
+    builder = NoTfImages(data_dir=prepared[file_format], file_format=file_format)
+    builder.download_and_prepare()
   env = {**os.environ, "PYTHONPATH": root}
   done = subprocess.run(
-    [sys.executable, "-c", _SCRIPT, str(tmp_path)],
+    [sys.executable, "-c", _SCRIPT, str(tmp_path), prepared["array_record"], prepared["tfrecord"]],
     capture_output=True,
     text=True,
     cwd=root,
@@ -82,7 +161,13 @@ def test_trains_resumes_and_predicts_without_tensorflow(tmp_path):
     timeout=600,
   )
   assert done.returncode == 0 and done.stdout.strip().endswith("OK"), done.stderr[-3000:]
-  assert "needs TensorFlow" not in done.stderr or "Traceback" not in done.stderr
-  assert 'is a tfds dataset, read (and built) with TensorFlow: pip install -e ".[tf]"' in (
-    done.stderr
-  )
+  assert "tfds convert_format --dataset_version_dir=" in done.stderr, done.stderr[-3000:]
+  assert 'pip install -e ".[tf]"' in done.stderr
+
+  # The quickstart's batches without TensorFlow are the tf.data path's: the same examples
+  # in the same order (train crops differ in pixels between the stages; eval images not).
+  without_tf = np.load(tmp_path / "digits.npz")
+  with_tf = batches_of.quickstart_batches(data_dir=digits_dir, input_pipeline="tf")
+  for key in ("index", "label", "eval_label", "eval_mask"):
+    np.testing.assert_array_equal(without_tf[key], with_tf[key], err_msg=key)
+  np.testing.assert_allclose(without_tf["eval_image"], with_tf["eval_image"], atol=1e-6)

@@ -35,10 +35,11 @@ CUDA_PLUGINS = ("jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12")
 
 
 def installed(module: str) -> bool:
-  """Whether ``module`` can be imported (False too when its parent package is missing)."""
+  """Whether ``module`` can be imported (False too when its parent package is missing, or
+  an import hook refuses it)."""
   try:
     return importlib.util.find_spec(module) is not None
-  except ModuleNotFoundError:
+  except ImportError:
     return False
 
 

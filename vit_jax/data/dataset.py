@@ -13,13 +13,12 @@ answer (`vit_jax.run.objectives`), never its name.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 import numpy as np
 
-from vit_jax import errors
+from vit_jax import errors, platforms
 from vit_jax.data import data_config, presets
 from vit_jax.data.caption_settings import CaptionSettings
 from vit_jax.image_constants import OFFICIAL_INPUT_MEAN, OFFICIAL_INPUT_STD
@@ -45,10 +44,7 @@ def _input_pipeline(name: str) -> str:
       "the host, no TensorFlow), 'tf' (tf.data) or 'auto' (tf.data where TensorFlow is "
       "installed)."
     )
-  try:
-    has_tf = importlib.util.find_spec("tensorflow") is not None
-  except ImportError:  # an import hook that refuses it: as good as not installed
-    has_tf = False
+  has_tf = platforms.installed("tensorflow")
   if name == "tf" and not has_tf:
     raise errors.ConfigError(
       "config.input_pipeline='tf' needs TensorFlow: pip install -e \".[tf]\", or set "
@@ -240,28 +236,15 @@ def check_readable(dataset: str) -> None:
     )
 
 
-def _tfds_source(dataset: str) -> Any:
-  """`tfds_source`, which reads TFRecord and builds datasets with TensorFlow; one error
-  line naming the extra where TensorFlow is not installed."""
-  try:
-    from vit_jax.data import tfds_source  # pylint: disable=g-import-not-at-top
-  except ModuleNotFoundError as e:
-    if e.name != "tensorflow":
-      raise
-    raise errors.ConfigError(
-      f"config.dataset={dataset!r} is a tfds dataset, read (and built) with TensorFlow: "
-      'pip install -e ".[tf]", or use an image folder (folder:ROOT) or saved arrays (arrays:PATH).'
-    ) from None
-  return tfds_source
-
-
 class Dataset:
   """The configured dataset: opens splits and knows the number of classes."""
 
   def __init__(self, settings: Settings):
-    # Imported here: only a run that opens its data pays for them (tfds_source: TensorFlow).
-    from vit_jax.data import arrays as arrays_lib  # pylint: disable=g-import-not-at-top
-    from vit_jax.data import folder as folder_lib  # pylint: disable=g-import-not-at-top
+    # Imported here: only a run that opens its data pays for them (tfds, Pillow).
+    # pylint: disable=g-import-not-at-top
+    from vit_jax.data import arrays as arrays_lib
+    from vit_jax.data import digits, tfds_source
+    from vit_jax.data import folder as folder_lib
 
     self.settings = settings
     check_readable(settings.dataset)
@@ -276,8 +259,10 @@ class Dataset:
       self._source = folder_lib.ImageFolder(
         settings.dataset[len(folder_lib.PREFIX) :], settings.train_split
       )
+    elif settings.dataset == digits.NAME and not platforms.installed("tensorflow"):
+      # The examples tfds would build, in its order, from scikit-learn's arrays.
+      self._source = digits.DigitsArrays()
     else:
-      tfds_source = _tfds_source(settings.dataset)
       check_data_dir(settings.data_dir, "config.data_dir")
       self._source = tfds_source.TfdsDataset(
         settings.dataset, settings.data_dir, settings.manual_dir

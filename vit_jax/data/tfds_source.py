@@ -7,6 +7,11 @@ several captions per image, e.g. ``coco_captions``' ``captions/text``). The one 
 "never prepares" is the built-in `digits` dataset, which builds itself offline in a
 few seconds the first time it is used; and a dataset whose archives the user placed in
 `manual_dir` is prepared from there by a single-process run.
+
+TensorFlow reads TFRecord (tfds' default format) and builds datasets; a dataset prepared
+as ArrayRecord, or with an ArrayRecord copy converted beside it, is read without it
+(`records`), and without TensorFlow any other is one error line naming the `tf` extra and
+tfds' command that converts it.
 """
 
 from __future__ import annotations
@@ -14,15 +19,15 @@ from __future__ import annotations
 import functools
 import itertools
 import operator
+from typing import Any
 
 import jax
 import numpy as np
-import tensorflow as tf
 import tensorflow_datasets as tfds
 from absl import logging
 from tensorflow_datasets.core.utils import py_utils
 
-from vit_jax import errors
+from vit_jax import errors, platforms
 from vit_jax.data import digits, free_text  # digits: registers its builder with tfds
 from vit_jax.data import records as records_lib
 from vit_jax.data import splits as splits_lib
@@ -58,6 +63,9 @@ class TfdsDataset:
     self._data_dir = data_dir
     self._manual_dir = manual_dir
     self._prepare_if_possible()
+    # The format prepared (which sets the shuffle: `TfdsSplit`), and the one read.
+    self.stored_format = self.builder.info.file_format or tfds.core.FileFormat.TFRECORD
+    self.file_format = self._readable_format()
     self.text = self._text_features(*text) if text else None  # (image, text) serialized keys
     if self.text:
       self.num_classes, self.class_names = None, None
@@ -78,7 +86,7 @@ class TfdsDataset:
     """The serialized keys of the image and text features; one error naming the dataset's
     features and the config keys when either is missing."""
     serialized = py_utils.flatten_nest_dict(self.builder.info.features.get_serialized_info())
-    strings = [k for k, v in serialized.items() if v.tf_dtype == tf.string]
+    strings = [k for k, v in serialized.items() if v.np_dtype == np.object_]
     found = text or next((k for k in TEXT_FEATURES if k in strings), None)
     features = self.builder.info.features
     if image not in features or not isinstance(features[image], tfds.features.Image):
@@ -125,6 +133,28 @@ class TfdsDataset:
           f"--manual_dir=<dir>`."
         ) from e
 
+  def _readable_format(self) -> tfds.core.FileFormat:
+    """The file format read: the prepared one; without TensorFlow, ArrayRecord: the
+    prepared format or a copy converted beside it (tfds convert_format, in place), else
+    one error line naming the extra and the conversion (docs/input_pipelines.md)."""
+    array_record, stored = tfds.core.FileFormat.ARRAY_RECORD, self.stored_format
+    if stored == array_record or not self.builder.is_prepared():
+      return stored
+    if platforms.installed("tensorflow"):
+      return stored
+    # A registered builder's info comes from its code, which does not list the formats
+    # converted beside it; the files' own builder does.
+    from_files = tfds.builder_from_directory(self.builder.data_dir)
+    if array_record in from_files.info.available_file_formats():
+      self.builder = from_files
+      return array_record
+    raise errors.ConfigError(
+      f"tfds dataset {self.name!r} is stored as {stored.value}, which is read with "
+      f'TensorFlow: pip install -e ".[tf]", or add an ArrayRecord copy once where '
+      f"TensorFlow is installed (pip install apache-beam mlcroissant): `tfds convert_format "
+      f"--dataset_version_dir={self.builder.data_dir} --out_file_format=array_record`."
+    )
+
   def _data_dir_text(self) -> str:
     return (
       repr(self._data_dir)
@@ -169,7 +199,9 @@ class TfdsDataset:
       labels.append(label.astype(np.int64))
     return np.concatenate(values), np.concatenate(labels)
 
-  def _as_dataset(self, split, decoders) -> tf.data.Dataset:
+  def _as_dataset(self, split, decoders) -> Any:
+    """The tf.data.Dataset of a split: tfds' reader (TensorFlow: a prepared dataset without it
+    is ArrayRecord, read by `records`, `_check_readable`)."""
     try:
       # One file at a time: tfds' default interleaves the ranges of a multi-range read
       # in blocks of 16 records, mixing lanes' windows.
@@ -221,11 +253,12 @@ class TfdsSplit:
       self._ranges = splits_lib.resolve(spec, sizes)
       self.num_examples = sum(len(r) for r in self._ranges)
       self._records = {
-        r.split: records_lib.open_split(dataset.builder, r.split) for r in self._ranges
+        r.split: records_lib.open_split(dataset.builder, r.split, dataset.file_format)
+        for r in self._ranges
       }
-      self.random_access = all(
-        isinstance(r, records_lib.ArrayRecordSplit) for r in self._records.values()
-      )
+      # Shuffled as the prepared format is stored: an ArrayRecord copy of a TFRecord
+      # dataset (read without TensorFlow) gives the TFRecord dataset's batches.
+      self.random_access = dataset.stored_format == tfds.core.FileFormat.ARRAY_RECORD
     else:
       # No sizes: mock data, or a dataset not prepared, which `load` reports (with the
       # command that prepares it) before anything is said about reading it.
