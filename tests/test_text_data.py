@@ -6,6 +6,7 @@ naming it."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -61,13 +62,13 @@ def _config(name: str, tokenizer: str, **overrides):
   return train_fixtures.override(config, overrides)
 
 
-def _caption_folder(root) -> str:
+def _caption_folder(root, texts=_captions) -> str:
   for split in ("train", "test"):
     os.makedirs(root / split / "imgs")
     lines = []
     for k in reversed(range(N)):  # listed in any order: examples are sorted by file name
       (root / split / "imgs" / f"{k:02d}.png").write_bytes(_png(k))
-      lines += [f"imgs/{k:02d}.png\t{c}" for c in _captions(k)]
+      lines += [f"imgs/{k:02d}.png\t{c}" for c in texts(k)]
     (root / split / "captions.tsv").write_text("\n".join(lines) + "\n")
   return f"captions:{root}"
 
@@ -358,3 +359,50 @@ def test_a_changed_tokenizer_is_refused_on_resume_in_one_line(tmp_path, tokenize
   message = str(raised.value)
   assert "\n" not in message and "(step 1) trained with another tokenizer (sha256:" in message
   assert "text_len=6 eos=none -> sha256:" in message
+
+
+def test_big_vision_tokenizer_options_read_captions_as_big_vision_does(tmp_path, tokenizer_path):
+  """config.text.eos='sticky', lower=True and pad_id=1 (a text tower trained by big_vision):
+  the batches' ids are big_vision's tokenize's (`tests/big_vision_reference.py`), and each
+  option is part of the tokenizer's identity."""
+  sentencepiece = pytest.importorskip("sentencepiece")
+  from tests import big_vision_reference as bv
+  from vit_jax.data.caption_settings import CaptionSettings
+
+  model = io.BytesIO()
+  sentencepiece.SentencePieceTrainer.train(
+    sentence_iterator=iter([c for k in range(N) for c in _captions(k)] * 5), model_writer=model,
+    vocab_size=28, pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
+  )  # fmt: skip
+  vocabulary = tmp_path / "spiece.model"
+  vocabulary.write_bytes(model.getvalue())
+  shouted = lambda k: [c.replace("image", "IMAGE").replace("first", "First") for c in _captions(k)]
+  config = _config(_caption_folder(tmp_path / "data", shouted), str(vocabulary))
+  config.text.update(dict(eos="sticky", lower=True, pad_id=1))
+  data = dataset.Dataset(objectives.data_settings(config))
+  rows = 0
+  for batch in pipeline.EvalBatches(data, "test", 8, 0, 1):
+    real = batch["mask"] > 0
+    for k, ids in zip(_ids(batch["image"][real]), batch["text"][real]):
+      expected = bv.tokenize(shouted(k)[:1], str(vocabulary), 6, pad_value=1)[0]
+      np.testing.assert_array_equal(ids, expected)
+      rows += 1
+  assert rows == N
+  # Each option changes ids here: 'IMAGE' is not lower-case, a short caption pads with 0.
+  text = data.settings.text
+  cased = dataclasses.replace(text, lower=False).load_tokenizer(None)
+  assert (cased.encode(shouted(3)[:1], 6) != data.tokenizer.encode(shouted(3)[:1], 6)).any()
+  padded = dataclasses.replace(text, pad_id=None).load_tokenizer(None).encode(["3"], 6)
+  np.testing.assert_array_equal(padded[0, -2:], [0, 0])
+  np.testing.assert_array_equal(data.tokenizer.encode(["3"], 6)[0, -2:], [1, 1])
+
+  settings = CaptionSettings.from_config(config)
+  changed = [dataclasses.replace(settings, lower=False), dataclasses.replace(settings, pad_id=0)]
+  assert len({settings.identity(), *(c.identity() for c in changed)}) == 3
+  # Unset, they leave the identity of a run recorded before they existed as it was.
+  unset = dataclasses.replace(settings, lower=False, pad_id=None).identity()
+  assert unset.endswith(" text_len=6 eos=sticky"), unset
+
+  config.text.tokenizer = tokenizer_path  # a tokenizer.json: the options do not apply
+  with pytest.raises(errors.ConfigError, match="config.text.lower=True / config.text.pad_id=1"):
+    dataset.Dataset(objectives.data_settings(config))

@@ -1,41 +1,47 @@
-r"""Zero-shot classification and retrieval of a contrastive run (SigLIP, CLIP, LiT).
+r"""Zero-shot classification and retrieval of an image-text model (SigLIP, CLIP, LiT).
 
     python -m vit_jax.zeroshot --checkpoint=/tmp/siglip_digits --dataset=digits
+    python -m vit_jax.zeroshot --checkpoint=siglip.npz --dataset=folder:/photos --templates=clip
 
-The run (its workdir, `checkpoints/` or one step folder) brings its model, preprocessing,
-text length and tokenizer (trained on its captions: its dataset's class names and its
-templates). ``--dataset`` is any labelled tfds dataset or ``folder:/path``: its class
-names, through ``--templates`` (default: the run's), become the prompts; words the run
-never saw are unknown to its tokenizer (a warning says how many). Prints zero-shot
-accuracy on ``--split`` and retrieval recall@1/5/10 both ways
-(`vit_jax.run.evaluators.zeroshot`).
+``--checkpoint`` is any two-tower model `vit_jax.load` reads, with its tokenizer, text
+length and eval preprocessing: a contrastive run of this package (its workdir,
+`checkpoints/` or one step folder), big_vision's SigLIP or LiT `.npz`, the official LiT
+`.npz`, a transformers SigLIP or CLIP folder. ``--dataset`` is any labelled tfds dataset
+or ``folder:/path``: its class names, through ``--templates``, become the prompts. A run
+brings its own dataset and templates (the defaults) and a tokenizer trained on its
+captions, to which words it never saw are unknown (a warning says how many); any other
+checkpoint names no dataset, so ``--dataset`` is required, and the templates default to
+``config.contrastive.templates`` of `vit_jax.run.defaults`. Prints zero-shot accuracy on
+``--split`` and retrieval recall@1/5/10 both ways (`vit_jax.run.evaluators.zeroshot`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Any, Sequence
 
 import jax
 from absl import flags, logging
 
-from vit_jax import cli, data, errors, paths, run, sharding
+from vit_jax import cli, data, errors, models, sharding
 from vit_jax.data import captions as captions_lib
 from vit_jax.data.dataset import Dataset
 from vit_jax.run import defaults, objectives
 from vit_jax.run.evaluators import zeroshot
-from vit_jax.weights import orbax_steps, run_checkpoint
+from vit_jax.weights import sources
 
 
 def _parse(argv: Sequence[str]) -> dict[str, Any]:
   flag_values = cli.new_flag_values()
   holders = dict(
     checkpoint=flags.DEFINE_string(
-      "checkpoint", None, "A contrastive run: its workdir, checkpoints/ or a step folder.",
+      "checkpoint", None, "An image-text model: a contrastive run, a SigLIP/LiT .npz, a "
+      "transformers SigLIP or CLIP folder.",
       flag_values=flag_values,
     ),
     dataset=flags.DEFINE_string(
-      "dataset", None, "A labelled tfds name or folder:/path (default: the run's).",
+      "dataset", None, "A labelled tfds name or folder:/path (default: a run's own).",
       flag_values=flag_values,
     ),
     split=flags.DEFINE_string(
@@ -44,7 +50,7 @@ def _parse(argv: Sequence[str]) -> dict[str, Any]:
     ),
     templates=flags.DEFINE_string(
       "templates", None, f"Prompt templates, one of {tuple(captions_lib.TEMPLATES)} "
-      "(default: the run's).", flag_values=flag_values,
+      "(default: a run's own, else the package's).", flag_values=flag_values,
     ),
     data_dir=flags.DEFINE_string(
       "data_dir", None, "tfds data_dir (default: the run's).", flag_values=flag_values
@@ -56,58 +62,74 @@ def _parse(argv: Sequence[str]) -> dict[str, Any]:
   return values
 
 
-def _run_config(values: dict[str, Any]) -> tuple[Any, paths.RunPaths, data.CaptionSettings]:
-  found = paths.RunPaths.containing(values["checkpoint"])
-  if found is None:
+def _with_dataset(values: dict[str, Any], settings: data.Settings) -> data.Settings:
+  """``settings`` on --dataset (its preset's test split, else 'test'), --split and
+  --data_dir where given; no captions in the batches (the prompts are made here)."""
+  name = values["dataset"]
+  if name and name != settings.dataset:
+    preset = data.PRESETS.get(name)
+    split = preset.test_split if preset is not None else "test"
+    settings = dataclasses.replace(settings, dataset=name, num_classes=None, test_split=split)
+  return dataclasses.replace(
+    settings,
+    test_split=values["split"] or settings.test_split,
+    data_dir=values["data_dir"] or settings.data_dir,
+    text=None,
+  )
+
+
+def _source(values: dict[str, Any]) -> tuple[sources.LoadedModel, data.Settings, str]:
+  """The two-tower model of --checkpoint (`vit_jax.load`: its parameters, tokenizer and
+  text length), the eval data settings and the templates. A training run brings its data
+  settings and templates; any other checkpoint has none, so --dataset is required and the
+  images are prepared as the checkpoint says (`LoadedModel.data_config`)."""
+  checkpoint = values["checkpoint"]
+  loaded = sources.load(checkpoint)
+  if not models.is_two_tower(loaded.config):
     raise errors.CommandLineError(
-      f"--checkpoint={values['checkpoint']} is not a training run (no config.json in it or "
-      "its two parents): name the workdir of a contrastive run (configs/siglip.py, lit.py)."
+      f"--checkpoint={checkpoint} is an image model, not an image-text one: zero-shot needs "
+      "two towers (a contrastive run, a SigLIP, CLIP or LiT checkpoint)."
     )
-  config, _ = run_checkpoint.run_model_config(found)
   base = defaults.get_config()
-  for key in set(base) - set(config):  # added to the package after the run was made
-    config[key] = base[key]
-  captions = objectives.entry(config.objective).data_needs(config).text
-  if captions is None:  # its objective trains on no texts
+  if loaded.run_config is not None:
+    config = loaded.run_config
+    for key in set(base) - set(config):  # added to the package after the run was made
+      config[key] = base[key]
+    settings, templates = objectives.data_settings(config), config.contrastive.templates
+  elif not values["dataset"]:
     raise errors.CommandLineError(
-      f"The run in {found.root} trains {config.get('objective')!r}, not an image-text "
-      "model: zero-shot needs a contrastive run (configs/siglip.py, configs/lit.py)."
+      f"--checkpoint={checkpoint} is no training run, so it names no dataset: pass "
+      "--dataset=folder:/path/to/images (a folder per class) or a labelled tfds name."
     )
-  return config, found, captions
+  else:
+    crop = loaded.image_size_for(argument="--checkpoint")[0]
+    batch = base.batch_eval
+    settings = data.Settings.for_evaluation(loaded.data_config, crop=crop, batch=batch)
+    templates = base.contrastive.templates
+  return loaded, _with_dataset(values, settings), values["templates"] or templates
 
 
 def _evaluate(values: dict[str, Any]) -> None:
-  config, found, captions = _run_config(values)
-  run_names = found.read_class_names()
-  if not run_names:
-    raise errors.CheckpointError(f"{found.root} has no class_names.json: its captions' words.")
-  length = captions.text_len
-  tokenizer = captions.load_tokenizer(run_names)  # the run's, as it was trained
-  if values["dataset"] and values["dataset"] != config.dataset:
-    config.dataset, config.num_classes = values["dataset"], None
-    config.test_split = data.PRESETS[values["dataset"]].test_split if values[
-      "dataset"] in data.PRESETS else "test"  # fmt: skip
-  config.test_split = values["split"] or config.test_split
-  config.data_dir = values["data_dir"] or config.data_dir
-  config.contrastive.templates = values["templates"] or config.contrastive.templates
-  config.total_steps, config.pretrained = 0, None  # evaluates the run's own parameters
-  config.contrastive.lock_image = False
+  data.check_data_dir(values["data_dir"], "--data_dir")
+  loaded, settings, templates = _source(values)
+  if loaded.tokenizer is None:  # a run of captions made from labels, without class_names.json
+    raise errors.CheckpointError(f"{loaded.source} has no tokenizer (no class_names.json).")
   mesh = sharding.make_mesh(((sharding.DATA_AXIS, -1),))
-  steps = run.build(config, mesh=mesh)
-  names = Dataset(steps.spec.data).class_names
-  prompts = captions_lib.Captions(names, config.contrastive.templates, length, tokenizer)
-  unknown = sum(int((row == tokenizer.unk_id).any()) for row in prompts.ids.reshape(-1, length))
-  if unknown:
-    logging.warning("%d prompts hold words the run's tokenizer does not know.", unknown)
-  params = jax.device_put(
-    orbax_steps.read_params(found.checkpoint_source(values["checkpoint"])),
-    steps.state_shardings.params,
-  )
-  evaluator = zeroshot.ZeroShotEvaluator(
-    steps.objective, prompts, data.eval_iterator(steps.spec.data, mesh), mesh
-  )
+  names = Dataset(settings).class_names
+  length = loaded.config.text_len
+  prompts = captions_lib.Captions(names, templates, length, loaded.tokenizer)
+  if isinstance(loaded.tokenizer, captions_lib.CaptionTokenizer):  # a run's, of its words
+    unk = loaded.tokenizer.unk_id
+    unknown = sum(int((row == unk).any()) for row in prompts.ids.reshape(-1, length))
+    if unknown:
+      logging.warning("%d prompts hold words the run's tokenizer does not know.", unknown)
+  module = loaded.module()
+  embed = lambda p, images, ids: module.apply({"params": p}, images, ids)  # noqa: E731
+  batches = data.eval_iterator(settings, mesh)
+  evaluator = zeroshot.ZeroShotEvaluator(embed, prompts, batches, mesh)
+  params = jax.device_put(loaded.params, sharding.replicated(mesh))
   metrics = evaluator(params)
-  print(f"{config.dataset} {config.test_split}: {int(metrics.pop('zeroshot/examples'))} images")
+  print(f"{settings.dataset} {settings.test_split}: {int(metrics.pop('zeroshot/examples'))} images")
   for name, value in metrics.items():
     print(f"{name:<40} {value:.4f}")
 

@@ -1,7 +1,8 @@
 """Where a two-tower run's captions come from and the tokenizer that reads them, stated once.
 
 `CaptionSettings.from_config(config)` is the rule: with ``config.text.tokenizer`` set, the
-data's own captions (`free_text`), read with that tokenizer and ``config.text.eos``;
+data's own captions (`free_text`), read with that tokenizer and ``config.text.eos``,
+``lower`` and ``pad_id`` (big_vision's options, for a text tower trained by it);
 otherwise captions made from the class names in ``config.contrastive.templates``
 (`captions`), read with the word tokenizer built from them. Both have
 ``config.model.text_len`` tokens. The input pipeline (through the objective's data needs,
@@ -23,6 +24,9 @@ if TYPE_CHECKING:
 # config.text.eos of `vit_jax.run.defaults` (and of a config.json written before the key):
 # a SentencePiece model's encoder adds no end token.
 DEFAULT_EOS = "none"
+# config.text.lower: captions are not lower-cased (big_vision's SigLIP and LiT lower-case:
+# set it to continue their text towers); config.text.pad_id None: the model's pad piece.
+DEFAULT_LOWER = False
 DEFAULT_IMAGE_FEATURE = "image"  # config.text.image_feature: a tfds dataset's image feature
 # The files of a tokenizer folder that say how it splits text (a transformers folder's or
 # a SentencePiece model beside a checkpoint), hashed by `CaptionSettings.identity`.
@@ -46,6 +50,8 @@ class CaptionSettings:
   templates: Optional[str] = None  # captions from the labels; None: the data's own
   tokenizer: Optional[str] = None  # the data's own captions' tokenizer (a path)
   eos: str = DEFAULT_EOS  # a SentencePiece model's end-token mode
+  lower: bool = DEFAULT_LOWER  # a SentencePiece model's input lower-cased (ASCII letters)
+  pad_id: Optional[int] = None  # a SentencePiece model's pad id (None: its pad piece)
   image_feature: str = DEFAULT_IMAGE_FEATURE  # a tfds dataset's features (text None: its
   text_feature: Optional[str] = None  # one text feature, `tfds_source`)
 
@@ -60,14 +66,18 @@ class CaptionSettings:
       text_len,
       tokenizer=str(free["tokenizer"]),
       eos=str(free.get("eos", DEFAULT_EOS)),
+      lower=bool(free.get("lower", DEFAULT_LOWER)),
+      pad_id=None if free.get("pad_id") is None else int(free["pad_id"]),
       image_feature=str(free.get("image_feature", DEFAULT_IMAGE_FEATURE)),
       text_feature=free.get("text_feature"),
     )
 
   def identity(self) -> str:
     """The tokenizer as a resumed run must find it: a hash of its files' names and bytes
-    (not their path: a moved copy is the same tokenizer) with ``text_len`` and ``eos``;
-    captions made from labels by their templates (the class names are the dataset's)."""
+    (not their path: a moved copy is the same tokenizer) with ``text_len``, ``eos`` and the
+    options set away from their defaults (so a run made before they existed keeps its
+    identity); captions made from labels by their templates (the class names are the
+    dataset's)."""
     options = f"text_len={self.text_len}"
     if self.tokenizer is None:
       return f"templates={self.templates} {options}"
@@ -81,7 +91,10 @@ class CaptionSettings:
       digest.update(os.path.basename(file).encode() + b"\0")
       with open(file, "rb") as f:
         digest.update(f.read())
-    return f"sha256:{digest.hexdigest()[:16]} {options} eos={self.eos}"
+    options += f" eos={self.eos}"
+    options += " lower=True" if self.lower != DEFAULT_LOWER else ""
+    options += f" pad_id={self.pad_id}" if self.pad_id is not None else ""
+    return f"sha256:{digest.hexdigest()[:16]} {options}"
 
   def load_tokenizer(self, class_names: Optional[Sequence[str]]) -> Optional[Tokenizer]:
     """The tokenizer of these captions: the data's own captions' (`free_text.load_tokenizer`),
@@ -91,7 +104,9 @@ class CaptionSettings:
     if self.tokenizer is not None:
       from vit_jax.data import free_text
 
-      return free_text.load_tokenizer(self.tokenizer, self.eos)
+      return free_text.load_tokenizer(
+        self.tokenizer, self.eos, lower=self.lower, pad_id=self.pad_id
+      )
     if not class_names:
       return None
     from vit_jax.data import captions

@@ -14,7 +14,7 @@ tokenizes the batch's captions (`load_tokenizer`) to int32 [B, config.model.text
 from __future__ import annotations
 
 import os
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO, Callable, Optional
 
 import numpy as np
 
@@ -65,11 +65,14 @@ def captions_array(rows: list[tuple[str, ...]]) -> np.ndarray:
   return out
 
 
-def load_tokenizer(path: str | None, eos: str) -> text_tokenizer.Tokenizer:
+def load_tokenizer(
+  path: str | None, eos: str, *, lower: bool = False, pad_id: Optional[int] = None
+) -> text_tokenizer.Tokenizer:
   """The tokenizer ``config.text.tokenizer`` names (a folder, a ``.model`` or a
   ``tokenizer.json``); a missing one is one error naming the key. A transformers folder
   (with ``tokenizer_config.json``: a SigLIP, SigLIP 2 or CLIP checkpoint) gives the ids
-  transformers' own tokenizer gives (`folder_tokenizer`), as its text tower was trained."""
+  transformers' own tokenizer gives (`folder_tokenizer`), as its text tower was trained.
+  ``eos``, ``lower`` and ``pad_id`` (``config.text.*``) apply to a SentencePiece model."""
   if not path:
     raise errors.ConfigError(
       f"{KEY} is not set: data with free-text captions needs the text tower's tokenizer, "
@@ -77,10 +80,19 @@ def load_tokenizer(path: str | None, eos: str) -> text_tokenizer.Tokenizer:
     )
   try:
     if os.path.isfile(os.path.join(path, folder_tokenizer.CONFIG)):
-      return folder_tokenizer.read_folder_tokenizer(path)
-    return text_tokenizer.load_tokenizer(path, eos)
+      tokenizer = folder_tokenizer.read_folder_tokenizer(path)
+    else:
+      tokenizer = text_tokenizer.load_tokenizer(path, eos, lower=lower, pad_id=pad_id)
   except errors.UserError as e:
     raise type(e)(f"{KEY}={path!r}: {e}") from None
+  if (lower or pad_id is not None) and not isinstance(
+    tokenizer, text_tokenizer.SentencePieceTokenizer
+  ):
+    raise errors.ConfigError(
+      f"config.text.lower={lower} / config.text.pad_id={pad_id} apply to a SentencePiece "
+      f".model, not to {KEY}={path!r}: leave them unset (its own file says how it splits)."
+    )
+  return tokenizer
 
 
 def open_binary(path: str) -> BinaryIO:

@@ -62,12 +62,19 @@ def get_config() -> ml_collections.ConfigDict:
   # rule: vit_jax.data.caption_settings): tokenizer: the text tower's (a folder, a
   # SentencePiece .model or a tokenizer.json; None: captions made from the labels with
   # config.contrastive.templates), eos: a SentencePiece model's end token ('none', 'yes',
-  # 'sticky'), and a tfds dataset's image and text features (text None: its
+  # 'sticky'), lower: its captions lower-cased (ASCII letters) and pad_id: its pad id (None:
+  # the model's pad piece) -- big_vision's SigLIP and LiT: eos='sticky', lower=True,
+  # pad_id=1 -- and a tfds dataset's image and text features (text None: its
   # 'captions/text', 'caption', 'captions' or 'text').
   config.text = ml_collections.ConfigDict(
-    dict(eos=caption_settings.DEFAULT_EOS, image_feature=caption_settings.DEFAULT_IMAGE_FEATURE)
+    dict(
+      eos=caption_settings.DEFAULT_EOS,
+      lower=caption_settings.DEFAULT_LOWER,
+      image_feature=caption_settings.DEFAULT_IMAGE_FEATURE,
+    )
   )
   config.text.tokenizer = ml_collections.FieldReference(None, field_type=str)
+  config.text.pad_id = ml_collections.FieldReference(None, field_type=int)
   config.text.text_feature = ml_collections.FieldReference(None, field_type=str)
 
   # Optimization (vit_jax.run.optim).

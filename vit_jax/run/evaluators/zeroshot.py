@@ -18,7 +18,7 @@ every caption of its own (`retrieval.Retrieval`).
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import jax
 import numpy as np
@@ -34,19 +34,21 @@ _TEXT_CHUNK = 1024  # prompts embedded per forward pass
 
 
 class ZeroShotEvaluator:
-  """``objective``: a `objectives.contrastive.Contrastive`; ``captions``: the prompts of the
-  dataset's classes tokenized by the run's tokenizer (`captions.Captions`); ``batches``: eval
-  batches ('image', 'label', 'mask': `data.eval_iterator`)."""
+  """``embed``: (params, images or None, ids or None) -> (zimg, ztxt, {'t', 'b'}), a run's
+  `objectives.contrastive.Contrastive.embed` or a loaded two-tower module's apply;
+  ``captions``: the prompts of the dataset's classes tokenized by the model's tokenizer
+  (`captions.Captions`); ``batches``: eval batches ('image', 'label', 'mask':
+  `data.eval_iterator`)."""
 
-  def __init__(self, objective: Any, captions: captions_lib.Captions, batches: Iterable, mesh):
-    self.objective, self.captions, self.batches = objective, captions, batches
+  def __init__(self, embed: Callable, captions: captions_lib.Captions, batches: Iterable, mesh):
+    self.captions, self.batches = captions, batches
 
     def images(params, batch):
-      zimg = objective.embed(params, batch["image"], None)[0]
+      zimg = embed(params, batch["image"], None)[0]
       return dict(zimg=zimg, label=batch["label"].argmax(-1), mask=batch["mask"])
 
     self._images = jax.jit(images, out_shardings=sharding.replicated(mesh))
-    self._texts = jax.jit(lambda p, ids: objective.embed(p, None, ids)[1])
+    self._texts = jax.jit(lambda p, ids: embed(p, None, ids)[1])
 
   def prompt_embeddings(self, params: Params) -> np.ndarray:
     """[K, T, E]: the text embedding of every class's every prompt."""
@@ -76,7 +78,7 @@ class ZeroShot(ZeroShotEvaluator):
     settings = steps.spec.data
     dataset = Dataset(settings)
     batches = data.eval_iterator(settings, steps.mesh)
-    super().__init__(steps.objective, dataset.captions, batches, steps.mesh)
+    super().__init__(steps.objective.embed, dataset.captions, batches, steps.mesh)
     self.every = steps.spec.loop.eval_every
 
 

@@ -1,0 +1,79 @@
+"""``python -m vit_jax.zeroshot`` on an image-text checkpoint that is no training run: a tiny
+SigLIP built and saved as big_vision saves it (`tests/big_vision_reference.py`), with its
+SentencePiece model, classifying a ``folder:`` dataset of images written here. Its printed
+accuracy is the one the model's own probabilities and embeddings give on the same files."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import vit_jax
+from tests.test_big_vision import IMAGE, _model, _saved, vocabulary  # noqa: F401  (its fixture)
+from vit_jax import zeroshot as zeroshot_cli
+from vit_jax.data import captions
+from vit_jax.run import defaults
+
+pytest.importorskip("sentencepiece")
+
+CLASSES = ("bird", "cat", "dog")  # the folders' names: sorted, as the labels are
+TEMPLATE = "a {}."  # within the text length in the tiny vocabulary's pieces
+N = 8  # test images
+
+
+def _accuracy(capsys, argv: list[str]) -> str:
+  capsys.readouterr()
+  assert zeroshot_cli.main(["zeroshot", *argv]) == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert lines[0].endswith(f"test: {N} images"), lines[0]
+  return dict(line.split() for line in lines[1:])["zeroshot/accuracy"]
+
+
+def _ensemble_predictions(model: vit_jax.Model, files: list[str], templates) -> np.ndarray:
+  """[N] classes from the model's own embeddings: each class the normalised mean of its
+  prompts' normalised text embeddings (CLIP's prompt ensembling), nearest by cosine."""
+  loaded = model.loaded
+  prompts = [t.format(c) for c in CLASSES for t in templates]
+  ids = loaded.tokenizer.encode(prompts, loaded.config.text_len)
+  zimg, ztxt, _ = loaded.module().apply({"params": loaded.params}, model.prepare(files), ids)
+  unit = lambda z: z / np.linalg.norm(z, axis=-1, keepdims=True)  # noqa: E731
+  classes = unit(unit(np.asarray(ztxt)).reshape(len(CLASSES), len(templates), -1).mean(1))
+  return (unit(np.asarray(zimg)) @ classes.T).argmax(-1)
+
+
+def test_big_vision_siglip_zero_shot_is_its_own_probabilities(
+  tmp_path, request, monkeypatch, capsys
+):
+  path, _ = _saved(tmp_path, request.getfixturevalue("vocabulary"), _model())
+  model = vit_jax.load(path)
+  pixels = np.random.default_rng(2).integers(0, 256, (N, IMAGE, IMAGE, 3), np.uint8)
+  files = [str(tmp_path / f"{i}.png") for i in range(N)]
+  for p, file in zip(pixels, files):  # at the model's size: no resize on either path
+    Image.fromarray(p).save(file)
+  texts = [TEMPLATE.format(c) for c in CLASSES]
+  predicted = model.text_probabilities(files, texts).argmax(-1)  # [N]
+  # Three images in the class the model picks, the rest in the next: accuracy 3/8.
+  labels = np.where(np.arange(N) < 3, predicted, (predicted + 1) % len(CLASSES))
+  root = tmp_path / "data"
+  for c in CLASSES:  # the train split names the classes
+    (root / "train" / c).mkdir(parents=True)
+    Image.fromarray(pixels[0]).save(root / "train" / c / "0.png")
+  for i, (p, label) in enumerate(zip(pixels, labels)):
+    (root / "test" / CLASSES[label]).mkdir(parents=True, exist_ok=True)
+    Image.fromarray(p).save(root / "test" / CLASSES[label] / f"{i}.png")
+  argv = [f"--checkpoint={path}", f"--dataset=folder:{root}"]
+
+  monkeypatch.setitem(captions.TEMPLATES, "one", (TEMPLATE,))
+  expected = float(np.mean(predicted == labels))
+  assert expected == 3 / N
+  assert _accuracy(capsys, [*argv, "--templates=one"]) == f"{expected:.4f}"
+  # Without --templates: the package's default templates, ensembled per class.
+  default = captions.TEMPLATES[defaults.get_config().contrastive.templates]
+  ensembled = np.mean(_ensemble_predictions(model, files, default) == labels)
+  assert ensembled != expected  # so the line below tells the templates apart
+  assert _accuracy(capsys, argv) == f"{ensembled:.4f}"
+
+  assert zeroshot_cli.main(["zeroshot", f"--checkpoint={path}"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert "is no training run, so it names no dataset: pass --dataset=folder:" in err[-1]
