@@ -1,7 +1,7 @@
 r"""Zero-shot classification and retrieval of an image-text model (SigLIP, CLIP, LiT).
 
     python -m vit_jax.zeroshot --checkpoint=/tmp/siglip_digits --dataset=digits
-    python -m vit_jax.zeroshot --checkpoint=siglip.npz --dataset=folder:/photos --templates=clip
+    python -m vit_jax.zeroshot --checkpoint=siglip.npz --dataset=folder:/photos
 
 ``--checkpoint`` is any two-tower model `vit_jax.load` reads, with its tokenizer, text
 length and eval preprocessing: a contrastive run of this package (its workdir,
@@ -11,7 +11,8 @@ or ``folder:/path``: its class names, through ``--templates``, become the prompt
 brings its own dataset and templates (the defaults) and a tokenizer trained on its
 captions, to which words it never saw are unknown (a warning says how many); any other
 checkpoint names no dataset, so ``--dataset`` is required, and the templates default to
-``config.contrastive.templates`` of `vit_jax.run.defaults`. Prints zero-shot accuracy on
+`CHECKPOINT_TEMPLATES` (CLIP's prompts for photographs: a released model was trained on
+photographs with their captions). Prints zero-shot accuracy on
 ``--split`` and retrieval recall@1/5/10 both ways (`vit_jax.run.evaluators.zeroshot`).
 """
 
@@ -30,6 +31,8 @@ from vit_jax.data.dataset import Dataset
 from vit_jax.run import defaults, objectives
 from vit_jax.run.evaluators import zeroshot
 from vit_jax.weights import sources
+
+CHECKPOINT_TEMPLATES = "clip"  # --templates' default for a checkpoint that is not a run
 
 
 def _parse(argv: Sequence[str]) -> dict[str, Any]:
@@ -105,7 +108,7 @@ def _source(values: dict[str, Any]) -> tuple[sources.LoadedModel, data.Settings,
     crop = loaded.image_size_for(argument="--checkpoint")[0]
     batch = base.batch_eval
     settings = data.Settings.for_evaluation(loaded.data_config, crop=crop, batch=batch)
-    templates = base.contrastive.templates
+    templates = CHECKPOINT_TEMPLATES
   return loaded, _with_dataset(values, settings), values["templates"] or templates
 
 
