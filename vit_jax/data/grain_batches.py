@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Iterator
 
+import cv2
 import grain
 import numpy as np
 
@@ -54,26 +55,21 @@ class Stage:
     self._settings, self._kind, self._train = settings, kind, train
     self._eye = np.eye(num_classes, dtype=np.float32)
     self._workers = workers or default_workers()
+    cv2.setNumThreads(1)  # Grain's threads are the parallelism; OpenCV's pool would spin beside
     self._shape = (settings.crop, settings.crop, 3)
 
   def image(self, value: Any, uid: int) -> np.ndarray:
-    """One example's image: the train crop's uint8 [crop, crop, 3] (normalised as it is
-    written into its batch, `_write`) or the eval image's float32; ValueError or OSError
-    when it fails."""
+    """One example's batch row, float32 [crop, crop, 3]: the train crop normalised in
+    place (or rounded, with RandAugment) in the worker thread, so that the batch's main
+    thread only copies it; or the eval image. ValueError or OSError when it fails."""
     data = read_bytes(value) if self._kind == "path" else bytes(value)
     s = self._settings
     if not self._train:
       return host_images.eval_image(data, s.eval_data_config())
     rng = host_images.example_rng(s.seed, uid)
-    return host_images.train_crop(data, rng, crop=s.crop, min_area=s.min_area, flip=s.flip)
-
-  def _write(self, image: np.ndarray, out: np.ndarray) -> None:
-    """An `image` into its batch row ``out`` (float32 [crop, crop, 3])."""
-    if image.dtype != np.uint8:
-      out[...] = image
-      return
-    s = self._settings
-    host_images.normalize_into(image, out, s.randaug is not None, s.input_mean, s.input_std)
+    pixels = host_images.train_crop(data, rng, crop=s.crop, min_area=s.min_area, flip=s.flip)
+    host_images.normalize_into(pixels, pixels, s.randaug is not None, s.input_mean, s.input_std)
+    return pixels
 
   def reason(self, value: Any, uid: int, label: int) -> str:
     """Why the example (value, uid, label) fails; "" when it does not (any more)."""
@@ -114,7 +110,7 @@ class Stage:
         if row is None:
           continue
         position, image, label, text, uid = row
-        self._write(image, batch[1][k])
+        batch[1][k] = image
         batch[0][k], batch[2][k], batch[3][k], batch[4][k] = position, label, text, uid
         k += 1
         if k == local_batch:
