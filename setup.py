@@ -18,6 +18,7 @@ INSTALL_REQUIRES = [
   "tensorflow-datasets>=4.9.6,<4.10",  # split strings, data sources; imports without TensorFlow
   "grain>=0.2.18,<0.3",  # the input pipeline's threads (vit_jax/data/grain_batches.py)
   "simplejpeg>=1.8",  # libjpeg-turbo with TensorFlow's decode settings (data/host_images.py)
+  "opencv-python-headless>=4.8",  # the train crop's resize, GIL released (data/host_images.py)
   "array-record>=0.5",  # ArrayRecord datasets, read by index (vit_jax/data/records.py)
   "safetensors>=0.4",  # the hf and timm exports and imports, numpy API (no torch)
   "huggingface_hub>=0.24",  # hf-hub: sources and official names, through the user's cache

@@ -1,0 +1,56 @@
+"""The Grain stage's batches (`data/grain_batches.py`): worker threads write each image
+straight into its batch row; a failed image's gap is closed by moving the later rows up."""
+
+import io
+from typing import Iterator
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests import train_fixtures
+from vit_jax import data
+from vit_jax.data import grain_batches
+
+CROP = 8
+
+
+def _jpeg(value: int) -> bytes:
+  out = io.BytesIO()
+  Image.fromarray(np.full((12, 10, 3), value, np.uint8)).save(out, "JPEG", quality=95)
+  return out.getvalue()
+
+
+class _Reader:
+  """A reader's stream in chunks of 5: example i is a flat JPEG of value 10 * i, or
+  broken bytes where i is in `broken`."""
+
+  def __init__(self, count: int, broken: set[int]):
+    self._values = [b"\xff\xd8\xff broken" if i in broken else _jpeg(10 * i) for i in range(count)]
+
+  def __call__(self) -> Iterator[tuple[np.ndarray, ...]]:
+    for start in range(0, len(self._values), 5):
+      ids = np.arange(start, min(start + 5, len(self._values)))
+      values = np.empty(len(ids), object)
+      values[:] = [self._values[i] for i in ids]
+      yield ids + 100, ids, values, ids % 3, np.full(len(ids), b"", object)
+
+
+@pytest.mark.parametrize("broken", [set(), {0}, {3, 4, 5}, {6, 13, 22}, set(range(7, 15))])
+def test_rows_close_the_gaps_of_failed_images(broken):
+  config = train_fixtures.common_config(dataset="digits", pp=dict(crop=CROP))
+  settings = data.Settings.from_config(config)
+  stage = grain_batches.Stage(settings, "bytes", num_classes=3, train=True, workers=2)
+  reader = _Reader(23, broken)
+  batches = list(stage.batches(reader, local_batch=4)())
+  kept = [i for i in range(23) if i not in broken]
+  positions, images, labels, _, uids = (np.concatenate(a) for a in zip(*batches))
+  assert [len(b[0]) for b in batches] == [4] * (len(kept) // 4) + [len(kept) % 4] * (
+    len(kept) % 4 > 0
+  )
+  np.testing.assert_array_equal(uids, kept)
+  np.testing.assert_array_equal(positions, np.asarray(kept) + 100)
+  np.testing.assert_array_equal(labels.argmax(-1), np.asarray(kept) % 3)
+  for uid, image in zip(kept, images):  # Each row is its own example's image.
+    np.testing.assert_array_equal(image, stage.image(_jpeg(10 * uid), uid))
+    assert abs(image.mean() - (10 * uid - 127.5) / 127.5) < 0.02
