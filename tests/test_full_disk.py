@@ -64,7 +64,7 @@ def test_full_disk_mid_save_is_the_one_error_line_and_resumes(small_disk, tmp_pa
   lines = (full.stdout + full.stderr).splitlines()
   assert lines[-1].startswith(f"Error: Out of disk space writing to {workdir}/checkpoints (")
   assert "it resumes from the last complete step." in lines[-1]
-  progress = ("Building digits", "Training ", "Compiled ", "MFU ", "step ")  # the run's own
+  progress = ("Execution on ", "Building digits", "Training ", "Compiled ", "MFU ", "step ")
   others = [line for line in lines[:-1] if not line.startswith(progress)]
   assert others == [], "\n".join(others[:20])
   checkpoints = os.path.join(workdir, "checkpoints")

@@ -188,3 +188,22 @@ def test_the_data_package_loads_its_modules_on_first_use():
     fresh_python.clean_env(),
   )
   assert out == {"before": False, "after": False, "name": "vit_jax.data.dataset"}
+
+
+def test_importing_the_package_starts_no_jax_backend():
+  """A multi-process run calls `jax.distributed.initialize` after its config file imported
+  the package: a module that makes a jnp array at import would start the backend first."""
+  out = fresh_python.run_json(
+    """
+    import importlib, json, pkgutil
+    import jax._src.xla_bridge as xla_bridge
+    import vit_jax
+    names = [m.name for m in pkgutil.walk_packages(vit_jax.__path__, "vit_jax.")]
+    for name in names:
+      if not name.endswith("__main__"):
+        importlib.import_module(name)
+    print(json.dumps({"modules": len(names), "backends": sorted(xla_bridge._backends)}))
+    """,
+    fresh_python.clean_env(),
+  )
+  assert out["modules"] > 100 and out["backends"] == []

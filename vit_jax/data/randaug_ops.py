@@ -58,7 +58,9 @@ def _times(value: tuple[jax.Array, jax.Array], n: jax.Array) -> jax.Array:
 # TPU runs a per-element gather element by element (XLA:TPU's cost model: ~2 s for a
 # batch of 128 224-pixel images), while a one-hot product is the matrix unit's work.
 
-_NIBBLES = jnp.arange(16, dtype=jnp.int32)
+# A NumPy constant: a jnp array at import would start JAX's backend before a multi-process
+# run's jax.distributed start-up.
+_NIBBLES = np.arange(16, dtype=np.int32)
 
 
 def _nibbles(image: jax.Array) -> tuple[jax.Array, jax.Array]:
