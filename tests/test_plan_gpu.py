@@ -230,8 +230,8 @@ def test_a_gpu_step_that_cannot_fit_exits_2_naming_the_shortfall(capsys):
     [
       *test_plan.TINY_PRETRAINING_COMMAND,
       "--topology=h100x8",
-      # A 20M-class head: 19 GiB of parameters, four times that with Adam and gradients.
-      "--config.num_classes=20000000",
+      # A 30M-class head: 29 GiB of parameters, four times that with Adam and gradients.
+      "--config.num_classes=30000000",
     ]
   )
   err = capsys.readouterr().err

@@ -99,6 +99,9 @@ def test_the_spec_s_model_is_typed_settings_that_create_model_also_takes(tiny_co
   assert spec.model.transformer.num_heads == tiny_config.model.transformer.num_heads
   assert spec.with_model(remat=True).model.remat and not spec.model.remat
   from_settings = models.create_model(spec.model, num_classes=3)
+  # The resolver fills an unset dtype and attention with the backend's choice.
+  tiny_config.model.dtype = spec.model.dtype
+  tiny_config.model.attention_impl = spec.model.attention_impl
   from_config = models.create_model(tiny_config.model, num_classes=3)
   assert from_settings == from_config
 

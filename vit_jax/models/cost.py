@@ -11,9 +11,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-import numpy as np
-
-from vit_jax.models import heads, options
+from vit_jax.models import execution, heads, options
 from vit_jax.models import posemb as posemb_lib
 from vit_jax.models.settings import BitSettings, ModelSettings
 
@@ -221,7 +219,7 @@ def vit_activation_bytes(
   per_layer = images * n * cfg.hidden_size
   if not (cfg.remat or compiler_rematerializes):
     per_layer += images * (t.num_heads * n * n + n * t.mlp_dim)
-  return per_layer * t.num_layers * np.dtype(cfg.dtype).itemsize
+  return per_layer * t.num_layers * execution.compute_dtype(cfg.dtype).itemsize
 
 
 def axial_activation_bytes(
@@ -237,4 +235,4 @@ def axial_activation_bytes(
   per_layer = 2 * images * n * cfg.hidden_size
   if not (cfg.remat or compiler_rematerializes):
     per_layer += images * (t.num_heads * n * (gw + gh) + 2 * n * t.mlp_dim)
-  return per_layer * t.num_layers * np.dtype(cfg.dtype).itemsize
+  return per_layer * t.num_layers * execution.compute_dtype(cfg.dtype).itemsize
