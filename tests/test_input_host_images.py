@@ -12,7 +12,7 @@ import tensorflow as tf
 from PIL import Image
 
 from vit_jax import errors
-from vit_jax.data import data_config, host_images
+from vit_jax.data import data_config, dataset, grain_batches, host_images
 
 
 def _jpeg(pixels: np.ndarray) -> bytes:
@@ -48,11 +48,14 @@ def test_eval_image_equals_tensorflows_official_eval_image(method):
   np.testing.assert_allclose(host_images.prepare([encoded], config)[0], expected, atol=1e-6)
 
 
-def test_a_tensorflow_resize_method_without_tensorflow_names_the_extra(monkeypatch):
+def test_a_tensorflow_resize_method_without_tensorflow_is_one_error_up_front(monkeypatch):
   config = dataclasses.replace(data_config.official((8, 8)), interpolation="bicubic")
   monkeypatch.setitem(sys.modules, "tensorflow", None)  # `import tensorflow` fails
   with pytest.raises(errors.ConfigError, match=r"'bicubic'.*\[tf\].*'bilinear'"):
-    host_images.eval_image(_jpeg(np.zeros((8, 8, 3), np.uint8)), config)
+    host_images.prepare(_jpeg(np.zeros((8, 8, 3), np.uint8)), config)
+  settings = dataset.Settings.for_evaluation(config, crop=8, batch=2)
+  with pytest.raises(errors.ConfigError, match=r"'bicubic'.*\[tf\]"):  # before any image
+    grain_batches.Stage(settings, "path", num_classes=2, train=False)
 
 
 @pytest.mark.parametrize("value", [0, 255, None])

@@ -92,6 +92,8 @@ class Stage:
     self._workers = workers or default_workers()
     cv2.setNumThreads(1)  # Grain's threads are the parallelism; OpenCV's pool would spin beside
     self._shape = (settings.crop, settings.crop, 3)
+    if not train:
+      host_images.check_eval_config(settings.eval_data_config())
 
   def image(self, value: Any, uid: int, out: np.ndarray | None = None) -> np.ndarray:
     """One example's batch row, float32 [crop, crop, 3], written into ``out`` where given:

@@ -34,7 +34,7 @@ import numpy as np
 import simplejpeg
 from PIL import Image
 
-from vit_jax import errors
+from vit_jax import errors, platforms
 from vit_jax.data import eval_images, image_header
 from vit_jax.data.data_config import DataConfig
 from vit_jax.image_constants import OFFICIAL_INPUT_MEAN, OFFICIAL_INPUT_STD
@@ -198,19 +198,25 @@ def resize_bilinear(pixels: np.ndarray, size: tuple[int, int]) -> np.ndarray:
   return left + (right - left) * wy[:, None, None]  # [H, W, 3]
 
 
+def check_eval_config(data_config: DataConfig) -> None:
+  """One error line, before any image is read, where ``data_config`` asks for a resize of
+  TensorFlow's (the official recipe's methods other than bilinear) and it is not installed."""
+  if data_config.resizer == "tf" and data_config.interpolation != "bilinear":
+    if not platforms.installed("tensorflow"):
+      raise errors.ConfigError(
+        f"Resizing with interpolation={data_config.interpolation!r} and resizer='tf' is "
+        "TensorFlow's own resize: pip install -e \".[tf]\", or use interpolation='bilinear'."
+      )
+
+
 def _official_resize(pixels: np.ndarray, data_config: DataConfig) -> np.ndarray:
   """uint8 [h, w, 3] -> float32 [H, W, 3]: the official recipe's resize of the whole image
   (`tf.image.resize`, no antialiasing): bilinear in NumPy, the other methods by TensorFlow
-  itself (the `tf` extra)."""
+  itself (`check_eval_config`)."""
   if data_config.interpolation == "bilinear":
     return resize_bilinear(pixels, data_config.input_size)
-  try:
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    raise errors.ConfigError(
-      f"Resizing with interpolation={data_config.interpolation!r} and resizer='tf' is "
-      "TensorFlow's own resize: pip install -e \".[tf]\", or use interpolation='bilinear'."
-    ) from None
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
   resized = tf.image.resize(pixels, data_config.input_size, method=data_config.interpolation)
   return resized.numpy().astype(np.float32)  # 'nearest' keeps uint8
 
@@ -236,6 +242,7 @@ def prepare(
   items = eval_images.image_list(images)
   if data_config.resizer == "pil":
     return eval_images.prepare_pil(items, data_config)
+  check_eval_config(data_config)
   return np.stack([_official(item, data_config) for item in items])
 
 
