@@ -26,9 +26,8 @@ INSTALL_REQUIRES = [
 ]
 
 EXTRAS_REQUIRE = {
-  # TensorFlow: the tf.data input pipeline (config.input_pipeline='tf', the default 'auto'
-  # where installed), TFRecord tfds datasets and building tfds datasets (digits included),
-  # gs:// image folders, and the SavedModel export.
+  # TensorFlow: building tfds datasets (digits included) and reading TFRecord ones, gs://
+  # paths, the official resize's methods other than bilinear, and the SavedModel export.
   "tf": ["tensorflow-cpu>=2.16,<2.22"],
   "test": [
     "pytest>=8",

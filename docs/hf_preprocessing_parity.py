@@ -5,7 +5,7 @@ r"""How close the Hugging Face export's preprocessing comes to ours, on photo-si
 
 Writes 500x375 JPEGs (smooth shapes, gradients and grain, like a photo), exports the
 checkpoint to a Hugging Face folder, and compares for each file (1) the model input that
-`vit_jax.predict` builds (`preprocess.eval_image`: TensorFlow's bilinear resize without
+`vit_jax.predict` builds (`host_images.eval_image`: TensorFlow's bilinear resize without
 antialiasing) with the one `AutoImageProcessor` builds from the export (torchvision), for
 each resample filter it offers and for PyTorch's own non-antialiased bilinear resize, at the
 model's resolution and at 224; and (2) the top-class probability through `predict` and
@@ -24,7 +24,7 @@ import vit_jax  # noqa: F401  isort: skip  (first: TensorFlow's log level)
 from PIL import Image
 
 from vit_jax import export, predict
-from vit_jax.data import data_config, preprocess
+from vit_jax.data import data_config, host_images
 from vit_jax.weights import sources
 
 sys.modules.setdefault("triton", None)  # CUDA torch vs TensorFlow: docs/inference_export.md
@@ -54,11 +54,8 @@ def photo(rng: np.random.Generator, size=(375, 500)) -> np.ndarray:
 
 
 def ours(path: str, crop: int) -> np.ndarray:
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
   with open(path, "rb") as f:
-    data = tf.constant(f.read())
-    return preprocess.eval_image(data, data_config.official((crop, crop))).numpy()  # [H, W, 3]
+    return host_images.eval_image(f.read(), data_config.official((crop, crop)))  # [H, W, 3]
 
 
 def torch_bilinear(path: str, crop: int) -> np.ndarray:

@@ -7,7 +7,7 @@ their init, 10 classes) whose ``pretrained_cfg`` says crop_pct=0.9, bicubic, Ima
 mean/std, saves it in the hub's layout and loads it with `vit_jax.weights.load`. For
 photo-like images of several sizes it compares timm's own input and logits
 (`create_transform(**resolve_data_config({}, model=m))`) with (1) ours from the
-checkpoint's data config (`preprocess.prepare(images, loaded.data_config)`) and (2) the
+checkpoint's data config (`host_images.prepare(images, loaded.data_config)`) and (2) the
 whole image resized bilinearly (the official recipe with the checkpoint's mean/std, what
 `predict`, the evaluator and `fewshot` did before the data config was read).
 Prints one markdown table.
@@ -22,7 +22,7 @@ import numpy as np
 from PIL import Image
 
 from vit_jax import weights
-from vit_jax.data import data_config, preprocess
+from vit_jax.data import data_config, host_images
 
 sys.modules.setdefault("triton", None)  # CUDA torch beside TensorFlow: tests/test_export.py
 SIZES = [(375, 500), (480, 640), (500, 333), (256, 256)]
@@ -73,7 +73,7 @@ def main() -> None:
     theirs = theirs.permute(0, 2, 3, 1).numpy()
     row = []
     for config in (loaded.data_config, whole):
-      x = preprocess.prepare(image, config)
+      x = host_images.prepare(image, config)
       got = np.asarray(module.apply({"params": loaded.params}, x))
       row.append((np.abs(x - theirs).max(), np.abs(got - want).max() / np.abs(want).max()))
     (ix, lx), (iw, lw) = row

@@ -1,6 +1,6 @@
 """The quickstart's first train batches and one eval pass, as the input pipeline gives them:
-what the TensorFlow-free test compares between the Grain path (no TensorFlow: digits from
-scikit-learn's arrays) and the tf.data path (the prepared tfds dataset)."""
+what the TensorFlow-free test compares between digits from scikit-learn's arrays (no
+TensorFlow) and the prepared tfds dataset (TensorFlow installed)."""
 
 import threading
 

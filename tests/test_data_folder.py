@@ -120,29 +120,26 @@ def test_train_labels_match_class_folders(tmp_path):
   assert np.all(labels.sum(-1) == 1)
 
 
-@pytest.mark.parametrize("input_pipeline", ["grain", "tf"])
-def test_corrupt_file_error_names_it(tmp_path, input_pipeline):
+def test_corrupt_file_error_names_it(tmp_path):
   _id_folder(tmp_path, "train", [3, 3])
   _id_folder(tmp_path, "test", [1, 1])
   bad = tmp_path / "train" / "class_1" / "broken.png"
   bad.write_bytes(b"\x89PNG\r\n\x1a\n this is not a png")
-  config = _config(tmp_path, batch=7, input_pipeline=input_pipeline)
+  config = _config(tmp_path, batch=7)
   it = data.train_iterator(data.Settings.from_config(config), _mesh())
   with pytest.raises(ValueError, match="broken.png.*skip_corrupt_images"):
     next(it)
-  config = _config(tmp_path, test_split="train", input_pipeline=input_pipeline)
+  config = _config(tmp_path, test_split="train")
   evaluation = data.eval_iterator(config, _mesh())
   with pytest.raises(ValueError, match="broken.png"):
     list(evaluation)
 
 
-@pytest.mark.parametrize("input_pipeline", ["grain", "tf"])
-def test_corrupt_file_skipped_and_counted(tmp_path, caplog, input_pipeline):
+def test_corrupt_file_skipped_and_counted(tmp_path, caplog):
   n = _id_folder(tmp_path, "train", [3, 3])
   _id_folder(tmp_path, "test", [1, 1])
   (tmp_path / "train" / "class_0" / "broken.jpg").write_bytes(b"\xff\xd8\xff garbage")
   config = _config(tmp_path, batch=7, skip_corrupt_images=True, test_split="train")
-  config.input_pipeline = input_pipeline
   with caplog.at_level(logging.WARNING):
     evaluation = data.eval_iterator(config, _mesh())
     masks, seen = [], []
@@ -197,13 +194,12 @@ def test_split_slicing_on_folders(tmp_path):
     data.dataset_info(_config(tmp_path, train_split="train[:80]", test_split="train"))
 
 
-@pytest.mark.parametrize("input_pipeline", ["grain", "tf"])
-def test_each_process_reads_its_own_shard(tmp_path, input_pipeline):
+def test_each_process_reads_its_own_shard(tmp_path):
   from vit_jax.data import dataset, pipeline
 
   n = _id_folder(tmp_path, "train", [4, 4, 3])  # 11 examples: shards of 5 and 6.
   _id_folder(tmp_path, "test", [1])
-  config = _config(tmp_path, input_pipeline=input_pipeline)
+  config = _config(tmp_path)
   ds = dataset.Dataset(dataset.Settings.from_config(config))
   epoch = []
   for process in (0, 1):

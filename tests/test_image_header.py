@@ -12,7 +12,7 @@ import tensorflow as tf
 from PIL import Image
 
 from tests import image_bombs
-from vit_jax.data import decodable, image_header
+from vit_jax.data import image_header
 
 
 def _encoded(image: Image.Image, fmt: str, **kwargs) -> bytes:
@@ -125,32 +125,3 @@ def _jpeg_patched(width: int, height: int) -> bytes:
   at = data.index(b"\xff\xc0")
   data[at + 5 : at + 9] = struct.pack(">HH", height, width)
   return bytes(data)
-
-
-def test_the_pipeline_passes_what_the_header_check_passes_and_empties_the_rest(tmp_path):
-  """`decodable.decodable` (JPEG and PNG checked in the graph, the rest in Python) gives
-  `image_header.decodable`'s bytes, or b"" where it refuses (the reason: `refusal`)."""
-  gif = str(tmp_path / "a.gif")
-  image_bombs.gif_frames(gif, frames=5, size=16)
-  webp = str(tmp_path / "a.webp")
-  image_bombs.animated_webp(webp)
-  side = int((image_header.MAX_DECODED_BYTES // 3) ** 0.5)
-  inputs = [
-    _encoded(Image.new("RGB", (30, 20)), "JPEG"),
-    _jpeg_patched(65000, 65000),
-    _encoded(Image.new("RGB", (30, 20)), "PNG"),
-    _png_claiming(side, side),
-    _png_claiming(side + 1, side + 1),
-    _encoded(Image.new("RGB", (30, 20)), "BMP"),  # ends in zero bytes, all kept
-    open(gif, "rb").read(),
-    open(webp, "rb").read(),
-    b"",
-  ]
-  checked = tf.function(decodable.decodable)
-  for data in inputs:
-    try:
-      want, reason = image_header.decodable(data), ""
-    except ValueError as e:
-      want, reason = b"", str(e)
-    assert checked(tf.constant(data)).numpy() == want
-    assert decodable.refusal(data) == reason

@@ -181,7 +181,7 @@ def test_the_data_package_loads_its_modules_on_first_use():
     from vit_jax import data
     before = "tensorflow" in sys.modules
     settings_cls = data.Settings  # TensorFlow-free
-    data.train_iterator  # the pipeline: Grain, TensorFlow only for the tf.data stage
+    data.train_iterator  # the pipeline: Grain, no TensorFlow
     print(json.dumps({"before": before, "after": "tensorflow" in sys.modules,
                       "name": settings_cls.__module__}))
     """,

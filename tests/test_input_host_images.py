@@ -1,13 +1,18 @@
-"""The Grain pipeline's host image ops (`data/host_images.py`) against TensorFlow's."""
+"""The input pipeline's host image ops (`data/host_images.py`) against TensorFlow's, the ops
+of the official recipe (big_vision's `decode`, `resize`, `value_range`, `inception_crop`),
+built here."""
 
+import dataclasses
 import io
+import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 from PIL import Image
 
-from vit_jax.data import data_config, host_images, preprocess
+from vit_jax import errors
+from vit_jax.data import data_config, dataset, grain_batches, host_images
 
 
 def _jpeg(pixels: np.ndarray) -> bytes:
@@ -16,21 +21,72 @@ def _jpeg(pixels: np.ndarray) -> bytes:
   return out.getvalue()
 
 
+def _tf_official_eval(encoded: bytes, size: tuple[int, int], method: str = "bilinear"):
+  """The official eval image by TensorFlow: the whole image decoded as RGB, resized without
+  antialiasing, (x - 127.5) / 127.5 clipped to [-1, 1]."""
+  image = tf.io.decode_image(encoded, channels=3, expand_animations=False)
+  resized = tf.cast(tf.image.resize(image, size, method=method), tf.float32)
+  return tf.clip_by_value((resized - 127.5) / 127.5, -1.0, 1.0).numpy()
+
+
 @pytest.mark.parametrize("shape, size", [((37, 53), (224, 224)), ((375, 500), (16, 16))])
 def test_resize_bilinear_equals_tensorflow(shape, size):
   # The official eval resize: tf.image.resize's half-pixel bilinear, no antialiasing.
   pixels = np.random.default_rng(0).integers(0, 256, (*shape, 3), dtype=np.uint8)
   expected = tf.image.resize(pixels, size, method="bilinear").numpy()
-  np.testing.assert_allclose(host_images.resize_bilinear(pixels, size), expected, atol=1e-4)
+  np.testing.assert_array_equal(host_images.resize_bilinear(pixels, size), expected)
 
 
-def test_eval_image_equals_the_tf_data_eval_image():
+@pytest.mark.parametrize("method", ["bilinear", "bicubic", "nearest"])
+def test_eval_image_equals_tensorflows_official_eval_image(method):
   pixels = np.random.default_rng(1).integers(0, 256, (40, 30, 3), dtype=np.uint8)
   encoded = _jpeg(pixels)
   config = data_config.official((24, 24))
-  expected = preprocess.eval_image(tf.constant(encoded), config).numpy()
-  np.testing.assert_allclose(host_images.eval_image(encoded, config), expected, atol=1e-5)
-  np.testing.assert_allclose(host_images.prepare([encoded], config)[0], expected, atol=1e-5)
+  config = dataclasses.replace(config, interpolation=method)
+  expected = _tf_official_eval(encoded, (24, 24), method)
+  np.testing.assert_allclose(host_images.eval_image(encoded, config), expected, atol=1e-6)
+  np.testing.assert_allclose(host_images.prepare([encoded], config)[0], expected, atol=1e-6)
+
+
+def test_a_tensorflow_resize_method_without_tensorflow_is_one_error_up_front(monkeypatch):
+  config = dataclasses.replace(data_config.official((8, 8)), interpolation="bicubic")
+  monkeypatch.setitem(sys.modules, "tensorflow", None)  # `import tensorflow` fails
+  with pytest.raises(errors.ConfigError, match=r"'bicubic'.*\[tf\].*'bilinear'"):
+    host_images.prepare(_jpeg(np.zeros((8, 8, 3), np.uint8)), config)
+  settings = dataset.Settings.for_evaluation(config, crop=8, batch=2)
+  with pytest.raises(errors.ConfigError, match=r"'bicubic'.*\[tf\]"):  # before any image
+    grain_batches.Stage(settings, "path", num_classes=2, train=False)
+
+
+@pytest.mark.parametrize("value", [0, 255, None])
+def test_images_lie_within_minus_one_one_exactly(value):
+  noise = np.random.default_rng(0).integers(0, 256, (75, 100, 3), dtype=np.uint8)
+  pixels = noise if value is None else np.full_like(noise, value)
+  png = io.BytesIO()
+  Image.fromarray(pixels).save(png, "PNG")
+  outputs = [host_images.eval_image(png.getvalue(), data_config.official((32, 32)))]
+  for uid in range(4):
+    crop = host_images.train_crop(
+      png.getvalue(), host_images.example_rng(7, uid), crop=32, min_area=0.05, flip=True
+    )
+    host_images.normalize_into(crop, crop, False)
+    outputs.append(crop)
+  for out in outputs:
+    assert out.shape == (32, 32, 3) and out.dtype == np.float32
+    assert out.min() >= -1.0 and out.max() <= 1.0
+    if value is not None:
+      np.testing.assert_array_equal(out, np.full_like(out, -1.0 if value == 0 else 1.0))
+
+
+def test_flip_off_keeps_orientation():
+  ramp = np.tile(np.arange(0, 256, 8, dtype=np.uint8)[None, :, None], (32, 1, 3))
+  png = io.BytesIO()
+  Image.fromarray(ramp).save(png, "PNG")
+  for uid in range(6):  # With min_area=1 the crop is the whole image.
+    out = host_images.train_crop(
+      png.getvalue(), host_images.example_rng(0, uid), crop=32, min_area=1.0, flip=False
+    )
+    assert out[0, 0, 0] < out[0, -1, 0]
 
 
 def test_crop_window_bounds_and_determinism():
@@ -61,12 +117,12 @@ def test_normalize_into_equals_normalize(mean, std):
 
 @pytest.mark.parametrize("uid", range(4))
 def test_train_crop_equals_tensorflow_on_its_window(uid):
-  # The tf.data stage's ops on the window the host drew: decode, crop, resize (bilinear, no
+  # TensorFlow's ops on the window the host drew: decode, crop, resize (bilinear, no
   # antialiasing), flip. OpenCV's float resize is within 0.01 of TensorFlow's values (0..255;
-  # 8e-5 after normalisation); the decoded pixels are the same. The tf.data stage decodes
-  # with decode_and_crop_jpeg, whose chroma upsampling differs from its own whole-image
-  # decode on a window's edge columns (up to 7 levels on about 0.5% of the pixels), so the
-  # reference here crops TensorFlow's whole decode.
+  # 8e-5 after normalisation); the decoded pixels are the same. TensorFlow's
+  # decode_and_crop_jpeg (big_vision's fused crop) upsamples chroma differently from its own
+  # whole-image decode on a window's edge columns (up to 7 levels on about 0.5% of the
+  # pixels), so the reference here crops TensorFlow's whole decode.
   rng = np.random.default_rng(uid)
   coarse = rng.integers(0, 256, (12, 16, 3), dtype=np.uint8)
   pixels = np.asarray(Image.fromarray(coarse).resize((500, 375), Image.BICUBIC))
@@ -78,7 +134,8 @@ def test_train_crop_equals_tensorflow_on_its_window(uid):
     encoded, host_images.example_rng(7, uid), crop=224, min_area=0.05, flip=True
   )
   window = tf.image.decode_jpeg(encoded, channels=3)[y : y + h, x : x + w]
-  want = preprocess.resize(tf.image.flip_left_right(window) if flipped else window, 224)
+  window = tf.image.flip_left_right(window) if flipped else window
+  want = tf.image.resize(window, [224, 224], method="bilinear")
   np.testing.assert_allclose(got, want.numpy(), rtol=0, atol=0.01)
 
 

@@ -1,10 +1,10 @@
 """Training, resuming and predicting without TensorFlow: a fresh process in which the
 package cannot find TensorFlow (its path finder is blind to it, as if it were not
-installed) trains with the Grain pipeline over an image folder (and resumes, and predicts),
-saved arrays, the quickstart's `digits` (the batches of the tf.data path, checked here
-against this process's, which has TensorFlow) and a tfds dataset prepared as ArrayRecord
-(stopped after a saved step and resumed exactly); the same dataset as TFRecord is one error
-line naming the extra and tfds' conversion."""
+installed) trains over an image folder (and resumes, and predicts), saved arrays, the
+quickstart's `digits` (scikit-learn's arrays: the batches of the tfds dataset TensorFlow
+builds, checked here in this process, which has TensorFlow) and a tfds dataset prepared as
+ArrayRecord (stopped after a saved step and resumed exactly); the same dataset as TFRecord
+is one error line naming the extra and tfds' conversion."""
 
 import os
 import pathlib
@@ -75,7 +75,7 @@ _SCRIPT = textwrap.dedent(
   assert top[0][0][0] in ("c0", "c1"), top
 
   # The quickstart's digits, from scikit-learn's arrays: it trains, and its batches are saved
-  # for the parent to compare with the tf.data path's.
+  # for the parent to compare with the tfds-built dataset's.
   assert train("digits", os.path.join(tmp, "digits_run"), 2) == 0
   np.savez(os.path.join(tmp, "digits.npz"), **batches_of.quickstart_batches())
 
@@ -164,10 +164,9 @@ def test_trains_resumes_and_predicts_without_tensorflow(tmp_path, digits_dir):
   assert "tfds convert_format --dataset_version_dir=" in done.stderr, done.stderr[-3000:]
   assert 'pip install -e ".[tf]"' in done.stderr
 
-  # The quickstart's batches without TensorFlow are the tf.data path's: the same examples
-  # in the same order (train crops differ in pixels between the stages; eval images not).
+  # The quickstart's batches without TensorFlow are those of the tfds dataset TensorFlow
+  # built: the same examples in the same order, the same PNG pixels.
   without_tf = np.load(tmp_path / "digits.npz")
-  with_tf = batches_of.quickstart_batches(data_dir=digits_dir, input_pipeline="tf")
-  for key in ("index", "label", "eval_label", "eval_mask"):
+  with_tf = batches_of.quickstart_batches(data_dir=digits_dir)
+  for key in ("index", "label", "eval_label", "eval_mask", "eval_image"):
     np.testing.assert_array_equal(without_tf[key], with_tf[key], err_msg=key)
-  np.testing.assert_allclose(without_tf["eval_image"], with_tf["eval_image"], atol=1e-6)

@@ -1,5 +1,5 @@
 """The library is as quiet as the commands: a user's script that imports jax, then uses
-vit_jax (a model, the TensorFlow input functions), prints only its own output, on a host
+vit_jax (a model, the input pipeline's image functions), prints only its own output, on a host
 with the test extras (libtpu, JAX's CUDA plugin) and no accelerator, with nothing chosen
 in its environment (`platforms.library_defaults`, run by `import vit_jax`)."""
 
@@ -16,13 +16,13 @@ SCRIPT = """
   import jax.numpy as jnp
   import numpy as np
   from vit_jax import models
-  from vit_jax.data import preprocess
+  from vit_jax.data import host_images
 
   config = models.get_model_config("testing")
   model = models.create_model(config, num_classes=3)
   x = jnp.zeros((1, 16, 16, 3))
   params = model.init(jax.random.PRNGKey(0), x)["params"]
-  image = preprocess.resize(np.zeros((8, 8, 3), np.uint8), 16)
+  image = host_images.resize_bilinear(np.zeros((8, 8, 3), np.uint8), (16, 16))
   print("logits", model.apply({"params": params}, x).shape, "image", tuple(image.shape))
   print("devices", jax.devices())
 """

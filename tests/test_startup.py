@@ -1,5 +1,6 @@
-"""Start-up of the commands: TensorFlow without Keras, the persistent compilation cache, no
-backend noise on a host with libtpu but no TPU, log lines without absl's prefix unless asked."""
+"""Start-up of the commands: no TensorFlow (and, where tfds builds with it, without Keras),
+the persistent compilation cache, no backend noise on a host with libtpu but no TPU, log
+lines without absl's prefix unless asked."""
 
 from __future__ import annotations
 
@@ -27,12 +28,15 @@ def test_command_start_up_skips_keras_and_caches_compilations(tmp_path):
     import jax
     from vit_jax import main
     main._enable_compilation_cache()
-    main._import_tensorflow()
+    tf_at_start = "tensorflow" in sys.modules  # the pipeline needs none
+    from vit_jax import platforms
+    platforms.import_tensorflow()  # as tfds' builds call it
     import tensorflow as tf
     print(json.dumps(dict(
       keras=sorted(m for m in sys.modules if m.split(".")[0] in ("keras", "tf_keras")),
-      blocked_left=[m for m in main._KERAS_EAGER_IMPORTS if m in sys.modules],
+      blocked_left=[m for m in platforms._KERAS_EAGER_IMPORTS if m in sys.modules],
       tf_works=float(tf.reduce_sum(tf.ones([3]))),
+      tf_at_start=tf_at_start,
       cache=jax.config.jax_compilation_cache_dir,
     )))
     """,
@@ -40,7 +44,7 @@ def test_command_start_up_skips_keras_and_caches_compilations(tmp_path):
   )
   assert out["keras"] == []  # TensorFlow's eager import of Keras was skipped
   assert out["blocked_left"] == []  # and Keras still imports if asked for
-  assert out["tf_works"] == 3.0
+  assert out["tf_works"] == 3.0 and not out["tf_at_start"]
   assert out["cache"] == str(tmp_path / "vit_jax" / "xla")
 
 

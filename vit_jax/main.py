@@ -23,10 +23,6 @@ from absl import flags, logging
 
 from vit_jax import cli, distributed, errors
 
-# TensorFlow imports Keras's optimizers at its own import (to register them for SavedModels,
-# ~3 s of every start-up) and goes on without them when that import fails. The job reads
-# data with tf.data and never uses Keras; Keras still imports normally if asked for later.
-_KERAS_EAGER_IMPORTS = ("keras.src.optimizers", "tf_keras.src.optimizers")
 _CACHE_MAX_BYTES = 2 * 2**30
 
 
@@ -84,23 +80,6 @@ def _parse(argv: Sequence[str]) -> dict[str, Any]:
     except Exception as e:  # pylint: disable=broad-except
       raise errors.CommandLineError(f"Cannot load the config file: {cli.last_line(str(e))}") from e
   return values
-
-
-def _import_tensorflow() -> None:
-  """Imports TensorFlow, where installed, without its eager import of Keras (see
-  `_KERAS_EAGER_IMPORTS`)."""
-  if "tensorflow" in sys.modules:
-    return
-  blocked = [name for name in _KERAS_EAGER_IMPORTS if name not in sys.modules]
-  for name in blocked:
-    sys.modules[name] = None  # `import name` raises ImportError, which TensorFlow skips
-  try:
-    import tensorflow  # noqa: F401  # pylint: disable=g-import-not-at-top,unused-import
-  except ImportError:
-    pass  # TensorFlow is optional (the [tf] extra): the Grain input pipeline needs none.
-  finally:
-    for name in blocked:
-      del sys.modules[name]
 
 
 def _enable_compilation_cache() -> None:
@@ -162,7 +141,6 @@ def _train(values: dict[str, Any]) -> int:
 
 def main(argv: Sequence[str]) -> int:
   """Parses ``argv`` (argv[0]: the program), trains and evaluates; the exit status."""
-  _import_tensorflow()  # before the config file, which imports it (configs/common.py)
   return cli.run_command(argv, _parse, _train, context=lambda v: (v["workdir"], v["config"]))
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 
 import jax
 
@@ -29,6 +30,11 @@ import jax
 # context, cuDNN's and NCCL's buffers). Read by the GPU plan as its memory budget.
 GPU_MEMORY_FRACTION = 0.9
 MEM_FRACTION_VARIABLE = "XLA_PYTHON_CLIENT_MEM_FRACTION"  # JAX's
+
+# TensorFlow imports Keras's optimizers at its own import (to register them for SavedModels,
+# ~3 s) and goes on without them when that import fails. Building a tfds dataset never
+# uses Keras; Keras still imports normally if asked for later.
+_KERAS_EAGER_IMPORTS = ("keras.src.optimizers", "tf_keras.src.optimizers")
 
 # JAX's CUDA plugin modules, by CUDA major version (`jax[cuda13-local]` installs the first).
 CUDA_PLUGINS = ("jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12")
@@ -41,6 +47,21 @@ def installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
   except ImportError:
     return False
+
+
+def import_tensorflow() -> None:
+  """Imports TensorFlow, where installed and not yet imported, without its eager import of
+  Keras (`_KERAS_EAGER_IMPORTS`): call it before tfds builds or reads a dataset with it."""
+  if "tensorflow" in sys.modules or not installed("tensorflow"):
+    return
+  blocked = [name for name in _KERAS_EAGER_IMPORTS if name not in sys.modules]
+  for name in blocked:
+    sys.modules[name] = None  # `import name` raises ImportError, which TensorFlow skips
+  try:
+    import tensorflow  # noqa: F401  # pylint: disable=g-import-not-at-top,unused-import
+  finally:
+    for name in blocked:
+      del sys.modules[name]
 
 
 def _accelerator_attached() -> bool:

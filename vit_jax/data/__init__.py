@@ -14,9 +14,9 @@ with its captions are a run's ``spec.data``, or `vit_jax.run.objectives.data_set
   make_global_batch(local_batch, mesh) -> global jax.Arrays
   local_batch_size(global_batch, mesh, key) -> this process's rows; fails on a batch
       that does not split over the processes and the 'data' devices
-The names load on first use (PEP 562): the pipeline's modules import Grain, and tf.data's
-and tfds datasets' modules TensorFlow (config.input_pipeline), which a step, a plan or a
-weights import never needs. Opening a tfds dataset registers the `digits` builder.
+The names load on first use (PEP 562): the pipeline's modules import Grain and tfds, which
+a step, a plan or a weights import never needs. Opening a tfds dataset registers the
+`digits` builder.
 """
 
 from __future__ import annotations

@@ -110,10 +110,10 @@ def prefetch_to_device(
   A daemon thread reads `batches` and starts the host-to-device copies, so input
   preparation overlaps the training step. size <= 0 disables the thread. Errors in
   the thread are raised to the consumer. Closing the generator sets `stop`, stops the
-  thread and closes `batches` (waiting up to _STOP_SECONDS): a tf.data pipeline left
-  running when the interpreter exits can abort it ("terminate called ...", status 134).
-  The thread can only stop between batches, so a producer that may block (tf.data
-  waiting for a read) must watch `stop` too and end at once when it is set.
+  thread and closes `batches` (waiting up to _STOP_SECONDS), so that no input thread is
+  left running when the interpreter exits. The thread can only stop between batches, so
+  a producer that may block (a reader waiting for a read) must watch `stop` too and end
+  at once when it is set.
   """
   if size <= 0:
     for batch in batches:

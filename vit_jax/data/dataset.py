@@ -28,29 +28,19 @@ if TYPE_CHECKING:
 
 # Keys that may hold None: no local tfds dir, no manual-download dir, classes from the data.
 _OPTIONAL = ("data_dir", "manual_dir", "num_classes")
-# config.input_pipeline: Grain's threads with Pillow (no TensorFlow), tf.data, or 'auto':
-# tf.data where TensorFlow is installed (it measured faster on 2 cores:
-# docs/input_pipelines.md), else Grain.
-INPUT_PIPELINES = ("auto", "grain", "tf")
-DEFAULT_INPUT_PIPELINE = "auto"
+# config.input_pipeline named a decoding stage when tf.data was one; Grain's is the only one
+# now, so the config.json of older runs ('auto', 'grain') still reads, and 'tf' is refused.
+_RETIRED_INPUT_PIPELINES = ("auto", "grain")
 
 
-def _input_pipeline(name: str) -> str:
-  """config.input_pipeline -> the stage that runs ('grain' or 'tf'); one error line for an
-  unknown name or 'tf' without TensorFlow."""
-  if name not in INPUT_PIPELINES:
+def _check_input_pipeline(config: Any) -> None:
+  """One error line for a config that still asks for the tf.data stage."""
+  name = config.get("input_pipeline")
+  if name is not None and name not in _RETIRED_INPUT_PIPELINES:
     raise errors.ConfigError(
-      f"config.input_pipeline={name!r} must be one of {INPUT_PIPELINES}: 'grain' (Pillow on "
-      "the host, no TensorFlow), 'tf' (tf.data) or 'auto' (tf.data where TensorFlow is "
-      "installed)."
+      f"config.input_pipeline={name!r}: the tf.data stage was removed; every source is read "
+      "by the Grain stage (docs/input_pipelines.md). Remove the setting."
     )
-  has_tf = platforms.installed("tensorflow")
-  if name == "tf" and not has_tf:
-    raise errors.ConfigError(
-      "config.input_pipeline='tf' needs TensorFlow: pip install -e \".[tf]\", or set "
-      "config.input_pipeline='grain'."
-    )
-  return "tf" if name == "tf" or (name == "auto" and has_tf) else "grain"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +80,6 @@ class Settings:
   text: Optional[CaptionSettings] = None
   # The eval preprocessing where it is not the official recipe (a crop, another resize).
   eval_data: Optional[data_config.DataConfig] = None
-  input_pipeline: str = "grain"  # the stage that runs: 'grain' or 'tf' (`_input_pipeline`)
 
   def eval_data_config(self) -> data_config.DataConfig:
     """The eval images' preprocessing, at ``crop`` (which a command may have changed)."""
@@ -166,9 +155,8 @@ class Settings:
       input_mean=tuple(model.get("input_mean", OFFICIAL_INPUT_MEAN)),
       input_std=tuple(model.get("input_std", OFFICIAL_INPUT_STD)),
       text=needs.text,
-      # Absent from the config.json of runs made before it existed.
-      input_pipeline=_input_pipeline(str(config.get("input_pipeline", DEFAULT_INPUT_PIPELINE))),
     )
+    _check_input_pipeline(config)
     for key in ("crop", "batch", "batch_eval", "shuffle_buffer"):
       if getattr(settings, key) <= 0:
         raise errors.ConfigError(

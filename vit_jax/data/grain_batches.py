@@ -1,15 +1,14 @@
-"""The Grain stage of the input pipeline: a reader's chunks -> preprocessed numpy batches,
-without TensorFlow (`config.input_pipeline='grain'`).
+"""The input pipeline's decoding stage: a reader's chunks -> preprocessed numpy batches, in
+Grain's threads, without TensorFlow.
 
 Each chunk of a reader (`readers.py`: positions, uids, values, labels, texts in stream
 order) becomes a `grain.MapDataset` whose map reads the file (a 'path' source), checks
 and decodes the image (`host_images`) and preprocesses it; Grain runs the map over
 `workers` threads in order (`ReadOptions`); the threads drain at the end of each chunk
 (`readers.CHUNK` examples: a few images' idle time per thousand). A failed image is left
-out, as the tf.data stage's `ignore_errors`, so `pipeline._realign` finds its position
-and `Stage.reason` names the error. Each worker thread writes its images straight into
-their rows of the batch arrays (`_Buffers`), so the main thread copies an image only to
-close the gap a failed one leaves.
+out, so `pipeline._realign` finds its position and `Stage.reason` names the error. Each
+worker thread writes its images straight into their rows of the batch arrays
+(`_Buffers`), so the main thread copies an image only to close the gap a failed one leaves.
 """
 
 from __future__ import annotations
@@ -93,6 +92,8 @@ class Stage:
     self._workers = workers or default_workers()
     cv2.setNumThreads(1)  # Grain's threads are the parallelism; OpenCV's pool would spin beside
     self._shape = (settings.crop, settings.crop, 3)
+    if not train:
+      host_images.check_eval_config(settings.eval_data_config())
 
   def image(self, value: Any, uid: int, out: np.ndarray | None = None) -> np.ndarray:
     """One example's batch row, float32 [crop, crop, 3], written into ``out`` where given:
@@ -154,8 +155,7 @@ class Stage:
 
   def batches(self, reader: readers.Reader, local_batch: int) -> Callable[[], Iterator[tuple]]:
     """A function giving a fresh stream of (positions, images, labels, texts, uids)
-    batches of at most `local_batch` rows (failed images left out), as the tf.data
-    stage's `as_numpy_iterator`."""
+    batches of at most `local_batch` rows (failed images left out)."""
 
     def stream() -> Iterator[tuple[np.ndarray, ...]]:
       buffers = _Buffers(functools.partial(self._empty, local_batch), local_batch)

@@ -2,11 +2,10 @@
 
 Per process:
   order.py positions -> readers.py: (position, uid, encoded image or path, label, caption)
-  chunks, read ahead in a thread -> the stage config.input_pipeline names (Grain's threads,
-  `grain_batches`, or tf.data, `tf_batches`): read file, decode + preprocess in parallel
-  (deterministic order), drop examples whose image fails -> numpy batches realigned on
-  positions, so a failed image is found by position and reported by name (or, with
-  config.skip_corrupt_images, replaced) -> batching.prefetch_to_device.
+  chunks, read ahead in a thread -> Grain's threads (`grain_batches`): read file, decode +
+  preprocess in parallel (deterministic order), drop examples whose image fails -> numpy
+  batches realigned on positions, so a failed image is found by position and reported by
+  name (or, with config.skip_corrupt_images, replaced) -> batching.prefetch_to_device.
 
 Train batches do not depend on the process count: row r of every global batch of B rows
 comes from "lane" r, the r-th of B contiguous blocks of the split, which visits its
@@ -32,7 +31,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterator
 
 import jax
 import numpy as np
@@ -40,34 +39,10 @@ from absl import logging
 
 from vit_jax import errors
 from vit_jax.aliases import HostBatch
-from vit_jax.data import batching, order, readers
+from vit_jax.data import batching, grain_batches, order, readers
 from vit_jax.data.dataset import Dataset, Settings, as_settings
 
 _EVAL_WINDOW = 10_000  # Examples an eval pass reads at a time.
-
-
-class Stage(Protocol):
-  """What the pipeline needs of its preprocessing stage (`grain_batches`, `tf_batches`)."""
-
-  def batches(self, reader: readers.Reader, local_batch: int) -> Callable[[], Iterator[tuple]]:
-    """A function giving a fresh stream of (positions, images, labels, texts, uids)
-    batches in position order, the examples whose image failed left out."""
-    ...
-
-  def reason(self, value: Any, uid: int, label: int) -> str:
-    """Why one example's image fails, in words."""
-    ...
-
-
-def stage(settings: Settings, kind: str, num_classes: int, train: bool) -> Stage:
-  """The preprocessing stage `settings.input_pipeline` names (Grain's or tf.data's)."""
-  if settings.input_pipeline == "tf":
-    from vit_jax.data import tf_batches  # pylint: disable=g-import-not-at-top  (TensorFlow)
-
-    return tf_batches.Stage(settings, kind, num_classes, train)
-  from vit_jax.data import grain_batches  # pylint: disable=g-import-not-at-top
-
-  return grain_batches.Stage(settings, kind, num_classes, train)
 
 
 def _realign(
@@ -128,7 +103,7 @@ def _blanks(settings: Settings, num_classes: int) -> tuple[tuple[tuple[int, ...]
 class _Failures:
   """Reports images that could not be read or decoded: raise, or log and count."""
 
-  def __init__(self, reader: readers.Reader, stage: Stage, skip: bool):
+  def __init__(self, reader: readers.Reader, stage: grain_batches.Stage, skip: bool):
     self.reader, self.stage, self.skip = reader, stage, skip
     self.count = 0
 
@@ -149,10 +124,6 @@ class _Failures:
     logging.warning(
       "Skipped unreadable image %r (%s); %d skipped so far.", name, reason, self.count
     )
-
-
-def _stream_failed(reader: readers.Reader) -> BaseException:
-  return reader.error or RuntimeError(f"The input stream of {reader.source.name} ended.")
 
 
 def local_train_batches(
@@ -187,7 +158,7 @@ def local_train_batches(
   reader = readers.LaneReader(
     source, process * local_batch, local_batch, num_lanes, window, settings.seed, start_step, stop
   )
-  preprocessing = stage(settings, source.kind, dataset.num_classes, train=True)
+  preprocessing = grain_batches.Stage(settings, source.kind, dataset.num_classes, train=True)
   failures = _Failures(reader, preprocessing, settings.skip_corrupt_images)
   blanks = _blanks(settings, dataset.num_classes)
 
@@ -198,8 +169,6 @@ def local_train_batches(
     ):
       if stop is not None and stop.is_set():
         return  # The stream was cut short: its last rows are missing, not failed.
-      if reader.error is not None:
-        raise reader.error
       if not present.all():
         for row in np.flatnonzero(~present):
           failures.report(q + int(row))
@@ -224,8 +193,8 @@ def local_train_batches(
           labels, step=q // local_batch, first_row=process * local_batch, seed=settings.seed
         )
       yield batch
-    if stop is None or not stop.is_set():
-      raise _stream_failed(reader)
+    if stop is None or not stop.is_set():  # an endless stream ended: a bug, not the data
+      raise RuntimeError(f"The input stream of {source.name} ended.")
 
   return batches()
 
@@ -246,7 +215,9 @@ class EvalBatches:
     self._reader = readers.ShardReader(
       self.source, lo, lambda position: order.eval_pieces(hi - lo, _EVAL_WINDOW, position)
     )
-    preprocessing = stage(settings, self.source.kind, dataset.num_classes, train=False)
+    preprocessing = grain_batches.Stage(
+      settings, self.source.kind, dataset.num_classes, train=False
+    )
     self._failures = _Failures(self._reader, preprocessing, settings.skip_corrupt_images)
     # Built once: each call re-runs the reader from position 0 (a fresh pass).
     self._stream = preprocessing.batches(self._reader, local_batch)
@@ -257,13 +228,10 @@ class EvalBatches:
     return self.num_batches
 
   def __iter__(self) -> Iterator[HostBatch]:
-    self._reader.error = None
     stop = self.num_batches * self._local_batch
     for q, images, labels, texts, _, present in _realign(
       self._stream(), 0, self._local_batch, self._blanks, stop=stop
     ):
-      if self._reader.error is not None:
-        raise self._reader.error
       real = q + np.arange(self._local_batch) < self._size
       for row in np.flatnonzero(real & ~present):
         self._failures.report(q + int(row))
@@ -274,8 +242,6 @@ class EvalBatches:
         indices = self._first + q + np.arange(len(labels))
         batch["text"] = self._dataset.captions.eval_ids(labels, indices)
       yield batch
-    if self._reader.error is not None:
-      raise self._reader.error
 
 
 def train_iterator(

@@ -191,7 +191,7 @@ def randaugment(images: jax.Array, key: jax.Array, layers: int, magnitude: float
 
 
 def normalize(pixels: jax.Array, mean: Sequence[float], std: Sequence[float]) -> jax.Array:
-  """uint8 pixels -> float32 as `preprocess.normalize` gives for the same values (the
+  """uint8 pixels -> float32 as `host_images.normalize` gives for the same values (the
   official (x - 127.5) / 127.5 in [-1, 1], else (x / 255 - mean) / std)."""
   x = pixels.astype(jnp.float32)
   if tuple(mean) == OFFICIAL_INPUT_MEAN and tuple(std) == OFFICIAL_INPUT_STD:

@@ -1,18 +1,15 @@
 """Readers: the visiting order of order.py -> chunks of examples for the decoding stage.
 
-A reader is the generator function the pipeline hands to its stage (Grain's,
-`grain_batches`, iterates it; tf.data's, `tf_batches`, wraps it in
-tf.data.Dataset.from_generator). Called, it streams (positions, uids, values, labels,
-texts) chunks, each [k], in stream-position order; uid = epoch * num_examples + index in
+A reader is the generator function the pipeline hands to its stage (`grain_batches`
+iterates it). Called, it streams (positions, uids, values, labels, texts) chunks, each
+[k], in stream-position order; uid = epoch * num_examples + index in
 the split (it seeds the train augmentation). A source with free text (`free_text`) reads
 a third array, each example's captions; the reader picks one per example and epoch
 (`free_text.choose`, keyed by the uid, so resumed and multi-process runs pick alike); the
 texts of other sources are empty. The next read runs in a thread while a chunk
-is consumed. tf.data ends a generator's stream quietly when it raises under
-ignore_errors(), so a reader keeps the exception in `error` for the consumer to raise.
-A train reader's stream also ends as soon as its `stop` event is set (the train iterator
-was closed): tf.data, blocked on the next chunk, then ends at once instead of waiting for
-a read in progress.
+is consumed; a failed read raises from the stream. A train reader's stream also ends as
+soon as its `stop` event is set (the train iterator was closed), without waiting for a
+read in progress.
 
 ShardReader serves one contiguous shard of the split (evaluation); LaneReader serves a
 block of rows of every global train batch (the lanes of pipeline.py's docstring).
@@ -50,10 +47,9 @@ class Reader(Protocol):
   """What the pipeline needs of a reader."""
 
   source: SplitSource
-  error: BaseException | None  # The failure that ended the last stream, if any.
 
   def __call__(self) -> Iterator[Chunk]:
-    """The stream from the reader's start; a failure ends it and is kept in `error`."""
+    """The stream from the reader's start; a failed read raises."""
     ...
 
   def locate(self, position: int) -> Example:
@@ -91,12 +87,11 @@ def _read_ahead(
 
 
 class _PieceReader(abc.ABC):
-  """What both readers share: error capture, and locating a position by its piece."""
+  """What both readers share: chunks of read rows, and locating a position by its piece."""
 
   def __init__(self, source: SplitSource, seed: int | None = None):
     self.source = source
     self.seed = seed  # picks a caption per epoch; None: each example's first (evaluation)
-    self.error: BaseException | None = None
 
   def _chunk(self, positions: np.ndarray, uids: np.ndarray, rows: Arrays) -> Chunk:
     """A chunk of read rows (values, labels[, captions]), one caption picked per row."""
@@ -108,18 +103,12 @@ class _PieceReader(abc.ABC):
     return positions, uids, values, labels, texts
 
   @abc.abstractmethod
-  def _chunks(self) -> Iterator[Chunk]:
-    """The stream of Reader.__call__, raising on failure."""
+  def __call__(self) -> Iterator[Chunk]:
+    """The stream from the reader's start (`Reader`)."""
 
   @abc.abstractmethod
   def _piece_at(self, position: int) -> tuple[int, order.Piece]:
     """(split index of the shard's first example, the shard's piece from `position`)."""
-
-  def __call__(self) -> Iterator[Chunk]:
-    try:
-      yield from self._chunks()
-    except Exception as e:  # Kept for the consumer; see the module docstring.
-      self.error = e
 
   def locate(self, position: int) -> Example:
     shard_start, piece = self._piece_at(position)
@@ -143,7 +132,7 @@ class ShardReader(_PieceReader):
     lo, hi = piece.window
     return self.source.read(self.shard_start + lo, self.shard_start + hi)
 
-  def _chunks(self) -> Iterator[Chunk]:
+  def __call__(self) -> Iterator[Chunk]:
     n = self.source.num_examples
     for piece, rows in _read_ahead(self.pieces_from(0), self._read):
       for c in range(0, len(piece.offsets), CHUNK):
@@ -261,7 +250,7 @@ class LaneReader(_PieceReader):
         t += b - a
     return out
 
-  def _chunks(self) -> Iterator[Chunk]:
+  def __call__(self) -> Iterator[Chunk]:
     """Per block, (positions, uids, values, labels) in position order."""
     cache, step = {}, self.start_step
     for (plan, needed, _), loaded in _read_ahead(self._blocks(), self._load, self.stop):

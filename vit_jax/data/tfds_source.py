@@ -105,6 +105,7 @@ class TfdsDataset:
     """Builds `digits`, or a dataset from config.manual_dir; nothing else downloads."""
     if self.builder.is_prepared():
       return
+    platforms.import_tensorflow()  # tfds builds with TensorFlow (without Keras: seconds less)
     if self.name == digits.Digits.name:
       logging.info("Building %s into %s (once, a second or two).", self.name, self._data_dir_text())
       tfds.disable_progress_bar()  # tqdm bars of a second's work, among the log lines
@@ -202,6 +203,7 @@ class TfdsDataset:
   def _as_dataset(self, split, decoders) -> Any:
     """The tf.data.Dataset of a split: tfds' reader (TensorFlow: a prepared dataset without it
     is ArrayRecord, read by `records`, `_check_readable`)."""
+    platforms.import_tensorflow()
     try:
       # One file at a time: tfds' default interleaves the ranges of a multi-range read
       # in blocks of 16 records, mixing lanes' windows.

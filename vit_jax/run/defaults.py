@@ -36,10 +36,6 @@ def get_config() -> ml_collections.ConfigDict:
   config.shuffle_buffer = 50_000
   config.prefetch = 2
   config.skip_corrupt_images = False
-  # The input pipeline's decoding stage: 'grain' (Pillow in Grain's threads, no TensorFlow),
-  # 'tf' (tf.data; the [tf] extra) or 'auto' (tf.data where TensorFlow is installed). Same
-  # order, batches and resume; the train crops' pixels differ a little.
-  config.input_pipeline = "auto"
 
   # Model (vit_jax.models.MODEL_NAMES) and its pre-trained weights.
   config.model = models.get_model_config("ViT-B_16")
