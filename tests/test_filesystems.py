@@ -35,11 +35,11 @@ def test_local_and_file_url_paths_read_through_os(tmp_path, monkeypatch):
     assert grain_batches.read_bytes(found[1].encode()) == b"0123456789"
 
 
-@pytest.mark.parametrize("call", ["isdir", "exists", "listdir", "glob", "open_binary"])
+@pytest.mark.parametrize("call", ["isdir", "exists", "listdir", "glob", "open_binary", "read_head"])
 def test_a_remote_path_without_tensorflow_is_one_line_naming_it_and_the_fix(call, monkeypatch):
   monkeypatch.setitem(sys.modules, "tensorflow", None)
   with pytest.raises(errors.ConfigError) as raised:
-    getattr(filesystems, call)("gs://bucket/data/train")
+    getattr(filesystems, call)("gs://bucket/data/train", *([1] if call == "read_head" else []))
   message = str(raised.value)
   assert "\n" not in message and "'gs://bucket/data/train'" in message
   assert 'pip install -e ".[tf]"' in message and "copy it to a local disk" in message
@@ -62,6 +62,8 @@ def test_a_remote_caption_folder_and_its_images_read_through_tf_gfile(monkeypatc
   assert list(paths) == images
   assert list(texts) == [("the first",), ("the second",)]
   assert grain_batches.read_bytes(paths[0]) == b"not decoded here a.png"
+  with pytest.raises(OSError, match="missing.png"):  # as a local file's: the image is left out
+    grain_batches.read_bytes(f"{root}/train/imgs/missing.png")
   # The bound on an image's bytes holds for a remote file too.
   monkeypatch.setattr(input_files, "MAX_IMAGE_BYTES", 8)
   with pytest.raises(OSError, match="more than 8 bytes"):

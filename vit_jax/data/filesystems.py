@@ -66,3 +66,19 @@ def open_binary(path: str, exact: bool = False) -> BinaryIO:
   if gfile:
     return gfile.GFile(path, "rb")
   return open(_local(path), "rb", buffering=0 if exact else -1)  # noqa: SIM115  (the caller's)
+
+
+def read_head(path: str, size: int) -> bytes:
+  """Up to ``size`` bytes from the start of file ``path``. A remote read that fails raises
+  OSError, as a local one does, so the input stage leaves that image out either way."""
+  gfile = _gfile(path)
+  if not gfile:
+    with open(_local(path), "rb") as f:
+      return f.read(size)
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (imported by _gfile)
+
+  try:
+    with gfile.GFile(path, "rb") as f:
+      return f.read(size)
+  except tf.errors.OpError as e:
+    raise OSError(f"{path}: {e.message}") from None

@@ -46,8 +46,7 @@ def read_bytes(path: Any) -> bytes:
   """A 'path' source's file (local, or remote through `filesystems`), at most
   `input_files.MAX_IMAGE_BYTES` (OSError else)."""
   name = path.decode() if isinstance(path, bytes) else str(path)
-  with filesystems.open_binary(name) as f:
-    data = f.read(input_files.MAX_IMAGE_BYTES + 1)
+  data = filesystems.read_head(name, input_files.MAX_IMAGE_BYTES + 1)
   if len(data) > input_files.MAX_IMAGE_BYTES:
     raise OSError(f"more than {input_files.MAX_IMAGE_BYTES:,} bytes, larger than an image may be")
   return data
