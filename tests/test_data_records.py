@@ -11,7 +11,7 @@ import tensorflow_datasets as tfds
 
 from tests import train_fixtures
 from vit_jax import errors, platforms
-from vit_jax.data import dataset, order, pipeline, readers, records, tfds_source
+from vit_jax.data import dataset, filesystems, order, pipeline, readers, records, tfds_source
 
 _SHARDS = 3  # digits' 1,437 train examples in 3 files: ranges cross files.
 
@@ -62,7 +62,8 @@ def test_tfrecord_windows_are_single_reads_of_their_own_bytes(prepared, monkeypa
   calls = []  # (path, offset, size) of every read.
 
   class Recorded:
-    def __init__(self, path):
+    def __init__(self, path, exact=False):
+      assert exact  # unbuffered: the file reads what is asked, no read-ahead
       self.file, self.path, self.offset = open(path, "rb", buffering=0), path, 0
 
     def seek(self, offset):
@@ -79,7 +80,7 @@ def test_tfrecord_windows_are_single_reads_of_their_own_bytes(prepared, monkeypa
     def __exit__(self, *exc):
       self.file.close()
 
-  monkeypatch.setattr(records, "_open", Recorded)
+  monkeypatch.setattr(filesystems, "open_binary", Recorded)
   monkeypatch.setattr(readers, "CHUNK", 16)  # Blocks of 2 steps: little read ahead.
   source = _dataset(prepared["tfrecord"], train_split="train").split("train")
   shards = [shard for split in source._records.values() for shard in split.shards]

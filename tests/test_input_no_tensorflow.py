@@ -2,9 +2,10 @@
 package cannot find TensorFlow (its path finder is blind to it, as if it were not
 installed) trains over an image folder (and resumes, and predicts), saved arrays, the
 quickstart's `digits` (scikit-learn's arrays: the batches of the tfds dataset TensorFlow
-builds, checked here in this process, which has TensorFlow) and a tfds dataset prepared as
-ArrayRecord (stopped after a saved step and resumed exactly); the same dataset as TFRecord
-is one error line naming the extra and tfds' conversion."""
+builds, checked here in this process, which has TensorFlow), a tfds dataset prepared as
+ArrayRecord and SigLIP on a captions folder and on WebDataset shards (each stopped after a
+saved step and resumed exactly, then evaluated); the same tfds dataset as TFRecord is one
+error line naming the extra and tfds' conversion."""
 
 import os
 import pathlib
@@ -19,7 +20,7 @@ from tests import batches_of
 
 _SCRIPT = textwrap.dedent(
   """
-  import importlib.machinery, os, sys
+  import importlib.machinery, os, pathlib, sys
 
   class HideTensorFlow:
     @staticmethod
@@ -40,11 +41,16 @@ _SCRIPT = textwrap.dedent(
   import vit_jax
   from configs import quickstart
   from tests import batches_of
+  from tests import image_text_fixtures as fixtures
   from vit_jax import data, main, run
   from vit_jax.data import arrays
   from vit_jax.weights import orbax_steps
 
   tmp, array_record_dir, tfrecord_dir = sys.argv[1:]
+  # Runs of one model share their programs through JAX's compilation cache (a resumed run
+  # compiles what its straight run did): seconds, not minutes, for the runs below.
+  jax.config.update("jax_compilation_cache_dir", os.path.join(tmp, "xla"))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   rng = np.random.default_rng(0)
   for split, n in (("train", 24), ("test", 8)):
     for k in range(n):
@@ -79,37 +85,53 @@ _SCRIPT = textwrap.dedent(
   assert train("digits", os.path.join(tmp, "digits_run"), 2) == 0
   np.savez(os.path.join(tmp, "digits.npz"), **batches_of.quickstart_batches())
 
-  # A tfds dataset prepared as ArrayRecord: stopped after step 4 (step 3 saved), resumed.
+  # Stopped after step 4 (step 3 saved) and resumed, a run ends as a straight one: its step
+  # 6 parameters and the metrics `keys` (evaluation's among them), bit for bit.
+  def resumes_exactly(config, name, keys):
+    straight_dir, resumed_dir = (os.path.join(tmp, name, d) for d in ("straight", "resumed"))
+    straight = run.train_and_evaluate(config, straight_dir)
+    real_iterator = data.train_iterator
+
+    def preempted(*args, **kwargs):
+      batches = real_iterator(*args, **kwargs)
+      for _ in range(4):
+        yield next(batches)
+      batches.close()
+      raise RuntimeError("preempted")
+
+    data.train_iterator = preempted
+    try:
+      run.train_and_evaluate(config, resumed_dir)
+      raise AssertionError("not preempted")
+    except RuntimeError as e:
+      assert str(e) == "preempted", e
+    finally:
+      data.train_iterator = real_iterator
+    assert sorted(os.listdir(os.path.join(resumed_dir, "checkpoints"))) == ["3"]
+    resumed = run.train_and_evaluate(config, resumed_dir)
+    for key in keys:
+      assert resumed[key] == straight[key], (name, key, resumed, straight)
+    a = orbax_steps.read_params(os.path.join(straight_dir, "checkpoints", "6"))
+    b = orbax_steps.read_params(os.path.join(resumed_dir, "checkpoints", "6"))
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True):
+      np.testing.assert_array_equal(x, y)
+
+  # A tfds dataset prepared as ArrayRecord.
   config = quickstart.get_config()
   config.update(dict(dataset="no_tf_images", data_dir=array_record_dir, batch=8, batch_eval=8,
     total_steps=6, checkpoint_every=3, log_every=1, eval_every=100, shuffle_buffer=16))
   config.lr.warmup_steps, config.pp.crop, config.fewshot.every = 1, 8, 0
   config.model.transformer.num_layers = 1
-  straight = run.train_and_evaluate(config, os.path.join(tmp, "straight"))
-  real_iterator = data.train_iterator
+  resumes_exactly(config, "tfds", ("train/loss", "eval/loss", "eval/accuracy"))
 
-  def preempted(*args, **kwargs):
-    batches = real_iterator(*args, **kwargs)
-    for _ in range(4):
-      yield next(batches)
-    batches.close()
-    raise RuntimeError("preempted")
-
-  data.train_iterator = preempted
-  try:
-    run.train_and_evaluate(config, os.path.join(tmp, "resumed"))
-    raise AssertionError("not preempted")
-  except RuntimeError as e:
-    assert str(e) == "preempted", e
-  data.train_iterator = real_iterator
-  assert sorted(os.listdir(os.path.join(tmp, "resumed", "checkpoints"))) == ["3"]
-  resumed = run.train_and_evaluate(config, os.path.join(tmp, "resumed"))
-  for key in ("train/loss", "eval/loss", "eval/accuracy"):  # step 6's, bit for bit
-    assert resumed[key] == straight[key], (key, resumed, straight)
-  a = orbax_steps.read_params(os.path.join(tmp, "straight", "checkpoints", "6"))
-  b = orbax_steps.read_params(os.path.join(tmp, "resumed", "checkpoints", "6"))
-  for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True):
-    np.testing.assert_array_equal(x, y)
+  # Image-text sources: a captions folder and WebDataset shards, SigLIP on their captions
+  # (evaluated by retrieval on their test splits).
+  tokenizer = fixtures.write_tokenizer(os.path.join(tmp, "tokenizer.json"))
+  for name, write in (("captions", fixtures.write_caption_folder),
+                      ("wds", fixtures.write_shards)):
+    source = write(pathlib.Path(tmp, f"{name}_data"))
+    config = fixtures.image_text_config(source, tokenizer, batch=8, batch_eval=8)
+    resumes_exactly(config, name, ("train/loss", "retrieval/image_to_text_recall@1"))
 
   # The same dataset as TFRecord: one Error line naming the [tf] extra and the conversion.
   code = train("no_tf_images", os.path.join(tmp, "tfrecord_run"), 2,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import json
 import os
 import pathlib
 import tarfile
@@ -19,80 +18,26 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 from PIL import Image
 
-from configs import siglip
-from tests import train_fixtures
+from tests.image_text_fixtures import (
+  N,
+  captions_of,
+  image_text_config,
+  png,
+  write_caption_folder,
+  write_shard,
+  write_shards,
+  write_tokenizer,
+)
 from tests.test_main import assert_resume_is_exact
-from vit_jax import errors, models, run
+from vit_jax import errors, run
 from vit_jax.data import captions, dataset, free_text, pipeline
 from vit_jax.run import objectives
 from vit_jax.weights import sources
 
-N = 20  # examples per split: image k is grey level 10 * k
-TEXT = dict(width=16, depth=1, mlp_dim=32, num_heads=2, vocab_size=64, pool="gap")
-
-
-def _captions(k: int) -> list[str]:
-  """Image k's captions: two, both naming k (so a row's text tells its image)."""
-  return [f"image {k} first", f"image {k} second"]
-
-
-def _png(k: int) -> bytes:
-  out = io.BytesIO()
-  Image.new("RGB", (8, 8), (10 * k,) * 3).save(out, format="PNG")
-  return out.getvalue()
-
 
 @pytest.fixture(scope="module")
 def tokenizer_path(tmp_path_factory) -> str:
-  texts = [c for k in range(N) for c in _captions(k)]
-  path = str(tmp_path_factory.mktemp("tok") / "tokenizer.json")
-  captions.CaptionTokenizer(texts).save(path)
-  return path
-
-
-def _config(name: str, tokenizer: str, **overrides):
-  config = siglip.get_config("digits")
-  train_fixtures.override(config, train_fixtures.TINY)
-  config.model = models.two_tower_config(
-    models.get_model_config("testing"), text=TEXT, text_len=6, embed_dim=16
-  )
-  config.update(dict(dataset=name, train_split="train", test_split="test", batch=4))
-  config.text.tokenizer = tokenizer
-  config.pp.min_area, config.pp.flip = 1.0, False
-  return train_fixtures.override(config, overrides)
-
-
-def _caption_folder(root, texts=_captions) -> str:
-  for split in ("train", "test"):
-    os.makedirs(root / split / "imgs")
-    lines = []
-    for k in reversed(range(N)):  # listed in any order: examples are sorted by file name
-      (root / split / "imgs" / f"{k:02d}.png").write_bytes(_png(k))
-      lines += [f"imgs/{k:02d}.png\t{c}" for c in texts(k)]
-    (root / split / "captions.tsv").write_text("\n".join(lines) + "\n")
-  return f"captions:{root}"
-
-
-def _shard(path, keys, caption=lambda k: _captions(k)[0], json_for=()):
-  with tarfile.open(path, "w") as tar:
-    for k in keys:
-      members = [(f"{k:06d}.png", _png(k))]
-      if k in json_for:
-        members.append((f"{k:06d}.json", json.dumps({"caption": caption(k)}).encode()))
-      elif caption(k) is not None:
-        members.append((f"{k:06d}.txt", caption(k).encode()))
-      for name, payload in members:
-        info = tarfile.TarInfo(name)
-        info.size = len(payload)
-        tar.addfile(info, io.BytesIO(payload))
-
-
-def _shards(root) -> str:
-  for split in ("train", "test"):
-    os.makedirs(root / split)
-    _shard(root / split / "00000.tar", range(0, 12), json_for=(3, 5))
-    _shard(root / split / "00001.tar", range(12, N))
-  return f"wds:{root}"
+  return write_tokenizer(str(tmp_path_factory.mktemp("tok") / "tokenizer.json"))
 
 
 class CaptionedTiny(tfds.core.GeneratorBasedBuilder):
@@ -116,7 +61,7 @@ class CaptionedTiny(tfds.core.GeneratorBasedBuilder):
   def _generate_examples(self):
     for k in range(N):
       image = np.full((8, 8, 3), 10 * k, np.uint8)
-      yield k, {"image": image, "captions": {"text": _captions(k)}}
+      yield k, {"image": image, "captions": {"text": captions_of(k)}}
 
 
 class OneCaptionTiny(tfds.core.GeneratorBasedBuilder):
@@ -158,7 +103,7 @@ def _check_guarantees(config, first_only: bool = False) -> None:
     joined = np.concatenate([h[key].reshape(20, 2, *h[key].shape[1:]) for h in halves], axis=1)
     np.testing.assert_array_equal(joined.reshape(rows.shape), rows)
   ids = _ids(straight["image"])
-  encoded = {k: [tuple(r) for r in data.tokenizer.encode(_captions(k), 6)] for k in range(N)}
+  encoded = {k: [tuple(r) for r in data.tokenizer.encode(captions_of(k), 6)] for k in range(N)}
   picked = [encoded[k].index(tuple(t)) for k, t in zip(ids, straight["text"])]  # fails if absent
   assert set(picked) == ({0} if first_only else {0, 1})
   assert set(ids) == set(range(N))
@@ -169,20 +114,20 @@ def _check_guarantees(config, first_only: bool = False) -> None:
 
 
 def test_caption_folder_keeps_the_guarantees(tmp_path, tokenizer_path):
-  _check_guarantees(_config(_caption_folder(tmp_path), tokenizer_path))
+  _check_guarantees(image_text_config(write_caption_folder(tmp_path), tokenizer_path))
 
 
 def test_tar_shards_keep_the_guarantees(tmp_path, tokenizer_path):
-  _check_guarantees(_config(_shards(tmp_path), tokenizer_path), first_only=True)
+  _check_guarantees(image_text_config(write_shards(tmp_path), tokenizer_path), first_only=True)
 
 
 def test_tfds_text_feature_keeps_the_guarantees(tmp_path, tokenizer_path):
   CaptionedTiny(data_dir=str(tmp_path)).download_and_prepare()
-  config = _config("captioned_tiny", tokenizer_path, data_dir=str(tmp_path))
+  config = image_text_config("captioned_tiny", tokenizer_path, data_dir=str(tmp_path))
   _check_guarantees(config)
   source = dataset.Dataset(objectives.data_settings(config)).split("train[:3]")
   texts = source.read(0, 3)[2]  # through the records path: every caption of the example
-  assert all(t in [tuple(_captions(k)) for k in range(N)] for t in texts)
+  assert all(t in [tuple(captions_of(k)) for k in range(N)] for t in texts)
 
 
 def test_mocked_tfds_text_goes_through_tfds_reader(tmp_path):
@@ -199,7 +144,7 @@ def test_mocked_tfds_text_goes_through_tfds_reader(tmp_path):
 
 
 def test_siglip_run_on_tar_shards_resumes_exactly(tmp_path, tokenizer_path, monkeypatch):
-  config = _config(_shards(tmp_path / "data"), tokenizer_path, batch=8, batch_eval=8)
+  config = image_text_config(write_shards(tmp_path / "data"), tokenizer_path, batch=8, batch_eval=8)
   assert_resume_is_exact(config, tmp_path, monkeypatch)
   # The finished run loads with the tokenizer its captions were read with (predict --texts).
   loaded = sources.load(str(tmp_path / "straight"))
@@ -218,11 +163,13 @@ def test_choose_picks_per_epoch_and_evaluation_takes_the_first():
 
 def test_bad_input_is_one_error_naming_it(tmp_path, tokenizer_path):
   def open_(name, **overrides):
-    config = _config(name, tokenizer_path, **overrides)
+    config = image_text_config(name, tokenizer_path, **overrides)
     return dataset.Dataset(objectives.data_settings(config)).split("train")
 
   os.makedirs(tmp_path / "a" / "train")
-  _shard(tmp_path / "a" / "train" / "00000.tar", range(3), caption=lambda k: None if k else "x")
+  write_shard(
+    tmp_path / "a" / "train" / "00000.tar", range(3), caption=lambda k: None if k else "x"
+  )
   with pytest.raises(errors.InputFileError, match="00000.tar.*'000001' has an image but no cap"):
     open_(f"wds:{tmp_path / 'a'}")
   os.makedirs(tmp_path / "b" / "train")
@@ -236,7 +183,9 @@ def test_bad_input_is_one_error_naming_it(tmp_path, tokenizer_path):
     open_(f"captions:{tmp_path / 'b'}", **{"text.tokenizer": "/nowhere"})
   with pytest.raises(errors.ConfigError, match="digits' has no text feature 'captions/text'"):
     open_("digits", data_dir=str(tmp_path / "tfds"), **{"text.text_feature": "captions/text"})
-  config = _config(_shards(tmp_path / "c"), tokenizer_path, **{"model.text.vocab_size": 4})
+  config = image_text_config(
+    write_shards(tmp_path / "c"), tokenizer_path, **{"model.text.vocab_size": 4}
+  )
   with pytest.raises(errors.ConfigError, match="tokenizer.json' has 2[0-9] tokens, more than"):
     run.build(config)
 
@@ -259,7 +208,7 @@ def test_tfds_records_parse_sequences_of_captions():
 def test_retrieval_evaluates_each_test_image_against_all_its_captions(tmp_path, tokenizer_path):
   from vit_jax.run.evaluators import retrieval, zeroshot
 
-  config = _config(_caption_folder(tmp_path), tokenizer_path, batch_eval=8)
+  config = image_text_config(write_caption_folder(tmp_path), tokenizer_path, batch_eval=8)
   steps = run.build(config)
   evaluator = zeroshot.build(steps)
   assert isinstance(evaluator, retrieval.Retrieval)
@@ -272,7 +221,7 @@ def test_retrieval_evaluates_each_test_image_against_all_its_captions(tmp_path, 
     [b["image"][b["mask"] > 0] for b in pipeline.EvalBatches(data, "test", 8, 0, 1)]
   )
   np.testing.assert_array_equal(_ids(images), np.arange(N))  # split order: image k is k
-  texts = [c for k in range(N) for c in _captions(k)]
+  texts = [c for k in range(N) for c in captions_of(k)]
   zimg = steps.objective.embed(params, images, None)[0]
   ztxt = steps.objective.embed(params, None, data.tokenizer.encode(texts, 6))[1]
   owner = np.repeat(np.arange(N), 2)
@@ -287,31 +236,31 @@ def test_shards_and_caption_files_hold_offsets_not_captions(tmp_path):
   object array of the split's captions or names is kept (they are read a block at a time)."""
   from vit_jax.data import caption_folder, tar_shards
 
-  root = _shards(tmp_path / "wds")[len(tar_shards.PREFIX) :]
+  root = write_shards(tmp_path / "wds")[len(tar_shards.PREFIX) :]
   index = tar_shards.TarShards(root).index("train")
   arrays = {k: v for k, v in vars(index).items() if k != "shards"}
   assert all(isinstance(v, np.ndarray) and v.dtype != object for v in arrays.values())
   per_example = sum(v.nbytes for k, v in arrays.items() if k != "ends") / len(index)
   assert len(index) == N and per_example == 25
   images, texts = index.rows(2, 5)
-  assert [t[0] for t in texts] == [_captions(k)[0] for k in (2, 3, 4)]  # 3: its .json
+  assert [t[0] for t in texts] == [captions_of(k)[0] for k in (2, 3, 4)]  # 3: its .json
   assert Image.open(io.BytesIO(images[1])).getpixel((0, 0)) == (30, 30, 30)
 
-  root = _caption_folder(tmp_path / "folder")[len(caption_folder.PREFIX) :]
+  root = write_caption_folder(tmp_path / "folder")[len(caption_folder.PREFIX) :]
   source = caption_folder.CaptionFolder(root)
   captions_file = source._file("train")  # pylint: disable=protected-access
   arrays = {k: v for k, v in vars(captions_file).items() if isinstance(v, np.ndarray)}
   assert set(arrays) == {"lines", "starts"} and all(v.dtype == np.int64 for v in arrays.values())
   paths, texts = source.rows("train", 18, 20)
   assert [os.path.basename(p) for p in paths] == ["18.png", "19.png"]
-  assert [t for t in texts] == [tuple(_captions(18)), tuple(_captions(19))]
+  assert [t for t in texts] == [tuple(captions_of(18)), tuple(captions_of(19))]
 
 
 def test_a_bad_caption_read_with_its_block_names_its_member(tmp_path):
   from vit_jax.data import tar_shards
 
   with tarfile.open(tmp_path / "00000.tar", "w") as tar:
-    for name, payload in (("0001.png", _png(1)), ("0001.txt", b"\xff not utf-8")):
+    for name, payload in (("0001.png", png(1)), ("0001.txt", b"\xff not utf-8")):
       info = tarfile.TarInfo(name)
       info.size = len(payload)
       tar.addfile(info, io.BytesIO(payload))
@@ -344,7 +293,7 @@ def test_a_changed_tokenizer_is_refused_on_resume_in_one_line(tmp_path, tokenize
   from vit_jax import sharding
 
   mesh = sharding.make_mesh((("data", -1), ("model", 1)))
-  config = _config("wds:/data", tokenizer_path, num_classes=1)
+  config = image_text_config("wds:/data", tokenizer_path, num_classes=1)
   spec = run.resolve(config, mesh=mesh, open_data=False)
   assert spec.data_identity()["tokenizer"] == settings.identity()
   data = {"dataset": "wds:/data", "tokenizer": settings.identity()}
@@ -371,13 +320,15 @@ def test_big_vision_tokenizer_options_read_captions_as_big_vision_does(tmp_path,
 
   model = io.BytesIO()
   sentencepiece.SentencePieceTrainer.train(
-    sentence_iterator=iter([c for k in range(N) for c in _captions(k)] * 5), model_writer=model,
+    sentence_iterator=iter([c for k in range(N) for c in captions_of(k)] * 5), model_writer=model,
     vocab_size=28, pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
   )  # fmt: skip
   vocabulary = tmp_path / "spiece.model"
   vocabulary.write_bytes(model.getvalue())
-  shouted = lambda k: [c.replace("image", "IMAGE").replace("first", "First") for c in _captions(k)]
-  config = _config(_caption_folder(tmp_path / "data", shouted), str(vocabulary))
+  shouted = lambda k: [
+    c.replace("image", "IMAGE").replace("first", "First") for c in captions_of(k)
+  ]
+  config = image_text_config(write_caption_folder(tmp_path / "data", shouted), str(vocabulary))
   config.text.update(dict(eos="sticky", lower=True, pad_id=1))
   data = dataset.Dataset(objectives.data_settings(config))
   rows = 0

@@ -22,10 +22,9 @@ import json
 import os
 
 import numpy as np
-import tensorflow as tf
 
 from vit_jax import errors
-from vit_jax.data import free_text
+from vit_jax.data import filesystems, free_text
 from vit_jax.data import splits as splits_lib
 
 PREFIX = "captions:"  # config.dataset = 'captions:/path/to/root'
@@ -70,7 +69,7 @@ class _CaptionFile:
   byte offsets of its lines (``lines[starts[i]:starts[i + 1]]``, int64)."""
 
   def __init__(self, folder: str):
-    found = [f for f in FILES if tf.io.gfile.exists(os.path.join(folder, f))]
+    found = [f for f in FILES if filesystems.exists(os.path.join(folder, f))]
     if len(found) != 1:
       what = "both " + " and ".join(found) if found else f"no {' or '.join(FILES)}"
       raise errors.MissingError(
@@ -80,7 +79,7 @@ class _CaptionFile:
     self.folder, self.path = folder, os.path.join(folder, found[0])
     self._parse = _parse_tsv if self.path.endswith(".tsv") else _parse_jsonl
     names, offsets, offset = [], [], 0
-    with free_text.open_binary(self.path) as f:
+    with filesystems.open_binary(self.path) as f:
       for number, raw in enumerate(f, 1):
         line = _decode(self.path, number, raw)
         if line.strip():
@@ -102,7 +101,7 @@ class _CaptionFile:
   def rows(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
     """(image paths object [k], captions object [k] of tuples) of examples [start, stop)."""
     paths, captions = np.empty(stop - start, object), np.empty(stop - start, object)
-    with free_text.open_binary(self.path) as f:
+    with filesystems.open_binary(self.path) as f:
       for i in range(start, stop):
         texts: list[str] = []
         for offset in self.lines[self.starts[i] : self.starts[i + 1]]:
@@ -135,7 +134,7 @@ class CaptionFolder:
     """The examples a split string selects (e.g. 'train[:90%]'); values are file paths."""
     names = splits_lib.names(spec)
     for name in names:
-      if not tf.io.gfile.isdir(os.path.join(self.root, name)):
+      if not filesystems.isdir(os.path.join(self.root, name)):
         raise errors.MissingError(
           f"Split folder {os.path.join(self.root, name)!r} (from split {spec!r}) does not "
           "exist: create it or set config.train_split / config.test_split to a folder of "

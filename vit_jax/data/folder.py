@@ -5,19 +5,18 @@ label, and every other split is labelled with the same names (so a test folder t
 lacks a class keeps the labels right). Within a split, files are listed in a fixed
 pseudo-random order (sorted paths permuted with seed 0), so slices such as
 `train[:90%]` and per-process shards mix all classes. Paths may be local or, with
-TensorFlow installed (the input pipeline 'tf'), any filesystem `tf.io.gfile` reads
-(gs://...).
+TensorFlow installed, any filesystem `tf.io.gfile` reads (gs://...; `filesystems`).
 """
 
 from __future__ import annotations
 
 import os
-from types import ModuleType
 
 import numpy as np
 from absl import logging
 
 from vit_jax import errors, input_files
+from vit_jax.data import filesystems
 from vit_jax.data import splits as splits_lib
 from vit_jax.printable import printable
 
@@ -26,39 +25,10 @@ PREFIX = "folder:"  # config.dataset = 'folder:/path/to/root'
 _LISTING_SEED = 0  # Seed of the fixed file order within a split; never change it.
 
 
-def _gfile(path: str) -> ModuleType | None:
-  """`tf.io.gfile` for a remote path (gs://...), None for a local one (os reads it)."""
-  if input_files.is_local(path):
-    return None
-  try:
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    raise errors.ConfigError(
-      f"Reading the image folder {path!r} needs TensorFlow's filesystems: "
-      'pip install -e ".[tf]", or copy the folder to a local disk.'
-    ) from None
-  return tf.io.gfile
-
-
-def _local(path: str) -> str:
-  return path.removeprefix("file://")
-
-
-def _isdir(path: str) -> bool:
-  gfile = _gfile(path)
-  return gfile.isdir(path) if gfile else os.path.isdir(_local(path))
-
-
-def _listdir(path: str) -> list[str]:
-  gfile = _gfile(path)
-  return [n.rstrip("/") for n in gfile.listdir(path)] if gfile else os.listdir(_local(path))
-
-
 def _subdirs(path: str) -> list[str]:
   """Sorted names of the visible sub-folders of `path`."""
-  return sorted(
-    n for n in _listdir(path) if not n.startswith(".") and _isdir(os.path.join(path, n))
-  )
+  visible = [n for n in filesystems.listdir(path) if not n.startswith(".")]
+  return sorted(n for n in visible if filesystems.isdir(os.path.join(path, n)))
 
 
 def _regular_files(folder: str, names: list[str]) -> list[str]:
@@ -83,7 +53,7 @@ class ImageFolder:
 
   def __init__(self, root: str, train_split: str):
     """`train_split`: the split string whose folder defines the class names."""
-    if not _isdir(root):
+    if not filesystems.isdir(root):
       raise errors.MissingError(
         f"Image folder {root!r} does not exist. config.dataset = "
         f'"{PREFIX}<root>" needs <root>/<split>/<class>/*.jpg|jpeg|png.'
@@ -130,7 +100,7 @@ class ImageFolder:
           )
         found = _regular_files(
           folder,
-          sorted(f for f in _listdir(folder) if f.lower().endswith(IMAGE_EXTENSIONS)),
+          sorted(f for f in filesystems.listdir(folder) if f.lower().endswith(IMAGE_EXTENSIONS)),
         )
         if not found:
           raise errors.ConfigError(

@@ -14,13 +14,13 @@ tokenizes the batch's captions (`load_tokenizer`) to int32 [B, config.model.text
 from __future__ import annotations
 
 import os
-from typing import Any, BinaryIO, Callable, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
 from vit_jax import errors
 from vit_jax.data import captions as captions_lib
-from vit_jax.data import folder_tokenizer, text_tokenizer
+from vit_jax.data import filesystems, folder_tokenizer, text_tokenizer
 from vit_jax.data import splits as splits_lib
 
 KEY = "config.text.tokenizer"
@@ -95,21 +95,10 @@ def load_tokenizer(
   return tokenizer
 
 
-def open_binary(path: str) -> BinaryIO:
-  """A local file unbuffered by TensorFlow, or a bucket's through tf.io.gfile: seekable."""
-  if "://" not in path:
-    return open(path, "rb")
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-  return tf.io.gfile.GFile(path, "rb")
-
-
 def check_root(root: str, what: str, prefix: str, layout: str) -> str:
   """``root`` of ``config.dataset = prefix + root`` if it is a folder, else one error
   naming it and the ``layout`` it needs."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (gs:// folders too)
-
-  if not tf.io.gfile.isdir(root):
+  if not filesystems.isdir(root):
     raise errors.MissingError(
       f"{what} {root!r} does not exist. config.dataset = '{prefix}<root>' needs {layout}."
     )

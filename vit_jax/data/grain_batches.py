@@ -23,7 +23,7 @@ import grain
 import numpy as np
 
 from vit_jax import input_files
-from vit_jax.data import host_images, readers
+from vit_jax.data import filesystems, host_images, readers
 from vit_jax.data.dataset import Settings
 
 Example = tuple[int, int, Any, int, bytes]  # position, uid, value, label, text
@@ -42,13 +42,10 @@ def default_workers() -> int:
 
 
 def read_bytes(path: Any) -> bytes:
-  """A 'path' source's local file, at most `input_files.MAX_IMAGE_BYTES` (OSError else)."""
+  """A 'path' source's file (local, or remote through `filesystems`), at most
+  `input_files.MAX_IMAGE_BYTES` (OSError else)."""
   name = path.decode() if isinstance(path, bytes) else str(path)
-  if not input_files.is_local(name):
-    raise OSError("a remote file: the Grain pipeline reads local files (input_pipeline='tf')")
-  name = name.removeprefix("file://")
-  with open(name, "rb") as f:
-    data = f.read(input_files.MAX_IMAGE_BYTES + 1)
+  data = filesystems.read_head(name, input_files.MAX_IMAGE_BYTES + 1)
   if len(data) > input_files.MAX_IMAGE_BYTES:
     raise OSError(f"more than {input_files.MAX_IMAGE_BYTES:,} bytes, larger than an image may be")
   return data

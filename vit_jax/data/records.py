@@ -28,6 +28,8 @@ import numpy as np
 import tensorflow_datasets as tfds
 from tensorflow_datasets.proto import tf_example_pb2
 
+from vit_jax.data import filesystems
+
 _HEADER = 12  # TFRecord framing: uint64 length, uint32 crc of the length ...
 _FOOTER = 4  # ... the record, uint32 crc of the record.
 _IMAGE, _LABEL = "image", "label"  # The encoded image (tfds Image), the tfds ClassLabel.
@@ -41,15 +43,6 @@ class Records(Protocol):
     ...
 
 
-def _open(path: str):
-  """A file with seek/read that reads exactly what is asked (no read-ahead) locally."""
-  if "://" in path:
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top  (remote: TFRecord, tf extra)
-
-    return tf.io.gfile.GFile(path, "rb")
-  return open(path, "rb", buffering=0)
-
-
 class TfrecordShard:
   """One TFRecord file; the start of each record is found on first use."""
 
@@ -60,7 +53,7 @@ class TfrecordShard:
   def starts(self) -> np.ndarray:
     if self._starts is None:
       starts, position = [0], 0
-      with _open(self.path) as f:
+      with filesystems.open_binary(self.path, exact=True) as f:
         for _ in range(self.num_records):
           f.seek(position)
           header = f.read(_HEADER)
@@ -81,7 +74,7 @@ class TfrecordShard:
     """Records [start, stop) of the file: one read of their bytes."""
     starts = self.starts()
     base = int(starts[start])
-    with _open(self.path) as f:
+    with filesystems.open_binary(self.path, exact=True) as f:
       f.seek(base)
       data = f.read(int(starts[stop]) - base)
     view = memoryview(data)

@@ -25,10 +25,9 @@ import os
 import tarfile
 
 import numpy as np
-import tensorflow as tf
 
 from vit_jax import errors
-from vit_jax.data import free_text
+from vit_jax.data import filesystems, free_text
 from vit_jax.data import splits as splits_lib
 
 PREFIX = "wds:"  # config.dataset = 'wds:/path/to/shards'
@@ -75,7 +74,7 @@ def index_shard(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   images: dict[str, Member] = {}
   texts: dict[str, tuple[str, Member]] = {}
   try:
-    with free_text.open_binary(path) as f, tarfile.open(fileobj=f, mode="r:") as tar:
+    with filesystems.open_binary(path) as f, tarfile.open(fileobj=f, mode="r:") as tar:
       for member in tar:
         if not member.isfile():
           continue
@@ -139,7 +138,7 @@ class _Index:
     shard_of = np.searchsorted(self.ends, np.arange(start, stop), side="right")
     for shard in np.unique(shard_of):
       path = self.shards[int(shard)]
-      with free_text.open_binary(path) as f:
+      with filesystems.open_binary(path) as f:
         for row in start + np.flatnonzero(shard_of == shard):
           f.seek(int(self.image_offset[row]))
           images[row - start] = f.read(int(self.image_size[row]))
@@ -165,7 +164,7 @@ class TarShards:
   def shards(self, split: str) -> list[str]:
     folder = self.root if split == DEFAULT_SPLIT and self._has_tars(self.root) else None
     folder = folder or os.path.join(self.root, split)
-    found = sorted(tf.io.gfile.glob(os.path.join(folder, "*.tar")))
+    found = filesystems.glob(os.path.join(folder, "*.tar"))
     if not found:
       raise errors.MissingError(
         f"No .tar shards for split {split!r} in {folder!r}: put them in "
@@ -176,7 +175,7 @@ class TarShards:
 
   @staticmethod
   def _has_tars(folder: str) -> bool:
-    return bool(tf.io.gfile.glob(os.path.join(folder, "*.tar")))
+    return bool(filesystems.glob(os.path.join(folder, "*.tar")))
 
   def index(self, split: str) -> _Index:
     if split not in self._indices:
