@@ -213,6 +213,8 @@ def worker(args) -> None:
   name, file_format, process, count, mode = args.worker.split(":")
   process, count = int(process), int(count)
   pipeline = _PIPELINES[name.split("@")[0]]
+  if "@" in name:  # Before this repository's root, which `input_data` put first.
+    sys.path.insert(0, name.split("@")[1])
   batches = pipeline(args, file_format, process, count, decode=mode == "time")
   before = _rchar()
   if mode == "bytes":
@@ -240,11 +242,10 @@ def _run_row(args, name: str, file_format: str, count: int, mode: str) -> list[d
 
   A name `ours@/path` runs the pipeline of the checkout at /path (e.g. an older version).
   """
-  checkout = {"PYTHONPATH": name.split("@")[1]} if "@" in name else {}
   base = [sys.executable, _ENTRY, "--tfds", "--root", args.root, "--images", str(args.images)]
   base += ["--batch", str(args.batch), "--paper-batch", str(args.paper_batch)]
   base += ["--epochs", str(args.epochs), "--bytes-epochs", str(args.bytes_epochs)]
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu", **checkout)
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu")
   with tempfile.TemporaryDirectory(prefix="vit_jax_barrier") as barrier:
     procs = [
       subprocess.Popen(
