@@ -1,17 +1,21 @@
-"""Three train input pipelines on the same JPEG folder, side by side: today's tf.data
-stage, the Grain stage (`config.input_pipeline`), and a torch `DataLoader` as timm's
-`create_loader` runs it (torchvision's JPEG decode, `RandomResizedCrop` at the same area
-and aspect ranges, flip, normalise, batches of float32 tensors).
+"""Train and eval input pipelines on the same JPEG folder, side by side: the benchmark's
+own tf.data pipeline (`tf_input.py`), the package's Grain stage (through a run config,
+`pipeline.local_train_batches` and `data.eval_iterator`), and, for training, a torch
+`DataLoader` as timm's `create_loader` runs it (torchvision's JPEG decode,
+`RandomResizedCrop` at the same area and aspect ranges, flip, normalise, batches of
+float32 tensors).
 
 Each row runs in a fresh process (torch beside TensorFlow crashes), restricted to
 `workers` cores by CPU affinity: the tf.data map and Grain's threads use every core the
 process may use, the `DataLoader` gets `workers` worker processes. After `warmup`
-batches, `steps` host batches are timed: images/s of wall time, and images per CPU-second
-of the whole process tree (the process, its threads and its worker processes, from
-/proc), so that other jobs on the machine count less.
+batches, `steps` batches are timed: images/s of wall time, and images per CPU-second of
+the whole process tree (the process, its threads and its worker processes, from /proc),
+so that other jobs on the machine count less. The eval rows read the train split (one
+pass after another: the test split is 10 images); the package's eval batches end as
+global jax.Arrays, as a run gets them.
 
-Importable (`compare`, `measure_row`, `run_row`; the GPU check calls `compare(root,
-workers=16)` on a folder `write_folder` wrote), and run by `input_pipeline.py --compare`.
+Run by `input_pipeline.py --compare`; importable: `compare(root, workers)` runs the rows
+on a folder `input_data.write_jpeg_folder` wrote, on a machine with more cores.
 """
 
 from __future__ import annotations
@@ -21,11 +25,22 @@ import os
 import subprocess
 import sys
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
-ROWS = ("tf.data", "grain", "torch DataLoader")
+from benchmarks import input_data
+
+TRAIN_ROWS = ("tf.data", "grain", "torch DataLoader")
+EVAL_ROWS = ("tf.data eval", "grain eval")
+ROWS = TRAIN_ROWS + EVAL_ROWS
+_LABELS = {
+  "tf.data": "tf.data (plain: inception crop, `decode_and_crop_jpeg`, flip)",
+  "grain": "vit_jax Grain stage",
+  "torch DataLoader": "torch `DataLoader` (torchvision decode, `RandomResizedCrop`, flip)",
+  "tf.data eval": "tf.data eval (plain: whole decode, bilinear resize)",
+  "grain eval": "vit_jax `eval_iterator` (Grain stage)",
+}
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -49,30 +64,57 @@ def _tree_cpu_seconds(pid: int) -> float:
   return total / tick
 
 
-def _ours(root: str, pipeline: str, batch: int, crop: int) -> Iterator[int]:
-  """Host batches of our train pipeline (`pipeline.local_train_batches`), as row counts."""
-  from configs import common  # pylint: disable=g-import-not-at-top
-  from vit_jax import data  # pylint: disable=g-import-not-at-top
-  from vit_jax.data import dataset  # pylint: disable=g-import-not-at-top
-  from vit_jax.data import pipeline as pipeline_lib
+def _tf_train(root: str, workers: int, batch: int, crop: int) -> Iterator[int]:
+  from benchmarks import tf_input
 
-  config = common.get_config()
-  config.update(dict(dataset=f"folder:{root}", train_split="train", test_split="test", batch=batch))
-  config.update(dict(batch_eval=batch, input_pipeline=pipeline, pp=dict(crop=crop)))
+  paths, labels = input_data.folder_files(root, "train")
+  ds = tf_input.train_batches(paths, labels, input_data.NUM_CLASSES, batch, crop=crop)
+  for images, _ in ds.as_numpy_iterator():
+    yield images.shape[0]
+
+
+def _tf_eval(root: str, workers: int, batch: int, crop: int) -> Iterator[int]:
+  from benchmarks import tf_input
+
+  paths, labels = input_data.folder_files(root, "train")
+  ds = tf_input.eval_batches(paths, labels, input_data.NUM_CLASSES, batch, crop=crop)
+  while True:
+    for images, _ in ds.as_numpy_iterator():
+      yield images.shape[0]
+
+
+def _grain_train(root: str, workers: int, batch: int, crop: int) -> Iterator[int]:
+  """Host batches of the package's train pipeline (`pipeline.local_train_batches`)."""
+  from vit_jax import data
+  from vit_jax.data import dataset, pipeline
+
+  config = input_data.run_config(f"folder:{root}", crop, batch)
   source = dataset.Dataset(data.Settings.from_config(config))
-  for b in pipeline_lib.local_train_batches(source, batch, 0, 0, 1):
+  for b in pipeline.local_train_batches(source, batch, 0, 0, 1):
     yield b["image"].shape[0]
+
+
+def _grain_eval(root: str, workers: int, batch: int, crop: int) -> Iterator[int]:
+  """Real (mask 1) images of the package's eval batches over the train split."""
+  import jax
+
+  from vit_jax import data
+
+  config = input_data.run_config(f"folder:{root}", crop, batch)
+  mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(-1, 1), ("data", "model"))
+  evaluation = data.eval_iterator(config, mesh, split="train")
+  while True:
+    for b in evaluation:
+      yield int(jax.block_until_ready(b["mask"]).sum())
 
 
 def _torch(root: str, workers: int, batch: int, crop: int) -> Iterator[int]:
   """A torch DataLoader as timm's `create_loader` runs one, with torchvision's decode."""
-  import torch  # pylint: disable=g-import-not-at-top
-  from torchvision import io as tv_io  # pylint: disable=g-import-not-at-top
-  from torchvision.transforms import v2  # pylint: disable=g-import-not-at-top
+  import torch
+  from torchvision import io as tv_io
+  from torchvision.transforms import v2
 
-  files = sorted(
-    os.path.join(d, f) for d, _, names in os.walk(os.path.join(root, "train")) for f in names
-  )
+  files, _ = input_data.folder_files(root, "train")
   transform = v2.Compose(
     [
       v2.RandomResizedCrop(crop, scale=(0.05, 1.0), antialias=True),
@@ -100,17 +142,22 @@ def _torch(root: str, workers: int, batch: int, crop: int) -> Iterator[int]:
       yield images.shape[0]
 
 
+_BATCHES: dict[str, Callable[[str, int, int, int], Iterator[int]]] = {
+  "tf.data": _tf_train,
+  "grain": _grain_train,
+  "torch DataLoader": _torch,
+  "tf.data eval": _tf_eval,
+  "grain eval": _grain_eval,
+}
+
+
 def measure_row(
   row: str, root: str, workers: int, batch: int = 128, steps: int = 40, warmup: int = 3,
   crop: int = 224,
 ) -> dict:  # fmt: skip
   """One row in this process, on `workers` cores: {'images', 'wall_s', 'cpu_s'}."""
-  sys.path.insert(0, _ROOT)  # this checkout's vit_jax and configs/
   os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:workers])
-  if row == "torch DataLoader":
-    batches = _torch(root, workers, batch, crop)
-  else:
-    batches = _ours(root, "tf" if row == "tf.data" else "grain", batch, crop)
+  batches = _BATCHES[row](root, workers, batch, crop)
   for _ in range(warmup):
     next(batches)
   cpu, start, images = _tree_cpu_seconds(os.getpid()), time.perf_counter(), 0
@@ -123,18 +170,52 @@ def measure_row(
 def run_row(row: str, root: str, workers: int, batch: int, steps: int) -> dict:
   """`measure_row` in a fresh process; {'error': ...} where that row cannot run here."""
   args = json.dumps(dict(row=row, root=root, workers=workers, batch=batch, steps=steps))
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
   done = subprocess.run(
-    [sys.executable, os.path.abspath(__file__), args], capture_output=True, text=True, cwd=_ROOT
+    [sys.executable, "-m", "benchmarks.input_rows", args],
+    capture_output=True,
+    text=True,
+    cwd=_ROOT,
+    env=env,
   )
   if done.returncode:
     return {"error": (done.stderr.strip().splitlines() or ["failed"])[-1]}
   return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _table(results: dict[str, list[dict]], rows: tuple[str, ...], workers: int) -> list[str]:
+  """Medians (per-round values in brackets) and ratios to the first of `rows`."""
+  lines = [
+    f"| pipeline ({workers} cores) | images/s | images per CPU-second | x {rows[0]} (wall) "
+    f"| x {rows[0]} (CPU) |",
+    "|---|---|---|---|---|",
+  ]
+  medians, rounds = {}, {}
+  for row in rows:
+    ok = [r for r in results[row] if "error" not in r]
+    if ok:
+      rates = [r["images"] / r["wall_s"] for r in ok]
+      per_cpu = [r["images"] / r["cpu_s"] for r in ok]
+      medians[row] = (float(np.median(rates)), float(np.median(per_cpu)))
+      rounds[row] = tuple(", ".join(f"{v:.0f}" for v in vs) for vs in (rates, per_cpu))
+  base = medians.get(rows[0])
+  for row in rows:
+    if row not in medians:
+      lines.append(f"| {_LABELS[row]} | not run: {results[row][0]['error']} | | | |")
+      continue
+    (rate, per_cpu), (rate_rounds, cpu_rounds) = medians[row], rounds[row]
+    ratios = f"{rate / base[0]:.2f} | {per_cpu / base[1]:.2f}" if base else "- | -"
+    lines.append(
+      f"| {_LABELS[row]} | {rate:.0f} ({rate_rounds}) | {per_cpu:.0f} ({cpu_rounds}) | {ratios} |"
+    )
+  return lines
+
+
 def compare(
   root: str, workers: int, batch: int = 128, steps: int = 40, rounds: int = 3
 ) -> list[str]:
-  """The rows interleaved in each of `rounds` rounds; the table's lines (also printed)."""
+  """The rows interleaved in each of `rounds` rounds; the tables' lines (also printed):
+  the train rows against tf.data, the eval rows against tf.data eval."""
   results: dict[str, list[dict]] = {row: [] for row in ROWS}
   for round_ in range(rounds):
     for row in ROWS:
@@ -142,27 +223,7 @@ def compare(
       result = run_row(row, root, workers, batch, steps)
       results[row].append(result)
       print(f"round {round_} {row}: {result} (load {load:.1f})", flush=True)
-  lines = [
-    f"| pipeline ({workers} cores) | images/s | images per CPU-second | x tf.data (wall) "
-    "| x tf.data (CPU) |",
-    "|---|---|---|---|---|",
-  ]
-  medians = {}
-  for row, rs in results.items():
-    ok = [r for r in rs if "error" not in r]
-    if ok:
-      medians[row] = (
-        float(np.median([r["images"] / r["wall_s"] for r in ok])),
-        float(np.median([r["images"] / r["cpu_s"] for r in ok])),
-      )
-  base = medians.get("tf.data")
-  for row in ROWS:
-    if row not in medians:
-      lines.append(f"| {row} | not run: {results[row][0]['error']} | | | |")
-      continue
-    rate, per_cpu = medians[row]
-    ratios = f"{rate / base[0]:.2f} | {per_cpu / base[1]:.2f}" if base else "- | -"
-    lines.append(f"| {row} | {rate:.0f} | {per_cpu:.0f} | {ratios} |")
+  lines = _table(results, TRAIN_ROWS, workers) + [""] + _table(results, EVAL_ROWS, workers)
   print("\n".join(lines))
   return lines
 

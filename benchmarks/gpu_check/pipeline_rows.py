@@ -1,8 +1,8 @@
 """The input-pipeline rows: ViT-B/16 training fed from JPEG files on local disk through the
 package's data pipeline over an image folder (``config.dataset='folder:ROOT'``), beside
 the pipeline alone; `timm_rows.row_timm_loader` reads the same files. They use only the
-public data interface (`vit_jax.data.train_iterator`), and skip with the reason when the
-pipeline cannot import here (a GPU image without TensorFlow)."""
+public data interface (`vit_jax.data.train_iterator`: the Grain stage, decoding on the
+host's cores), and skip with the reason when the pipeline cannot import here."""
 
 from __future__ import annotations
 
