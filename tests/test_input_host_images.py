@@ -29,12 +29,15 @@ def _tf_official_eval(encoded: bytes, size: tuple[int, int], method: str = "bili
   return tf.clip_by_value((resized - 127.5) / 127.5, -1.0, 1.0).numpy()
 
 
-@pytest.mark.parametrize("shape, size", [((37, 53), (224, 224)), ((375, 500), (16, 16))])
-def test_resize_bilinear_equals_tensorflow(shape, size):
+@pytest.mark.parametrize(
+  "shape, size", [((37, 53), (224, 224)), ((375, 500), (16, 16)), ((600, 800), (224, 224))]
+)
+def test_resize_bilinear_matches_tensorflow(shape, size):
   # The official eval resize: tf.image.resize's half-pixel bilinear, no antialiasing.
   pixels = np.random.default_rng(0).integers(0, 256, (*shape, 3), dtype=np.uint8)
   expected = tf.image.resize(pixels, size, method="bilinear").numpy()
-  np.testing.assert_array_equal(host_images.resize_bilinear(pixels, size), expected)
+  got = host_images.resize_bilinear(pixels, size)
+  np.testing.assert_allclose(got, expected, rtol=0, atol=0.015)  # OpenCV's float32 round-off
 
 
 @pytest.mark.parametrize("method", ["bilinear", "bicubic", "nearest"])
@@ -44,8 +47,8 @@ def test_eval_image_equals_tensorflows_official_eval_image(method):
   config = data_config.official((24, 24))
   config = dataclasses.replace(config, interpolation=method)
   expected = _tf_official_eval(encoded, (24, 24), method)
-  np.testing.assert_allclose(host_images.eval_image(encoded, config), expected, atol=1e-6)
-  np.testing.assert_allclose(host_images.prepare([encoded], config)[0], expected, atol=1e-6)
+  np.testing.assert_allclose(host_images.eval_image(encoded, config), expected, atol=1e-4)
+  np.testing.assert_allclose(host_images.prepare([encoded], config)[0], expected, atol=1e-4)
 
 
 def test_a_tensorflow_resize_method_without_tensorflow_is_one_error_up_front(monkeypatch):

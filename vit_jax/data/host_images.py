@@ -15,8 +15,8 @@ The train crop follows torchvision's `RandomResizedCrop` (area uniform in
 TensorFlow's `sample_distorted_bounding_box` in big_vision's `inception_crop`, falls back
 to the whole image when no proposal fits; its window is resized as `tf.image.resize`
 resizes (bilinear, no antialiasing; OpenCV, within 0.01 of TensorFlow's values). The
-official eval resize ('tf' resizer) is TensorFlow's own bilinear resize, here in NumPy
-(`resize_bilinear`, equal to `tf.image.resize`); its other methods are TensorFlow's.
+official eval resize ('tf' resizer) is TensorFlow's bilinear resize, by OpenCV too
+(`resize_bilinear`); its other methods are TensorFlow's own.
 
 Every image passes `image_header.decodable` first (decoded size bounded from the header,
 a GIF cut after its first frame); a refused or damaged image raises ValueError naming why.
@@ -170,32 +170,13 @@ def normalize_into(
     np.clip(out, -1.0, 1.0, out=out)  # within [-1, 1] exactly, as `normalize`
 
 
-def _bilinear_axis(out_size: int, in_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """TensorFlow's half-pixel bilinear sampling along one axis: lower and upper source
-  indices and the weight of the upper one (`resize_bilinear_op.cc`)."""
-  source = (np.arange(out_size, dtype=np.float32) + 0.5) * np.float32(in_size / out_size) - 0.5
-  floor = np.floor(source)
-  lower = np.maximum(floor, 0).astype(np.int64)
-  upper = np.minimum(np.ceil(source), in_size - 1).astype(np.int64)
-  return lower, upper, (source - floor).astype(np.float32)
-
-
 def resize_bilinear(pixels: np.ndarray, size: tuple[int, int]) -> np.ndarray:
   """uint8 [h, w, 3] -> float32 [H, W, 3]: `tf.image.resize(..., 'bilinear')` (half-pixel
-  centres, no antialiasing), the official eval recipe's resize, with TensorFlow's float32
-  arithmetic (so its values exactly). The four neighbours are gathered as uint8 and only
-  they are converted: 2x faster than converting the whole image first."""
-  (lo_y, hi_y, wy), (lo_x, hi_x, wx) = (
-    _bilinear_axis(size[0], pixels.shape[0]),
-    _bilinear_axis(size[1], pixels.shape[1]),
-  )
-  top, bottom = pixels[lo_y], pixels[hi_y]  # uint8 [H, w, 3]
-  corners = [rows[:, cols].astype(np.float32) for rows in (top, bottom) for cols in (lo_x, hi_x)]
-  top_left, top_right, bottom_left, bottom_right = corners  # each [H, W, 3]
-  wx = wx[None, :, None]
-  left = top_left + (top_right - top_left) * wx
-  right = bottom_left + (bottom_right - bottom_left) * wx
-  return left + (right - left) * wy[:, None, None]  # [H, W, 3]
+  centres, no antialiasing), the official eval recipe's resize, by OpenCV on float32: within
+  0.013 of TensorFlow's values on the 0..255 scale (1e-4 after normalisation), in 0.26 ms
+  for a 500x375 photo with the GIL released, where TensorFlow's arithmetic in NumPy (its
+  exact values) took 1.7 ms holding it, which capped a pass at one core."""
+  return cv2.resize(pixels.astype(np.float32), size[::-1], interpolation=cv2.INTER_LINEAR)
 
 
 def check_eval_config(data_config: DataConfig) -> None:
