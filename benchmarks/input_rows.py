@@ -1,6 +1,6 @@
 """Train and eval input pipelines on the same JPEG folder, side by side: the benchmark's
 own tf.data pipeline (`tf_input.py`), the package's Grain stage (through a run config,
-`pipeline.local_train_batches` and `data.eval_iterator`), and, for training, a torch
+`pipeline.local_train_batches` and `pipeline.EvalBatches`), and, for training, a torch
 `DataLoader` as timm's `create_loader` runs it (torchvision's JPEG decode,
 `RandomResizedCrop` at the same area and aspect ranges, flip, normalise, batches of
 float32 tensors).
@@ -11,8 +11,8 @@ process may use, the `DataLoader` gets `workers` worker processes. After `warmup
 batches, `steps` batches are timed: images/s of wall time, and images per CPU-second of
 the whole process tree (the process, its threads and its worker processes, from /proc),
 so that other jobs on the machine count less. The eval rows read the train split (one
-pass after another: the test split is 10 images); the package's eval batches end as
-global jax.Arrays, as a run gets them.
+pass after another: the test split is 10 images); every row ends at host numpy batches
+(a run's copy to the devices is the same for any pipeline).
 
 Run by `input_pipeline.py --compare`; importable: `compare(root, workers)` runs the rows
 on a folder `input_data.write_jpeg_folder` wrote, on a machine with more cores.
@@ -39,7 +39,7 @@ _LABELS = {
   "grain": "vit_jax Grain stage",
   "torch DataLoader": "torch `DataLoader` (torchvision decode, `RandomResizedCrop`, flip)",
   "tf.data eval": "tf.data eval (plain: whole decode, bilinear resize)",
-  "grain eval": "vit_jax `eval_iterator` (Grain stage)",
+  "grain eval": "vit_jax eval batches (Grain stage)",
 }
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -95,17 +95,17 @@ def _grain_train(root: str, workers: int, batch: int, crop: int) -> Iterator[int
 
 
 def _grain_eval(root: str, workers: int, batch: int, crop: int) -> Iterator[int]:
-  """Real (mask 1) images of the package's eval batches over the train split."""
-  import jax
-
+  """Real (mask 1) images of the package's host eval batches (`pipeline.EvalBatches`, as the
+  train row's `local_train_batches`) over the train split."""
   from vit_jax import data
+  from vit_jax.data import dataset, pipeline
 
   config = input_data.run_config(f"folder:{root}", crop, batch)
-  mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(-1, 1), ("data", "model"))
-  evaluation = data.eval_iterator(config, mesh, split="train")
+  source = dataset.Dataset(data.Settings.from_config(config))
+  evaluation = pipeline.EvalBatches(source, "train", batch, 0, 1)
   while True:
     for b in evaluation:
-      yield int(jax.block_until_ready(b["mask"]).sum())
+      yield int(b["mask"].sum())
 
 
 def _torch(root: str, workers: int, batch: int, crop: int) -> Iterator[int]:
