@@ -24,7 +24,7 @@ GREY = (128, 128, 128)
 
 def photo(seed: int, height: int = 96, width: int = 128) -> np.ndarray:
   """A photo-like uint8 [H, W, 3]: smooth random structure over a colour gradient, plus
-  sensor-like noise (as benchmarks/input_pipeline.py's JPEGs, not encoded)."""
+  sensor-like noise (as benchmarks/input_data.py's JPEGs, not encoded)."""
   rng = np.random.default_rng(seed)
   coarse = rng.integers(0, 256, (6, 8, 3), dtype=np.uint8)
   smooth = np.asarray(Image.fromarray(coarse).resize((width, height), Image.BICUBIC), np.float32)
