@@ -74,7 +74,11 @@ def read_head(path: str, size: int) -> bytes:
   gfile = _gfile(path)
   if not gfile:
     with open(_local(path), "rb") as f:
-      return f.read(size)
+      # A read of `size` allocates `size` bytes first (256 MiB for an image's bound: an mmap
+      # and munmap per image, which threads reading at once serialise on); a regular file's
+      # own size, plus one to see it has not grown past it, is enough.
+      known = os.fstat(f.fileno()).st_size
+      return f.read(min(size, known + 1) if known else size)
   import tensorflow as tf  # pylint: disable=g-import-not-at-top  (imported by _gfile)
 
   try:
