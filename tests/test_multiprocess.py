@@ -28,6 +28,7 @@ import pytest
 from flax import traverse_util
 
 from tests import _multiprocess_worker as worker
+from tests import fresh_python
 from vit_jax import data
 from vit_jax.weights import orbax_steps
 
@@ -47,7 +48,7 @@ def _free_port() -> int:
 def _env(devices: int, **extra: str) -> dict[str, str]:
   env = {k: v for k, v in os.environ.items() if not k.startswith("VIT_")}
   env.update(
-    XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+    XLA_FLAGS=fresh_python.xla_flags(devices),
     JAX_PLATFORMS="cpu",
     TF_CPP_MIN_LOG_LEVEL="3",
     PYTHONPATH=REPO,
