@@ -36,8 +36,9 @@ SUITE_XLA_FLAGS = "--xla_backend_optimization_level=0"
 
 def xla_flags(devices: int | None = None, flags: str = "") -> str:
   """XLA_FLAGS for a test process: the suite's compile options, ``devices`` fake CPU
-  devices when given, and ``flags``."""
-  parts = [SUITE_XLA_FLAGS, flags]
+  devices when given, and ``flags`` (which may hold the suite's already: pytest-xdist's
+  workers inherit them)."""
+  parts = [flags] if SUITE_XLA_FLAGS in flags else [SUITE_XLA_FLAGS, flags]
   if devices is not None:
     parts.append(f"--xla_force_host_platform_device_count={devices}")
   return " ".join(p for p in parts if p)
