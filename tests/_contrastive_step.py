@@ -9,7 +9,9 @@ and whether the 8-device step passes texts around the ring to the .npz given as 
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+from tests import fresh_python
+
+os.environ["XLA_FLAGS"] = fresh_python.xla_flags(8)
 
 import jax  # pylint: disable=g-import-not-at-top
 import numpy as np

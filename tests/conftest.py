@@ -10,6 +10,11 @@ import tempfile
 # `vit_jax.plan`) JAX would first try a TPU backend in every test process.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+from tests import fresh_python  # noqa: E402  (the standard library only: JAX not started)
+
+# The suite's compile options (`fresh_python.SUITE_XLA_FLAGS`), before JAX reads XLA_FLAGS.
+os.environ["XLA_FLAGS"] = fresh_python.xla_flags(flags=os.environ.get("XLA_FLAGS", ""))
+
 # One persistent compilation cache for the session, in the environment so that every
 # subprocess (the commands, the multi-device and multi-process scripts) reads and adds to
 # it: the tiny runs compile the same programs in many processes and many tests. Programs

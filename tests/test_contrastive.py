@@ -125,8 +125,8 @@ def test_accumulated_steps_score_every_pair_against_the_whole_batch(loss):
   one_loss, one = step(1)
   four_loss, four = step(4)
   assert four_loss == pytest.approx(one_loss, rel=1e-5)
-  for a, b in zip(four, one):
-    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+  for a, b in zip(four, one):  # the same sums in another order: float32 rounding apart
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
   _, naive = step(4, whole_batch=False)
   moved = [np.max(np.abs(a - p)) for a, p in zip(one, jax.tree.leaves(params))]
   differ = [np.max(np.abs(a - b)) for a, b in zip(naive, one)]

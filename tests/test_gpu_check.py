@@ -12,13 +12,14 @@ from benchmarks.gpu_check import correctness, hlo_evidence, kernel_profile, repo
 from tests import fresh_python
 
 COMMAND = ["-m", "benchmarks.gpu_check"]
+HANG_S = 1200  # A guard against a hang, not a speed: the smoke takes about a minute idle.
 
 
 def test_smoke_runs_every_row_on_the_cpu(tmp_path):
   proc = fresh_python.run(
     [*COMMAND, "--smoke", f"--out={tmp_path}", "--budget-s=3600"],
     fresh_python.clean_env(),
-    timeout=900,
+    timeout=HANG_S,
   )
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   results = json.loads((tmp_path / "gpu_check.json").read_text())["results"]

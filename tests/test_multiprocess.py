@@ -8,7 +8,9 @@ One module fixture runs everything, two launches at a time (2 cores):
      share unevenly, restores and gathers its checkpoint, and an FSDP run evaluates the
      data-parallel checkpoint as `config.pretrained`.
   2. The main job in 2 processes (distributed settings from flags) resumes a copy of the
-     2-process FSDP run to step 6, beside a 2-process run whose process 1 dies.
+     2-process FSDP run to step 6, beside a 2-process run whose process 1 dies and a
+     2-process main job whose process 1 gets SIGTERM at step 10 (their waits overlap, and
+     their programs are the first launch's, read from the compilation cache).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import pytest
 from flax import traverse_util
 
 from tests import _multiprocess_worker as worker
+from tests import fresh_python
 from vit_jax import data
 from vit_jax.weights import orbax_steps
 
@@ -47,7 +50,7 @@ def _free_port() -> int:
 def _env(devices: int, **extra: str) -> dict[str, str]:
   env = {k: v for k, v in os.environ.items() if not k.startswith("VIT_")}
   env.update(
-    XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+    XLA_FLAGS=fresh_python.xla_flags(devices),
     JAX_PLATFORMS="cpu",
     TF_CPP_MIN_LOG_LEVEL="3",
     PYTHONPATH=REPO,
@@ -98,10 +101,12 @@ class _Launch:
       assert rc == 0, f"{self.name} process {i}: exit status {rc}\n{self.output(i)}"
 
 
-def _wait(*launches: _Launch, timeout: float = LAUNCH_TIMEOUT) -> None:
-  """Waits for every process of the launches; kills what is left at the deadline."""
+def _wait(*launches: _Launch, timeout: float = LAUNCH_TIMEOUT, tick=lambda: None) -> None:
+  """Waits for every process of the launches, calling ``tick`` between polls; kills what
+  is left at the deadline."""
   deadline = time.monotonic() + timeout
   while not all([launch.poll() for launch in launches]) and time.monotonic() < deadline:
+    tick()
     time.sleep(0.2)
   for launch in launches:
     launch.kill()
@@ -188,7 +193,29 @@ def runs(tmp_path_factory, digits_dir):
       ),
     ),
   )
-  _wait(resume, die)
+  # JAX's preemption service: process 1 gets SIGTERM once process 0 logged step 10.
+  preempted_workdir = os.path.join(root, "preempted")
+  preempted = _Launch(
+    "preempted",
+    root,
+    _main_two_processes(
+      preempted_workdir,
+      "--config=tests/_multiprocess_worker.py:data_parallel",
+      f"--config.data_dir={digits_dir}",
+      "--config.total_steps=100000",
+      "--config.checkpoint_every=100000",
+      "--config.eval_every=100000",
+      "--config.log_every=5",
+    ),
+  )
+  signalled = []
+
+  def sigterm_at_step_10() -> None:
+    if not signalled and "step 10/" in preempted.output(0, chars=100_000):
+      preempted.procs[1].send_signal(signal.SIGTERM)
+      signalled.append(True)
+
+  _wait(resume, die, preempted, tick=sigterm_at_step_10)
   resume.check()
 
   def load(out_dir: str) -> tuple[dict, dict]:
@@ -206,6 +233,8 @@ def runs(tmp_path_factory, digits_dir):
     reference=load(one),
     resume=resume,
     die=die,
+    preempted=preempted,
+    preempted_workdir=preempted_workdir,
   )
 
 
@@ -352,33 +381,11 @@ def test_a_dead_process_ends_the_run_with_an_error(runs):
   assert "another task died" in log or "stopped sending heartbeats" in log, log[-4000:]
 
 
-def test_sigterm_to_one_process_stops_both_at_the_same_saved_step(tmp_path, digits_dir):
+def test_sigterm_to_one_process_stops_both_at_the_same_saved_step(runs):
   """JAX's preemption service: process 1 gets SIGTERM; both save one agreed step, exit 143."""
-  workdir = str(tmp_path / "run")
-  launch = _Launch(
-    "preempted",
-    str(tmp_path),
-    _main_two_processes(
-      workdir,
-      "--config=tests/_multiprocess_worker.py:data_parallel",
-      f"--config.data_dir={digits_dir}",
-      "--config.total_steps=100000",
-      "--config.checkpoint_every=100000",
-      "--config.eval_every=100000",
-      "--config.log_every=5",
-    ),
-  )
-  try:
-    deadline = time.monotonic() + LAUNCH_TIMEOUT
-    while "step 10/" not in launch.output(0, chars=100_000):
-      assert not launch.poll() and time.monotonic() < deadline, launch.output(0)
-      time.sleep(0.5)
-    launch.procs[1].send_signal(signal.SIGTERM)
-    _wait(launch, timeout=180)
-  finally:
-    launch.kill()
+  launch = runs["preempted"]
   assert launch.returncodes == [143, 143], [launch.output(i) for i in range(2)]
-  saved = orbax_steps.finalized_steps(os.path.join(workdir, "checkpoints"))
+  saved = orbax_steps.finalized_steps(os.path.join(runs["preempted_workdir"], "checkpoints"))
   assert len(saved) == 1 and saved[0] >= 10, saved
   for i in range(2):
     assert f"Stopped by SIGTERM at step {saved[0]}: saved" in launch.output(i), launch.output(i)
