@@ -10,7 +10,7 @@ import jax
 import numpy as np
 from PIL import Image
 
-from tests import train_fixtures
+from tests import fresh_python, train_fixtures
 from vit_jax import data
 
 _SCRIPT = textwrap.dedent("""
@@ -63,7 +63,7 @@ def test_global_batches_on_eight_devices(tmp_path):
   )
   env = dict(
     os.environ,
-    XLA_FLAGS="--xla_force_host_platform_device_count=8",
+    XLA_FLAGS=fresh_python.xla_flags(8),
     JAX_PLATFORMS="cpu",
     TF_CPP_MIN_LOG_LEVEL="3",
   )

@@ -17,7 +17,7 @@ from PIL import Image
 
 import vit_jax
 from configs import siglip
-from tests import train_fixtures
+from tests import fresh_python, train_fixtures
 from tests.test_main import assert_resume_is_exact
 from vit_jax import errors, models, predict, run
 from vit_jax import zeroshot as zeroshot_cli
@@ -139,7 +139,7 @@ def test_recall_counts_the_candidates_scoring_strictly_higher():
 
 def test_the_runs_sigmoid_loss_passes_texts_around_8_devices_and_equals_one_device(tmp_path):
   out = tmp_path / "results.npz"
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "PYTHONPATH": REPO}
+  env = {**os.environ, "XLA_FLAGS": fresh_python.xla_flags(8), "PYTHONPATH": REPO}
   proc = subprocess.run(
     [sys.executable, "-m", "tests._contrastive_step", str(out)],
     cwd=REPO, env=env, capture_output=True, text=True, timeout=600,

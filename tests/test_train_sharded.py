@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from tests import train_fixtures
+from tests import fresh_python, train_fixtures
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -17,7 +17,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope="module")
 def sharded_results(tmp_path_factory):
   out = tmp_path_factory.mktemp("sharded") / "results.npz"
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "PYTHONPATH": REPO}
+  env = {**os.environ, "XLA_FLAGS": fresh_python.xla_flags(8), "PYTHONPATH": REPO}
   proc = subprocess.run(
     [sys.executable, "-m", "tests._strategy_step", str(out)],
     cwd=REPO,
