@@ -150,7 +150,7 @@ def _finetune_config(loaded: weight_sources.LoadedModel, source: str, digits_dir
 
 # name -> the fine-tuning resolution (a bigger grid of the same patches). The R26 and R50
 # runs compile a deep ResNet: about 2 minutes each on the development CPU.
-FINETUNE = {"timm_vit": 48, "hf_vit": 48, "timm_r_ti": 96, "timm_r26": 96, "timm_r50": 48}
+FINETUNE = {"timm_vit": 48, "hf_vit": 48, "timm_r_ti": 64, "timm_r26": 96, "timm_r50": 48}
 _SLOW = pytest.mark.slow
 
 
