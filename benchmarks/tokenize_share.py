@@ -85,7 +85,6 @@ def main() -> None:
     config = caption_data.run_config(work, caption_data.write_tokenizer(work), args.batch)
     config.dataset, config.test_split = f"captions:{os.path.join(work, 'data')}", "train"
     config.pp = common.get_config().pp  # the default train crop: 224, min_area 0.05, flip
-    config.input_pipeline = "grain"
     settings = objectives.data_settings(config)
     words = dataset_lib.Dataset(settings).tokenizer
     spiece = free_text.load_tokenizer(sentencepiece_model(work, texts), "sticky")
