@@ -7,7 +7,7 @@ beside the Grain stage's decode threads. This prints process CPU milliseconds pe
 captions), against the process CPU milliseconds per batch of the whole train pipeline
 (read, decode, crop 224, tokenize, batch, to a global jax.Array: the Grain threads
 included) over a ``captions:`` folder of photo-like 500x375 JPEGs
-(`input_pipeline.photo_jpeg`) with captions of 8-16 words (`caption_data.caption`). The
+(`input_data.photo_jpeg`) with captions of 8-16 words (`caption_data.caption`). The
 rows alternate in each of ``--rounds`` rounds; medians, per-round values in brackets.
 
     python benchmarks/tokenize_share.py [--images 1024] [--batch 128] [--steps 6] [--rounds 3]
@@ -27,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import caption_data  # noqa: E402
-import input_pipeline  # noqa: E402
+import input_data  # noqa: E402
 
 
 def write_caption_folder(root: str, images: int) -> list[str]:
@@ -38,7 +38,7 @@ def write_caption_folder(root: str, images: int) -> list[str]:
   texts = [caption_data.caption(k) for k in range(images)]
   for k in range(images):
     with open(os.path.join(folder, f"{k:05d}.jpg"), "wb") as f:
-      f.write(input_pipeline.photo_jpeg(rng))
+      f.write(input_data.photo_jpeg(rng))
   with open(os.path.join(folder, "captions.tsv"), "w") as f:
     f.write("".join(f"{k:05d}.jpg\t{t}\n" for k, t in enumerate(texts)))
   return texts
