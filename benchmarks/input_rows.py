@@ -20,6 +20,7 @@ on a folder `input_data.write_jpeg_folder` wrote, on a machine with more cores.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -31,15 +32,17 @@ import numpy as np
 
 from benchmarks import input_data
 
-TRAIN_ROWS = ("tf.data", "grain", "torch DataLoader")
-EVAL_ROWS = ("tf.data eval", "grain eval")
+TRAIN_ROWS = ("tf.data", "grain", "grain threads", "torch DataLoader")
+EVAL_ROWS = ("tf.data eval", "grain eval", "grain eval threads")
 ROWS = TRAIN_ROWS + EVAL_ROWS
 _LABELS = {
   "tf.data": "tf.data (plain: inception crop, `decode_and_crop_jpeg`, flip)",
-  "grain": "vit_jax Grain stage",
+  "grain": "vit_jax stage (worker processes, the default)",
+  "grain threads": "vit_jax stage (Grain's threads: `decode_processes=0`)",
   "torch DataLoader": "torch `DataLoader` (torchvision decode, `RandomResizedCrop`, flip)",
   "tf.data eval": "tf.data eval (plain: whole decode, bilinear resize)",
-  "grain eval": "vit_jax eval batches (Grain stage)",
+  "grain eval": "vit_jax eval batches (worker processes)",
+  "grain eval threads": "vit_jax eval batches (threads: `decode_processes=0`)",
 }
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -83,24 +86,29 @@ def _tf_eval(root: str, workers: int, batch: int, crop: int) -> Iterator[int]:
       yield images.shape[0]
 
 
-def _grain_train(root: str, workers: int, batch: int, crop: int) -> Iterator[int]:
-  """Host batches of the package's train pipeline (`pipeline.local_train_batches`)."""
+def _grain_train(
+  root: str, workers: int, batch: int, crop: int, processes: int | None = None
+) -> Iterator[int]:
+  """Host batches of the package's train pipeline (`pipeline.local_train_batches`), its
+  images decoded by `processes` worker processes (None: one per core; 0: threads)."""
   from vit_jax import data
   from vit_jax.data import dataset, pipeline
 
-  config = input_data.run_config(f"folder:{root}", crop, batch)
+  config = input_data.run_config(f"folder:{root}", crop, batch, decode_processes=processes)
   source = dataset.Dataset(data.Settings.from_config(config))
   for b in pipeline.local_train_batches(source, batch, 0, 0, 1):
     yield b["image"].shape[0]
 
 
-def _grain_eval(root: str, workers: int, batch: int, crop: int) -> Iterator[int]:
+def _grain_eval(
+  root: str, workers: int, batch: int, crop: int, processes: int | None = None
+) -> Iterator[int]:
   """Real (mask 1) images of the package's host eval batches (`pipeline.EvalBatches`, as the
   train row's `local_train_batches`) over the train split."""
   from vit_jax import data
   from vit_jax.data import dataset, pipeline
 
-  config = input_data.run_config(f"folder:{root}", crop, batch)
+  config = input_data.run_config(f"folder:{root}", crop, batch, decode_processes=processes)
   source = dataset.Dataset(data.Settings.from_config(config))
   evaluation = pipeline.EvalBatches(source, "train", batch, 0, 1)
   while True:
@@ -145,9 +153,11 @@ def _torch(root: str, workers: int, batch: int, crop: int) -> Iterator[int]:
 _BATCHES: dict[str, Callable[[str, int, int, int], Iterator[int]]] = {
   "tf.data": _tf_train,
   "grain": _grain_train,
+  "grain threads": functools.partial(_grain_train, processes=0),
   "torch DataLoader": _torch,
   "tf.data eval": _tf_eval,
   "grain eval": _grain_eval,
+  "grain eval threads": functools.partial(_grain_eval, processes=0),
 }
 
 

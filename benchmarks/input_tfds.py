@@ -109,7 +109,9 @@ def _window(args: argparse.Namespace) -> int:
   return common.get_config().shuffle_buffer // args.paper_batch
 
 
-def _settings(args, file_format: str):
+def _settings(args, file_format: str, decode: bool = True):
+  """The run's data settings; without ``decode``, decoded in this process (where `_ours`
+  stubs the decoding out)."""
   from vit_jax.data.dataset import Settings
 
   window = _window(args)
@@ -119,17 +121,18 @@ def _settings(args, file_format: str):
     args.batch,
     data_dir=_data_dir(args.root, file_format),
     shuffle_buffer=window * args.batch,
+    decode_processes=None if decode else 0,
   )
   return Settings.from_config(config)
 
 
 def _ours(args, file_format: str, process: int, count: int, decode: bool = True):
-  from vit_jax.data import dataset, grain_batches, pipeline
+  from vit_jax.data import dataset, example_images, pipeline
 
   if not decode:  # Reads only: the stage leaves each batch row as it is.
-    grain_batches.Stage.image = lambda self, value, uid, out=None: out
+    example_images.Preprocessing.image = lambda self, value, uid, out=None: out
   _builder_class()  # Registers `synthetic_photos` with tfds.
-  data = dataset.Dataset(_settings(args, file_format))
+  data = dataset.Dataset(_settings(args, file_format, decode))
   return (
     b["image"] for b in pipeline.local_train_batches(data, args.batch // count, 0, process, count)
   )

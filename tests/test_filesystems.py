@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from vit_jax import errors, input_files
-from vit_jax.data import caption_folder, filesystems, grain_batches
+from vit_jax.data import caption_folder, example_images, filesystems
 
 
 def test_local_and_file_url_paths_read_through_os(tmp_path, monkeypatch):
@@ -32,7 +32,7 @@ def test_local_and_file_url_paths_read_through_os(tmp_path, monkeypatch):
       assert f.read(4) == b"3456"
     with filesystems.open_binary(found[1]) as f:
       assert isinstance(f, io.BufferedReader) and f.read() == b"0123456789"
-    assert grain_batches.read_bytes(found[1].encode()) == b"0123456789"
+    assert example_images.read_bytes(found[1].encode()) == b"0123456789"
 
 
 @pytest.mark.parametrize("call", ["isdir", "exists", "listdir", "glob", "open_binary", "read_head"])
@@ -61,10 +61,10 @@ def test_a_remote_caption_folder_and_its_images_read_through_tf_gfile(monkeypatc
   paths, texts = caption_folder.CaptionFolder(root).rows("train", 0, 2)
   assert list(paths) == images
   assert list(texts) == [("the first",), ("the second",)]
-  assert grain_batches.read_bytes(paths[0]) == b"not decoded here a.png"
+  assert example_images.read_bytes(paths[0]) == b"not decoded here a.png"
   with pytest.raises(OSError, match="missing.png"):  # as a local file's: the image is left out
-    grain_batches.read_bytes(f"{root}/train/imgs/missing.png")
+    example_images.read_bytes(f"{root}/train/imgs/missing.png")
   # The bound on an image's bytes holds for a remote file too.
   monkeypatch.setattr(input_files, "MAX_IMAGE_BYTES", 8)
   with pytest.raises(OSError, match="more than 8 bytes"):
-    grain_batches.read_bytes(paths[0])
+    example_images.read_bytes(paths[0])

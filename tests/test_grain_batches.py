@@ -36,11 +36,14 @@ class _Reader:
       yield ids + 100, ids, values, ids % 3, np.full(len(ids), b"", object)
 
 
+@pytest.mark.parametrize("processes", [0, 2], ids=["threads", "processes"])
 @pytest.mark.parametrize("broken", [set(), {0}, {3, 4, 5}, {6, 13, 22}, set(range(7, 15))])
-def test_rows_close_the_gaps_of_failed_images(broken):
+def test_rows_close_the_gaps_of_failed_images(broken, processes):
   config = train_fixtures.common_config(dataset="digits", pp=dict(crop=CROP))
   settings = data.Settings.from_config(config)
-  stage = grain_batches.Stage(settings, "bytes", num_classes=3, train=True, workers=2)
+  stage = grain_batches.Stage(
+    settings, "bytes", num_classes=3, train=True, workers=2, processes=processes
+  )
   reader = _Reader(23, broken)
   batches = list(stage.batches(reader, local_batch=4)())
   kept = [i for i in range(23) if i not in broken]

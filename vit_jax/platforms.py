@@ -22,8 +22,6 @@ import importlib.util
 import os
 import sys
 
-import jax
-
 # The share of each GPU's memory the commands let JAX's allocator take, unless the user
 # sets XLA_PYTHON_CLIENT_MEM_FRACTION: JAX's own default (0.75) leaves a quarter of an
 # 80 GB GPU unused; the 10% left is for what the allocator does not hold (the CUDA
@@ -77,6 +75,8 @@ def _accelerator_attached() -> bool:
 def cpu_unless_accelerator_attached() -> bool:
   """Chooses the CPU backend when only accelerator compilers (no TPU or GPU) are present;
   whether it did."""
+  import jax  # pylint: disable=g-import-not-at-top  # here: the decode workers never import it
+
   if jax.config.jax_platforms or not any(map(installed, ("libtpu", *CUDA_PLUGINS))):
     return False
   if _accelerator_attached():

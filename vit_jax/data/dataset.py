@@ -80,6 +80,7 @@ class Settings:
   text: Optional[CaptionSettings] = None
   # The eval preprocessing where it is not the official recipe (a crop, another resize).
   eval_data: Optional[data_config.DataConfig] = None
+  decode_processes: Optional[int] = None  # config.decode_processes
 
   def eval_data_config(self) -> data_config.DataConfig:
     """The eval images' preprocessing, at ``crop`` (which a command may have changed)."""
@@ -155,8 +156,15 @@ class Settings:
       input_mean=tuple(model.get("input_mean", OFFICIAL_INPUT_MEAN)),
       input_std=tuple(model.get("input_std", OFFICIAL_INPUT_STD)),
       text=needs.text,
+      # Absent from the config.json of runs made before worker processes decoded.
+      decode_processes=config.get("decode_processes"),
     )
     _check_input_pipeline(config)
+    if settings.decode_processes is not None and settings.decode_processes < 0:
+      raise errors.ConfigError(
+        f"config.decode_processes={settings.decode_processes} must be >= 0 (0: decode in "
+        "this process's threads; None: one process per core)."
+      )
     for key in ("crop", "batch", "batch_eval", "shuffle_buffer"):
       if getattr(settings, key) <= 0:
         raise errors.ConfigError(

@@ -14,16 +14,17 @@ worker thread writes its images straight into their rows of the batch arrays
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import threading
+import weakref
 from typing import Any, Callable, Iterator
 
-import cv2
 import grain
 import numpy as np
 
-from vit_jax import input_files
-from vit_jax.data import filesystems, host_images, readers
+from vit_jax import errors
+from vit_jax.data import decode_workers, example_images, readers
 from vit_jax.data.dataset import Settings
 
 Example = tuple[int, int, Any, int, bytes]  # position, uid, value, label, text
@@ -32,93 +33,103 @@ _Row = tuple[int, int, np.ndarray, bytes, int] | None
 _GROUP = 8  # Examples per Grain element: a threads' drain at a chunk's end idles < 8 images.
 
 
+def usable_cores() -> int:
+  """Cores this process may use (its CPU affinity where the platform tells it)."""
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  return cores or 1
+
+
+def default_processes() -> int:
+  """Worker processes that decode, where `config.decode_processes` is None: one per core
+  on Linux (on 2 cores, 1.3x the images/s of two threads per core, at 0.8x the CPU per
+  image: docs/input_pipelines.md); elsewhere none (threads)."""
+  return usable_cores() if hasattr(os, "memfd_create") else 0
+
+
 def default_workers() -> int:
-  """Threads that decode: two per core this process may use, so that a core stays busy
+  """Threads that decode in the main process: two per core, so that a core stays busy
   while a thread waits on a file read or the GIL (and, on a shared machine, the stage
   gets the scheduler's share tf.data's thread pools get: 2 cores at load 8, 1.0x tf.data's
   images/s with two per core, 0.75x with one)."""
-  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-  return 2 * (cores or 1)
-
-
-def read_bytes(path: Any) -> bytes:
-  """A 'path' source's file (local, or remote through `filesystems`), at most
-  `input_files.MAX_IMAGE_BYTES` (OSError else)."""
-  name = path.decode() if isinstance(path, bytes) else str(path)
-  data = filesystems.read_head(name, input_files.MAX_IMAGE_BYTES + 1)
-  if len(data) > input_files.MAX_IMAGE_BYTES:
-    raise OSError(f"more than {input_files.MAX_IMAGE_BYTES:,} bytes, larger than an image may be")
-  return data
+  return 2 * usable_cores()
 
 
 class _Buffers:
   """The batches being written, keyed by batch number: the stream's n-th example is
   written into row n % size of batch n // size (its place if no image before it fails),
-  by whichever worker thread decodes it."""
+  by whichever worker decodes it; each batch's images may be in shared memory
+  (`decode_workers.SharedImages`), where worker processes write them."""
 
-  def __init__(self, empty: Callable[[], tuple[np.ndarray, ...]], size: int):
-    self._empty, self._size = empty, size
+  def __init__(self, empty: Callable[[int], tuple[tuple[np.ndarray, ...], str | None]], size: int):
+    self._empty, self.size = empty, size
     self._batches: dict[int, tuple[np.ndarray, ...]] = {}
+    self._paths: dict[int, str] = {}  # of the shared batches' images
     self._lock = threading.Lock()
 
   def batch(self, b: int) -> tuple[np.ndarray, ...]:
     """Batch ``b``'s arrays (positions, images, labels, texts, uids), made on first use."""
     with self._lock:
       if b not in self._batches:
-        self._batches[b] = self._empty()
+        self._batches[b], path = self._empty(self.size)
+        if path is not None:
+          self._paths[b] = path
       return self._batches[b]
 
   def image(self, n: int) -> np.ndarray:
     """The image row (float32 [crop, crop, 3]) the stream's n-th example is written into."""
-    b, r = divmod(n, self._size)
+    b, r = divmod(n, self.size)
     return self.batch(b)[1][r]
 
+  def place(self, n: int) -> tuple[str, int]:
+    """(path, row) of the stream's n-th example's image, for a worker process."""
+    b, r = divmod(n, self.size)
+    self.batch(b)
+    return self._paths[b], r
+
   def pop(self, b: int) -> tuple[np.ndarray, ...]:
+    """Batch ``b``, finished."""
     with self._lock:
+      self._paths.pop(b, None)
       return self._batches.pop(b)
 
 
 class Stage:
-  """Preprocessing of one split's examples on the host: train (crop, flip) or eval."""
+  """Preprocessing of one split's examples on the host (train: crop, flip; or eval), in
+  worker processes (``processes``; None: `Settings.decode_processes`) or, with 0, in this
+  process's threads (``workers``; None: two per core)."""
 
   def __init__(
-    self, settings: Settings, kind: str, num_classes: int, train: bool, workers: int | None = None
+    self,
+    settings: Settings,
+    kind: str,
+    num_classes: int,
+    train: bool,
+    workers: int | None = None,
+    processes: int | None = None,
   ):
-    self._settings, self._kind, self._train = settings, kind, train
+    self._preprocessing = example_images.Preprocessing(settings, kind, train)
     self._eye = np.eye(num_classes, dtype=np.float32)
     self._workers = workers or default_workers()
-    cv2.setNumThreads(1)  # Grain's threads are the parallelism; OpenCV's pool would spin beside
-    self._shape = (settings.crop, settings.crop, 3)
-    if not train:
-      host_images.check_eval_config(settings.eval_data_config())
+    if processes is None:
+      processes = settings.decode_processes
+    self._processes = default_processes() if processes is None else processes
+    if self._processes and not hasattr(os, "memfd_create"):
+      raise errors.ConfigError(
+        f"config.decode_processes={self._processes}: worker processes need Linux (their "
+        "shared memory is os.memfd_create's); set it to 0 to decode in this process."
+      )
+    self._idle_pools: list[decode_workers.Pool] = []  # started, serving no stream now
+    self._lock = threading.Lock()
+    weakref.finalize(self, _close_pools, self._idle_pools)
 
   def image(self, value: Any, uid: int, out: np.ndarray | None = None) -> np.ndarray:
-    """One example's batch row, float32 [crop, crop, 3], written into ``out`` where given:
-    the train crop, normalised (or rounded, with RandAugment) in place, or the eval image.
-    ValueError or OSError when it fails."""
-    data = read_bytes(value) if self._kind == "path" else bytes(value)
-    s = self._settings
-    if not self._train:
-      image = host_images.eval_image(data, s.eval_data_config())
-      if out is None:
-        return image
-      out[...] = image
-      return out
-    rng = host_images.example_rng(s.seed, uid)
-    pixels = host_images.train_crop(
-      data, rng, crop=s.crop, min_area=s.min_area, flip=s.flip, out=out
-    )
-    host_images.normalize_into(pixels, pixels, s.randaug is not None, s.input_mean, s.input_std)
-    return pixels
+    """One example's batch row (`example_images.Preprocessing.image`), in this process."""
+    return self._preprocessing.image(value, uid, out)
 
   def reason(self, value: Any, uid: int, label: int) -> str:
     """Why the example (value, uid, label) fails; "" when it does not (any more)."""
     del label  # The image alone fails.
-    try:
-      self.image(value, uid)
-    except (ValueError, OSError) as e:
-      return str(e).strip().splitlines()[0]
-    return ""
+    return self._preprocessing.reason(value, uid)
 
   def _group(self, group: tuple[int, list[Example]], buffers: _Buffers) -> list[_Row]:
     """The rows of a few consecutive examples, the first of them the stream's ``start``-th:
@@ -136,49 +147,112 @@ class Stage:
       rows.append((n, position, self._eye[label], text, uid))
     return rows
 
-  def _rows(self, reader: readers.Reader, buffers: _Buffers) -> Iterator[_Row]:
-    """Every example of the reader's stream, preprocessed by Grain's threads, in order."""
-    options = grain.ReadOptions(num_threads=self._workers, prefetch_buffer_size=4 * self._workers)
+  def _chunks(self, reader: readers.Reader) -> Iterator[list[tuple[int, list[Example]]]]:
+    """The reader's stream, chunk by chunk, in groups of `_GROUP` examples: (stream index
+    of the first, its examples)."""
     start = 0
     for positions, uids, values, labels, texts in reader():
       examples = list(
         zip(positions.tolist(), uids.tolist(), values.tolist(), labels.tolist(), texts.tolist())
       )
-      groups = [(start + i, examples[i : i + _GROUP]) for i in range(0, len(examples), _GROUP)]
+      yield [(start + i, examples[i : i + _GROUP]) for i in range(0, len(examples), _GROUP)]
       start += len(examples)
+
+  def _thread_rows(self, reader: readers.Reader, buffers: _Buffers) -> Iterator[_Row]:
+    """Every example of the reader's stream, preprocessed by Grain's threads, in order;
+    the threads drain at the end of each reader chunk."""
+    options = grain.ReadOptions(num_threads=self._workers, prefetch_buffer_size=4 * self._workers)
+    for groups in self._chunks(reader):
       dataset = grain.MapDataset.source(groups).map(functools.partial(self._group, buffers=buffers))
       for rows in dataset.to_iter_dataset(options):
         yield from rows
+
+  def _process_rows(
+    self, reader: readers.Reader, buffers: _Buffers, pool: decode_workers.Pool
+  ) -> Iterator[_Row]:
+    """Every example of the reader's stream, preprocessed by worker processes, in order."""
+    shape = (buffers.size, *self._preprocessing.shape)
+
+    def task(group: tuple[int, list[Example]]) -> decode_workers.Task:
+      start, examples = group
+      return shape, [(*buffers.place(n), e[2], e[1]) for n, e in enumerate(examples, start)]
+
+    groups = (group for chunk in self._chunks(reader) for group in chunk)
+    for (start, examples), written in pool.map(groups, task):
+      for n, ok, (position, uid, _, label, text) in zip(itertools.count(start), written, examples):
+        yield (n, position, self._eye[label], text, uid) if ok else None
+
+  def _take_pool(self) -> decode_workers.Pool:
+    """An idle pool of this stage's worker processes, or a new one (a stream left open
+    while another starts keeps its own)."""
+    with self._lock:
+      if self._idle_pools:
+        return self._idle_pools.pop()
+    p = self._preprocessing
+    return decode_workers.Pool((p.settings, p.kind, p.train), self._processes)
 
   def batches(self, reader: readers.Reader, local_batch: int) -> Callable[[], Iterator[tuple]]:
     """A function giving a fresh stream of (positions, images, labels, texts, uids)
     batches of at most `local_batch` rows (failed images left out)."""
 
     def stream() -> Iterator[tuple[np.ndarray, ...]]:
-      buffers = _Buffers(functools.partial(self._empty, local_batch), local_batch)
-      b, k = 0, 0  # the batch being filled and its rows so far
-      for row in self._rows(reader, buffers):
-        if row is None:
-          continue
-        n, position, label, text, uid = row
-        batch = buffers.batch(b)
-        if n != b * local_batch + k:  # after a failed image: the row moves up
-          batch[1][k] = buffers.image(n)
-        batch[0][k], batch[2][k], batch[3][k], batch[4][k] = position, label, text, uid
-        k += 1
-        if k == local_batch:
-          yield buffers.pop(b)
-          b, k = b + 1, 0
-      if k:
-        yield tuple(a[:k] for a in buffers.pop(b))
+      pool = self._take_pool() if self._processes else None
+      buffers = _Buffers(functools.partial(self._empty, pool=pool), local_batch)
+      if pool is None:
+        rows = self._thread_rows(reader, buffers)
+      else:
+        rows = self._process_rows(reader, buffers, pool)
+      try:
+        yield from _batches(rows, buffers)
+      finally:
+        rows.close()  # the pool's tasks in flight are done before it serves another stream
+        if pool is not None:
+          with self._lock:
+            self._idle_pools.append(pool)
 
     return stream
 
-  def _empty(self, size: int) -> tuple[np.ndarray, ...]:
-    return (
+  def _empty(
+    self, size: int, pool: decode_workers.Pool | None
+  ) -> tuple[tuple[np.ndarray, ...], str | None]:
+    """A new batch's arrays, and the path of its images where worker processes write them."""
+    shape, path = (size, *self._preprocessing.shape), None
+    if pool is None:
+      images = np.empty(shape, np.float32)
+    else:
+      images, path = pool.images.take(shape)
+    arrays = (
       np.zeros([size], np.int64),
-      np.empty([size, *self._shape], np.float32),
+      images,
       np.empty([size, self._eye.shape[0]], np.float32),
       np.empty([size], object),
       np.zeros([size], np.int64),
     )
+    return arrays, path
+
+
+def _batches(rows: Iterator[_Row], buffers: _Buffers) -> Iterator[tuple[np.ndarray, ...]]:
+  """The rows in batches of `buffers.size` (the last may be shorter): each image row where
+  its worker wrote it, moved up only after a failed image."""
+  b, k = 0, 0  # the batch being filled and its rows so far
+  for row in rows:
+    if row is None:
+      continue
+    n, position, label, text, uid = row
+    batch = buffers.batch(b)
+    if n != b * buffers.size + k:  # after a failed image: the row moves up
+      batch[1][k] = buffers.image(n)
+    batch[0][k], batch[2][k], batch[3][k], batch[4][k] = position, label, text, uid
+    k += 1
+    if k == buffers.size:
+      yield buffers.pop(b)
+      b, k = b + 1, 0
+  if k:
+    yield tuple(a[:k] for a in buffers.pop(b))
+
+
+def _close_pools(pools: list[decode_workers.Pool]) -> None:
+  """Ends a stage's worker processes (when the stage is collected, or at exit)."""
+  for pool in pools:
+    pool.close()
+  pools.clear()

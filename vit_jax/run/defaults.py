@@ -35,6 +35,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.batch_eval = 512
   config.shuffle_buffer = 50_000
   config.prefetch = 2
+  # Processes that decode and preprocess the images (None: one per core this process may
+  # use; 0: threads of this process instead; vit_jax/data/decode_workers.py).
+  config.decode_processes = ml_collections.FieldReference(None, field_type=int)
   config.skip_corrupt_images = False
 
   # Model (vit_jax.models.MODEL_NAMES) and its pre-trained weights.

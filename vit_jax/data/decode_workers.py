@@ -1,0 +1,367 @@
+"""Worker processes for the decoding stage: groups of examples -> image rows in shared memory.
+
+Why processes: per image the stage runs C calls (file read, JPEG decode, resize,
+normalise) with Python between them. In threads that Python holds the GIL, which capped the
+threaded stage at about 1,300 images/s whatever the core count (16 cores of the GPU
+machine, docs/performance.md). Each worker process has its own interpreter.
+
+Why not Grain's process workers (`mp_prefetch`): they run slices of a random-access
+dataset in each worker; our readers stream (TFRecord windows, a read-ahead thread) in the
+main process, so the main process keeps them and sends each group of examples (a file
+path or the encoded bytes, and the uid that seeds the crop) to a worker. Why not
+`multiprocessing`: its spawn and forkserver starts import the parent's ``__main__`` in every
+child (`vit_jax.main` would bring Flax, Orbax and the models), and fork is unsafe once JAX
+runs threads. A worker is ``python -m vit_jax.data.decode_workers``: a loop over two pipes
+with `multiprocessing.connection`'s framing; it ignores SIGINT and SIGTERM (the run
+handles those) and exits when the main process closes its pipe or dies.
+
+Pixels never go through a pipe: each batch's images are one file in shared memory
+(`shared_images`, /dev/shm where there is one), mapped by the main process as the batch's
+array and by a worker while it writes its rows. A worker reserves its rows' bytes first
+(`os.posix_fallocate`), so a full /dev/shm is an error naming it rather than a SIGBUS.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import mmap
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import traceback
+import weakref
+from multiprocessing import connection
+from typing import Any, Callable, Iterable, Iterator, TypeVar
+
+import numpy as np
+
+from vit_jax import errors
+
+# (file of the batch's images, row in it, value, uid): one example of a task.
+Item = tuple[str, int, Any, int]
+Task = tuple[tuple[int, ...], list[Item]]  # (shape of a batch's images, its examples)
+# A task's result: per example whether its row was written (False: its image failed).
+Written = list[bool]
+_IN_FLIGHT = 3  # Tasks sent ahead to each worker: it always has the next one queued.
+_FEED_POLL_SECONDS = 0.005  # How often the main loop looks for new items while a worker idles.
+_Item = TypeVar("_Item")
+# A worker's program: the package registered without running its __init__ (which imports
+# JAX to choose a backend: 0.5 s of a worker's 0.7 s start), then `main`.
+_START = (
+  "import sys, types; package = types.ModuleType('vit_jax'); "
+  f"package.__path__ = [{os.path.dirname(os.path.dirname(os.path.abspath(__file__)))!r}]; "
+  "sys.modules['vit_jax'] = package; from vit_jax.data import decode_workers; "
+  "decode_workers.main()"
+)
+
+
+class _Slot:
+  """One batch's images in shared memory: an anonymous file (memfd), mapped here and, by
+  the path ``/proc/<pid>/fd/<fd>``, in the workers; lent again once the array last lent
+  from it is gone."""
+
+  def __init__(self, shape: tuple[int, ...]):
+    self.shape = shape
+    nbytes = 4 * math.prod(shape)
+    self._fd = os.memfd_create("vit_jax-images", os.MFD_CLOEXEC)
+    try:
+      # Reserved now, so that a lack of memory is this error, not a SIGBUS in a worker.
+      os.posix_fallocate(self._fd, 0, nbytes)
+    except OSError as e:
+      os.close(self._fd)
+      raise errors.ConfigError(
+        f"No memory for a batch of images in shared memory ({nbytes / 2**20:.0f} MiB; "
+        f"{e.strerror}): lower config.batch, or set config.decode_processes=0 to decode in "
+        "this process."
+      ) from None
+    self._mapped = mmap.mmap(self._fd, nbytes)
+    self.path = f"/proc/{os.getpid()}/fd/{self._fd}"
+    self._lent: weakref.ref | None = None
+
+  def free(self) -> bool:
+    return self._lent is None or self._lent() is None
+
+  def lend(self) -> np.ndarray:
+    """A new array over the slot, float32 of its shape. Every view of it keeps its base,
+    the flat array made here, alive; the slot is free again once that base is gone."""
+    base = np.frombuffer(self._mapped, np.float32)
+    self._lent = weakref.ref(base)
+    return base.reshape(self.shape)
+
+  def close(self) -> None:
+    """Closes the file; arrays still lent keep the memory until they are gone."""
+    os.close(self._fd)
+
+
+class SharedImages:
+  """Batch image arrays that worker processes write: slots in shared memory, reused once
+  the batches lent from them are gone (so after the first few batches no page is
+  allocated or faulted in again), more made while all are in use."""
+
+  def __init__(self):
+    self._slots: list[_Slot] = []
+
+  def take(self, shape: tuple[int, ...]) -> tuple[np.ndarray, str]:
+    """A float32 array of ``shape`` and the path the workers open it by."""
+    slot = next((s for s in self._slots if s.shape == shape and s.free()), None)
+    if slot is None:
+      slot = _Slot(shape)
+      self._slots.append(slot)
+    return slot.lend(), slot.path
+
+  def close(self) -> None:
+    for slot in self._slots:
+      slot.close()
+    self._slots = []
+
+
+class _Worker:
+  """One worker process and its two pipes; `sent` holds its tasks' numbers in order."""
+
+  def __init__(self, preprocessing_args: tuple[Any, ...]):
+    task_read, task_write = os.pipe()
+    result_read, result_write = os.pipe()
+    try:
+      self.process = subprocess.Popen(
+        [sys.executable, "-c", _START, str(task_read), str(result_write)],
+        pass_fds=(task_read, result_write),
+        stdin=subprocess.DEVNULL,
+      )
+    finally:
+      os.close(task_read)
+      os.close(result_write)
+    self.tasks = connection.Connection(task_write, readable=False)
+    self.results = connection.Connection(result_read, writable=False)
+    self.sent: collections.deque[int] = collections.deque()
+    self.tasks.send(preprocessing_args)
+
+  def receive(self) -> Written:
+    try:
+      result = self.results.recv()
+    except (EOFError, OSError):
+      code = self.process.wait()
+      raise RuntimeError(
+        f"A decode worker process (pid {self.process.pid}) exited with code {code}; its "
+        "error, if any, is above. Set config.decode_processes=0 to decode in this process."
+      ) from None
+    if isinstance(result, BaseException):
+      raise result
+    return result
+
+  def end(self) -> None:
+    """Closes the task pipe: the worker's loop ends at its end."""
+    self.tasks.close()
+
+  def wait(self) -> None:
+    """Waits for the worker to exit (after `end`)."""
+    try:
+      self.process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+      self.process.kill()
+      self.process.wait()
+    self.results.close()
+
+
+_NOTHING, _END = object(), object()  # `_Feed.get`: no item at hand; no more items
+
+
+class _Feed:
+  """Items drawn from an iterator by a thread into a bounded queue; an exception the
+  iterator raises is raised by `get`."""
+
+  def __init__(self, items: Iterable[Any], size: int):
+    self._queue: queue.Queue = queue.Queue(size)
+    self._closed = threading.Event()
+    threading.Thread(
+      target=self._run, args=(iter(items),), daemon=True, name="vit_jax-decode-feed"
+    ).start()
+
+  def _run(self, items: Iterator[Any]) -> None:
+    try:
+      for item in items:
+        if not self._put(item):
+          return
+      self._put(_END)
+    except BaseException as e:  # noqa: BLE001  # raised where the items are used
+      self._put(e)
+    finally:
+      close = getattr(items, "close", None)
+      if close is not None:
+        close()  # ends the reader's read-ahead now, in this thread
+
+  def _put(self, item: Any) -> bool:
+    """Puts ``item``, waiting for room; False once closed."""
+    while not self._closed.is_set():
+      try:
+        self._queue.put(item, timeout=_FEED_POLL_SECONDS)
+        return True
+      except queue.Full:
+        pass
+    return False
+
+  def get(self, wait: bool) -> Any:
+    """The next item, `_END` after the last, or `_NOTHING` (none at hand, not ``wait``)."""
+    try:
+      item = self._queue.get(block=wait)
+    except queue.Empty:
+      return _NOTHING
+    if isinstance(item, BaseException):
+      raise item
+    return item
+
+  def close(self) -> None:
+    self._closed.set()
+
+
+class Pool:
+  """Worker processes that run one `example_images.Preprocessing` on groups of examples,
+  and the shared memory they write the images into.
+
+  ``preprocessing_args``: its (settings, kind, train). `map` serves one stream at a time;
+  a stream closed early waits for its tasks in flight, so the next starts clean.
+  """
+
+  def __init__(self, preprocessing_args: tuple[Any, ...], count: int):
+    self.images = SharedImages()
+    self._workers: list[_Worker] = []
+    try:
+      for _ in range(count):
+        self._workers.append(_Worker(preprocessing_args))
+    except BaseException:
+      self.close()
+      raise
+
+  def map(
+    self, items: Iterable[_Item], task: Callable[[_Item], Task]
+  ) -> Iterator[tuple[_Item, Written]]:
+    """(item, its task's `Written`) for each item, in order. The items are drawn in a
+    thread (`_Feed`: a slow read never holds back results already decoded); each task goes
+    to the worker with the fewest in flight."""
+    feed = _Feed(items, _IN_FLIGHT * len(self._workers))
+    pending: collections.deque[_Item] = collections.deque()  # sent, not yet yielded
+    done: dict[int, Written] = {}
+    sent = received = 0
+    ended = False
+    try:
+      while True:
+        room = not ended
+        while room:
+          worker = min(self._workers, key=lambda w: len(w.sent))
+          room = len(worker.sent) < _IN_FLIGHT
+          item = feed.get(wait=received == sent) if room else _NOTHING
+          if item is _NOTHING or item is _END:
+            ended, room = item is _END, False
+            continue
+          worker.tasks.send(task(item))
+          worker.sent.append(sent)
+          pending.append(item)
+          sent += 1
+        if received == sent:
+          if ended:
+            return
+          continue
+        if received in done:
+          yield pending.popleft(), done.pop(received)
+          received += 1
+          continue
+        busy = {w.results: w for w in self._workers if w.sent}
+        idle = not ended and any(len(w.sent) < _IN_FLIGHT for w in self._workers)
+        for ready in connection.wait(list(busy), timeout=_FEED_POLL_SECONDS if idle else None):
+          worker = busy[ready]
+          done[worker.sent.popleft()] = worker.receive()
+    finally:
+      feed.close()
+      self._drain()
+
+  def _drain(self) -> None:
+    """Waits for (and drops) the results of tasks still in flight."""
+    for worker in self._workers:
+      while worker.sent:
+        worker.sent.popleft()
+        try:
+          worker.receive()
+        except Exception:  # noqa: BLE001  # the stream is over; a broken worker shows next time
+          worker.sent.clear()
+
+  def close(self) -> None:
+    for worker in self._workers:
+      worker.end()
+    for worker in self._workers:
+      worker.wait()
+    self._workers = []
+    self.images.close()
+
+
+class _Mappings:
+  """A worker's mappings of the batch slots it has written, by path (kept: slots are
+  reused, so a mapping's pages stay in its page table)."""
+
+  def __init__(self):
+    self._arrays: dict[str, np.ndarray] = {}
+
+  def rows(self, path: str, shape: tuple[int, ...]) -> np.ndarray:
+    if path not in self._arrays:
+      fd = os.open(path, os.O_RDWR)
+      try:
+        mapped = mmap.mmap(fd, 4 * math.prod(shape))
+      finally:
+        os.close(fd)
+      self._arrays[path] = np.frombuffer(mapped, np.float32).reshape(shape)
+    return self._arrays[path]
+
+
+def _write(
+  preprocessing: Any, mappings: _Mappings, shape: tuple[int, ...], items: list[Item]
+) -> Written:
+  """Writes each example's row into its batch; False where its image fails."""
+  written = []
+  for path, row, value, uid in items:
+    try:
+      preprocessing.image(value, uid, mappings.rows(path, shape)[row])
+      written.append(True)
+    except (ValueError, OSError):
+      written.append(False)
+  return written
+
+
+def _receive(tasks: connection.Connection, inbox: queue.SimpleQueue) -> None:
+  """Moves tasks from the pipe to ``inbox`` (None at its end), so that the main process
+  never waits on a full pipe while this worker decodes."""
+  try:
+    while True:
+      inbox.put(tasks.recv())
+  except (EOFError, OSError):
+    inbox.put(None)
+
+
+def serve(tasks: connection.Connection, results: connection.Connection) -> None:
+  """A worker's loop: the `Preprocessing` args, then (shape, items) tasks until the end."""
+  from vit_jax.data import example_images  # pylint: disable=g-import-not-at-top
+
+  inbox: queue.SimpleQueue = queue.SimpleQueue()
+  threading.Thread(target=_receive, args=(tasks, inbox), daemon=True).start()
+  args = inbox.get()
+  if args is None:
+    return
+  preprocessing, mappings = example_images.Preprocessing(*args), _Mappings()
+  while (task := inbox.get()) is not None:
+    shape, items = task
+    try:
+      result: Any = _write(preprocessing, mappings, shape, items)
+    except Exception:  # noqa: BLE001  # a bug: the main process raises it with the trace
+      result = RuntimeError(f"A decode worker failed:\n{traceback.format_exc()}")
+    results.send(result)
+
+
+def main() -> None:
+  """A worker process (`_START`): ``argv[1:]`` are its task and result pipes' ends."""
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  signal.signal(signal.SIGTERM, signal.SIG_IGN)
+  serve(
+    connection.Connection(int(sys.argv[1]), writable=False),
+    connection.Connection(int(sys.argv[2]), readable=False),
+  )
