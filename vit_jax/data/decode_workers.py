@@ -139,18 +139,27 @@ class _Worker:
     self.sent: collections.deque[int] = collections.deque()
     self.tasks.send(preprocessing_args)
 
+  def send(self, task: Task) -> None:
+    try:
+      self.tasks.send(task)
+    except OSError:
+      raise self._died() from None
+
   def receive(self) -> Written:
     try:
       result = self.results.recv()
     except (EOFError, OSError):
-      code = self.process.wait()
-      raise RuntimeError(
-        f"A decode worker process (pid {self.process.pid}) exited with code {code}; its "
-        "error, if any, is above. Set config.decode_processes=0 to decode in this process."
-      ) from None
+      raise self._died() from None
     if isinstance(result, BaseException):
       raise result
     return result
+
+  def _died(self) -> RuntimeError:
+    code = self.process.wait()
+    return RuntimeError(
+      f"A decode worker process (pid {self.process.pid}) exited with code {code}; its "
+      "error, if any, is above. Set config.decode_processes=0 to decode in this process."
+    )
 
   def end(self) -> None:
     """Closes the task pipe: the worker's loop ends at its end."""
@@ -242,21 +251,26 @@ class Pool:
     thread (`_Feed`: a slow read never holds back results already decoded); each task goes
     to the worker with the fewest in flight."""
     feed = _Feed(items, _IN_FLIGHT * len(self._workers))
+    window = 2 * _IN_FLIGHT * len(self._workers)  # tasks sent ahead of the next one yielded
     pending: collections.deque[_Item] = collections.deque()  # sent, not yet yielded
     done: dict[int, Written] = {}
     sent = received = 0
     ended = False
+
+    def free_worker() -> _Worker | None:
+      """The worker with the fewest tasks in flight, if it and the window have room."""
+      worker = min(self._workers, key=lambda w: len(w.sent))
+      room = not ended and len(worker.sent) < _IN_FLIGHT and sent - received < window
+      return worker if room else None
+
     try:
       while True:
-        room = not ended
-        while room:
-          worker = min(self._workers, key=lambda w: len(w.sent))
-          room = len(worker.sent) < _IN_FLIGHT
-          item = feed.get(wait=received == sent) if room else _NOTHING
+        while (worker := free_worker()) is not None:
+          item = feed.get(wait=received == sent)
           if item is _NOTHING or item is _END:
-            ended, room = item is _END, False
-            continue
-          worker.tasks.send(task(item))
+            ended = item is _END
+            break
+          worker.send(task(item))
           worker.sent.append(sent)
           pending.append(item)
           sent += 1
@@ -269,8 +283,8 @@ class Pool:
           received += 1
           continue
         busy = {w.results: w for w in self._workers if w.sent}
-        idle = not ended and any(len(w.sent) < _IN_FLIGHT for w in self._workers)
-        for ready in connection.wait(list(busy), timeout=_FEED_POLL_SECONDS if idle else None):
+        poll = _FEED_POLL_SECONDS if free_worker() is not None else None
+        for ready in connection.wait(list(busy), timeout=poll):
           worker = busy[ready]
           done[worker.sent.popleft()] = worker.receive()
     finally:
@@ -286,6 +300,10 @@ class Pool:
           worker.receive()
         except Exception:  # noqa: BLE001  # the stream is over; a broken worker shows next time
           worker.sent.clear()
+
+  def alive(self) -> bool:
+    """Whether every worker still runs (a pool with a dead one is closed, not reused)."""
+    return all(w.process.poll() is None for w in self._workers)
 
   def close(self) -> None:
     for worker in self._workers:

@@ -206,9 +206,11 @@ class Stage:
         yield from _batches(rows, buffers)
       finally:
         rows.close()  # the pool's tasks in flight are done before it serves another stream
-        if pool is not None:
+        if pool is not None and pool.alive():
           with self._lock:
             self._idle_pools.append(pool)
+        elif pool is not None:
+          pool.close()
 
     return stream
 

@@ -1,0 +1,170 @@
+"""The decoding stage's worker processes (`data/decode_workers.py`): the same batches as
+the threads, exact resume, shared slots never rewritten while a batch is held, and a
+worker's death as one error naming the fix."""
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests import train_fixtures
+from vit_jax import data, errors
+from vit_jax.data import dataset, decode_workers, grain_batches, pipeline
+
+CROP = 16
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> str:
+  """A folder of 40 noisy JPEGs in 2 classes (so crops differ), one of them broken."""
+  root = tmp_path_factory.mktemp("photos")
+  rng = np.random.default_rng(0)
+  for k in range(40):
+    folder = root / "train" / f"class_{k % 2}"
+    folder.mkdir(parents=True, exist_ok=True)
+    pixels = rng.integers(0, 256, (24 + k, 30, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(folder / f"{k:02d}.jpg", quality=90)
+  (root / "train" / "class_0" / "broken.jpg").write_bytes(b"\xff\xd8\xff not a JPEG")
+  (root / "test" / "class_0").mkdir(parents=True)
+  Image.fromarray(pixels).save(root / "test" / "class_0" / "a.jpg")
+  return str(root)
+
+
+def _dataset(root: str, processes: int) -> dataset.Dataset:
+  config = train_fixtures.common_config(
+    dataset=f"folder:{root}",
+    train_split="train",
+    test_split="test",
+    pp=dict(crop=CROP),
+    shuffle_buffer=100,
+    skip_corrupt_images=True,
+    decode_processes=processes,
+  )
+  return dataset.Dataset(data.Settings.from_config(config))
+
+
+def _train(root: str, processes: int, start: int, steps: int, batch: int = 4) -> list[dict]:
+  batches = pipeline.local_train_batches(_dataset(root, processes), batch, start, 0, 1)
+  out = [{k: np.array(v) for k, v in next(batches).items()} for _ in range(steps)]
+  batches.close()
+  return out
+
+
+def test_processes_give_the_threads_batches_and_resume_exactly(photos):
+  threads = _train(photos, 0, 0, 14)  # past an epoch of 41 files, the broken one skipped
+  processes = _train(photos, 2, 0, 14)
+  resumed = _train(photos, 2, 9, 5)
+  for expected, got in zip(threads, processes):
+    np.testing.assert_array_equal(got["image"], expected["image"])
+    np.testing.assert_array_equal(got["label"], expected["label"])
+  for expected, got in zip(threads[9:], resumed):
+    np.testing.assert_array_equal(got["image"], expected["image"])
+  assert np.ptp(threads[0]["image"]) > 1.0  # real crops, not blank rows
+
+
+def test_eval_passes_are_the_threads_and_survive_an_abandoned_pass(photos):
+  def passes(processes):
+    evaluation = pipeline.EvalBatches(_dataset(photos, processes), "train", 8, 0, 1)
+    abandoned = iter(evaluation)
+    next(abandoned)  # a pass left open while the next runs: it gets its own workers
+    first, second = list(evaluation), list(evaluation)
+    abandoned.close()
+    return first, second
+
+  (threads, _), (first, second) = passes(0), passes(2)
+  assert len(first) == len(threads) == 6  # 41 files in batches of 8
+  for expected, a, b in zip(threads, first, second):
+    np.testing.assert_array_equal(a["mask"], expected["mask"])
+    np.testing.assert_array_equal(a["image"], expected["image"])
+    np.testing.assert_array_equal(b["image"], expected["image"])
+  assert sum(b["mask"].sum() for b in first) == 40  # the broken file masked out
+
+
+def test_a_held_batch_is_never_rewritten_and_slots_are_reused(photos):
+  stage = grain_batches.Stage(
+    data.Settings.from_config(train_fixtures.common_config(pp=dict(crop=CROP))),
+    "path",
+    num_classes=2,
+    train=True,
+    processes=2,
+  )
+  files = sorted(os.path.join(d, f) for d, _, fs in os.walk(photos) for f in fs if f[0].isdigit())
+
+  def reader():
+    for start in range(0, 400, 40):  # ten epochs of the 40 good files
+      ids = np.arange(start, start + 40)
+      values = np.array([files[i % 40].encode() for i in ids], object)
+      yield ids, ids, values, ids % 2, np.full(40, b"", object)
+
+  stream = stage.batches(reader, local_batch=4)()
+  held = next(stream)
+  copy = held[1].copy()
+  for _ in range(60):
+    next(stream)  # each dropped at once: its slot is free for the next batch
+  np.testing.assert_array_equal(held[1], copy)
+  stream.close()
+  (pool,) = stage._idle_pools
+  # Reused: at most the batches the tasks sent ahead reach (a window of 2 * in-flight
+  # groups per worker), the one being filled, the held one; not one per batch.
+  ahead = 2 * decode_workers._IN_FLIGHT * 2 * grain_batches._GROUP // 4
+  assert len(pool.images._slots) <= ahead + 3 < 61
+
+
+def test_a_dead_worker_is_one_error_naming_the_setting(photos):
+  before = set(_children())
+  batches = pipeline.local_train_batches(_dataset(photos, 2), 4, 0, 0, 1)
+  next(batches)
+  workers = set(_children()) - before
+  assert len(workers) == 2
+  for pid in workers:
+    os.kill(pid, signal.SIGKILL)
+  with pytest.raises(RuntimeError, match="decode_processes=0"):
+    for _ in range(30):
+      next(batches)
+
+
+def test_workers_ignore_signals_import_no_jax_and_end_with_their_pipe():
+  settings = data.Settings.from_config(train_fixtures.common_config(pp=dict(crop=CROP)))
+  pool = decode_workers.Pool((settings, "bytes", True), 1)
+  (pid,) = (w.process.pid for w in pool._workers)
+  time.sleep(1.0)  # started and waiting for tasks
+  for sig in (signal.SIGINT, signal.SIGTERM):
+    os.kill(pid, sig)
+  time.sleep(0.2)
+  with open(f"/proc/{pid}/maps") as f:
+    maps = f.read()
+  assert "jaxlib" not in maps  # the package's __init__ (which imports JAX) did not run
+  assert pool._workers[0].process.poll() is None  # alive after SIGINT and SIGTERM
+  pool.close()
+  assert not os.path.exists(f"/proc/{pid}/status") or _zombie_or_gone(pid)
+
+
+def test_bad_values_are_one_clear_error():
+  with pytest.raises(errors.ConfigError, match=r"decode_processes=-1 must be >= 0"):
+    data.Settings.from_config(train_fixtures.common_config(decode_processes=-1))
+
+
+def _children() -> list[int]:
+  """This process's child processes (Linux /proc)."""
+  out = []
+  for entry in os.listdir("/proc"):
+    if entry.isdigit():
+      try:
+        with open(f"/proc/{entry}/stat") as f:
+          fields = f.read().rsplit(")", 1)[1].split()
+      except OSError:
+        continue
+      if int(fields[1]) == os.getpid() and fields[0] != "Z":
+        out.append(int(entry))
+  return out
+
+
+def _zombie_or_gone(pid: int) -> bool:
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+  except OSError:
+    return True
