@@ -1,8 +1,10 @@
 """The input-pipeline rows: ViT-B/16 training fed from JPEG files on local disk through the
 package's data pipeline over an image folder (``config.dataset='folder:ROOT'``), beside
 the pipeline alone; `timm_rows.row_timm_loader` reads the same files. They use only the
-public data interface (`vit_jax.data.train_iterator`: the Grain stage, decoding on the
-host's cores), and skip with the reason when the pipeline cannot import here."""
+public data interface (`vit_jax.data.train_iterator`: decoding in worker processes, one
+per core of the host, and for comparison the pipeline alone in the main process's
+threads, `config.decode_processes=0`), and skip with the reason when the pipeline cannot
+import here."""
 
 from __future__ import annotations
 
@@ -101,14 +103,22 @@ def row_pipeline(smoke: bool) -> dict[str, Any]:
   config = measure.shrink(folder_config(root, batch), smoke)
   config.batch = config.batch_eval = batch
   mesh = sharding.make_mesh(tuple(config.mesh))
-  batches = data.train_iterator(data.Settings.from_config(config), mesh)
-  jax.block_until_ready(next(batches))  # the pipeline's start-up
-  start = time.perf_counter()
-  for _ in range(steps):
-    jax.block_until_ready(next(batches))
-  alone = batch * steps / (time.perf_counter() - start)
-  del batches
+
+  def alone(processes: Optional[int]) -> float:
+    """Img/s of the pipeline alone, its images decoded by `processes` worker processes
+    (None: the default, one per core; 0: the main process's threads)."""
+    config.decode_processes = processes
+    batches = data.train_iterator(data.Settings.from_config(config), mesh)
+    jax.block_until_ready(next(batches))  # the pipeline's start-up
+    start = time.perf_counter()
+    for _ in range(steps):
+      jax.block_until_ready(next(batches))
+    rate = batch * steps / (time.perf_counter() - start)
+    batches.close()
+    return rate
+
+  threads, processes = alone(0), alone(None)
   feed = lambda trainer: data.train_iterator(trainer.spec.data, trainer.mesh)  # noqa: E731
   result = measure.train_row(config, smoke, feed=feed)
-  result.update(pipeline_img_s=alone, files=root)
+  result.update(pipeline_img_s=processes, pipeline_threads_img_s=threads, files=root)
   return result

@@ -84,7 +84,8 @@ def _speed_rows(results: dict[str, Any], plan_rows: dict[str, Any]) -> list[str]
     notes.append(
       f"Fed from JPEG files by the package's pipeline: {pipe['img_s']:.0f} img/s end to end "
       f"({_f(_ratio(pipe['img_s'], base), '.2f')}x the synthetic-batch row); the pipeline "
-      f"alone {pipe['pipeline_img_s']:.0f} img/s."
+      f"alone {pipe['pipeline_img_s']:.0f} img/s in worker processes (one per core), "
+      f"{pipe.get('pipeline_threads_img_s', 0):.0f} img/s in the main process's threads."
     )
   loader = results.get("timm_loader", {})
   if loader.get("img_s"):
