@@ -70,13 +70,15 @@ def test_the_table_compares_each_side_with_its_tf_data_row():
   results = {
     "tf.data": [result(100, 1.0, 2.0), result(100, 0.5, 2.0), result(100, 2.0, 2.0)],
     "grain": [result(100, 0.5, 1.0)] * 3,
+    "grain threads": [result(100, 1.0, 1.0)] * 3,
     "torch DataLoader": [{"error": "ModuleNotFoundError: No module named 'torch'"}] * 3,
   }
   lines = input_rows._table(results, input_rows.TRAIN_ROWS, 2)
   assert "x tf.data (wall)" in lines[0]
-  tf_row, grain_row, torch_row = lines[2:]
+  tf_row, grain_row, threads_row, torch_row = lines[2:]
   assert "| 100 (100, 200, 50) | 50 (50, 50, 50) | 1.00 | 1.00 |" in tf_row
   assert grain_row.endswith("| 200 (200, 200, 200) | 100 (100, 100, 100) | 2.00 | 2.00 |")
+  assert threads_row.endswith("| 100 (100, 100, 100) | 100 (100, 100, 100) | 1.00 | 2.00 |")
   assert "not run: ModuleNotFoundError" in torch_row
 
 
