@@ -52,13 +52,13 @@ def _tf_cpu_ms(crop: int, jpeg: bytes, count: int = _COUNT) -> float:
 
 
 def _stage_cpu_ms(crop: int, jpeg: bytes, randaug, count: int = _COUNT) -> float:
-  """Process CPU ms per image of the package's Grain stage (`grain_batches.Stage.image`:
+  """Process CPU ms per image of the package's Grain stage (`decode_stage.Stage.image`:
   decode, train crop, flip, normalise or round) in this thread, after a warm-up."""
   from vit_jax import data
-  from vit_jax.data import grain_batches
+  from vit_jax.data import decode_stage
 
   config = input_data.run_config("folder:unused", crop, 64, pp=dict(crop=crop, randaug=randaug))
-  stage = grain_batches.Stage(data.Settings.from_config(config), "bytes", 10, True, workers=1)
+  stage = decode_stage.Stage(data.Settings.from_config(config), "bytes", 10, True, workers=1)
   out = np.empty([crop, crop, 3], np.float32)
   for uid in range(32):
     stage.image(jpeg, uid, out)

@@ -12,7 +12,7 @@ from PIL import Image
 
 from tests import train_fixtures
 from vit_jax import data, errors
-from vit_jax.data import dataset, decode_workers, grain_batches, pipeline
+from vit_jax.data import dataset, decode_stage, decode_workers, pipeline
 
 CROP = 16
 
@@ -84,7 +84,7 @@ def test_eval_passes_are_the_threads_and_survive_an_abandoned_pass(photos):
 
 
 def test_a_held_batch_is_never_rewritten_and_slots_are_reused(photos):
-  stage = grain_batches.Stage(
+  stage = decode_stage.Stage(
     data.Settings.from_config(train_fixtures.common_config(pp=dict(crop=CROP))),
     "path",
     num_classes=2,
@@ -109,7 +109,7 @@ def test_a_held_batch_is_never_rewritten_and_slots_are_reused(photos):
   (pool,) = stage._idle_pools
   # Reused: at most the batches the tasks sent ahead reach (a window of 2 * in-flight
   # groups per worker), the one being filled, the held one; not one per batch.
-  ahead = 2 * decode_workers._IN_FLIGHT * 2 * grain_batches._GROUP // 4
+  ahead = 2 * decode_workers._IN_FLIGHT * 2 * decode_stage._GROUP // 4
   assert len(pool.images._slots) <= ahead + 3 < 61
 
 

@@ -12,7 +12,7 @@ import tensorflow as tf
 from PIL import Image
 
 from vit_jax import errors
-from vit_jax.data import data_config, dataset, grain_batches, host_images
+from vit_jax.data import data_config, dataset, decode_stage, host_images
 
 
 def _jpeg(pixels: np.ndarray) -> bytes:
@@ -58,7 +58,7 @@ def test_a_tensorflow_resize_method_without_tensorflow_is_one_error_up_front(mon
     host_images.prepare(_jpeg(np.zeros((8, 8, 3), np.uint8)), config)
   settings = dataset.Settings.for_evaluation(config, crop=8, batch=2)
   with pytest.raises(errors.ConfigError, match=r"'bicubic'.*\[tf\]"):  # before any image
-    grain_batches.Stage(settings, "path", num_classes=2, train=False)
+    decode_stage.Stage(settings, "path", num_classes=2, train=False)
 
 
 @pytest.mark.parametrize("value", [0, 255, None])

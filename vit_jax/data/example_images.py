@@ -1,7 +1,7 @@
 """One example -> its row of a batch's images, on the host: read the file (a 'path'
 source) or take the encoded bytes, decode, then the train crop and normalisation or the
 eval image (`host_images`). What the decoding stage runs per example, in its threads
-(`grain_batches`) or in its worker processes (`decode_workers`); it imports neither Grain
+(`decode_stage`) or in its worker processes (`decode_workers`); it imports neither Grain
 nor TensorFlow, so a worker process starts with it alone.
 """
 

@@ -1,5 +1,5 @@
 """Per-example image preprocessing on the host, without TensorFlow (the input pipeline's,
-`grain_batches`, and `Model.prepare`'s): JPEGs decoded by simplejpeg with TensorFlow's
+`decode_stage`, and `Model.prepare`'s): JPEGs decoded by simplejpeg with TensorFlow's
 decode settings (the same pixels as `tf.io.decode_image`), other formats by Pillow;
 NumPy and OpenCV crop, flip and resize.
 

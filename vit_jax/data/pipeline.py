@@ -2,7 +2,7 @@
 
 Per process:
   order.py positions -> readers.py: (position, uid, encoded image or path, label, caption)
-  chunks, read ahead in a thread -> Grain's threads (`grain_batches`): read file, decode +
+  chunks, read ahead in a thread -> Grain's threads (`decode_stage`): read file, decode +
   preprocess in parallel (deterministic order), drop examples whose image fails -> numpy
   batches realigned on positions, so a failed image is found by position and reported by
   name (or, with config.skip_corrupt_images, replaced) -> batching.prefetch_to_device.
@@ -39,7 +39,7 @@ from absl import logging
 
 from vit_jax import errors
 from vit_jax.aliases import HostBatch
-from vit_jax.data import batching, grain_batches, order, readers
+from vit_jax.data import batching, decode_stage, order, readers
 from vit_jax.data.dataset import Dataset, Settings, as_settings
 
 _EVAL_WINDOW = 10_000  # Examples an eval pass reads at a time.
@@ -103,7 +103,7 @@ def _blanks(settings: Settings, num_classes: int) -> tuple[tuple[tuple[int, ...]
 class _Failures:
   """Reports images that could not be read or decoded: raise, or log and count."""
 
-  def __init__(self, reader: readers.Reader, stage: grain_batches.Stage, skip: bool):
+  def __init__(self, reader: readers.Reader, stage: decode_stage.Stage, skip: bool):
     self.reader, self.stage, self.skip = reader, stage, skip
     self.count = 0
 
@@ -158,7 +158,7 @@ def local_train_batches(
   reader = readers.LaneReader(
     source, process * local_batch, local_batch, num_lanes, window, settings.seed, start_step, stop
   )
-  preprocessing = grain_batches.Stage(settings, source.kind, dataset.num_classes, train=True)
+  preprocessing = decode_stage.Stage(settings, source.kind, dataset.num_classes, train=True)
   failures = _Failures(reader, preprocessing, settings.skip_corrupt_images)
   blanks = _blanks(settings, dataset.num_classes)
 
@@ -215,9 +215,7 @@ class EvalBatches:
     self._reader = readers.ShardReader(
       self.source, lo, lambda position: order.eval_pieces(hi - lo, _EVAL_WINDOW, position)
     )
-    preprocessing = grain_batches.Stage(
-      settings, self.source.kind, dataset.num_classes, train=False
-    )
+    preprocessing = decode_stage.Stage(settings, self.source.kind, dataset.num_classes, train=False)
     self._failures = _Failures(self._reader, preprocessing, settings.skip_corrupt_images)
     # Built once: each call re-runs the reader from position 0 (a fresh pass).
     self._stream = preprocessing.batches(self._reader, local_batch)

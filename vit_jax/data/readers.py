@@ -1,6 +1,6 @@
 """Readers: the visiting order of order.py -> chunks of examples for the decoding stage.
 
-A reader is the generator function the pipeline hands to its stage (`grain_batches`
+A reader is the generator function the pipeline hands to its stage (`decode_stage`
 iterates it). Called, it streams (positions, uids, values, labels, texts) chunks, each
 [k], in stream-position order; uid = epoch * num_examples + index in
 the split (it seeds the train augmentation). A source with free text (`free_text`) reads

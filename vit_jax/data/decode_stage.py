@@ -1,14 +1,19 @@
-"""The input pipeline's decoding stage: a reader's chunks -> preprocessed numpy batches, in
-Grain's threads, without TensorFlow.
+"""The input pipeline's decoding stage: a reader's chunks -> preprocessed numpy batches,
+without TensorFlow.
 
-Each chunk of a reader (`readers.py`: positions, uids, values, labels, texts in stream
-order) becomes a `grain.MapDataset` whose map reads the file (a 'path' source), checks
-and decodes the image (`host_images`) and preprocesses it; Grain runs the map over
-`workers` threads in order (`ReadOptions`); the threads drain at the end of each chunk
-(`readers.CHUNK` examples: a few images' idle time per thousand). A failed image is left
-out, so `pipeline._realign` finds its position and `Stage.reason` names the error. Each
-worker thread writes its images straight into their rows of the batch arrays
-(`_Buffers`), so the main thread copies an image only to close the gap a failed one leaves.
+The reader's stream (`readers.py`: positions, uids, values, labels, texts in stream
+order) is cut into groups of `_GROUP` examples; each example's file is read (a 'path'
+source), its image checked, decoded and preprocessed (`example_images`), and written
+straight into its row of the batch arrays (`_Buffers`), so the main thread copies an image
+only to close the gap a failed one leaves. A failed image is left out, so
+`pipeline._realign` finds its position and `Stage.reason` names the error.
+
+Who does the work: worker processes by default (`decode_workers`: one per core, each
+group sent to the least busy, the batch's images in shared memory), or with
+``processes=0`` (`config.decode_processes=0`) Grain's threads in this process, a
+`grain.MapDataset` per reader chunk read in order over `workers` threads (`ReadOptions`),
+which drain at each chunk's end (`readers.CHUNK` examples: a few images' idle time per
+thousand).
 """
 
 from __future__ import annotations

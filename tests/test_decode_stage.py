@@ -1,4 +1,4 @@
-"""The Grain stage's batches (`data/grain_batches.py`): worker threads write each image
+"""The decoding stage's batches (`data/decode_stage.py`): threads or processes write each image
 straight into its batch row; a failed image's gap is closed by moving the later rows up."""
 
 import io
@@ -10,7 +10,7 @@ from PIL import Image
 
 from tests import train_fixtures
 from vit_jax import data
-from vit_jax.data import grain_batches
+from vit_jax.data import decode_stage
 
 CROP = 8
 
@@ -41,7 +41,7 @@ class _Reader:
 def test_rows_close_the_gaps_of_failed_images(broken, processes):
   config = train_fixtures.common_config(dataset="digits", pp=dict(crop=CROP))
   settings = data.Settings.from_config(config)
-  stage = grain_batches.Stage(
+  stage = decode_stage.Stage(
     settings, "bytes", num_classes=3, train=True, workers=2, processes=processes
   )
   reader = _Reader(23, broken)
