@@ -168,3 +168,14 @@ def _zombie_or_gone(pid: int) -> bool:
       return f.read().rsplit(")", 1)[1].split()[0] == "Z"
   except OSError:
     return True
+
+
+def test_shared_memory_a_worker_cannot_open_is_one_error_not_failed_images():
+  settings = data.Settings.from_config(train_fixtures.common_config(pp=dict(crop=CROP)))
+  pool = decode_workers.Pool((settings, "bytes", True), 1)
+  task = ((1, CROP, CROP, 3), [("/proc/no-such-process/fd/3", 0, b"\xff\xd8\xff", 0)])
+  try:
+    with pytest.raises(RuntimeError, match="cannot open the batch's shared memory.*=0"):
+      list(pool.map([0], lambda _: task))
+  finally:
+    pool.close()

@@ -290,7 +290,8 @@ class Pool:
         poll = _FEED_POLL_SECONDS if free_worker() is not None else None
         for ready in connection.wait(list(busy), timeout=poll):
           worker = busy[ready]
-          done[worker.sent.popleft()] = worker.receive()
+          number = worker.sent.popleft()  # first: a result that raises is received too
+          done[number] = worker.receive()
     finally:
       feed.close()
       self._drain()
@@ -327,7 +328,13 @@ class _Mappings:
 
   def rows(self, path: str, shape: tuple[int, ...]) -> np.ndarray:
     if path not in self._arrays:
-      fd = os.open(path, os.O_RDWR)
+      try:
+        fd = os.open(path, os.O_RDWR)
+      except OSError as e:
+        raise RuntimeError(
+          f"A decode worker cannot open the batch's shared memory {path} ({e.strerror}); set "
+          "config.decode_processes=0 to decode in the main process."
+        ) from None
       try:
         mapped = mmap.mmap(fd, 4 * math.prod(shape))
       finally:
@@ -342,8 +349,9 @@ def _write(
   """Writes each example's row into its batch; False where its image fails."""
   written = []
   for path, row, value, uid in items:
+    out = mappings.rows(path, shape)[row]  # outside the try: not an image's failure
     try:
-      preprocessing.image(value, uid, mappings.rows(path, shape)[row])
+      preprocessing.image(value, uid, out)
       written.append(True)
     except (ValueError, OSError):
       written.append(False)
@@ -374,6 +382,8 @@ def serve(tasks: connection.Connection, results: connection.Connection) -> None:
     shape, items = task
     try:
       result: Any = _write(preprocessing, mappings, shape, items)
+    except RuntimeError as e:
+      result = e
     except Exception:  # noqa: BLE001  # a bug: the main process raises it with the trace
       result = RuntimeError(f"A decode worker failed:\n{traceback.format_exc()}")
     results.send(result)
