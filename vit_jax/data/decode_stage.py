@@ -35,7 +35,7 @@ from vit_jax.data.dataset import Settings
 Example = tuple[int, int, Any, int, bytes]  # position, uid, value, label, text
 # (index in the stream, position, label [K], text, uid), or None: the image failed.
 _Row = tuple[int, int, np.ndarray, bytes, int] | None
-_GROUP = 8  # Examples per Grain element: a threads' drain at a chunk's end idles < 8 images.
+_GROUP = 8  # Examples per task (a worker process's, or a Grain element of the threads).
 
 
 def usable_cores() -> int:
@@ -46,7 +46,7 @@ def usable_cores() -> int:
 
 def default_processes() -> int:
   """Worker processes that decode, where `config.decode_processes` is None: one per core
-  on Linux (on 2 cores, 1.3x the images/s of two threads per core, at 0.8x the CPU per
+  on Linux (on 2 cores, 1.4x the images/s of two threads per core, at 0.77x the CPU per
   image: docs/input_pipelines.md); elsewhere none (threads)."""
   return usable_cores() if hasattr(os, "memfd_create") else 0
 

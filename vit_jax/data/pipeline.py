@@ -2,10 +2,11 @@
 
 Per process:
   order.py positions -> readers.py: (position, uid, encoded image or path, label, caption)
-  chunks, read ahead in a thread -> Grain's threads (`decode_stage`): read file, decode +
-  preprocess in parallel (deterministic order), drop examples whose image fails -> numpy
-  batches realigned on positions, so a failed image is found by position and reported by
-  name (or, with config.skip_corrupt_images, replaced) -> batching.prefetch_to_device.
+  chunks, read ahead in a thread -> the decoding stage (`decode_stage`: worker processes, or
+  Grain's threads): read file, decode + preprocess in parallel (deterministic order), drop
+  examples whose image fails -> numpy batches realigned on positions, so a failed image is
+  found by position and reported by name (or, with config.skip_corrupt_images, replaced)
+  -> batching.prefetch_to_device.
 
 Train batches do not depend on the process count: row r of every global batch of B rows
 comes from "lane" r, the r-th of B contiguous blocks of the split, which visits its
