@@ -114,10 +114,10 @@ def test_a_held_batch_is_never_rewritten_and_slots_are_reused(photos):
 
 
 def test_a_dead_worker_is_one_error_naming_the_setting(photos):
-  before = set(_children())
+  before = _children()
   batches = pipeline.local_train_batches(_dataset(photos, 2), 4, 0, 0, 1)
   next(batches)
-  workers = set(_children()) - before
+  workers = _children() - before
   assert len(workers) == 2
   for pid in workers:
     os.kill(pid, signal.SIGKILL)
@@ -147,18 +147,12 @@ def test_bad_values_are_one_clear_error():
     data.Settings.from_config(train_fixtures.common_config(decode_processes=-1))
 
 
-def _children() -> list[int]:
-  """This process's child processes (Linux /proc)."""
-  out = []
-  for entry in os.listdir("/proc"):
-    if entry.isdigit():
-      try:
-        with open(f"/proc/{entry}/stat") as f:
-          fields = f.read().rsplit(")", 1)[1].split()
-      except OSError:
-        continue
-      if int(fields[1]) == os.getpid() and fields[0] != "Z":
-        out.append(int(entry))
+def _children() -> set[int]:
+  """This process's child processes, from each of its threads' /proc list (Linux)."""
+  out = set()
+  for task in os.listdir("/proc/self/task"):
+    with open(f"/proc/self/task/{task}/children") as f:
+      out |= {int(pid) for pid in f.read().split()}
   return out
 
 
