@@ -44,11 +44,7 @@ class Preprocessing:
     data = read_bytes(value) if self.kind == "path" else bytes(value)
     s = self.settings
     if not self.train:
-      image = host_images.eval_image(data, s.eval_data_config())
-      if out is None:
-        return image
-      out[...] = image
-      return out
+      return host_images.eval_image(data, s.eval_data_config(), out)
     rng = host_images.example_rng(s.seed, uid)
     pixels = host_images.train_crop(
       data, rng, crop=s.crop, min_area=s.min_area, flip=s.flip, out=out

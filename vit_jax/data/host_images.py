@@ -170,13 +170,16 @@ def normalize_into(
     np.clip(out, -1.0, 1.0, out=out)  # within [-1, 1] exactly, as `normalize`
 
 
-def resize_bilinear(pixels: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-  """uint8 [h, w, 3] -> float32 [H, W, 3]: `tf.image.resize(..., 'bilinear')` (half-pixel
-  centres, no antialiasing), the official eval recipe's resize, by OpenCV on float32: within
-  0.013 of TensorFlow's values on the 0..255 scale (1e-4 after normalisation), in 0.26 ms
-  for a 500x375 photo with the GIL released, where TensorFlow's arithmetic in NumPy (its
-  exact values) took 1.7 ms holding it, which capped a pass at one core."""
-  return cv2.resize(pixels.astype(np.float32), size[::-1], interpolation=cv2.INTER_LINEAR)
+def resize_bilinear(
+  pixels: np.ndarray, size: tuple[int, int], out: np.ndarray | None = None
+) -> np.ndarray:
+  """uint8 [h, w, 3] -> float32 [H, W, 3] (into ``out`` where given):
+  `tf.image.resize(..., 'bilinear')` (half-pixel centres, no antialiasing), the official
+  eval recipe's resize, by OpenCV on float32: within 0.013 of TensorFlow's values on the
+  0..255 scale (1e-4 after normalisation), in 0.26 ms for a 500x375 photo with the GIL
+  released, where TensorFlow's arithmetic in NumPy (its exact values) took 1.7 ms holding
+  it, which capped a pass at one core."""
+  return cv2.resize(pixels.astype(np.float32), size[::-1], dst=out, interpolation=cv2.INTER_LINEAR)
 
 
 def check_eval_config(data_config: DataConfig) -> None:
@@ -190,26 +193,42 @@ def check_eval_config(data_config: DataConfig) -> None:
       )
 
 
-def _official_resize(pixels: np.ndarray, data_config: DataConfig) -> np.ndarray:
+def _tf_resize(pixels: np.ndarray, data_config: DataConfig) -> np.ndarray:
   """uint8 [h, w, 3] -> float32 [H, W, 3]: the official recipe's resize of the whole image
-  (`tf.image.resize`, no antialiasing): bilinear in NumPy, the other methods by TensorFlow
-  itself (`check_eval_config`)."""
-  if data_config.interpolation == "bilinear":
-    return resize_bilinear(pixels, data_config.input_size)
+  by a method other than bilinear, TensorFlow's own (`check_eval_config`)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
   resized = tf.image.resize(pixels, data_config.input_size, method=data_config.interpolation)
   return resized.numpy().astype(np.float32)  # 'nearest' keeps uint8
 
 
-def eval_image(data: bytes, data_config: DataConfig) -> np.ndarray:
+def eval_image(data: bytes, data_config: DataConfig, out: np.ndarray | None = None) -> np.ndarray:
   """Encoded bytes -> float32 [H, W, 3] as ``data_config`` says: the official recipe (the
-  whole image, TensorFlow's bilinear resize) or timm's PIL transform."""
+  whole image, TensorFlow's bilinear resize) or timm's PIL transform; written into ``out``
+  where given (e.g. a row of a batch)."""
   if data_config.resizer == "pil":
     pixels = eval_images.transform(_rgb(open_image(data)), data_config)  # uint8 [H, W, 3]
-    return eval_images.normalize(pixels, data_config)
-  resized = _official_resize(_decode(image_header.decodable(data)), data_config)
-  return normalize(resized, data_config.mean, data_config.std)
+    image = eval_images.normalize(pixels, data_config)
+    if out is None:
+      return image
+    out[...] = image
+    return out
+  return _official_pixels(_decode(image_header.decodable(data)), data_config, out)
+
+
+def _official_pixels(
+  pixels: np.ndarray, data_config: DataConfig, out: np.ndarray | None = None
+) -> np.ndarray:
+  """uint8 [h, w, 3] -> the official recipe's float32 [H, W, 3], resized and normalised
+  in ``out`` where given (no array made on the way for the bilinear resize)."""
+  if data_config.interpolation == "bilinear":
+    out = resize_bilinear(pixels, data_config.input_size, out)
+  elif out is None:
+    out = _tf_resize(pixels, data_config)
+  else:
+    out[...] = _tf_resize(pixels, data_config)
+  normalize_into(out, out, False, data_config.mean, data_config.std)
+  return out
 
 
 def prepare(
@@ -238,5 +257,4 @@ def _official(item: eval_images.ImageLike, data_config: DataConfig) -> np.ndarra
     except ValueError as e:
       raise errors.InputFileError(f"not an image this package decodes ({e}).") from None
   pixels = np.asarray(eval_images.to_pil(item))  # pixels: an array or a PIL image
-  resized = _official_resize(pixels, data_config)
-  return normalize(resized, data_config.mean, data_config.std)
+  return _official_pixels(pixels, data_config)
