@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import sys
 
 import jax
 import numpy as np
@@ -15,7 +16,7 @@ from flax import traverse_util
 from PIL import Image
 
 from tests import interop_fixtures as fx
-from vit_jax import errors, models, predict
+from vit_jax import errors, models, predict, weights
 from vit_jax.data import digits
 from vit_jax.weights import architecture, sources
 
@@ -176,8 +177,14 @@ def test_a_run_predicts_its_test_images_with_the_reported_accuracy(digits_run):
   assert metrics["eval/accuracy"] > 0.3  # trained: far above chance (0.1)
 
 
-def test_corrupt_files_are_reported_and_skipped(tmp_path, caplog, capsys):
+def test_corrupt_files_are_reported_and_skipped_without_tensorflow(
+  tmp_path, caplog, capsys, monkeypatch
+):
+  monkeypatch.setitem(sys.modules, "tensorflow", None)  # `import tensorflow` now raises
   fx.write_npz(tmp_path / "m.npz", "vit_ti16")
+  weights.check_source(str(tmp_path / "m.npz"), fetch=True)  # a local source: no TensorFlow
+  with pytest.raises(errors.MissingError, match="does not exist"):
+    weights.check_source(str(tmp_path / "missing.npz"), fetch=True)
   rng = np.random.default_rng(0)
   folder = tmp_path / "images"
   folder.mkdir()

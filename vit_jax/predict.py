@@ -32,7 +32,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import sys
 from typing import Any, Iterable, Iterator, Optional, Sequence
 
@@ -137,15 +136,10 @@ class Classifier:
   def prepare(self, path: str) -> Optional[np.ndarray]:
     """float32 [H, W, 3] normalised for the model (`Model.prepare`), or None (added to
     `skipped`) when the file is not an image to decode (`read_image`) or cannot be decoded."""
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
     try:
       return self._model.prepare(read_image(path))[0]
-    except ValueError as e:
-      why = str(e)
-    except (OSError, tf.errors.OpError) as e:
-      message = e.message if isinstance(e, tf.errors.OpError) else str(e)
-      why = re.sub(r"\{\{.*?\}\}\s*", "", message).strip().splitlines()[0]  # TF's node names
+    except (ValueError, OSError) as e:
+      why = str(e).strip().splitlines()[0]
     self.skipped.append((path, why))
     return None
 

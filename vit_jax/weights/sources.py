@@ -40,6 +40,7 @@ from absl import logging
 from vit_jax import errors, input_files, models
 from vit_jax.aliases import Params
 from vit_jax.data import data_config as data_config_lib
+from vit_jax.data import filesystems
 from vit_jax.paths import as_path
 from vit_jax.weights import architecture, formats, hub, npz
 
@@ -175,14 +176,13 @@ def check_source(source: str, *, fetch: bool) -> None:
   there. ``fetch``: a hub source is fetched now (found in the Hugging Face cache or
   downloaded; offline and not cached, one error line), so that a run learns in seconds
   what it would otherwise learn after compiling its steps; without it (a plan, which reads
-  no weights) only the name is checked and nothing touches the network."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top  (gs:// paths)
-
+  no weights) only the name is checked and nothing touches the network. A local path needs
+  no TensorFlow; a gs:// path is looked up by `tf.io.gfile` (`filesystems`)."""
   if hub.is_hub_source(source):
     if fetch:
       hub.resolve(source)  # the cached folder, reused when the run reads the weights
     return
-  if not tf.io.gfile.exists(source):
+  if not filesystems.exists(source):
     hub.resolve(source)  # an official name without a hub copy: that error
     raise errors.MissingError(
       f"config.pretrained={source!r} does not exist: give an official .npz file, a run's "
