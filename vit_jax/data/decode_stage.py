@@ -46,8 +46,8 @@ def usable_cores() -> int:
 
 def default_processes() -> int:
   """Worker processes that decode, where `config.decode_processes` is None: one per core
-  on Linux (on 2 cores, 1.4x the images/s of two threads per core, at 0.77x the CPU per
-  image: docs/input_pipelines.md); elsewhere none (threads)."""
+  on Linux (on 2 cores, 1.35-1.4x the images/s of two threads per core at 0.8x their CPU
+  per image: docs/input_pipelines.md); elsewhere none (threads)."""
   return usable_cores() if hasattr(os, "memfd_create") else 0
 
 
