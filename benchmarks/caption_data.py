@@ -20,7 +20,8 @@ caption of 8-16 words each, as img2dataset lays them out) and the word-level
     ``--rounds`` rounds: tokenising a batch of ``--batch`` captions (the run's tokenizer,
     and a SentencePiece unigram model trained on the captions), reading images and
     captions from the shards (`tar_shards`), and the whole train pipeline (read, decode,
-    crop, tokenise, batch; wall time over all cores and its process CPU time).
+    crop, tokenise, batch, decoded in this process's threads; wall time over all cores and
+    its process CPU time).
 
       python benchmarks/caption_data.py cost [--examples 20000] [--batch 256] [--rounds 3]
 """
@@ -177,7 +178,9 @@ def cost(args: argparse.Namespace, work: str) -> None:
     minloglevel=2,
     model_type="unigram",
   )
-  settings = objectives.data_settings(run_config(root, write_tokenizer(work), args.batch))
+  config = run_config(root, write_tokenizer(work), args.batch)
+  config.decode_processes = 0  # decoded in this process: its CPU time holds the decode
+  settings = objectives.data_settings(config)
   dataset = dataset_lib.Dataset(settings)
   spiece = free_text.load_tokenizer(os.path.join(work, "spiece.model"), "sticky")
   batch = np.array([t.encode() for t in texts[: args.batch]], object)

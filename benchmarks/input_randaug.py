@@ -1,7 +1,7 @@
 """`input_pipeline.py --randaug-cost`: what RandAugment costs, on the host and on the device.
 
 On the host, CPU ms per image (process time, so other jobs on the machine count less) of
-one photo-like JPEG at `--crops`[0], one thread: the package's Grain stage without and
+one photo-like JPEG at `--crops`[0], one thread: the package's decoding stage without and
 with RandAugment (with it the stage rounds the crop and the train step augments), the
 benchmark's plain tf.data train map (`tf_input.train_image`) beside them, and, where timm
 is installed, timm's train transform with Pillow, without and with its RandAugment. On
@@ -52,7 +52,7 @@ def _tf_cpu_ms(crop: int, jpeg: bytes, count: int = _COUNT) -> float:
 
 
 def _stage_cpu_ms(crop: int, jpeg: bytes, randaug, count: int = _COUNT) -> float:
-  """Process CPU ms per image of the package's Grain stage (`decode_stage.Stage.image`:
+  """Process CPU ms per image of the package's decoding stage (`decode_stage.Stage.image`:
   decode, train crop, flip, normalise or round) in this thread, after a warm-up."""
   from vit_jax import data
   from vit_jax.data import decode_stage
@@ -182,7 +182,7 @@ def _host_costs(args: argparse.Namespace, crop: int, randaug: tuple) -> dict[str
   """The host rows, each round's CPU ms per image."""
   jpeg = input_data.photo_jpeg(np.random.default_rng(0))
   rows = {
-    "vit_jax train (Grain stage)": lambda: _stage_cpu_ms(crop, jpeg, None),
+    "vit_jax train (decoding stage)": lambda: _stage_cpu_ms(crop, jpeg, None),
     f"vit_jax train, randaug{randaug} (CPU part)": lambda: _stage_cpu_ms(crop, jpeg, randaug),
     "tf.data train (plain)": lambda: _tf_cpu_ms(crop, jpeg),
   }
@@ -207,7 +207,7 @@ def randaug_cost_case(args: argparse.Namespace) -> None:
   for name, ms in costs.items():
     print(f"| {name} | {', '.join(f'{m:.2f}' for m in ms)} | {np.median(ms):.2f} |")
   median = {name: np.median(ms) for name, ms in costs.items()}
-  ours = median["vit_jax train (Grain stage)"]
+  ours = median["vit_jax train (decoding stage)"]
   augmented = median[f"vit_jax train, randaug{randaug} (CPU part)"]
   print(
     f"\nRandAugment{randaug} adds {augmented - ours:.2f} CPU ms per image to the pipeline: "

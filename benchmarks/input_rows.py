@@ -1,13 +1,15 @@
 """Train and eval input pipelines on the same JPEG folder, side by side: the benchmark's
-own tf.data pipeline (`tf_input.py`), the package's Grain stage (through a run config,
+own tf.data pipeline (`tf_input.py`), the package's decoding stage in its worker processes
+and in Grain's threads (through a run config,
 `pipeline.local_train_batches` and `pipeline.EvalBatches`), and, for training, a torch
 `DataLoader` as timm's `create_loader` runs it (torchvision's JPEG decode,
 `RandomResizedCrop` at the same area and aspect ranges, flip, normalise, batches of
 float32 tensors).
 
 Each row runs in a fresh process (torch beside TensorFlow crashes), restricted to
-`workers` cores by CPU affinity: the tf.data map and Grain's threads use every core the
-process may use, the `DataLoader` gets `workers` worker processes. After `warmup`
+`workers` cores by CPU affinity: the tf.data map, the stage's worker processes (one per
+core) and Grain's threads use every core the process may use, the `DataLoader` gets
+`workers` worker processes. After `warmup`
 batches, `steps` batches are timed: images/s of wall time, and images per CPU-second of
 the whole process tree (the process, its threads and its worker processes, from /proc),
 so that other jobs on the machine count less. The eval rows read the train split (one

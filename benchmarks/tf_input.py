@@ -1,5 +1,5 @@
 """The benchmarks' own tf.data input pipeline: what a user writes with tf.data, the
-comparison row "tf.data" beside the package's Grain stage.
+comparison row "tf.data" beside the package's decoding stage.
 
 Train, per JPEG: an inception crop window (`tf.image.stateless_sample_distorted_bounding_box`,
 area (min_area, 1), aspect 3/4..4/3, the whole image when no proposal fits), decoding only

@@ -1,14 +1,15 @@
 r"""Tokenizing's share of an image-text train batch's CPU time.
 
 The pipeline tokenizes each batch's captions in its main thread (`Dataset.tokenize`),
-beside the Grain stage's decode threads. This prints process CPU milliseconds per batch of
+beside the decoding stage's workers. This prints process CPU milliseconds per batch of
 ``--batch`` captions for the two tokenizer kinds a run reads (a word-level
 ``tokenizer.json`` and a SentencePiece unigram ``.model``, both built here from the
 captions), against the process CPU milliseconds per batch of the whole train pipeline
-(read, decode, crop 224, tokenize, batch, to a global jax.Array: the Grain threads
-included) over a ``captions:`` folder of photo-like 500x375 JPEGs
-(`input_data.photo_jpeg`) with captions of 8-16 words (`caption_data.caption`). The
-rows alternate in each of ``--rounds`` rounds; medians, per-round values in brackets.
+(read, decode, crop 224, tokenize, batch, to a global jax.Array; decoded in Grain's
+threads, `decode_processes=0`, so that the process's CPU time holds the decode) over a
+``captions:`` folder of photo-like 500x375 JPEGs (`input_data.photo_jpeg`) with captions
+of 8-16 words (`caption_data.caption`). The rows alternate in each of ``--rounds``
+rounds; medians, per-round values in brackets.
 
     python benchmarks/tokenize_share.py [--images 1024] [--batch 128] [--steps 6] [--rounds 3]
 """
@@ -85,6 +86,7 @@ def main() -> None:
     config = caption_data.run_config(work, caption_data.write_tokenizer(work), args.batch)
     config.dataset, config.test_split = f"captions:{os.path.join(work, 'data')}", "train"
     config.pp = common.get_config().pp  # the default train crop: 224, min_area 0.05, flip
+    config.decode_processes = 0  # decoded in this process, so its CPU time holds the decode
     settings = objectives.data_settings(config)
     words = dataset_lib.Dataset(settings).tokenizer
     spiece = free_text.load_tokenizer(sentencepiece_model(work, texts), "sticky")

@@ -39,7 +39,7 @@ def _check_input_pipeline(config: Any) -> None:
   if name is not None and name not in _RETIRED_INPUT_PIPELINES:
     raise errors.ConfigError(
       f"config.input_pipeline={name!r}: the tf.data stage was removed; every source is read "
-      "by the Grain stage (docs/input_pipelines.md). Remove the setting."
+      "by the decoding stage (docs/input_pipelines.md). Remove the setting."
     )
 
 
