@@ -109,9 +109,9 @@ def _window(args: argparse.Namespace) -> int:
   return common.get_config().shuffle_buffer // args.paper_batch
 
 
-def _settings(args, file_format: str, decode: bool = True):
-  """The run's data settings; without ``decode``, decoded in this process (where `_ours`
-  stubs the decoding out)."""
+def _settings(args, file_format: str):
+  """The run's data settings, decoded in this process's threads (`decode_processes=0`), so
+  that its CPU time and bytes read are the whole row's (and `_ours` can stub the decode out)."""
   from vit_jax.data.dataset import Settings
 
   window = _window(args)
@@ -121,7 +121,7 @@ def _settings(args, file_format: str, decode: bool = True):
     args.batch,
     data_dir=_data_dir(args.root, file_format),
     shuffle_buffer=window * args.batch,
-    decode_processes=None if decode else 0,
+    decode_processes=0,
   )
   return Settings.from_config(config)
 
@@ -132,7 +132,7 @@ def _ours(args, file_format: str, process: int, count: int, decode: bool = True)
   if not decode:  # Reads only: the stage leaves each batch row as it is.
     example_images.Preprocessing.image = lambda self, value, uid, out=None: out
   _builder_class()  # Registers `synthetic_photos` with tfds.
-  data = dataset.Dataset(_settings(args, file_format, decode))
+  data = dataset.Dataset(_settings(args, file_format))
   return (
     b["image"] for b in pipeline.local_train_batches(data, args.batch // count, 0, process, count)
   )
