@@ -2,6 +2,7 @@
 straight into its batch row; a failed image's gap is closed by moving the later rows up."""
 
 import io
+import os
 from typing import Iterator
 
 import numpy as np
@@ -57,3 +58,21 @@ def test_rows_close_the_gaps_of_failed_images(broken, processes):
   for uid, image in zip(kept, images):  # Each row is its own example's image.
     np.testing.assert_array_equal(image, stage.image(_jpeg(10 * uid), uid))
     assert abs(image.mean() - (10 * uid - 127.5) / 127.5) < 0.02
+
+
+def test_usable_cores_are_bounded_by_a_containers_cpu_quota(tmp_path):
+  affinity = len(os.sched_getaffinity(0))
+  (tmp_path / "cpu.max").write_text("250000 100000\n")  # cgroup v2: 2.5 CPUs
+  assert decode_stage.cpu_quota(str(tmp_path)) == 2.5
+  assert decode_stage.usable_cores(str(tmp_path)) == min(affinity, 3)
+  (tmp_path / "cpu.max").write_text("max 100000\n")
+  assert decode_stage.cpu_quota(str(tmp_path)) is None
+  assert decode_stage.usable_cores(str(tmp_path)) == affinity
+  v1 = tmp_path / "v1" / "cpu"  # cgroup v1: quota and period in microseconds
+  v1.mkdir(parents=True)
+  (v1 / "cpu.cfs_quota_us").write_text("50000\n")
+  (v1 / "cpu.cfs_period_us").write_text("100000\n")
+  assert decode_stage.cpu_quota(str(tmp_path / "v1")) == 0.5
+  assert decode_stage.usable_cores(str(tmp_path / "v1")) == 1
+  (v1 / "cpu.cfs_quota_us").write_text("-1\n")  # unlimited
+  assert decode_stage.cpu_quota(str(tmp_path / "v1")) is None

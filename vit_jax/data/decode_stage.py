@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 import os
 import threading
 import weakref
@@ -38,10 +39,32 @@ _Row = tuple[int, int, np.ndarray, bytes, int] | None
 _GROUP = 8  # Examples per task (a worker process's, or a Grain element of the threads).
 
 
-def usable_cores() -> int:
-  """Cores this process may use (its CPU affinity where the platform tells it)."""
+def usable_cores(cgroup_root: str = "/sys/fs/cgroup") -> int:
+  """Cores this process may use: its CPU affinity, bounded by its container's CPU quota
+  rounded up (in a pod limited to 4 CPUs of a 64-core node the affinity still lists 64, and
+  64 workers would share 4 CPUs' time)."""
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-  return cores or 1
+  quota = cpu_quota(cgroup_root)
+  return max(1, min(cores or 1, math.ceil(quota))) if quota else cores or 1
+
+
+def cpu_quota(cgroup_root: str = "/sys/fs/cgroup") -> float | None:
+  """CPUs' worth of time the cgroup may use (cgroup v2 ``cpu.max``, or v1
+  ``cpu/cpu.cfs_quota_us`` over ``cpu.cfs_period_us``); None where unlimited or unknown."""
+  try:
+    with open(os.path.join(cgroup_root, "cpu.max")) as f:
+      quota, period = f.read().split()[:2]
+    return None if quota == "max" else int(quota) / int(period)
+  except (OSError, ValueError, ZeroDivisionError):
+    pass
+  try:
+    with open(os.path.join(cgroup_root, "cpu", "cpu.cfs_quota_us")) as f:
+      quota_us = int(f.read())
+    with open(os.path.join(cgroup_root, "cpu", "cpu.cfs_period_us")) as f:
+      period_us = int(f.read())
+  except (OSError, ValueError):
+    return None
+  return quota_us / period_us if quota_us > 0 and period_us > 0 else None
 
 
 def default_processes() -> int:
