@@ -154,9 +154,8 @@ class Stage:
     """One example's batch row (`example_images.Preprocessing.image`), in this process."""
     return self._preprocessing.image(value, uid, out)
 
-  def reason(self, value: Any, uid: int, label: int) -> str:
-    """Why the example (value, uid, label) fails; "" when it does not (any more)."""
-    del label  # The image alone fails.
+  def reason(self, value: Any, uid: int) -> str:
+    """Why the example's image fails; "" when it does not (any more)."""
     return self._preprocessing.reason(value, uid)
 
   def _group(self, group: tuple[int, list[Example]], buffers: _Buffers) -> list[_Row]:

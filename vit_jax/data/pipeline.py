@@ -109,13 +109,13 @@ class _Failures:
     self.count = 0
 
   def report(self, position: int) -> None:
-    value, label, index, uid = self.reader.locate(position)
+    value, _, index, uid = self.reader.locate(position)
     source = self.reader.source
     if source.kind == "path":
       name = value.decode() if isinstance(value, bytes) else str(value)
     else:
       name = f"example {index} of {source.name}"
-    reason = self.stage.reason(value, uid, label)
+    reason = self.stage.reason(value, uid)
     if not self.skip:
       raise errors.ConfigError(
         f"Cannot read image {name!r}: {reason}. Remove or replace the file, or set "
