@@ -34,6 +34,12 @@ class CheckpointError(UserError, ValueError):
   """A stored checkpoint (`.npz` or a run's step) is damaged or does not fit."""
 
 
+class StorageError(UserError):
+  """A checkpoint step that could not be read, again and again, for a reason other than
+  damage to its files (a network, timeout or permission error): every step is left in
+  place, and running the command again once the storage answers resumes."""
+
+
 class ResumeError(UserError, ValueError):
   """The run in the workdir was made with other data, seed or model than the config's."""
 

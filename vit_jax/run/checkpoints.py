@@ -8,10 +8,17 @@ array keyed by its path in the state (e.g. "params/head/kernel"), and the identi
 data the run trains on (see `check_resume`). Orbax stores no checksums, so a flipped byte
 would restore silently as a wrong value; every reader recomputes the fingerprints:
 
-* `RunCheckpoints.restore_latest` (resume) moves a step that cannot be read or fails its
-  fingerprints aside, to `<step>.corrupt-<time>` (never deleted: a person may want to look
-  at it), and tries the next older one; the run then writes that step again.
-* `read_params` (evaluation, fine-tuning, predict, export) raises `CheckpointError`.
+* `RunCheckpoints.restore_latest` (resume) moves a step aside only on proven damage
+  (`orbax_steps.is_damage`: a fingerprint mismatch, a file of the step missing or
+  undecodable, seen on two reads in a row), to `<step>.corrupt-<time>` (never deleted: a
+  person may want to look at it), and tries the next older one; the run then writes that
+  step again.
+* `read_params` (evaluation, fine-tuning, predict, export) raises `CheckpointError` for
+  such a step.
+* A read that fails for any other reason (a network, timeout or permission error, on a
+  cloud bucket the common case) is made again `orbax_steps.READ_ATTEMPTS` times with
+  doubling waits, then raises one `StorageError`: every step stays in place, and the same
+  command resumes once the storage answers.
 
 Retention keeps the newest ``keep`` steps, but never deletes the newest step known to be
 intact (restored, or read back and matched) while the steps after it are unverified: the
@@ -38,13 +45,12 @@ from vit_jax.run import resume_policy, save_loop
 from vit_jax.weights.orbax_steps import (
   META,
   STATE,
-  corrupt_error,
   finalized_steps,
   fingerprint,
   fingerprint_keys,
-  first_line,
   read_host,
   read_meta,
+  read_with_retries,
   verify,
 )
 
@@ -70,7 +76,7 @@ def check_resume(
     try:
       meta = read_meta(as_path(directory) / str(step))
     except errors.CheckpointError:
-      continue  # restore_latest moves it aside
+      continue  # damaged: restore_latest moves it aside (a StorageError stops the run)
     saved, wanted = set(meta["fingerprint"]), set(fingerprint_keys(abstract_state))
     if saved != wanted:
       missing, unexpected = sorted(wanted - saved), sorted(saved - wanted)
@@ -165,7 +171,8 @@ class RunCheckpoints:
   def restore_latest(self, abstract_state: Any) -> Optional[Any]:
     """The newest intact step, restored into ``abstract_state``'s structure and shardings.
 
-    Returns None when there is no step. A corrupt step is moved aside with a warning;
+    Returns None when there is no step. A damaged step is moved aside with a warning; a
+    step that cannot be read for another reason raises StorageError, every step kept.
     `check_resume` has checked before that the steps fit this config.
     """
     for step in reversed(self.all_steps()):
@@ -194,17 +201,12 @@ class RunCheckpoints:
 
   def _restore_verified(self, step_dir: epath.Path, abstract_state: Any) -> Any:
     saved = read_meta(step_dir)["fingerprint"]
-    try:
-      restored = self._manager.restore(
-        int(step_dir.name),
-        args=ocp.args.Composite(**{STATE: ocp.args.StandardRestore(abstract_state)}),
-      )
-    except Exception as e:  # pylint: disable=broad-except
-      if errors.is_out_of_memory(e):
-        raise
-      raise corrupt_error(
-        step_dir, f"cannot be read (an incomplete or damaged save): {first_line(e)}"
-      ) from e
+    args = ocp.args.Composite(**{STATE: ocp.args.StandardRestore(abstract_state)})
+    restored = read_with_retries(
+      step_dir,
+      "cannot be read (an incomplete or damaged save)",
+      lambda: self._manager.restore(int(step_dir.name), args=args),
+    )
     verify(step_dir, saved, restored[STATE])
     return restored[STATE]
 
@@ -223,7 +225,8 @@ class RunCheckpoints:
     )
 
   def _prune(self) -> None:
-    """Deletes steps older than the newest ``keep``, keeping the newest one known intact."""
+    """Deletes steps older than the newest ``keep``, keeping the newest one known intact
+    (all of them while the newest cannot be read, damaged or not)."""
     steps = self.all_steps()
     old, kept = steps[: -self.keep], steps[-self.keep :]
     if not old:
@@ -232,7 +235,7 @@ class RunCheckpoints:
       newest = self.directory / str(steps[-1])
       try:
         read_host(newest)
-      except errors.CheckpointError as e:
+      except (errors.CheckpointError, errors.StorageError) as e:
         logging.warning("%s Keeping the older steps %s.", e, old)
         return
       self._verified = steps[-1]
