@@ -1,15 +1,18 @@
-"""A run's checkpoints: every read verified, corrupt steps moved aside, retention, divergence."""
+"""A run's checkpoints: every read verified, damaged steps moved aside, transient read errors
+retried and never costing a step, retention, divergence."""
 
+import json
 import os
 import re
 
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 from flax import traverse_util
 
-from tests.finished_run import copy_run, flip_bytes, tiny_run_config
-from vit_jax import errors, run
+from tests.finished_run import copy_run, flip_bytes, snapshot, tiny_flags, tiny_run_config
+from vit_jax import errors, main, run
 from vit_jax.run import checkpoints as run_checkpoints
 from vit_jax.weights import orbax_steps
 
@@ -105,3 +108,231 @@ def test_a_changed_seed_resumes_only_when_allowed(finished_run, tmp_path, digits
     run.train_and_evaluate(config, workdir)
   config.allow_changed_seed = True
   assert "eval/accuracy" in run.train_and_evaluate(config, workdir)  # finished: evaluates
+
+
+# Reading a step again after a failure: transient errors are retried, then one StorageError;
+# only damage moves a step aside.
+
+
+@pytest.fixture
+def no_wait(monkeypatch):
+  monkeypatch.setattr(orbax_steps, "RETRY_FIRST_WAIT_S", 0.0)
+
+
+def tiny_steps(directory, steps=(1, 2), keep=3) -> dict:
+  """Saves a tiny state at ``steps`` in ``directory``; the state (step ``s`` holds w + s)."""
+  ckpts = run_checkpoints.RunCheckpoints(directory, keep=keep, async_save=False)
+  for step in steps:
+    state = {"params": {"w": jnp.arange(4.0) + step}, "step": jnp.asarray(step, jnp.int32)}
+    ckpts.save(step, state)
+  ckpts.close()
+  return state
+
+
+def failing(monkeypatch, owner, name: str, error: Exception, times: int) -> list[int]:
+  """Makes ``owner.name`` raise ``error`` on its first ``times`` calls; the calls, counted."""
+  original, calls = getattr(owner, name), [0]
+
+  def patched(*args, **kwargs):
+    calls[0] += 1
+    if calls[0] <= times:
+      raise error
+    return original(*args, **kwargs)
+
+  monkeypatch.setattr(owner, name, patched)
+  return calls
+
+
+def restore(directory, state, monkeypatch, error: Exception, times: int, keep: int = 3):
+  """restore_latest of a new RunCheckpoints on ``directory`` whose manager's restore raises
+  ``error`` ``times`` times; (the restored state or the UserError, the restore calls)."""
+  ckpts = run_checkpoints.RunCheckpoints(directory, keep=keep, async_save=False)
+  calls = failing(monkeypatch, ckpts._manager, "restore", error, times)
+  try:
+    return ckpts.restore_latest(state), calls[0]
+  except errors.UserError as e:
+    return e, calls[0]
+  finally:
+    ckpts.close()
+
+
+@pytest.mark.parametrize(
+  "error",
+  [
+    OSError("Connection reset by peer"),
+    TimeoutError("read timed out"),
+    ValueError('UNAVAILABLE: Error reading "params.w/0": HTTP response code: 503'),
+  ],
+  ids=["OSError", "TimeoutError", "tensorstore-UNAVAILABLE"],
+)
+def test_a_transient_restore_error_is_retried_and_moves_nothing(
+  tmp_path, monkeypatch, no_wait, error, caplog
+):
+  directory = tmp_path / "checkpoints"
+  state = tiny_steps(directory)
+  before = sorted(os.listdir(directory))
+  with caplog.at_level("WARNING"):
+    got, calls = restore(directory, state, monkeypatch, error, times=1)
+  assert calls == 2 and int(got["step"]) == 2
+  np.testing.assert_array_equal(got["params"]["w"], np.arange(4.0) + 2)
+  assert sorted(os.listdir(directory)) == before
+  retries = [r.getMessage() for r in caplog.records if "a read failed" in r.getMessage()]
+  assert len(retries) == 1 and "attempt 2 of 4" in retries[0], caplog.text
+
+
+@pytest.mark.parametrize("keep", [1, 3])
+@pytest.mark.parametrize(
+  "error",
+  [OSError("Connection reset by peer"), RuntimeError("boom")],
+  ids=["OSError", "unknown-type"],
+)
+def test_a_restore_failing_every_time_is_one_storage_error_and_keeps_every_step(
+  tmp_path, monkeypatch, no_wait, error, keep
+):
+  directory = tmp_path / "checkpoints"
+  state = tiny_steps(directory, keep=keep)
+  before = sorted(os.listdir(directory))
+  assert before == (["2"] if keep == 1 else ["1", "2"])
+  got, calls = restore(directory, state, monkeypatch, error, times=99, keep=keep)
+  assert isinstance(got, errors.StorageError) and calls == orbax_steps.READ_ATTEMPTS
+  message = str(got)
+  assert "\n" not in message
+  assert f"step 2 in {directory} (4 attempts; the last: {type(error).__name__}: " in message
+  assert "Every step is left in place" in message and "run the same command again" in message
+  assert sorted(os.listdir(directory)) == before  # no <step>.corrupt-*
+
+
+def test_retries_wait_doubling_and_out_of_memory_raises_at_once(tmp_path, monkeypatch, caplog):
+  directory = tmp_path / "checkpoints"
+  state = tiny_steps(directory, steps=(1,))
+  monkeypatch.setattr(orbax_steps, "RETRY_FIRST_WAIT_S", 0.01)
+  with caplog.at_level("WARNING"):
+    got, _ = restore(directory, state, monkeypatch, OSError("reset"), times=99)
+  assert isinstance(got, errors.StorageError)
+  waits = re.findall(r"attempt (\d) of 4 in ([\d.]+) s", caplog.text)
+  assert waits == [("2", "0.01"), ("3", "0.02"), ("4", "0.04")], caplog.text
+  caplog.clear()
+  oom = RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 8 bytes.")
+  with caplog.at_level("WARNING"), pytest.raises(RuntimeError, match="RESOURCE_EXHAUSTED"):
+    restore(directory, state, monkeypatch, oom, times=1)
+  assert "attempt" not in caplog.text and os.listdir(directory) == ["1"]
+
+
+def test_a_missing_file_once_is_read_again_before_it_counts_as_damage(
+  tmp_path, monkeypatch, no_wait
+):
+  directory = tmp_path / "checkpoints"
+  state = tiny_steps(directory)
+  missing = FileNotFoundError("Metadata file (named _METADATA) does not exist")
+  got, calls = restore(directory, state, monkeypatch, missing, times=1)
+  assert calls == 2 and int(got["step"]) == 2 and sorted(os.listdir(directory)) == ["1", "2"]
+
+
+def _damage_meta(step_dir):
+  with open(step_dir / "meta" / "metadata", "w") as f:
+    f.write("{not json")
+
+
+def _wrong_fingerprint(step_dir):
+  with open(step_dir / "meta" / "metadata") as f:
+    meta = json.load(f)
+  meta["fingerprint"] = {k: v + 1 for k, v in meta["fingerprint"].items()}
+  with open(step_dir / "meta" / "metadata", "w") as f:
+    json.dump(meta, f)
+
+
+def _array_files(step_dir) -> list[str]:
+  """The files of a step's tensorstore (OCDBT) databases: b-tree nodes and array chunks."""
+  state = os.path.join(step_dir, "state")
+  return [os.path.join(r, f) for r, _, files in os.walk(state) for f in files if r.endswith("/d")]
+
+
+def _delete_array_files(step_dir):
+  for path in _array_files(step_dir):
+    os.remove(path)
+
+
+def _truncate_array_files(step_dir):
+  for path in _array_files(step_dir):
+    os.truncate(path, 10)
+
+
+DAMAGE = {  # how: (damage, what the CheckpointError of read_params says)
+  "junk meta": (_damage_meta, "has no readable meta.*JSONDecodeError"),
+  "fingerprint": (_wrong_fingerprint, r"is corrupt: \d of its \d arrays differ"),
+  "deleted array files": (_delete_array_files, "cannot be read.*(NOT_FOUND|FAILED_PRECONDITION)"),
+  "truncated array files": (_truncate_array_files, "cannot be read.*OUT_OF_RANGE"),
+  "no state/_METADATA": (lambda d: os.remove(d / "state" / "_METADATA"), "_METADATA"),
+}
+
+
+# A resume restores into the state it is given: it reads no state/_METADATA.
+@pytest.mark.parametrize("how", [how for how in DAMAGE if "_METADATA" not in how])
+def test_damage_moves_the_step_aside_and_restores_the_older_one(tmp_path, how, no_wait):
+  directory = tmp_path / "checkpoints"
+  state = tiny_steps(directory)
+  DAMAGE[how][0](directory / "2")
+  ckpts = run_checkpoints.RunCheckpoints(directory, keep=3, async_save=False)
+  got = ckpts.restore_latest(state)
+  ckpts.close()
+  names = sorted(os.listdir(directory))
+  assert int(got["step"]) == 1 and len(names) == 2 and names[0] == "1"
+  assert names[1].startswith("2.corrupt-")
+
+
+@pytest.mark.parametrize("how", DAMAGE)
+def test_read_params_calls_damage_a_checkpoint_error(tmp_path, how, no_wait):
+  directory = tmp_path / "checkpoints"
+  tiny_steps(directory)
+  damage, says = DAMAGE[how]
+  damage(directory / "2")
+  with pytest.raises(errors.CheckpointError, match=f"step 2 .*{says}.*/1"):
+    orbax_steps.read_params(directory)
+  assert sorted(os.listdir(directory)) == ["1", "2"]
+
+
+@pytest.mark.parametrize("times, raises", [(1, None), (99, errors.StorageError)])
+@pytest.mark.parametrize("reader", ["meta", "state"])
+def test_read_params_retries_a_transient_error_then_raises_a_storage_error(
+  tmp_path, monkeypatch, no_wait, times, raises, reader
+):
+  directory = tmp_path / "checkpoints"
+  tiny_steps(directory)
+  owner = ocp.JsonCheckpointHandler if reader == "meta" else ocp.PyTreeCheckpointer
+  calls = failing(monkeypatch, owner, "restore", ConnectionError("reset"), times)
+  if raises is None:
+    np.testing.assert_array_equal(orbax_steps.read_params(directory)["w"], np.arange(4.0) + 2)
+    assert calls[0] == 2
+  else:
+    with pytest.raises(raises, match=r"step 2 .*ConnectionError: reset.*left in place"):
+      orbax_steps.read_params(directory)
+    assert calls[0] == orbax_steps.READ_ATTEMPTS
+  assert sorted(os.listdir(directory)) == ["1", "2"]
+
+
+def test_check_resume_and_retention_do_not_pass_over_an_unreadable_newest_step(
+  tmp_path, monkeypatch, no_wait
+):
+  directory = tmp_path / "checkpoints"
+  state = tiny_steps(directory)
+  ckpts = run_checkpoints.RunCheckpoints(directory, keep=1, async_save=False)
+  failing(monkeypatch, ocp.JsonCheckpointHandler, "restore", OSError("reset"), 99)
+  with pytest.raises(errors.StorageError, match="step 2 "):
+    run_checkpoints.check_resume(directory, {}, state)  # not: resume from step 1
+  ckpts.close()  # would delete step 1, but the newest step cannot be read back
+  assert sorted(os.listdir(directory)) == ["1", "2"]
+
+
+def test_a_run_whose_restore_keeps_failing_is_one_line_exit_2_steps_untouched(
+  finished_run, tmp_path, digits_dir, monkeypatch, no_wait, capsys
+):
+  workdir = copy_run(finished_run, tmp_path / "run")
+  before = snapshot(workdir)
+  failing(monkeypatch, ocp.CheckpointManager, "restore", OSError("Connection reset"), 99)
+  capsys.readouterr()
+  assert main.main(["main", *tiny_flags(digits_dir), f"--workdir={workdir}"]) == 2
+  err = capsys.readouterr().err
+  message = [line for line in err.splitlines() if line.startswith("Error: ")]
+  assert len(message) == 1 and "Traceback" not in err, err[-2000:]
+  assert f"Cannot read checkpoint step 6 in {workdir}/checkpoints (4 attempts" in message[0]
+  assert snapshot(workdir) == before
