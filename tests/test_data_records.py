@@ -66,9 +66,9 @@ def test_tfrecord_windows_are_single_reads_of_their_own_bytes(prepared, monkeypa
       assert exact  # unbuffered: the file reads what is asked, no read-ahead
       self.file, self.path, self.offset = open(path, "rb", buffering=0), path, 0
 
-    def seek(self, offset):
-      self.offset = offset
-      self.file.seek(offset)
+    def seek(self, offset, whence=os.SEEK_SET):
+      self.offset = self.file.seek(offset, whence)
+      return self.offset
 
     def read(self, size):
       calls.append((self.path, self.offset, size))
@@ -108,7 +108,10 @@ def test_truncated_tfrecord_is_a_clear_error(prepared, tmp_path):
   shard = next(iter(_dataset(prepared["tfrecord"]).split("test")._records.values())).shards[0]
   with open(shard.path, "rb") as f:
     path.write_bytes(f.read(500))
-  with pytest.raises(RuntimeError, match="short.tfrecord holds .* records where .* says"):
+  with pytest.raises(errors.InputFileError, match="short.tfrecord' is damaged at record 2 "):
+    records.TfrecordShard(str(path), shard.num_records).read(0, 1)
+  path.write_bytes(b"")
+  with pytest.raises(errors.InputFileError, match="holds 0 records where .* says 120"):
     records.TfrecordShard(str(path), shard.num_records).read(0, 1)
 
 
@@ -222,9 +225,126 @@ def test_an_array_record_copy_beside_tfrecord_is_read_without_tensorflow(
   a, b = (tfds_source.TfdsSplit(d, "train[5:]+test") for d in (with_tf, without_tf))
   assert a.random_access is b.random_access is False  # the same windows: the same batches
   assert isinstance(b._records["train"], records.ArrayRecordSplit)
+  # The copy's files, which a failed read names (tfds' file instructions of the format read).
+  assert [os.path.dirname(path) for path, _, _ in b._records["train"].files] == [str(converted)] * 3
+  assert all(".array_record-" in path for path, _, _ in b._records["train"].files)
   ranges = [(0, 40), (470, 520), (1430, 1440), (1700, 1792)]
   for (values_a, labels_a), (values_b, labels_b) in zip(a.read_many(ranges), b.read_many(ranges)):
     assert list(values_a) == list(values_b)
     np.testing.assert_array_equal(labels_a, labels_b)
   with pytest.raises(errors.ConfigError, match=r"tfds convert_format --dataset_version_dir="):
     tfds_source.TfdsDataset("digits", prepared["tfrecord"])
+
+
+def _write_array_record(path, count: int) -> list[bytes]:
+  """An ArrayRecord file of ``count`` distinct records, uncompressed (so a record's bytes
+  can be found in the file); the records."""
+  from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
+
+  payloads = [f"record-{k:03d}-".encode() * 20 for k in range(count)]
+  writer = array_record_module.ArrayRecordWriter(str(path), "group_size:1,uncompressed")
+  for payload in payloads:
+    writer.write(payload)
+  writer.close()
+  return payloads
+
+
+def _flip(path, offset: int, count: int = 8) -> None:
+  data = bytearray(path.read_bytes())
+  data[offset : offset + count] = bytes(b ^ 0xFF for b in data[offset : offset + count])
+  path.write_bytes(bytes(data))
+
+
+def test_a_damaged_array_record_file_is_one_error_naming_it_and_the_record(tmp_path):
+  """Riegeli's "chunk data hash mismatch" names no file: the error names the file, the
+  record in it and the way out; the other files and records still read."""
+  from array_record.python import array_record_data_source  # pylint: disable=g-import-not-at-top
+
+  paths = [tmp_path / f"d-train.array_record-0000{k}-of-00002" for k in (0, 1)]
+  _write_array_record(paths[0], 6)
+  payloads = _write_array_record(paths[1], 6)
+
+  def split() -> records.ArrayRecordSplit:
+    # As tfds' data source makes it: the files' records given, so none is opened until read.
+    source = array_record_data_source.ArrayRecordDataSource([f"{p}[0:6]" for p in paths])
+    return records.ArrayRecordSplit(source, [(str(p), 0, 6) for p in paths])
+
+  _flip(paths[1], paths[1].read_bytes().index(payloads[3]) + 20)  # inside record 3's bytes
+  damaged = split()
+  assert damaged.read([(0, 6), (6, 9), (10, 12)])[6:] == payloads[:3] + payloads[4:]
+  with pytest.raises(errors.InputFileError) as raised:
+    damaged.read([(11, 12), (2, 10)])  # the damaged record among others, of both files
+  message = str(raised.value)
+  assert "\n" not in message
+  assert f"{str(paths[1])!r} is damaged at record 3 of the file (" in message
+  assert "chunk data hash mismatch" in message
+  assert f"delete {str(tmp_path)!r} and prepare the dataset again with tfds" in message
+  paths[1].write_bytes(paths[1].read_bytes()[:70_000])  # cut short: no record of it reads
+  with pytest.raises(errors.InputFileError, match=r"00001-of-00002' is damaged \("):
+    split().read([(0, 1), (7, 8)])
+  paths[1].unlink()
+  with pytest.raises(errors.MissingError, match=r"00001-of-00002' is missing: put it back"):
+    split().read([(7, 8)])
+
+
+def test_an_array_record_read_that_fails_once_is_read_again():
+  """A read of several records that fails (the storage's I/O) while each record reads
+  alone gives the records."""
+
+  class Flaky:
+    def __init__(self):
+      self.failures = 1
+
+    def __getitems__(self, keys):
+      if self.failures:
+        self.failures -= 1
+        raise OSError("connection reset")
+      return [b"%d" % k for k in keys]
+
+    def __getitem__(self, key):
+      return b"%d" % key
+
+  split = records.ArrayRecordSplit(Flaky(), [("a", 0, 5), ("b", 0, 5)])
+  assert split.read([(3, 7)]) == [b"3", b"4", b"5", b"6"]
+
+
+def _damaged_copy(prepared, file_format: str, tmp_path, damage) -> str:
+  """A copy of digits prepared in ``file_format`` whose second train file ``damage``
+  changed; its data_dir."""
+  shutil.copytree(prepared[file_format], tmp_path, dirs_exist_ok=True)
+  (path,) = glob.glob(str(tmp_path / "digits" / "*" / f"digits-train.{file_format}-00001-of-*"))
+  damage(path)
+  return str(tmp_path)
+
+
+def _middle_flipped(path: str) -> None:
+  data = bytearray(open(path, "rb").read())
+  middle = len(data) // 2
+  data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])
+  with open(path, "wb") as f:
+    f.write(bytes(data))
+
+
+@pytest.mark.parametrize(
+  "file_format, damage, error, expected",
+  [
+    ("array_record", _middle_flipped, errors.InputFileError, r"is damaged at record \d+ of "),
+    ("array_record", os.remove, errors.MissingError, r"is missing: put it back"),
+    ("tfrecord", _middle_flipped, errors.InputFileError, r"is damaged at record \d+ of "),
+    ("tfrecord", os.remove, errors.MissingError, r"is missing: put it back"),
+  ],
+)
+def test_a_damaged_or_missing_file_stops_training_with_one_line_naming_it(
+  prepared, tmp_path, file_format, damage, error, expected
+):
+  """Through the pipeline: the train stream stops with the error naming the file."""
+  data = _dataset(_damaged_copy(prepared, file_format, tmp_path, damage), train_split="train")
+  batches = pipeline.local_train_batches(data, 8, 0, 0, 1)
+  with pytest.raises(error, match=rf"digits-train\.{file_format}-00001-of-00003' {expected}"):
+    for _ in range(200):  # an epoch and more
+      next(batches)
+
+
+def test_a_record_that_is_no_example_is_one_error():
+  with pytest.raises(errors.InputFileError, match=r"not a serialized tf.train.Example .* again"):
+    records.parse([b"\xff\xff\xff"])

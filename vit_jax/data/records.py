@@ -28,6 +28,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 from tensorflow_datasets.proto import tf_example_pb2
 
+from vit_jax import errors
 from vit_jax.data import filesystems
 
 _HEADER = 12  # TFRecord framing: uint64 length, uint32 crc of the length ...
@@ -43,6 +44,25 @@ class Records(Protocol):
     ...
 
 
+def _damaged(path: str, record: int | None, what: str) -> errors.InputFileError:
+  """The error for a damaged file of a prepared dataset: the file, the record (its index in
+  the file) where known, what is wrong and the way out."""
+  where = f" at record {record} of the file" if record is not None else ""
+  return errors.InputFileError(
+    f"The prepared dataset's file {path!r} is damaged{where} ({what}): put an intact copy of "
+    f"it in its place, or delete {os.path.dirname(path)!r} and prepare the dataset again "
+    "with tfds."
+  )
+
+
+def _missing(path: str) -> errors.MissingError:
+  """The error for a file of a prepared dataset that is gone."""
+  return errors.MissingError(
+    f"The prepared dataset's file {path!r} is missing: put it back, or delete "
+    f"{os.path.dirname(path)!r} and prepare the dataset again with tfds."
+  )
+
+
 class TfrecordShard:
   """One TFRecord file; the start of each record is found on first use."""
 
@@ -53,19 +73,26 @@ class TfrecordShard:
   def starts(self) -> np.ndarray:
     if self._starts is None:
       starts, position = [0], 0
-      with filesystems.open_binary(self.path, exact=True) as f:
-        for _ in range(self.num_records):
-          f.seek(position)
-          header = f.read(_HEADER)
-          if len(header) < _HEADER:
-            break
-          position += _HEADER + struct.unpack("<Q", header[:8])[0] + _FOOTER
-          starts.append(position)
+      try:
+        with filesystems.open_binary(self.path, exact=True) as f:
+          size = f.seek(0, os.SEEK_END)
+          for k in range(self.num_records):
+            f.seek(position)
+            header = f.read(_HEADER)
+            if len(header) < _HEADER:
+              break
+            position += _HEADER + struct.unpack("<Q", header[:8])[0] + _FOOTER
+            if position > size:  # a damaged length (or a file cut short in the record)
+              raise _damaged(self.path, k, f"its length ends past the file's {size} bytes")
+            starts.append(position)
+      except FileNotFoundError:
+        raise _missing(self.path) from None
       if len(starts) != self.num_records + 1:
-        raise RuntimeError(
-          f"{self.path} holds {len(starts) - 1} records where the dataset's metadata "
-          f"says {self.num_records}; the prepared dataset is incomplete or corrupt. "
-          f"Prepare it again."
+        raise _damaged(
+          self.path,
+          None,
+          f"it holds {len(starts) - 1} records where the dataset's metadata says "
+          f"{self.num_records}: it is incomplete",
         )
       self._starts = np.array(starts, np.int64)
     return self._starts
@@ -73,10 +100,16 @@ class TfrecordShard:
   def read(self, start: int, stop: int) -> list[bytes]:
     """Records [start, stop) of the file: one read of their bytes."""
     starts = self.starts()
-    base = int(starts[start])
-    with filesystems.open_binary(self.path, exact=True) as f:
-      f.seek(base)
-      data = f.read(int(starts[stop]) - base)
+    base, end = int(starts[start]), int(starts[stop])
+    try:
+      with filesystems.open_binary(self.path, exact=True) as f:
+        f.seek(base)
+        data = f.read(end - base)
+    except FileNotFoundError:  # deleted since its records were found
+      raise _missing(self.path) from None
+    if len(data) < end - base:  # cut short since its records were found
+      record = int(np.searchsorted(starts, base + len(data), side="right")) - 1
+      raise _damaged(self.path, record, f"the file ends at byte {base + len(data)}")
     view = memoryview(data)
     return [
       bytes(view[a + _HEADER - base : b - _FOOTER - base])
@@ -104,14 +137,67 @@ class TfrecordSplit:
 
 
 class ArrayRecordSplit:
-  """A named split stored as ArrayRecord: tfds' data source, read by index."""
+  """A named split stored as ArrayRecord: tfds' data source, read by index. ``files``:
+  (path, first record, records) of each file the split's indices run through, in order
+  (tfds' file instructions), which name the file of a read that fails."""
 
-  def __init__(self, source: Any):
-    self.source = source
+  def __init__(self, source: Any, files: Sequence[tuple[str, int, int]]):
+    self.source, self.files = source, list(files)
+    self._ends = np.cumsum([take for _, _, take in self.files], dtype=np.int64)
 
   def read(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
     indices = [i for lo, hi in ranges for i in range(lo, hi)]
-    return list(self.source.__getitems__(indices)) if indices else []
+    if not indices:
+      return []
+    try:
+      return list(self.source.__getitems__(indices))
+    except (RuntimeError, OSError):  # Riegeli's: a damaged, cut or missing file; I/O
+      return self._read_by_file(indices)
+
+  def _read_by_file(self, indices: list[int]) -> list[bytes]:
+    """The records at ``indices``, file by file, then record by record in a file whose
+    read fails: its first record that fails is the error (a read that fails once only,
+    an I/O error the storage recovers from, is read again and kept)."""
+    file_of = np.searchsorted(self._ends, indices, side="right")
+    out: list[bytes] = [b""] * len(indices)
+    for k in np.unique(file_of).tolist():
+      where = np.flatnonzero(file_of == k).tolist()
+      try:
+        records = list(self.source.__getitems__([indices[w] for w in where]))
+      except (RuntimeError, OSError):
+        where.sort(key=lambda w: indices[w])  # the first damaged record is named
+        records = [self._one(indices[w], k) for w in where]
+      for w, record in zip(where, records):
+        out[w] = record
+    return out
+
+  def _one(self, index: int, k: int) -> bytes:
+    """The record at split index ``index``, in file ``k``; one error naming the file and
+    the record when it cannot be read."""
+    try:
+      return self.source[index]
+    except (RuntimeError, OSError) as e:
+      path, skip, take = self.files[k]
+      if not filesystems.exists(path):
+        raise _missing(path) from None
+      # A file whose index is unreadable (cut short, emptied) fails at every record.
+      whole = _array_record_count(path) < skip + take
+      record = None if whole else skip + index - int(self._ends[k] - take)
+      raise _damaged(path, record, " ".join(str(e).split())[:300]) from None
+
+
+def _array_record_count(path: str) -> int:
+  """The records ArrayRecord file ``path`` says it holds; 0 where its index is unreadable."""
+  from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
+
+  try:
+    reader = array_record_module.ArrayRecordReader(path)
+    try:
+      return reader.num_records()
+    finally:
+      reader.close()
+  except (RuntimeError, OSError):
+    return 0
 
 
 def open_split(
@@ -122,7 +208,8 @@ def open_split(
   if file_format == tfds.core.FileFormat.ARRAY_RECORD:
     raw = tfds.decode.DeserializeMethod.RAW_BYTES
     source = builder.as_data_source(split=split, deserialize_method=raw, file_format=file_format)
-    return ArrayRecordSplit(source)
+    files = source.dataset_info.splits[split].file_instructions  # of the format read
+    return ArrayRecordSplit(source, [(os.fspath(f.filename), f.skip, f.take) for f in files])
   if file_format == tfds.core.FileFormat.TFRECORD:
     files = builder.info.splits[split].file_instructions
     return TfrecordSplit([TfrecordShard(os.fspath(f.filename), f.examples_in_shard) for f in files])
@@ -131,11 +218,15 @@ def open_split(
 
 def _features(record: bytes) -> Any:
   """A serialized tf.train.Example's feature map ({key: Feature}); one error line for bytes
-  that are not one."""
+  that are not one (a TFRecord file's damaged bytes: its records carry no checksum read
+  here)."""
   try:
     return tf_example_pb2.Example.FromString(record).features.feature
   except Exception as e:  # protobuf's DecodeError
-    raise ValueError(f"a record that is not a serialized tf.train.Example: {e}") from None
+    raise errors.InputFileError(
+      f"A record of the prepared dataset is not a serialized tf.train.Example ({e}): its "
+      "files are damaged; prepare the dataset again with tfds."
+    ) from None
 
 
 def _one(feature: Any, key: str, kind: str) -> Any:
