@@ -2,7 +2,9 @@
 the threads, exact resume, shared slots never rewritten while a batch is held, and a
 worker's death as one error naming the fix."""
 
+import errno
 import os
+import re
 import signal
 import time
 
@@ -11,7 +13,7 @@ import pytest
 from PIL import Image
 
 from tests import train_fixtures
-from vit_jax import data, errors
+from vit_jax import cli, data, errors
 from vit_jax.data import dataset, decode_stage, decode_workers, pipeline
 
 CROP = 16
@@ -113,17 +115,101 @@ def test_a_held_batch_is_never_rewritten_and_slots_are_reused(photos):
   assert len(pool.images._slots) <= ahead + 3 < 61
 
 
-def test_a_dead_worker_is_one_error_naming_the_setting(photos):
+def test_a_killed_worker_is_one_line_naming_it_and_the_way_out(photos, capsys):
+  """A worker killed by the kernel (the out-of-memory killer's SIGKILL) while a run trains:
+  the command prints one line naming the worker, the signal and the way out, exit 2."""
   before = _children()
   batches = pipeline.local_train_batches(_dataset(photos, 2), 4, 0, 0, 1)
   next(batches)
   workers = _children() - before
   assert len(workers) == 2
-  for pid in workers:
-    os.kill(pid, signal.SIGKILL)
-  with pytest.raises(RuntimeError, match="decode_processes=0"):
+  killed = min(workers)
+  os.kill(killed, signal.SIGKILL)
+
+  def command(_):
     for _ in range(30):
       next(batches)
+
+  assert cli.run_command([], lambda argv: argv, command) == cli.USER_ERROR_STATUS
+  assert capsys.readouterr().err == (
+    f"Error: Decode worker process {killed} was killed by SIGKILL, likely the kernel's "
+    "out-of-memory killer (`dmesg` shows it): lower config.decode_processes (now 2; 0 "
+    "decodes in this process) or config.batch, or give the machine more memory; then run "
+    "the same command again (a training run resumes from its last checkpoint).\n"
+  )
+  assert _zombie_or_gone(killed) and all(_zombie_or_gone(pid) for pid in workers)
+
+
+@pytest.mark.parametrize(
+  "code, expected",
+  [
+    (-signal.SIGSEGV, r"process 7 was killed by SIGSEGV: set config.decode_processes=0 to"),
+    (1, r"process 7 exited with status 1 \(its error, if any, is above\): set config.deco"),
+    (-99, r"process 7 was killed by signal 99: set"),
+  ],
+)
+def test_other_ends_of_a_worker_are_named(code, expected):
+  error = decode_workers._ended(7, code, 3)
+  assert isinstance(error, errors.UserError)
+  assert re.match(rf"Decode worker {expected}", str(error))
+  assert str(error).endswith("(a training run resumes from its last checkpoint).")
+
+
+def _pool_error(monkeypatch, **patches) -> str:
+  """The one-line error of a pool of 2 workers started with ``patches`` and given a task."""
+  for name, value in patches.items():
+    monkeypatch.setattr(decode_workers, name, value)
+  settings = data.Settings.from_config(train_fixtures.common_config(pp=dict(crop=CROP)))
+  task = ((1, CROP, CROP, 3), [("unused", 0, b"", 0)])
+  with pytest.raises(errors.UserError) as raised:
+    pool = decode_workers.Pool((settings, "bytes", True), 2)
+    try:
+      list(pool.map([0, 1, 2], lambda _: task))
+    finally:
+      pool.close()
+  assert "\n" not in str(raised.value)
+  return str(raised.value)
+
+
+def test_a_worker_that_cannot_start_is_one_line(monkeypatch):
+  """The interpreter cannot be started; it starts but cannot import the stage (here: cv2);
+  it exits at once. Each is one line, with no traceback of the worker's."""
+  monkeypatch.setattr(decode_workers.sys, "executable", "/no/such/python")
+  assert re.fullmatch(
+    r"Cannot start a decode worker process \(No such file or directory\): lower "
+    r"config.decode_processes \(now 2; 0 decodes in this process\), then run the same "
+    r"command again.",
+    _pool_error(monkeypatch),
+  )
+  monkeypatch.undo()
+  no_cv2 = decode_workers._START.replace(
+    "decode_workers.main()", "sys.modules['cv2'] = None; decode_workers.main()"
+  )
+  assert re.fullmatch(
+    r"Decode worker process \d+ cannot start \(ModuleNotFoundError: import of cv2 halted; "
+    r"None in sys.modules\): set config.decode_processes=0 to decode in this process, or "
+    r"repair the installation.",
+    _pool_error(monkeypatch, _START=no_cv2),
+  )
+  assert re.match(
+    r"Decode worker process \d+ exited with status 3 \(its error, if any, is above\): set",
+    _pool_error(monkeypatch, _START="import sys; sys.exit(3)"),
+  )
+
+
+@pytest.mark.parametrize("call", ["memfd_create", "posix_fallocate", "mmap"])
+def test_a_batch_slot_the_system_cannot_make_is_one_line(monkeypatch, call):
+  def fail(*args, **kwargs):
+    raise OSError(errno.ENOMEM, os.strerror(errno.ENOMEM))
+
+  monkeypatch.setattr(decode_workers.mmap if call == "mmap" else decode_workers.os, call, fail)
+  images = decode_workers.SharedImages()
+  with pytest.raises(errors.ConfigError) as raised:
+    images.take((512, 224, 224, 3))
+  assert str(raised.value) == (
+    "No memory for a batch of images in shared memory (294 MiB; Cannot allocate memory): "
+    "lower config.batch, or set config.decode_processes=0 to decode in this process."
+  )
 
 
 def test_workers_ignore_signals_import_no_jax_and_end_with_their_pipe():
@@ -169,7 +255,7 @@ def test_shared_memory_a_worker_cannot_open_is_one_error_not_failed_images():
   pool = decode_workers.Pool((settings, "bytes", True), 1)
   task = ((1, CROP, CROP, 3), [("/proc/no-such-process/fd/3", 0, b"\xff\xd8\xff", 0)])
   try:
-    with pytest.raises(RuntimeError, match="cannot open the batch's shared memory.*=0"):
+    with pytest.raises(errors.UserError, match=r"cannot map the batch's shared memory .*=0"):
       list(pool.map([0], lambda _: task))
   finally:
     pool.close()

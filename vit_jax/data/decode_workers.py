@@ -14,7 +14,9 @@ path or the encoded bytes, and the uid that seeds the crop) to a worker. Why not
 fork is unsafe once JAX runs threads. A worker is a fresh interpreter (`_START`) running
 `serve`, a loop over two pipes with `multiprocessing.connection`'s framing; it ignores
 SIGINT and SIGTERM (the run handles those) and exits when the main process closes its pipe
-or dies.
+or dies. A worker that cannot start, runs out of memory or is killed (the kernel's
+out-of-memory killer: SIGKILL) is one `errors.UserError` in the main process naming its pid,
+how it ended and the way out (`_ended`).
 
 Pixels never go through a pipe: each batch's images are a slot in shared memory (`_Slot`,
 an anonymous memfd file, so nothing is left behind in /dev/shm by a killed run and its size
@@ -53,6 +55,8 @@ Written = list[bool]
 _IN_FLIGHT = 3  # Tasks sent ahead to each worker: it always has the next one queued.
 _FEED_POLL_SECONDS = 0.005  # How often the main loop looks for new items while a worker idles.
 _Item = TypeVar("_Item")
+# How every error of a worker that failed at its work ends.
+_AGAIN = "then run the same command again (a training run resumes from its last checkpoint)"
 # A worker's program: the package registered without running its __init__ (which imports
 # JAX to choose a backend: 0.5 s of a worker's 0.7 s start), then `main`.
 _START = (
@@ -71,18 +75,17 @@ class _Slot:
   def __init__(self, shape: tuple[int, ...]):
     self.shape = shape
     nbytes = 4 * math.prod(shape)
-    self._fd = os.memfd_create("vit_jax-images", os.MFD_CLOEXEC)
+    try:
+      self._fd = os.memfd_create("vit_jax-images", os.MFD_CLOEXEC)
+    except OSError as e:  # EMFILE, ENFILE, ENOMEM
+      raise _no_slot(nbytes, e) from None
     try:
       # Reserved now, so that a lack of memory is this error, not a SIGBUS in a worker.
       os.posix_fallocate(self._fd, 0, nbytes)
+      self._mapped = mmap.mmap(self._fd, nbytes)
     except OSError as e:
       os.close(self._fd)
-      raise errors.ConfigError(
-        f"No memory for a batch of images in shared memory ({nbytes / 2**20:.0f} MiB; "
-        f"{e.strerror}): lower config.batch, or set config.decode_processes=0 to decode in "
-        "this process."
-      ) from None
-    self._mapped = mmap.mmap(self._fd, nbytes)
+      raise _no_slot(nbytes, e) from None
     self.path = f"/proc/{os.getpid()}/fd/{self._fd}"
     self._lent: weakref.ref | None = None
 
@@ -99,6 +102,15 @@ class _Slot:
   def close(self) -> None:
     """Closes the file; arrays still lent keep the memory until they are gone."""
     os.close(self._fd)
+
+
+def _no_slot(nbytes: int, e: OSError) -> errors.ConfigError:
+  """The error for a batch slot the system cannot make (memory, or file descriptors)."""
+  return errors.ConfigError(
+    f"No memory for a batch of images in shared memory ({nbytes / 2**20:.0f} MiB; "
+    f"{e.strerror}): lower config.batch, or set config.decode_processes=0 to decode in "
+    "this process."
+  )
 
 
 class SharedImages:
@@ -124,9 +136,11 @@ class SharedImages:
 
 
 class _Worker:
-  """One worker process and its two pipes; `sent` holds its tasks' numbers in order."""
+  """One worker process and its two pipes; `sent` holds its tasks' numbers in order.
+  ``pool_size``: the workers of its pool (what the advice of its errors names)."""
 
-  def __init__(self, preprocessing_args: tuple[Any, ...]):
+  def __init__(self, preprocessing_args: tuple[Any, ...], pool_size: int):
+    self.pool_size = pool_size
     task_read, task_write = os.pipe()
     result_read, result_write = os.pipe()
     try:
@@ -135,15 +149,23 @@ class _Worker:
         pass_fds=(task_read, result_write),
         stdin=subprocess.DEVNULL,
       )
+    except OSError as e:  # no memory or process slot to fork, the interpreter gone
+      os.close(task_write)
+      os.close(result_read)
+      raise errors.UserError(
+        f"Cannot start a decode worker process ({e.strerror or e}): lower "
+        f"config.decode_processes (now {pool_size}; 0 decodes in this process), then run the "
+        "same command again."
+      ) from None
     finally:
       os.close(task_read)
       os.close(result_write)
     self.tasks = connection.Connection(task_write, readable=False)
     self.results = connection.Connection(result_read, writable=False)
     self.sent: collections.deque[int] = collections.deque()
-    self.tasks.send(preprocessing_args)
+    self.send(preprocessing_args)
 
-  def send(self, task: Task) -> None:
+  def send(self, task: Any) -> None:
     try:
       self.tasks.send(task)
     except OSError:
@@ -158,12 +180,17 @@ class _Worker:
       raise result
     return result
 
-  def _died(self) -> RuntimeError:
-    code = self.process.wait()
-    return RuntimeError(
-      f"A decode worker process (pid {self.process.pid}) exited with code {code}; its "
-      "error, if any, is above. Set config.decode_processes=0 to decode in this process."
-    )
+  def _died(self) -> Exception:
+    """The error of a worker that is gone: the one it sent on its way out (it could not
+    start), else how it ended, with the way out."""
+    try:
+      if self.results.poll():
+        said = self.results.recv()
+        if isinstance(said, Exception):
+          return said
+    except (EOFError, OSError):
+      pass
+    return _ended(self.process.pid, self.process.wait(), self.pool_size)
 
   def end(self) -> None:
     """Closes the task pipe: the worker's loop ends at its end."""
@@ -177,6 +204,29 @@ class _Worker:
       self.process.kill()
       self.process.wait()
     self.results.close()
+
+
+def _ended(pid: int, code: int, pool_size: int) -> errors.UserError:
+  """The error for worker ``pid`` that ended with return code ``code`` (negative: the
+  signal that killed it) while it had work: what ended it, and what to change before
+  running the command again."""
+  if code == -signal.SIGKILL:
+    return errors.UserError(
+      f"Decode worker process {pid} was killed by SIGKILL, likely the kernel's out-of-memory "
+      f"killer (`dmesg` shows it): lower config.decode_processes (now {pool_size}; 0 decodes in "
+      f"this process) or config.batch, or give the machine more memory; {_AGAIN}."
+    )
+  if code < 0:
+    try:
+      what = f"was killed by {signal.Signals(-code).name}"
+    except ValueError:
+      what = f"was killed by signal {-code}"
+  else:
+    what = f"exited with status {code}" + (" (its error, if any, is above)" if code else "")
+  return errors.UserError(
+    f"Decode worker process {pid} {what}: set config.decode_processes=0 to decode in this "
+    f"process; {_AGAIN}."
+  )
 
 
 _NOTHING, _END = object(), object()  # `_Feed.get`: no item at hand; no more items
@@ -243,7 +293,7 @@ class Pool:
     self._workers: list[_Worker] = []
     try:
       for _ in range(count):
-        self._workers.append(_Worker(preprocessing_args))
+        self._workers.append(_Worker(preprocessing_args, count))
     except BaseException:
       self.close()
       raise
@@ -330,15 +380,15 @@ class _Mappings:
     if path not in self._arrays:
       try:
         fd = os.open(path, os.O_RDWR)
+        try:
+          mapped = mmap.mmap(fd, 4 * math.prod(shape))
+        finally:
+          os.close(fd)
       except OSError as e:
-        raise RuntimeError(
-          f"A decode worker cannot open the batch's shared memory {path} ({e.strerror}); set "
-          "config.decode_processes=0 to decode in the main process."
+        raise errors.UserError(
+          f"Decode worker process {os.getpid()} cannot map the batch's shared memory {path} "
+          f"({e.strerror}): set config.decode_processes=0 to decode in the main process."
         ) from None
-      try:
-        mapped = mmap.mmap(fd, 4 * math.prod(shape))
-      finally:
-        os.close(fd)
       self._arrays[path] = np.frombuffer(mapped, np.float32).reshape(shape)
     return self._arrays[path]
 
@@ -369,21 +419,38 @@ def _receive(tasks: connection.Connection, inbox: queue.SimpleQueue) -> None:
 
 
 def serve(tasks: connection.Connection, results: connection.Connection) -> None:
-  """A worker's loop: the `Preprocessing` args, then (shape, items) tasks until the end."""
-  from vit_jax.data import example_images  # pylint: disable=g-import-not-at-top
-
+  """A worker's loop: the `Preprocessing` args, then (shape, items) tasks until the end.
+  A failure the main process should say in one line (this interpreter cannot start the
+  stage, no memory, no shared memory) is sent as a `UserError`; a bug with its trace."""
   inbox: queue.SimpleQueue = queue.SimpleQueue()
   threading.Thread(target=_receive, args=(tasks, inbox), daemon=True).start()
   args = inbox.get()
   if args is None:
     return
-  preprocessing, mappings = example_images.Preprocessing(*args), _Mappings()
+  try:
+    from vit_jax.data import example_images  # pylint: disable=g-import-not-at-top
+
+    preprocessing, mappings = example_images.Preprocessing(*args), _Mappings()
+  except (ImportError, MemoryError, OSError) as e:
+    results.send(
+      errors.UserError(
+        f"Decode worker process {os.getpid()} cannot start ({type(e).__name__}: "
+        f"{' '.join(str(e).split())[:200]}): set config.decode_processes=0 to decode in this "
+        "process, or repair the installation."
+      )
+    )
+    return
   while (task := inbox.get()) is not None:
     shape, items = task
     try:
       result: Any = _write(preprocessing, mappings, shape, items)
-    except RuntimeError as e:
+    except errors.UserError as e:
       result = e
+    except MemoryError:
+      result = errors.UserError(
+        f"Decode worker process {os.getpid()} ran out of memory: lower "
+        f"config.decode_processes or config.batch, or give the machine more memory; {_AGAIN}."
+      )
     except Exception:  # noqa: BLE001  # a bug: the main process raises it with the trace
       result = RuntimeError(f"A decode worker failed:\n{traceback.format_exc()}")
     results.send(result)
