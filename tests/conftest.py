@@ -35,6 +35,8 @@ try:
 except ImportError:
   pass
 
+import itertools  # noqa: E402
+
 import pytest  # noqa: E402
 
 from tests import train_fixtures  # noqa: E402
@@ -74,6 +76,29 @@ def trained_run(tmp_path_factory, digits_dir):
   config = train_fixtures.trained_config(digits_dir)
   workdir = str(tmp_path_factory.mktemp("trained_run"))
   return config, workdir, run.train_and_evaluate(config, workdir)
+
+
+@pytest.fixture(scope="session")
+def gcs_server(tmp_path_factory):
+  """A real GCS server on 127.0.0.1 for the session (`tests.gcs_server`)."""
+  from tests.gcs_server import GcsServer  # pylint: disable=g-import-not-at-top
+
+  server = GcsServer(tmp_path_factory.mktemp("gcs"))
+  server.start()
+  yield server
+  server.stop()
+
+
+_BUCKETS = itertools.count()
+
+
+@pytest.fixture
+def gcs_bucket(gcs_server, monkeypatch) -> str:
+  """A new empty bucket (its gs:// URL) on the session's server, which this process's
+  clients reach through STORAGE_EMULATOR_HOST (`vit_jax.storage.configure` maps it for
+  tensorstore); subprocesses inherit it."""
+  monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_server.url)
+  return gcs_server.make_bucket(f"bucket-{os.getpid()}-{next(_BUCKETS)}")
 
 
 def pytest_configure(config):

@@ -14,7 +14,7 @@ import pytest
 
 from tests.finished_run import copy_run, snapshot, tiny_flags
 from tests.fresh_python import REPO, clean_env
-from vit_jax import errors, main
+from vit_jax import errors, main, paths
 from vit_jax.run import folder as folder_lib
 from vit_jax.run import preemption
 from vit_jax.weights import orbax_steps
@@ -131,13 +131,13 @@ def test_a_live_lock_refuses_and_a_stale_one_is_taken_over(
 
 def test_an_allowed_change_is_recorded_and_config_json_is_kept(finished_run, tmp_path, digits_dir):
   workdir = copy_run(finished_run, tmp_path / "run")
-  config_json = os.path.join(workdir, folder_lib.CONFIG_FILE)
+  config_json = os.path.join(workdir, paths.CONFIG_FILE)
   with open(config_json) as f:
     original = f.read()
   args = ["--config.batch=32", "--config.allow_changed_batch=True"]
   assert main.main(["main", *tiny_flags(digits_dir), f"--workdir={workdir}", *args]) == 0
   with open(config_json) as f:
     assert f.read() == original  # what the checkpoints were trained with
-  with open(os.path.join(workdir, folder_lib.HISTORY_FILE)) as f:
+  with open(os.path.join(workdir, paths.HISTORY_FILE)) as f:
     (entry,) = [json.loads(line) for line in f]
   assert entry["step"] == 6 and "config.batch: 16 -> 32" in entry["changes"]

@@ -23,7 +23,7 @@ from typing import Any, Optional, Union
 
 from etils import epath
 
-from vit_jax import errors, input_files
+from vit_jax import errors, input_files, storage
 
 CONFIG_FILE = "config.json"
 CLASS_NAMES_FILE = "class_names.json"
@@ -39,12 +39,27 @@ Location = Union[str, os.PathLike]
 def as_path(location: Location) -> epath.Path:
   """``location`` as an absolute `epath.Path`: a `file://` URL becomes its local path, and a
   URL such as gs://bucket/dir is kept as it is."""
-  if isinstance(location, epath.Path):
+  if isinstance(location, epath.Path) and not storage.is_remote(location):
     return location
   text = os.fspath(location)
   if text.startswith(_FILE_URL):
     text = text[len(_FILE_URL) :]
-  return epath.Path(text if "://" in text else os.path.abspath(text))
+  if "://" not in text:
+    return epath.Path(os.path.abspath(text))
+  storage.configure()  # before Orbax makes its own epath.Path of it
+  return epath.Path(text)
+
+
+def write_text_atomic(path: epath.Path, text: str) -> None:
+  """Writes ``text`` to ``path`` so that a reader sees the old file or the new one, never
+  a part: locally a temporary file renamed over it; on a bucket one upload (an object
+  appears whole, and a bucket has no rename)."""
+  if storage.is_remote(path):
+    path.write_text(text)
+    return
+  tmp = path.parent / (path.name + ".tmp")
+  tmp.write_text(text)
+  tmp.replace(path)
 
 
 class RunPaths:

@@ -2,11 +2,13 @@
 `vit_jax.paths`): the resume check of `config.json`, its one write, and the lock.
 
 One run trains in a folder at a time: `RunFolder.lock` takes `run.lock` before the run
-writes anything (created with O_EXCL locally; on a bucket, where there is no exclusive
-create, written after checking it is absent, so two starts within the same second can both
-pass). A lock whose process is gone (same host, pid not running) or whose heartbeat is
-older than `STALE_SECONDS` (another host that died, e.g. a preempted VM) is taken over
-with a warning. Predict, export and fewshot only read and take no lock.
+writes anything, with an exclusive create (O_EXCL locally; on a gs:// bucket an upload the
+server refuses when the object exists, `vit_jax.storage.create_exclusive`), so of two runs
+that start together exactly one trains. A lock whose process is gone (same host, pid not
+running) or whose heartbeat is older than `STALE_SECONDS` (another host that died, e.g. a
+preempted VM) is taken over with a warning, on a bucket only if the lock is still the
+generation read (two runs taking over one stale lock: one wins). Predict, export and
+fewshot only read and take no lock.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ import jax
 from absl import logging
 from etils import epath
 
-from vit_jax import errors, paths
-from vit_jax.paths import CLASS_NAMES_FILE, CONFIG_FILE, HISTORY_FILE, LOCK_FILE
+from vit_jax import errors, paths, storage
+from vit_jax.paths import HISTORY_FILE, LOCK_FILE
 from vit_jax.run import resume_policy
 from vit_jax.weights import orbax_steps
 
@@ -97,19 +99,19 @@ class RunFolder(paths.RunPaths):
       return
     self.root.mkdir(parents=True, exist_ok=True)
     if class_names is not None and not self.class_names_path.exists():
-      tmp = self.root / (CLASS_NAMES_FILE + ".tmp")
-      tmp.write_text(json.dumps(list(class_names), ensure_ascii=False))
-      tmp.replace(self.class_names_path)
+      paths.write_text_atomic(
+        self.class_names_path, json.dumps(list(class_names), ensure_ascii=False)
+      )
     if not self.has_config():
-      tmp = self.root / (CONFIG_FILE + ".tmp")
-      tmp.write_text(json.dumps(current, indent=2, sort_keys=True))
-      tmp.replace(self.config_path)
+      paths.write_text_atomic(self.config_path, json.dumps(current, indent=2, sort_keys=True))
       return
     changes = _differences(self.read_config(), current, "config")
     if changes:
       entry = dict(time=time.strftime("%Y-%m-%dT%H:%M:%S"), step=step, changes=changes)
-      with (self.root / HISTORY_FILE).open("a") as f:
-        f.write(json.dumps(entry) + "\n")
+      # Rewritten whole, not appended: a bucket's objects cannot be appended to.
+      history = self.root / HISTORY_FILE
+      old = history.read_text() if history.exists() else ""
+      paths.write_text_atomic(history, old + json.dumps(entry) + "\n")
 
   @contextlib.contextmanager
   def untouched_unless_saved(self) -> Iterator[None]:
@@ -165,11 +167,8 @@ class RunFolder(paths.RunPaths):
   def _create(path: epath.Path, holder: dict[str, Any]) -> bool:
     """Creates the lock file; False when it exists."""
     text = json.dumps(holder)
-    if "://" in str(path):  # a bucket: no exclusive create (see the module docstring)
-      if path.exists():
-        return False
-      path.write_text(text)
-      return True
+    if storage.is_remote(path):
+      return storage.create_exclusive(path, text.encode())
     try:
       fd = os.open(os.fspath(path), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:
@@ -179,6 +178,7 @@ class RunFolder(paths.RunPaths):
     return True
 
   def _take_over_if_stale(self, path: epath.Path, holder: dict[str, Any]) -> None:
+    seen = storage.generation(path) if storage.is_remote(path) else None
     try:
       other = json.loads(path.read_text())
     except (ValueError, OSError):
@@ -196,5 +196,11 @@ class RunFolder(paths.RunPaths):
         f"{other.get('host')} (started {since}; lock {path}). Wait for it or stop it, or use "
         f"another --workdir; if that run is gone, delete {path}."
       )
-    logging.warning("Taking over the stale lock %s of a run that is gone: %s.", path, other)
-    path.write_text(json.dumps(holder))
+    if seen is not None and not storage.take_over(path, json.dumps(holder).encode(), seen):
+      raise errors.WorkdirInUseError(
+        f"--workdir={self.root} was just taken by another run that found its stale lock "
+        f"{path} at the same time. Wait for it or stop it, or use another --workdir."
+      )
+    if seen is None:
+      path.write_text(json.dumps(holder))
+    logging.warning("Took over the stale lock %s of a run that is gone: %s.", path, other)

@@ -9,6 +9,7 @@ line shows MFU, the model FLOPs achieved as a share of the devices' dense peak
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 import socket
 import time
@@ -17,7 +18,7 @@ from typing import Any, Mapping, Optional, Protocol
 import jax
 from absl import logging
 
-from vit_jax import input_files
+from vit_jax import storage
 from vit_jax.run import step_cost
 
 
@@ -66,41 +67,46 @@ class History:
     self.evaluations.append({"step": step, **metrics})
 
 
-class _LocalEventFile:
-  """A TensorBoard event file in a local folder, written with TensorBoard's record framing
-  (`RecordWriter`) into a file opened here: TensorBoard's `EventFileWriter` opens its file
-  through `tensorboard.compat.tf`, which imports TensorFlow wherever it is installed (4 CPU
-  seconds of every run's start), though nothing else of a run needs it."""
+class _EventFile:
+  """A TensorBoard event file, written with TensorBoard's record framing (`RecordWriter`)
+  into a file opened here: TensorBoard's `EventFileWriter` opens its file through
+  `tensorboard.compat.tf`, which imports TensorFlow wherever it is installed (4 CPU seconds
+  of every run's start) and writes gs:// through `tf.io.gfile`, though nothing else of a
+  run needs it. A local file is appended to; a bucket's object cannot be, so there the
+  events are kept in memory and the whole object is written again at each flush (as
+  `tf.io.gfile` does): TensorBoard reads a run's scalars while it trains either way."""
 
   def __init__(self, events_dir: str):
     # pylint: disable-next=g-import-not-at-top
     from tensorboard.compat.proto import event_pb2
     from tensorboard.summary.writer.record_writer import RecordWriter  # pylint: disable=g-import-not-at-top
 
-    os.makedirs(events_dir, exist_ok=True)
     name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}"
-    self._file = open(os.path.join(events_dir, name), "wb")  # noqa: SIM115  (closed by close)
+    if storage.is_remote(events_dir):
+      self._path: Optional[str] = f"{events_dir.rstrip('/')}/{name}"
+      self._file: Any = io.BytesIO()
+    else:
+      events_dir = events_dir.removeprefix("file://")
+      os.makedirs(events_dir, exist_ok=True)
+      self._path = None
+      self._file = open(os.path.join(events_dir, name), "wb")  # noqa: SIM115  (closed by close)
     self._records = RecordWriter(self._file)
     self.add_event(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
+    self.flush()
 
   def add_event(self, event: Any) -> None:
     self._records.write(event.SerializeToString())
 
   def flush(self) -> None:
-    self._file.flush()
+    if self._path is None:
+      self._file.flush()
+    else:
+      storage.filesystem(self._path).pipe_file(self._path, self._file.getvalue())
 
   def close(self) -> None:
-    self._file.close()
-
-
-def _event_writer(events_dir: str) -> Any:
-  """The run's event file writer: `_LocalEventFile` for a local folder, TensorBoard's own
-  for a remote one (gs://: through TensorFlow's filesystems where installed)."""
-  if input_files.is_local(events_dir):
-    return _LocalEventFile(events_dir.removeprefix("file://"))
-  from tensorboard.summary.writer.event_file_writer import EventFileWriter  # pylint: disable=g-import-not-at-top
-
-  return EventFileWriter(events_dir)
+    self.flush()
+    if self._path is None:
+      self._file.close()
 
 
 class Progress:
@@ -125,7 +131,7 @@ class Progress:
     self._last_time = time.perf_counter()
     self._step_flops: Optional[float] = None
     self._peak_flops: Optional[float] = None  # per device, set once by `start`
-    self._writer = _event_writer(events_dir) if self.is_writer else None
+    self._writer = _EventFile(events_dir) if self.is_writer else None
 
   def start(self, step_flops: Optional[float], compute_dtype: Any) -> None:
     """Starts the clock (after compilation, before the first step) with the FLOPs of one

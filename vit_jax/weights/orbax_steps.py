@@ -28,11 +28,12 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
-from vit_jax import errors
+from vit_jax import errors, storage
 from vit_jax.aliases import Params
 from vit_jax.paths import as_path
 
 STATE, META = "state", "meta"  # the two items of a step
+COMMIT_MARKER = "commit_success.txt"  # Orbax's mark of a complete step on a bucket
 _PARAMS = "params"
 _UNREADABLE = "cannot be read (an incomplete or damaged save)"
 
@@ -225,11 +226,20 @@ def read_host(step_dir: epath.Path, subtree: Optional[str] = None) -> Any:
 
 
 def finalized_steps(directory: str | os.PathLike) -> list[int]:
-  """The steps of a `<workdir>/checkpoints` folder whose save completed, ascending."""
+  """The steps of a `<workdir>/checkpoints` folder whose save completed, ascending.
+
+  Locally a save is renamed into its step folder when complete; on a bucket (no rename)
+  Orbax writes into the step folder and marks it complete last (`COMMIT_MARKER`), so a
+  step killed mid-save there is a folder without the marker, and not a step."""
   path = as_path(directory)
   if not path.is_dir():
     return []
-  return sorted(int(p.name) for p in path.iterdir() if p.name.isdigit() and (p / STATE).is_dir())
+  remote = storage.is_remote(path)
+  return sorted(
+    int(p.name)
+    for p in path.iterdir()
+    if p.name.isdigit() and (p / STATE).is_dir() and (not remote or (p / COMMIT_MARKER).exists())
+  )
 
 
 def read_params(path: str | os.PathLike) -> Params:
