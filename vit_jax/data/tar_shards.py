@@ -25,6 +25,7 @@ import os
 import tarfile
 
 import numpy as np
+from absl import logging
 
 from vit_jax import errors
 from vit_jax.data import filesystems, free_text
@@ -58,6 +59,22 @@ def _caption(raw: bytes, where: str, extension: str) -> tuple[str, ...]:
 Member = tuple[int, int]  # a member's data: (byte offset in the shard, size)
 
 
+def _cut_short(path: str, offset: int, what: str) -> errors.InputFileError:
+  """The error for a shard that is cut short or damaged at byte ``offset``."""
+  return errors.InputFileError(
+    f"Shard {path!r} is cut short or damaged at byte {offset} ({what}): put an intact copy "
+    "of it in its place, then run the same command again."
+  )
+
+
+def _gone(path: str) -> errors.MissingError:
+  """The error for a shard deleted after the split was listed."""
+  return errors.MissingError(
+    f"Shard {path!r} is missing (it was listed when the split was read): put it back, then "
+    "run the same command again."
+  )
+
+
 def _member_name(f, offset: int) -> str:
   """The name in the tar header just before the data at ``offset`` (for an error)."""
   try:
@@ -73,9 +90,11 @@ def index_shard(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   caption without an image) is an error naming the shard and the key."""
   images: dict[str, Member] = {}
   texts: dict[str, tuple[str, Member]] = {}
+  end = 0  # of the last member's data
   try:
     with filesystems.open_binary(path) as f, tarfile.open(fileobj=f, mode="r:") as tar:
       for member in tar:
+        end = member.offset_data + member.size
         if not member.isfile():
           continue
         key, extension = _key_and_extension(member.name)
@@ -85,7 +104,25 @@ def index_shard(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         elif extension in TEXTS and (extension == "txt" or texts.get(key, ("json",))[0] == "json"):
           texts[key] = (extension, where)
       tar.members = []  # the headers are in `images` and `texts` now
+      # tarfile ends quietly at a header it cannot read: past the members, only the end
+      # marker's zero blocks (or nothing) may follow, else the rest of the shard is lost.
+      f.seek(tar.offset)
+      tail = f.read(tarfile.BLOCKSIZE)
+      if tail.strip(b"\0"):
+        raise _cut_short(path, tar.offset, "an unreadable member header")
+      if not tail:  # as GNU tar, accepted; but a writer closing the shard writes the marker
+        logging.warning(
+          "Shard %r ends after its member at byte %d without tar's end marker: it may have "
+          "been cut short (its %d images are read).",
+          path,
+          end,
+          len(images),
+        )
+  except FileNotFoundError:
+    raise _gone(path) from None
   except tarfile.TarError as e:
+    if end:  # "unexpected end of data": the file ends inside a member
+      raise _cut_short(path, end, str(e)) from None
     raise errors.InputFileError(
       f"Shard {path!r} is not an uncompressed tar file ({e}); WebDataset shards are .tar."
     ) from None
@@ -138,18 +175,29 @@ class _Index:
     shard_of = np.searchsorted(self.ends, np.arange(start, stop), side="right")
     for shard in np.unique(shard_of):
       path = self.shards[int(shard)]
-      with filesystems.open_binary(path) as f:
+      try:
+        f = filesystems.open_binary(path)
+      except FileNotFoundError:
+        raise _gone(path) from None
+      with f:
         for row in start + np.flatnonzero(shard_of == shard):
-          f.seek(int(self.image_offset[row]))
-          images[row - start] = f.read(int(self.image_size[row]))
+          images[row - start] = _read(f, path, int(self.image_offset[row]), self.image_size[row])
           offset, extension = int(self.text_offset[row]), "json" if self.text_json[row] else "txt"
-          f.seek(offset)
-          raw = f.read(int(self.text_size[row]))
+          raw = _read(f, path, offset, self.text_size[row])
           try:
             captions[row - start] = _caption(raw, path, extension)
           except errors.InputFileError:  # again, naming the member (read from its header)
             _caption(raw, f"{path}, {_member_name(f, offset)}", extension)
     return images, captions
+
+
+def _read(f, path: str, offset: int, size: int) -> bytes:
+  """A member's data, whole: a shard cut short since it was indexed is one error."""
+  f.seek(offset)
+  data = f.read(int(size))
+  if len(data) < size:
+    raise _cut_short(path, offset + len(data), f"{_member_name(f, offset)} ends past the file")
+  return data
 
 
 class TarShards:
