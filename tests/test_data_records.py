@@ -186,7 +186,8 @@ def test_corrupt_record_image_is_named_or_skipped(prepared, file_format, monkeyp
   data = _dataset(prepared[file_format], train_split="test", batch=360, shuffle_buffer=360)
   clean = next(pipeline.local_train_batches(data, 360, 0, 0, 1))["image"].reshape(360, -1)
   monkeypatch.setattr(records, "parse", corrupting)
-  with pytest.raises(ValueError, match=r"image .example 3 of .*skip_corrupt_images"):
+  fix = r"Replace it where the data is stored \(a tfds dataset: prepare it again\), or set"
+  with pytest.raises(ValueError, match=rf"image .example 3 of .*\. {fix} config.skip_corrupt"):
     next(pipeline.local_train_batches(data, 360, 0, 0, 1))
   data = _dataset(
     prepared[file_format],

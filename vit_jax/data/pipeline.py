@@ -113,12 +113,14 @@ class _Failures:
     source = self.reader.source
     if source.kind == "path":
       name = value.decode() if isinstance(value, bytes) else str(value)
-    else:
+      fix = "Remove or replace the file"
+    else:  # stored in the data (tfds records, tar shards, arrays)
       name = f"example {index} of {source.name}"
+      fix = "Replace it where the data is stored (a tfds dataset: prepare it again)"
     reason = self.stage.reason(value, uid)
     if not self.skip:
       raise errors.ConfigError(
-        f"Cannot read image {name!r}: {reason}. Remove or replace the file, or set "
+        f"Cannot read image {name!r}: {reason}. {fix}, or set "
         f"config.skip_corrupt_images=True to skip such images (logged and counted)."
       )
     self.count += 1
