@@ -31,7 +31,7 @@ from flax import traverse_util
 
 from tests import _multiprocess_worker as worker
 from tests import fresh_python
-from vit_jax import data
+from vit_jax import data, storage
 from vit_jax.weights import orbax_steps
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -120,7 +120,9 @@ def _two_processes(make_cmd, env_for) -> list[tuple[list[str], dict]]:
   return [(make_cmd(i), env_for(i)) for i in range(2)]
 
 
-def _main_two_processes(workdir: str, *args: str) -> list[tuple[list[str], dict]]:
+def _main_two_processes(
+  workdir: str, *args: str, env: Optional[dict[str, str]] = None
+) -> list[tuple[list[str], dict]]:
   """`python -m vit_jax.main ARGS` as processes 0 and 1 of one run, 2 devices each."""
   port = _free_port()
   return _two_processes(
@@ -136,12 +138,12 @@ def _main_two_processes(workdir: str, *args: str) -> list[tuple[list[str], dict]
       "--initialization_timeout=60",
       "--heartbeat_timeout=60",
     ],
-    lambda i: _env(2),
+    lambda i: _env(2, **(env or {})),
   )
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, digits_dir):
+def runs(tmp_path_factory, digits_dir, gcs_server):
   root = str(tmp_path_factory.mktemp("multiprocess"))
   two, one = os.path.join(root, "two"), os.path.join(root, "one")
   os.makedirs(two)
@@ -218,6 +220,33 @@ def runs(tmp_path_factory, digits_dir):
   _wait(resume, die, preempted, tick=sigterm_at_step_10)
   resume.check()
 
+  # The same resume with the workdir on a bucket (a real GCS server): both processes read
+  # the step, train and save their shards into it. A step copied from a local folder has
+  # no commit marker (a local save is final by its rename): one is added per step, as a
+  # save on a bucket writes it last.
+  bucket_resumed = gcs_server.make_bucket(f"multiprocess-{os.getpid()}") + "/resumed"
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setenv("STORAGE_EMULATOR_HOST", gcs_server.url)
+    fs = storage.filesystem(bucket_resumed)
+    fs.put(os.path.join(two, worker.RESUME_STRATEGY) + "/", bucket_resumed, recursive=True)
+    for step in orbax_steps.finalized_steps(
+      os.path.join(two, worker.RESUME_STRATEGY, "checkpoints")
+    ):
+      fs.pipe_file(f"{bucket_resumed}/checkpoints/{step}/{orbax_steps.COMMIT_MARKER}", b"")
+  on_bucket = _Launch(
+    "on_bucket",
+    root,
+    _main_two_processes(
+      bucket_resumed,
+      f"--config=tests/_multiprocess_worker.py:{worker.RESUME_STRATEGY}",
+      f"--config.data_dir={digits_dir}",
+      f"--config.total_steps={worker.RESUME_STEPS}",
+      env=gcs_server.env,
+    ),
+  )
+  _wait(on_bucket)
+  on_bucket.check()
+
   def load(out_dir: str) -> tuple[dict, dict]:
     with np.load(os.path.join(out_dir, "results.npz")) as f:
       arrays = dict(f)
@@ -229,6 +258,8 @@ def runs(tmp_path_factory, digits_dir):
     two=two,
     one=one,
     resumed=resumed,
+    bucket_resumed=bucket_resumed,
+    on_bucket=on_bucket,
     results=load(two),
     reference=load(one),
     resume=resume,
@@ -368,6 +399,22 @@ def test_main_resumes_at_the_saved_step_like_an_uninterrupted_run(runs):
   )
   straight = _params(runs["reference"][0], f"{worker.RESUME_STRATEGY}_straight")
   assert _max_diff(resumed, straight) <= ATOL
+
+
+def test_two_processes_resume_and_save_in_one_bucket_workdir(runs, monkeypatch, gcs_server):
+  """The resume above with its workdir on a bucket: the same step 6, bit for bit."""
+  log = runs["on_bucket"].output(0, chars=10**7)
+  assert f"from step {worker.STEPS} to {worker.RESUME_STEPS}" in log, log[-3000:]
+  monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_server.url)
+  on_bucket, local = (
+    traverse_util.flatten_dict(
+      orbax_steps.read_params(f"{workdir}/checkpoints/{worker.RESUME_STEPS}"), sep="/"
+    )
+    for workdir in (runs["bucket_resumed"], runs["resumed"])
+  )
+  assert on_bucket.keys() == local.keys()
+  for key in local:
+    np.testing.assert_array_equal(on_bucket[key], local[key], err_msg=key)
 
 
 def test_a_dead_process_ends_the_run_with_an_error(runs):
