@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+from absl import flags
 from PIL import Image
 
 from tests import train_fixtures
@@ -115,9 +116,12 @@ def test_a_held_batch_is_never_rewritten_and_slots_are_reused(photos):
   assert len(pool.images._slots) <= ahead + 3 < 61
 
 
-def test_a_killed_worker_is_one_line_naming_it_and_the_way_out(photos, capsys):
+def test_a_killed_worker_is_one_line_naming_it_and_the_way_out(photos, capsys, monkeypatch):
   """A worker killed by the kernel (the out-of-memory killer's SIGKILL) while a run trains:
   the command prints one line naming the worker, the signal and the way out, exit 2."""
+  verbosity = flags.FLAGS["verbosity"]  # the command sets it: restored after the test
+  monkeypatch.setattr(verbosity, "present", verbosity.present)
+  monkeypatch.setattr(verbosity, "value", verbosity.value)
   before = _children()
   batches = pipeline.local_train_batches(_dataset(photos, 2), 4, 0, 0, 1)
   next(batches)
