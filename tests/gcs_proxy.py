@@ -92,7 +92,11 @@ class GcsProxy:
 
       do_GET = do_PUT = do_POST = do_DELETE = do_PATCH = do_HEAD = _forward
 
-    self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    class Server(http.server.ThreadingHTTPServer):
+      def handle_error(self, request, client_address):  # a client gone (killed, timed out)
+        pass
+
+    self._server = Server(("127.0.0.1", 0), Handler)
     self._server.daemon_threads = True
     self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
     self._thread.start()

@@ -153,3 +153,48 @@ def test_storage_emulator_host_is_what_tensorstore_reads(count, gcs_bucket):
   array = ts.open(spec, create=True, dtype=ts.int32, shape=[3]).result()
   array.write(np.arange(3, dtype=np.int32)).result()
   assert storage.filesystem(gcs_bucket).exists(f"{gcs_bucket}/array/.zarray")
+
+
+def _listing(fs, root: str) -> list[str]:
+  return sorted(fs.find(root, withdirs=True))
+
+
+def test_storage_faults_in_a_save_and_a_restore_lose_nothing(
+  gcs_server, gcs_bucket, finished_run, digits_dir, monkeypatch, capsys
+):
+  """503s from the bucket, through a proxy: during step 3's save and during the restore of
+  a finished run they are retried (gcsfs, tensorstore, the restore) and the run ends as a
+  straight local one; an outage that outlasts every retry is one error line, exit 2, and
+  every step and file of the workdir stays where it was."""
+  import gcsfs.retry  # pylint: disable=g-import-not-at-top
+
+  async def no_wait(_):  # gcsfs's backoff, instant: the retries themselves still happen
+    pass
+
+  monkeypatch.setattr(gcsfs.retry.asyncio, "sleep", no_wait)
+  monkeypatch.setattr(orbax_steps, "RETRY_FIRST_WAIT_S", 0.0)
+  workdir = f"{gcs_bucket}/run"
+  argv = ["main", *tiny_flags(digits_dir), f"--workdir={workdir}"]
+  proxy = gcs_proxy.GcsProxy(gcs_server.url)
+  monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
+  try:
+    proxy.fail(2, r"checkpoints/3/state")  # tensorstore's array uploads
+    proxy.fail(2, r"checkpoints/3/meta")  # gcsfs: Orbax's JSON item
+    assert main.main(argv) == 0
+    _assert_same_params(workdir, finished_run)
+    proxy.fail(3, r"GET .*checkpoints%2F6%2F")  # reads of the newest step
+    assert main.main(argv) == 0  # resumed at step 6: nothing left to train
+    assert orbax_steps.finalized_steps(f"{workdir}/checkpoints") == [3, 6]
+    fs = storage.filesystem(workdir)
+    before = _listing(fs, workdir)
+    capsys.readouterr()
+    proxy.fail(10**6, r"GET .*checkpoints%2F6%2Fmeta")
+    assert main.main(argv) == 2
+  finally:
+    proxy.close()
+  err = capsys.readouterr().err
+  (line,) = [e for e in err.splitlines() if e.startswith("Error:")]
+  assert "checkpoints" in line and "left in place" in line and "Traceback" not in err, err[-3000:]
+  monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_server.url)
+  after = _listing(fs, workdir)
+  assert after == before and not any(".corrupt" in p for p in after)
