@@ -34,8 +34,9 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from etils import epath
 
-from vit_jax import analysis, errors, model_checks, models
+from vit_jax import analysis, errors, model_checks, models, paths, storage
 from vit_jax.aliases import Params
 from vit_jax.data.data_config import DataConfig
 from vit_jax.weights import fit, npz, sources, writers
@@ -325,9 +326,10 @@ class Model:
     return np.concatenate(out)[: len(x) - pad]
 
   def save(self, directory: str | os.PathLike, format: str = "npz") -> str:  # noqa: A002
-    """Writes the model into the new (or empty) folder ``directory`` as ``format``
-    (`vit_jax.weights.writers.FORMATS`: 'npz', reloaded bitwise by `vit_jax.load`, with
-    its model config beside it; 'timm', 'hf', 'saved_model', 'stablehlo'); returns its path."""
+    """Writes the model into the new (or empty) folder ``directory`` (local or gs://) as
+    ``format`` (`vit_jax.weights.writers.FORMATS`: 'npz', reloaded bitwise by `vit_jax.load`,
+    with its model config beside it; 'timm', 'hf', 'saved_model', 'stablehlo'); returns its
+    path."""
     return writers.save(
       self.loaded,
       format,
@@ -365,16 +367,17 @@ def _init_params(
 def load(source: str | os.PathLike, *, model_name: Optional[str] = None, **kwargs: Any) -> Model:
   """The model of any weights source `vit_jax.weights.load` reads (an official `.npz`, a
   run, a transformers or timm folder or `.safetensors`, ``hf-hub:<org>/<name>``, an official
-  name) or a folder `Model.save` wrote as npz; ``model_name`` overrides an `.npz`'s
-  architecture; ``kwargs``: `Model`'s (``batch_size``)."""
-  model_checks.check_name(os.fspath(source))
-  saved = os.path.join(os.fspath(source), npz.EXPORT_FILE)
-  if os.path.isfile(saved):
-    loaded = sources.load(saved, model_name)
-    labels = os.path.join(os.fspath(source), writers.LABELS_FILE)
-    if os.path.isfile(labels) and loaded.num_classes:
-      with open(labels) as f:
-        names = f.read().splitlines()
+  name) or a folder `Model.save` wrote as npz, local or on a bucket (gs://);
+  ``model_name`` overrides an `.npz`'s architecture; ``kwargs``: `Model`'s (``batch_size``)."""
+  text = os.fspath(source)
+  model_checks.check_name(text)
+  folder = paths.as_path(text) if storage.is_remote(text) else epath.Path(text)  # gs:// too
+  saved = folder / npz.EXPORT_FILE
+  if saved.is_file():
+    loaded = sources.load(os.fspath(saved), model_name)
+    labels = folder / writers.LABELS_FILE
+    if loaded.num_classes and labels.is_file():
+      names = labels.read_text().splitlines()
       if len(names) == loaded.num_classes:
         loaded = dataclasses.replace(loaded, class_names=names)
   else:

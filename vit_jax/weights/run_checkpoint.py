@@ -11,16 +11,19 @@ from typing import Any, Optional
 import flax.linen as nn
 import ml_collections
 
-from vit_jax import errors, models
+from vit_jax import errors, models, storage
 from vit_jax.aliases import Params
 from vit_jax.data import caption_settings, data_config
 from vit_jax.data.data_config import DataConfig
 from vit_jax.paths import CONFIG_FILE, RunPaths, as_path
-from vit_jax.weights import npz, orbax_steps
+from vit_jax.weights import npz, orbax_steps, remote
 
 
 def detect(path: str) -> bool:
-  """Whether ``path`` is a folder (local or a bucket's): a run's, or Orbax steps alone."""
+  """Whether ``path`` is a folder: a run's, or Orbax steps alone; on a bucket one that holds
+  steps (`remote.holds_steps`: any other folder there is read from a local copy)."""
+  if storage.is_remote(path):
+    return remote.holds_steps(path)
   return as_path(path).is_dir()
 
 

@@ -17,7 +17,9 @@ first, `vit_jax.weights.hub`), and its record reads it:
     timm's `config.json` or our export's `timm_model.json` (`vit_jax.weights.timm.folder`);
   * ``hf-hub:<org>/<name>[@revision]`` (a transformers or a timm repository) and the
     official names (``ViT-B_16``, AugReg file stems): the hub copy, through its cache.
-Pickles (`.bin`, `.pth`, ...) are refused unread: unpickling runs arbitrary code.
+Pickles (`.bin`, `.pth`, ...) are refused unread: unpickling runs arbitrary code. Any of
+these may be on a bucket (gs://): a run is read there, the others from a local copy
+(`vit_jax.weights.remote`).
 
 The model config records the GELU the source library computes on the weights (exact for
 transformers' ``gelu`` and timm's default), so the loaded model gives the source's logits.
@@ -25,11 +27,12 @@ transformers' ``gelu`` and timm's default), so the loaded model gives the source
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.resources
 import os
 import shlex
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import flax.linen as nn
 import jax
@@ -42,7 +45,7 @@ from vit_jax.aliases import Params
 from vit_jax.data import data_config as data_config_lib
 from vit_jax.data import filesystems
 from vit_jax.paths import as_path
-from vit_jax.weights import architecture, formats, hub, npz
+from vit_jax.weights import architecture, formats, hub, npz, remote
 
 _MAX_ERROR_LINES = 20  # of check_tree's list of differences
 _PICKLES = (".bin", ".pth", ".pt", ".ckpt", ".pkl", ".pickle")
@@ -161,12 +164,12 @@ def load(path: str | os.PathLike, model_name: Optional[str] = None) -> LoadedMod
   architecture of an `.npz`. Raises FileNotFoundError when there is nothing to read and
   ValueError when the arrays do not fit the architecture."""
   source = str(path)
-  path = os.fspath(_local(path))  # also a file:// URL, an epath.Path, gs://
-  fmt = formats.of(path)
-  loaded, read = _loaded(fmt, path, source, model_name)
-  if not _official_name(source):  # an official name keeps the official recipe
-    loaded.data_config = fmt.data_config(path, read) or loaded.data_config
-  loaded.tokenizer = fmt.tokenizer(path, read)
+  with readable(path) as path:  # also a file:// URL, an epath.Path, gs://
+    fmt = formats.of(path)
+    loaded, read = _loaded(fmt, path, source, model_name)
+    if not _official_name(source):  # an official name keeps the official recipe
+      loaded.data_config = fmt.data_config(path, read) or loaded.data_config
+    loaded.tokenizer = fmt.tokenizer(path, read)
   _check_fits(loaded)
   return loaded
 
@@ -177,7 +180,7 @@ def check_source(source: str, *, fetch: bool) -> None:
   downloaded; offline and not cached, one error line), so that a run learns in seconds
   what it would otherwise learn after compiling its steps; without it (a plan, which reads
   no weights) only the name is checked and nothing touches the network. A local path needs
-  no TensorFlow; a gs:// path is looked up by `tf.io.gfile` (`filesystems`)."""
+  no TensorFlow, nor does a gs:// path (fsspec: `vit_jax.storage`)."""
   if hub.is_hub_source(source):
     if fetch:
       hub.resolve(source)  # the cached folder, reused when the run reads the weights
@@ -189,6 +192,14 @@ def check_source(source: str, *, fetch: bool) -> None:
       "<workdir>/checkpoints folder, a Hugging Face or timm checkpoint, hf-hub:<org>/<name> "
       "or an official name such as ViT-B_16."
     )
+
+
+@contextlib.contextmanager
+def readable(source: str | os.PathLike) -> Iterator[str]:
+  """The local path to read for ``source`` (`_local`), a bucket's checkpoint copied for the
+  block and a run's folder on a bucket as it is (`vit_jax.weights.remote.local_copy`)."""
+  with remote.local_copy(_local(source)) as path:
+    yield path
 
 
 def _local(source: str | os.PathLike) -> Any:
@@ -231,11 +242,11 @@ def read_params(source: str | os.PathLike) -> tuple[Params, Optional[ml_collecti
   """The parameter tree of any source, for fine-tuning, and its model config where the
   source has one. `.npz` files and Orbax folders are read as stored (either encoder
   layout; an Orbax folder needs no config.json); the rest as `load` reads them."""
-  path = os.fspath(_local(source))
-  fmt = formats.of(path)
-  if fmt.read_tree is not None:
-    return fmt.read_tree(path)
-  loaded, _ = _loaded(fmt, path, str(source), None)
+  with readable(source) as path:
+    fmt = formats.of(path)
+    if fmt.read_tree is not None:
+      return fmt.read_tree(path)
+    loaded, _ = _loaded(fmt, path, str(source), None)
   _check_fits(loaded)
   return loaded.params, loaded.config
 
