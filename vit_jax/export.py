@@ -21,9 +21,11 @@ Every format but hf also gets labels.txt (one class name per line). The files ar
 written into a new folder beside DIR (`.DIR.tmp-*`) that is renamed to DIR at the end: a
 failure, Ctrl-C or SIGTERM leaves nothing in DIR and removes that folder; one left by a
 killed export (older than an hour) is removed by the next export to the same DIR. DIR must
-not exist or be empty. The files get the modes of any file the user writes (umask). On
-success the command prints the files written and how to load them. No torch is needed
-(safetensors' numpy API).
+not exist or be empty. The files get the modes of any file the user writes (umask). PATH
+and DIR may be on a bucket (gs://, no TensorFlow needed but for saved_model): the files are
+written locally, then uploaded one object each, the weights last; a failure deletes what
+was uploaded. On success the command prints the files written and how to load them. No
+torch is needed (safetensors' numpy API).
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ from typing import Any, Optional, Sequence
 
 from absl import flags
 
-from vit_jax import cli
-from vit_jax.weights import npz, sources, writers
+from vit_jax import cli, storage
+from vit_jax.weights import npz, remote, sources, writers
 
 FORMATS, LABELS_FILE, NPZ_FILE = writers.FORMATS, writers.LABELS_FILE, npz.EXPORT_FILE
 STALE_SECONDS = writers.STALE_SECONDS  # a temporary folder this old was left by a killed export
@@ -57,6 +59,8 @@ LOAD_HINTS = {
 TWO_TOWER_HF_HINT = (
   "transformers.AutoModel.from_pretrained({out!r}) and AutoProcessor.from_pretrained({out!r})"
 )
+# The formats whose loaders read local files only: an export to a bucket is copied first.
+LOCAL_LOADERS = ("hf", "timm", "stablehlo")
 
 
 def export(
@@ -70,23 +74,34 @@ def export(
 ) -> str:
   """Writes the model at ``checkpoint_path`` as ``fmt`` into the new folder ``out``;
   returns the summary (`export_model`)."""
-  writers.check_out(os.path.abspath(out))
+  writers.check_out(out)
   return export_model(
     sources.load(checkpoint_path, model_name), fmt, out, labels=labels, resolution=resolution
+  )
+
+
+def _files(out: str) -> list[tuple[str, int]]:
+  """(path relative to ``out``, size) of each file written, sorted."""
+  if storage.is_remote(out):
+    return remote.files(out)
+  return sorted(
+    (os.path.relpath(os.path.join(root, name), out), os.path.getsize(os.path.join(root, name)))
+    for root, _, names in os.walk(out)
+    for name in names
   )
 
 
 def _summary(fmt: str, source: str, out: str) -> str:
   """What was written, and how to load it."""
   lines = [f"Wrote the {fmt} export of {source} to {out}:"]
-  for root, _, files in sorted(os.walk(out)):
-    for name in sorted(files):
-      path = os.path.join(root, name)
-      lines.append(f"  {os.path.relpath(path, out)}  ({os.path.getsize(path):,} bytes)")
+  written = _files(out)
+  lines.extend(f"  {name}  ({size:,} bytes)" for name, size in written)
   hint = LOAD_HINTS[fmt]
-  if fmt == "hf" and os.path.isfile(os.path.join(out, "tokenizer_config.json")):
+  if fmt == "hf" and any(name == "tokenizer_config.json" for name, _ in written):
     hint = TWO_TOWER_HF_HINT  # an image-text model: SigLIP, SigLIP 2 or CLIP
   lines.append("Load it with: " + hint.format(out=out))
+  if storage.is_remote(out) and fmt in LOCAL_LOADERS:
+    lines.append(f"(these read local files: copy it first, gcloud storage cp -r {out} .)")
   return "\n".join(lines)
 
 
@@ -100,7 +115,7 @@ def export_model(
 ) -> str:
   """Writes a loaded model as ``fmt`` into the new folder ``out`` (`writers.save`: all or
   nothing); returns the summary (the files written, how to load them)."""
-  writers.check_out(os.path.abspath(out))
+  writers.check_out(out)
   names = model.class_names_for(labels, argument="--labels")
   size = model.image_size_for(resolution, argument="--resolution")
   out = writers.save(model, fmt, out, class_names=names, image_size=size)

@@ -7,8 +7,10 @@ stablehlo through `serving`), then writes the files into a new folder beside ``o
 (``.OUT.tmp-*``) renamed to ``out`` at the end: a failure, Ctrl-C or SIGTERM leaves
 nothing in ``out``; a temporary folder left by a killed write (older than an hour) is
 removed by the next write to the same ``out``. ``out`` must not exist or be empty. The
-files get the user's umask modes. The export command (`vit_jax.export`) and the Python
-face (`vit_jax.Model.save`) both write through here.
+files get the user's umask modes. On a bucket (gs://) the files are written into a local
+temporary folder, then uploaded one object each (`remote.upload`: a bucket renames no
+folder; what was uploaded is deleted on a failure). The export command (`vit_jax.export`)
+and the Python face (`vit_jax.Model.save`) both write through here.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from typing import Callable, Iterator, Optional, Sequence
 import jax.numpy as jnp
 from absl import logging
 
-from vit_jax import errors, models
-from vit_jax.weights import formats, serving, sources
+from vit_jax import errors, models, storage
+from vit_jax.weights import formats, remote, serving, sources
 
 FORMATS = ("hf", "timm", "saved_model", "stablehlo", "npz", "big_vision")
 LABELS_FILE = "labels.txt"
@@ -93,10 +95,15 @@ def save(
   image_size: tuple[int, int],
 ) -> str:
   """Writes ``model`` as ``fmt`` into the new (or empty) folder ``out``, all or nothing
-  (the module docstring); returns the absolute path of ``out``."""
-  out = os.path.abspath(os.fspath(out))
+  (the module docstring); returns the absolute path or the URL of ``out``."""
+  out = absolute(out)
   check_out(out)
   write = writer(model, fmt, class_names=class_names, image_size=image_size)
+  if storage.is_remote(out):
+    with _sigterm_raises(), tempfile.TemporaryDirectory(prefix="vit_jax-export-") as tmp:
+      write(tmp)
+      remote.upload(tmp, out)
+    return out
   parent = os.path.dirname(out)
   os.makedirs(parent, exist_ok=True)
   _remove_stale_temporaries(out)
@@ -113,8 +120,20 @@ def save(
   return out
 
 
-def check_out(out: str) -> None:
-  if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+def absolute(out: str | os.PathLike) -> str:
+  """``out`` as an absolute path, or as the URL it is (gs://...) without a trailing "/"."""
+  text = os.fspath(out)
+  return text.rstrip("/") if storage.is_remote(text) else os.path.abspath(text)
+
+
+def check_out(out: str | os.PathLike) -> None:
+  """Refuses an ``out`` that exists and is not an empty folder (local or on a bucket)."""
+  out = absolute(out)
+  if storage.is_remote(out):
+    used = not remote.is_unused(out)
+  else:
+    used = os.path.exists(out) and (not os.path.isdir(out) or bool(os.listdir(out)))
+  if used:
     raise errors.OutputExistsError(
       f"--out={out!r} exists and is not an empty folder: choose a new "
       "path (nothing is overwritten)."
