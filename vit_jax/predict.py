@@ -11,7 +11,8 @@ text, CLIP's softmax over the texts).
 
 PATH: an official-layout `.npz`, a training run (workdir, `checkpoints/` or a step
 folder), a Hugging Face or timm checkpoint, `hf-hub:<org>/<name>` or an official name
-such as `ViT-B_16` (`vit_jax.weights.sources`). Images are prepared
+such as `ViT-B_16` (`vit_jax.weights.sources`); PATH and the images may be on a bucket
+(gs://, no TensorFlow needed). Images are prepared
 as the checkpoint says (`vit_jax.data.host_images.prepare` with its data config: timm's
 crop fraction and interpolation, a transformers image processor's resize and crop, or
 the official recipe of the eval pipeline, the whole image resized bilinearly to [-1, 1])
@@ -40,11 +41,11 @@ import jax
 import numpy as np
 from absl import flags, logging
 
-from vit_jax import errors, input_files, models, text_scores
+from vit_jax import errors, input_files, models, storage, text_scores
 from vit_jax import model as model_lib
-from vit_jax.data import image_header
+from vit_jax.data import filesystems, image_header
 from vit_jax.printable import printable
-from vit_jax.weights import sources
+from vit_jax.weights import remote, sources
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp")  # what decode_rgb reads
 DEFAULT_BATCH = 32
@@ -74,18 +75,22 @@ def image_files(paths: Iterable[str]) -> list[str]:
   """The files named, and the image files under each folder named (sorted, recursive); a
   `MissingError` for a path that does not exist, or when there is no image at all, an
   `InputFileError` for a path named that is neither a folder nor a regular file. A file
-  found in a folder is checked when it is read (`Classifier.prepare`)."""
+  found in a folder is checked when it is read (`Classifier.prepare`). A path may be on a
+  bucket (gs://: `vit_jax.data.filesystems`)."""
   paths = list(paths)
-  missing = [path for path in paths if not os.path.exists(path)]
+  missing = [path for path in paths if not filesystems.exists(path)]
   if missing:
     raise errors.MissingError(
       f"{printable(', '.join(missing))}: no such file or folder (name image files or folders)."
     )
   files = []
   for path in paths:
-    if not os.path.isdir(path):
-      input_files.regular_file(path, None, what="image")
+    if not filesystems.isdir(path):
+      if input_files.is_local(path):
+        input_files.regular_file(path, None, what="image")
       files.append(path)
+    elif not input_files.is_local(path):
+      files.extend(_bucket_images(path))
     else:
       for root, dirs, names in os.walk(path):
         dirs.sort()
@@ -99,10 +104,24 @@ def image_files(paths: Iterable[str]) -> list[str]:
   return files
 
 
+def _bucket_images(folder: str) -> list[str]:
+  """The image files under the bucket's ``folder`` (recursive), sorted: gs:// URLs."""
+  fs = storage.filesystem(folder)
+  with remote.storage_errors(folder, "Listing"):
+    found = fs.find(folder)
+  return sorted(fs.unstrip_protocol(p) for p in found if p.lower().endswith(IMAGE_EXTENSIONS))
+
+
 def read_image(path: str) -> bytes:
   """The bytes of image file ``path``, ready to decode (`image_header.decodable`: the first
   frame only, its decoded bytes bounded from the header); a ValueError saying why when it
-  is no regular file, larger than `input_files.MAX_IMAGE_BYTES` or no image to decode."""
+  is no regular file, larger than `input_files.MAX_IMAGE_BYTES` or no image to decode.
+  On a bucket: the object's bytes, within the same bound."""
+  if not input_files.is_local(path):
+    data = filesystems.read_head(path, input_files.MAX_IMAGE_BYTES + 1)
+    if len(data) > input_files.MAX_IMAGE_BYTES:
+      raise ValueError(f"more than {input_files.MAX_IMAGE_BYTES:,} bytes")
+    return image_header.decodable(data)
   why = input_files.not_regular(path)
   if why:
     raise ValueError(why)
