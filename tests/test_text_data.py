@@ -10,6 +10,7 @@ import dataclasses
 import io
 import os
 import pathlib
+import sys
 import tarfile
 
 import numpy as np
@@ -28,7 +29,7 @@ from tests.image_text_fixtures import (
   write_shards,
   write_tokenizer,
 )
-from vit_jax import errors, run
+from vit_jax import errors, run, storage
 from vit_jax.data import captions, dataset, free_text, pipeline
 from vit_jax.run import objectives
 from vit_jax.weights import sources
@@ -118,6 +119,28 @@ def test_caption_folder_keeps_the_guarantees(tmp_path, tokenizer_path):
 
 def test_tar_shards_keep_the_guarantees(tmp_path, tokenizer_path):
   _check_guarantees(image_text_config(write_shards(tmp_path), tokenizer_path), first_only=True)
+
+
+@pytest.mark.parametrize("write", [write_caption_folder, write_shards])
+def test_a_bucket_source_gives_the_local_batches_without_tensorflow(
+  write, tmp_path, tokenizer_path, gcs_bucket, monkeypatch
+):
+  """The same captions folder or shards on a bucket (a real GCS server), read with
+  TensorFlow unimportable from a resumed step on: every batch is the local source's (whose
+  guarantees the tests above check)."""
+  monkeypatch.setitem(sys.modules, "tensorflow", None)
+  local = write(tmp_path / "data")
+  prefix, root = local.split(":", 1)
+  storage.filesystem(gcs_bucket).put(root + "/", f"{gcs_bucket}/data", recursive=True)
+  from_bucket, from_disk = (
+    _take(pipeline.local_train_batches(dataset.Dataset(objectives.data_settings(c)), 4, 3, 0, 1), 6)
+    for c in (
+      image_text_config(f"{prefix}:{gcs_bucket}/data", tokenizer_path),
+      image_text_config(local, tokenizer_path),
+    )
+  )
+  for key, rows in from_disk.items():
+    np.testing.assert_array_equal(from_bucket[key], rows)
 
 
 def test_tfds_text_feature_keeps_the_guarantees(tmp_path, tokenizer_path):
