@@ -12,12 +12,12 @@ One layer, chosen from what the JAX stack already uses (docs/architecture.md, "S
 neither honours an emulator nor matches the TensorFlow-free install; `configure` makes
 them take fsspec on every install, and points tensorstore at the server Google's clients
 are pointed at by `STORAGE_EMULATOR_HOST` (a local GCS server: the tests' own), so a user
-sets one variable. It runs once, on the first remote path (`vit_jax.paths.as_path` and
-`vit_jax.data.filesystems` call it).
+sets one variable. It runs on every remote path (`vit_jax.paths.as_path`, `filesystem`),
+before Orbax makes an `epath.Path` of its own.
 
-GCS has no rename and no append, but an exclusive create (`ifGenerationMatch=0`) and
-deletes conditional on an object's generation: `create_exclusive` and `take_over` build the
-run folder's lock on them.
+GCS has no rename and no append, but writes conditional on an object's generation
+(`ifGenerationMatch`, 0 for "does not exist"): `create_exclusive` and `take_over` build
+the run folder's lock on them.
 """
 
 from __future__ import annotations
@@ -88,6 +88,7 @@ def _upload_if_generation(path: str, data: bytes, expected: str) -> bool:
   it fails (412: another process wrote first)."""
   fs = filesystem(path)
   bucket, key = path.removeprefix("gs://").split("/", 1)
+  upload = fs.base.replace("/storage/v1/", "/upload/storage/v1/")  # the JSON API's uploads
   body = (
     b'--=\nContent-Type: application/json\n\n{"name": ' + json.dumps(key).encode()
     + b"}\n--=\nContent-Type: application/octet-stream\n\n" + data + b"\n--=--"
@@ -95,7 +96,7 @@ def _upload_if_generation(path: str, data: bytes, expected: str) -> bool:
   try:
     fs.call(
       "POST",
-      f"{fs._location}/upload/storage/v1/b/{bucket}/o",  # pylint: disable=protected-access
+      f"{upload}b/{bucket}/o",
       uploadType="multipart",
       ifGenerationMatch=expected,
       headers={"Content-Type": 'multipart/related; boundary="="'},
@@ -109,9 +110,17 @@ def _upload_if_generation(path: str, data: bytes, expected: str) -> bool:
 
 
 def create_exclusive(path: str | os.PathLike, data: bytes) -> bool:
-  """Writes object ``path`` only where none exists; False when one does. The server
-  decides (`ifGenerationMatch=0`), so of two hosts creating it at once exactly one wins."""
-  return _upload_if_generation(os.fspath(path), data, "0")
+  """Writes object ``path`` only where none exists; False when one does. On gs:// the
+  server decides (`ifGenerationMatch=0`), so of two hosts creating it at once exactly one
+  wins; another protocol is checked, then written (not exclusive)."""
+  path = os.fspath(path)
+  if path.startswith("gs://"):
+    return _upload_if_generation(path, data, "0")
+  fs = filesystem(path)
+  if fs.exists(path):
+    return False
+  fs.pipe_file(path, data)
+  return True
 
 
 def generation(path: str | os.PathLike) -> Optional[str]:

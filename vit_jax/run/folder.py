@@ -178,7 +178,8 @@ class RunFolder(paths.RunPaths):
     return True
 
   def _take_over_if_stale(self, path: epath.Path, holder: dict[str, Any]) -> None:
-    seen = storage.generation(path) if storage.is_remote(path) else None
+    bucket = str(path).startswith("gs://")
+    seen = storage.generation(path) if bucket else None
     try:
       other = json.loads(path.read_text())
     except (ValueError, OSError):
@@ -196,11 +197,16 @@ class RunFolder(paths.RunPaths):
         f"{other.get('host')} (started {since}; lock {path}). Wait for it or stop it, or use "
         f"another --workdir; if that run is gone, delete {path}."
       )
-    if seen is not None and not storage.take_over(path, json.dumps(holder).encode(), seen):
-      raise errors.WorkdirInUseError(
-        f"--workdir={self.root} was just taken by another run that found its stale lock "
-        f"{path} at the same time. Wait for it or stop it, or use another --workdir."
-      )
-    if seen is None:
-      path.write_text(json.dumps(holder))
+    text = json.dumps(holder)
+    if bucket:  # only if the lock is still the one read (or, if it went meanwhile, absent)
+      data = text.encode()
+      if not (
+        storage.take_over(path, data, seen) if seen else storage.create_exclusive(path, data)
+      ):
+        raise errors.WorkdirInUseError(
+          f"--workdir={self.root} was just taken by another run that found its stale lock "
+          f"{path} at the same time. Wait for it or stop it, or use another --workdir."
+        )
+    else:
+      path.write_text(text)
     logging.warning("Took over the stale lock %s of a run that is gone: %s.", path, other)
