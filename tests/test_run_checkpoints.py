@@ -202,6 +202,21 @@ def test_a_restore_failing_every_time_is_one_storage_error_and_keeps_every_step(
   assert sorted(os.listdir(directory)) == before  # no <step>.corrupt-*
 
 
+def test_a_save_the_storage_fails_is_one_storage_error_and_keeps_the_older_steps(tmp_path):
+  """A save that fails for a reason other than a full disk (a bucket that stops answering
+  past the clients' retries) is one StorageError naming the folder; the older steps stay."""
+  state = tiny_steps(tmp_path, steps=(1,))
+  ckpts = run_checkpoints.RunCheckpoints(tmp_path, async_save=False)
+  with pytest.MonkeyPatch.context() as patch:
+    failing(patch, ckpts._manager, "save", ValueError("UNAVAILABLE: HTTP response code: 503"), 1)
+    with pytest.raises(errors.StorageError) as raised:
+      ckpts.save(2, state)
+  ckpts.close()
+  message = str(raised.value)
+  assert "\n" not in message and str(tmp_path) in message and "503" in message
+  assert orbax_steps.finalized_steps(tmp_path) == [1]
+
+
 def test_retries_wait_doubling_and_out_of_memory_raises_at_once(tmp_path, monkeypatch, caplog):
   directory = tmp_path / "checkpoints"
   state = tiny_steps(directory, steps=(1,))

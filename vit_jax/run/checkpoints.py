@@ -48,6 +48,7 @@ from vit_jax.weights.orbax_steps import (
   finalized_steps,
   fingerprint,
   fingerprint_keys,
+  first_line,
   read_host,
   read_meta,
   read_with_retries,
@@ -160,7 +161,7 @@ class RunCheckpoints:
     self._prune()
     self._state_bytes = sum(x.nbytes for x in jax.tree.leaves(state))
     meta = {"step": int(step), "fingerprint": fingerprint(state), "data": self._data}
-    with self._disk_errors():
+    with self._save_errors():
       self._manager.save(
         step,
         args=ocp.args.Composite(
@@ -188,7 +189,7 @@ class RunCheckpoints:
     return None
 
   def wait_until_finished(self) -> None:
-    with self._disk_errors():
+    with self._save_errors():
       self._manager.wait_until_finished()
 
   def close(self) -> None:
@@ -243,11 +244,21 @@ class RunCheckpoints:
       self._manager.delete(step)
 
   @contextlib.contextmanager
-  def _disk_errors(self) -> Iterator[None]:
-    """Turns a full disk into one OutOfDiskError with the bytes a step needs."""
+  def _save_errors(self) -> Iterator[None]:
+    """Turns a failed save into one error: a full disk into OutOfDiskError with the bytes a
+    step needs; any other failure of the storage (a bucket that stopped answering after
+    tensorstore's and gcsfs's retries, an I/O error) into StorageError. The step being
+    written is incomplete (an Orbax temporary, or on a bucket a step without its commit
+    marker), so it is not resumed from; the steps before it are in place."""
     try:
       yield
+    except errors.UserError:
+      raise
     except Exception as e:  # pylint: disable=broad-except
       if errors.is_out_of_disk(e):
         raise errors.out_of_disk(str(self.directory), self._state_bytes) from e
-      raise
+      raise errors.StorageError(
+        f"Saving a checkpoint into {self.directory} failed ({first_line(e)}). The steps "
+        "saved before it are in place: check the storage and its credentials, then run the "
+        "same command again; it resumes from the newest complete step."
+      ) from e
