@@ -23,6 +23,7 @@ INSTALL_REQUIRES = [
   "safetensors>=0.4",  # the hf and timm exports and imports, numpy API (no torch)
   "huggingface_hub>=0.24",  # hf-hub: sources and official names, through the user's cache
   "tqdm>=4.66",
+  "flatbuffers>=24.3",  # jax.export's serialization: the StableHLO export (weights/serving.py)
   # Buckets (gs://) for data, run folders and checkpoints, without TensorFlow: fsspec's
   # GCS filesystem, which etils.epath (Orbax's paths) also uses (vit_jax/storage.py).
   "gcsfs>=2024.6",

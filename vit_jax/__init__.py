@@ -3,7 +3,8 @@
 The Python face (`vit_jax.model`): ``vit_jax.load(source)`` (alias ``from_pretrained``),
 ``vit_jax.create(name, num_classes=...)`` (alias ``create_model``) and the `Model` they
 return. The names load on first use (PEP 562), so ``import vit_jax`` stays cheap and never
-imports TensorFlow.
+imports TensorFlow; so does every submodule (``vit_jax.fine_tune``, ``vit_jax.analysis``)
+named as an attribute, as ``help(vit_jax.fine_tune.train_on_arrays)`` does.
 
 Importing the package (any module of it) starts quietly, as the commands do
 (`platforms.library_defaults`): TensorFlow's C++ lines at errors only and, on a host
@@ -16,6 +17,7 @@ only its own output.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import types
 from typing import Any
 
@@ -28,9 +30,11 @@ __all__ = list(_FACE)
 
 
 def __getattr__(name: str) -> Any:
-  if name not in _FACE:
-    raise AttributeError(f"module 'vit_jax' has no attribute {name!r}")
-  return getattr(importlib.import_module("vit_jax.model"), name)
+  if name in _FACE:
+    return getattr(importlib.import_module("vit_jax.model"), name)
+  if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+    return importlib.import_module(f"{__name__}.{name}")
+  raise AttributeError(f"module 'vit_jax' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:

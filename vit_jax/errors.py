@@ -209,11 +209,48 @@ def out_of_memory(e: BaseException, config: Any) -> OutOfMemoryError:
   )
 
 
+# The setup.py extra that installs each optional package, by its top-level module: what a
+# command that imports one without it is missing.
+EXTRA_OF_MODULE = {
+  "tensorflow": "tf",
+  "tokenizers": "text",
+  "sentencepiece": "text",
+  "torch": "interop",
+  "torchvision": "interop",
+  "timm": "interop",
+  "transformers": "interop",
+  "matplotlib": "notebooks",
+  "skimage": "notebooks",
+  "libtpu": "tpu",
+}
+
+
+def missing_extra(e: BaseException) -> Optional[UserError]:
+  """The UserError naming the extra to install when ``e`` (or an error it came from) is an
+  optional package's import failing; None otherwise."""
+  seen: set[int] = set()
+  cause: Optional[BaseException] = e
+  while cause is not None and id(cause) not in seen:
+    seen.add(id(cause))
+    module = (getattr(cause, "name", None) or "").partition(".")[0]
+    if isinstance(cause, ModuleNotFoundError) and module in EXTRA_OF_MODULE:
+      extra = EXTRA_OF_MODULE[module]
+      return UserError(
+        f"This needs {module}, which is not installed: the {extra!r} extra brings it "
+        f'(pip install -e ".[{extra}]").'
+      )
+    cause = cause.__cause__ or cause.__context__
+  return None
+
+
 def as_user_error(e: BaseException, *, workdir: Optional[str], config: Any) -> Optional[UserError]:
-  """``e`` itself, or the UserError a full disk, device memory or an unusable ``workdir``
-  (the folder the command writes to, if any) means; None otherwise."""
+  """``e`` itself, or the UserError a full disk, device memory, an unusable ``workdir``
+  (the folder the command writes to, if any) or a missing optional package means; None
+  otherwise."""
   if isinstance(e, UserError):
     return e
+  if missing := missing_extra(e):
+    return missing
   if workdir and is_out_of_disk(e):
     return out_of_disk(workdir)
   if workdir and (unusable := unusable_folder(e, workdir)):

@@ -291,9 +291,16 @@ class Model:
       where=f"the parameters of {self.source!r}",
       **kwargs,
     )
-    names = self.class_names if num_classes == self.num_classes else None
+    # A new head has no class names, and is no longer the head of the run it came from
+    # (whose saved config made `predict` warn about names the run never saved).
+    same_head = num_classes == self.num_classes
     loaded = dataclasses.replace(
-      self.loaded, params=params, num_classes=num_classes, image_size=image_size, class_names=names
+      self.loaded,
+      params=params,
+      num_classes=num_classes,
+      image_size=image_size,
+      class_names=self.class_names if same_head else None,
+      run_config=self.loaded.run_config if same_head else None,
     )
     return Model(loaded, batch_size=self.batch_size)
 
