@@ -66,6 +66,8 @@ def test_locked_image_tower_ends_as_it_started_and_has_no_optimizer_state(
   config = _siglip(digits_dir, pretrained=source, **{"contrastive.lock_image": True})
   metrics = run.train_and_evaluate(config, str(tmp_path / "lit"))
   assert 0.0 <= metrics["zeroshot/accuracy"] <= 1.0
+  # In-batch top-1 is named so, beside zero-shot accuracy: not a class accuracy.
+  assert 0.0 <= metrics["eval/in_batch_top1"] <= 1.0 and "eval/accuracy" not in metrics
   start = _flat(orbax_steps.read_params(source))
   end_tree = orbax_steps.read_params(tmp_path / "lit" / "checkpoints")
   end = _flat(end_tree)

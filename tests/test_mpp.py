@@ -12,6 +12,7 @@ import numpy as np
 import optax
 import pytest
 from flax import traverse_util
+from tensorboard.backend.event_processing import event_accumulator
 
 from configs import mpp as mpp_config
 from tests import train_fixtures
@@ -142,6 +143,13 @@ def test_mpp_run_resumes_exactly_and_fine_tunes_through_pretrained(
   config = _tiny_mpp_config(digits_dir)
   straight = run.train_and_evaluate(config, str(tmp_path / "straight"))
   assert 0.0 < straight["eval/loss"] < np.log(mpp.NUM_COLORS)
+  # The patch colour accuracy under its own name, in the metrics and in TensorBoard: not
+  # a class accuracy.
+  assert 0.0 <= straight["eval/patch_accuracy"] <= 1.0 and "eval/accuracy" not in straight
+  events = event_accumulator.EventAccumulator(str(tmp_path / "straight" / "tensorboard"))
+  events.Reload()
+  tags = set(events.Tags()["scalars"])
+  assert "eval/patch_accuracy" in tags and "eval/accuracy" not in tags
 
   train_fixtures.run_preempted(config, str(tmp_path / "resumed"), monkeypatch)
   resumed = run.train_and_evaluate(config, str(tmp_path / "resumed"))

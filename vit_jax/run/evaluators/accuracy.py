@@ -1,5 +1,8 @@
 """The run's own evaluation: accuracy and loss over the whole test split, every example
-counted once, padding masked out (logged as ``eval/...``)."""
+counted once, padding masked out (logged as ``eval/...``). The accuracy is named for what
+the objective counts (its ``accuracy_metric``): ``eval/accuracy`` for a classifier,
+``eval/in_batch_top1`` for a contrastive run, ``eval/patch_accuracy`` for masked patch
+prediction, so that no figure reads as a class accuracy that is not one."""
 
 from __future__ import annotations
 
@@ -19,9 +22,10 @@ def evaluate(
   params: Params,
   batches: Iterable[Batch],
   prefix: str = "eval",
+  accuracy_metric: str = "accuracy",
 ) -> dict[str, float]:
   """Runs the jitted ``step_fn`` (an objective's ``eval_step`` sums) over one pass of
-  ``batches``; accuracy and mean loss."""
+  ``batches``; the share 'correct' (as ``<prefix>/<accuracy_metric>``) and mean loss."""
   totals = None
   for batch in batches:
     sums = step_fn(params, batch)
@@ -31,7 +35,7 @@ def evaluate(
   totals = jax.device_get(totals)
   count = float(totals["count"])
   return {
-    f"{prefix}/accuracy": float(totals["correct"]) / count,
+    f"{prefix}/{accuracy_metric}": float(totals["correct"]) / count,
     f"{prefix}/loss": float(totals["loss_sum"]) / count,
     f"{prefix}/examples": count,
   }
@@ -44,9 +48,10 @@ class Accuracy:
   every: int
   eval_step: Callable[[Params, Batch], dict[str, jax.Array]]  # the objective's sums
   batches: Iterable[Batch]  # `data.eval_iterator`'s: a full pass each time it is iterated
+  accuracy_metric: str = "accuracy"  # the objective's name for 'correct' / 'count'
 
   def __call__(self, params: Params) -> dict[str, float]:
-    return evaluate(self.eval_step, params, self.batches)
+    return evaluate(self.eval_step, params, self.batches, accuracy_metric=self.accuracy_metric)
 
 
 def build(steps: RunSteps) -> Accuracy:
@@ -55,4 +60,5 @@ def build(steps: RunSteps) -> Accuracy:
     every=steps.spec.loop.eval_every,
     eval_step=steps.eval_step,
     batches=data.eval_iterator(steps.spec.data, steps.mesh),
+    accuracy_metric=getattr(steps.objective, "accuracy_metric", "accuracy"),
   )

@@ -12,7 +12,9 @@ with no update and no optimizer state), ``pretrained_key`` (the subtree that
 ``config.pretrained`` initialises; absent: the whole tree) and
 ``train_flops_per_example(image_size, batch)`` (the analytic count of one example of a
 train step where the model family's count is not it, e.g. a contrastive loss over the
-batch; absent: `step_cost.vit_flops_per_image`) and ``accumulated_value_and_grad(params,
+batch; absent: `step_cost.vit_flops_per_image`), ``accuracy_metric`` (the name under
+``eval/`` of what its eval sums' 'correct' / 'count' measure; absent: 'accuracy', a class
+accuracy) and ``accumulated_value_and_grad(params,
 micro_batches, rngs)`` (a loss that couples the batch's examples, over the whole batch
 from ``config.accum_steps`` micro-batches; absent: the mean of the micro-batches' losses).
 

@@ -100,6 +100,10 @@ class Contrastive:
   """The contrastive objective of a two-tower model (`models.is_two_tower`); ``mesh``: the
   run's (None: the loss over the whole batch at once)."""
 
+  # The evaluation's 'correct' / 'count' is in-batch image-to-text top-1, not a class
+  # accuracy: logged under its own name (`evaluators.accuracy`), beside zero-shot's.
+  accuracy_metric = "in_batch_top1"
+
   def __init__(
     self,
     model_config: Any,

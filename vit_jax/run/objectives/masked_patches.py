@@ -114,6 +114,10 @@ class MaskedPatchPrediction:
   ``options``: the run's ``config.mpp`` (target, corrupt_rate, mask, random).
   """
 
+  # The evaluation's 'correct' / 'count' is the share of corrupted patches whose target
+  # (e.g. the 3-bit mean colour) is predicted right: logged under its own name.
+  accuracy_metric = "patch_accuracy"
+
   def __init__(self, model_config: ModelSettings, options: ml_collections.ConfigDict):
     if not options:
       raise errors.ConfigError(
