@@ -101,6 +101,8 @@ class _HidingPathFinder:
     return importlib.machinery.PathFinder.find_spec(name, path, target)
 
   invalidate_caches = importlib.machinery.PathFinder.invalidate_caches
+  # importlib.metadata asks the path finder for installed distributions' metadata
+  find_distributions = importlib.machinery.PathFinder.find_distributions
 
 
 def hide(extras: Sequence[str] = ()) -> set[str]:

@@ -144,7 +144,7 @@ PLANNED = ("v5e:2x2", "v3:2x2")
 
 @needs_libtpu
 def test_plan_says_what_it_compiles_for_which_slice_and_how_long(monkeypatch, caplog):
-  refused = report.Measure(None, 2**30, 0.0, 0.0, False, None, 0.0)
+  refused = report.Measure(None, 2**30, 0.0, 0.0, False, None, 12.5)  # 12.5 s compiling
   monkeypatch.setattr(report, "measure", lambda lowered, *args: (refused, None))  # no compile
   with caplog.at_level(logging.INFO, logger="absl"):
     planner.make_plan(tiny_config(), topology.parse("v3-8"))
@@ -153,8 +153,9 @@ def test_plan_says_what_it_compiles_for_which_slice_and_how_long(monkeypatch, ca
   assert lines[0] == f"Planning testing, batch 64, for {where}."
   assert lines[1] == f"Compiling the train step (batch 64, accum_steps 1) for {where}..."
   assert re.fullmatch(
-    r"Compiled the train step \(batch 64, accum_steps 1\) in [0-9.]+ s "
-    r"\(needs >= 1.00 GiB per device, refused by XLA\)\.",
+    r"Compiled the train step \(batch 64, accum_steps 1\) in 12.5 s "
+    r"\(needs >= 1.00 GiB per device, refused by XLA\); [0-9.]+ s with tracing and reading "
+    r"the program\.",
     lines[2],
   )
   assert lines[3] == f"Compiling the eval step (batch 64) for {where}..."
