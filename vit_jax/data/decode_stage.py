@@ -6,7 +6,9 @@ order) is cut into groups of `_GROUP` examples; each example's file is read (a '
 source), its image checked, decoded and preprocessed (`example_images`), and written
 straight into its row of the batch arrays (`_Buffers`), so the main thread copies an image
 only to close the gap a failed one leaves. A failed image is left out, so
-`pipeline._realign` finds its position and `Stage.reason` names the error.
+`pipeline._realign` finds its position and `Stage.reason` names the error. Files on a
+bucket are read a group at a time, all at once (`example_images.ReadAhead`): a worker
+process reads the files of every group it holds while it decodes.
 
 Who does the work: worker processes by default (`decode_workers`: one per core, each
 group sent to the least busy, the batch's images in shared memory), or with
@@ -150,9 +152,11 @@ class Stage:
     self._lock = threading.Lock()
     weakref.finalize(self, _close_pools, self._idle_pools)
 
-  def image(self, value: Any, uid: int, out: np.ndarray | None = None) -> np.ndarray:
+  def image(
+    self, value: Any, uid: int, out: np.ndarray | None = None, data: bytes | None = None
+  ) -> np.ndarray:
     """One example's batch row (`example_images.Preprocessing.image`), in this process."""
-    return self._preprocessing.image(value, uid, out)
+    return self._preprocessing.image(value, uid, out, data)
 
   def reason(self, value: Any, uid: int) -> str:
     """Why the example's image fails; "" when it does not (any more)."""
@@ -165,9 +169,11 @@ class Stage:
     examples, so that Grain's per-element cost (futures, statistics) is paid per group."""
     start, examples = group
     rows: list[_Row] = []
-    for n, (position, uid, value, label, text) in enumerate(examples, start):
+    ahead = self._preprocessing.read_ahead([e[2] for e in examples])  # remote files, at once
+    for k, (n, (position, uid, value, label, text)) in enumerate(enumerate(examples, start)):
       try:
-        self.image(value, uid, buffers.image(n))
+        data = ahead.data(k) if ahead is not None else None
+        self.image(value, uid, buffers.image(n), data)
       except (ValueError, OSError):
         rows.append(None)
         continue
@@ -205,7 +211,12 @@ class Stage:
       return shape, [(*buffers.place(n), e[2], e[1]) for n, e in enumerate(examples, start)]
 
     groups = (group for chunk in self._chunks(reader) for group in chunk)
-    for (start, examples), written in pool.map(groups, task):
+    first = next(groups, None)
+    if first is None:
+      return
+    # Files on a bucket: more tasks held by each worker, whose files it reads at once.
+    remote = self._preprocessing.is_remote(first[1][0][2])
+    for (start, examples), written in pool.map(itertools.chain([first], groups), task, remote):
       for n, ok, (position, uid, _, label, text) in zip(itertools.count(start), written, examples):
         yield (n, position, self._eye[label], text, uid) if ok else None
 

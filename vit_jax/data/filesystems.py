@@ -3,16 +3,33 @@
 buckets), so reading a folder, a captions file, tar shards, records or images needs no
 TensorFlow wherever they are. A remote file that does not exist is a FileNotFoundError,
 as a local one is; any other failure of the storage, once the client's own retries are
-spent, is one `errors.StorageError` naming the path."""
+spent, is one `errors.StorageError` naming the path.
+
+A request to a bucket takes tens of milliseconds, so remote images are read many at a
+time (`RemoteReads`: concurrent requests on fsspec's event loop), not one after another.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import glob as glob_lib
 import os
-from typing import BinaryIO, Iterator
+from typing import Any, BinaryIO, Iterator, Sequence
 
 from vit_jax import errors, input_files, storage
+
+
+def storage_error(path: str, e: BaseException) -> errors.StorageError:
+  """The error for a read of ``path`` that failed with ``e`` once the client's retries were
+  spent: one line naming the path, the client's reason and the way out."""
+  text = str(e).strip()
+  return errors.StorageError(
+    f"Reading {path} failed after the storage client's retries "
+    f"({type(e).__name__}: {text.splitlines()[0][:200] if text else ''}): "
+    "check the bucket and its credentials, then run the same command again."
+  )
 
 
 @contextlib.contextmanager
@@ -23,11 +40,7 @@ def _remote_errors(path: str) -> Iterator[None]:
   except (FileNotFoundError, errors.UserError):
     raise
   except Exception as e:  # pylint: disable=broad-except  (the client's: aiohttp, HTTP codes)
-    raise errors.StorageError(
-      f"Reading {path} failed after the storage client's retries "
-      f"({type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}): "
-      "check the bucket and its credentials, then run the same command again."
-    ) from e
+    raise storage_error(path, e) from e
 
 
 def _local(path: str) -> str:
@@ -92,3 +105,75 @@ def read_head(path: str, size: int) -> bytes:
     # own size, plus one to see it has not grown past it, is enough.
     known = os.fstat(f.fileno()).st_size
     return f.read(min(size, known + 1) if known else size)
+
+
+# The first request for a remote file asks for this many bytes: all of nearly every image
+# (photos are tens to hundreds of KiB). A larger file's size is asked next, and the rest
+# read only if it is within the caller's limit, one such rest at a time per process, so
+# the bytes in flight stay about (files read at once) x this.
+FIRST_READ = 2**20
+_larger: dict[int, asyncio.Semaphore] = {}  # per event loop: rests of larger files
+
+
+async def _read_whole(fs: Any, path: str, limit: int) -> bytes | None | BaseException:
+  """File ``path`` whole; None when it holds more than ``limit`` bytes (not read past the
+  first request); the exception of a read that failed (returned: the others go on)."""
+  try:
+    head = await fs._cat_file(path, start=0, end=FIRST_READ)  # pylint: disable=protected-access
+    if len(head) < FIRST_READ:
+      return head if len(head) <= limit else None
+    size = int((await fs._info(path))["size"])  # pylint: disable=protected-access
+    if size > limit:
+      return None
+    loop = id(asyncio.get_running_loop())
+    if loop not in _larger:
+      _larger[loop] = asyncio.Semaphore(1)
+    async with _larger[loop]:
+      rest = await fs._cat_file(path, start=FIRST_READ, end=size)  # pylint: disable=protected-access
+    return head + rest
+  except Exception as e:  # noqa: BLE001  # per file: FileNotFoundError, or a storage failure
+    return e
+
+
+class RemoteReads:
+  """Remote files read at once (started when made): on fsspec's event loop for an
+  asynchronous filesystem (gcsfs), all requests in flight together; else one after
+  another when asked. `get(k)` gives file k's bytes, None where it holds more than
+  ``limit`` bytes; a missing file raises FileNotFoundError (as a local one), any other
+  failure a StorageError naming it."""
+
+  def __init__(self, paths: Sequence[str], limit: int):
+    self.paths, self._limit = list(paths), limit
+    self._results: list[bytes | None | BaseException] | None = None
+    self._future: concurrent.futures.Future | None = None
+    try:
+      fs = storage.filesystem(self.paths[0]) if self.paths else None
+    except Exception as e:  # noqa: BLE001  # the client cannot start (credentials): each read's
+      self._results = [e] * len(self.paths)
+      return
+    if fs is not None and getattr(fs, "async_impl", False):
+
+      async def read_all() -> list[bytes | None | BaseException]:
+        return list(await asyncio.gather(*(_read_whole(fs, p, limit) for p in self.paths)))
+
+      self._future = asyncio.run_coroutine_threadsafe(read_all(), fs.loop)
+
+  def get(self, k: int) -> bytes | None:
+    if self._results is None:
+      if self._future is not None:
+        self._results = self._future.result()
+      else:
+        self._results = [self._read_one(p) for p in self.paths]
+    result = self._results[k]
+    if isinstance(result, FileNotFoundError):
+      raise result  # the image is left out, as a missing local file's
+    if isinstance(result, BaseException):
+      raise storage_error(self.paths[k], result) from result
+    return result
+
+  def _read_one(self, path: str) -> bytes | None | BaseException:
+    try:
+      data = read_head(path, self._limit + 1)
+    except FileNotFoundError as e:
+      return e
+    return data if len(data) <= self._limit else None
