@@ -41,10 +41,11 @@ def _hide_tensorflow(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("tensorflow", ["hidden", "installed"])
-def test_a_caption_folder_and_its_images_on_a_bucket(tensorflow, gcs_bucket, monkeypatch):
+def test_a_caption_folder_and_its_images_on_a_bucket(tensorflow, gcs_bucket, tmp_path, monkeypatch):
   """Every call reads the bucket through fsspec (gcsfs), TensorFlow or not."""
   if tensorflow == "hidden":
     _hide_tensorflow(monkeypatch)
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # the captions file's local copy
   root = f"{gcs_bucket}/captions"
   fs = storage.filesystem(root)
   for name in ("b.png", "a.png"):

@@ -12,8 +12,8 @@ Examples are the named files in sorted order (the same on every machine; split s
 such as ``train[:90%]`` slice that order); images the file does not name are not read.
 The captions file is read once to check it and to note, per example, the byte offsets of
 its lines (`_CaptionFile`: 8 bytes a line, 8 an example); a block of examples reads its
-lines again. The names are held only while they are sorted; images are read by path in
-the pipeline, like `folder`'s.
+lines again (on a bucket, from a local copy of the file: `remote_cache`). The names are
+held only while they are sorted; images are read by path in the pipeline, like `folder`'s.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import os
 
 import numpy as np
 
-from vit_jax import errors
-from vit_jax.data import filesystems, free_text
+from vit_jax import errors, storage
+from vit_jax.data import filesystems, free_text, remote_cache
 from vit_jax.data import splits as splits_lib
 
 PREFIX = "captions:"  # config.dataset = 'captions:/path/to/root'
@@ -77,9 +77,11 @@ class _CaptionFile:
         "images (file<TAB>caption lines, or JSON lines with file and caption)."
       )
     self.folder, self.path = folder, os.path.join(folder, found[0])
+    # On a bucket, a local copy: each block of examples reads its lines again, by offset.
+    self._read = remote_cache.local_copy(self.path) if storage.is_remote(self.path) else self.path
     self._parse = _parse_tsv if self.path.endswith(".tsv") else _parse_jsonl
     names, offsets, offset = [], [], 0
-    with filesystems.open_binary(self.path) as f:
+    with filesystems.open_binary(self._read) as f:
       for number, raw in enumerate(f, 1):
         line = _decode(self.path, number, raw)
         if line.strip():
@@ -101,7 +103,7 @@ class _CaptionFile:
   def rows(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
     """(image paths object [k], captions object [k] of tuples) of examples [start, stop)."""
     paths, captions = np.empty(stop - start, object), np.empty(stop - start, object)
-    with filesystems.open_binary(self.path) as f:
+    with filesystems.open_binary(self._read) as f:
       for i in range(start, stop):
         texts: list[str] = []
         for offset in self.lines[self.starts[i] : self.starts[i + 1]]:

@@ -10,6 +10,11 @@ over. Here a range costs its own bytes only:
   * ArrayRecord (`tfds build --file_format=array_record`): tfds' data source reads
     records by index, so a split is random-access (shuffled whole, no windows).
 
+A data_dir on a bucket is read from local copies of the files (`remote_cache`: each copied
+on the first read of one of its records, with concurrent ranged GETs, and kept): the
+ArrayRecord reader opens local paths only, and a TFRecord shard's headers would be a
+request each.
+
 Both yield tfds' serialized tf.train.Example bytes; `parse` extracts image and label with
 the protobuf classes tfds ships (`tensorflow_datasets.proto`), not TensorFlow, so an
 ArrayRecord dataset is read where TensorFlow is not installed: 1.7 us a record of a small
@@ -22,14 +27,15 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import Any, Protocol, Sequence
+import threading
+from typing import Any, Iterable, Protocol, Sequence
 
 import numpy as np
 import tensorflow_datasets as tfds
 from tensorflow_datasets.proto import tf_example_pb2
 
-from vit_jax import errors
-from vit_jax.data import filesystems
+from vit_jax import errors, storage
+from vit_jax.data import filesystems, remote_cache
 
 _HEADER = 12  # TFRecord framing: uint64 length, uint32 crc of the length ...
 _FOOTER = 4  # ... the record, uint32 crc of the record.
@@ -44,14 +50,18 @@ class Records(Protocol):
     ...
 
 
-def _damaged(path: str, record: int | None, what: str) -> errors.InputFileError:
+def _damaged(
+  path: str, record: int | None, what: str, copy: str | None = None
+) -> errors.InputFileError:
   """The error for a damaged file of a prepared dataset: the file, the record (its index in
-  the file) where known, what is wrong and the way out."""
+  the file) where known, what is wrong and the way out. ``copy``: the local copy read of
+  a file on a bucket (which is the bucket's, byte for byte: a new one is copied anew)."""
   where = f" at record {record} of the file" if record is not None else ""
+  read = f"; read from its local copy {copy!r}" if copy else ""
   return errors.InputFileError(
-    f"The prepared dataset's file {path!r} is damaged{where} ({what}): put an intact copy of "
-    f"it in its place, or delete {os.path.dirname(path)!r} and prepare the dataset again "
-    "with tfds."
+    f"The prepared dataset's file {path!r} is damaged{where} ({what}{read}): put an intact "
+    f"copy of it in its place, or delete {os.path.dirname(path)!r} and prepare the dataset "
+    "again with tfds."
   )
 
 
@@ -63,18 +73,48 @@ def _missing(path: str) -> errors.MissingError:
   )
 
 
-class TfrecordShard:
-  """One TFRecord file; the start of each record is found on first use."""
+class _Copies:
+  """Local copies of a split's files on a bucket (`remote_cache`), each made on the first
+  read of one of its records; a file missing there is one error naming it."""
 
-  def __init__(self, path: str, num_records: int):
-    self.path, self.num_records = path, num_records
+  def __init__(self, urls: Sequence[str]):
+    try:
+      self.copies = remote_cache.copies(urls)
+    except FileNotFoundError as e:
+      raise _missing(e.filename) from None
+    self._made = [False] * len(urls)
+    self._lock = threading.Lock()
+
+  def path(self, k: int) -> str:
+    return self.copies[k].path
+
+  def fetch(self, files: Iterable[int]) -> None:
+    """Makes the copies of files ``files`` (indices) not made yet, all at once."""
+    with self._lock:
+      wanted = [k for k in sorted(set(files)) if not self._made[k]]
+      if not wanted:
+        return
+      try:
+        remote_cache.fetch([self.copies[k] for k in wanted])
+      except FileNotFoundError as e:
+        raise _missing(e.filename) from None
+      for k in wanted:
+        self._made[k] = True
+
+
+class TfrecordShard:
+  """One TFRecord file; the start of each record is found on first use. ``copy``: the
+  local copy read in place of a file on a bucket (made before the first read)."""
+
+  def __init__(self, path: str, num_records: int, copy: str | None = None):
+    self.path, self.num_records, self.copy = path, num_records, copy
     self._starts: np.ndarray | None = None  # int64 [num_records + 1]; last = file end
 
   def starts(self) -> np.ndarray:
     if self._starts is None:
       starts, position = [0], 0
       try:
-        with filesystems.open_binary(self.path, exact=True) as f:
+        with filesystems.open_binary(self.copy or self.path, exact=True) as f:
           size = f.seek(0, os.SEEK_END)
           for k in range(self.num_records):
             f.seek(position)
@@ -83,7 +123,8 @@ class TfrecordShard:
               break
             position += _HEADER + struct.unpack("<Q", header[:8])[0] + _FOOTER
             if position > size:  # a damaged length (or a file cut short in the record)
-              raise _damaged(self.path, k, f"its length ends past the file's {size} bytes")
+              what = f"its length ends past the file's {size} bytes"
+              raise _damaged(self.path, k, what, self.copy)
             starts.append(position)
       except FileNotFoundError:
         raise _missing(self.path) from None
@@ -93,6 +134,7 @@ class TfrecordShard:
           None,
           f"it holds {len(starts) - 1} records where the dataset's metadata says "
           f"{self.num_records}: it is incomplete",
+          self.copy,
         )
       self._starts = np.array(starts, np.int64)
     return self._starts
@@ -102,14 +144,14 @@ class TfrecordShard:
     starts = self.starts()
     base, end = int(starts[start]), int(starts[stop])
     try:
-      with filesystems.open_binary(self.path, exact=True) as f:
+      with filesystems.open_binary(self.copy or self.path, exact=True) as f:
         f.seek(base)
         data = f.read(end - base)
     except FileNotFoundError:  # deleted since its records were found
       raise _missing(self.path) from None
     if len(data) < end - base:  # cut short since its records were found
       record = int(np.searchsorted(starts, base + len(data), side="right")) - 1
-      raise _damaged(self.path, record, f"the file ends at byte {base + len(data)}")
+      raise _damaged(self.path, record, f"the file ends at byte {base + len(data)}", self.copy)
     view = memoryview(data)
     return [
       bytes(view[a + _HEADER - base : b - _FOOTER - base])
@@ -118,13 +160,25 @@ class TfrecordShard:
 
 
 class TfrecordSplit:
-  """A named split stored as TFRecord shards."""
+  """A named split stored as TFRecord shards; ``copies``: their local copies, where the
+  shards are on a bucket."""
 
-  def __init__(self, shards: list[TfrecordShard]):
-    self.shards = shards
+  def __init__(self, shards: list[TfrecordShard], copies: _Copies | None = None):
+    self.shards, self._copies = shards, copies
     self._offsets = np.cumsum([0] + [s.num_records for s in shards])  # [num_shards + 1]
 
   def read(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+    if self._copies is not None:  # the shards the ranges run through, copied at once
+      touched = [
+        k
+        for lo, hi in ranges
+        if hi > lo
+        for k in range(
+          int(np.searchsorted(self._offsets, lo, side="right")) - 1,
+          int(np.searchsorted(self._offsets, hi - 1, side="right")),
+        )
+      ]
+      self._copies.fetch(touched)
     out: list[bytes] = []
     for lo, hi in ranges:
       first = int(np.searchsorted(self._offsets, lo, side="right")) - 1
@@ -136,13 +190,44 @@ class TfrecordSplit:
     return out
 
 
+class _CopiedSource:
+  """An ArrayRecord data source over the local copies of files on a bucket (`_Copies`),
+  each copied on the first read of one of its records. ``files``: (url, first record,
+  records) of each, as `ArrayRecordSplit`'s."""
+
+  def __init__(self, copies: _Copies, files: Sequence[tuple[str, int, int]]):
+    from array_record.python import array_record_data_source  # pylint: disable=g-import-not-at-top
+
+    self._copies = copies
+    self._ends = np.cumsum([take for _, _, take in files], dtype=np.int64)
+    # Files as "path[first:stop]", the reader's way of naming part of a file.
+    self._source = array_record_data_source.ArrayRecordDataSource(
+      [f"{copies.path(k)}[{skip}:{skip + take}]" for k, (_, skip, take) in enumerate(files)]
+    )
+
+  def _fetch(self, keys: Sequence[int]) -> None:
+    self._copies.fetch(np.searchsorted(self._ends, keys, side="right").tolist())
+
+  def __getitems__(self, keys: Sequence[int]) -> Sequence[bytes]:
+    self._fetch(keys)
+    return self._source.__getitems__(keys)
+
+  def __getitem__(self, key: int) -> bytes:
+    self._fetch([key])
+    return self._source[key]
+
+
 class ArrayRecordSplit:
   """A named split stored as ArrayRecord: tfds' data source, read by index. ``files``:
   (path, first record, records) of each file the split's indices run through, in order
-  (tfds' file instructions), which name the file of a read that fails."""
+  (tfds' file instructions), which name the file of a read that fails. ``copies``: the
+  files' local copies, read in their place (a data_dir on a bucket: ``source`` is a
+  `_CopiedSource`)."""
 
-  def __init__(self, source: Any, files: Sequence[tuple[str, int, int]]):
-    self.source, self.files = source, list(files)
+  def __init__(
+    self, source: Any, files: Sequence[tuple[str, int, int]], copies: _Copies | None = None
+  ):
+    self.source, self.files, self._copies = source, list(files), copies
     self._ends = np.cumsum([take for _, _, take in self.files], dtype=np.int64)
 
   def read(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
@@ -178,12 +263,13 @@ class ArrayRecordSplit:
       return self.source[index]
     except (RuntimeError, OSError) as e:
       path, skip, take = self.files[k]
-      if not filesystems.exists(path):
+      copy = self._copies.path(k) if self._copies is not None else None
+      if not filesystems.exists(copy or path):
         raise _missing(path) from None
       # A file whose index is unreadable (cut short, emptied) fails at every record.
-      whole = _array_record_count(path) < skip + take
+      whole = _array_record_count(copy or path) < skip + take
       record = None if whole else skip + index - int(self._ends[k] - take)
-      raise _damaged(path, record, " ".join(str(e).split())[:300]) from None
+      raise _damaged(path, record, " ".join(str(e).split())[:300], copy) from None
 
 
 def _array_record_count(path: str) -> int:
@@ -208,11 +294,23 @@ def open_split(
   if file_format == tfds.core.FileFormat.ARRAY_RECORD:
     raw = tfds.decode.DeserializeMethod.RAW_BYTES
     source = builder.as_data_source(split=split, deserialize_method=raw, file_format=file_format)
-    files = source.dataset_info.splits[split].file_instructions  # of the format read
-    return ArrayRecordSplit(source, [(os.fspath(f.filename), f.skip, f.take) for f in files])
+    instructions = source.dataset_info.splits[split].file_instructions  # of the format read
+    files = [(os.fspath(f.filename), f.skip, f.take) for f in instructions]
+    if files and storage.is_remote(files[0][0]):  # the reader opens local files only
+      copies = _Copies([path for path, _, _ in files])
+      return ArrayRecordSplit(_CopiedSource(copies, files), files, copies)
+    return ArrayRecordSplit(source, files)
   if file_format == tfds.core.FileFormat.TFRECORD:
-    files = builder.info.splits[split].file_instructions
-    return TfrecordSplit([TfrecordShard(os.fspath(f.filename), f.examples_in_shard) for f in files])
+    instructions = builder.info.splits[split].file_instructions
+    paths = [os.fspath(f.filename) for f in instructions]
+    copies = _Copies(paths) if paths and storage.is_remote(paths[0]) else None
+    return TfrecordSplit(
+      [
+        TfrecordShard(path, f.examples_in_shard, copies.path(k) if copies else None)
+        for k, (path, f) in enumerate(zip(paths, instructions))
+      ],
+      copies,
+    )
   return None
 
 

@@ -11,7 +11,8 @@ few seconds the first time it is used; and a dataset whose archives the user pla
 TensorFlow reads TFRecord (tfds' default format) and builds datasets; a dataset prepared
 as ArrayRecord, or with an ArrayRecord copy converted beside it, is read without it
 (`records`), and without TensorFlow any other is one error line naming the `tf` extra and
-tfds' command that converts it.
+tfds' command that converts it. A data_dir on a bucket: tfds reads the metadata there, and
+the records are read from local copies of the files (`remote_cache`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import tensorflow_datasets as tfds
 from absl import logging
 from tensorflow_datasets.core.utils import py_utils
 
-from vit_jax import errors, platforms
+from vit_jax import errors, platforms, storage
 from vit_jax.data import digits, free_text  # digits: registers its builder with tfds
 from vit_jax.data import records as records_lib
 from vit_jax.data import splits as splits_lib
@@ -52,6 +53,8 @@ class TfdsDataset:
     """``text``: (image feature, text feature or None: `TEXT_FEATURES`) of image-text data,
     read in place of image and label."""
     self.name = name
+    if data_dir and storage.is_remote(data_dir):
+      storage.configure()  # tfds reads the metadata through epath: fsspec's, as every gs:// path
     try:
       self.builder = tfds.builder(name, data_dir=data_dir)
     except tfds.core.registered.DatasetNotFoundError:
