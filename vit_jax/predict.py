@@ -45,7 +45,7 @@ from vit_jax import errors, input_files, models, storage, text_scores
 from vit_jax import model as model_lib
 from vit_jax.data import filesystems, image_header
 from vit_jax.printable import printable
-from vit_jax.weights import remote, sources
+from vit_jax.weights import sources
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp")  # what decode_rgb reads
 DEFAULT_BATCH = 32
@@ -107,7 +107,7 @@ def image_files(paths: Iterable[str]) -> list[str]:
 def _bucket_images(folder: str) -> list[str]:
   """The image files under the bucket's ``folder`` (recursive), sorted: gs:// URLs."""
   fs = storage.filesystem(folder)
-  with remote.storage_errors(folder, "Listing"):
+  with storage.errors_as_one_line(folder, "Listing"):
     found = fs.find(folder)
   return sorted(fs.unstrip_protocol(p) for p in found if p.lower().endswith(IMAGE_EXTENSIONS))
 

@@ -22,13 +22,16 @@ the run folder's lock on them.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import fsspec
 from etils import epath
+
+from vit_jax import errors
 
 EMULATOR = "STORAGE_EMULATOR_HOST"  # Google's clients (gcsfs included) read it
 # tensorstore's GCS driver: its endpoint, and a fixed bearer token in place of credentials.
@@ -74,6 +77,29 @@ def configure() -> None:
     # gcsfs's default class asks the bucket's layout of the control-plane API (gRPC) on
     # each call, which an emulator does not serve: read when gcsfs is first imported.
     os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
+
+def error(path: str, e: BaseException, doing: str = "Reading") -> errors.StorageError:
+  """The error for ``doing`` ``path`` that failed with ``e`` once the client's retries were
+  spent: one line naming the path, the client's reason and the way out."""
+  text = str(e).strip()
+  return errors.StorageError(
+    f"{doing} {path} failed after the storage client's retries "
+    f"({type(e).__name__}: {text.splitlines()[0][:200] if text else ''}): "
+    "check the bucket and its credentials, then run the same command again."
+  )
+
+
+@contextlib.contextmanager
+def errors_as_one_line(path: str, doing: str = "Reading") -> Iterator[None]:
+  """A failure of the storage other than a missing object, as one `error` naming ``path``
+  (a missing object stays a FileNotFoundError, as a missing local file)."""
+  try:
+    yield
+  except (FileNotFoundError, errors.UserError):
+    raise
+  except Exception as e:  # pylint: disable=broad-except  (the client's: aiohttp, HTTP codes)
+    raise error(path, e, doing) from e
 
 
 def filesystem(path: str) -> fsspec.AbstractFileSystem:

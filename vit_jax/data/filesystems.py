@@ -13,34 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import glob as glob_lib
 import os
-from typing import Any, BinaryIO, Iterator, Sequence
+from typing import Any, BinaryIO, Sequence
 
-from vit_jax import errors, input_files, storage
-
-
-def storage_error(path: str, e: BaseException) -> errors.StorageError:
-  """The error for a read of ``path`` that failed with ``e`` once the client's retries were
-  spent: one line naming the path, the client's reason and the way out."""
-  text = str(e).strip()
-  return errors.StorageError(
-    f"Reading {path} failed after the storage client's retries "
-    f"({type(e).__name__}: {text.splitlines()[0][:200] if text else ''}): "
-    "check the bucket and its credentials, then run the same command again."
-  )
-
-
-@contextlib.contextmanager
-def _remote_errors(path: str) -> Iterator[None]:
-  """A failure other than a missing file, as one StorageError naming ``path``."""
-  try:
-    yield
-  except (FileNotFoundError, errors.UserError):
-    raise
-  except Exception as e:  # pylint: disable=broad-except  (the client's: aiohttp, HTTP codes)
-    raise storage_error(path, e) from e
+from vit_jax import input_files, storage
 
 
 def _local(path: str) -> str:
@@ -50,14 +27,14 @@ def _local(path: str) -> str:
 def isdir(path: str) -> bool:
   if input_files.is_local(path):
     return os.path.isdir(_local(path))
-  with _remote_errors(path):
+  with storage.errors_as_one_line(path):
     return storage.filesystem(path).isdir(path)
 
 
 def exists(path: str) -> bool:
   if input_files.is_local(path):
     return os.path.exists(_local(path))
-  with _remote_errors(path):
+  with storage.errors_as_one_line(path):
     return storage.filesystem(path).exists(path)
 
 
@@ -66,7 +43,7 @@ def listdir(path: str) -> list[str]:
   if input_files.is_local(path):
     return os.listdir(_local(path))
   folder = path.split("://", 1)[1].rstrip("/")
-  with _remote_errors(path):
+  with storage.errors_as_one_line(path):
     found = [p.rstrip("/") for p in storage.filesystem(path).ls(path, detail=False)]
   return [p.rsplit("/", 1)[-1] for p in found if p != folder]  # without a folder marker
 
@@ -76,7 +53,7 @@ def glob(pattern: str) -> list[str]:
   pattern gives ``file://`` paths)."""
   if not input_files.is_local(pattern):
     protocol = pattern.split("://")[0]
-    with _remote_errors(pattern):
+    with storage.errors_as_one_line(pattern):
       return sorted(f"{protocol}://{p}" for p in storage.filesystem(pattern).glob(pattern))
   prefix = pattern[: len(pattern) - len(_local(pattern))]
   return sorted(prefix + p for p in glob_lib.glob(_local(pattern)))
@@ -87,7 +64,7 @@ def open_binary(path: str, exact: bool = False) -> BinaryIO:
   each read reads what it asks and no more (random reads of records); else buffered (lines,
   tar members)."""
   if not input_files.is_local(path):
-    with _remote_errors(path):
+    with storage.errors_as_one_line(path):
       # `exact`: no read-ahead, each read one ranged request of its own bytes.
       return storage.filesystem(path).open(path, "rb", cache_type="none" if exact else "readahead")
   return open(_local(path), "rb", buffering=0 if exact else -1)  # noqa: SIM115  (the caller's)
@@ -97,7 +74,7 @@ def read_head(path: str, size: int) -> bytes:
   """Up to ``size`` bytes from the start of file ``path``. A file that does not exist
   raises FileNotFoundError wherever it is, so the input stage leaves that image out."""
   if not input_files.is_local(path):
-    with _remote_errors(path):
+    with storage.errors_as_one_line(path):
       return storage.filesystem(path).cat_file(path, start=0, end=size)
   with open(_local(path), "rb") as f:
     # A read of `size` allocates `size` bytes first (256 MiB for an image's bound: an mmap
@@ -168,7 +145,7 @@ class RemoteReads:
     if isinstance(result, FileNotFoundError):
       raise result  # the image is left out, as a missing local file's
     if isinstance(result, BaseException):
-      raise storage_error(self.paths[k], result) from result
+      raise storage.error(self.paths[k], result) from result
     return result
 
   def _read_one(self, path: str) -> bytes | None | BaseException:

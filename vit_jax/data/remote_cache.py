@@ -37,7 +37,6 @@ import fsspec.asyn
 from absl import logging
 
 from vit_jax import errors, storage
-from vit_jax.data import filesystems
 
 BLOCK = 8 * 2**20  # Bytes per ranged GET.
 CONCURRENT = 16  # Ranged GETs in flight.
@@ -87,7 +86,7 @@ def copies(urls: Sequence[str]) -> list[Copy]:
     if isinstance(info, FileNotFoundError):
       raise FileNotFoundError(errno.ENOENT, "No such file", url)
     if isinstance(info, BaseException):
-      raise filesystems.storage_error(url, info) from info
+      raise storage.error(url, info) from info
     out.append(Copy(url, _local_path(url, info), int(info["size"])))
   return out
 
@@ -248,7 +247,7 @@ def _read_error(url: str, e: Exception) -> Exception:
   since its size was read), else a StorageError (the client's retries are spent)."""
   if isinstance(e, FileNotFoundError):
     return FileNotFoundError(errno.ENOENT, "No such file", url)
-  return filesystems.storage_error(url, e)
+  return storage.error(url, e)
 
 
 def _read_block(url: str, read: Callable[[], bytes]) -> bytes:

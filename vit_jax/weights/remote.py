@@ -37,22 +37,6 @@ MAX_SIDECAR_BYTES = 64 * 2**20  # a tokenizer.json is megabytes
 NOT_READ = (".bin", ".pth", ".pt", ".ckpt", ".pkl", ".pickle", ".msgpack", ".h5", ".onnx")
 
 
-@contextlib.contextmanager
-def storage_errors(url: str, doing: str) -> Iterator[None]:
-  """A failure of the storage other than a missing object, as one StorageError naming ``url``."""
-  try:
-    yield
-  except (FileNotFoundError, errors.UserError):
-    raise
-  except Exception as e:  # pylint: disable=broad-except  (the client's: aiohttp, HTTP codes)
-    text = str(e).strip()
-    raise errors.StorageError(
-      f"{doing} {url} failed after the storage client's retries ({type(e).__name__}: "
-      f"{text.splitlines()[0][:200] if text else ''}): check the bucket and its "
-      "credentials, then run the same command again."
-    ) from e
-
-
 def _url(location: str | os.PathLike) -> str:
   return os.fspath(location).rstrip("/")
 
@@ -78,7 +62,7 @@ def local_copy(location: str | os.PathLike) -> Iterator[str]:
     yield os.fspath(location)
     return
   fs = storage.filesystem(url)
-  with storage_errors(url, "Reading"):
+  with storage.errors_as_one_line(url, "Reading"):
     kind = fs.info(url)["type"] if fs.exists(url) else None
     in_place = kind is None or (kind == "directory" and holds_steps(url))
   if in_place:
@@ -87,7 +71,7 @@ def local_copy(location: str | os.PathLike) -> Iterator[str]:
   folder = url if kind == "directory" else url.rsplit("/", 1)[0]
   copy = tempfile.mkdtemp(prefix="vit_jax-checkpoint-")
   try:
-    with storage_errors(url, "Reading"):
+    with storage.errors_as_one_line(url, "Reading"):
       _download(fs, folder, copy, only=None if kind == "directory" else url)
     yield copy if kind == "directory" else os.path.join(copy, url.rsplit("/", 1)[1])
   except errors.UserError as e:
@@ -118,7 +102,7 @@ def files(location: str | os.PathLike) -> list[tuple[str, int]]:
   """(path relative to folder ``location``, size in bytes) of every file in it, sorted."""
   url = _url(location)
   fs = storage.filesystem(url)
-  with storage_errors(url, "Listing"):
+  with storage.errors_as_one_line(url, "Listing"):
     found = fs.find(url, detail=True)
   prefix = url.split("://", 1)[1] + "/"  # fsspec names objects without the protocol
   return sorted(
@@ -132,7 +116,7 @@ def is_unused(location: str | os.PathLike) -> bool:
   """Whether nothing is stored at ``location`` but, at most, an empty folder."""
   url = _url(location)
   fs = storage.filesystem(url)
-  with storage_errors(url, "Listing"):
+  with storage.errors_as_one_line(url, "Listing"):
     return not fs.isfile(url) and not files(url)
 
 
@@ -144,7 +128,7 @@ def upload(folder: str, location: str | os.PathLike) -> None:
   paths = [os.path.join(root, name) for root, _, names in os.walk(folder) for name in names]
   uploaded: list[str] = []
   try:
-    with storage_errors(url, "Writing"):
+    with storage.errors_as_one_line(url, "Writing"):
       for path in sorted(paths, key=lambda p: (os.path.getsize(p), p)):
         target = f"{url}/{os.path.relpath(path, folder).replace(os.sep, '/')}"
         fs.put_file(path, target)
