@@ -90,9 +90,11 @@ def hidden_modules(extras: Sequence[str] = ()) -> set[str]:
 
 
 class _HidingPathFinder:
-  """Python's path finder, blind to ``hidden`` top-level modules."""
+  """Python's path finder, blind to ``hidden`` top-level modules and to the metadata of
+  distributions not in ``kept`` (a plugin's entry point, as JAX's CUDA plugin's)."""
 
   hidden: frozenset[str] = frozenset()
+  kept: frozenset[str] = frozenset()
 
   @classmethod
   def find_spec(cls, name: str, path: Any = None, target: Any = None) -> Optional[Any]:
@@ -101,8 +103,13 @@ class _HidingPathFinder:
     return importlib.machinery.PathFinder.find_spec(name, path, target)
 
   invalidate_caches = importlib.machinery.PathFinder.invalidate_caches
-  # importlib.metadata asks the path finder for installed distributions' metadata
-  find_distributions = importlib.machinery.PathFinder.find_distributions
+
+  @classmethod
+  def find_distributions(cls, *args: Any, **kwargs: Any) -> Any:
+    """The installed distributions' metadata (what importlib.metadata reads), the
+    install's only."""
+    found = importlib.machinery.PathFinder.find_distributions(*args, **kwargs)
+    return (d for d in found if _name(d.metadata["Name"] or "") in cls.kept)
 
 
 def hide(extras: Sequence[str] = ()) -> set[str]:
@@ -110,6 +117,7 @@ def hide(extras: Sequence[str] = ()) -> set[str]:
   hidden modules."""
   hidden = hidden_modules(extras)
   _HidingPathFinder.hidden = frozenset(hidden)
+  _HidingPathFinder.kept = frozenset(installed(extras) | {"vit-jax"})
   finders = sys.meta_path
   finders[:] = [_HidingPathFinder if f is importlib.machinery.PathFinder else f for f in finders]
   return hidden

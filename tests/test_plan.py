@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import pathlib
 import re
 
 import jax
@@ -313,6 +314,11 @@ def test_plain_vit_s16_90_epochs_fits_a_v3_8_under_the_published_seven_hours(cap
   plan = json.loads(capsys.readouterr().out)
   assert plan["fits"] and plan["total_steps"] == 111_477
   assert 0 < plan["run_hours_at_bound"] < 7.0
+  # The README's Results row and docs/recipes.md's table state this plan's hours.
+  hours = f"{plan['run_hours_at_bound']:.2f} h"
+  readme = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
+  recipes = (pathlib.Path(__file__).parents[1] / "docs" / "recipes.md").read_text()
+  assert f"| {hours} at the bound" in readme and f"**{hours}**" in recipes
   # RandAugment (2, 10) in the step: its share reported, the bound within 5% of the plan
   # without it (the gathers it once ran planned the run at 71 hours).
   augmentation = plan["augmentation"]
