@@ -1,14 +1,16 @@
 """The input pipeline's images/s with its data on local disk and on a bucket.
 
     python benchmarks/bucket_reads.py [--images 1000] [--batch 128] [--steps 30] \
-      [--rounds 3] [--latency-ms 20] [--sources folder array_record tfrecord] [--smoke]
+      [--rounds 3] [--latency-ms 0 20] [--storage-cores 1] \
+      [--sources folder array_record tfrecord] [--smoke]
 
 The same data in both places: a folder of the input benchmarks' photo-like JPEGs
 (500x375, ~60 KiB; `input_data.py`) and a tfds dataset of those JPEGs prepared as
 ArrayRecord (and TFRecord, with `--sources tfrecord`; 4 files a split, `input_tfds.py`).
 The bucket is a real GCS server (fake-gcs-server, `tests/gcs_server.py`) behind a proxy
 that adds `--latency-ms` to every request (`tests/gcs_proxy.py`, in this process), as a
-bucket's tens of milliseconds; the pipeline reaches it through STORAGE_EMULATOR_HOST.
+bucket's tens of milliseconds (several values: a bucket row each; 0 against 20 says how
+much of the latency is hidden); the pipeline reaches it through STORAGE_EMULATOR_HOST.
 
 Each row (a source, local or on the bucket) runs in a fresh process: the train pipeline
 with its defaults (decode worker processes, one per core), crop 224, host numpy batches
@@ -18,7 +20,9 @@ cache each round: the start-up a first run pays), then `--warmup` batches, then 
 timed: images/s, and the pipeline's CPU milliseconds per image (its process and worker
 processes). The rows alternate within each of `--rounds` rounds. The storage's own CPU
 (the server and the proxy, which share the machine here and would not on a cloud host) is
-printed per request beside the table. `--smoke`: 48 images, batch 8, crop 32, 2 steps, 1 round.
+printed per request beside the table; `--storage-cores N` gives them the last N cores and
+every row (local ones too) the others. `--smoke`: 48 images, batch 8, crop 32, 2 steps, 1
+round.
 """
 
 from __future__ import annotations
@@ -108,8 +112,8 @@ def measure(source: str, place: str, args: argparse.Namespace) -> dict:
   return dict(first_s=first_s, images=images, wall_s=wall, cpu_s=cpu)
 
 
-def _run_row(source: str, place: str, args: argparse.Namespace, env: dict) -> dict:
-  """`measure` in a fresh process."""
+def _run_row(source: str, place: str, args: argparse.Namespace, env: dict, cores: list) -> dict:
+  """`measure` in a fresh process on ``cores`` (its decode workers: one per core)."""
   row = json.dumps(dict(source=source, place=place, args=vars(args)))
   done = subprocess.run(
     [sys.executable, os.path.abspath(__file__), "--row", row],
@@ -117,6 +121,7 @@ def _run_row(source: str, place: str, args: argparse.Namespace, env: dict) -> di
     text=True,
     cwd=_ROOT,
     env=env,
+    preexec_fn=lambda: os.sched_setaffinity(0, cores),
   )
   if done.returncode:
     raise RuntimeError(f"{source} at {place} failed:\n{done.stderr[-3000:]}")
@@ -127,25 +132,36 @@ def _median(values: list[float]) -> float:
   return float(np.median(values))
 
 
-def _table(results: dict, sources: list[str], cores: int) -> list[str]:
+def _place(where: str) -> str:
+  return "local" if where == "local" else "bucket"
+
+
+def _table(results: dict, sources: list[str], latencies: list[float], cores: str) -> list[str]:
+  """Per source: images/s (median, each round in brackets) local and from the bucket at each
+  latency, the ratios to local, the seconds to the first batch and the CPU per image."""
+  buckets = [f"bucket {ms:g} ms" for ms in latencies]
+  head = " | ".join(f"{b} images/s | {b} / local" for b in buckets)
   lines = [
-    f"| data ({cores} cores) | local images/s | bucket images/s | bucket / local | "
-    "first batch after, local / bucket (s) | CPU ms per image, local / bucket |",
-    "|---|---|---|---|---|---|",
+    f"| data ({cores}) | local images/s | {head} | first batch after, local / "
+    f"{buckets[-1]} (s) | pipeline CPU ms per image, local / {buckets[-1]} |",
+    "|---" * (4 + 2 * len(buckets)) + "|",
   ]
   for source in sources:
     rates, firsts, cpus = {}, {}, {}
-    for where in ("local", "bucket"):
+    for where in ["local", *buckets]:
       runs = results[(source, where)]
       rates[where] = [r["images"] / r["wall_s"] for r in runs]
       firsts[where] = _median([r["first_s"] for r in runs])
       cpus[where] = _median([1e3 * r["cpu_s"] / r["images"] for r in runs])
-    local, bucket = _median(rates["local"]), _median(rates["bucket"])
-    each = {w: ", ".join(f"{r:.0f}" for r in rates[w]) for w in rates}
+    local = _median(rates["local"])
+    each = {w: ", ".join(f"{r:.0f}" for r in rs) for w, rs in rates.items()}
+    cells = " | ".join(
+      f"{_median(rates[b]):.0f} ({each[b]}) | **{_median(rates[b]) / local:.2f}**" for b in buckets
+    )
+    last = buckets[-1]
     lines.append(
-      f"| {_LABELS[source]} | {local:.0f} ({each['local']}) | {bucket:.0f} ({each['bucket']}) "
-      f"| **{bucket / local:.2f}** | {firsts['local']:.1f} / {firsts['bucket']:.1f} "
-      f"| {cpus['local']:.2f} / {cpus['bucket']:.2f} |"
+      f"| {_LABELS[source]} | {local:.0f} ({each['local']}) | {cells} "
+      f"| {firsts['local']:.1f} / {firsts[last]:.1f} | {cpus['local']:.2f} / {cpus[last]:.2f} |"
     )
   return lines
 
@@ -169,7 +185,15 @@ def main() -> None:
   parser.add_argument("--warmup", type=int, default=3, help="batches after the first")
   parser.add_argument("--steps", type=int, default=30, help="timed batches")
   parser.add_argument("--rounds", type=int, default=3, help="rows alternate in each round")
-  parser.add_argument("--latency-ms", type=float, default=20, help="added to every request")
+  parser.add_argument(
+    "--latency-ms", type=float, nargs="+", default=[20], help="added to every request: a row each"
+  )
+  parser.add_argument(
+    "--storage-cores",
+    type=int,
+    default=0,
+    help="the last N cores for the server and the proxy, the others for every row (0: shared)",
+  )
   parser.add_argument(
     "--sources", nargs="+", default=["folder", "array_record"], choices=sorted(_LABELS)
   )
@@ -185,32 +209,44 @@ def main() -> None:
 
   from tests import gcs_proxy, gcs_server
 
-  cores = len(os.sched_getaffinity(0))
+  cores = sorted(os.sched_getaffinity(0))
+  rows_cores, storage_cores = cores, cores
+  if args.storage_cores:
+    rows_cores, storage_cores = cores[: -args.storage_cores], cores[-args.storage_cores :]
+  described = (
+    f"{len(rows_cores)} of {len(cores)} cores" if args.storage_cores else f"{len(cores)} cores"
+  )
   with tempfile.TemporaryDirectory(prefix="vit_jax_bucket_reads") as root:
     places = {"local": _prepare(root, args.images, args.sources)}
     server = gcs_server.GcsServer(pathlib.Path(root, "gcs"))
     server.start()
-    proxy = gcs_proxy.GcsProxy(server.url, latency_s=args.latency_ms / 1000)
+    os.sched_setaffinity(server._process.pid, storage_cores)  # pylint: disable=protected-access
+    os.sched_setaffinity(0, storage_cores)  # the proxy's threads; each row sets its own
+    proxy = gcs_proxy.GcsProxy(server.url)
     try:
       os.environ.update(server.env)  # the upload goes straight to the server
       places["bucket"] = _upload(places["local"], server.make_bucket("vit-jax-bench"))
+      latencies = ", ".join(f"{ms:g}" for ms in args.latency_ms)
       print(
         f"batch {args.batch}, crop {args.crop}, {args.steps} timed batches after "
-        f"{args.warmup + 1}, {args.rounds} rounds, {args.latency_ms:g} ms added to every "
-        f"request; {cores} cores\n{_uptime()}",
+        f"{args.warmup + 1}, {args.rounds} rounds, {latencies} ms added to every request; "
+        f"rows on {described}\n{_uptime()}",
         flush=True,
       )
       results: dict = {}
       storage_ms: list[float] = []  # the server's and the proxy's CPU per request
+      wheres = ["local", *(f"bucket {ms:g} ms" for ms in args.latency_ms)]
       for round_ in range(args.rounds):
         for source in args.sources:
-          for where in ("local", "bucket"):
+          for where, latency_ms in zip(wheres, [0, *args.latency_ms]):
+            proxy.latency_s = latency_ms / 1000
             cache = tempfile.mkdtemp(dir=root, prefix="cache")  # a first run's: copied anew
             env = dict(os.environ, **proxy.env, XDG_CACHE_HOME=cache, TF_CPP_MIN_LOG_LEVEL="3")
             load = os.getloadavg()[0]
             requests, cpu = proxy.requests, _storage_cpu(server)
-            result = _run_row(source, places[where][source], args, env)
-            if where == "bucket" and proxy.requests > requests:
+            place = places[_place(where)][source]
+            result = _run_row(source, place, args, env, rows_cores)
+            if where != "local" and proxy.requests > requests:
               storage_ms.append(1e3 * (_storage_cpu(server) - cpu) / (proxy.requests - requests))
             results.setdefault((source, where), []).append(result)
             rate = result["images"] / result["wall_s"]
@@ -223,7 +259,7 @@ def main() -> None:
       proxy.close()
       server.stop()
   print(_uptime())
-  print("\n" + "\n".join(_table(results, args.sources, cores)))
+  print("\n" + "\n".join(_table(results, args.sources, args.latency_ms, described)))
   if storage_ms:
     print(
       f"\nThe storage's CPU (server and proxy, on this machine): {_median(storage_ms):.2f} ms "

@@ -188,13 +188,15 @@ def test_a_bucket_failing_during_image_reads_is_one_storage_error_line(
 
 
 @pytest.fixture(scope="module")
-def array_record_dir(tmp_path_factory) -> str:
-  """digits prepared as ArrayRecord in 3 files per split (a local tfds data_dir)."""
-  data_dir = str(tmp_path_factory.mktemp("array_record"))
-  tfds.builder(digits.NAME, data_dir=data_dir).download_and_prepare(
-    file_format="array_record", download_config=tfds.download.DownloadConfig(num_shards=3)
-  )
-  return data_dir
+def prepared(tmp_path_factory) -> dict[str, str]:
+  """{file format: a local tfds data_dir of digits prepared in it, 3 files per split}."""
+  dirs = {}
+  for file_format in ("array_record", "tfrecord"):
+    dirs[file_format] = str(tmp_path_factory.mktemp(file_format))
+    tfds.builder(digits.NAME, data_dir=dirs[file_format]).download_and_prepare(
+      file_format=file_format, download_config=tfds.download.DownloadConfig(num_shards=3)
+    )
+  return dirs
 
 
 def _tfds_on_bucket(local: str, tmp_path, bucket: str, proxy, monkeypatch) -> str:
@@ -207,28 +209,30 @@ def _tfds_on_bucket(local: str, tmp_path, bucket: str, proxy, monkeypatch) -> st
   return remote
 
 
-def test_an_array_record_data_dir_on_a_bucket_reads_from_local_copies_made_once(
-  array_record_dir, tmp_path, proxied, monkeypatch
+@pytest.mark.parametrize("file_format", ["array_record", "tfrecord"])
+def test_a_tfds_data_dir_on_a_bucket_reads_from_local_copies_made_once(
+  file_format, prepared, tmp_path, proxied, monkeypatch
 ):
   """Its files are copied into $XDG_CACHE_HOME/vit_jax/data on the first read and read there:
   the local data_dir's batches, exact resume and evaluation; a later run copies nothing."""
   bucket, proxy = proxied
-  remote = _tfds_on_bucket(array_record_dir, tmp_path, bucket, proxy, monkeypatch)
-  copied = _arrivals(proxy, rf"{_DOWNLOADS}.*array_record")
+  local = prepared[file_format]
+  remote = _tfds_on_bucket(local, tmp_path, bucket, proxy, monkeypatch)
+  copied = _arrivals(proxy, rf"{_DOWNLOADS}.*{file_format}")
   straight = _train(_settings("digits", remote), 0, _STEPS)
   folder = tmp_path / "cache" / "vit_jax" / "data" / "gs" / bucket.removeprefix("gs://")
   copies = sorted(p.name for p in folder.rglob("digits-*"))  # tfds/digits/<version>/
   assert [re.sub(r"\.\d+$", "", c) for c in copies] == [
-    f"digits-train.array_record-0000{k}-of-00003" for k in range(3)
+    f"digits-train.{file_format}-0000{k}-of-00003" for k in range(3)
   ]
   assert copied  # read from the bucket once
-  _assert_same(straight, _train(_settings("digits", array_record_dir), 0, _STEPS))
+  _assert_same(straight, _train(_settings("digits", local), 0, _STEPS))
   del copied[:]
   resumed = _train(_settings("digits", remote), _RESUME, _STEPS - _RESUME)
   _assert_same({k: v[_RESUME * _BATCH :] for k, v in straight.items()}, resumed)
   assert not copied  # the copies are read
   passes = []
-  for data_dir in (remote, array_record_dir):
+  for data_dir in (remote, local):
     data = dataset.Dataset(_settings("digits", data_dir))
     evaluation = pipeline.EvalBatches(data, "test", 64, 0, 1)
     passes.append([(b["image"], b["mask"]) for b in evaluation])
@@ -238,10 +242,10 @@ def test_an_array_record_data_dir_on_a_bucket_reads_from_local_copies_made_once(
 
 
 def test_a_bucket_failing_while_a_file_is_copied_is_one_storage_error_line(
-  array_record_dir, tmp_path, proxied, monkeypatch
+  prepared, tmp_path, proxied, monkeypatch
 ):
   bucket, proxy = proxied
-  remote = _tfds_on_bucket(array_record_dir, tmp_path, bucket, proxy, monkeypatch)
+  remote = _tfds_on_bucket(prepared["array_record"], tmp_path, bucket, proxy, monkeypatch)
   _fail_retries_at_once(tmp_path, monkeypatch)
   message = _storage_error(_settings("digits", remote), proxy, rf"{_DOWNLOADS}.*array_record")
   assert re.search(
@@ -262,7 +266,7 @@ def test_the_benchmark_smoke_times_each_source_local_and_on_the_bucket():
   )
   assert done.returncode == 0, done.stderr[-3000:]
   rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
-  assert rows[0].startswith("| data (") and "| bucket / local |" in rows[0]
+  assert rows[0].startswith("| data (") and "| bucket 20 ms / local |" in rows[0]
   for row, label in zip(rows[1:], ("image folder", "tfds ArrayRecord"), strict=True):
     assert row.startswith(f"| {label}") and re.search(r"\| \*\*\d+\.\d\d\*\* \|", row), row
   assert re.search(r"storage's CPU .*: \d+\.\d\d ms per request", done.stdout), done.stdout

@@ -4,8 +4,9 @@ Class names are the sorted sub-folder names of the train split; their position i
 label, and every other split is labelled with the same names (so a test folder that
 lacks a class keeps the labels right). Within a split, files are listed in a fixed
 pseudo-random order (sorted paths permuted with seed 0), so slices such as
-`train[:90%]` and per-process shards mix all classes. Paths may be local or, with
-TensorFlow installed, any filesystem `tf.io.gfile` reads (gs://...; `filesystems`).
+`train[:90%]` and per-process shards mix all classes. Paths may be local or on a bucket
+(gs://..., through fsspec: `filesystems`), whose images the decode workers read many at a
+time (`example_images.ReadAhead`).
 """
 
 from __future__ import annotations
