@@ -52,9 +52,7 @@ NEEDS = re.compile(
 NETWORK_MARK = re.compile(r"\bonline\b")
 HARDWARE_MARK = re.compile(r"\b(?:TPUs?|GPUs?)\b")
 TEMPLATE = re.compile(r"<[a-z]+>|\[--")
-OTHER_PROGRAMS = ("gcloud", "git", "srun", "hf", "TPU=")
 TOOLS = {"ruff": "ruff", "python -m pytest": "pytest"}
-# The README's smoke test of the quickstart, and the tests' tiny loop for the other runs.
 # The README's smoke test of the quickstart; the tests' tiny loop; the tiny run's model
 # (`tests.finished_run`) for the configs of a plain ViT: a second of compiling, not tens.
 SMOKE = ("--config.total_steps=50", "--config.lr.warmup_steps=10")
@@ -148,8 +146,9 @@ def _text_install(command: Command) -> bool:
 
 
 def test_every_block_is_run_checked_or_marked():
-  """Counts what the other tests do with each block; a command of no known kind, or one
-  that needs what a test machine lacks without its block saying so, fails here."""
+  """Counts what the other tests do with each block. A command this suite does not run
+  (another program, a bucket) or one that needs what a test machine lacks (a placeholder
+  path of the user's aside) must be in a block that says so: that fails here."""
   counts: dict[str, int] = {}
   for command in _all_commands():
     k = kind(command)
