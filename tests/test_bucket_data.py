@@ -255,6 +255,28 @@ def test_a_bucket_failing_while_a_file_is_copied_is_one_storage_error_line(
   assert not left  # no part of a copy is left behind
 
 
+def test_webdataset_shards_on_a_bucket_are_read_from_local_copies(tmp_path, proxied, monkeypatch):
+  """Indexing a split reads every shard whole: it copies them, and the examples are read
+  from the copies, as the local shards' (a copy made, an example would be two requests)."""
+  from tests import image_text_fixtures  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import tar_shards  # pylint: disable=g-import-not-at-top
+
+  bucket, proxy = proxied
+  local = image_text_fixtures.write_shards(tmp_path / "shards").removeprefix(tar_shards.PREFIX)
+  remote = f"{bucket}/shards"
+  storage.filesystem(remote).put(local, remote, recursive=True)
+  monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+  shards = tar_shards.TarShards(remote)
+  shards.index("train")
+  reads = _arrivals(proxy, _DOWNLOADS)
+  n = image_text_fixtures.N
+  got, expected = shards.rows("train", 0, n), tar_shards.TarShards(local).rows("train", 0, n)
+  assert not reads  # read from the copies
+  assert list(got[0]) == list(expected[0]) and list(got[1]) == list(expected[1])
+  assert len(list((tmp_path / "cache").rglob("0000[01].tar.*"))) == 2
+
+
 def test_the_benchmark_smoke_times_each_source_local_and_on_the_bucket():
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   done = subprocess.run(

@@ -15,7 +15,10 @@ independence (`order`). Here each shard's tar headers are read once (`tarfile`, 
 library), which gives every image's and caption's byte offset, so an example is two seeks
 and two reads anywhere in the split (random access). Nothing else is kept: the index is
 25 bytes an example (`_Index`), and captions are read with their images, a block at a time,
-so memory does not grow with the captions of the split (LAION-400M's index: 10 GB).
+so memory does not grow with the captions of the split (LAION-400M's index: 10 GB). Shards
+on a bucket are read from local copies (`remote_cache`), made when the split is indexed
+(which reads every shard whole anyway): an example read where it is would be two ranged
+requests, each of the read-ahead's block.
 """
 
 from __future__ import annotations
@@ -27,8 +30,8 @@ import tarfile
 import numpy as np
 from absl import logging
 
-from vit_jax import errors
-from vit_jax.data import filesystems, free_text
+from vit_jax import errors, storage
+from vit_jax.data import filesystems, free_text, remote_cache
 from vit_jax.data import splits as splits_lib
 
 PREFIX = "wds:"  # config.dataset = 'wds:/path/to/shards'
@@ -84,15 +87,16 @@ def _member_name(f, offset: int) -> str:
     return f"the member at byte {offset}"
 
 
-def index_shard(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def index_shard(path: str, read: str | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """(image offset and size [n, 2], caption offset and size [n, 2], caption is JSON
   bool [n]) of one shard, int64, in member order; an image without a caption (or a
-  caption without an image) is an error naming the shard and the key."""
+  caption without an image) is an error naming the shard and the key. ``read``: the file
+  read in its place (a local copy of a shard on a bucket)."""
   images: dict[str, Member] = {}
   texts: dict[str, tuple[str, Member]] = {}
   end = 0  # of the last member's data
   try:
-    with filesystems.open_binary(path) as f, tarfile.open(fileobj=f, mode="r:") as tar:
+    with filesystems.open_binary(read or path) as f, tarfile.open(fileobj=f, mode="r:") as tar:
       for member in tar:
         end = member.offset_data + member.size
         if not member.isfile():
@@ -151,7 +155,15 @@ class _Index:
 
   def __init__(self, shards: list[str]):
     self.shards = shards
-    parts = [index_shard(path) for path in shards]
+    self.read = shards  # the files read: local copies of shards on a bucket
+    if shards and storage.is_remote(shards[0]):
+      try:
+        copies = remote_cache.copies(shards)
+        remote_cache.fetch(copies)
+      except FileNotFoundError as e:
+        raise _gone(e.filename) from None
+      self.read = [c.path for c in copies]
+    parts = [index_shard(path, read) for path, read in zip(shards, self.read)]
     largest = max(int(p[i][:, 1].max()) for p in parts for i in (0, 1))
     if largest >= 2**32:
       raise errors.InputFileError(
@@ -176,7 +188,7 @@ class _Index:
     for shard in np.unique(shard_of):
       path = self.shards[int(shard)]
       try:
-        f = filesystems.open_binary(path)
+        f = filesystems.open_binary(self.read[int(shard)])
       except FileNotFoundError:
         raise _gone(path) from None
       with f:
