@@ -30,6 +30,7 @@ import fcntl
 import os
 import re
 import shutil
+import socket
 import time
 from typing import Any, Awaitable, Callable, Iterator, NamedTuple, Sequence
 
@@ -173,7 +174,8 @@ def _copy(folder: str, files: list[Copy]) -> None:
     folder,
   )
   started = time.perf_counter()
-  temporary = [f"{c.path}.part-{os.getpid()}" for c in files]
+  # This process's own: a cache folder on a shared file system may serve several machines.
+  temporary = [f"{c.path}.part-{socket.gethostname()}-{os.getpid()}" for c in files]
   try:
     _write_blocks(files, temporary)
     for copy, part in zip(files, temporary):
