@@ -22,14 +22,7 @@ _SCRIPT = textwrap.dedent(
   """
   import importlib.machinery, os, pathlib, sys
 
-  class HideTensorFlow:
-    @staticmethod
-    def find_spec(name, path=None, target=None):
-      if name == "tensorflow" or name.startswith("tensorflow."):
-        return None
-      return importlib.machinery.PathFinder.find_spec(name, path, target)
-
-    invalidate_caches = importlib.machinery.PathFinder.invalidate_caches
+  from tests.no_tensorflow import HideTensorFlow
 
   finders = sys.meta_path
   finders[:] = [HideTensorFlow if f is importlib.machinery.PathFinder else f for f in finders]
