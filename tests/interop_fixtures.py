@@ -242,7 +242,9 @@ def repo_tool(name: str):
 
 def assert_predict_matches_timm(loaded, model, size: int, directory) -> None:
   """The predict command's classifier on a random PNG gives timm ``model``'s top-1 and
-  its probabilities within 1e-4 (the same prepared pixels fed to both)."""
+  its probabilities within what the logits' TOLERANCE allows (the same prepared pixels
+  fed to both): softmax's Jacobian, diag(p) - p p^T, has rows of absolute sum
+  2 p_i (1 - p_i) <= 1/2, so |dp| <= |dz| / 2 for logits z within TOLERANCE * max |z|."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
 
@@ -254,6 +256,8 @@ def assert_predict_matches_timm(loaded, model, size: int, directory) -> None:
   classifier = predict.Classifier(loaded, (size, size))
   prepared = classifier.prepare(path)[None]
   ours = classifier.probabilities(prepared)
-  theirs = torch.softmax(torch.from_numpy(torch_logits(model, prepared)), -1).numpy()
+  logits = torch_logits(model, prepared)
+  theirs = torch.softmax(torch.from_numpy(logits), -1).numpy()
   assert ours.argmax() == theirs.argmax()
-  assert np.abs(ours - theirs).max() <= 1e-4, np.abs(ours - theirs).max()
+  bound = max(TOLERANCE * np.abs(logits).max() / 2, 1e-6)  # 1e-6: float32 rounding
+  assert np.abs(ours - theirs).max() <= bound, (np.abs(ours - theirs).max(), bound)
