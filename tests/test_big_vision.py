@@ -88,7 +88,7 @@ def test_siglip_released_layout_gives_big_vision_probabilities_and_ids(
   tmp_path, vocabulary, siglip
 ):
   path, params, model = siglip
-  assert formats.of(path) is formats.BIG_VISION
+  assert formats.of(path).format is formats.BIG_VISION
   loaded = vit_jax.load(path)
   ids = bv.tokenize(TEXTS, vocabulary, LENGTH, pad_value=1)
   np.testing.assert_array_equal(loaded.loaded.tokenizer.encode(TEXTS, LENGTH), ids)
@@ -105,7 +105,7 @@ def test_siglip_released_layout_gives_big_vision_probabilities_and_ids(
 def test_siglip2_stacked_layout_without_prefix(tmp_path, vocabulary):
   model = _model(scan=True, text_pool="map")
   path, params = _saved(tmp_path, vocabulary, model, prefix=False)
-  assert formats.of(path) is formats.BIG_VISION  # not LiT's reader, which takes img/txt/t
+  assert formats.of(path).format is formats.BIG_VISION  # not LiT's reader, which takes img/txt/t
   loaded = vit_jax.load(path)
   assert loaded.config.text.pool == "map"
   ids = bv.tokenize(TEXTS, vocabulary, LENGTH, pad_value=1)

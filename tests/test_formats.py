@@ -74,7 +74,7 @@ def _tried_up_to(found: formats.Format) -> dict[str, int]:
 )
 def test_a_written_source_is_detected_once_per_call(written, detects, kind, record):
   path = written[kind]
-  assert formats.of(path).name == record.name  # the spied copy of the record
+  assert formats.of(path).format.name == record.name  # the spied copy of the record
   detects.clear()
   loaded = sources.load(path)
   assert dict(detects) == _tried_up_to(record) and loaded.num_classes == 3

@@ -37,9 +37,9 @@ from typing import Any, Optional, Sequence
 from absl import flags
 
 from vit_jax import cli, storage
-from vit_jax.weights import npz, remote, sources, writers
+from vit_jax.weights import formats, npz, remote, sources, writers
 
-FORMATS, LABELS_FILE, NPZ_FILE = writers.FORMATS, writers.LABELS_FILE, npz.EXPORT_FILE
+FORMATS, LABELS_FILE, NPZ_FILE = writers.FORMATS, formats.LABELS_FILE, npz.EXPORT_FILE
 STALE_SECONDS = writers.STALE_SECONDS  # a temporary folder this old was left by a killed export
 # How to load each format from its folder (printed after the export).
 LOAD_HINTS = {

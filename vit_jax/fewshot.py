@@ -156,12 +156,13 @@ def _from_weights(
 def _config(values: dict[str, Any]) -> tuple[ml_collections.ConfigDict, data.Settings, str]:
   """Model, data settings for the evaluator, and the parameters' source."""
   checkpoint = values["checkpoint"]
-  found = None if hub.is_hub_source(checkpoint) else formats.find(checkpoint)
-  run = paths.RunPaths.containing(checkpoint) if found is formats.RUN else None
+  found = None if hub.is_hub_source(checkpoint) else formats.locate(checkpoint)
+  is_run = found is not None and found.format is formats.RUN
+  run = paths.RunPaths.containing(checkpoint) if is_run else None
   if run is not None:
     model_config, settings = _from_run(run, values)
     source = os.fspath(run.checkpoint_source(checkpoint))
-  elif found is formats.RUN:  # a folder of no run
+  elif is_run:  # a folder of no run
     raise errors.MissingError(
       f"No config.json in or above {checkpoint!r}: pass a run's workdir, its "
       "checkpoints/ folder or a step folder inside it."

@@ -12,9 +12,11 @@ transformers users expect one.
     model.with_head(5).at_resolution(384).save("out", format="timm")
 
 A `Model` is a JAX value: a pytree whose leaves are its parameters (the config,
-preprocessing and class names are static), so `jax.jit`, `jax.grad`, `jax.vmap` and optax
-take it whole, and `model(x)`, `features` and `logits` trace inside them;
-`model.replace(params=new)` is the model with other parameters (it saves and exports).
+preprocessing and class names are static, compared by value, `vit_jax.model_facts`: two
+loads of one architecture average with `jax.tree.map` and share a jitted function), so
+`jax.jit`, `jax.grad`, `jax.vmap` and optax take it whole, and `model(x)`, `features` and
+`logits` trace inside them; `model.replace(params=new)` is the model with other parameters
+(it saves and exports).
 Outside a transformation every array method runs one jitted function over fixed-size
 batches (``batch_size``), so a long list compiles once. The names of the ecosystem are
 aliases: `from_pretrained` / `create_model` (module level, `vit_jax`), `forward_features`
@@ -34,29 +36,16 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from etils import epath
 
-from vit_jax import analysis, errors, model_checks, models, paths, storage
+from vit_jax import analysis, errors, model_checks, model_facts, models
 from vit_jax.aliases import Params
 from vit_jax.data.data_config import DataConfig
-from vit_jax.weights import fit, npz, sources, writers
+from vit_jax.weights import fit, sources, writers
 from vit_jax.weights.timm import create as timm_create
 
 DEFAULT_BATCH = 32  # images per jitted call
 DEFAULT_IMAGE_SIZE = 224  # `create`'s input size for a name that does not say one
 DEFAULT_NUM_CLASSES = 1000  # `create`'s head, timm's default
-
-
-class _Facts:
-  """What a model is besides its parameters: the static half of its pytree. One object per
-  model that `load`, `create` or a `Model` method makes, shared by the models `replace` and
-  JAX transformations rebuild from it and compared by identity, so they share one treedef
-  and one set of jitted functions."""
-
-  def __init__(self, loaded: sources.LoadedModel, batch_size: int):
-    self.loaded = dataclasses.replace(loaded, params=None)  # the facts, not the arrays
-    self.batch_size = batch_size
-    self.compiled: dict[str, Callable[..., jax.Array]] = {}  # kind -> jitted apply
 
 
 @jax.tree_util.register_pytree_with_keys_class
@@ -67,28 +56,28 @@ class Model:
   inputs, float32 [B, H, W, 3] as `prepare` makes them; `predict` takes images. A pytree
   (module docstring): its leaves are ``params``; change them with `replace`."""
 
-  _facts: _Facts
+  _facts: model_facts.Facts
   _params: Params
 
   def __init__(self, loaded: sources.LoadedModel, *, batch_size: int = DEFAULT_BATCH):
     if batch_size < 1:
       raise errors.ConfigError(f"batch_size={batch_size} must be at least 1 (images per call).")
-    self._facts = _Facts(loaded, batch_size)
+    self._facts = model_facts.Facts(loaded, batch_size)
     self._params = loaded.params
 
   @classmethod
-  def _of(cls, facts: _Facts, params: Any) -> "Model":
+  def _of(cls, facts: model_facts.Facts, params: Any) -> "Model":
     """A model of ``facts`` holding ``params`` as they are (tracers, abstract values or
     optax's placeholders alike: JAX rebuilds pytrees from any leaves)."""
     model = object.__new__(cls)
     model._facts, model._params = facts, params
     return model
 
-  def tree_flatten_with_keys(self) -> tuple[tuple[tuple[Any, Params], ...], _Facts]:
+  def tree_flatten_with_keys(self) -> tuple[tuple[tuple[Any, Params], ...], model_facts.Facts]:
     return ((jax.tree_util.GetAttrKey("params"), self._params),), self._facts
 
   @classmethod
-  def tree_unflatten(cls, facts: _Facts, children: tuple[Params]) -> "Model":
+  def tree_unflatten(cls, facts: model_facts.Facts, children: tuple[Params]) -> "Model":
     return cls._of(facts, children[0])
 
   @property
@@ -374,22 +363,11 @@ def _init_params(
 def load(source: str | os.PathLike, *, model_name: Optional[str] = None, **kwargs: Any) -> Model:
   """The model of any weights source `vit_jax.weights.load` reads (an official `.npz`, a
   run, a transformers or timm folder or `.safetensors`, ``hf-hub:<org>/<name>``, an official
-  name) or a folder `Model.save` wrote as npz, local or on a bucket (gs://);
+  name) or a folder `Model.save` wrote as npz, local or on a bucket (gs://), found as every
+  command finds it (`weights.formats.locate`);
   ``model_name`` overrides an `.npz`'s architecture; ``kwargs``: `Model`'s (``batch_size``)."""
-  text = os.fspath(source)
-  model_checks.check_name(text)
-  folder = paths.as_path(text) if storage.is_remote(text) else epath.Path(text)  # gs:// too
-  saved = folder / npz.EXPORT_FILE
-  if saved.is_file():
-    loaded = sources.load(os.fspath(saved), model_name)
-    labels = folder / writers.LABELS_FILE
-    if loaded.num_classes and labels.is_file():
-      names = labels.read_text().splitlines()
-      if len(names) == loaded.num_classes:
-        loaded = dataclasses.replace(loaded, class_names=names)
-  else:
-    loaded = sources.load(source, model_name)
-  return Model(loaded, **kwargs)
+  model_checks.check_name(os.fspath(source))
+  return Model(sources.load(source, model_name), **kwargs)
 
 
 def create(

@@ -92,6 +92,7 @@ class CaptionTokenizer(text_tokenizer.HuggingFaceTokenizer):
       single=f"$A {EOS}", special_tokens=[(EOS, vocab[EOS])]
     )
     self.vocab_size, self.pad_id, self.unk_id = len(vocab), vocab[PAD], vocab[UNK]
+    self.vocabulary = text_tokenizer.digest(self._tokenizer.to_str())
 
   def save(self, path: str) -> None:
     """Writes ``tokenizer.json`` (`text_tokenizer.load_tokenizer` reads it)."""

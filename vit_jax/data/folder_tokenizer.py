@@ -26,7 +26,7 @@ import json
 import os
 import re
 import string
-from typing import Any, Optional, Sequence
+from typing import Any, Hashable, Optional, Sequence
 
 import numpy as np
 
@@ -87,6 +87,7 @@ class FolderTokenizer(text_tokenizer.Tokenizer):
     self._sp = sentencepiece.SentencePieceProcessor(model_file=path)
     self._hf = None
     self.vocab_size = self._sp.get_piece_size()
+    self.vocabulary = text_tokenizer.digest(self._sp.serialized_model_proto())
 
   def _init_tokenizers(self, path: str) -> None:
     import tokenizers  # pylint: disable=g-import-not-at-top
@@ -95,6 +96,10 @@ class FolderTokenizer(text_tokenizer.Tokenizer):
     self._hf = tokenizers.Tokenizer.from_file(path)
     self._sp = None
     self.vocab_size = self._hf.get_vocab_size()
+    self.vocabulary = text_tokenizer.digest(self._hf.to_str())  # before `encode` pads
+
+  def _options(self) -> tuple[Hashable, ...]:
+    return self.tokenizer_class, self.padding_side, self._lower, self.eos_id
 
   def _id(self, token: str) -> int:
     found = self._sp.piece_to_id(token) if self._sp is not None else self._hf.token_to_id(token)

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import abc
 import glob
+import hashlib
 import os
-from typing import Optional, Sequence
+from typing import Hashable, Optional, Sequence
 
 import numpy as np
 
@@ -40,11 +41,27 @@ def _check_eos(eos: str) -> None:
     raise errors.ConfigError(f"eos={eos!r}: choose one of {EOS_MODES}.")
 
 
+def digest(vocabulary: bytes | str) -> str:
+  """A vocabulary's serialised form as a short value (what `Tokenizer.fingerprint` holds)."""
+  data = vocabulary.encode() if isinstance(vocabulary, str) else vocabulary
+  return hashlib.sha256(data).hexdigest()
+
+
 class Tokenizer(abc.ABC):
   """Texts -> int32 [N, length] ids, padded with `pad_id`."""
 
   pad_id: int
   vocab_size: int
+  vocabulary: str  # `digest` of the vocabulary as read (before any padding is set on it)
+
+  def fingerprint(self) -> tuple[Hashable, ...]:
+    """The tokenizer by value (class, vocabulary, options): equal for two reads of one
+    file, so that two loads of one model are one JAX type (`vit_jax.model_facts`)."""
+    return (type(self).__qualname__, self.vocabulary, self.pad_id, *self._options())
+
+  def _options(self) -> tuple[Hashable, ...]:
+    """What changes the ids besides the vocabulary."""
+    return ()
 
   @abc.abstractmethod
   def _ids(self, text: str) -> list[int]:
@@ -81,12 +98,16 @@ class SentencePieceTokenizer(Tokenizer):
     self._eos = eos
     self._lower = lower
     self.vocab_size = self._model.get_piece_size()
+    self.vocabulary = digest(self._model.serialized_model_proto())
     # -1: the model has no pad piece
     self.pad_id = max(self._model.pad_id(), 0) if pad_id is None else pad_id
 
   def model_proto(self) -> bytes:
     """The ``.model`` file's bytes (what an export writes beside the weights)."""
     return self._model.serialized_model_proto()
+
+  def _options(self) -> tuple[Hashable, ...]:
+    return self._eos, self._lower
 
   def _ids(self, text: str) -> list[int]:
     ids = self._model.encode(text.translate(_ASCII_LOWER) if self._lower else text)
@@ -108,6 +129,7 @@ class HuggingFaceTokenizer(Tokenizer):
     self._tokenizer.no_padding()
     self._tokenizer.no_truncation()
     self.vocab_size = self._tokenizer.get_vocab_size()
+    self.vocabulary = digest(self._tokenizer.to_str())
     padding = self._tokenizer.padding
     self.pad_id = int(padding["pad_id"]) if padding else 0
 

@@ -1,7 +1,8 @@
 """Every checkpoint format behind one registry: a typed record per format (`Format`) says
 what the format answers (is a path this format, its tree and config, its preprocessing,
 its tokenizer, its writer where it can be written), and `of` finds a path's record once,
-trying each record's ``detect`` at most once. `sources.load` and `sources.read_params`
+trying each record's ``detect`` at most once; `locate` adds the folders an export writes
+(read as their archive), the one lookup of every reader. `sources.load` and `sources.read_params`
 read through the record `of` finds; `writers` writes through `for_export`'s.
 
 The records, in the order they are tried (`FORMATS`): transformers' two-tower folders
@@ -25,6 +26,7 @@ from vit_jax import errors
 from vit_jax.aliases import Params
 from vit_jax.data.data_config import DataConfig
 from vit_jax.models import families
+from vit_jax.paths import CONFIG_FILE as RUN_CONFIG_FILE
 from vit_jax.paths import as_path
 from vit_jax.weights import (
   big_vision,
@@ -40,6 +42,7 @@ from vit_jax.weights.timm import families as timm_families
 from vit_jax.weights.timm import folder as timm_folder
 
 UNSIZED_INPUT = (224, 224)  # the data config's input size where a source says none
+LABELS_FILE = "labels.txt"  # an export's class names, one a line (`writers` writes it)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,6 +229,16 @@ NPZ = Format(
 FORMATS: tuple[Format, ...] = (HF_TWO_TOWER, HF_VIT, TIMM, RUN, BIG_VISION, LIT_NPZ, NPZ)
 
 
+@dataclasses.dataclass(frozen=True)
+class Located:
+  """A checkpoint found (`locate`): the path its format reads, and the class names file
+  of the export folder it was found in (None: not an export folder)."""
+
+  path: str
+  format: Format
+  labels: Optional[str] = None
+
+
 def find(path: str) -> Optional[Format]:
   """The format of the checkpoint at ``path`` (a local path or a bucket's), or None; a
   transformers class this package does not compute is refused here, by name."""
@@ -235,9 +248,26 @@ def find(path: str) -> Optional[Format]:
   return next((f for f in FORMATS if f.detect(path)), None)
 
 
-def of(path: str) -> Format:
-  """`find`'s format; nothing at ``path`` is one error naming what is read."""
+def locate(path: str) -> Optional[Located]:
+  """The checkpoint at ``path`` (local or a bucket's), or None: the one lookup of
+  `sources.load`, `vit_jax.load` and every command. A folder an npz or big_vision export
+  wrote (`Model.save`, ``vit_jax.export``: `npz.EXPORT_FILE`, no run's config.json, no
+  transformers or timm files) is its `npz.EXPORT_FILE`, named by its `LABELS_FILE`."""
   found = find(path)
+  if found is None or found is RUN:
+    folder = as_path(path)
+    export = folder / npz.EXPORT_FILE
+    if export.is_file() and not (folder / RUN_CONFIG_FILE).exists():
+      inner = find(os.fspath(export))
+      labels = folder / LABELS_FILE
+      named = os.fspath(labels) if labels.is_file() else None
+      return None if inner is None else Located(os.fspath(export), inner, named)
+  return None if found is None else Located(path, found)
+
+
+def of(path: str) -> Located:
+  """`locate`'s checkpoint; nothing at ``path`` is one error naming what is read."""
+  found = locate(path)
   if found is None:
     raise errors.MissingError(
       f"No checkpoint at {path!r}: pass an official-layout .npz, a "

@@ -1,12 +1,14 @@
 """Any weights source -> one `LoadedModel` (config, parameters, classes, image size).
 
-A source's format is found once (`vit_jax.weights.formats.of`; hub names are fetched
-first, `vit_jax.weights.hub`), and its record reads it:
+A source's format is found once (`vit_jax.weights.formats.locate`, the lookup every
+command shares; hub names are fetched first, `vit_jax.weights.hub`), and its record reads it:
   * an official-layout `.npz` (per-layer or scanned): the architecture from ``model_name``,
     our export's config beside it, or the array shapes (`vit_jax.weights.npz`); the
     official LiT image-text layout with its vocabulary beside it (`vit_jax.weights.lit_npz`);
   * big_vision's `.npz` (SigLIP, SigLIP 2, its LiT and ViTs, released under ``params/``)
     with its SentencePiece model beside it (`vit_jax.weights.big_vision`);
+  * a folder an npz or big_vision export wrote (`vit_jax.Model.save`, ``vit_jax.export``):
+    its ``model.npz``, with the class names of its ``labels.txt``;
   * a training run of this package: its workdir, `<workdir>/checkpoints` or one step
     folder; model, image size and class names come from the run's `config.json`
     (`vit_jax.weights.run_checkpoint`);
@@ -165,13 +167,23 @@ def load(path: str | os.PathLike, model_name: Optional[str] = None) -> LoadedMod
   ValueError when the arrays do not fit the architecture."""
   source = str(path)
   with readable(path) as path:  # also a file:// URL, an epath.Path, gs://
-    fmt = formats.of(path)
+    found = formats.of(path)
+    fmt, path = found.format, found.path
     loaded, read = _loaded(fmt, path, source, model_name)
     if not _official_name(source):  # an official name keeps the official recipe
       loaded.data_config = fmt.data_config(path, read) or loaded.data_config
     loaded.tokenizer = fmt.tokenizer(path, read)
+    if found.labels and loaded.num_classes and not loaded.class_names:
+      loaded.class_names = _export_labels(found.labels, loaded.num_classes)
   _check_fits(loaded)
   return loaded
+
+
+def _export_labels(path: str, num_classes: int) -> Optional[list[str]]:
+  """The class names an export wrote beside its archive (one a line); None when they do
+  not name every class of the head (a file edited since)."""
+  names = input_files.read_text(path, what="class names file").splitlines()
+  return names if len(names) == num_classes else None
 
 
 def check_source(source: str, *, fetch: bool) -> None:
@@ -243,7 +255,8 @@ def read_params(source: str | os.PathLike) -> tuple[Params, Optional[ml_collecti
   source has one. `.npz` files and Orbax folders are read as stored (either encoder
   layout; an Orbax folder needs no config.json); the rest as `load` reads them."""
   with readable(source) as path:
-    fmt = formats.of(path)
+    found = formats.of(path)
+    fmt, path = found.format, found.path
     if fmt.read_tree is not None:
       return fmt.read_tree(path)
     loaded, _ = _loaded(fmt, path, str(source), None)

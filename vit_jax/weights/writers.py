@@ -31,7 +31,6 @@ from vit_jax import errors, models, storage
 from vit_jax.weights import formats, remote, serving, sources
 
 FORMATS = ("hf", "timm", "saved_model", "stablehlo", "npz", "big_vision")
-LABELS_FILE = "labels.txt"
 IMAGE_TOWER_FORMATS = ("timm", "saved_model", "stablehlo")  # an image-text model's: its image
 STALE_SECONDS = 3600  # a temporary folder this old was left by a killed write
 
@@ -44,7 +43,7 @@ def writer(
   image_size: tuple[int, int],
 ) -> Callable[[str], None]:
   """Checks that ``model`` can be written as ``fmt``; returns what writes it into a folder
-  (with `LABELS_FILE` beside every format but hf, which keeps the names in its config).
+  (with `formats.LABELS_FILE` beside every format but hf, which keeps the names in its config).
   An image-text model is written whole as hf (transformers' SigLIP or CLIP), npz and
   big_vision; timm, saved_model and stablehlo take its image tower (`image_tower`: its
   features)."""
@@ -70,7 +69,7 @@ def writer(
   def write_with_labels(directory: str) -> None:
     write(directory)
     if names:
-      with open(os.path.join(directory, LABELS_FILE), "w") as f:
+      with open(os.path.join(directory, formats.LABELS_FILE), "w") as f:
         f.write("\n".join(names) + "\n")
 
   return write_with_labels
