@@ -9,6 +9,11 @@ import tempfile
 # Tests run on the CPU. Set before JAX starts: with libtpu installed (the `tpu` extra, for
 # `vit_jax.plan`) JAX would first try a TPU backend in every test process.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# TensorFlow's C++ lines at errors only and oneDNN off, in this process and every
+# subprocess, as the commands' start sets them (`platforms.quiet_start`): a test that
+# imports TensorFlow outside a command reads only its own output.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 from tests import fresh_python  # noqa: E402  (the standard library only: JAX not started)
 

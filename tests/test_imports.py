@@ -190,20 +190,43 @@ def test_the_data_package_loads_its_modules_on_first_use():
   assert out == {"before": False, "after": False, "name": "vit_jax.data.dataset"}
 
 
-def test_importing_the_package_starts_no_jax_backend():
-  """A multi-process run calls `jax.distributed.initialize` after its config file imported
-  the package: a module that makes a jnp array at import would start the backend first."""
+def test_importing_the_package_changes_nothing_and_starts_no_jax_backend():
+  """`import vit_jax`, then every module of it, in a user's environment (nothing chosen):
+  no environment variable and no JAX setting changes, and no backend starts. A user's
+  script keeps its own choices; a multi-process run calls `jax.distributed.initialize`
+  after its config file imported the package. The quiet start is the commands'
+  (`platforms.quiet_start`, tests/test_library_face.py), before TensorFlow loads."""
+  env = fresh_python.clean_env()
+  for name in ("JAX_PLATFORMS", "TF_CPP_MIN_LOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS"):
+    env.pop(name, None)
   out = fresh_python.run_json(
     """
-    import importlib, json, pkgutil
+    import importlib, json, os, pkgutil, sys
+    import cv2, jax  # their own imports change variables (LD_LIBRARY_PATH, TF_CPP_...)
     import jax._src.xla_bridge as xla_bridge
+    env, config = dict(os.environ), dict(jax.config.values)
+
+    def changes():
+      names = {*env, *os.environ}
+      return sorted(k for k in names if env.get(k) != os.environ.get(k)) + sorted(
+        k for k in config if jax.config.values[k] != config[k]
+      )
+
     import vit_jax
+    ours = sorted(m for m in sys.modules if m.split(".")[0] == "vit_jax")
+    package = dict(changes=changes(), modules=ours)
     names = [m.name for m in pkgutil.walk_packages(vit_jax.__path__, "vit_jax.")]
     for name in names:
       if not name.endswith("__main__"):
         importlib.import_module(name)
-    print(json.dumps({"modules": len(names), "backends": sorted(xla_bridge._backends)}))
+    print(json.dumps({"package": package, "changes": changes(), "modules": len(names),
+                      "backends": sorted(xla_bridge._backends),
+                      "tensorflow": "tensorflow" in sys.modules}))
     """,
-    fresh_python.clean_env(),
+    env,
   )
-  assert out["modules"] > 100 and out["backends"] == []
+  assert out["package"] == {"changes": [], "modules": ["vit_jax"]}
+  assert out["changes"] == [] and out["modules"] > 100 and out["backends"] == []
+  # The commands' quiet start sets TensorFlow's log level when a command runs: no module
+  # loads TensorFlow at its import.
+  assert not out["tensorflow"]

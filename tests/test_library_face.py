@@ -1,7 +1,8 @@
-"""The library is as quiet as the commands: a user's script that imports jax, then uses
-vit_jax (a model, the input pipeline's image functions), prints only its own output, on a host
-with the test extras (libtpu, JAX's CUDA plugin) and no accelerator, with nothing chosen
-in its environment (`platforms.library_defaults`, run by `import vit_jax`)."""
+"""The library can be as quiet as the commands: a user's script that imports jax, calls
+`platforms.quiet_start()` (the commands' start) and uses vit_jax (a model, the input
+pipeline's image functions) prints only its own output, on a host with the test extras
+(libtpu, JAX's CUDA plugin) and no accelerator, with nothing chosen in its environment.
+(`import vit_jax` alone changes nothing: tests/test_imports.py.)"""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ SCRIPT = """
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from vit_jax import models
+  from vit_jax import models, platforms
   from vit_jax.data import host_images
+
+  platforms.quiet_start()
 
   config = models.get_model_config("testing")
   model = models.create_model(config, num_classes=3)
@@ -54,7 +57,8 @@ def test_a_script_using_vit_jax_after_import_jax_prints_only_its_own_output():
 
 
 def test_a_platform_the_user_chose_is_kept():
-  code = "import jax; jax.config.update('jax_platforms', 'cpu,tpu'); import vit_jax\n"
+  code = "import jax; jax.config.update('jax_platforms', 'cpu,tpu')\n"
+  code += "from vit_jax import platforms; platforms.quiet_start()\n"
   code += "print(jax.config.jax_platforms)"
   proc = subprocess.run(
     [sys.executable, "-c", code],

@@ -271,13 +271,13 @@ def test_cudnn_attention_trains_at_197_tokens_on_a_compile_only_h100():
 @pytest.mark.parametrize("choose_cpu", [False, True])
 def test_commands_start_on_the_cpu_without_the_plugins_error(choose_cpu):
   """With the plugin installed (libtpu hidden) and no GPU, JAX alone logs the plugin's
-  failed CUDA check, a traceback; `import vit_jax` chooses the CPU first
-  (`platforms.library_defaults`), as the commands do, and nothing is logged."""
+  failed CUDA check, a traceback; `platforms.quiet_start` chooses the CPU first, as the
+  commands do, and nothing is logged."""
   env = fresh_python.clean_env(CUDA_VISIBLE_DEVICES="")
   del env["JAX_PLATFORMS"]
   code = (
     "import sys; sys.modules['libtpu'] = None\n"  # a host without libtpu
-    + ("import vit_jax\n" if choose_cpu else "")
+    + ("from vit_jax import platforms; platforms.quiet_start()\n" if choose_cpu else "")
     + "import jax; print(jax.devices())"
   )
   proc = subprocess.run(

@@ -6,12 +6,11 @@ return. The names load on first use (PEP 562), so ``import vit_jax`` stays cheap
 imports TensorFlow; so does every submodule (``vit_jax.fine_tune``, ``vit_jax.analysis``)
 named as an attribute, as ``help(vit_jax.fine_tune.train_on_arrays)`` does.
 
-Importing the package (any module of it) starts quietly, as the commands do
-(`platforms.library_defaults`): TensorFlow's C++ lines at errors only and, on a host
-with libtpu or JAX's CUDA plugin installed but no TPU or GPU, JAX's CPU backend, unless
-the user chose (``JAX_PLATFORMS``, ``jax_platforms``, ``TF_CPP_MIN_LOG_LEVEL``). A
-script or notebook that imports vit_jax before its first JAX computation then prints
-only its own output.
+Importing the package (any module of it) only imports: no environment variable, no JAX
+setting changes and JAX is not imported here. The commands' quiet start (TensorFlow's C++
+lines at errors only; JAX's CPU backend on a host with libtpu or JAX's CUDA plugin but no
+TPU or GPU) is `vit_jax.platforms.quiet_start()`, which `cli.run_command` calls and a
+script or notebook may call before its first JAX computation.
 """
 
 from __future__ import annotations
@@ -20,10 +19,6 @@ import importlib
 import importlib.util
 import types
 from typing import Any
-
-from vit_jax import platforms as _platforms
-
-_platforms.library_defaults()
 
 _FACE = ("Model", "create", "create_model", "from_pretrained", "load")
 __all__ = list(_FACE)

@@ -16,9 +16,10 @@ that read a model from `define_model_flags`, one `parse_command_flags` call, and
     if __name__ == "__main__":
       cli.exit_with(main(sys.argv))
 
-Import this module before TensorFlow (it sets TensorFlow's C++ log level, which is read when
-TensorFlow loads). `run_command` keeps JAX off a TPU backend that is installed but has no
-TPU (`vit_jax.platforms`) before anything starts a backend. What a terminal shows:
+`run_command` starts quietly (`platforms.quiet_start`) before anything loads TensorFlow or
+starts a JAX backend: TensorFlow's C++ log level (read when TensorFlow loads), and JAX kept
+off a TPU or GPU backend that is installed but has no chip. No command module imports
+TensorFlow at its import. What a terminal shows:
 
 * the command's own log lines (progress, results) and every warning and error, as plain
   text (`PlainFormatter`: the message, "Warning: " before a warning); with
@@ -42,8 +43,6 @@ import os
 import sys
 from typing import Any, Callable, Optional, Sequence, TypeVar
 
-# TensorFlow's log level and oneDNN are set before TensorFlow loads by the package's import
-# (`platforms.library_defaults`, see the module doc), before any line of this module runs.
 import ml_collections
 from absl import flags, logging
 from ml_collections import config_flags
@@ -290,10 +289,11 @@ def run_command(
   context: (the folder the command writes to, its config) for ``parse``'s result: what
     the errors of a full disk, an unusable folder and too little device memory name.
   """
-  # First: parsing may load a config file, and nothing may start a backend before this.
-  platforms.cpu_unless_accelerator_attached()  # libtpu installed, no TPU: the CPU, quietly
-  platforms.default_gpu_memory_fraction()
   try:
+    # First: parsing may load a config file, and nothing may start a backend or load
+    # TensorFlow before this.
+    platforms.quiet_start()  # TensorFlow's log level; libtpu installed, no TPU: the CPU
+    platforms.default_gpu_memory_fraction()
     parsed = parse(argv)
   except HelpRequested as e:
     print(e)

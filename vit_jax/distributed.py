@@ -16,7 +16,7 @@ from typing import Any, Optional
 import jax
 from absl import logging
 
-from vit_jax import errors
+from vit_jax import compat, errors
 
 _ENV_COORDINATOR = "VIT_COORDINATOR_ADDRESS"
 _ENV_NUM_PROCESSES = "VIT_NUM_PROCESSES"
@@ -42,19 +42,9 @@ def _env_int(name: str) -> Optional[int]:
 
 
 def _on_cloud_tpu_vm() -> bool:
-  """True on a Cloud TPU VM with TPU chips and libtpu, as `import jax` found it.
-
-  JAX records this when it is imported (before any backend starts) in a private
-  module; any change there reads as False, i.e. the environment-variable checks only.
-  """
-  try:
-    from jax._src import cloud_tpu_init  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    return False
-  return (
-    bool(getattr(cloud_tpu_init, "running_in_cloud_tpu_vm", False))
-    and "TPU_SKIP_MDS_QUERY" not in os.environ
-  )
+  """True on a Cloud TPU VM with TPU chips and libtpu, as `import jax` found it (JAX
+  records it, before any backend starts, in a private module: `compat.on_cloud_tpu_vm`)."""
+  return compat.on_cloud_tpu_vm() and "TPU_SKIP_MDS_QUERY" not in os.environ
 
 
 def _detect_cluster() -> Optional[str]:

@@ -9,11 +9,12 @@ exactly that case: libtpu or the plugin importable, no TPU chip on the PCI bus a
 GPU visible (the checks JAX itself makes), and neither ``JAX_PLATFORMS`` nor
 ``jax_platforms`` chosen by the user. Call it before anything touches a JAX backend.
 
-`library_defaults` is what importing the package does (`vit_jax/__init__.py`), for the
-commands and for a user's own script or notebook alike: TensorFlow's C++ log level and
-oneDNN set before TensorFlow loads, then the CPU chosen as above. Without it, a script
-that imports jax and uses vit_jax on such a host prints the CUDA plugin's 20-line
-"Unable to load cuFFT" / "cuInit(0) failed" traceback and libtpu's TPU warnings.
+`quiet_start` is the commands' start (`cli.run_command` calls it first), and a script's or
+notebook's to call before its first JAX computation: TensorFlow's C++ log level and oneDNN
+set before TensorFlow loads, then the CPU chosen as above. Without it, a script on such a
+host prints the CUDA plugin's 20-line "Unable to load cuFFT" / "cuInit(0) failed"
+traceback and libtpu's TPU warnings. Importing the package changes nothing (no variable,
+no JAX setting): the private JAX checks go through `vit_jax.compat`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+
+from vit_jax import compat
 
 # The share of each GPU's memory the commands let JAX's allocator take, unless the user
 # sets XLA_PYTHON_CLIENT_MEM_FRACTION: JAX's own default (0.75) leaves a quarter of an
@@ -62,16 +65,6 @@ def import_tensorflow() -> None:
       del sys.modules[name]
 
 
-def _accelerator_attached() -> bool:
-  try:
-    from jax._src import hardware_utils  # pylint: disable=g-import-not-at-top
-  except ImportError:  # another JAX: assume there may be one
-    return True
-  chips, _ = hardware_utils.num_available_tpu_chips_and_device_id()
-  amd = getattr(hardware_utils, "num_available_amd_gpus", lambda stop_at=None: 0)
-  return bool(chips or hardware_utils.has_visible_nvidia_gpu() or amd(stop_at=1))
-
-
 def cpu_unless_accelerator_attached() -> bool:
   """Chooses the CPU backend when only accelerator compilers (no TPU or GPU) are present;
   whether it did."""
@@ -79,24 +72,21 @@ def cpu_unless_accelerator_attached() -> bool:
 
   if jax.config.jax_platforms or not any(map(installed, ("libtpu", *CUDA_PLUGINS))):
     return False
-  if _accelerator_attached():
+  if compat.accelerator_attached():
     return False
   jax.config.update("jax_platforms", "cpu")
   return True
 
 
-def library_defaults() -> None:
-  """The commands' quiet start for any use of the package, where the user has not chosen:
-  TensorFlow's C++ lines at errors only (``TF_CPP_MIN_LOG_LEVEL=2``; ``0`` shows them),
-  oneDNN off (only TensorFlow's own kernels use it, and its start-up notice ignores the
-  log level), and `cpu_unless_accelerator_attached` unless a JAX backend has started
-  (its platform is fixed then)."""
+def quiet_start() -> None:
+  """The commands' quiet start, where the user has not chosen: TensorFlow's C++ lines at
+  errors only (``TF_CPP_MIN_LOG_LEVEL=2``; ``0`` shows them), oneDNN off (only
+  TensorFlow's own kernels use it, and its start-up notice ignores the log level), and
+  `cpu_unless_accelerator_attached` unless a JAX backend has started (its platform is
+  fixed then). Call it before TensorFlow loads."""
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
-  from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
-
-  started = getattr(xla_bridge, "backends_are_initialized", lambda: False)()
-  if not started:
+  if not compat.backends_started():
     cpu_unless_accelerator_attached()
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import jax
 
+from vit_jax import compat
 from vit_jax.data import randaug
 from vit_jax.plan import hlo
 
@@ -75,11 +76,8 @@ def _as_entry(comps: dict[str, list[str]], name: str) -> str:
 
 def _cost(text: str) -> tuple[float, float]:
   """XLA's (FLOPs, bytes accessed) of an HLO module's text, loop bodies once."""
-  import jaxlib._hlo as hlo_ext  # pylint: disable=g-import-not-at-top
-  from jax._src.lib import _jax  # pylint: disable=g-import-not-at-top
-
-  module = hlo_ext.hlo_module_from_text(_STACK_FRAME.sub("", text))
-  analysis = _jax.hlo_module_cost_analysis(jax.devices("cpu")[0].client, module)
+  module = compat.hlo_from_text(_STACK_FRAME.sub("", text))
+  analysis = compat.cost_analysis(jax.devices("cpu")[0].client, module)
   return float(analysis.get("flops", 0.0)), float(analysis.get("bytes accessed", 0.0))
 
 

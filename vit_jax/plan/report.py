@@ -21,6 +21,7 @@ from typing import Any, Optional
 import jax
 import numpy as np
 
+from vit_jax import compat
 from vit_jax.hardware import Chip
 from vit_jax.plan import hlo, loop_cost
 from vit_jax.run import step_cost
@@ -84,10 +85,8 @@ def _cost_analysis(compiled: jax.stages.Compiled) -> tuple[float, float]:
   """
   if compiled.cost_analysis() is not None:
     return step_cost.compiled_flops(compiled), step_cost.compiled_bytes_accessed(compiled)
-  from jax._src.lib import _jax  # pylint: disable=g-import-not-at-top
-
   (module,) = compiled.runtime_executable().hlo_modules()
-  analysis = _jax.hlo_module_cost_analysis(jax.devices("cpu")[0].client, module)
+  analysis = compat.cost_analysis(jax.devices("cpu")[0].client, module)
   return float(analysis.get("flops", 0.0)), float(analysis.get("bytes accessed", 0.0))
 
 

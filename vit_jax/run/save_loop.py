@@ -8,7 +8,9 @@ write that ends afterwards reports into the closed loop from a tensorstore threa
 `RuntimeError: Event loop is closed` traceback each, hundreds of lines printed before
 the run's own one-line error. `drain_before_close` replaces that runner with one that
 waits for the loop's remaining tasks (their errors are the save's error, already
-raised) before it closes the loop, so a failed save ends quietly in that one error.
+raised) before it closes the loop, so a failed save ends quietly in that one error. The
+runner is private to Orbax (`compat.HOOKS["orbax_loop_runner"]`): an Orbax without it is
+one `compat.MissingHookError`.
 """
 
 from __future__ import annotations
@@ -16,10 +18,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Coroutine, TypeVar
 
-from orbax.checkpoint._src import asyncio_utils
+from vit_jax import compat
 
 _T = TypeVar("_T")
-_RUNNER = "_run_sync_via_new_loop"  # the Orbax function replaced (orbax-checkpoint 0.12)
 
 
 def run_then_drain(coro: Coroutine[Any, Any, _T]) -> _T:
@@ -37,10 +38,6 @@ def run_then_drain(coro: Coroutine[Any, Any, _T]) -> _T:
     loop.close()
 
 
-def drain_before_close() -> bool:
-  """Makes Orbax close its save loops with `run_then_drain`; idempotent. False when this
-  Orbax has no such runner (another version: nothing is changed)."""
-  if not hasattr(asyncio_utils, _RUNNER):
-    return False
-  setattr(asyncio_utils, _RUNNER, run_then_drain)
-  return True
+def drain_before_close() -> None:
+  """Makes Orbax close its save loops with `run_then_drain`; idempotent."""
+  compat.replace_orbax_loop_runner(run_then_drain)
