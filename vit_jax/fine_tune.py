@@ -39,7 +39,7 @@ from vit_jax.data import arrays, data_config
 from vit_jax.paths import RunPaths
 from vit_jax.run import defaults
 from vit_jax.run.progress import History
-from vit_jax.weights import orbax_steps
+from vit_jax.weights import npz, orbax_steps
 
 INPUTS = "inputs"  # <workdir>/inputs: the arrays, the starting weights, the call's arguments
 ARGUMENTS_FILE = "fine_tune.json"  # <workdir>/inputs/fine_tune.json: what started the run
@@ -114,7 +114,7 @@ def train_on_arrays(
       json.dump(called, f, indent=2, sort_keys=True)
   config = defaults.get_config()
   config.model = copy.deepcopy(model.config)
-  config.pretrained = os.path.join(weights, "model.npz")
+  config.pretrained = os.path.join(weights, npz.EXPORT_FILE)
   config.dataset = arrays.PREFIX + data_path
   config.train_split = "train"
   config.test_split = "test" if test_images is not None else "train"

@@ -1,4 +1,4 @@
-"""The input normalisation the official weights expect, shared by `data` and `models`.
+"""The input normalisations of the weights this package reads, shared by `data` and `models`.
 
 A leaf: the input pipeline and the model settings both import it, so `data` needs no
 import of `vit_jax.models` (which loads every model family) for a constant.
@@ -6,3 +6,7 @@ import of `vit_jax.models` (which loads every model family) for a constant.
 
 # Pixels in [0, 1] mapped to [-1, 1], per RGB channel.
 OFFICIAL_INPUT_MEAN = OFFICIAL_INPUT_STD = (0.5, 0.5, 0.5)
+# ImageNet's per-channel statistics on the 0..1 scale: torchvision's, timm's default and
+# the normalisation of most PyTorch-trained weights (DeiT, EVA, DINOv2, ...).
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)

@@ -19,7 +19,12 @@ import math
 from typing import Any, Mapping, Optional
 
 from vit_jax import errors
-from vit_jax.image_constants import OFFICIAL_INPUT_MEAN, OFFICIAL_INPUT_STD
+from vit_jax.image_constants import (
+  IMAGENET_MEAN,
+  IMAGENET_STD,
+  OFFICIAL_INPUT_MEAN,
+  OFFICIAL_INPUT_STD,
+)
 
 RGB = tuple[float, float, float]
 # Interpolation names (timm's) -> PIL's resample codes (transformers' ``resample``).
@@ -32,8 +37,6 @@ RESIZERS = ("pil", "tf")
 TIMM_CROP_PCT = 0.875
 TIMM_INTERPOLATION = "bicubic"
 TIMM_CROP_MODE = "center"
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 # A run's optional pp keys (beside pp.crop and the model's mean/std).
 _RUN_KEYS = ("crop_pct", "crop_mode", "interpolation", "resizer", "crop_offset")
 

@@ -223,7 +223,6 @@ _MODEL_CONFIGS["testing-unpooled"] = _variant(
 # options and input normalisation of timm's architectures (`vit_base_patch16_siglip_224`,
 # `vit_*_patch14_reg4_dinov2`, `vit_base_patch16_clip_224`, `..._clip_quickgelu_224`):
 # exact GELU, as timm computes them all (SigLIP was trained in JAX with the tanh one).
-IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 _LATER = dict(gelu_approximate=False)
@@ -232,8 +231,8 @@ _DINOV2 = dict(
   num_registers=4,
   layer_scale_init=1e-5,
   posemb_patches_only=True,
-  input_mean=IMAGENET_MEAN,
-  input_std=IMAGENET_STD,
+  input_mean=image_constants.IMAGENET_MEAN,
+  input_std=image_constants.IMAGENET_STD,
 )
 _CLIP = dict(
   _LATER,
@@ -261,8 +260,8 @@ _DINOV3 = dict(
   layer_scale_init=1e-5,
   layer_norm_epsilon=1e-5,
   qkv_bias="none",
-  input_mean=IMAGENET_MEAN,
-  input_std=IMAGENET_STD,
+  input_mean=image_constants.IMAGENET_MEAN,
+  input_std=image_constants.IMAGENET_STD,
 )
 _EVA02 = dict(
   _LATER,
@@ -302,8 +301,8 @@ _ROPE_VIT = dict(
   rope_temperature=100.0,
   rope_grid_indexing="xy",
   layer_scale_init=1e-5,
-  input_mean=IMAGENET_MEAN,
-  input_std=IMAGENET_STD,
+  input_mean=image_constants.IMAGENET_MEAN,
+  input_std=image_constants.IMAGENET_STD,
 )
 _ROPE_MIXED = dict(_ROPE_VIT, rope="mixed", rope_temperature=10.0)
 # EVA-02 Ti and S: timm's fused SwiGLU (GluMlp) without the inner LayerNorm.

@@ -20,10 +20,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Collection, Literal, Mapping, Optional
 
-from vit_jax import errors
+from vit_jax import errors, paths
 
 ERROR, WARNING, SWITCH = "error", "warning", "switch"
-CONFIG_JSON, CHECKPOINT = "config.json", "checkpoint"
+CONFIG_JSON, CHECKPOINT = paths.CONFIG_FILE, "checkpoint"
 
 OnChange = Literal["error", "warning", "switch"]
 RecordedIn = Literal["config.json", "checkpoint"]

@@ -57,7 +57,7 @@ from vit_jax.data import text_tokenizer
 from vit_jax.weights import architecture, npz
 
 PREFIX = "params/"  # releases keep the parameters under it (big_vision's saved train state)
-EXPORT_FILE = "model.npz"  # what an export writes, with `TOKENIZER_FILE` beside it
+EXPORT_FILE = npz.EXPORT_FILE  # what an export writes, with `TOKENIZER_FILE` beside it
 TOKENIZER_FILE = "model.model"  # `<stem>.model`, found by `find_vocabulary`
 GEMMA_VOCAB = 256_000  # SigLIP 2's vocabulary: padded with its pad piece, not id 1
 SIGLIP_PAD_ID = 1  # big_vision's SigLIP and LiT configs: tokenize(..., pad_value=1)

@@ -20,6 +20,7 @@ import numpy as np
 
 from vit_jax import errors, input_files
 
+HUB_CONFIG = "config.json"  # a hub folder's config: transformers' model, timm's architecture
 MAX_JSON_BYTES = 16 * 2**20  # configs and indexes are kilobytes
 MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit for the JSON header
 _FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")  # safetensors' names

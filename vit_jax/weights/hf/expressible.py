@@ -68,7 +68,7 @@ def _check_two_tower_classes(model_type: str, classes: list[Any], source: str) -
 def check_transformers_dir(directory: str) -> None:
   """`check_transformers` of the transformers config.json in ``directory``, if there is one
   (a ``model_type`` and no timm ``architecture``)."""
-  path = os.path.join(directory, "config.json")
+  path = os.path.join(directory, files.HUB_CONFIG)
   if not os.path.isfile(path):
     return
   config = files.read_json(path)

@@ -15,7 +15,7 @@ from vit_jax.weights import files
 
 SAFETENSORS = ".safetensors"
 WEIGHTS = "model" + SAFETENSORS
-CONFIG = "config.json"
+CONFIG = files.HUB_CONFIG
 PREPROCESSOR = "preprocessor_config.json"
 PROCESSOR = "processor_config.json"  # transformers 5 saves the image processor in it
 _DEFAULT_EPS = 1e-12  # transformers' ViTConfig default (google/vit-* say it too)

@@ -35,7 +35,7 @@ from vit_jax.weights.timm import arguments, expressible, families, names
 
 WEIGHTS = "model.safetensors"
 SPEC = "timm_model.json"
-CONFIG = "config.json"  # timm's hub config (architecture, model_args, pretrained_cfg)
+CONFIG = files.HUB_CONFIG  # timm's hub config (architecture, model_args, pretrained_cfg)
 
 
 def is_timm_config(path: str) -> bool:
