@@ -20,7 +20,10 @@ decay 1e-4 per step on the kernels (big_vision's ``wd``, not scaled by the learn
 Published (the paper, top-1 on the ImageNet validation set): 76.5% after
 90 epochs, 78.5% after 150, 80.0% after 300; 90 epochs "in under seven hours on a
 TPUv3-8" (big_vision's docstring: 6-7 h), 300 epochs under a day. Without RandAugment and
-Mixup (``--config.pp.randaug=None --config.mixup.p=0``) 73.6% at 90 epochs.
+Mixup (``--config.pp.randaug=None --config.mixup.p=0``) 73.6% at 90 epochs. ImageNet ReaL
+and ImageNet-V2 are evaluated beside the validation split, as big_vision's config does
+(``real/accuracy``, ``v2/accuracy``; tfds ``imagenet2012_real`` and ``imagenet_v2`` prepared
+in the same data_dir).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import ml_collections
 
 from configs import big_vision, common
 from vit_jax import models
+from vit_jax.data import presets
 
 EPOCHS: tuple[int, ...] = (90, 150, 300)
 BATCH = 1024
@@ -57,6 +61,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.test_split = "validation"
   config.num_classes = 1000
   config.pp.randaug = (2, 10)
+  config.evals.update(presets.IMAGENET_EVALS)  # ReaL and V2, as big_vision's config
 
   config.model = models.get_model_config(model_name)
   config.model.classifier = "gap"

@@ -24,6 +24,10 @@ paper picks it from {0.001, 0.003, 0.01, 0.03} ({0.003, 0.01, 0.03, 0.06} for Im
 the held-out train slice: ``--config.lr.base=0.01``. ``total_steps=0`` evaluates the
 pre-trained weights only.
 
+ImageNet is evaluated on its validation split and, as ``real/accuracy`` and
+``v2/accuracy``, on ImageNet ReaL and ImageNet-V2 (tfds ``imagenet2012_real`` and
+``imagenet_v2``, prepared in the same ``data_dir``; `presets.IMAGENET_EVALS`).
+
 Expected (the official repository's table, ViT-B/16 pre-trained on ImageNet-21k, at 384):
 CIFAR-10 99.02%, CIFAR-100 92.06%, ImageNet 84.53% top-1 accuracy.
 """
@@ -121,6 +125,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # (ViT-H/14 at 384 -> 392, a 28x28 grid); a BiT ResNet takes any size.
   patch = 1 if models.is_bit(config.model) else config.model.patches.size[0]
   config.pp.crop = -(-preset.crop // patch) * patch
+
+  if dataset == "imagenet2012":  # ReaL and V2 beside the validation split (prepared in data_dir)
+    config.evals.update(presets.IMAGENET_EVALS)
 
   config.total_steps = preset.total_steps
   config.lr.warmup_steps = min(FINETUNE_WARMUP_STEPS, preset.total_steps // 10)

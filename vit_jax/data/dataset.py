@@ -81,6 +81,8 @@ class Settings:
   # The eval preprocessing where it is not the official recipe (a crop, another resize).
   eval_data: Optional[data_config.DataConfig] = None
   decode_processes: Optional[int] = None  # config.decode_processes
+  # The tfds ClassLabel feature read as the label (an evaluation instance's `label_key`).
+  label_key: str = "label"
 
   def eval_data_config(self) -> data_config.DataConfig:
     """The eval images' preprocessing, at ``crop`` (which a command may have changed)."""
@@ -261,7 +263,12 @@ class Dataset:
     else:
       check_data_dir(settings.data_dir, "config.data_dir")
       self._source = tfds_source.TfdsDataset(
-        settings.dataset, settings.data_dir, settings.manual_dir
+        settings.dataset, settings.data_dir, settings.manual_dir, label=settings.label_key
+      )
+    if settings.label_key != "label" and not isinstance(self._source, tfds_source.TfdsDataset):
+      raise errors.ConfigError(
+        f"label_key={settings.label_key!r} names a tfds feature, and {settings.dataset!r} "
+        "is not a tfds dataset: remove label_key (its labels are its classes)."
       )
     self.class_names = self._source.class_names
     found = len(self.class_names) if self.class_names else None

@@ -47,5 +47,17 @@ PRESETS: dict[str, Preset] = {
   "digits": Preset(10, "train", "test", 32, 1_000),
 }
 
+# ImageNet's other test sets, as evaluation instances (config.evals,
+# `vit_jax.run.evaluators.instances`) of a run with ImageNet's 1000 classes: ReaL (the
+# validation images' re-assessed label sets; tfds imagenet2012_real) and ImageNet-V2
+# (tfds imagenet_v2, its default matched-frequency test set), as big_vision's ImageNet
+# configs evaluate them beside the validation split.
+IMAGENET_EVALS: dict[str, dict[str, str]] = {
+  "real": dict(
+    kind="real", dataset="imagenet2012_real", split="validation", label_key="original_label"
+  ),
+  "v2": dict(dataset="imagenet_v2", split="test"),
+}
+
 # Presets of data that is not public: they size a plan, never a run (`data.dataset`).
 PLANNING_ONLY: frozenset[str] = frozenset({"jft300m"})

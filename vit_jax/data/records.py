@@ -335,14 +335,26 @@ def _one(feature: Any, key: str, kind: str) -> Any:
   return values[0]
 
 
-def parse(records: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
-  """Serialized examples -> (encoded images object [n], labels int64 [n])."""
+def parse(records: list[bytes], label: str = _LABEL) -> tuple[np.ndarray, np.ndarray]:
+  """Serialized examples -> (encoded images object [n], labels int64 [n]) (``label``: the
+  ClassLabel feature read, e.g. imagenet2012_real's 'original_label')."""
   values, labels = np.empty(len(records), object), np.zeros(len(records), np.int64)
   for i, record in enumerate(records):
     feature = _features(record)
     values[i] = _one(feature, _IMAGE, "bytes_list")
-    labels[i] = _one(feature, _LABEL, "int64_list")
+    labels[i] = _one(feature, label, "int64_list")
   return values, labels
+
+
+def parse_int_lists(records: list[bytes], key: str) -> list[np.ndarray]:
+  """Serialized examples -> each one's int64 values of ``key`` (a Sequence of ClassLabel:
+  ReaL's label sets; an empty array where the example has none)."""
+  out = []
+  for record in records:
+    feature = _features(record)
+    values = feature[key].int64_list.value if key in feature else ()
+    out.append(np.asarray(values, np.int64))
+  return out
 
 
 def parse_text(records: list[bytes], text: tuple[str, str]) -> tuple[np.ndarray, ...]:

@@ -49,10 +49,13 @@ class TfdsDataset:
     data_dir: str | None = None,
     manual_dir: str | None = None,
     text: tuple[str, str | None] | None = None,
+    label: str = _LABEL,
   ):
     """``text``: (image feature, text feature or None: `TEXT_FEATURES`) of image-text data,
-    read in place of image and label."""
+    read in place of image and label; ``label``: the ClassLabel feature read as the label
+    (imagenet2012_real's 'original_label', smallnorb's 'label_azimuth')."""
     self.name = name
+    self.label = label
     if data_dir and storage.is_remote(data_dir):
       storage.configure()  # tfds reads the metadata through epath: fsspec's, as every gs:// path
     try:
@@ -74,14 +77,14 @@ class TfdsDataset:
       self.num_classes, self.class_names = None, None
       return
     features = self.builder.info.features
-    missing = [k for k in (_IMAGE, _LABEL) if k not in features]
+    missing = [k for k in (_IMAGE, label) if k not in features]
     if missing:
       raise errors.ConfigError(
         f"tfds dataset {name!r} has no {missing} feature (it has {list(features)}); "
-        f'the pipeline reads "{_IMAGE}" and "{_LABEL}". Use an image classification '
-        f"dataset, or export it as an image folder."
+        f'the pipeline reads "{_IMAGE}" and "{label}". Use an image classification '
+        f"dataset (or name its label feature), or export it as an image folder."
       )
-    label = features[_LABEL]
+    label = features[label]
     self.num_classes = getattr(label, "num_classes", None)
     self.class_names = list(label.names) if self.num_classes else None
 
@@ -193,10 +196,10 @@ class TfdsDataset:
     if self.text:
       return self._load_text(split)
     decoders = {_IMAGE: tfds.decode.SkipDecoding()}
-    if set(self.builder.info.features) != {_IMAGE, _LABEL}:  # Skip the other features.
-      decoders = tfds.decode.PartialDecoding({_IMAGE: True, _LABEL: True}, decoders)
+    if set(self.builder.info.features) != {_IMAGE, self.label}:  # Skip the other features.
+      decoders = tfds.decode.PartialDecoding({_IMAGE: True, self.label: True}, decoders)
     ds = self._as_dataset(split, decoders)
-    ds = ds.map(lambda ex: (ex[_IMAGE], ex[_LABEL])).batch(_READ_BATCH).prefetch(1)
+    ds = ds.map(lambda ex: (ex[_IMAGE], ex[self.label])).batch(_READ_BATCH).prefetch(1)
     values, labels = [np.zeros([0], object)], [np.zeros([0], np.int64)]
     for value, label in ds.as_numpy_iterator():
       values.append(value.astype(object))
@@ -292,7 +295,10 @@ class TfdsSplit:
       for split, group in itertools.groupby(parts, key=lambda r: r.split):
         serialized += self._records[split].read([(r.start, r.stop) for r in group])
       text = self._dataset.text
-      rows = records_lib.parse_text(serialized, text) if text else records_lib.parse(serialized)
+      if text:
+        rows = records_lib.parse_text(serialized, text)
+      else:
+        rows = records_lib.parse(serialized, self._dataset.label)
     else:
       instructions = [
         tfds.core.ReadInstruction(r.split, from_=r.start, to=r.stop, unit="abs") for r in parts
@@ -307,6 +313,19 @@ class TfdsSplit:
       )
     starts = ends - [max(hi - lo, 0) for lo, hi in ranges]
     return [tuple(r[a:b] for r in rows) for a, b in zip(starts, ends)]
+
+  def int_lists(self, key: str) -> list[np.ndarray]:
+    """Each example's int64 values of the feature ``key`` (ReaL's label sets), in split
+    order; read from the prepared records (TFRecord or ArrayRecord)."""
+    if self._in_memory is not None or any(r is None for r in self._records.values()):
+      raise errors.ConfigError(
+        f"{self.name}: the feature {key!r} is read from prepared TFRecord or ArrayRecord "
+        "files, which this dataset has not: prepare it with `tfds build`."
+      )
+    serialized = []
+    for r in self._ranges:
+      serialized += self._records[r.split].read([(r.start, r.stop)])
+    return records_lib.parse_int_lists(serialized, key)
 
 
 def _decoded(captions, where: str) -> tuple[str, ...]:

@@ -127,13 +127,21 @@ def get_config() -> ml_collections.ConfigDict:
       every=1000,
     )
   )
+  # Named evaluations beside config.test_split's (vit_jax.run.evaluators.instances):
+  # config.evals.<name> = dict(kind='accuracy' or 'real', dataset, split, label_key, every),
+  # logged as <name>/accuracy; e.g. ImageNet ReaL and V2 in configs/vit.py's imagenet2012.
+  config.evals = ml_collections.ConfigDict()
   return config
+
+
+# Keys that a config written before them may lack (read as empty): config.evals.
+OPTIONAL_KEYS = frozenset({"evals"})
 
 
 def check_complete(config: Any) -> None:
   """One ConfigError naming the top-level keys of `get_config` that ``config`` lacks (a
   bare ``ConfigDict`` lacks them all)."""
-  missing = sorted(set(get_config()) - set(config))
+  missing = sorted(set(get_config()) - set(config) - OPTIONAL_KEYS)
   if missing:
     raise errors.ConfigError(
       f"The run config lacks {len(missing)} keys: {', '.join(missing)}. Start from "

@@ -7,19 +7,20 @@ reader of its settings from the config section of its name (``config.fewshot`` f
 resolved, so a bad option is an error before anything is compiled, and the builder finds
 its settings in ``steps.spec.evaluators[name]``. An evaluator has ``every`` (steps between
 evaluations) and is called with the parameters; it returns metrics named
-``<name>/...``. The loop calls each every ``every`` steps and all of them after the last
-step (the run's final metrics).
+``<name>/...``. "evals" builds several: the named instances of ``config.evals``
+(`instances`), each under its own name. The loop calls each every ``every`` steps and
+all of them after the last step (the run's final metrics).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Mapping, Optional, Protocol, Union
 
 import ml_collections
 
 from vit_jax.aliases import Params
-from vit_jax.run.evaluators import accuracy, fewshot, zeroshot
+from vit_jax.run.evaluators import accuracy, fewshot, instances, zeroshot
 from vit_jax.run.steps import RunSteps
 
 
@@ -31,7 +32,8 @@ class Evaluator(Protocol):
   def __call__(self, params: Params) -> dict[str, float]: ...
 
 
-Builder = Callable[[RunSteps], Optional[Evaluator]]
+# One evaluator, None (off), or several by name (config.evals' instances).
+Builder = Callable[[RunSteps], Union[Optional[Evaluator], Mapping[str, Evaluator]]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,15 +50,23 @@ EVALUATORS: dict[str, Registered] = {
   "fewshot": Registered(fewshot.build, fewshot.FewshotSettings.from_config),
   # zero-shot accuracy and retrieval (contrastive runs with captions)
   "zeroshot": Registered(zeroshot.build),
+  # named evaluations of other splits and datasets (config.evals; ImageNet ReaL and V2)
+  "evals": Registered(instances.build, instances.read),
 }
 
 
 def read_settings(config: ml_collections.ConfigDict) -> dict[str, Any]:
   """Each evaluator's settings from the config section of its name, checked."""
-  return {name: e.read(config[name]) for name, e in EVALUATORS.items() if e.read is not None}
+  return {name: e.read(config.get(name)) for name, e in EVALUATORS.items() if e.read is not None}
 
 
 def build_all(steps: RunSteps) -> dict[str, Evaluator]:
   """The evaluators the run's settings turn on, by name."""
-  built = {name: e.build(steps) for name, e in EVALUATORS.items()}
-  return {name: e for name, e in built.items() if e is not None}
+  out: dict[str, Evaluator] = {}
+  for name, e in EVALUATORS.items():
+    built = e.build(steps)
+    if isinstance(built, Mapping):
+      out.update(built)
+    elif built is not None:
+      out[name] = built
+  return out

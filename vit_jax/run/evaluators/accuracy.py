@@ -43,15 +43,19 @@ def evaluate(
 
 @dataclasses.dataclass
 class Accuracy:
-  """`evaluate` over the run's test split (``spec.data.test_split``) every ``every`` steps."""
+  """`evaluate` over the run's test split (``spec.data.test_split``), or an evaluation
+  instance's (`instances`), every ``every`` steps."""
 
   every: int
   eval_step: Callable[[Params, Batch], dict[str, jax.Array]]  # the objective's sums
   batches: Iterable[Batch]  # `data.eval_iterator`'s: a full pass each time it is iterated
   accuracy_metric: str = "accuracy"  # the objective's name for 'correct' / 'count'
+  prefix: str = "eval"  # the metrics' names: <prefix>/accuracy (an evaluation instance's name)
 
   def __call__(self, params: Params) -> dict[str, float]:
-    return evaluate(self.eval_step, params, self.batches, accuracy_metric=self.accuracy_metric)
+    return evaluate(
+      self.eval_step, params, self.batches, self.prefix, accuracy_metric=self.accuracy_metric
+    )
 
 
 def build(steps: RunSteps) -> Accuracy:
