@@ -23,6 +23,7 @@ EXAMPLE_ARGS = {
   "quickstart": None,
   "siglip": "b16,B,cifar10",
   "vit": "b16,cifar10",
+  "vtab": "b16,dtd",
 }
 
 

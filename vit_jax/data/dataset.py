@@ -160,6 +160,8 @@ class Settings:
       text=needs.text,
       # Absent from the config.json of runs made before worker processes decoded.
       decode_processes=config.get("decode_processes"),
+      # Absent from configs written before it: the 'label' feature.
+      label_key=str(config.get("label_key") or "label"),
     )
     _check_input_pipeline(config)
     if settings.decode_processes is not None and settings.decode_processes < 0:

@@ -29,6 +29,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.train_split = "train[:98%]"
   config.test_split = "test"
   config.num_classes = ml_collections.FieldReference(None, field_type=int)  # None: from data
+  config.label_key = "label"  # a tfds dataset's ClassLabel feature read as the label
   config.pp = ml_collections.ConfigDict(dict(crop=224, min_area=0.05, flip=True))
   config.pp.randaug = ml_collections.FieldReference(None, field_type=tuple)  # (layers, magnitude)
   config.batch = 512
@@ -134,8 +135,8 @@ def get_config() -> ml_collections.ConfigDict:
   return config
 
 
-# Keys that a config written before them may lack (read as empty): config.evals.
-OPTIONAL_KEYS = frozenset({"evals"})
+# Keys that a config written before them may lack (read as their defaults).
+OPTIONAL_KEYS = frozenset({"evals", "label_key"})
 
 
 def check_complete(config: Any) -> None:

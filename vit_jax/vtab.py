@@ -1,0 +1,139 @@
+r"""`python -m vit_jax.vtab`: fine-tunes a checkpoint on each VTAB-1k task and prints the table.
+
+    python -m vit_jax.vtab --config=configs/vtab.py:b16 --config.pretrained=ViT-B_16 \
+        --config.data_dir=/data/tfds --workdir=/tmp/vtab_b16 [--tasks=dtd,svhn] [--sweep]
+
+Each task of `vit_jax.data.vtab.TASKS` whose tfds data is prepared in ``config.data_dir``
+is a run of ``--config`` in ``<workdir>/<task>`` (`data.vtab.apply_task`: its dataset,
+label feature and 1k splits; an interrupted suite resumes each run where it stopped, and
+a finished one only evaluates); its test accuracy goes into the table, printed in the
+paper's order with the Natural, Specialized and Structured means and the mean of the 19
+(a mean only when all of its tasks ran), beside the paper's number for the model where
+the paper has one. Tasks not run are listed with the reason: data not prepared, or a class
+the pipeline cannot derive yet. The table is written to ``<workdir>/vtab.md`` and the
+accuracies to ``<workdir>/vtab.json``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from absl import flags
+
+from vit_jax import cli, errors
+from vit_jax.data import vtab
+
+# The paper's VTAB-1k mean (Table 2) of the public checkpoints it reports, by model name.
+PAPER_MEANS: dict[str, float] = {"ViT-L_16": 72.72}  # ViT-L/16 pre-trained on ImageNet-21k
+
+
+def _parse(argv: Sequence[str]) -> dict[str, Any]:
+  flag_values = cli.new_flag_values()
+  holders = dict(
+    config=cli.define_config_flags(flag_values, argv, "configs/vtab.py:<model>, e.g. :b16."),
+    workdir=flags.DEFINE_string(
+      "workdir", None, "One run per task in <workdir>/<task>.", flag_values=flag_values
+    ),
+    tasks=flags.DEFINE_list(
+      "tasks", list(vtab.TASKS), "The tasks to run (default: all 19).", flag_values=flag_values
+    ),
+    sweep=flags.DEFINE_bool(
+      "sweep", False, "Train on train800, test on val200.", flag_values=flag_values
+    ),
+  )
+  values = cli.parse_command_flags(flag_values, argv, holders, ("config", "workdir"))
+  for name in values["tasks"]:
+    vtab.task(name)  # an unknown task: one error line naming the 19
+  return values
+
+
+def not_runnable(name: str, data_dir: Optional[str]) -> Optional[str]:
+  """Why task ``name`` cannot run from ``data_dir`` (None: it can)."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
+  t = vtab.TASKS[name]
+  if t.derived:
+    return f"its class is {t.derived}, which the pipeline does not derive yet"
+  builder = tfds.builder(t.tfds_name, data_dir=data_dir)
+  if not builder.is_prepared():
+    return f"{t.tfds_name} is not prepared in {data_dir or 'the tfds default data_dir'}"
+  try:
+    vtab.check_sizes(name, {s: i.num_examples for s, i in builder.info.splits.items()})
+  except errors.ConfigError as e:
+    return str(e)
+  return None
+
+
+def run_suite(
+  config: Any,
+  workdir: str,
+  tasks: Sequence[str],
+  sweep: bool = False,
+  train: Optional[Callable[[Any, str], Mapping[str, float]]] = None,
+) -> tuple[dict[str, float], dict[str, str]]:
+  """({task: accuracy in %}, {task: why it was not run}) of ``tasks`` (``train``: the run,
+  default `vit_jax.run.train_and_evaluate`)."""
+  if train is None:
+    from vit_jax import run  # pylint: disable=g-import-not-at-top
+
+    train = run.train_and_evaluate
+  accuracies, skipped = {}, {}
+  for name in tasks:
+    why = not_runnable(name, config.data_dir)
+    if why:
+      skipped[name] = why
+      continue
+    task_config = copy.deepcopy(config)
+    vtab.apply_task(task_config, name, sweep)
+    metrics = train(task_config, os.path.join(workdir, name))
+    accuracies[name] = 100.0 * metrics["eval/accuracy"]
+  return accuracies, skipped
+
+
+def table(
+  accuracies: Mapping[str, float], skipped: Mapping[str, str], paper: Optional[float] = None
+) -> str:
+  """The Markdown table: each task in the paper's order, the group means and the mean of
+  the 19 (``paper``: the paper's mean for this model), then the tasks not run."""
+  dash = "—"
+  lines = ["| Task | Group | Accuracy (%) | Paper (%) |", "|---|---|---:|---:|"]
+  for name, t in vtab.TASKS.items():
+    value = f"{accuracies[name]:.2f}" if name in accuracies else dash
+    lines.append(f"| {name} | {t.group} | {value} | |")
+  means = vtab.group_means(accuracies)
+  for group in (*vtab.GROUPS, "Mean"):
+    count = sum(t.group == group for t in vtab.TASKS.values()) or len(vtab.TASKS)
+    value = f"{means[group]:.2f}" if group in means else dash
+    label = "VTAB-1k mean" if group == "Mean" else f"{group} mean"
+    reference = f"{paper:.2f}" if group == "Mean" and paper is not None else ""
+    lines.append(f"| **{label}** ({count} tasks) | | {value} | {reference} |")
+  if skipped:
+    lines += ["", "Not run:"] + [f"- {name}: {why}" for name, why in skipped.items()]
+  return "\n".join(lines)
+
+
+def _suite(values: dict[str, Any]) -> int:
+  config, workdir = values["config"], values["workdir"]
+  accuracies, skipped = run_suite(config, workdir, values["tasks"], values["sweep"])
+  text = table(accuracies, skipped, PAPER_MEANS.get(config.model.get("name", "")))
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, "vtab.md"), "w") as f:
+    f.write(text + "\n")
+  with open(os.path.join(workdir, "vtab.json"), "w") as f:
+    means = vtab.group_means(accuracies)
+    json.dump({"accuracy": accuracies, "means": means, "not_run": skipped}, f, indent=1)
+  print(text)
+  return 0
+
+
+def main(argv: Sequence[str]) -> int:
+  """Parses ``argv``, runs the suite and prints the table; the exit status."""
+  return cli.run_command(argv, _parse, _suite, context=lambda v: (v["workdir"], v["config"]))
+
+
+if __name__ == "__main__":
+  cli.exit_with(main(sys.argv))
