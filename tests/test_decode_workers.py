@@ -186,18 +186,17 @@ def test_a_worker_that_cannot_start_is_one_line(monkeypatch):
     _pool_error(monkeypatch),
   )
   monkeypatch.undo()
-  no_cv2 = decode_workers._START.replace(
-    "decode_workers.main()", "sys.modules['cv2'] = None; decode_workers.main()"
-  )
+  no_cv2 = "import sys; sys.modules['cv2'] = None; import runpy; "
+  no_cv2 += "runpy.run_module('vit_jax.data.decode_worker', run_name='__main__')"
   assert re.fullmatch(
     r"Decode worker process \d+ cannot start \(ModuleNotFoundError: import of cv2 halted; "
     r"None in sys.modules\): set config.decode_processes=0 to decode in this process, or "
     r"repair the installation.",
-    _pool_error(monkeypatch, _START=no_cv2),
+    _pool_error(monkeypatch, _WORKER_ARGS=("-c", no_cv2)),
   )
   assert re.match(
     r"Decode worker process \d+ exited with status 3 \(its error, if any, is above\): set",
-    _pool_error(monkeypatch, _START="import sys; sys.exit(3)"),
+    _pool_error(monkeypatch, _WORKER_ARGS=("-c", "import sys; sys.exit(3)")),
   )
 
 
@@ -216,20 +215,30 @@ def test_a_batch_slot_the_system_cannot_make_is_one_line(monkeypatch, call):
   )
 
 
-def test_workers_ignore_signals_import_no_jax_and_end_with_their_pipe():
+def test_workers_run_the_module_ignore_signals_import_no_jax_and_end_with_their_pipe():
   settings = data.Settings.from_config(train_fixtures.common_config(pp=dict(crop=CROP)))
   pool = decode_workers.Pool((settings, "bytes", True), 1)
   (pid,) = (w.process.pid for w in pool._workers)
   time.sleep(1.0)  # started and waiting for tasks
+  with open(f"/proc/{pid}/cmdline") as f:
+    assert f.read().split("\0")[1:3] == ["-m", "vit_jax.data.decode_worker"]
   for sig in (signal.SIGINT, signal.SIGTERM):
     os.kill(pid, sig)
   time.sleep(0.2)
   with open(f"/proc/{pid}/maps") as f:
     maps = f.read()
-  assert "jaxlib" not in maps  # the package's __init__ (which imports JAX) did not run
+  assert "jaxlib" not in maps  # the package's import (`import vit_jax`) imports no JAX
   assert pool._workers[0].process.poll() is None  # alive after SIGINT and SIGTERM
   pool.close()
   assert not os.path.exists(f"/proc/{pid}/status") or _zombie_or_gone(pid)
+
+
+def test_a_worker_from_a_checkout_imports_the_checkouts_package(monkeypatch):
+  """This repository is no site directory: a worker's PYTHONPATH starts at it (a checkout
+  that is on sys.path but not installed still starts its workers)."""
+  monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  assert decode_workers._worker_env()["PYTHONPATH"] == os.pathsep.join([repo, "/elsewhere"])
 
 
 def test_bad_values_are_one_clear_error():

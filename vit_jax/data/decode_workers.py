@@ -11,17 +11,15 @@ main process, so the main process keeps them and sends each group of examples (a
 path or the encoded bytes, and the uid that seeds the crop) to a worker. Why not
 `multiprocessing`'s processes: its spawn and forkserver starts import the parent's
 ``__main__`` in every child (`vit_jax.main` would bring Flax, Orbax and the models), and
-fork is unsafe once JAX runs threads. A worker is a fresh interpreter (`_START`) running
-`serve`, a loop over two pipes with `multiprocessing.connection`'s framing; it ignores
-SIGINT and SIGTERM (the run handles those) and exits when the main process closes its pipe
-or dies. A worker that cannot start, runs out of memory or is killed (the kernel's
-out-of-memory killer: SIGKILL) is one `errors.UserError` in the main process naming its pid,
-how it ended and the way out (`_ended`).
+fork is unsafe once JAX runs threads. A worker is a fresh interpreter running
+``python -m vit_jax.data.decode_worker`` (`decode_worker`: its loop over two pipes), with
+the package this process runs (`_worker_env`). A worker that cannot start, runs out of
+memory or is killed (the kernel's out-of-memory killer: SIGKILL) is one `errors.UserError`
+in the main process naming its pid, how it ended and the way out (`_ended`).
 
-Files on a bucket (a 'path' source's URLs): a request takes tens of milliseconds, so a
-worker reads the files of every task it holds at once (`example_images.ReadAhead`: all
-requests in flight together, on fsspec's event loop in the worker) while it decodes, and is
-sent more tasks ahead (`_REMOTE_IN_FLIGHT`: 64 files).
+Files on a bucket (a 'path' source's URLs): a worker reads the files of every task it
+holds at once while it decodes (`decode_worker`), and is sent more tasks ahead
+(`_REMOTE_IN_FLIGHT`: 64 files).
 
 Pixels never go through a pipe: each batch's images are a slot in shared memory (`_Slot`,
 an anonymous memfd file, so nothing is left behind in /dev/shm by a killed run and its size
@@ -40,10 +38,10 @@ import mmap
 import os
 import queue
 import signal
+import site
 import subprocess
 import sys
 import threading
-import traceback
 import weakref
 from multiprocessing import connection
 from typing import Any, Callable, Iterable, Iterator, TypeVar
@@ -51,12 +49,9 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 import numpy as np
 
 from vit_jax import errors
+from vit_jax.data import decode_worker
+from vit_jax.data.decode_worker import AGAIN, Task, Written
 
-# (file of the batch's images, row in it, value, uid): one example of a task.
-Item = tuple[str, int, Any, int]
-Task = tuple[tuple[int, ...], list[Item]]  # (shape of a batch's images, its examples)
-# A task's result: per example whether its row was written (False: its image failed).
-Written = list[bool]
 _IN_FLIGHT = 3  # Tasks sent ahead to each worker: it always has the next one queued.
 # Tasks sent ahead to each worker whose files are on a bucket: it reads the files of every
 # task it holds at once (`serve`), 64 requests in flight, so that at a bucket's tens of
@@ -64,16 +59,21 @@ _IN_FLIGHT = 3  # Tasks sent ahead to each worker: it always has the next one qu
 _REMOTE_IN_FLIGHT = 8
 _FEED_POLL_SECONDS = 0.005  # How often the main loop looks for new items while a worker idles.
 _Item = TypeVar("_Item")
-# How every error of a worker that failed at its work ends.
-_AGAIN = "then run the same command again (a training run resumes from its last checkpoint)"
-# A worker's program: the package registered without running its __init__ (which imports
-# JAX to choose a backend: 0.5 s of a worker's 0.7 s start), then `main`.
-_START = (
-  "import sys, types; package = types.ModuleType('vit_jax'); "
-  f"package.__path__ = [{os.path.dirname(os.path.dirname(os.path.abspath(__file__)))!r}]; "
-  "sys.modules['vit_jax'] = package; from vit_jax.data import decode_workers; "
-  "decode_workers.main()"
-)
+# A worker's program, after the interpreter: the worker module, run as a module.
+_WORKER_ARGS = ("-m", decode_worker.__name__)
+# The folder that holds this process's `vit_jax` package.
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _worker_env() -> dict[str, str]:
+  """A worker's environment: this one, with `_PACKAGE_ROOT` first on PYTHONPATH where it is
+  not a site directory (a checkout on sys.path, not installed), so that the worker runs
+  this process's vit_jax."""
+  sites = {*site.getsitepackages(), site.getusersitepackages()}
+  path = os.environ.get("PYTHONPATH", "")
+  if _PACKAGE_ROOT in sites:
+    return dict(os.environ)
+  return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (_PACKAGE_ROOT, path) if p)}
 
 
 class _Slot:
@@ -154,9 +154,10 @@ class _Worker:
     result_read, result_write = os.pipe()
     try:
       self.process = subprocess.Popen(
-        [sys.executable, "-c", _START, str(task_read), str(result_write)],
+        [sys.executable, *_WORKER_ARGS, str(task_read), str(result_write)],
         pass_fds=(task_read, result_write),
         stdin=subprocess.DEVNULL,
+        env=_worker_env(),
       )
     except OSError as e:  # no memory or process slot to fork, the interpreter gone
       os.close(task_write)
@@ -223,7 +224,7 @@ def _ended(pid: int, code: int, pool_size: int) -> errors.UserError:
     return errors.UserError(
       f"Decode worker process {pid} was killed by SIGKILL, likely the kernel's out-of-memory "
       f"killer (`dmesg` shows it): lower config.decode_processes (now {pool_size}; 0 decodes in "
-      f"this process) or config.batch, or give the machine more memory; {_AGAIN}."
+      f"this process) or config.batch, or give the machine more memory; {AGAIN}."
     )
   if code < 0:
     try:
@@ -234,7 +235,7 @@ def _ended(pid: int, code: int, pool_size: int) -> errors.UserError:
     what = f"exited with status {code}" + (" (its error, if any, is above)" if code else "")
   return errors.UserError(
     f"Decode worker process {pid} {what}: set config.decode_processes=0 to decode in this "
-    f"process; {_AGAIN}."
+    f"process; {AGAIN}."
   )
 
 
@@ -378,117 +379,3 @@ class Pool:
       worker.wait()
     self._workers = []
     self.images.close()
-
-
-class _Mappings:
-  """A worker's mappings of the batch slots it has written, by path (kept: slots are
-  reused, so a mapping's pages stay in its page table)."""
-
-  def __init__(self):
-    self._arrays: dict[str, np.ndarray] = {}
-
-  def rows(self, path: str, shape: tuple[int, ...]) -> np.ndarray:
-    if path not in self._arrays:
-      try:
-        fd = os.open(path, os.O_RDWR)
-        try:
-          mapped = mmap.mmap(fd, 4 * math.prod(shape))
-        finally:
-          os.close(fd)
-      except OSError as e:
-        raise errors.UserError(
-          f"Decode worker process {os.getpid()} cannot map the batch's shared memory {path} "
-          f"({e.strerror}): set config.decode_processes=0 to decode in the main process."
-        ) from None
-      self._arrays[path] = np.frombuffer(mapped, np.float32).reshape(shape)
-    return self._arrays[path]
-
-
-def _write(
-  preprocessing: Any, mappings: _Mappings, shape: tuple[int, ...], items: list[Item], ahead: Any
-) -> Written:
-  """Writes each example's row into its batch; False where its image fails. ``ahead``: the
-  task's remote files being read (`example_images.ReadAhead`), or None."""
-  written = []
-  for k, (path, row, value, uid) in enumerate(items):
-    out = mappings.rows(path, shape)[row]  # outside the try: not an image's failure
-    try:
-      data = ahead.data(k) if ahead is not None else None  # a StorageError passes
-      preprocessing.image(value, uid, out, data)
-      written.append(True)
-    except (ValueError, OSError):
-      written.append(False)
-  return written
-
-
-def _receive(tasks: connection.Connection, inbox: queue.SimpleQueue) -> None:
-  """Moves tasks from the pipe to ``inbox`` (None at its end), so that the main process
-  never waits on a full pipe while this worker decodes."""
-  try:
-    while True:
-      inbox.put(tasks.recv())
-  except (EOFError, OSError):
-    inbox.put(None)
-
-
-def serve(tasks: connection.Connection, results: connection.Connection) -> None:
-  """A worker's loop: the `Preprocessing` args, then (shape, items) tasks until the end.
-  A failure the main process should say in one line (this interpreter cannot start the
-  stage, no memory, no shared memory) is sent as a `UserError`; a bug with its trace."""
-  inbox: queue.SimpleQueue = queue.SimpleQueue()
-  threading.Thread(target=_receive, args=(tasks, inbox), daemon=True).start()
-  args = inbox.get()
-  if args is None:
-    return
-  try:
-    from vit_jax.data import example_images  # pylint: disable=g-import-not-at-top
-
-    preprocessing, mappings = example_images.Preprocessing(*args), _Mappings()
-  except (ImportError, MemoryError, OSError) as e:
-    results.send(
-      errors.UserError(
-        f"Decode worker process {os.getpid()} cannot start ({type(e).__name__}: "
-        f"{' '.join(str(e).split())[:200]}): set config.decode_processes=0 to decode in this "
-        "process, or repair the installation."
-      )
-    )
-    return
-  # Tasks received, each with its remote files being read (`read_ahead`): every task at
-  # hand is taken before one is decoded, so the files of all of them are read meanwhile.
-  held: collections.deque[tuple[Task, Any]] = collections.deque()
-  ended = False
-  while True:
-    while not ended and (not held or not inbox.empty()):
-      task = inbox.get()
-      if task is None:
-        ended = True
-      else:
-        held.append((task, preprocessing.read_ahead([item[2] for item in task[1]])))
-    if not held:
-      return
-    (shape, items), ahead = held.popleft()
-    try:
-      result: Any = _write(preprocessing, mappings, shape, items, ahead)
-    except errors.UserError as e:
-      result = e
-    except MemoryError:
-      result = errors.UserError(
-        f"Decode worker process {os.getpid()} ran out of memory: lower "
-        f"config.decode_processes or config.batch, or give the machine more memory; {_AGAIN}."
-      )
-    except Exception:  # noqa: BLE001  # a bug: the main process raises it with the trace
-      result = RuntimeError(f"A decode worker failed:\n{traceback.format_exc()}")
-    try:
-      results.send(result)
-    except OSError:  # the main process is gone (its pipe closed): nobody waits for the rest
-      return
-
-
-def main() -> None:
-  """A worker process (`_START`): ``argv[1:]`` are its task and result pipes' ends."""
-  signal.signal(signal.SIGINT, signal.SIG_IGN)
-  signal.signal(signal.SIGTERM, signal.SIG_IGN)
-  serve(
-    connection.Connection(int(sys.argv[1]), writable=False),
-    connection.Connection(int(sys.argv[2]), readable=False),
-  )
