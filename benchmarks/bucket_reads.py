@@ -7,8 +7,8 @@
 The same data in both places: a folder of the input benchmarks' photo-like JPEGs
 (500x375, ~60 KiB; `input_data.py`) and a tfds dataset of those JPEGs prepared as
 ArrayRecord (and TFRecord, with `--sources tfrecord`; 4 files a split, `input_tfds.py`).
-The bucket is a real GCS server (fake-gcs-server, `tests/gcs_server.py`) behind a proxy
-that adds `--latency-ms` to every request (`tests/gcs_proxy.py`, in this process), as a
+The bucket is a real GCS server (fake-gcs-server, `tests/gcs_server.py`) behind a TCP relay
+that adds `--latency-ms` to every request (`tests/gcs_proxy.LatencyRelay`, in this process), as a
 bucket's tens of milliseconds (several values: a bucket row each; 0 against 20 says how
 much of the latency is hidden); the pipeline reaches it through STORAGE_EMULATOR_HOST.
 
@@ -19,7 +19,7 @@ reading the tfds metadata; from the bucket, the copy of the dataset's files into
 cache each round: the start-up a first run pays), then `--warmup` batches, then `--steps`
 timed: images/s, and the pipeline's CPU milliseconds per image (its process and worker
 processes). The rows alternate within each of `--rounds` rounds. The storage's own CPU
-(the server and the proxy, which share the machine here and would not on a cloud host) is
+(the server and the relay, which share the machine here and would not on a cloud host) is
 printed per request beside the table; `--storage-cores N` gives them the last N cores and
 every row (local ones too) the others. `--smoke`: 48 images, batch 8, crop 32, 2 steps, 1
 round.
@@ -192,7 +192,7 @@ def main() -> None:
     "--storage-cores",
     type=int,
     default=0,
-    help="the last N cores for the server and the proxy, the others for every row (0: shared)",
+    help="the last N cores for the server and the relay, the others for every row (0: shared)",
   )
   parser.add_argument(
     "--sources", nargs="+", default=["folder", "array_record"], choices=sorted(_LABELS)
@@ -221,8 +221,8 @@ def main() -> None:
     server = gcs_server.GcsServer(pathlib.Path(root, "gcs"))
     server.start()
     os.sched_setaffinity(server._process.pid, storage_cores)  # pylint: disable=protected-access
-    os.sched_setaffinity(0, storage_cores)  # the proxy's threads; each row sets its own
-    proxy = gcs_proxy.GcsProxy(server.url)
+    os.sched_setaffinity(0, storage_cores)  # the relay's thread; each row sets its own
+    relay = gcs_proxy.LatencyRelay(server.url)
     try:
       os.environ.update(server.env)  # the upload goes straight to the server
       places["bucket"] = _upload(places["local"], server.make_bucket("vit-jax-bench"))
@@ -234,20 +234,20 @@ def main() -> None:
         flush=True,
       )
       results: dict = {}
-      storage_ms: list[float] = []  # the server's and the proxy's CPU per request
+      storage_ms: list[float] = []  # the server's and the relay's CPU per request
       wheres = ["local", *(f"bucket {ms:g} ms" for ms in args.latency_ms)]
       for round_ in range(args.rounds):
         for source in args.sources:
           for where, latency_ms in zip(wheres, [0, *args.latency_ms]):
-            proxy.latency_s = latency_ms / 1000
+            relay.latency_s = latency_ms / 1000
             cache = tempfile.mkdtemp(dir=root, prefix="cache")  # a first run's: copied anew
-            env = dict(os.environ, **proxy.env, XDG_CACHE_HOME=cache, TF_CPP_MIN_LOG_LEVEL="3")
+            env = dict(os.environ, **relay.env, XDG_CACHE_HOME=cache, TF_CPP_MIN_LOG_LEVEL="3")
             load = os.getloadavg()[0]
-            requests, cpu = proxy.requests, _storage_cpu(server)
+            requests, cpu = relay.requests, _storage_cpu(server)
             place = places[_place(where)][source]
             result = _run_row(source, place, args, env, rows_cores)
-            if where != "local" and proxy.requests > requests:
-              storage_ms.append(1e3 * (_storage_cpu(server) - cpu) / (proxy.requests - requests))
+            if where != "local" and relay.requests > requests:
+              storage_ms.append(1e3 * (_storage_cpu(server) - cpu) / (relay.requests - requests))
             results.setdefault((source, where), []).append(result)
             rate = result["images"] / result["wall_s"]
             print(
@@ -256,19 +256,19 @@ def main() -> None:
               flush=True,
             )
     finally:
-      proxy.close()
+      relay.close()
       server.stop()
   print(_uptime())
   print("\n" + "\n".join(_table(results, args.sources, args.latency_ms, described)))
   if storage_ms:
     print(
-      f"\nThe storage's CPU (server and proxy, on this machine): {_median(storage_ms):.2f} ms "
+      f"\nThe storage's CPU (server and relay, on this machine): {_median(storage_ms):.2f} ms "
       "per request"
     )
 
 
 def _storage_cpu(server: Any) -> float:
-  """CPU seconds of the GCS server process and of this process (the proxy's threads)."""
+  """CPU seconds of the GCS server process and of this process (the relay's thread)."""
   return _process_cpu_seconds(server._process.pid) + _process_cpu_seconds(os.getpid())  # pylint: disable=protected-access
 
 

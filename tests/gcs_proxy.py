@@ -7,9 +7,11 @@ right after a checkpoint is committed). Clients reach it as they reach the serve
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import http.server
 import re
+import socket
 import threading
 import time
 from typing import Callable, Optional
@@ -128,3 +130,82 @@ class GcsProxy:
   def close(self) -> None:
     self._server.shutdown()
     self._server.server_close()
+
+
+class LatencyRelay:
+  """A TCP relay to ``upstream`` (host:port) that holds each request ``latency_s`` before
+  forwarding it, and does nothing else: a bucket's latency for the throughput benchmark at a
+  fraction of `GcsProxy`'s CPU (no HTTP parsing, no thread or upstream connection per
+  request; a client's keep-alive connection is one upstream connection). A request is the
+  client's first bytes after the previous answer; ``requests`` counts them."""
+
+  def __init__(self, upstream_url: str, latency_s: float = 0.0):
+    self.upstream = upstream_url.removeprefix("http://")
+    self.latency_s = latency_s
+    self.requests = 0
+    self._loop = asyncio.new_event_loop()
+    listener = socket.create_server(("127.0.0.1", 0))
+    self._port = listener.getsockname()[1]
+    started = threading.Event()
+
+    def run() -> None:
+      asyncio.set_event_loop(self._loop)
+      self._server = self._loop.run_until_complete(asyncio.start_server(self._relay, sock=listener))
+      started.set()
+      self._loop.run_forever()
+
+    self._thread = threading.Thread(target=run, daemon=True)
+    self._thread.start()
+    started.wait()
+
+  async def _relay(self, client_in: asyncio.StreamReader, client_out: asyncio.StreamWriter):
+    host, port = self.upstream.rsplit(":", 1)
+    upstream_in, upstream_out = await asyncio.open_connection(host, int(port))
+    answered = asyncio.Event()  # set once the upstream has answered the last request
+    answered.set()
+
+    async def requests() -> None:
+      while data := await client_in.read(1 << 20):
+        if answered.is_set():  # the first bytes of a new request
+          answered.clear()
+          self.requests += 1
+          if self.latency_s:
+            await asyncio.sleep(self.latency_s)
+        upstream_out.write(data)
+        await upstream_out.drain()
+      upstream_out.close()
+
+    async def answers() -> None:
+      while data := await upstream_in.read(1 << 20):
+        answered.set()
+        client_out.write(data)
+        await client_out.drain()
+      client_out.close()
+
+    try:
+      await asyncio.gather(requests(), answers())
+    except (ConnectionError, OSError, asyncio.CancelledError):
+      pass  # a client gone (a row's process ended), or the relay closing
+    finally:
+      for writer in (client_out, upstream_out):
+        writer.close()
+
+  @property
+  def url(self) -> str:
+    return f"http://127.0.0.1:{self._port}"
+
+  @property
+  def env(self) -> dict[str, str]:
+    return {"STORAGE_EMULATOR_HOST": self.url}
+
+  def close(self) -> None:
+    async def stop() -> None:
+      self._server.close()
+      tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+      for task in tasks:
+        task.cancel()
+      await asyncio.gather(*tasks, return_exceptions=True)
+
+    asyncio.run_coroutine_threadsafe(stop(), self._loop).result(timeout=10)
+    self._loop.call_soon_threadsafe(self._loop.stop)
+    self._thread.join(timeout=10)
