@@ -2,15 +2,18 @@
 group means by hand, and the suite command on a tiny model over a tiny `dtd` made here
 (ArrayRecord, without TensorFlow or network)."""
 
+import copy
+
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
+from tensorflow_datasets.proto import tf_example_pb2
 
 from configs import vtab as vtab_config
 from tests import tiny_tfds
 from vit_jax import errors
 from vit_jax import vtab as command
-from vit_jax.data import splits, vtab
+from vit_jax.data import dataset, splits, vtab
 from vit_jax.models import get_model_config
 
 
@@ -66,37 +69,83 @@ def test_group_means_by_hand_on_made_up_accuracies():
   assert set(vtab.group_means(made_up)) == {"Natural", "Specialized"}  # no partial mean
 
 
-def test_a_derived_task_or_an_unknown_one_is_one_error_line():
-  with pytest.raises(errors.ConfigError, match=r"'clevr_count' derives its class from"):
-    vtab_config.get_config("b16,clevr_count")
+def test_an_unknown_task_is_one_error_line():
   with pytest.raises(errors.ConfigError, match=r"Unknown VTAB task 'cifar10': use one of"):
     vtab.task("cifar10")
 
 
-def test_the_suite_runs_the_present_tasks_and_lists_the_others(tmp_path):
-  data_dir = str(tmp_path / "tfds")
-  tiny_tfds.prepare(
-    "dtd",
-    data_dir,
-    {"train": 800, "validation": 200, "test": 16},
-    lambda k, rng: {"label": k % 47, "file_name": f"{k}.jpg"},
+def _example(**features) -> dict:
+  """A tf.train.Example's feature map from {key: int list or float list}."""
+  example = tf_example_pb2.Example()
+  for key, values in features.items():
+    field = "float_list" if isinstance(values[0], float) else "int64_list"
+    getattr(example.features.feature[key.replace("__", "/")], field).value.extend(values)
+  return example.features.feature
+
+
+def test_derived_classes_as_task_adaptation_computes_them_on_hand_made_examples():
+  derive = vtab.DERIVED_LABELS
+  assert derive["clevr_count"](_example(objects__size=[0, 1, 1, 0, 1])) == 2  # 5 objects
+  # Depths 9.2 and 12.0 (the third of each x, y, depth): 9.2 is in bin [9.0, 9.5) -> 3.
+  coords = [1.0, 2.0, 12.0, 3.0, 4.0, 9.2]
+  assert derive["clevr_distance"](_example(objects__pixel_coords=coords)) == 3
+  # A pedestrian (type 3) at 5 m, a car (type 0) at 15 m: the car counts, bin [8, 20) -> 1.
+  location = [0.0, 0.0, 5.0, 1.0, 0.0, 15.0]
+  assert derive["kitti_distance"](_example(objects__type=[3, 0], objects__location=location)) == 1
+  assert (
+    derive["kitti_distance"](_example(objects__type=[4], objects__location=[0.0, 0.0, 3.0])) == 3
   )
+  assert derive["dsprites_location"](_example(label_x_position=[31])) == 15  # 32 -> 16 bins
+  assert derive["dsprites_orientation"](_example(label_orientation=[39])) == 15  # 40 -> 16
+  assert derive["dsprites_orientation"](_example(label_orientation=[5])) == 2  # 5 / 2.5
+  config = vtab_config.get_config("b16,clevr_count")
+  assert (config.dataset, config.label_key, config.num_classes) == ("clevr", "clevr_count", 8)
+
+
+def _kitti_example(k: int, rng: np.random.Generator) -> dict:
+  """A KITTI image with two objects: its class (the closest vehicle's distance bin) k % 4."""
+  depth = (5.0, 10.0, 25.0, 1000.5)[k % 4]  # bins [-100, 8), [8, 20), [20, 999), [999, ...)
+  objects = [
+    dict(type=0, location=[0.0, 1.0, depth]),  # a car
+    dict(type=3, location=[0.0, 1.0, 2.0]),  # a pedestrian, nearer, not counted
+  ]
+  if depth > 999:
+    objects = objects[1:]  # no vehicle: the distance is 1000
+  fill = dict(alpha=0.0, bbox=tfds.features.BBox(0.1, 0.1, 0.5, 0.5), dimensions=[1.0] * 3)
+  fill.update(occluded=0, rotation_y=0.0, truncated=0.0)
+  return {"image/file_name": f"{k}.png", "objects": [{**fill, **o} for o in objects]}
+
+
+def test_the_suite_runs_the_present_tasks_and_lists_the_others(tmp_path):
+  """KITTI's class, derived from its objects, read from the records of a tiny run; the
+  table has its accuracy and lists the tasks not prepared."""
+  data_dir = str(tmp_path / "tfds")
+  sizes = {"train": 800, "validation": 200, "test": 16}
+  tiny_tfds.prepare("kitti", data_dir, sizes, _kitti_example)
   config = vtab_config.get_config("ti16")
   config.model = get_model_config("testing")
   config.update(dict(data_dir=data_dir, batch=16, batch_eval=16, total_steps=2, decode_processes=0))
   config.update(dict(eval_every=2, checkpoint_every=2, log_every=1))
   config.pp.crop, config.lr.warmup_steps = 8, 1
   accuracies, skipped = command.run_suite(
-    config, str(tmp_path / "vtab"), ["dtd", "sun397", "clevr_count"]
+    config, str(tmp_path / "vtab"), ["dtd", "kitti_distance", "clevr_count"]
   )
-  assert list(accuracies) == ["dtd"] and 0 <= accuracies["dtd"] <= 100
-  assert skipped["sun397"].startswith("sun397/tfds is not prepared in ")
-  assert "objects/size" in skipped["clevr_count"]
+  assert list(accuracies) == ["kitti_distance"] and 0 <= accuracies["kitti_distance"] <= 100
+  labels = dataset.Dataset(dataset.Settings.from_config(config_for(config, "kitti_distance")))
+  # tfds stores the examples in its own order: each class 4 times among the 16.
+  np.testing.assert_array_equal(np.bincount(labels.split("test").read(0, 16)[1]), [4] * 4)
+  assert skipped["dtd"].startswith("dtd is not prepared in ")
+  assert skipped["clevr_count"].startswith("clevr is not prepared in ")
   text = command.table(accuracies, skipped, paper=72.72)
-  assert f"| dtd | Natural | {accuracies['dtd']:.2f} | |" in text
+  assert f"| kitti_distance | Structured | {accuracies['kitti_distance']:.2f} | |" in text
   assert "| **VTAB-1k mean** (19 tasks) | | — | 72.72 |" in text
   assert text.splitlines()[-2:] == [
-    f"- sun397: {skipped['sun397']}",
+    f"- dtd: {skipped['dtd']}",
     f"- clevr_count: {skipped['clevr_count']}",
   ]
-  assert np.isfinite(accuracies["dtd"])
+
+
+def config_for(config, name: str):
+  config = copy.deepcopy(config)
+  vtab.apply_task(config, name)
+  return config

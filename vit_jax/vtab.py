@@ -9,9 +9,9 @@ label feature and 1k splits; an interrupted suite resumes each run where it stop
 a finished one only evaluates); its test accuracy goes into the table, printed in the
 paper's order with the Natural, Specialized and Structured means and the mean of the 19
 (a mean only when all of its tasks ran), beside the paper's number for the model where
-the paper has one. Tasks not run are listed with the reason: data not prepared, or a class
-the pipeline cannot derive yet. The table is written to ``<workdir>/vtab.md`` and the
-accuracies to ``<workdir>/vtab.json``.
+the paper has one. Tasks not run are listed with the reason (data not prepared, or
+prepared at another size than the task's splits are cut from). The table is written to
+``<workdir>/vtab.md`` and the accuracies to ``<workdir>/vtab.json``.
 """
 
 from __future__ import annotations
@@ -56,8 +56,6 @@ def not_runnable(name: str, data_dir: Optional[str]) -> Optional[str]:
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
   t = vtab.TASKS[name]
-  if t.derived:
-    return f"its class is {t.derived}, which the pipeline does not derive yet"
   builder = tfds.builder(t.tfds_name, data_dir=data_dir)
   if not builder.is_prepared():
     return f"{t.tfds_name} is not prepared in {data_dir or 'the tfds default data_dir'}"

@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 import struct
 import threading
-from typing import Any, Iterable, Protocol, Sequence
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 import numpy as np
 import tensorflow_datasets as tfds
@@ -335,14 +335,17 @@ def _one(feature: Any, key: str, kind: str) -> Any:
   return values[0]
 
 
-def parse(records: list[bytes], label: str = _LABEL) -> tuple[np.ndarray, np.ndarray]:
+def parse(
+  records: list[bytes], label: str | Callable[[Any], int] = _LABEL
+) -> tuple[np.ndarray, np.ndarray]:
   """Serialized examples -> (encoded images object [n], labels int64 [n]) (``label``: the
-  ClassLabel feature read, e.g. imagenet2012_real's 'original_label')."""
+  ClassLabel feature read, e.g. imagenet2012_real's 'original_label', or a function of an
+  example's features: a class derived from them, `vtab.DERIVED_LABELS`)."""
   values, labels = np.empty(len(records), object), np.zeros(len(records), np.int64)
   for i, record in enumerate(records):
     feature = _features(record)
     values[i] = _one(feature, _IMAGE, "bytes_list")
-    labels[i] = _one(feature, label, "int64_list")
+    labels[i] = label(feature) if callable(label) else _one(feature, label, "int64_list")
   return values, labels
 
 

@@ -29,7 +29,7 @@ from absl import logging
 from tensorflow_datasets.core.utils import py_utils
 
 from vit_jax import errors, platforms, storage
-from vit_jax.data import digits, free_text  # digits: registers its builder with tfds
+from vit_jax.data import digits, free_text, vtab  # digits: registers its builder with tfds
 from vit_jax.data import records as records_lib
 from vit_jax.data import splits as splits_lib
 
@@ -56,6 +56,8 @@ class TfdsDataset:
     (imagenet2012_real's 'original_label', smallnorb's 'label_azimuth')."""
     self.name = name
     self.label = label
+    # A class derived from other features (VTAB's CLEVR, KITTI, dSprites): no ClassLabel.
+    self.derive = vtab.DERIVED_LABELS.get(label)
     if data_dir and storage.is_remote(data_dir):
       storage.configure()  # tfds reads the metadata through epath: fsspec's, as every gs:// path
     try:
@@ -77,6 +79,9 @@ class TfdsDataset:
       self.num_classes, self.class_names = None, None
       return
     features = self.builder.info.features
+    if self.derive is not None:
+      self.num_classes, self.class_names = None, None
+      return
     missing = [k for k in (_IMAGE, label) if k not in features]
     if missing:
       raise errors.ConfigError(
@@ -195,6 +200,11 @@ class TfdsDataset:
     """
     if self.text:
       return self._load_text(split)
+    if self.derive is not None:
+      raise errors.ConfigError(
+        f"tfds dataset {self.name!r}: the label {self.label!r} is derived from the prepared "
+        "records' features, and this dataset is read through tfds: prepare it with `tfds build`."
+      )
     decoders = {_IMAGE: tfds.decode.SkipDecoding()}
     if set(self.builder.info.features) != {_IMAGE, self.label}:  # Skip the other features.
       decoders = tfds.decode.PartialDecoding({_IMAGE: True, self.label: True}, decoders)
@@ -298,7 +308,7 @@ class TfdsSplit:
       if text:
         rows = records_lib.parse_text(serialized, text)
       else:
-        rows = records_lib.parse(serialized, self._dataset.label)
+        rows = records_lib.parse(serialized, self._dataset.derive or self._dataset.label)
     else:
       instructions = [
         tfds.core.ReadInstruction(r.split, from_=r.start, to=r.stop, unit="abs") for r in parts

@@ -11,16 +11,19 @@ a split is VTAB's ``percent * size // 100`` of the tfds split's size (`Task.trai
 checked against the prepared data before a run).
 
 Five tasks derive their class from other features (CLEVR's object count and closest
-distance, KITTI's closest vehicle, dSprites' binned position and orientation): their
-`Task.derived` says how, and the pipeline, which reads a label feature, cannot run them yet.
+distance, KITTI's closest vehicle, dSprites' binned position and orientation), as
+task_adaptation's preprocessing functions do: `DERIVED_LABELS`, read from the prepared
+records' features by the pipeline (``config.label_key`` = the task's name).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Optional
+import math
+from typing import Any, Callable, Mapping, Optional
 
 import ml_collections
+import numpy as np
 
 from vit_jax import errors
 
@@ -59,6 +62,61 @@ class Task:
     if name not in strings:
       raise errors.ConfigError(f"VTAB split {name!r} is not one of {SPLITS}.")
     return strings[name]
+
+
+Features = Mapping[str, Any]  # a serialized tf.train.Example's {key: Feature}
+
+
+def _floats(features: Features, key: str) -> np.ndarray:
+  return np.asarray(features[key].float_list.value if key in features else (), np.float32)
+
+
+def _ints(features: Features, key: str) -> np.ndarray:
+  return np.asarray(features[key].int64_list.value if key in features else (), np.int64)
+
+
+def _bin(value: float, thresholds: tuple[float, ...]) -> int:
+  """The last bin whose lower threshold is below ``value`` (task_adaptation's
+  ``reduce_max(where(thresholds - value < 0))``)."""
+  return int(np.flatnonzero(np.asarray(thresholds) < value).max())
+
+
+def clevr_count(features: Features) -> int:
+  """CLEVR count_all: the number of objects (3..10) less 3."""
+  return len(_ints(features, "objects/size")) - 3
+
+
+def clevr_distance(features: Features) -> int:
+  """CLEVR closest_object_distance: the smallest depth of an object's pixel coordinates
+  ([N, 3] flattened: x, y, depth), in 6 bins."""
+  depth = _floats(features, "objects/pixel_coords")[2::3].min()
+  return _bin(float(depth), (0.0, 8.0, 8.5, 9.0, 9.5, 10.0, 100.0))
+
+
+def kitti_distance(features: Features) -> int:
+  """KITTI closest_vehicle_distance: the smallest depth (location [N, 3], z) of a car, van
+  or truck (types 0..2), 1000 without one, in 4 bins."""
+  types, depth = _ints(features, "objects/type"), _floats(features, "objects/location")[2::3]
+  nearest = min([1000.0, *depth[types < 3].tolist()])
+  return _bin(nearest, (-100.0, 8.0, 20.0, 999.0))
+
+
+def _dsprites(key: str, factor: float) -> Callable[[Features], int]:
+  def label(features: Features) -> int:
+    return int(math.floor(float(_ints(features, key)[0]) / factor))
+
+  label.__doc__ = f"dSprites {key} // {factor} (16 bins)."
+  return label
+
+
+# config.label_key of a task whose class is derived -> the class of an example's features.
+DERIVED_LABELS: dict[str, Callable[[Features], int]] = {
+  "clevr_count": clevr_count,
+  "clevr_distance": clevr_distance,
+  "kitti_distance": kitti_distance,
+  "dsprites_location": _dsprites("label_x_position", 32 / 16),
+  "dsprites_orientation": _dsprites("label_orientation", 40 / 16),
+}
 
 
 # In the paper's order (ViT, Table 9; VTAB's own): Natural, Specialized, Structured.
@@ -168,13 +226,8 @@ def apply_task(config: ml_collections.ConfigDict, name: str, sweep: bool = False
   hyper-parameter selection). No flip and no random crop: several structured tasks' labels
   are positions and orientations that they would change."""
   t = task(name)
-  if t.derived:
-    raise errors.ConfigError(
-      f"VTAB task {name!r} derives its class from {t.derived}, which this pipeline does not "
-      "compute yet: choose a task with a label feature."
-    )
   config.dataset = t.tfds_name
-  config.label_key = t.label_key
+  config.label_key = name if t.derived else t.label_key  # derived: `DERIVED_LABELS`
   config.num_classes = t.num_classes
   config.train_split = t.split("train800" if sweep else "train800val200")
   config.test_split = t.split("val200" if sweep else "test")
