@@ -22,6 +22,7 @@ COMMANDS = frozenset(
     "vit_jax.convert",
     "vit_jax.fewshot",
     "vit_jax.zeroshot",
+    "vit_jax.vtab",
     "vit_jax.plan.cli",
     "vit_jax.plan.__main__",
   }

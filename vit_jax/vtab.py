@@ -117,6 +117,12 @@ def table(
 def _suite(values: dict[str, Any]) -> int:
   config, workdir = values["config"], values["workdir"]
   accuracies, skipped = run_suite(config, workdir, values["tasks"], values["sweep"])
+  if not accuracies:
+    raise errors.MissingError(
+      f"No VTAB task ran: none of {len(skipped)} is prepared in config.data_dir="
+      f"{config.data_dir!r} (e.g. {next(iter(skipped.values()))}): prepare them with "
+      "`tfds build <name> --data_dir=<dir>` (docs/evaluation.md lists the 19)."
+    )
   text = table(accuracies, skipped, PAPER_MEANS.get(config.model.get("name", "")))
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, "vtab.md"), "w") as f:
