@@ -58,7 +58,7 @@ def not_runnable(name: str, data_dir: Optional[str]) -> Optional[str]:
   t = vtab.TASKS[name]
   builder = tfds.builder(t.tfds_name, data_dir=data_dir)
   if not builder.is_prepared():
-    return f"{t.tfds_name} is not prepared in {data_dir or 'the tfds default data_dir'}"
+    return f"not prepared in {data_dir or 'the tfds default data_dir'}"
   try:
     vtab.check_sizes(name, {s: i.num_examples for s, i in builder.info.splits.items()})
   except errors.ConfigError as e:
@@ -107,10 +107,13 @@ def table(
     count = sum(t.group == group for t in vtab.TASKS.values()) or len(vtab.TASKS)
     value = f"{means[group]:.2f}" if group in means else dash
     label = "VTAB-1k mean" if group == "Mean" else f"{group} mean"
-    reference = f"{paper:.2f}" if group == "Mean" and paper is not None else ""
-    lines.append(f"| **{label}** ({count} tasks) | | {value} | {reference} |")
-  if skipped:
-    lines += ["", "Not run:"] + [f"- {name}: {why}" for name, why in skipped.items()]
+    reference = f" {paper:.2f} " if group == "Mean" and paper is not None else " "
+    lines.append(f"| **{label}** ({count} tasks) | | {value} |{reference}|")
+  reasons: dict[str, list[str]] = {}
+  for name, why in skipped.items():
+    reasons.setdefault(why, []).append(name)
+  if reasons:
+    lines += ["", "Not run:"] + [f"- {why}: {', '.join(names)}" for why, names in reasons.items()]
   return "\n".join(lines)
 
 
@@ -119,9 +122,9 @@ def _suite(values: dict[str, Any]) -> int:
   accuracies, skipped = run_suite(config, workdir, values["tasks"], values["sweep"])
   if not accuracies:
     raise errors.MissingError(
-      f"No VTAB task ran: none of {len(skipped)} is prepared in config.data_dir="
-      f"{config.data_dir!r} (e.g. {next(iter(skipped.values()))}): prepare them with "
-      "`tfds build <name> --data_dir=<dir>` (docs/evaluation.md lists the 19)."
+      f"No VTAB task ran from config.data_dir={config.data_dir!r} ({len(skipped)} "
+      f"{next(iter(skipped.values()))}): prepare them with `tfds build <name> "
+      "--data_dir=<dir>` (docs/evaluation.md lists the 19 and their tfds names)."
     )
   text = table(accuracies, skipped, PAPER_MEANS.get(config.model.get("name", "")))
   os.makedirs(workdir, exist_ok=True)
