@@ -12,6 +12,7 @@ import pytest
 import vit_jax
 from tests import interop_fixtures
 from vit_jax import model_facts
+from vit_jax.data import captions, text_tokenizer
 
 X = interop_fixtures.images(4, 16)  # float32 [4, 16, 16, 3]
 
@@ -43,9 +44,11 @@ def test_two_loads_average_save_and_predict_with_the_average(loads, tmp_path):
   np.testing.assert_allclose(logits, soup.replace(params=want)(X), rtol=1e-5, atol=1e-5)
   assert not np.allclose(logits, a(X), atol=1e-3)  # the average's, not either load's
   assert not np.allclose(logits, b(X), atol=1e-3)
-  assert [len(row) for row in again.predict((X * 127.5 + 127.5).astype(np.uint8), top_k=2)] == [
-    2
-  ] * 4
+  images = (X * 127.5 + 127.5).astype(np.uint8)  # what predict takes: images
+  got, expected = (m.predict(images, top_k=3) for m in (again, a.replace(params=want)))
+  names, probs = ([[[c[i] for c in row] for row in p] for p in (got, expected)] for i in (0, 1))
+  assert names[0] == names[1]
+  np.testing.assert_allclose(probs[0], probs[1], atol=1e-5)
 
 
 def test_a_jitted_function_compiles_once_for_both_loads(loads):
@@ -71,3 +74,14 @@ def test_facts_that_differ_are_different_types(loads):
   assert jax.tree.structure(fewer_per_call) != jax.tree.structure(a)
   facts = [model_facts.Facts(m.loaded, m.batch_size) for m in (a, a)]
   assert facts[0] == facts[1] and hash(facts[0]) == hash(facts[1])
+
+
+def test_an_image_text_model_s_tokenizer_compares_by_its_vocabulary(tmp_path):
+  """Two reads of one tokenizer file are equal facts; another vocabulary is not."""
+  path = str(tmp_path / "tokenizer.json")
+  captions.CaptionTokenizer(["a cat", "a dog"]).save(path)
+  first, second = (text_tokenizer.load_tokenizer(path) for _ in range(2))
+  other = captions.CaptionTokenizer(["a cat", "a bird"])
+  assert first is not second and first.fingerprint() == second.fingerprint()
+  assert hash(first.fingerprint()) == hash(second.fingerprint())
+  assert other.fingerprint() != first.fingerprint()
