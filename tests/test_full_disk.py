@@ -80,7 +80,7 @@ def test_full_disk_mid_save_is_the_one_error_line_and_resumes(small_disk, tmp_pa
 def test_orbax_still_runs_its_saves_through_the_replaced_runner():
   """Where no tmpfs can be mounted, this is what notices an Orbax that renamed it (an
   Orbax without it: tests/test_compat.py)."""
-  save_loop.drain_before_close()
+  assert save_loop.drain_before_close()
   assert compat.resolve("orbax_loop_runner") is save_loop.run_then_drain
 
 

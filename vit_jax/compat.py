@@ -4,10 +4,13 @@ vit_jax needs a few things these packages do not make public (jax 0.10 and orbax
 0.12 have no public API for them): whether a JAX backend has started, the accelerator
 checks JAX itself makes, whether `import jax` found a Cloud TPU VM, XLA's cost analysis of
 an HLO module, and Orbax's event-loop runner for a save. Each is a `Hook` in `HOOKS`,
-looked up when first used (so importing this module imports none of them). A hook the
-installed packages lack is one `MissingHookError` naming it, what needs it and the
-installed versions, never a silent fallback; `tests/test_compat.py` resolves every hook
-against the installed packages.
+looked up when first used (so importing this module imports none of them), never a silent
+fallback: a hook the installed packages lack is one `MissingHookError` naming it, what
+needs it and the installed versions. Two are newer than the oldest versions setup.py
+allows, and vit_jax runs without them (``since``, ``without``): the AMD GPU check (jax
+0.10.1) and Orbax's runner (orbax-checkpoint 0.12.5; before it Orbax ran its saves with
+`asyncio.run`); their absence is one warning line naming the versions, once per process.
+`tests/test_compat.py` resolves every hook against the installed packages.
 """
 
 from __future__ import annotations
@@ -25,11 +28,15 @@ _PACKAGES = ("jax", "jaxlib", "orbax-checkpoint")
 
 @dataclasses.dataclass(frozen=True)
 class Hook:
-  """A private attribute ``module.name``, and what vit_jax uses it for (the error says)."""
+  """A private attribute ``module.name`` and what vit_jax uses it for (the error says);
+  ``since``: the first version with it, where newer than setup.py's oldest; ``without``:
+  what vit_jax does where it is missing (an optional hook: `optional`)."""
 
   module: str
   name: str
   use: str
+  since: str | None = None
+  without: str | None = None
 
 
 HOOKS = {
@@ -40,18 +47,32 @@ HOOKS = {
     "jax._src.hardware_utils", "num_available_tpu_chips_and_device_id", "TPU chips on the bus"
   ),
   "nvidia_gpu": Hook("jax._src.hardware_utils", "has_visible_nvidia_gpu", "a visible NVIDIA GPU"),
-  "amd_gpus": Hook("jax._src.hardware_utils", "num_available_amd_gpus", "visible AMD GPUs"),
+  "amd_gpus": Hook(
+    "jax._src.hardware_utils",
+    "num_available_amd_gpus",
+    "visible AMD GPUs",
+    since="jax 0.10.1",
+    without="no AMD GPU is looked for (that JAX looks for none either)",
+  ),
   "cloud_tpu_vm": Hook(
     "jax._src.cloud_tpu_init", "running_in_cloud_tpu_vm", "whether this is a Cloud TPU VM"
   ),
-  "cost_analysis": Hook("jaxlib._jax", "hlo_module_cost_analysis", "XLA's cost of an HLO module"),
+  "cost_analysis": Hook(
+    "jaxlib._jax",
+    "hlo_module_cost_analysis",
+    "XLA's cost of an HLO module",
+    since="jaxlib 0.7.0",  # jax 0.6 reads jaxlib.xla_extension instead
+  ),
   "hlo_from_text": Hook("jaxlib._hlo", "hlo_module_from_text", "an HLO module from its text"),
   "orbax_loop_runner": Hook(
     "orbax.checkpoint._src.asyncio_utils",
     "_run_sync_via_new_loop",
-    "the event loop of an Orbax save, drained before it closes",
+    "Orbax's save-loop runner, to drain a save's loop before it closes",
+    since="orbax-checkpoint 0.12.5",
+    without="a save that fails (a full disk) may print Orbax's own tracebacks before its error",
   ),
 }
+_WARNED: set[str] = set()  # the optional hooks found missing (warned once)
 
 
 class MissingHookError(errors.UserError):
@@ -69,16 +90,35 @@ def versions() -> str:
   return ", ".join(found)
 
 
+def _missing(hook: Hook) -> str:
+  """What the error or warning of a missing ``hook`` begins with."""
+  where = f"{hook.module}.{hook.name}"
+  return f"vit_jax uses {where} ({hook.use}), which the installed {versions()} lack"
+
+
 def resolve(key: str) -> Any:
   """The attribute of hook ``key``; `MissingHookError` (one line) where it is missing."""
   hook = HOOKS[key]
   try:
     return getattr(importlib.import_module(hook.module), hook.name)
   except (ImportError, AttributeError):
-    raise MissingHookError(
-      f"vit_jax reads {hook.use} through {hook.module}.{hook.name}, which the installed "
-      f"{versions()} lack: install the versions setup.py allows."
-    ) from None
+    advice = f"{hook.since} or later" if hook.since else "the versions setup.py allows"
+    raise MissingHookError(f"{_missing(hook)}: install {advice}.") from None
+
+
+def optional(key: str) -> Any:
+  """The attribute of optional hook ``key``, or None where it is missing (one warning line
+  the first time: the versions, the one that has it, what vit_jax does without it)."""
+  hook = HOOKS[key]
+  try:
+    return resolve(key)
+  except MissingHookError:
+    if key not in _WARNED:
+      from absl import logging  # pylint: disable=g-import-not-at-top  # a hook's user has it
+
+      _WARNED.add(key)
+      logging.warning("%s (%s has it): %s.", _missing(hook), hook.since, hook.without)
+    return None
 
 
 def backends_started() -> bool:
@@ -89,7 +129,8 @@ def backends_started() -> bool:
 def accelerator_attached() -> bool:
   """Whether a TPU chip is on the PCI bus or a GPU is visible: the checks JAX makes."""
   chips, _ = resolve("tpu_chips")()
-  return bool(chips or resolve("nvidia_gpu")() or resolve("amd_gpus")(stop_at=1))
+  amd_gpus = optional("amd_gpus")
+  return bool(chips or resolve("nvidia_gpu")() or (amd_gpus is not None and amd_gpus(stop_at=1)))
 
 
 def on_cloud_tpu_vm() -> bool:
@@ -107,8 +148,11 @@ def cost_analysis(client: Any, module: Any) -> dict[str, float]:
   return resolve("cost_analysis")(client, module)
 
 
-def replace_orbax_loop_runner(runner: Callable[[Any], Any]) -> None:
-  """Makes Orbax run each synchronous save coroutine with ``runner`` (process-wide)."""
+def replace_orbax_loop_runner(runner: Callable[[Any], Any]) -> bool:
+  """Makes Orbax run each synchronous save coroutine with ``runner`` (process-wide);
+  whether this Orbax has the runner (`optional`: a warning line where not)."""
+  if optional("orbax_loop_runner") is None:
+    return False
   hook = HOOKS["orbax_loop_runner"]
-  resolve("orbax_loop_runner")  # the one-line error where this Orbax has none
   setattr(importlib.import_module(hook.module), hook.name, runner)
+  return True

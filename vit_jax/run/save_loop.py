@@ -9,8 +9,8 @@ write that ends afterwards reports into the closed loop from a tensorstore threa
 the run's own one-line error. `drain_before_close` replaces that runner with one that
 waits for the loop's remaining tasks (their errors are the save's error, already
 raised) before it closes the loop, so a failed save ends quietly in that one error. The
-runner is private to Orbax (`compat.HOOKS["orbax_loop_runner"]`): an Orbax without it is
-one `compat.MissingHookError`.
+runner is private to Orbax (`compat.HOOKS["orbax_loop_runner"]`, orbax-checkpoint 0.12.5
+on): an older Orbax is one warning line, and its failed saves may print its tracebacks.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ def run_then_drain(coro: Coroutine[Any, Any, _T]) -> _T:
     loop.close()
 
 
-def drain_before_close() -> None:
-  """Makes Orbax close its save loops with `run_then_drain`; idempotent."""
-  compat.replace_orbax_loop_runner(run_then_drain)
+def drain_before_close() -> bool:
+  """Makes Orbax close its save loops with `run_then_drain`; idempotent. Whether this
+  Orbax has the runner (`compat.replace_orbax_loop_runner`)."""
+  return compat.replace_orbax_loop_runner(run_then_drain)
