@@ -178,8 +178,8 @@ def test_corrupt_record_image_is_named_or_skipped(prepared, file_format, monkeyp
   broken = stored[3]
   parse = records.parse
 
-  def corrupting(serialized):
-    values, labels = parse(serialized)
+  def corrupting(serialized, *label):
+    values, labels = parse(serialized, *label)
     values = np.array([b"not an image" if v == broken else v for v in values], object)
     return values, labels
 

@@ -3,10 +3,12 @@ group means by hand, and the suite command on a tiny model over a tiny `dtd` mad
 (ArrayRecord, without TensorFlow or network)."""
 
 import copy
+import io
 
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
+from PIL import Image
 from tensorflow_datasets.proto import tf_example_pb2
 
 from configs import vtab as vtab_config
@@ -98,6 +100,10 @@ def test_derived_classes_as_task_adaptation_computes_them_on_hand_made_examples(
   assert derive["dsprites_location"](_example(label_x_position=[31])) == 15  # 32 -> 16 bins
   assert derive["dsprites_orientation"](_example(label_orientation=[39])) == 15  # 40 -> 16
   assert derive["dsprites_orientation"](_example(label_orientation=[5])) == 2  # 5 / 2.5
+  binary = io.BytesIO()
+  Image.fromarray(np.array([[0, 1], [1, 0]], np.uint8)).save(binary, format="PNG")  # dSprites'
+  scaled = Image.open(io.BytesIO(vtab.scaled_png(binary.getvalue(), vtab.IMAGE_SCALES["dsprites"])))
+  np.testing.assert_array_equal(np.asarray(scaled), [[0, 255], [255, 0]])
   config = vtab_config.get_config("b16,clevr_count")
   assert (config.dataset, config.label_key, config.num_classes) == ("clevr", "clevr_count", 8)
 

@@ -58,6 +58,7 @@ class TfdsDataset:
     self.label = label
     # A class derived from other features (VTAB's CLEVR, KITTI, dSprites): no ClassLabel.
     self.derive = vtab.DERIVED_LABELS.get(label)
+    self.image_scale = vtab.IMAGE_SCALES.get(name.split(":")[0])  # dSprites' 0/1 pixels
     if data_dir and storage.is_remote(data_dir):
       storage.configure()  # tfds reads the metadata through epath: fsspec's, as every gs:// path
     try:
@@ -315,6 +316,8 @@ class TfdsSplit:
       ]
       rows = self._dataset.load(functools.reduce(operator.add, instructions))
     values = rows[0]
+    if self._dataset.image_scale:
+      values[:] = [vtab.scaled_png(v, self._dataset.image_scale) for v in values]
     ends = np.cumsum([max(hi - lo, 0) for lo, hi in ranges])
     if len(values) != (ends[-1] if len(ends) else 0):
       raise RuntimeError(

@@ -14,11 +14,15 @@ Five tasks derive their class from other features (CLEVR's object count and clos
 distance, KITTI's closest vehicle, dSprites' binned position and orientation), as
 task_adaptation's preprocessing functions do: `DERIVED_LABELS`, read from the prepared
 records' features by the pipeline (``config.label_key`` = the task's name).
+
+dSprites' images are stored as 0/1 values, which task_adaptation multiplies by 255: the
+pipeline reads them scaled alike (`IMAGE_SCALES`, `scaled_png`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import math
 from typing import Any, Callable, Mapping, Optional
 
@@ -107,6 +111,20 @@ def _dsprites(key: str, factor: float) -> Callable[[Features], int]:
 
   label.__doc__ = f"dSprites {key} // {factor} (16 bins)."
   return label
+
+
+# tfds datasets whose stored pixel values are scaled before decoding: dSprites' 0/1 images.
+IMAGE_SCALES: dict[str, int] = {"dsprites": 255}
+
+
+def scaled_png(data: bytes, factor: int) -> bytes:
+  """A PNG's pixel values times ``factor`` (clipped to 255), PNG-encoded again."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+
+  pixels = np.asarray(Image.open(io.BytesIO(data)), np.uint16) * factor  # [H, W(, C)]
+  out = io.BytesIO()
+  Image.fromarray(np.minimum(pixels, 255).astype(np.uint8)).save(out, format="PNG")
+  return out.getvalue()
 
 
 # config.label_key of a task whose class is derived -> the class of an example's features.
