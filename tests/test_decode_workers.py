@@ -15,7 +15,7 @@ from PIL import Image
 
 from tests import train_fixtures
 from vit_jax import cli, data, errors
-from vit_jax.data import dataset, decode_stage, decode_workers, pipeline
+from vit_jax.data import dataset, decode_stage, decode_worker, decode_workers, pipeline
 
 CROP = 16
 
@@ -239,6 +239,16 @@ def test_a_worker_from_a_checkout_imports_the_checkouts_package(monkeypatch):
   monkeypatch.setenv("PYTHONPATH", "/elsewhere")
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   assert decode_workers._worker_env()["PYTHONPATH"] == os.pathsep.join([repo, "/elsewhere"])
+
+
+def test_the_worker_module_started_by_hand_is_one_line(monkeypatch):
+  monkeypatch.setattr(decode_worker.sys, "argv", ["decode_worker.py"])
+  with pytest.raises(SystemExit) as raised:
+    decode_worker.main()
+  assert str(raised.value) == (
+    "Error: vit_jax.data.decode_worker is started by the input pipeline "
+    "(decode_workers.Pool) with its two pipes' file descriptors, not by hand."
+  )
 
 
 def test_bad_values_are_one_clear_error():

@@ -148,6 +148,11 @@ def serve(tasks: connection.Connection, results: connection.Connection) -> None:
 
 def main() -> None:
   """A worker process: ``argv[1:]`` are its task and result pipes' ends."""
+  if len(sys.argv) != 3 or not all(a.isdigit() for a in sys.argv[1:]):
+    sys.exit(
+      "Error: vit_jax.data.decode_worker is started by the input pipeline "
+      "(decode_workers.Pool) with its two pipes' file descriptors, not by hand."
+    )
   signal.signal(signal.SIGINT, signal.SIG_IGN)
   signal.signal(signal.SIGTERM, signal.SIG_IGN)
   serve(
