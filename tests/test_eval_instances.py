@@ -136,9 +136,18 @@ def test_a_config_written_before_evals_reads_as_none():
   assert instances.read(config.get("evals")) == ()
 
 
-def test_an_instance_of_other_classes_is_one_error_line(imagenet_dir):
+def test_an_instance_of_other_classes_or_missing_data_is_refused_before_the_run(
+  imagenet_dir, tmp_path
+):
   config = _config(imagenet_dir)
   config.evals = {"digits": dict(dataset="digits", split="test")}
-  steps = train_fixtures.build_steps(config, num_classes=1000)
   with pytest.raises(errors.ConfigError, match=r"config\.evals\.digits\.dataset='digits' has 10"):
-    instances.build(steps)
+    run.build(config)
+  config.evals = {"a": dict(dataset="imagenet2012_real", split="validation")}  # no 'label'
+  with pytest.raises(errors.ConfigError, match=r"^config\.evals\.a: tfds dataset 'imagenet2"):
+    run.build(config)
+  config.evals = {"b": dict(dataset="imagenet2012", split="validation")}  # not prepared
+  with pytest.raises(
+    errors.MissingError, match=r"^config\.evals\.b: tfds dataset 'imagenet2012' is"
+  ):
+    run.build(config)

@@ -34,6 +34,7 @@ from vit_jax.run import (
 )
 from vit_jax.run import spec as spec_lib
 from vit_jax.run import steps as steps_lib
+from vit_jax.run.evaluators import instances
 from vit_jax.run.mixup import MixupSettings
 from vit_jax.run.optim import OptimizerSettings
 
@@ -255,6 +256,8 @@ def resolve(
   info = data.dataset_info(data_settings) if open_data else None
   num_classes, num_train, class_names = _num_classes(config, data_settings, info)
   objectives.entry(config.objective).check_data(config, model, data_settings, info)
+  if open_data:  # the named evaluations' data (config.evals), before anything is written
+    instances.check_data(evaluator_settings.get("evals", ()), data_settings, num_classes)
   spec = spec_lib.RunSpec(
     model=model,
     num_classes=num_classes,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import ml_collections
 
@@ -87,9 +87,9 @@ def read(section: Optional[ml_collections.ConfigDict]) -> tuple[Instance, ...]:
   return tuple(_instance(name, section[name]) for name in section.keys())
 
 
-def data_settings(steps: RunSteps, instance: Instance) -> data.Settings:
-  """The run's eval data settings with the instance's dataset, split and label feature."""
-  run = steps.spec.data
+def data_settings(run: data.Settings, instance: Instance) -> data.Settings:
+  """The run's eval data settings (``run``: its ``spec.data``) with the instance's dataset,
+  split and label feature."""
   return dataclasses.replace(
     run,
     dataset=instance.dataset or run.dataset,
@@ -97,25 +97,31 @@ def data_settings(steps: RunSteps, instance: Instance) -> data.Settings:
     train_split=instance.split,  # what dataset_info sizes; nothing trains on it
     test_split=instance.split,
     label_key=instance.label_key,
-    num_classes=None,  # from the instance's data, checked against the head below
+    num_classes=None,  # from the instance's data, checked against the head (`check_data`)
   )
 
 
-def _check_classes(steps: RunSteps, instance: Instance, settings: data.Settings) -> None:
-  found = data.dataset_info(settings).num_classes
-  if found != steps.spec.num_classes:
-    raise errors.ConfigError(
-      f"config.evals.{instance.name}.dataset={settings.dataset!r} has {found} classes, the "
-      f"model's head {steps.spec.num_classes}: evaluate a dataset of the same classes."
-    )
+def check_data(found: Sequence[Instance], run: data.Settings, num_classes: int) -> None:
+  """Each instance's data opens and has the head's ``num_classes`` classes: checked when
+  the run is resolved, before anything is written; an error names the instance."""
+  for instance in found:
+    settings = data_settings(run, instance)
+    try:
+      classes = data.dataset_info(settings).num_classes
+    except errors.UserError as e:
+      raise type(e)(f"config.evals.{instance.name}: {e}") from e
+    if classes != num_classes:
+      raise errors.ConfigError(
+        f"config.evals.{instance.name}.dataset={settings.dataset!r} has {classes} classes, "
+        f"the model's head {num_classes}: evaluate a dataset of the same classes."
+      )
 
 
 def build(steps: RunSteps) -> dict[str, Any]:
   """The evaluators of config.evals, by instance name (`Evaluator`s)."""
   built: dict[str, Any] = {}
   for instance in steps.spec.evaluators.get("evals", ()):
-    settings = data_settings(steps, instance)
-    _check_classes(steps, instance, settings)
+    settings = data_settings(steps.spec.data, instance)
     every = instance.every or steps.spec.loop.eval_every
     batches = data.eval_iterator(settings, steps.mesh)
     if instance.kind == "real":
