@@ -23,6 +23,7 @@ COMMANDS = frozenset(
     "vit_jax.fewshot",
     "vit_jax.zeroshot",
     "vit_jax.vtab",
+    "vit_jax.paper_row",
     "vit_jax.plan.cli",
     "vit_jax.plan.__main__",
   }
