@@ -252,17 +252,18 @@ def locate(path: str) -> Optional[Located]:
   """The checkpoint at ``path`` (local or a bucket's), or None: the one lookup of
   `sources.load`, `vit_jax.load` and every command. A folder an npz or big_vision export
   wrote (`Model.save`, ``vit_jax.export``: `npz.EXPORT_FILE`, no run's config.json, no
-  transformers or timm files) is its `npz.EXPORT_FILE`, named by its `LABELS_FILE`."""
+  transformers or timm files) is its `npz.EXPORT_FILE`; a folder's `LABELS_FILE` (an
+  export's class names) comes with it."""
   found = find(path)
+  folder = as_path(path)
+  labels = folder / LABELS_FILE
+  named = os.fspath(labels) if labels.is_file() else None
   if found is None or found is RUN:
-    folder = as_path(path)
     export = folder / npz.EXPORT_FILE
     if export.is_file() and not (folder / RUN_CONFIG_FILE).exists():
       inner = find(os.fspath(export))
-      labels = folder / LABELS_FILE
-      named = os.fspath(labels) if labels.is_file() else None
       return None if inner is None else Located(os.fspath(export), inner, named)
-  return None if found is None else Located(path, found)
+  return None if found is None else Located(path, found, named)
 
 
 def of(path: str) -> Located:
