@@ -7,7 +7,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from tests import tiny_tfds, train_fixtures
-from vit_jax import errors, run
+from vit_jax import data, errors, run
 from vit_jax.run import defaults, progress
 from vit_jax.run.evaluators import instances, real
 
@@ -136,18 +136,13 @@ def test_a_config_written_before_evals_reads_as_none():
   assert instances.read(config.get("evals")) == ()
 
 
-def test_an_instance_of_other_classes_or_missing_data_is_refused_before_the_run(
-  imagenet_dir, tmp_path
-):
-  config = _config(imagenet_dir)
-  config.evals = {"digits": dict(dataset="digits", split="test")}
-  with pytest.raises(errors.ConfigError, match=r"config\.evals\.digits\.dataset='digits' has 10"):
-    run.build(config)
-  config.evals = {"a": dict(dataset="imagenet2012_real", split="validation")}  # no 'label'
+def test_an_instance_of_other_classes_or_without_its_label_is_refused(imagenet_dir, tmp_path):
+  """Checked when the run is resolved (`instances.check_data`; the run above passes it)."""
+  settings = data.Settings.from_config(_config(imagenet_dir))
+  tiny_tfds.prepare("cifar10", str(tmp_path), {"test": 2}, lambda k, rng: {"id": "", "label": k})
+  cifar = instances.Instance("cifar", "accuracy", "test", "cifar10", data_dir=str(tmp_path))
+  with pytest.raises(errors.ConfigError, match=r"config\.evals\.cifar\.dataset='cifar10' has 10"):
+    instances.check_data([cifar], settings, 1000)
+  no_label = instances.Instance("a", "accuracy", "validation", "imagenet2012_real")
   with pytest.raises(errors.ConfigError, match=r"^config\.evals\.a: tfds dataset 'imagenet2"):
-    run.build(config)
-  config.evals = {"b": dict(dataset="imagenet2012", split="validation")}  # not prepared
-  with pytest.raises(
-    errors.MissingError, match=r"^config\.evals\.b: tfds dataset 'imagenet2012' is"
-  ):
-    run.build(config)
+    instances.check_data([no_label], settings, 1000)
