@@ -285,27 +285,43 @@ def step(command: Command, tmp: str, shorten: tuple[str, ...] = ()) -> dict[str,
   return out
 
 
-def run(steps: list[dict], tmp: str, extras: tuple[str, ...] = ()) -> list[dict]:
-  """``steps`` (`tests.readme_commands`) in ``tmp`` as the pages' folder: a checkout's
-  ``configs/`` there, the user's files beside it."""
+def start(
+  steps: list[dict], tmp: str, extras: tuple[str, ...] = (), tfds: str = "tfds"
+) -> tuple[subprocess.Popen, str]:
+  """Starts ``steps`` (`tests.readme_commands`) on the install of ``extras`` in ``tmp`` as
+  the pages' folder (a checkout's ``configs/`` there, the user's files beside it; tfds data
+  in ``tmp/tfds``); (the process, its results' file) for `finish`."""
   configs = os.path.join(tmp, "configs")
   if not os.path.exists(configs):
     os.symlink(os.path.join(REPO, "configs"), configs)
-  spec, out = os.path.join(tmp, "spec.json"), os.path.join(tmp, "out.json")
+  name = "-".join(("steps", *extras))
+  spec, out = os.path.join(tmp, f"{name}.json"), os.path.join(tmp, f"{name}.out.json")
   with open(spec, "w") as f:
     json.dump(steps, f)
-  env = fresh_python.clean_env(HF_HUB_OFFLINE="1", TFDS_DATA_DIR=os.path.join(tmp, "tfds"))
-  proc = subprocess.run(
+  env = fresh_python.clean_env(HF_HUB_OFFLINE="1", TFDS_DATA_DIR=os.path.join(tmp, tfds))
+  proc = subprocess.Popen(
     core_install.command(["-m", "tests.readme_commands", spec, out], extras),
     cwd=REPO,
     env=env,
-    capture_output=True,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
     text=True,
-    timeout=900,
   )
-  assert proc.returncode == 0, proc.stderr[-4000:]
+  return proc, out
+
+
+def finish(started: tuple[subprocess.Popen, str]) -> list[dict]:
+  """The results of a `start`ed process, once it has ended."""
+  proc, out = started
+  _, stderr = proc.communicate(timeout=900)
+  assert proc.returncode == 0, stderr[-4000:]
   with open(out) as f:
     return json.load(f)
+
+
+def run(steps: list[dict], tmp: str, extras: tuple[str, ...] = ()) -> list[dict]:
+  """``steps`` run on the install of ``extras`` in ``tmp`` (`start`), their results."""
+  return finish(start(steps, tmp, extras))
 
 
 def expected_to_fail(command: Command, failing: set[str]) -> bool:
@@ -456,19 +472,42 @@ def python_step(block: Block, tmp: str) -> dict[str, Any]:
   return {"python": block.text.replace("/tmp/", f"{tmp}/"), "scope": block.page}
 
 
+def _writes(steps: list[dict[str, Any]]) -> set[str]:
+  return {
+    a.split("=", 1)[1]
+    for one in steps
+    for a in one.get("argv", [])
+    if re.match(r"--(workdir|out)=", a)
+  }
+
+
 def run_pages(tmp: str, jobs: list[tuple[str, tuple[str, ...], dict[str, Any]]]) -> dict:
   """{key: result} of ``jobs`` ((key, extras, step)), one process per install in the order
-  of each install's first job; a key already run is not run again."""
+  of each install's first job; a key already run is not run again. An install whose steps
+  read nothing the earlier ones write runs at the same time as them (its own tfds folder)."""
   by_install: dict[tuple[str, ...], list[tuple[str, dict[str, Any]]]] = {}
   seen: set[str] = set()
   for key, extras, one in jobs:
     if key not in seen:
       seen.add(key)
       by_install.setdefault(extras, []).append((key, one))
-  results = {}
+  results: dict[str, dict] = {}
+  running: list[tuple[list[str], tuple[subprocess.Popen, str]]] = []
+  written: set[str] = set()
+
+  def wait() -> None:
+    for keys, started in running:
+      results.update(zip(keys, finish(started)))
+    running.clear()
+
   for extras, todo in by_install.items():
-    for (key, _), result in zip(todo, run([one for _, one in todo], tmp, extras)):
-      results[key] = result
+    steps = [one for _, one in todo]
+    if any(path in json.dumps(steps) for path in written):
+      wait()
+    tfds = "-".join(("tfds", *extras))
+    running.append(([key for key, _ in todo], start(steps, tmp, extras, tfds)))
+    written |= _writes(steps)
+  wait()
   return results
 
 
@@ -505,20 +544,38 @@ def config_file(command: Command) -> Optional[str]:
 
 def text_probes() -> dict[str, Command]:
   """{config file: the first command using it} of the training commands in blocks that
-  install the ``text`` extra (README and docs pages): each is run on the core install too,
-  where it must stop at once with the error naming the extra."""
+  install the ``text`` extra (README and docs pages), one needing nothing this machine
+  lacks where there is one: each is run on the core install too, where it must stop at
+  once with the error naming the extra."""
   probes: dict[str, Command] = {}
   for page in ["README.md", *linked_pages()]:
     for command in page_commands(blocks(page)):
       config = config_file(command)
       if config and "text" in command.block.installs and not quickstart(command):
-        probes.setdefault(config, command)
+        if (
+          config not in probes
+          or NEEDS.search(probes[config].text)
+          and not NEEDS.search(command.text)
+        ):
+          probes[config] = command
   return probes
 
 
 def needs_text(tmp: str) -> list[tuple[str, tuple[str, ...], dict[str, Any]]]:
-  """The `text_probes` as core-install jobs (each stops before compiling anything)."""
-  return [(f"probe|{config}", (), step(c, tmp)) for config, c in text_probes().items()]
+  """The `text_probes` as core-install jobs: each stops before compiling anything, as its
+  page gives it (an evaluation at most, where it would not stop)."""
+  return [
+    (f"probe|{config}", (), step(c, tmp, ("--config.total_steps=0",)))
+    for config, c in text_probes().items()
+  ]
+
+
+def with_quickstart(folder: str, tmp: str) -> None:
+  """The shared quickstart run of ``folder`` (`make_default`'s) and its built tfds data
+  copied into ``tmp``: the later commands read the run, and the processes of a
+  multi-process run find the data built (they would build it at once, into one folder)."""
+  shutil.copytree(os.path.join(folder, "vit_quickstart"), os.path.join(tmp, "vit_quickstart"))
+  shutil.copytree(os.path.join(folder, "tfds"), os.path.join(tmp, "tfds"))
 
 
 def make_default(folder: str) -> dict:

@@ -21,6 +21,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from typing import Any, Iterator
@@ -33,24 +34,29 @@ def _command(argv: list[str]) -> int:
 
 def _together(argvs: list[list[str]], extras: list[str]) -> int:
   """The commands at once, each ``python -m`` in a process on this install (a free port
-  for the coordinator the commands name); their output printed in order, the worst exit."""
+  for the coordinator the commands name); their output printed in order, the worst exit.
+  Each writes to a file: a pipe read after another's end would fill and stop its writer."""
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
   option = [f"--extras={','.join(extras)}"] if extras else []
+  logs = [tempfile.TemporaryFile("w+") for _ in argvs]
   procs = [
     subprocess.Popen(
       [sys.executable, "-m", "tests.core_install", *option]
       + [a.replace(":12345", f":{port}") for a in argv],
-      stdout=subprocess.PIPE,
+      stdout=log,
       stderr=subprocess.STDOUT,
       text=True,
     )
-    for argv in argvs
+    for argv, log in zip(argvs, logs)
   ]
-  outputs = [p.communicate(timeout=600)[0] for p in procs]
-  for output in outputs:
-    print(output)
+  for proc in procs:
+    proc.wait(timeout=900)
+  for log in logs:
+    log.seek(0)
+    print(log.read())
+    log.close()
   return max(p.returncode for p in procs)
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import shutil
 
 import pytest
 
@@ -131,7 +130,7 @@ def test_the_page_trains(pages, page, tmp_path):
   shared quickstart run; a training the README's test runs already is not run again."""
   folder, _ = pages
   tmp = str(tmp_path)
-  shutil.copytree(os.path.join(folder, "vit_quickstart"), os.path.join(tmp, "vit_quickstart"))
+  doc_blocks.with_quickstart(folder, tmp)
   doc_blocks.user_files(tmp)
   runs = _trained(page)
   groups = doc_blocks.grouped(runs)

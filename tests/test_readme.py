@@ -32,7 +32,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import shutil
 
 import pytest
 
@@ -70,7 +69,7 @@ def test_every_block_is_run_checked_or_marked():
       assert doc_blocks.marks(command.block), f"{command.where}: {command.text!r} is unmarked"
   python = doc_blocks.python_blocks("README.md")
   langs = {b.lang for b in doc_blocks.blocks()}
-  assert langs <= {"bash", "sh", "python", "bibtex"}, langs
+  assert langs <= {"bash", "sh", "python", "bibtex", "text"}, langs  # text: an output
   marked = [b for b in _shell_blocks() if doc_blocks.marks(b)]
   print(
     f"README: {len(_shell_blocks())} shell blocks ({len(marked)} marked network/hardware), "
@@ -144,12 +143,6 @@ def test_every_command_needing_the_text_extra_names_it(pages):
   assert not unsaid, "run without the text extra:\n" + "\n".join(unsaid)
 
 
-def _with_quickstart(pages, tmp: str) -> None:
-  """The shared quickstart run copied into ``tmp`` (the commands that read it)."""
-  folder, _ = pages
-  shutil.copytree(os.path.join(folder, "vit_quickstart"), os.path.join(tmp, "vit_quickstart"))
-
-
 @pytest.mark.slow
 def test_the_core_install_trains_every_readme_run(tmp_path):
   """Few-shot during training, MPP and the fine-tuning of its encoder (tiny)."""
@@ -166,7 +159,7 @@ def test_the_text_install_runs_the_image_and_text_commands(pages, tmp_path):
   """After the README's quickstart (the shared run: LiT locks its model), on the text
   install."""
   tmp = str(tmp_path)
-  _with_quickstart(pages, tmp)
+  doc_blocks.with_quickstart(pages[0], tmp)
   runs = [c for c in _commands() if kind(c) == "run" and "text" in c.block.installs]
   assert runs
   results = doc_blocks.run([doc_blocks.step(c, tmp) for c in runs], tmp, ("text",))
