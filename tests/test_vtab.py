@@ -12,7 +12,7 @@ from PIL import Image
 from tensorflow_datasets.proto import tf_example_pb2
 
 from configs import vtab as vtab_config
-from tests import tiny_tfds
+from tests import tiny_tfds, train_fixtures
 from vit_jax import errors
 from vit_jax import vtab as command
 from vit_jax.data import dataset, splits, vtab
@@ -151,3 +151,53 @@ def config_for(config, name: str):
   config = copy.deepcopy(config)
   vtab.apply_task(config, name)
   return config
+
+
+def _gray_png(pixels: np.ndarray) -> io.BytesIO:
+  out = io.BytesIO()
+  Image.fromarray(pixels.astype(np.uint8)).save(out, format="PNG")
+  out.seek(0)
+  return out
+
+
+def _read(data_dir: str, name: str) -> tuple[np.ndarray, np.ndarray]:
+  """(encoded images, classes) of task ``name``'s whole tiny train split, as the run reads."""
+  config = config_for(train_fixtures.common_config(data_dir=data_dir), name)
+  config.train_split = config.test_split = "train"
+  source = dataset.Dataset(dataset.Settings.from_config(config)).split("train")
+  return source.read(0, source.num_examples)
+
+
+def test_derived_classes_from_the_real_builders_records(tmp_path):
+  """CLEVR and dSprites prepared with their real features: the classes the run reads, and
+  dSprites' 0/1 pixels read as 0/255."""
+  data_dir = str(tmp_path)
+  depths = (7.0, 8.2, 9.7)  # bins 0, 1 and 4 of CLEVR's closest distance
+
+  def clevr(k, rng):
+    objects = [
+      {"3d_coords": [0.0] * 3, "color": 0, "material": 0, "rotation": 0.0, "shape": 0, "size": 1}
+      for _ in range(3 + k)
+    ]
+    for i, o in enumerate(objects):
+      o["pixel_coords"] = [1.0, 2.0, depths[k] + i]  # the first object the closest
+    return {"file_name": f"{k}.png", "objects": objects, "question_answer": []}
+
+  tiny_tfds.prepare("clevr", data_dir, {"train": 3}, clevr)
+  _, count = _read(data_dir, "clevr_count")
+  _, distance = _read(data_dir, "clevr_distance")
+  assert sorted(zip(count.tolist(), distance.tolist())) == [(0, 0), (1, 1), (2, 4)]
+
+  def dsprites(k, rng):
+    values = dict.fromkeys(["value_orientation", "value_scale", "value_shape"], 0.0)
+    values.update(value_x_position=0.0, value_y_position=0.0, label_scale=0, label_shape=0)
+    values.update(label_y_position=0)
+    image = _gray_png(rng.integers(0, 2, (64, 64)))  # dSprites' 0/1 pixels [64, 64]
+    x, angle = (0, 10, 31)[k], (0, 20, 39)[k]
+    return {**values, "image": image, "label_x_position": x, "label_orientation": angle}
+
+  tiny_tfds.prepare("dsprites", data_dir, {"train": 3}, dsprites)
+  images, location = _read(data_dir, "dsprites_location")
+  _, orientation = _read(data_dir, "dsprites_orientation")
+  assert sorted(zip(location.tolist(), orientation.tolist())) == [(0, 0), (5, 8), (15, 15)]
+  assert set(np.unique(np.asarray(Image.open(io.BytesIO(images[0]))))) == {0, 255}
