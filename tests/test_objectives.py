@@ -139,3 +139,21 @@ def test_the_data_checks_are_the_entrys():
 def test_an_unknown_objective_is_one_error_naming_the_choices():
   with pytest.raises(errors.ConfigError, match="config.objective='foo'.*'classification'"):
     objectives.entry("foo")
+
+
+def test_each_objective_declares_its_optional_capabilities_on_the_base_class():
+  """The run reads them as plain attributes: an objective without one has its default."""
+  for kind in (
+    objectives.classification.Classification,
+    objectives.masked_patches.MaskedPatchPrediction,
+    objectives.contrastive.Contrastive,
+  ):
+    assert issubclass(kind, objectives.Objective)
+  plain = objectives.classification.Classification
+  assert (plain.frozen, plain.pretrained_key, plain.text_len) == ((), None, None)
+  assert (plain.accuracy_metric, dict(plain.batch_fields)) == ("accuracy", {})
+  assert plain.train_flops_per_example is None and plain.accumulated_value_and_grad is None
+  assert objectives.masked_patches.MaskedPatchPrediction.accuracy_metric == "patch_accuracy"
+  two_tower = objectives.contrastive.Contrastive
+  assert two_tower.accuracy_metric == "in_batch_top1"
+  assert callable(two_tower.accumulated_value_and_grad)

@@ -139,8 +139,8 @@ def _steps_until_done(
   loop, total_steps = spec.loop, spec.loop.total_steps
   start_step = int(jax.device_get(state.step))
   metrics: dict[str, float] = {}
-  cache = getattr(steps.objective, "feature_cache", None)  # a LiT run's image features
-  transform = cache(state.params, spec.num_train) if cache else None
+  # a LiT run's image features (None: the batches as the pipeline makes them)
+  transform = steps.objective.feature_cache(state.params, spec.num_train)
   train_iter = data.train_iterator(
     spec.data, steps.mesh, start_step=start_step, transform=transform
   )

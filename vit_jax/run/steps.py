@@ -143,7 +143,7 @@ class RunSteps:
     shapes = dict(
       image=((crop, crop, 3), jnp.float32),  # [B, H, W, 3] in [-1, 1] (RandAugment: 0..255)
       label=((self.spec.num_classes,), jnp.float32),  # [B, K] one-hot
-      **getattr(self.objective, "batch_fields", {}),  # e.g. 'text': int32 [B, L]
+      **self.objective.batch_fields,  # e.g. 'text': int32 [B, L]
     )
     shapes.update(fields, **extra)
     return {
@@ -155,8 +155,7 @@ class RunSteps:
   def abstract_train_batch(self) -> dict[str, jax.ShapeDtypeStruct]:
     """The global train batch as the input pipeline delivers it (and an objective's
     ``train_fields(crop)`` changes it: a LiT run's cached image features), abstract."""
-    train_fields = getattr(self.objective, "train_fields", None)
-    return self._batch(self.spec.batch, train_fields(self.spec.crop) if train_fields else {})
+    return self._batch(self.spec.batch, self.objective.train_fields(self.spec.crop))
 
   def abstract_eval_batch(self) -> dict[str, jax.ShapeDtypeStruct]:
     """The global eval batch (with its padding ``mask`` [B]), abstract."""
@@ -169,7 +168,7 @@ class RunSteps:
   def train_flops_per_example(self) -> Optional[float]:
     """The analytic FLOPs of one example of the train step: the objective's count where it
     has one (a two-tower's loss over the batch, a locked tower), else the family's."""
-    count = getattr(self.objective, "train_flops_per_example", None)
+    count = self.objective.train_flops_per_example
     if count is not None:
       return count(self.spec.crop, self.spec.batch)
     return step_cost.vit_flops_per_image(
@@ -191,7 +190,7 @@ class RunSteps:
     # embeddings from it): device_get fails on arrays split over several processes.
     init_params = multihost_utils.process_allgather(state.params, tiled=True)
     crop = self.spec.crop
-    key = getattr(self.objective, "pretrained_key", None)  # a two-tower's image tower
+    key = self.objective.pretrained_key  # a two-tower's image tower
     loaded = weights.load_pretrained(
       source.source,
       init_params[key] if key else init_params,
@@ -212,7 +211,7 @@ def build_steps(spec: RunSpec, mesh: jax.sharding.Mesh) -> RunSteps:
     raise TypeError(f"accum_steps={spec.accum_steps!r}: resolve the run first (run.resolve).")
   objective = objectives.make(spec.model, spec.num_classes, spec.objective, mesh)
   tx, schedule = optim.make_optimizer(spec.optimizer)
-  tx = optim.freeze(tx, getattr(objective, "frozen", ()))
+  tx = optim.freeze(tx, objective.frozen)
   dummy = jax.ShapeDtypeStruct((1, spec.crop, spec.crop, 3), jnp.float32)
 
   def init_boxed(rng):
@@ -246,7 +245,7 @@ def build_steps(spec: RunSpec, mesh: jax.sharding.Mesh) -> RunSteps:
         loss_fn=objective.loss,
         tx=tx,
         accum_steps=spec.accum_steps,
-        accumulated_value_and_grad=getattr(objective, "accumulated_value_and_grad", None),
+        accumulated_value_and_grad=objective.accumulated_value_and_grad,
         mix=mixup.make_mixer(spec.mixup, blocks=mesh.shape[sharding.DATA_AXIS]),
         augment=randaug.make_augmenter(
           spec.data.randaug, spec.data.input_mean, spec.data.input_std, mesh

@@ -64,5 +64,5 @@ def build(steps: RunSteps) -> Accuracy:
     every=steps.spec.loop.eval_every,
     eval_step=steps.eval_step,
     batches=data.eval_iterator(steps.spec.data, steps.mesh),
-    accuracy_metric=getattr(steps.objective, "accuracy_metric", "accuracy"),
+    accuracy_metric=steps.objective.accuracy_metric,
   )

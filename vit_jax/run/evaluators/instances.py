@@ -132,7 +132,7 @@ def build(steps: RunSteps) -> dict[str, Any]:
         every=every,
         eval_step=steps.eval_step,
         batches=batches,
-        accuracy_metric=getattr(steps.objective, "accuracy_metric", "accuracy"),
+        accuracy_metric=steps.objective.accuracy_metric,
         prefix=instance.name,
       )
   return built

@@ -86,7 +86,7 @@ def build(steps: Any) -> ZeroShot | retrieval.Retrieval | None:
   """None unless the run trains a two-tower model on captioned data: zero-shot and
   retrieval with captions made from labels, retrieval alone with the data's own."""
   text = steps.spec.data.text
-  if getattr(steps.objective, "text_len", None) is None or text is None:
+  if steps.objective.text_len is None or text is None:
     return None
   if text.tokenizer is not None:
     return retrieval.Retrieval(steps)

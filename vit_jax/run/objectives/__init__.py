@@ -1,22 +1,14 @@
 """What a run trains, by name (``config.objective``): adding one is a module and a line here.
 
-Each objective has ``model``, ``encoder`` (the `VisionTransformer` whose parameters it
-trains and fine-tuning reads), ``init(rng, images)``, ``loss(params, batch, rng)`` (the
-mean over the batch, for `steps.train_step`) and ``eval_step(params, batch)`` (sums for
-`evaluators.test_split`). A builder takes the `ModelSettings`, the number of classes of the
-data, the run's `spec.ObjectiveSettings` and its mesh (for losses computed across it).
-
-Optional attributes the run reads: ``batch_fields`` (batch entries besides 'image' and
-'label': name -> (per-example shape, dtype)), ``frozen`` (top-level parameter subtrees
-with no update and no optimizer state), ``pretrained_key`` (the subtree that
-``config.pretrained`` initialises; absent: the whole tree) and
-``train_flops_per_example(image_size, batch)`` (the analytic count of one example of a
-train step where the model family's count is not it, e.g. a contrastive loss over the
-batch; absent: `step_cost.vit_flops_per_image`), ``accuracy_metric`` (the name under
-``eval/`` of what its eval sums' 'correct' / 'count' measure; absent: 'accuracy', a class
-accuracy) and ``accumulated_value_and_grad(params,
-micro_batches, rngs)`` (a loss that couples the batch's examples, over the whole batch
-from ``config.accum_steps`` micro-batches; absent: the mean of the micro-batches' losses).
+Each objective subclasses `base.Objective`: ``model``, ``encoder`` (the
+`VisionTransformer` whose parameters it trains and fine-tuning reads), ``init(rng,
+images)``, ``loss(params, batch, rng)`` and ``eval_step(params, batch)``, and the optional
+capabilities the run reads (``batch_fields``, ``frozen``, ``pretrained_key``,
+``accuracy_metric``, ``text_len``, ``train_fields``, ``feature_cache``,
+``train_flops_per_example``, ``accumulated_value_and_grad``), declared there with their
+defaults and overridden by the objectives that have them. A builder takes the
+`ModelSettings`, the number of classes of the data, the run's `spec.ObjectiveSettings` and
+its mesh (for losses computed across it).
 
 Each name's `Entry` also answers what the rest of the package asks of an objective (its
 checks, the data it needs, whether it trains on labels): the resolver, the input
@@ -27,29 +19,18 @@ nothing outside this package compares objective names.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Optional
 
 import jax
 import ml_collections
 
 from vit_jax import errors
-from vit_jax.aliases import Batch
 from vit_jax.data.dataset import DatasetInfo, Needs
 from vit_jax.data.dataset import Settings as DataSettings
-from vit_jax.models import VisionTransformer, create_model
+from vit_jax.models import create_model
 from vit_jax.models.settings import Settings
 from vit_jax.run.objectives import classification, contrastive, masked_patches
-
-
-class Objective(Protocol):
-  model: Any
-  encoder: VisionTransformer
-
-  def init(self, rng: jax.Array, images: jax.Array) -> Any: ...
-
-  def loss(self, params: Any, batch: Batch, rng: jax.Array) -> jax.Array: ...
-
-  def eval_step(self, params: Any, batch: Batch) -> dict[str, jax.Array]: ...
+from vit_jax.run.objectives.base import Objective
 
 
 def _no_check(*args: Any) -> None:

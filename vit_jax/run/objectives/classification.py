@@ -13,6 +13,7 @@ from vit_jax.data.dataset import DatasetInfo
 from vit_jax.data.dataset import Settings as DataSettings
 from vit_jax.models import VisionTransformer
 from vit_jax.run import losses
+from vit_jax.run.objectives.base import Objective
 
 
 def check_data(config: Any, model: Any, data: DataSettings, info: Optional[DatasetInfo]) -> None:
@@ -25,9 +26,10 @@ def check_data(config: Any, model: Any, data: DataSettings, info: Optional[Datas
     )
 
 
-class Classification:
+class Classification(Objective):
   """Trains ``model`` on the labels with the `losses.LOSSES` kind ``loss_kind``, the
-  training labels smoothed by ``label_smoothing`` (`losses.smooth_labels`)."""
+  training labels smoothed by ``label_smoothing`` (`losses.smooth_labels`); none of the
+  optional capabilities (a class accuracy under 'eval/accuracy')."""
 
   def __init__(self, model: VisionTransformer, loss_kind: str, label_smoothing: float):
     self.model = self.encoder = model

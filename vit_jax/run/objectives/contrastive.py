@@ -32,6 +32,7 @@ from vit_jax.models.image_text import IMAGE
 from vit_jax.models.two_tower import LOSS_INIT
 from vit_jax.run import contrastive as losses
 from vit_jax.run import feature_cache
+from vit_jax.run.objectives.base import Field, Objective
 
 LOSSES = tuple(LOSS_INIT)
 
@@ -96,9 +97,12 @@ def check_data(
   feature_cache.check(config.contrastive, data)
 
 
-class Contrastive:
+class Contrastive(Objective):
   """The contrastive objective of a two-tower model (`models.is_two_tower`); ``mesh``: the
-  run's (None: the loss over the whole batch at once)."""
+  run's (None: the loss over the whole batch at once). Of `Objective`'s optional
+  capabilities it has them all: a 'text' batch field, a locked tower (``frozen``), an image
+  tower ``config.pretrained`` initialises, its own accuracy name and FLOPs count, cached
+  features and the loss over the whole batch with accumulation."""
 
   # The evaluation's 'correct' / 'count' is in-batch image-to-text top-1, not a class
   # accuracy: logged under its own name (`evaluators.accuracy`), beside zero-shot's.
@@ -130,7 +134,7 @@ class Contrastive:
     self.batch_fields = {"text": ((self.text_len,), jnp.int32)}  # besides 'image', 'label'
     self.cache_features = bool(options.get("cache_image_features", False))
 
-  def train_fields(self, crop: int) -> dict[str, Any]:
+  def train_fields(self, crop: int) -> dict[str, Optional[Field]]:
     """With cached features, the train batch's 'image_features' [B, D] replace 'image'."""
     if not self.cache_features:
       return {}

@@ -22,6 +22,7 @@ from vit_jax import errors
 from vit_jax.aliases import Batch
 from vit_jax.models import ModelSettings, create_model
 from vit_jax.models import mpp as mpp_model
+from vit_jax.run.objectives.base import Objective
 
 TARGETS: tuple[str, ...] = ("mean_color", "downsampled", "pixels")
 COLOR_BITS = 3  # per channel: 2^(3 * 3) = 512 colour classes
@@ -108,7 +109,7 @@ def per_image(
   )
 
 
-class MaskedPatchPrediction:
+class MaskedPatchPrediction(Objective):
   """Masked patch prediction as the training loop needs it: model, loss, eval sums.
 
   ``options``: the run's ``config.mpp`` (target, corrupt_rate, mask, random).
