@@ -57,7 +57,7 @@ def _parse(argv: Sequence[str]) -> dict[str, Any]:
       "workdir", None, "A run per dataset in <workdir>/<dataset>.", flag_values=flag_values
     ),
   )
-  values = cli.parse_command_flags(flag_values, argv, holders, ("config", "workdir"))
+  values = cli.parse_command_flags(flag_values, argv, holders, ("config", "workdir"), __doc__)
   file_arg = next((a[len("--config=") :] for a in argv if a.startswith("--config=")), "")
   if file_arg.count(":") != 1 or file_arg.split(":")[1].count(",") != 1:
     raise errors.CommandLineError(

@@ -45,7 +45,7 @@ def _parse(argv: Sequence[str]) -> dict[str, Any]:
       "sweep", False, "Train on train800, test on val200.", flag_values=flag_values
     ),
   )
-  values = cli.parse_command_flags(flag_values, argv, holders, ("config", "workdir"))
+  values = cli.parse_command_flags(flag_values, argv, holders, ("config", "workdir"), __doc__)
   for name in values["tasks"]:
     vtab.task(name)  # an unknown task: one error line naming the 19
   return values
