@@ -571,11 +571,9 @@ def needs_text(tmp: str) -> list[tuple[str, tuple[str, ...], dict[str, Any]]]:
 
 
 def with_quickstart(folder: str, tmp: str) -> None:
-  """The shared quickstart run of ``folder`` (`make_default`'s) and its built tfds data
-  copied into ``tmp``: the later commands read the run, and the processes of a
-  multi-process run find the data built (they would build it at once, into one folder)."""
+  """The shared quickstart run of ``folder`` (`make_default`'s) copied into ``tmp``, for
+  the commands that read it."""
   shutil.copytree(os.path.join(folder, "vit_quickstart"), os.path.join(tmp, "vit_quickstart"))
-  shutil.copytree(os.path.join(folder, "tfds"), os.path.join(tmp, "tfds"))
 
 
 def make_default(folder: str) -> dict:
