@@ -12,7 +12,7 @@ import pytest
 import vit_jax
 from tests import interop_fixtures
 from vit_jax import model_facts
-from vit_jax.data import captions, text_tokenizer
+from vit_jax.data import captions, tokenizer_kinds
 
 X = interop_fixtures.images(4, 16)  # float32 [4, 16, 16, 3]
 
@@ -80,7 +80,7 @@ def test_an_image_text_model_s_tokenizer_compares_by_its_vocabulary(tmp_path):
   """Two reads of one tokenizer file are equal facts; another vocabulary is not."""
   path = str(tmp_path / "tokenizer.json")
   captions.CaptionTokenizer(["a cat", "a dog"]).save(path)
-  first, second = (text_tokenizer.load_tokenizer(path) for _ in range(2))
+  first, second = (tokenizer_kinds.load_tokenizer(path) for _ in range(2))
   other = captions.CaptionTokenizer(["a cat", "a bird"])
   assert first is not second and first.fingerprint() == second.fingerprint()
   assert hash(first.fingerprint()) == hash(second.fingerprint())

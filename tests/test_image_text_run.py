@@ -21,7 +21,7 @@ from tests import fresh_python, train_fixtures
 from tests.test_main import assert_resume_is_exact
 from vit_jax import errors, models, predict, run
 from vit_jax import zeroshot as zeroshot_cli
-from vit_jax.data import captions, text_tokenizer
+from vit_jax.data import captions, tokenizer_kinds
 from vit_jax.run.evaluators import retrieval
 from vit_jax.weights import orbax_steps, sources
 
@@ -129,7 +129,7 @@ def test_captions_do_not_depend_on_the_process_split_and_the_tokenizer_reads_bac
   np.testing.assert_array_equal(whole, np.concatenate(halves))
   assert len({tuple(r) for r in whole}) > 10  # several templates are drawn
   made.tokenizer.save(str(tmp_path / "tokenizer.json"))
-  again = text_tokenizer.load_tokenizer(str(tmp_path))
+  again = tokenizer_kinds.load_tokenizer(str(tmp_path))
   texts = [t for row in made.texts for t in row]
   np.testing.assert_array_equal(again.encode(texts, 12), made.tokenizer.encode(texts, 12))
 

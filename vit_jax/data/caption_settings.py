@@ -13,7 +13,6 @@ run is read back with the tokenizer it trained with.
 from __future__ import annotations
 
 import dataclasses
-import glob
 import hashlib
 import os
 from typing import TYPE_CHECKING, Any, Optional, Sequence
@@ -28,18 +27,6 @@ DEFAULT_EOS = "none"
 # set it to continue their text towers); config.text.pad_id None: the model's pad piece.
 DEFAULT_LOWER = False
 DEFAULT_IMAGE_FEATURE = "image"  # config.text.image_feature: a tfds dataset's image feature
-# The files of a tokenizer folder that say how it splits text (a transformers folder's or
-# a SentencePiece model beside a checkpoint), hashed by `CaptionSettings.identity`.
-TOKENIZER_FILES = (
-  "tokenizer.json",
-  "tokenizer_config.json",
-  "special_tokens_map.json",
-  "added_tokens.json",
-  "vocab.json",
-  "vocab.txt",
-  "merges.txt",
-  "*.model",
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,13 +68,10 @@ class CaptionSettings:
     options = f"text_len={self.text_len}"
     if self.tokenizer is None:
       return f"templates={self.templates} {options}"
-    path = self.tokenizer
-    files = [path]
-    if os.path.isdir(path):
-      pattern = lambda name: os.path.join(glob.escape(path), name)  # noqa: E731
-      files = sorted({f for name in TOKENIZER_FILES for f in glob.glob(pattern(name))})
+    from vit_jax.data import tokenizer_kinds  # pylint: disable=g-import-not-at-top
+
     digest = hashlib.sha256()
-    for file in files:
+    for file in tokenizer_kinds.files(self.tokenizer):
       digest.update(os.path.basename(file).encode() + b"\0")
       with open(file, "rb") as f:
         digest.update(f.read())

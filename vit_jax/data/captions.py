@@ -5,7 +5,7 @@ classes) becomes image-text data: each example's caption is one of a set of prom
 templates filled with its class's words ("a photo of the digit seven."). Nothing is
 downloaded: the tokenizer is a word-level `tokenizers` model whose vocabulary is every
 word of those captions, sorted (so it is the same on every machine and every process),
-and it writes a standard ``tokenizer.json`` that `text_tokenizer.load_tokenizer` reads back.
+and it writes a standard ``tokenizer.json`` that `tokenizer_kinds.load_tokenizer` reads back.
 
 Which template an example gets is a hash of (seed, step, global row) in training and of
 the example's index in evaluation: the same on resume and for any process count, as the
@@ -95,7 +95,7 @@ class CaptionTokenizer(text_tokenizer.HuggingFaceTokenizer):
     self.vocabulary = text_tokenizer.digest(self._tokenizer.to_str())
 
   def save(self, path: str) -> None:
-    """Writes ``tokenizer.json`` (`text_tokenizer.load_tokenizer` reads it)."""
+    """Writes ``tokenizer.json`` (`tokenizer_kinds.load_tokenizer` reads it)."""
     self._tokenizer.save(path)
 
 

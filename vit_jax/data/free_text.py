@@ -13,14 +13,13 @@ tokenizes the batch's captions (`load_tokenizer`) to int32 [B, config.model.text
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable, Optional
 
 import numpy as np
 
 from vit_jax import errors
 from vit_jax.data import captions as captions_lib
-from vit_jax.data import filesystems, folder_tokenizer, text_tokenizer
+from vit_jax.data import filesystems, text_tokenizer, tokenizer_kinds
 from vit_jax.data import splits as splits_lib
 
 KEY = "config.text.tokenizer"
@@ -79,18 +78,14 @@ def load_tokenizer(
       f"e.g. --{KEY}=/path/to/spiece.model (or a tokenizer.json, or their folder)."
     )
   try:
-    if os.path.isfile(os.path.join(path, folder_tokenizer.CONFIG)):
-      tokenizer = folder_tokenizer.read_folder_tokenizer(path)
-    else:
-      tokenizer = text_tokenizer.load_tokenizer(path, eos, lower=lower, pad_id=pad_id)
+    kind, tokenizer = tokenizer_kinds.load(path, eos, lower=lower, pad_id=pad_id)
   except errors.UserError as e:
     raise type(e)(f"{KEY}={path!r}: {e}") from None
-  if (lower or pad_id is not None) and not isinstance(
-    tokenizer, text_tokenizer.SentencePieceTokenizer
-  ):
+  if (lower or pad_id is not None) and not kind.options:
     raise errors.ConfigError(
       f"config.text.lower={lower} / config.text.pad_id={pad_id} apply to a SentencePiece "
-      f".model, not to {KEY}={path!r}: leave them unset (its own file says how it splits)."
+      f".model, not to {KEY}={path!r}, {kind.name}: leave them unset (its own files say "
+      f"how it splits and pads: {kind.padding})."
     )
   return tokenizer
 

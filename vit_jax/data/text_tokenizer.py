@@ -1,9 +1,10 @@
 """Text to fixed-length token ids for an image-text model's text tower.
 
-    tokenizer = load_tokenizer("path/to/checkpoint")   # a folder, a .model or tokenizer.json
+    tokenizer = read_sentencepiece("path/to/spiece.model")   # or read_hugging_face(...)
     ids = tokenizer.encode(["a photo of a cat", "a dog"], length=64)   # int32 [2, 64]
 
-Two formats, each read by its own library (the `text` extra):
+Two formats, each read by its own library (the `text` extra); which one a path holds is
+`tokenizer_kinds`' question:
 - SentencePiece models (``*.model``: big_vision's SigLIP and LiT, T5, Gemma) through
   `sentencepiece`;
 - Hugging Face ``tokenizer.json`` (CLIP, SigLIP 2 through transformers, most hub
@@ -22,10 +23,9 @@ SigLIP pads with id 1, its end token).
 from __future__ import annotations
 
 import abc
-import glob
 import hashlib
 import os
-from typing import Hashable, Optional, Sequence
+from typing import Callable, Hashable, Optional, Sequence
 
 import numpy as np
 
@@ -36,7 +36,7 @@ HF_FILE = "tokenizer.json"
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
 
-def _check_eos(eos: str) -> None:
+def check_eos(eos: str) -> None:
   if eos not in EOS_MODES:
     raise errors.ConfigError(f"eos={eos!r}: choose one of {EOS_MODES}.")
 
@@ -62,6 +62,11 @@ class Tokenizer(abc.ABC):
   def _options(self) -> tuple[Hashable, ...]:
     """What changes the ids besides the vocabulary."""
     return ()
+
+  def model_proto(self) -> Optional[bytes]:
+    """A SentencePiece model's bytes (what big_vision's export writes beside the weights);
+    None for other kinds."""
+    return None
 
   @abc.abstractmethod
   def _ids(self, text: str) -> list[int]:
@@ -93,7 +98,7 @@ class SentencePieceTokenizer(Tokenizer):
   ):
     import sentencepiece  # pylint: disable=g-import-not-at-top
 
-    _check_eos(eos)
+    check_eos(eos)
     self._model = sentencepiece.SentencePieceProcessor(model_file=path)
     self._eos = eos
     self._lower = lower
@@ -137,30 +142,31 @@ class HuggingFaceTokenizer(Tokenizer):
     return self._tokenizer.encode(text).ids
 
 
-def load_tokenizer(
-  path: str, eos: str = "none", *, lower: bool = False, pad_id: Optional[int] = None
-) -> Tokenizer:
-  """The tokenizer in ``path``: a ``.model`` or ``tokenizer.json`` file, or a folder that
-  holds one (``tokenizer.json`` first); ``eos``, ``lower`` and ``pad_id`` apply to a
-  SentencePiece model."""
-  _check_eos(eos)
-  if os.path.isdir(path):
-    found = [os.path.join(path, HF_FILE)] if os.path.isfile(os.path.join(path, HF_FILE)) else []
-    found = found or sorted(glob.glob(os.path.join(glob.escape(path), "*.model")))
-    if not found:
-      raise errors.MissingError(
-        f"No tokenizer in {path!r}: it needs a {HF_FILE} or a SentencePiece .model file "
-        "(the checkpoint's tokenizer, saved beside its weights)."
-      )
-    path = found[0]
+def _read(path: str, eos: str, make: Callable[[], Tokenizer]) -> Tokenizer:
+  """``make()``, the tokenizer in the file ``path``; a missing or unreadable one is one
+  error naming it."""
+  check_eos(eos)
   if not os.path.isfile(path):
     raise errors.MissingError(f"Tokenizer {path!r} does not exist: name a {HF_FILE} or a .model.")
   try:
-    if os.path.basename(path).endswith(".json"):
-      return HuggingFaceTokenizer(path)
-    return SentencePieceTokenizer(path, eos, lower=lower, pad_id=pad_id)
+    return make()
   except ImportError as e:
     raise errors.UserError(f"Reading {path!r} needs {e.name}: pip install -e '.[text]'.") from None
   except (RuntimeError, OSError, ValueError) as e:
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     raise errors.InputFileError(f"Tokenizer {path!r} could not be read: {first}") from None
+
+
+def read_sentencepiece(
+  path: str, eos: str = "none", *, lower: bool = False, pad_id: Optional[int] = None
+) -> Tokenizer:
+  """The SentencePiece model in the file ``path``, with ``eos``, ``lower`` and ``pad_id``."""
+  return _read(path, eos, lambda: SentencePieceTokenizer(path, eos, lower=lower, pad_id=pad_id))
+
+
+def read_hugging_face(
+  path: str, eos: str = "none", *, lower: bool = False, pad_id: Optional[int] = None
+) -> Tokenizer:
+  """The ``tokenizer.json`` file ``path`` (``eos`` is checked; the file says the rest)."""
+  del lower, pad_id
+  return _read(path, eos, lambda: HuggingFaceTokenizer(path))

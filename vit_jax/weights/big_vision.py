@@ -292,7 +292,7 @@ def tokenizer(vocabulary: str, config: ml_collections.ConfigDict) -> text_tokeni
   pad piece)."""
   gemma = models.is_two_tower(config) and config.text.vocab_size == GEMMA_VOCAB
   pad = None if gemma else SIGLIP_PAD_ID
-  return text_tokenizer.load_tokenizer(vocabulary, eos="sticky", lower=True, pad_id=pad)
+  return text_tokenizer.read_sentencepiece(vocabulary, eos="sticky", lower=True, pad_id=pad)
 
 
 def read_tokenizer(path: str, config: ml_collections.ConfigDict) -> Optional[Any]:
@@ -367,12 +367,12 @@ def writer(
   for an image-text model with a SentencePiece tokenizer, its ``.model`` as
   `TOKENIZER_FILE` (found beside the file when read back)."""
   check_writable(model.config)
-  proto = getattr(model.tokenizer, "model_proto", None)
+  proto = model.tokenizer.model_proto() if model.tokenizer is not None else None
 
   def write(directory: str) -> None:
     save(os.path.join(directory, EXPORT_FILE), model.params, model.config)
     if proto is not None:
       with open(os.path.join(directory, TOKENIZER_FILE), "wb") as f:
-        f.write(proto())
+        f.write(proto)
 
   return write

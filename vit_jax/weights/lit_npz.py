@@ -96,7 +96,7 @@ def read_tokenizer(path: str) -> Optional[text_tokenizer.Tokenizer]:
     return None
   import sentencepiece  # pylint: disable=g-import-not-at-top
 
-  tokenizer = text_tokenizer.load_tokenizer(vocab, eos="sticky")
+  tokenizer = text_tokenizer.read_sentencepiece(vocab, eos="sticky")
   # models_lit pads with the end token
   tokenizer.pad_id = sentencepiece.SentencePieceProcessor(model_file=vocab).eos_id()
   return tokenizer

@@ -27,7 +27,7 @@ from flax import traverse_util
 from vit_jax import errors, input_files, models
 from vit_jax.aliases import Params
 from vit_jax.data import data_config as data_config_lib
-from vit_jax.data import folder_tokenizer
+from vit_jax.data import folder_tokenizer, tokenizer_kinds
 from vit_jax.weights import architecture
 
 EXPORT_FILE = "model.npz"  # the archive in a folder an npz export (`Model.save`) writes
@@ -279,7 +279,7 @@ def read_tokenizer(path: str, config: ml_collections.ConfigDict) -> Any:
   directory = os.path.dirname(path)
   if not models.is_two_tower(config):
     return None
-  if not os.path.isfile(os.path.join(directory, folder_tokenizer.CONFIG)):
+  if tokenizer_kinds.FOLDER.find(directory) is None:
     return None
   return folder_tokenizer.read_folder_tokenizer(directory)
 
@@ -296,7 +296,7 @@ def writer(
   files copied from the transformers folder it was read from (nothing for one read from
   elsewhere)."""
   source = model.source if os.path.isdir(str(model.source)) else None
-  names = (folder_tokenizer.CONFIG, folder_tokenizer.SPIECE, "tokenizer.json")
+  names = tokenizer_kinds.FOLDER.files
   copied = [n for n in names if source and os.path.isfile(os.path.join(source, n))]
 
   def write(directory: str) -> None:

@@ -48,7 +48,7 @@ from flax import traverse_util
 from vit_jax import errors, models
 from vit_jax.aliases import Params
 from vit_jax.data import data_config as data_config_lib
-from vit_jax.data import folder_tokenizer
+from vit_jax.data import folder_tokenizer, tokenizer_kinds
 from vit_jax.weights import files, tensor_table
 from vit_jax.weights.hf import folder
 from vit_jax.weights.hf.two_tower_table import (
@@ -70,8 +70,8 @@ _HIDDEN_ACT = {("gelu", True): "gelu_pytorch_tanh", ("gelu", False): "gelu"}
 _LEGACY_CLIP_EOS = 2  # transformers' CLIP pools the largest id when eos_token_id is 2
 # transformers' files of a tokenizer and an image processor, copied from a source folder.
 _PROCESSOR_FILES = (
-  folder_tokenizer.CONFIG, folder_tokenizer.SPIECE, "tokenizer.json", "special_tokens_map.json",
-  folder.PREPROCESSOR, folder.PROCESSOR,
+  *tokenizer_kinds.FOLDER.files, tokenizer_kinds.SPECIAL_TOKENS, folder.PREPROCESSOR,
+  folder.PROCESSOR,
 )  # fmt: skip
 _VIT_DEFAULTS = dict(
   posemb="learn", resnet=None, representation_size=None, num_registers=0, fc_norm=False,
@@ -389,7 +389,7 @@ def _write_tokenizer(tokenizer: Any, directory: str) -> None:
       "This model's tokenizer cannot be written as transformers files: export a model read "
       "from a transformers folder, or one whose tokenizer is a tokenizer.json."
     )
-  inner.save(os.path.join(directory, "tokenizer.json"))
+  inner.save(os.path.join(directory, tokenizer_kinds.HF_FILE))
   pad = inner.id_to_token(int(tokenizer.pad_id))
   config = {"tokenizer_class": "PreTrainedTokenizerFast", "pad_token": pad}
   with open(os.path.join(directory, folder_tokenizer.CONFIG), "w") as f:
