@@ -17,8 +17,8 @@ import pytest
 from flax import traverse_util
 
 from tests import interop_fixtures as fx
-from vit_jax import export
-from vit_jax.weights import npz, serving, sources
+from vit_jax import errors, export
+from vit_jax.weights import exports, formats, npz, serving, sources
 
 # torch's CUDA wheels import triton on first use, and triton's library crashes (SIGSEGV) a
 # process that has already loaded TensorFlow, as the test session has. These tests run
@@ -222,7 +222,7 @@ def test_the_command_prints_what_it_wrote_and_how_to_load_it(tmp_path, capsys):
     name: os.path.getsize(out / name) for name in ("labels.txt", "model.config.json", "model.npz")
   }
   assert printed[1:4] == [f"  {name}  ({size:,} bytes)" for name, size in sizes.items()]
-  assert printed[4] == export.LOAD_HINTS["npz"].format(out=out).join(["Load it with: ", ""])
+  assert printed[4] == exports.NPZ.hint.format(out=out).join(["Load it with: ", ""])
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o077])
@@ -271,3 +271,12 @@ def test_sigterm_during_the_write_removes_the_temporary_folder(tmp_path, monkeyp
   assert stopped.value.code == 128 + signal.SIGTERM
   _nothing_written(tmp_path, tmp_path / "out", out_existed=False)
   assert signal.getsignal(signal.SIGTERM) == handler  # restored
+
+
+def test_the_export_formats_and_their_hints_are_the_records():
+  """--format's choices, each checkpoint format's export and the printed hint: one record."""
+  assert export.FORMATS == tuple(e.name for e in exports.EXPORTS)
+  written = {f.export for f in formats.FORMATS if f.export is not None}
+  assert written | {e for e in exports.EXPORTS if e.serve} == set(exports.EXPORTS)
+  with pytest.raises(errors.CommandLineError, match="Unknown format 'onnx'; choose one of hf,"):
+    exports.by_name("onnx")

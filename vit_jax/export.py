@@ -37,30 +37,11 @@ from typing import Any, Optional, Sequence
 from absl import flags
 
 from vit_jax import cli, storage
-from vit_jax.weights import formats, npz, remote, sources, writers
+from vit_jax.data import folder_tokenizer
+from vit_jax.weights import exports, formats, npz, remote, sources, writers
 
-FORMATS, LABELS_FILE, NPZ_FILE = writers.FORMATS, formats.LABELS_FILE, npz.EXPORT_FILE
+FORMATS, LABELS_FILE, NPZ_FILE = exports.NAMES, formats.LABELS_FILE, npz.EXPORT_FILE
 STALE_SECONDS = writers.STALE_SECONDS  # a temporary folder this old was left by a killed export
-# How to load each format from its folder (printed after the export).
-LOAD_HINTS = {
-  "hf": "transformers.ViTForImageClassification.from_pretrained({out!r}) "
-  "(and AutoImageProcessor.from_pretrained({out!r}) for the preprocessing)",
-  "timm": "timm.create_model('local-dir:{out}') (a shape timm has no name for: "
-  "timm_model.json's kwargs, the architecture's class)",
-  "saved_model": "tf.saved_model.load({out!r}).signatures['serving_default']"
-  "(images=x)['output_0'], x: float32 [B, H, W, 3] in [-1, 1]",
-  "stablehlo": "jax.export.deserialize(open({out!r} + '/model.jax_exported', 'rb').read())"
-  ".call(x), x: float32 [B, H, W, 3] in [-1, 1]",
-  "npz": "python -m vit_jax.predict --checkpoint={out}/model.npz, or "
-  "--config.pretrained={out}/model.npz to fine-tune",
-  "big_vision": "big_vision's two_towers.load(None, {out!r} + '/model.npz', model_cfg) "
-  "(a ViT: vit.load), its tokenizer {out}/model.model; or vit_jax.load({out!r})",
-}
-TWO_TOWER_HF_HINT = (
-  "transformers.AutoModel.from_pretrained({out!r}) and AutoProcessor.from_pretrained({out!r})"
-)
-# The formats whose loaders read local files only: an export to a bucket is copied first.
-LOCAL_LOADERS = ("hf", "timm", "stablehlo")
 
 
 def export(
@@ -96,11 +77,12 @@ def _summary(fmt: str, source: str, out: str) -> str:
   lines = [f"Wrote the {fmt} export of {source} to {out}:"]
   written = _files(out)
   lines.extend(f"  {name}  ({size:,} bytes)" for name, size in written)
-  hint = LOAD_HINTS[fmt]
-  if fmt == "hf" and any(name == "tokenizer_config.json" for name, _ in written):
-    hint = TWO_TOWER_HF_HINT  # an image-text model: SigLIP, SigLIP 2 or CLIP
+  record = exports.by_name(fmt)
+  hint = record.hint
+  if record.two_tower_hint and any(name == folder_tokenizer.CONFIG for name, _ in written):
+    hint = record.two_tower_hint  # an image-text model written whole (SigLIP, CLIP)
   lines.append("Load it with: " + hint.format(out=out))
-  if storage.is_remote(out) and fmt in LOCAL_LOADERS:
+  if storage.is_remote(out) and record.local_files:
     lines.append(f"(these read local files: copy it first, gcloud storage cp -r {out} .)")
   return "\n".join(lines)
 

@@ -323,7 +323,7 @@ class Model:
 
   def save(self, directory: str | os.PathLike, format: str = "npz") -> str:  # noqa: A002
     """Writes the model into the new (or empty) folder ``directory`` (local or gs://) as
-    ``format`` (`vit_jax.weights.writers.FORMATS`: 'npz', reloaded bitwise by `vit_jax.load`,
+    ``format`` (`vit_jax.weights.exports.NAMES`: 'npz', reloaded bitwise by `vit_jax.load`,
     with its model config beside it; 'timm', 'hf', 'saved_model', 'stablehlo'); returns its
     path."""
     return writers.save(

@@ -11,7 +11,7 @@ family, `timm/families.py`); ``hf-hub:`` and official names are fetched through 
 cache first (`hub.py`). The architecture of a tree is read from its shapes in one place
 (`architecture.py`). Fitting: `load_pretrained` (`fit.py`) adapts a stored tree to a new
 model (head, representation layer, class token, position embeddings). Writing:
-`writers.save` (a loaded model -> a folder in one of `writers.FORMATS`, all or nothing)
+`writers.save` (a loaded model -> a folder in one of `exports.NAMES`, all or nothing)
 through the hf, timm and npz formats' records (`formats.py`) and SavedModel and StableHLO
 (`serving.py`). `fit_params` fits a tree in memory as `load_pretrained` fits a stored one
 (a new head, another resolution).
@@ -20,9 +20,10 @@ Nothing here imports torch (the PyTorch side is only needed to load what is writ
 nothing imports `vit_jax.run`: the run asks `load_pretrained` for its initial parameters.
 """
 
+from vit_jax.weights.exports import NAMES as FORMATS  # the export formats' names
 from vit_jax.weights.fit import fit_params, load_pretrained
 from vit_jax.weights.sources import LoadedModel, check_source, load, read_params
-from vit_jax.weights.writers import FORMATS, save
+from vit_jax.weights.writers import save
 
 __all__ = [
   "FORMATS",

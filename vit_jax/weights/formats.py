@@ -30,6 +30,7 @@ from vit_jax.paths import CONFIG_FILE as RUN_CONFIG_FILE
 from vit_jax.paths import as_path
 from vit_jax.weights import (
   big_vision,
+  exports,
   lit_npz,
   npz,
   orbax_steps,
@@ -83,7 +84,7 @@ class Format:
   # The tree as stored, for fine-tuning, and the config where it has one; None: `read`'s
   # tree and config, checked against each other (`sources.read_params`).
   read_tree: Optional[Callable[[str], tuple[Params, Optional[ml_collections.ConfigDict]]]] = None
-  export: Optional[str] = None  # its `writers.FORMATS` name where it can be written
+  export: Optional[exports.Export] = None  # its export format where it can be written
   family: Optional[str] = None  # the one family it writes (None: any its writer takes)
   write: Optional[Writer] = None
 
@@ -134,7 +135,7 @@ HF_TWO_TOWER = Format(
   read=lambda path, _: Read(*two_tower.read(path)),
   data_config=_stated_in_folder(two_tower.read_data_config),
   tokenizer=lambda path, _: two_tower.read_tokenizer(path),
-  export="hf",
+  export=exports.HF,
   family=families.TWO_TOWER.name,
   write=two_tower.writer,
 )
@@ -143,7 +144,7 @@ HF_VIT = Format(
   detect=vit.detect,
   read=lambda path, _: Read(*vit.read(path)),
   data_config=_stated_in_folder(vit.read_data_config),
-  export="hf",
+  export=exports.HF,
   write=vit.writer,
 )
 TIMM = Format(
@@ -151,7 +152,7 @@ TIMM = Format(
   detect=_is_timm,
   read=lambda path, _: Read(*timm_folder.read(path)),
   data_config=_stated_in_folder(timm_folder.read_data_config),
-  export="timm",
+  export=exports.TIMM,
   write=_timm_writer,
 )
 
@@ -213,7 +214,7 @@ BIG_VISION = Format(
   read=_read_big_vision,
   tokenizer=lambda path, read: big_vision.read_tokenizer(path, read.config),
   read_tree=big_vision.read_tree,
-  export="big_vision",
+  export=exports.BIG_VISION,
   write=big_vision.writer,
 )
 NPZ = Format(
@@ -222,7 +223,7 @@ NPZ = Format(
   read=_read_npz,
   tokenizer=lambda path, read: npz.read_tokenizer(path, read.config),
   read_tree=_npz_tree,
-  export="npz",
+  export=exports.NPZ,
   write=npz.writer,
 )
 
@@ -279,7 +280,7 @@ def of(path: str) -> Located:
   return found
 
 
-def for_export(name: str, family: families.Family) -> Optional[Format]:
-  """The format a model of ``family`` is written as for the export name ``name``
-  (`writers.FORMATS`); None for the serving formats, which are not checkpoints."""
-  return next((f for f in FORMATS if f.export == name and f.family in (None, family.name)), None)
+def for_export(export: exports.Export, family: families.Family) -> Optional[Format]:
+  """The format a model of ``family`` is written as for ``export`` (`exports.EXPORTS`);
+  None for the serving formats, which are not checkpoints."""
+  return next((f for f in FORMATS if f.export is export and f.family in (None, family.name)), None)

@@ -1,12 +1,12 @@
 """The write side of the weights package: a loaded model -> a folder in one format.
 
 `save(model, fmt, out, class_names=..., image_size=...)` checks that ``model`` can be
-written as ``fmt`` (`FORMATS`: hf, timm, npz and big_vision through their checkpoint
-format's record, `formats.for_export`, whose writer the family picks; saved_model and
-stablehlo through `serving`), then writes the files into a new folder beside ``out``
-(``.OUT.tmp-*``) renamed to ``out`` at the end: a failure, Ctrl-C or SIGTERM leaves
-nothing in ``out``; a temporary folder left by a killed write (older than an hour) is
-removed by the next write to the same ``out``. ``out`` must not exist or be empty. The
+written as ``fmt`` (an `exports.EXPORTS` name: hf, timm, npz and big_vision through their
+checkpoint format's record, `formats.for_export`, whose writer the family picks;
+saved_model and stablehlo through `serving`), then writes the files into a new folder
+beside ``out`` (``.OUT.tmp-*``) renamed to ``out`` at the end: a failure, Ctrl-C or
+SIGTERM leaves nothing in ``out``; a temporary folder left by a killed write (older than
+an hour) is removed by the next write to the same ``out``. ``out`` must not exist or be empty. The
 files get the user's umask modes. On a bucket (gs://) the files are written into a local
 temporary folder, then uploaded one object each (`remote.upload`: a bucket renames no
 folder; what was uploaded is deleted on a failure). The export command (`vit_jax.export`)
@@ -28,10 +28,8 @@ import jax.numpy as jnp
 from absl import logging
 
 from vit_jax import errors, models, storage
-from vit_jax.weights import formats, remote, serving, sources
+from vit_jax.weights import exports, formats, remote, sources
 
-FORMATS = ("hf", "timm", "saved_model", "stablehlo", "npz", "big_vision")
-IMAGE_TOWER_FORMATS = ("timm", "saved_model", "stablehlo")  # an image-text model's: its image
 STALE_SECONDS = 3600  # a temporary folder this old was left by a killed write
 
 
@@ -46,25 +44,25 @@ def writer(
   (with `formats.LABELS_FILE` beside every format but hf, which keeps the names in its config).
   An image-text model is written whole as hf (transformers' SigLIP or CLIP), npz and
   big_vision; timm, saved_model and stablehlo take its image tower (`image_tower`: its
-  features)."""
-  if fmt in IMAGE_TOWER_FORMATS and models.is_two_tower(model.config):
+  features; `exports.Export.image_tower`)."""
+  export = exports.by_name(fmt)
+  if export.image_tower and models.is_two_tower(model.config):
     model = image_tower(model)
   module = model.module(dtype=jnp.float32)
   params = model.params
   names = list(class_names) if class_names else None
   family = models.family_of(model.config)
   data_config = model.data_config.at_size(image_size)  # the preprocessing each format states
-  if fmt not in FORMATS:
-    raise errors.CommandLineError(f"Unknown format {fmt!r}; choose one of {', '.join(FORMATS)}.")
-  checkpoint = formats.for_export(fmt, family)  # hf, timm, npz, big_vision: a format's
+  checkpoint = formats.for_export(export, family)  # hf, timm, npz, big_vision: a format's
   if checkpoint is not None and checkpoint.write is not None:
     write = checkpoint.write(
       model, image_size=image_size, class_names=names, data_config=data_config
     )
-  elif fmt == "saved_model":
-    write = lambda d: serving.write_saved_model(d, module, params, image_size)
+  elif export.serve is not None:  # saved_model, stablehlo
+    serve = export.serve
+    write = lambda d: serve(d, module, params, image_size)
   else:
-    write = lambda d: serving.write_jax_exported(d, module, params, image_size)
+    raise errors.CommandLineError(f"--format={fmt} cannot write a {family.name} model.")
 
   def write_with_labels(directory: str) -> None:
     write(directory)
