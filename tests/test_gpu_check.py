@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from benchmarks.gpu_check import __main__ as gpu_check_main
 from benchmarks.gpu_check import correctness, hlo_evidence, kernel_profile, report, rows
 from tests import fresh_python
 
@@ -49,6 +50,16 @@ def test_smoke_runs_every_row_on_the_cpu(tmp_path):
     or min(pipeline["img_s"], pipeline["pipeline_img_s"], pipeline["pipeline_threads_img_s"]) > 0
   )
   assert results["timm_loader"]["img_s"] > 0
+  for name in (rows.RECIPE, rows.RECIPE_ARRAY_RECORD):  # JPEGs, worker processes, the recipe
+    recipe = results[name]
+    assert recipe.get("skipped") or recipe["img_s"] > 0 and recipe["final_loss"] > 0
+    assert recipe.get("skipped") or (recipe["randaug"], recipe["mixup"]) == ([2, 10], 0.8)
+  assert results[rows.RECIPE_ARRAY_RECORD]["dataset"] == "gpu_check_photos"
+  assert results["timm_recipe"]["img_s"] > 0
+  assert results["timm_recipe"]["auto_augment"] == "rand-m10-n2"
+  # Every train row has the plan's estimate beside its step (none for a CPU).
+  planned = [r for name, r in results.items() if name in rows.PLANNED and "img_s" in r]
+  assert len(planned) >= 8 and all(r["plan_step_ms"] is None for r in planned)
   assert results[rows.SIGLIP]["mfu"] > 0  # both towers' analytic FLOPs
   assert results["timm"]["train"]["img_s"] > 0 and results["timm"]["infer"]["img_s"] > 0
   profile = results["profile"]["profile"]
@@ -72,11 +83,14 @@ def test_a_spent_budget_still_writes_every_file(tmp_path):
 
 
 def _speed(img_s: float, **extra) -> dict:
-  return dict(
-    img_s=img_s, step_ms_median=85.0, mfu=0.32, gflop_per_img_analytic=105.4,
-    peak_bytes_in_use=2 * 2**30, compile_s=20.0, ok=True, attention="cudnn", dtype="bfloat16",
-    device=dict(platform="gpu", device_kind="NVIDIA H100 80GB HBM3", count=1), **extra,
-  )  # fmt: skip
+  return {
+    **dict(
+      img_s=img_s, step_ms_median=85.0, plan_step_ms=80.0, mfu=0.32, gflop_per_img_analytic=105.4,
+      peak_bytes_in_use=2 * 2**30, compile_s=20.0, ok=True, attention="cudnn", dtype="bfloat16",
+      device=dict(platform="gpu", device_kind="NVIDIA H100 80GB HBM3", count=1),
+    ),
+    **extra,
+  }  # fmt: skip
 
 
 def test_the_table_gives_timm_ratios_the_plan_the_input_rows_and_failures():
@@ -87,6 +101,16 @@ def test_the_table_gives_timm_ratios_the_plan_the_input_rows_and_failures():
     results={
       rows.TRAIN_DEFAULT.name: _speed(3000.0),
       rows.RANDAUG: _speed(2400.0),
+      rows.RECIPE: _speed(
+        2000.0,
+        plan_step_ms=None,
+        hlo_step_ms=90.0,
+        dataset="folder:/f",
+        randaug=[2, 10],
+        mixup=0.8,
+        cores=16,
+      ),
+      "timm_recipe": dict(ok=True, img_s=1000.0, workers=16, auto_augment="rand-m10-n2"),
       rows.PIPELINE: _speed(1500.0, pipeline_img_s=2000.0, pipeline_threads_img_s=900.0),
       "timm_loader": dict(ok=True, img_s=2500.0, workers=16),
       rows.SIGLIP: dict(ok=True, skipped="the input pipeline does not import here"),
@@ -103,16 +127,40 @@ def test_the_table_gives_timm_ratios_the_plan_the_input_rows_and_failures():
   )
   table = report.table(report_)
   assert (
-    f"| {rows.TRAIN_DEFAULT.name} | cudnn, bfloat16 | 3000 | 85.0 | 32.0% | 105.4 | 2.00 | "
+    f"| {rows.TRAIN_DEFAULT.name} | cudnn, bfloat16 | 3000 | 85.0 | 80.0 | 32.0% | 105.4 | 2.00 | "
     "3.00 | 20 | 2000 | 1.50 |" in table
   )
   assert "RandAugment and Mixup in the step: 0.80x the plain step." in table
+  assert f"| {rows.RECIPE} | cudnn, bfloat16 | 2000 | 85.0 | 90.0* |" in table
+  assert "* The estimate of the program this GPU compiled: the plan file has none." in table
+  assert (
+    "The recipe from JPEGs (folder:/f, RandAugment [2, 10], Mixup 0.8, decoding in worker "
+    "processes on 16 cores): 2000 img/s, 0.67x the synthetic plain step, 2.00x timm's "
+    "loader-fed step on the same recipe." in table
+  )
+  assert "timm's DataLoader (16 workers, rand-m10-n2 and Mixup in the workers) feeding" in table
   assert "1500 img/s end to end (0.50x the synthetic-batch row); the pipeline alone 2000" in table
   assert "900 img/s in the main process's threads" in table
   assert "timm's DataLoader (16 workers) on the same files: 2500 img/s." in table
   assert "| train/ViT-L_16/128/default | exit 1: RESOURCE_EXHAUSTED |" in table
   assert f"Skipped rows: {rows.SIGLIP} (the input pipeline does not import here)" in table
   assert "Failed rows: train/ViT-L_16/128/default" in table
+
+
+def test_a_row_records_the_plans_estimate_for_the_gpu_it_ran_on():
+  plan = {"h200x1": {rows.RECIPE: {"estimate_s": 0.1}}, "h100x1": {rows.RECIPE: {}}}
+  h200 = dict(device=dict(device_kind="NVIDIA H200"))
+  assert gpu_check_main.planned_ms(plan, rows.RECIPE, h200) == pytest.approx(100.0)
+  assert gpu_check_main.planned_ms(plan, rows.RECIPE, _speed(1.0)) is None  # H100: none
+  assert gpu_check_main.planned_ms(plan, rows.RECIPE, dict(device=dict(device_kind="cpu"))) is None
+
+
+def test_the_recipe_rows_are_right_after_the_default_row_and_timm():
+  assert list(rows.ROWS)[:6] == [
+    rows.TRAIN_DEFAULT.name, "timm", rows.RECIPE, rows.RECIPE_ARRAY_RECORD, "timm_recipe",
+    "profile",
+  ]  # fmt: skip
+  assert list(rows.ROWS)[6] == rows.INFER_DEFAULT.name
 
 
 def test_a_row_that_does_not_exist_is_refused(tmp_path):

@@ -1,9 +1,12 @@
 r"""One prepared check on a GPU, ordered by what is still unknown: the default-config
-ViT-B/16 train step beside timm, its kernel profile, inference, RandAugment, the input
-pipeline end to end, SigLIP B/16, the correctness check, then the rows measured before.
+ViT-B/16 train step beside timm, the recipe (RandAugment and Mixup) end to end from JPEG
+files beside timm's loader on the same recipe, the kernel profile, inference,
+RandAugment on synthetic batches, the input pipeline, SigLIP B/16, the correctness
+check, then the rows measured before. Each train row records the plan's estimate of its
+step (``plan_step_ms``, from `PLAN_FILE`) beside its measured ``step_ms_median``.
 
     python -m benchmarks.gpu_check --out=DIR [--smoke] [--budget-s=360] [--only=ROW,...]
-    python -m benchmarks.gpu_check --make-plan      # the plan's memory of each train row
+    python -m benchmarks.gpu_check --make-plan      # the plan of each train row (CPU)
     python -m benchmarks.gpu_check --hlo-evidence   # kernels and library calls, compiled
 
 Writes, as each row completes (so a check cut short keeps what it finished):
@@ -85,18 +88,28 @@ def load_plan() -> dict[str, Any]:
     return json.load(f)
 
 
-def make_plan() -> None:
-  """Compiles each ViT train row for one H200 and one H100 (JAX's CUDA plugin, no GPU
-  needed) and stores the plan's per-device memory in `PLAN_FILE`, row by row (a plan cut
-  short keeps what it compiled, the other rows as they were)."""
-  names = {speed.name for speed in rows.SPEEDS}
-  found = {t: {k: v for k, v in rows_.items() if k in names} for t, rows_ in load_plan().items()}
+TOPOLOGIES = {"h200": "h200x1", "h100": "h100x1"}  # device kind's word -> planned topology
+
+
+def make_plan(
+  topologies: tuple[str, ...] = tuple(TOPOLOGIES.values()), names: tuple[str, ...] = ()
+) -> None:
+  """Compiles each train row (`rows.PLANNED`; ``names``: those alone) for one GPU of each
+  of ``topologies`` (JAX's CUDA plugin, no GPU needed) and stores the plan's per-device
+  memory, step bound and step estimate with its counts in `PLAN_FILE`, row by row (a plan
+  cut short keeps what it compiled, the other rows as they were)."""
+  found = {
+    t: {k: v for k, v in rows_.items() if k in rows.PLANNED} for t, rows_ in load_plan().items()
+  }
   config_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config.py")
-  for topology in ("h200x1", "h100x1"):
-    for speed in rows.SPEEDS:
-      if speed.mode != "train":
+  for topology in topologies:
+    planned: dict[str, dict[str, Any]] = {}  # by config: rows of one step compile once
+    for name, arg in rows.PLANNED.items():
+      if names and name not in names:
         continue
-      arg = f"{speed.model},{speed.batch},{speed.attention}"
+      if arg in planned:
+        found[topology][name] = planned[arg]
+        continue
       proc = subprocess.run(
         [sys.executable, "-m", "vit_jax.plan", f"--config={config_file}:{arg}",
          f"--topology={topology}", "--json"],
@@ -105,16 +118,18 @@ def make_plan() -> None:
       if proc.returncode not in (0, 2):
         raise SystemExit(f"vit_jax.plan failed for {arg} on {topology}:\n{proc.stderr[-2000:]}")
       plan = json.loads(proc.stdout)
-      found.setdefault(topology, {})[speed.name] = dict(
+      found.setdefault(topology, {})[name] = planned[arg] = dict(
         needed_bytes=plan["train"]["needed_bytes"],
         memory=plan["train"]["memory"],
         bound_s=plan["time"]["bound_s"],
+        estimate_s=plan["estimate"] and plan["estimate"]["step_s"],
+        counts=plan["estimate"] and plan["estimate"]["counts"],
         fits=plan["fits"],
         execution=plan["execution"],
       )
       with open(PLAN_FILE, "w") as f:
         json.dump(found, f, indent=1, sort_keys=True)
-      print(topology, speed.name, "ok", flush=True)
+      print(topology, name, "ok", flush=True)
   print(f"wrote {PLAN_FILE}")
 
 
@@ -142,6 +157,14 @@ def _in_child(row: str, left: float) -> tuple[str, dict[str, Any]]:
   return output, dict(ok=False, error=f"exit {code}: " + " | ".join(tail)[-600:])
 
 
+def planned_ms(plan: dict[str, Any], row: str, result: dict[str, Any]) -> Optional[float]:
+  """The plan's estimate of ``row``'s step for the GPU it ran on (ms; None without one)."""
+  kind = (result.get("device") or {}).get("device_kind", "").lower()
+  topology = next((t for word, t in TOPOLOGIES.items() if word in kind), None)
+  estimate = plan.get(topology, {}).get(row, {}).get("estimate_s")
+  return 1e3 * estimate if estimate else None
+
+
 def _write(out: str, found: dict[str, Any]) -> None:
   with open(os.path.join(out, "gpu_check.json"), "w") as f:
     json.dump(found, f, indent=1)
@@ -167,6 +190,8 @@ def run_rows(
     else:
       output, result = _in_process(row, smoke) if smoke else _in_child(row, left)
     result["wall_s"] = time.perf_counter() - began
+    if "step_ms_median" in result:
+      result["plan_step_ms"] = planned_ms(found["plan"], row, result)
     results[row] = result
     log.write(f"===== {row} ({result['wall_s']:.1f} s)\n{output}\n")
     log.flush()
@@ -186,7 +211,14 @@ def main(argv: Optional[list[str]] = None) -> int:
   parser.add_argument("--child", help=argparse.SUPPRESS)
   parser.add_argument("--make-plan", action="store_true", help=f"write {PLAN_FILE} (CPU)")
   parser.add_argument(
-    "--hlo-evidence", action="store_true", help="the compiled H100 step's kernels (CPU)"
+    "--topologies", default=",".join(TOPOLOGIES.values()), help="--make-plan's GPUs"
+  )
+  parser.add_argument(
+    "--hlo-evidence",
+    nargs="?",
+    const="all",
+    choices=("all", "after"),
+    help="the compiled H100 step's kernels and bytes (CPU); 'after': the default step alone",
   )
   args = parser.parse_args(argv)
   if args.smoke:
@@ -197,12 +229,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(RESULT_PREFIX + json.dumps(rows.ROWS[args.child](False)), flush=True)
     return 0
   if args.make_plan:
-    make_plan()
+    only = tuple(r for r in args.only.split(",") if r)
+    unknown = [r for r in only if r not in rows.PLANNED]
+    if unknown:
+      parser.error(f"--only: {', '.join(unknown)} not among the planned rows")
+    make_plan(tuple(t for t in args.topologies.split(",") if t), only)
     return 0
   if args.hlo_evidence:
     from benchmarks.gpu_check import hlo_evidence  # pylint: disable=g-import-not-at-top
 
-    print(hlo_evidence.markdown(hlo_evidence.evidence()))
+    print(hlo_evidence.markdown(hlo_evidence.evidence(args.hlo_evidence)))
     return 0
   if not args.out:
     parser.error("--out=DIR is required")

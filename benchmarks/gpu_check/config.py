@@ -2,6 +2,7 @@
 
     python -m vit_jax.plan --topology=h100x1 \
         --config=benchmarks/gpu_check/config.py:ViT-B_16,256,default
+    python -m vit_jax.plan --topology=h200x1 --config=benchmarks/gpu_check/config.py:randaug
 
 ``default`` leaves ``config.model.attention_impl`` and ``config.model.dtype`` unset, as a
 user's config does: the run takes its backend's choice (`vit_jax.models.backend_defaults`).
@@ -27,6 +28,8 @@ WARMUP_STEPS = 3
 SMOKE = dict(resolution=32, batch=4, steps=2, warmup=1)
 RANDAUG = (2, 10)  # the RandAugment row's config.pp.randaug (layers, magnitude)
 MIXUP_P = 0.8  # and its config.mixup.p
+# `get_config`'s names of the rows that are not "model,batch,attention".
+RANDAUG_ROW, SIGLIP_ROW = "randaug", "siglip"
 
 
 def smoke_model(model: Any) -> Any:
@@ -45,7 +48,10 @@ def smoke_model(model: Any) -> Any:
 
 def get_config(arg: str = "ViT-B_16,256,default") -> Any:
   """The run config of a train row, "model,batch,attention": AdamW, no dropout; a named
-  attention ('einsum', 'xla', 'cudnn') computes in bf16, `DEFAULT` leaves both unset."""
+  attention ('einsum', 'xla', 'cudnn') computes in bf16, `DEFAULT` leaves both unset.
+  `RANDAUG_ROW` and `SIGLIP_ROW` name those rows' configs at batch 256."""
+  if arg in (RANDAUG_ROW, SIGLIP_ROW):
+    return randaug_config(256) if arg == RANDAUG_ROW else siglip_config(256)
   model, batch, attention = arg.split(",")
   unset = attention == DEFAULT
   config = speed_config(

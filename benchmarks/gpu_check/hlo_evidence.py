@@ -4,7 +4,13 @@ before and after the GPU defaults (`vit_jax.models.backend_defaults`): the kerne
 step launches, which run as library calls (cuBLAS, cuDNN custom calls) and which as XLA
 fusions, and the predicted memory.
 
-    python -m benchmarks.gpu_check --hlo-evidence
+    python -m benchmarks.gpu_check --hlo-evidence          # the three cases
+    python -m benchmarks.gpu_check --hlo-evidence=after    # the default step alone
+
+With each case's proxy figures for a change to the step before a lease: the XLA fusions'
+bytes (operands and results, sliced operands at the slice), the products' FLOPs and the
+plan's estimate of the step (`vit_jax.plan.gpu_estimate`, the H200's rates scaled to the
+H100's published peaks).
 
 Compiled as the plan compiles (`vit_jax.plan.gpu_topology.COMPILER_OPTIONS`: Triton
 GEMMs off, so every matrix product is a cuBLAS call); a GPU run with Triton GEMMs on may
@@ -89,16 +95,21 @@ def kernel_counts(hlo: str) -> dict[str, Any]:
   )
 
 
-def evidence() -> list[dict[str, Any]]:
-  """Each of `CASES` compiled for `TOPOLOGY`: its choice, kernels and predicted memory."""
+def evidence(which: str = "all") -> list[dict[str, Any]]:
+  """Each of `CASES` (``which='after'``: the last alone) compiled for `TOPOLOGY`: its
+  choice, kernels, predicted memory and the estimate's counts."""
   from vit_jax import models, run, sharding  # pylint: disable=g-import-not-at-top
-  from vit_jax.plan import gpu_topology, topology  # pylint: disable=g-import-not-at-top
+  from vit_jax.plan import (  # pylint: disable=g-import-not-at-top
+    gpu_estimate,
+    gpu_topology,
+    topology,
+  )
   from vit_jax.run import step_cost  # pylint: disable=g-import-not-at-top
 
   nodes = topology.parse(TOPOLOGY)
   topology.prepare_environment(nodes)
   found = []
-  for label, attention, dtype in CASES:
+  for label, attention, dtype in CASES if which == "all" else CASES[-1:]:
     config = get_config(f"ViT-B_16,{BATCH},{attention}")
     config.model.dtype = dtype
     mesh = sharding.make_mesh(tuple(config.mesh), devices=nodes.devices())
@@ -108,12 +119,16 @@ def evidence() -> list[dict[str, Any]]:
     lowered = steps.train_step.lower(steps.abstract_state, steps.abstract_train_batch())
     compiled = lowered.compile(compiler_options=gpu_topology.COMPILER_OPTIONS)
     image = models.image_settings(spec.model)
+    estimate = gpu_estimate.of_compiled(compiled, nodes.chip)
     found.append(
       dict(
         label=label,
         attention=image.attention_impl,
         dtype=str(image.dtype),
         peak_bytes=step_cost.peak_bytes(compiled),
+        fusion_gb=estimate.counts.fusion_bytes / 1e9,
+        product_tflop=estimate.counts.product_flops / 1e12,
+        estimate_ms=estimate.step_s * 1e3,
         **kernel_counts(compiled.as_text()),
       )
     )
@@ -131,6 +146,9 @@ def markdown(found: list[dict[str, Any]]) -> str:
     ("kernels per step", lambda c: str(c["kernels"])),
     ("library calls", lambda c: str(c["library_calls"])),
     ("XLA fusions", lambda c: str(c["fusions"])),
+    ("XLA kernels' bytes (GB)", lambda c: f"{c['fusion_gb']:.1f}"),
+    ("cuBLAS products (TFLOP)", lambda c: f"{c['product_tflop']:.2f}"),
+    ("plan's estimate (ms)", lambda c: f"{c['estimate_ms']:.1f}"),
   ]
   rows += [(f"&nbsp;&nbsp;{k}", lambda c, k=k: str(c["by_kind"].get(k, 0))) for k in kinds]
   for name, cell in rows:

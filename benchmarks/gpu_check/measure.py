@@ -89,9 +89,13 @@ def figures(
   compiled: Any,
   compile_s: float,
 ) -> dict[str, Any]:
-  """The row's figures from its step times and compiled program."""
+  """The row's figures from its step times and compiled program, with ``hlo_step_ms``:
+  the plan's estimate (`vit_jax.plan.gpu_estimate`) of the program this GPU compiled
+  (None off a GPU the estimate knows)."""
   import jax  # pylint: disable=g-import-not-at-top
 
+  from vit_jax import hardware  # pylint: disable=g-import-not-at-top
+  from vit_jax.plan import gpu_estimate  # pylint: disable=g-import-not-at-top
   from vit_jax.run import step_cost  # pylint: disable=g-import-not-at-top
 
   median = sorted(times)[len(times) // 2]
@@ -101,6 +105,12 @@ def figures(
   flops_xla, _ = step_cost.step_flops(compiled, jax.device_count(), analytic=None)
   stats = device.memory_stats() or {}
   rate = flops_per_example * img_s if flops_per_example else None
+  chip = hardware.chip_for_device_kind(device.device_kind)
+  estimate, why = None, None
+  try:  # a figure beside the row's, never the reason it fails
+    estimate = chip and gpu_estimate.of_compiled(compiled, chip)
+  except Exception as e:  # pylint: disable=broad-except
+    why = f"{type(e).__name__}: {e}"[-300:]
   return dict(
     device=device_info(),
     dtype=dtype,
@@ -109,6 +119,8 @@ def figures(
     step_ms_median=1e3 * median,
     step_ms_min=1e3 * min(times),
     step_ms_max=1e3 * max(times),
+    hlo_step_ms=1e3 * estimate.step_s if estimate else None,
+    hlo_estimate_error=why,
     gflop_per_img_analytic=flops_per_example / 1e9 if flops_per_example else None,
     gflop_per_img_xla=flops_xla / batch / 1e9 if flops_xla else None,
     tflop_s=rate / 1e12 if rate else None,

@@ -23,6 +23,14 @@ def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
   return a / b if a and b else None
 
 
+def _planned(row: dict[str, Any]) -> str:
+  """The plan's estimate of the row's step; where the plan file has none for this GPU, the
+  same estimate of the program the GPU compiled, marked *."""
+  if row.get("plan_step_ms"):
+    return f"{row['plan_step_ms']:.1f}"
+  return f"{row['hlo_step_ms']:.1f}*" if row.get("hlo_step_ms") else "-"
+
+
 def _device_kind(results: dict[str, Any]) -> str:
   devices = (r.get("device") for r in results.values())
   return next((d["device_kind"] for d in devices if isinstance(d, dict)), "?")
@@ -53,29 +61,32 @@ def _speed_rows(results: dict[str, Any], plan_rows: dict[str, Any]) -> list[str]
   timm = results.get("timm", {})
   base = results.get(rows.TRAIN_DEFAULT.name, {}).get("img_s")
   lines = [
-    "| row | attention, dtype | img/s | step ms | MFU | GFLOP/img | peak mem GiB | plan GiB | "
-    "compile s | timm img/s | ours / timm |",
-    "|---|---|---|---|---|---|---|---|---|---|---|",
+    "| row | attention, dtype | img/s | step ms | plan step ms | MFU | GFLOP/img | peak mem GiB | "
+    "plan GiB | compile s | timm img/s | ours / timm |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|",
   ]
   named = [(s.name, s.mode if s.model == "ViT-B_16" else None) for s in rows.SPEEDS]
-  named += [(rows.RANDAUG, None), (rows.PIPELINE, None), (rows.SIGLIP, None)]
+  named += [(rows.RECIPE, None), (rows.RECIPE_ARRAY_RECORD, None), (rows.RANDAUG, None)]
+  named += [(rows.PIPELINE, None), (rows.SIGLIP, None)]
   for name, mode in named:
     r = results.get(name)
     if r is None:
       continue
     if "img_s" not in r:
-      lines.append(f"| {name} | {r.get('error') or r.get('skipped') or 'failed'} |" + " |" * 9)
+      lines.append(f"| {name} | {r.get('error') or r.get('skipped') or 'failed'} |" + " |" * 10)
       continue
     theirs = timm.get(mode, {}).get("img_s") if mode else None
     planned = plan_rows.get(name, {}).get("needed_bytes")
     lines.append(
       f"| {name} | {r.get('attention')}, {r.get('dtype')} | {r['img_s']:.0f} | "
-      f"{r['step_ms_median']:.1f} | {_f(r['mfu'], '.1%')} | "
+      f"{r['step_ms_median']:.1f} | {_planned(r)} | {_f(r['mfu'], '.1%')} | "
       f"{_f(r['gflop_per_img_analytic'], '.1f')} | {_f(r['peak_bytes_in_use'], '.2f', GIB)} | "
       f"{_f(planned, '.2f', GIB)} | {r['compile_s']:.0f} | {_f(theirs, '.0f')} | "
       f"{_f(_ratio(r['img_s'], theirs), '.2f')} |"
     )
-  notes = []
+  notes = _recipe_notes(results, base)
+  if any(not r.get("plan_step_ms") and r.get("hlo_step_ms") for r in results.values()):
+    notes.append("* The estimate of the program this GPU compiled: the plan file has none.")
   randaug = results.get(rows.RANDAUG, {}).get("img_s")
   if randaug and base:
     notes.append(f"RandAugment and Mixup in the step: {randaug / base:.2f}x the plain step.")
@@ -94,6 +105,28 @@ def _speed_rows(results: dict[str, Any], plan_rows: dict[str, Any]) -> list[str]
       f"{loader['img_s']:.0f} img/s."
     )
   return lines + ([""] + notes if notes else [])
+
+
+def _recipe_notes(results: dict[str, Any], base: Optional[float]) -> list[str]:
+  """The recipe from JPEGs against the synthetic plain step and timm's loader-fed step."""
+  theirs = results.get("timm_recipe", {})
+  notes = []
+  for name in (rows.RECIPE, rows.RECIPE_ARRAY_RECORD):
+    r = results.get(name, {})
+    if r.get("img_s"):
+      notes.append(
+        f"The recipe from JPEGs ({r.get('dataset')}, RandAugment {r.get('randaug')}, "
+        f"Mixup {r.get('mixup')}, decoding in worker processes on {r.get('cores')} "
+        f"cores): {r['img_s']:.0f} img/s, {_f(_ratio(r['img_s'], base), '.2f')}x the "
+        f"synthetic plain step, {_f(_ratio(r['img_s'], theirs.get('img_s')), '.2f')}x timm's "
+        "loader-fed step on the same recipe."
+      )
+  if theirs.get("img_s"):
+    notes.append(
+      f"timm's DataLoader ({theirs['workers']} workers, {theirs['auto_augment']} and "
+      f"Mixup in the workers) feeding timm's compiled step: {theirs['img_s']:.0f} img/s."
+    )
+  return notes
 
 
 def _timm(timm: dict[str, Any]) -> list[str]:

@@ -1,5 +1,7 @@
-"""The check's rows, in the order they run: what is still unknown first, so that a check
-cut short by its budget has measured what mattered (`ROWS`). Each row is a function of
+"""The check's rows, in the order they run: the default train step beside timm, the
+recipe end to end from JPEGs beside timm's loader on the same recipe, the profile,
+inference, then the rest, so that a check cut short by its budget has measured what
+mattered (`ROWS`). Each row is a function of
 ``smoke`` returning its figures, with ``ok``; ``skipped`` says why a row could not run
 here."""
 
@@ -8,8 +10,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-from benchmarks.gpu_check import correctness, measure, pipeline_rows, timm_rows
-from benchmarks.gpu_check.config import DEFAULT, get_config, randaug_config, siglip_config
+from benchmarks.gpu_check import correctness, measure, pipeline_rows, recipe_rows, timm_rows
+from benchmarks.gpu_check.config import (
+  DEFAULT,
+  RANDAUG_ROW,
+  SIGLIP_ROW,
+  get_config,
+  randaug_config,
+  siglip_config,
+)
 
 PROFILE_STEPS = 5
 BATCH = 256  # ViT-B/16's and SigLIP B/16's train batch per GPU
@@ -53,6 +62,20 @@ SPEEDS = (TRAIN_DEFAULT, INFER_DEFAULT, *KNOWN)
 RANDAUG = f"randaug/ViT-B_16/{BATCH}"
 PIPELINE = f"pipeline/ViT-B_16/{BATCH}"
 SIGLIP = f"siglip/B_16/{BATCH}"
+# The recipe (RandAugment (2, 10), Mixup) end to end from JPEG files, two sources.
+RECIPE = f"recipe/ViT-B_16/{BATCH}"
+RECIPE_ARRAY_RECORD = f"recipe/ViT-B_16/{BATCH}/array_record"
+# The train rows `--make-plan` plans: row -> `config.get_config`'s argument; those the
+# checks measured first. The recipe rows run the RandAugment row's step (10 classes, not
+# 1000: the same time); ViT-S/16's einsum row is the one the first check measured.
+PLANNED: dict[str, str] = {
+  RANDAUG: RANDAUG_ROW,
+  RECIPE: RANDAUG_ROW,
+  RECIPE_ARRAY_RECORD: RANDAUG_ROW,
+  SIGLIP: SIGLIP_ROW,
+  "train/ViT-S_16/512/einsum": "ViT-S_16,512,einsum",
+  **{s.name: f"{s.model},{s.batch},{s.attention}" for s in SPEEDS if s.mode == "train"},
+}
 
 
 def _profile(smoke: bool) -> dict[str, Any]:
@@ -62,6 +85,9 @@ def _profile(smoke: bool) -> dict[str, Any]:
 ROWS: dict[str, Callable[[bool], dict[str, Any]]] = {
   TRAIN_DEFAULT.name: TRAIN_DEFAULT.measure,
   "timm": timm_rows.row_timm,
+  RECIPE: recipe_rows.row_recipe_folder,
+  RECIPE_ARRAY_RECORD: recipe_rows.row_recipe_array_record,
+  "timm_recipe": recipe_rows.row_timm_recipe,
   "profile": _profile,
   INFER_DEFAULT.name: INFER_DEFAULT.measure,
   RANDAUG: lambda smoke: measure.train_row(randaug_config(BATCH), smoke),

@@ -22,7 +22,7 @@ from absl import logging
 from vit_jax import models, sharding
 from vit_jax import run as run_lib
 from vit_jax.data import randaug
-from vit_jax.plan import gpu_topology, hlo, report
+from vit_jax.plan import gpu_estimate, gpu_topology, hlo, report
 from vit_jax.plan.report import gib
 from vit_jax.plan.topology import AnyTopology
 
@@ -75,6 +75,9 @@ class Plan:
   augmentation: Optional[report.Measure] = None
   augmentation_time: Optional[report.StepTime] = None
   augmentation_route: str = ""
+  # GPUs: the step (and RandAugment alone) priced at what a GPU measured (`gpu_estimate`).
+  estimate: Optional[gpu_estimate.Estimate] = None
+  augmentation_estimate: Optional[gpu_estimate.Estimate] = None
 
   @property
   def fits(self) -> bool:
@@ -125,7 +128,7 @@ def _towers(spec: Any, steps: Any) -> str:
   if not models.is_two_tower(model):
     return ""
   text = model.text
-  locked = getattr(steps.objective, "frozen", ())
+  locked = steps.objective.frozen
   return (
     f"image tower {model.image.name}; text tower width {text.width}, {text.depth} layers, "
     f"{model.text_len} tokens, pool {text.pool}; embeddings {model.embed_dim}; "
@@ -171,7 +174,9 @@ def make_plan(config: ml_collections.ConfigDict, topology: AnyTopology) -> Plan:
     topology,
     options,
   )
-  augmentation, augmentation_time = _augmentation(spec, steps, mesh, where, topology, options)
+  augmentation, augmentation_time, augmented = _augmentation(
+    spec, steps, mesh, where, topology, options
+  )
   per_image = steps.train_flops_per_example()
   step_flops, source = (train.xla_flops * n, "xla") if compiled else (None, "none")
   if compiled and train.has_loops and chip.platform == "tpu":
@@ -189,6 +194,8 @@ def make_plan(config: ml_collections.ConfigDict, topology: AnyTopology) -> Plan:
       model_flops=per_image and per_image * spec.batch,
       dtype=str(spec.model.dtype),
     )
+  estimate = gpu_estimate.of_compiled(compiled, chip, timing)
+  augmented = gpu_estimate.of_compiled(augmented, chip) if estimate else None
   data_size = mesh.shape[sharding.DATA_AXIS]
   totals = report.run_totals(
     total_steps=spec.loop.total_steps,
@@ -242,6 +249,8 @@ def make_plan(config: ml_collections.ConfigDict, topology: AnyTopology) -> Plan:
     augmentation=augmentation,
     augmentation_time=augmentation_time,
     augmentation_route=ROUTE if augmentation else "",
+    estimate=estimate,
+    augmentation_estimate=augmented,
   )
 
 
@@ -253,15 +262,15 @@ ROUTE = (
 
 def _augmentation(
   spec: Any, steps: Any, mesh: Any, where: str, topology: AnyTopology, options: Any
-) -> tuple[Optional[report.Measure], Optional[report.StepTime]]:
+) -> tuple[Optional[report.Measure], Optional[report.StepTime], Any]:
   """RandAugment compiled alone for the slice, on the train batch the step gets (XLA's
   count, its loops multiplied out and its switch at the mean of its ops, `loop_cost`),
-  and its time at the bound; (None, None) for a run without it."""
+  its time at the bound and the compiled program; Nones for a run without it."""
   augment = randaug.make_augmenter(
     spec.data.randaug, spec.data.input_mean, spec.data.input_std, mesh
   )
   if augment is None:
-    return None, None
+    return None, None, None
   batch, key = steps.abstract_train_batch(), steps.abstract_state.rng
   measured, compiled = _measure(
     f"RandAugment {spec.data.randaug}",
@@ -272,12 +281,12 @@ def _augmentation(
     options,
   )
   if compiled is None:
-    return measured, None
+    return measured, None, None
   flops = measured.xla_flops * mesh.size
   timing = report.step_time(
     measured, topology.chip, num_devices=mesh.size, step_flops=flops, model_flops=None
   )
-  return measured, timing
+  return measured, timing, compiled
 
 
 def _memory_rows(plan: Plan) -> list[tuple[str, str, str]]:
@@ -364,6 +373,8 @@ def format_plan(plan: Plan) -> str:
       f"{t.compute_s * 1e3:.1f} ms, HBM {t.hbm_s * 1e3:.1f} ms, {plan.interconnect} "
       f"{t.ici_s * 1e3:.1f} ms{network})" + (f"; MFU at that bound {t.mfu:.0%}" if t.mfu else "")
     )
+  if plan.estimate:
+    lines.append(gpu_estimate.describe(plan.estimate))
   if plan.run_hours_at_bound is not None:
     lines.append(_run_line(plan))
   if plan.augmentation is not None:
@@ -381,8 +392,10 @@ def _run_line(plan: Plan) -> str:
     flops = f"; {plan.run_exaflops:.4g} EFLOPs (analytic, 3 x forward per image)"
     if plan.run_exaflops_xla:
       flops += f", {plan.run_exaflops_xla:.4g} ({plan.flops_source} count)"
+  hours = plan.estimate and f", ~{plan.total_steps * plan.estimate.step_s / 3600:.2f} h estimated"
   return (
-    f"run: {plan.total_steps} steps >= {plan.run_hours_at_bound:.2f} h at that bound, "
+    f"run: {plan.total_steps} steps >= {plan.run_hours_at_bound:.2f} h at that bound"
+    f"{hours or ''}, "
     f"{plan.run_core_days:.3g} TensorCore-days{flops}"
   )
 
@@ -400,6 +413,9 @@ def _augmentation_line(plan: Plan) -> str:
   if plan.augmentation_time and plan.time:
     bound = plan.augmentation_time.bound_s
     text += f", >= {bound * 1e3:.2f} ms at the bound{share(bound, plan.time.bound_s)}"
+  if plan.augmentation_estimate and plan.estimate:
+    step = plan.augmentation_estimate.step_s
+    text += f", ~{step * 1e3:.1f} ms estimated{share(step, plan.estimate.step_s)}"
   return text
 
 
