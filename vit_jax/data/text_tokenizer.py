@@ -25,7 +25,7 @@ from __future__ import annotations
 import abc
 import hashlib
 import os
-from typing import Callable, Hashable, Optional, Sequence
+from typing import Any, Callable, Hashable, Optional, Sequence
 
 import numpy as np
 
@@ -66,6 +66,11 @@ class Tokenizer(abc.ABC):
   def model_proto(self) -> Optional[bytes]:
     """A SentencePiece model's bytes (what big_vision's export writes beside the weights);
     None for other kinds."""
+    return None
+
+  def hugging_face(self) -> Optional[Any]:
+    """The `tokenizers.Tokenizer` of a ``tokenizer.json`` (what the hf export writes as
+    transformers files); None for other kinds."""
     return None
 
   @abc.abstractmethod
@@ -137,6 +142,9 @@ class HuggingFaceTokenizer(Tokenizer):
     self.vocabulary = digest(self._tokenizer.to_str())
     padding = self._tokenizer.padding
     self.pad_id = int(padding["pad_id"]) if padding else 0
+
+  def hugging_face(self) -> Any:
+    return self._tokenizer
 
   def _ids(self, text: str) -> list[int]:
     return self._tokenizer.encode(text).ids

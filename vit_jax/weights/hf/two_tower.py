@@ -383,8 +383,8 @@ def writer(
 
 def _write_tokenizer(tokenizer: Any, directory: str) -> None:
   """A `tokenizers` tokenizer (a contrastive run's) as ``PreTrainedTokenizerFast`` files."""
-  inner = getattr(tokenizer, "_tokenizer", None)
-  if inner is None or not hasattr(inner, "save"):
+  inner = tokenizer.hugging_face() if tokenizer is not None else None
+  if inner is None:
     raise errors.CommandLineError(
       "This model's tokenizer cannot be written as transformers files: export a model read "
       "from a transformers folder, or one whose tokenizer is a tokenizer.json."
