@@ -36,6 +36,7 @@ EXTRAS_REQUIRE = {
   "test": [
     "pytest>=8",
     "pytest-xdist>=3.5",  # the suite over the cores (pytest.ini)
+    "pytest-timeout>=2.3",  # a hung test ends with its threads' stacks (pytest.ini)
     "ruff>=0.6",  # the linter and formatter, configured in pyproject.toml
     "nbclient>=0.10",
     "nbformat>=5.9",
