@@ -46,6 +46,10 @@ SMOKE = ("--config.total_steps=50", "--config.lr.warmup_steps=10")
 TINY = tuple(f"--config.{k}={v}" for k, v in train_fixtures.TINY.items())
 TINY_MODEL = tuple(f"--config.{k}={v}" for k, v in finished_run.TINY.items() if "model." in k)
 PLAIN_VIT_CONFIGS = ("configs/quickstart.py", "configs/mpp.py")
+# The image tower of an image-text config made the tiny model too: LiT locks the shared
+# quickstart run's (tiny) encoder, which must fit it.
+TINY_IMAGE = tuple(a.replace("--config.model.", "--config.model.image.") for a in TINY_MODEL)
+TWO_TOWER_CONFIGS = ("configs/siglip.py", "configs/lit.py")
 QUICKSTART_DIR = "/tmp/vit_quickstart"
 # The extras the tests install (`tests.core_install`); a block naming another runs on the
 # core install, where its commands must end in the error naming that extra.
@@ -261,13 +265,19 @@ def trains(command: Command) -> bool:
 def argv(command: Command, tmp: str, shorten: tuple[str, ...] = ()) -> list[str]:
   """The command's ``python -m`` arguments; a training run also ``shorten``'s overrides of
   keys it does not set itself (default: the quickstart's smoke test, the other runs' tiny
-  loop; a tiny model for a plain ViT's config). A run the page sets to more steps than the
+  loop; a tiny model for a plain ViT's config and an image-text config's image tower). A
+  run the page sets to more steps than the
   tiny loop's is shortened to the tiny loop (its step counts replaced), an evaluation
   (``total_steps=0``) kept."""
   args = shlex.split(command.text.replace("/tmp/", f"{tmp}/"))[2:]
   if args[0] == "vit_jax.main":
     plain = any(f"--config={c}" in command.text for c in PLAIN_VIT_CONFIGS)
-    extra = shorten or ((SMOKE if quickstart(command) else TINY) + (TINY_MODEL if plain else ()))
+    two_tower = any(f"--config={c}" in command.text for c in TWO_TOWER_CONFIGS)
+    extra = shorten or (
+      (SMOKE if quickstart(command) else TINY)
+      + (TINY_MODEL if plain else ())
+      + (TINY_IMAGE if two_tower else ())
+    )
     given = {a.split("=", 1)[0] for a in args}
     if not quickstart(command) and "--config.total_steps=0" not in args and not shorten:
       counts = {a.split("=", 1)[0] for a in TINY if re.search(r"steps|every", a)}
