@@ -122,11 +122,12 @@ def test_nothing_there_is_one_error_after_each_detect_once(tmp_path, detects):
 
 def test_each_export_name_has_its_writer():
   from vit_jax.models import families  # pylint: disable=g-import-not-at-top
+  from vit_jax.weights import exports  # pylint: disable=g-import-not-at-top
 
-  assert formats.for_export("hf", families.TWO_TOWER) is formats.HF_TWO_TOWER
-  assert formats.for_export("hf", families.VIT) is formats.HF_VIT
-  assert formats.for_export("timm", families.MIXER) is formats.TIMM
-  assert formats.for_export("npz", families.TWO_TOWER) is formats.NPZ
-  assert formats.for_export("big_vision", families.TWO_TOWER) is formats.BIG_VISION
-  assert formats.for_export("stablehlo", families.VIT) is None
+  assert formats.for_export(exports.by_name("hf"), families.TWO_TOWER) is formats.HF_TWO_TOWER
+  assert formats.for_export(exports.by_name("hf"), families.VIT) is formats.HF_VIT
+  assert formats.for_export(exports.by_name("timm"), families.MIXER) is formats.TIMM
+  assert formats.for_export(exports.by_name("npz"), families.TWO_TOWER) is formats.NPZ
+  assert formats.for_export(exports.by_name("big_vision"), families.TWO_TOWER) is formats.BIG_VISION
+  assert formats.for_export(exports.by_name("stablehlo"), families.VIT) is None
   assert all(f.write is not None for f in formats.FORMATS if f.export)

@@ -53,7 +53,7 @@ SAVED_MODEL = Export(
   hint="tf.saved_model.load({out!r}).signatures['serving_default']"
   "(images=x)['output_0'], x: float32 [B, H, W, 3] in [-1, 1]",
   image_tower=True,
-  serve=serving.write_saved_model,
+  serve=lambda *args: serving.write_saved_model(*args),  # serving's, looked up when called
 )
 STABLEHLO = Export(
   name="stablehlo",
@@ -61,7 +61,7 @@ STABLEHLO = Export(
   ".call(x), x: float32 [B, H, W, 3] in [-1, 1]",
   image_tower=True,
   local_files=True,
-  serve=serving.write_jax_exported,
+  serve=lambda *args: serving.write_jax_exported(*args),  # serving's, looked up when called
 )
 NPZ = Export(
   name="npz",
