@@ -16,10 +16,12 @@ import threading
 import time
 from typing import Callable, Optional
 
+from tests import gcs_server
+
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade"}
 
 
-class GcsProxy:
+class GcsProxy(gcs_server.Endpoint):
   """Forwards to ``upstream`` (host:port); ``latency_s`` before each request; ``fail(n)``
   answers the next n requests (matching ``pattern``) with 503; ``on(pattern, callback)``
   calls ``callback(request)`` on a matching one before it is forwarded. A pattern is searched in
@@ -99,17 +101,10 @@ class GcsProxy:
         pass
 
     self._server = Server(("127.0.0.1", 0), Handler)
+    self.port = self._server.server_address[1]
     self._server.daemon_threads = True
     self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
     self._thread.start()
-
-  @property
-  def url(self) -> str:
-    return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-  @property
-  def env(self) -> dict[str, str]:
-    return {"STORAGE_EMULATOR_HOST": self.url}
 
   def fail(self, count: int, pattern: str = "") -> None:
     """Answers the next ``count`` requests that match ``pattern`` with 503."""
@@ -132,7 +127,7 @@ class GcsProxy:
     self._server.server_close()
 
 
-class LatencyRelay:
+class LatencyRelay(gcs_server.Endpoint):
   """A TCP relay to ``upstream`` (host:port) that holds each request ``latency_s`` before
   forwarding it, and does nothing else: a bucket's latency for the throughput benchmark at a
   fraction of `GcsProxy`'s CPU (no HTTP parsing, no thread or upstream connection per
@@ -145,7 +140,7 @@ class LatencyRelay:
     self.requests = 0
     self._loop = asyncio.new_event_loop()
     listener = socket.create_server(("127.0.0.1", 0))
-    self._port = listener.getsockname()[1]
+    self.port = listener.getsockname()[1]
     started = threading.Event()
 
     def run() -> None:
@@ -189,14 +184,6 @@ class LatencyRelay:
     finally:
       for writer in (client_out, upstream_out):
         writer.close()
-
-  @property
-  def url(self) -> str:
-    return f"http://127.0.0.1:{self._port}"
-
-  @property
-  def env(self) -> dict[str, str]:
-    return {"STORAGE_EMULATOR_HOST": self.url}
 
   def close(self) -> None:
     async def stop() -> None:

@@ -37,13 +37,10 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-class GcsServer:
-  """One fake-gcs-server process; its objects under ``root``, its log in ``root/log``."""
+class Endpoint:
+  """A GCS endpoint on 127.0.0.1 at ``port``: the server, or a proxy in front of it."""
 
-  def __init__(self, root: pathlib.Path):
-    self.root = root
-    self.port = _free_port()
-    self._process: Optional[subprocess.Popen] = None
+  port: int
 
   @property
   def url(self) -> str:
@@ -51,8 +48,17 @@ class GcsServer:
 
   @property
   def env(self) -> dict[str, str]:
-    """What a client process needs to reach the server, and only that."""
+    """What a client process needs to reach the endpoint, and only that."""
     return {"STORAGE_EMULATOR_HOST": self.url}
+
+
+class GcsServer(Endpoint):
+  """One fake-gcs-server process; its objects under ``root``, its log in ``root/log``."""
+
+  def __init__(self, root: pathlib.Path):
+    self.root = root
+    self.port = _free_port()
+    self._process: Optional[subprocess.Popen] = None
 
   def start(self, timeout: float = 20.0) -> None:
     data = self.root / "objects"
