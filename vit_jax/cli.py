@@ -38,6 +38,7 @@ TensorFlow at its import. What a terminal shows:
 from __future__ import annotations
 
 import difflib
+import json
 import logging as std_logging  # noqa: TID251 (filters the std records absl forwards)
 import os
 import sys
@@ -338,6 +339,17 @@ class PlainFormatter(std_logging.Formatter):
   def format(self, record: std_logging.LogRecord) -> str:
     mark = self._MARKS.get(min(record.levelno, std_logging.ERROR), "")
     return mark + super().format(record)
+
+
+def write_table(workdir: str, stem: str, table: str, data: Any) -> None:
+  """A command's result table, printed and written as ``<workdir>/<stem>.md``, with
+  ``data`` beside it as ``<stem>.json`` (what other commands and scripts read)."""
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, f"{stem}.md"), "w") as f:
+    f.write(table + "\n")
+  with open(os.path.join(workdir, f"{stem}.json"), "w") as f:
+    json.dump(data, f, indent=1)
+  print(table)
 
 
 def exit_with(status: int) -> None:

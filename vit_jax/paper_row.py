@@ -147,13 +147,9 @@ def _row(values: dict[str, Any]) -> int:
       "prepare them with `tfds build <name> --data_dir=<dir>`."
     )
   paper = PAPER_ROWS.get(values["config"].model.get("name", ""))
-  text = table(row, skipped, paper)
-  os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "row.md"), "w") as f:
-    f.write(text + "\n")
-  with open(os.path.join(workdir, "row.json"), "w") as f:
-    json.dump({"row": row, "paper": paper, "not_run": skipped}, f, indent=1)
-  print(text)
+  cli.write_table(
+    workdir, "row", table(row, skipped, paper), {"row": row, "paper": paper, "not_run": skipped}
+  )
   return 0
 
 

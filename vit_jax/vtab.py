@@ -17,7 +17,6 @@ prepared at another size than the task's splits are cut from). The table is writ
 from __future__ import annotations
 
 import copy
-import json
 import os
 import sys
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -127,13 +126,8 @@ def _suite(values: dict[str, Any]) -> int:
       "--data_dir=<dir>` (docs/evaluation.md lists the 19 and their tfds names)."
     )
   text = table(accuracies, skipped, PAPER_MEANS.get(config.model.get("name", "")))
-  os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "vtab.md"), "w") as f:
-    f.write(text + "\n")
-  with open(os.path.join(workdir, "vtab.json"), "w") as f:
-    means = vtab.group_means(accuracies)
-    json.dump({"accuracy": accuracies, "means": means, "not_run": skipped}, f, indent=1)
-  print(text)
+  results = {"accuracy": accuracies, "means": vtab.group_means(accuracies), "not_run": skipped}
+  cli.write_table(workdir, "vtab", text, results)
   return 0
 
 
