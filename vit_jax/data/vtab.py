@@ -171,13 +171,6 @@ TASKS: dict[str, Task] = {
     derived="the closest object's depth (objects/pixel_coords), in 6 bins",
   ),
   "dmlab": Task("dmlab", STRUCTURED, 6),
-  "kitti_distance": Task(
-    "kitti",
-    STRUCTURED,
-    4,
-    "objects",
-    derived="the closest vehicle's distance (objects/location), in 4 bins",
-  ),
   "dsprites_location": Task(
     "dsprites",
     STRUCTURED,
@@ -197,6 +190,13 @@ TASKS: dict[str, Task] = {
     test="train[663552:]",
     train_size=737_280,
     derived="label_orientation // 2.5 (40 angles in 16 bins)",
+  ),
+  "kitti_distance": Task(
+    "kitti",
+    STRUCTURED,
+    4,
+    "objects",
+    derived="the closest vehicle's distance (objects/location), in 4 bins",
   ),
   "smallnorb_azimuth": Task(
     "smallnorb", STRUCTURED, 18, "label_azimuth", val="test", test="test[12150:]"
