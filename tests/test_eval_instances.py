@@ -2,12 +2,14 @@
 test split, on tiny tfds datasets with the real builders' features (ArrayRecord, made here
 without TensorFlow or network); one run with three instances, stopped and resumed."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
 from tests import tiny_tfds, train_fixtures
-from vit_jax import data, errors, run
+from vit_jax import data, errors, run, sharding
 from vit_jax.run import defaults, progress
 from vit_jax.run.evaluators import instances, real
 
@@ -119,7 +121,8 @@ def test_real_and_v2_use_imagenet2012s_class_indices(tmp_path):
     ({"v2": {"split": "test", "kind": "top5"}}, r"config\.evals\.v2\.kind='top5' is not one of"),
     ({"v2": {"dataset": "imagenet_v2"}}, r"config\.evals\.v2\.split=None: name the split"),
     ({"v2": {"split": "test", "every": 0}}, r"config\.evals\.v2\.every=0 must be an integer"),
-    ({"v2": {"split": "test", "pp": "x"}}, r"config\.evals\.v2 has unknown fields \['pp'\]"),
+    ({"v2": {"split": "test", "pq": "x"}}, r"config\.evals\.v2 has unknown fields \['pq'\]"),
+    ({"v2": {"split": "test", "pp": "x"}}, r"config\.evals\.v2\.pp='x' must be a dict"),
   ],
 )
 def test_a_bad_instance_is_one_error_line_naming_it(evals, message):
@@ -127,6 +130,30 @@ def test_a_bad_instance_is_one_error_line_naming_it(evals, message):
   config.evals.update(evals)
   with pytest.raises(errors.ConfigError, match=message):
     instances.read(config.evals)
+
+
+def test_an_instances_pp_changes_only_how_its_images_are_prepared(imagenet_dir):
+  """big_vision's per-evaluator pp: the run's crop, mean and std, the instance's resize."""
+  config = _config(imagenet_dir)
+  config.evals.v2.pp = dict(crop_pct=0.875, interpolation="bicubic")
+  found = {i.name: i for i in instances.read(config.evals)}
+  settings = data.Settings.from_config(config)
+  prepared = instances.data_settings(settings, found["v2"]).eval_data_config()
+  run_pp = settings.eval_data_config()
+  assert prepared == dataclasses.replace(
+    run_pp, crop_pct=0.875, interpolation="bicubic", resizer="pil"
+  )
+  assert instances.data_settings(settings, found["real"]).eval_data_config() == run_pp
+  mesh = sharding.make_mesh((("data", -1), ("model", 1)))
+  plain = dataclasses.replace(found["v2"], pp={})
+  images = [
+    next(iter(data.eval_iterator(instances.data_settings(settings, i), mesh)))["image"]
+    for i in (found["v2"], plain)
+  ]
+  assert images[0].shape == images[1].shape and not np.allclose(images[0], images[1])
+  bad = instances.Instance("v2", "accuracy", "test", pp={"crop_mode": "zoom"})
+  with pytest.raises(errors.ConfigError, match=r"^config\.evals\.v2\.pp: .*crop_mode='zoom'"):
+    instances.data_settings(settings, bad)
 
 
 def test_a_config_written_before_evals_reads_as_none():

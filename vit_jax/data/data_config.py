@@ -254,14 +254,26 @@ def from_run_config(
     model = config.get("model") or {}
   mean = tuple(model.get("input_mean", OFFICIAL_INPUT_MEAN))
   std = tuple(model.get("input_std", OFFICIAL_INPUT_STD))
-  crop = int(pp["crop"])
-  if not any(pp.get(k) is not None for k in _RUN_KEYS):
-    return official((crop, crop), mean, std)
   given = {k: pp[k] for k in _RUN_KEYS if pp.get(k) is not None}
+  crop = int(pp["crop"])
+  return with_run_keys(official((crop, crop), mean, std), given, "config.pp")
+
+
+def with_run_keys(base: DataConfig, given: Mapping[str, Any], where: str) -> DataConfig:
+  """``base`` with the run's optional pp keys ``given`` (crop_pct, crop_mode, interpolation,
+  resizer, crop_offset): PIL's antialiased resize unless they say resizer='tf' where
+  ``base`` is the official recipe (TensorFlow's resize takes the whole image only). One
+  error line naming ``where`` for a key or value it does not take."""
+  unknown = sorted(set(given) - set(_RUN_KEYS))
+  if unknown:
+    raise errors.ConfigError(f"{where} has unknown keys {unknown}: use only {_RUN_KEYS}.")
+  if not given:
+    return base
+  start = {"resizer": "pil"} if base == official(base.input_size, base.mean, base.std) else {}
   try:
-    return DataConfig((crop, crop), mean=mean, std=std, **{"resizer": "pil", **given})
+    return dataclasses.replace(base, **{**start, **given})
   except errors.ConfigError as e:
-    raise errors.ConfigError(f"config.pp: {e} Fix the config.pp keys named.") from None
+    raise errors.ConfigError(f"{where}: {e} Fix the keys named.") from None
 
 
 def to_run_pp(config: DataConfig) -> dict[str, Any]:

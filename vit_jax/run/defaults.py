@@ -129,8 +129,8 @@ def get_config() -> ml_collections.ConfigDict:
     )
   )
   # Named evaluations beside config.test_split's (vit_jax.run.evaluators.instances):
-  # config.evals.<name> = dict(kind='accuracy' or 'real', dataset, split, label_key, every),
-  # logged as <name>/accuracy; e.g. ImageNet ReaL and V2 in configs/vit.py's imagenet2012.
+  # config.evals.<name> = dict(kind='accuracy' or 'real', dataset, split, label_key, every,
+  # pp), logged as <name>/accuracy; e.g. ImageNet ReaL and V2 in configs/vit.py's imagenet2012.
   config.evals = ml_collections.ConfigDict()
   return config
 

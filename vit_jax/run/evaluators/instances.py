@@ -3,9 +3,13 @@
     config.evals.real = dict(kind="real", dataset="imagenet2012_real", split="validation",
                              label_key="original_label")
     config.evals.v2 = dict(dataset="imagenet_v2", split="test", every=2000)
+    config.evals.v2_bicubic = dict(dataset="imagenet_v2", split="test",
+                                   pp=dict(crop_pct=0.875, interpolation="bicubic"))
 
 Each instance is evaluated every ``every`` steps (default: config.eval_every) and after
-the last step, with the run's eval preprocessing (its crop and normalisation), and logs
+the last step, with the run's eval preprocessing (its crop and normalisation) changed by
+the instance's ``pp`` (the keys of config.pp that say how an image becomes the crop:
+crop_pct, crop_mode, interpolation, resizer, crop_offset; `data_config.with_run_keys`), and logs
 ``<name>/accuracy``, ``<name>/loss`` and ``<name>/examples``. ``kind`` is "accuracy" (the
 top-1 of `accuracy.evaluate`, against ``label_key``) or "real" (ImageNet ReaL: the top-1
 counted correct when it is in the image's set of labels ``real_key``, `real`). An omitted
@@ -23,11 +27,12 @@ from typing import Any, Mapping, Optional, Sequence
 import ml_collections
 
 from vit_jax import data, errors
+from vit_jax.data import data_config
 from vit_jax.run.evaluators import accuracy, real
 from vit_jax.run.steps import RunSteps
 
 KINDS = ("accuracy", "real")  # what an instance counts (module docstring)
-_FIELDS = ("kind", "dataset", "split", "label_key", "real_key", "every", "data_dir")
+_FIELDS = ("kind", "dataset", "split", "label_key", "real_key", "every", "data_dir", "pp")
 _NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
 # Metric prefixes of the run's other evaluators and of training: no instance takes them.
 RESERVED = ("eval", "fewshot", "zeroshot", "train")
@@ -45,6 +50,7 @@ class Instance:
   real_key: str = "real_label"  # kind "real": the feature of each image's label set
   every: Optional[int] = None
   data_dir: Optional[str] = None
+  pp: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # eval preprocessing keys
 
 
 def _instance(name: str, section: Any) -> Instance:
@@ -77,6 +83,11 @@ def _instance(name: str, section: Any) -> Instance:
   for key in ("dataset", "label_key", "real_key", "data_dir"):
     if key in fields and not isinstance(fields[key], str):
       raise errors.ConfigError(f"{where}.{key}={fields[key]!r} must be a string.")
+  pp = fields.get("pp", {})
+  if isinstance(pp, ml_collections.ConfigDict):
+    fields["pp"] = pp = pp.to_dict()
+  if not isinstance(pp, Mapping):
+    raise errors.ConfigError(f"{where}.pp={pp!r} must be a dict, e.g. dict(crop_pct=0.875).")
   return Instance(name=name, **{**fields, "kind": kind})
 
 
@@ -89,7 +100,8 @@ def read(section: Optional[ml_collections.ConfigDict]) -> tuple[Instance, ...]:
 
 def data_settings(run: data.Settings, instance: Instance) -> data.Settings:
   """The run's eval data settings (``run``: its ``spec.data``) with the instance's dataset,
-  split and label feature."""
+  split, label feature and preprocessing."""
+  where = f"config.evals.{instance.name}.pp"
   return dataclasses.replace(
     run,
     dataset=instance.dataset or run.dataset,
@@ -98,6 +110,7 @@ def data_settings(run: data.Settings, instance: Instance) -> data.Settings:
     test_split=instance.split,
     label_key=instance.label_key,
     num_classes=None,  # from the instance's data, checked against the head (`check_data`)
+    eval_data=data_config.with_run_keys(run.eval_data_config(), instance.pp, where),
   )
 
 
