@@ -351,3 +351,18 @@ def test_a_run_whose_restore_keeps_failing_is_one_line_exit_2_steps_untouched(
   assert len(message) == 1 and "Traceback" not in err, err[-2000:]
   assert f"Cannot read checkpoint step 6 in {workdir}/checkpoints (4 attempts" in message[0]
   assert snapshot(workdir) == before
+
+
+def test_a_changed_label_feature_is_another_task_and_refused(tmp_path):
+  """dSprites' location and orientation tasks: one dataset, splits and class count; only
+  the label feature tells them apart. A checkpoint saved before the key existed resumes."""
+  state = {"params": {"w": jnp.arange(4.0)}, "step": jnp.zeros((), jnp.int32)}
+  location = {"dataset": "dsprites", "train_split": "train[:800]", "label_key": "location"}
+  for name, data in (("new", location), ("old", {"dataset": "dsprites"})):
+    ckpts = run_checkpoints.RunCheckpoints(tmp_path / name, data=data, async_save=False)
+    ckpts.save(1, state)
+    ckpts.close()
+  orientation = {**location, "label_key": "orientation"}
+  with pytest.raises(errors.ResumeError, match=r"label_key: 'location' -> 'orientation'"):
+    run_checkpoints.check_resume(tmp_path / "new", orientation, state)
+  assert run_checkpoints.check_resume(tmp_path / "old", orientation, state)

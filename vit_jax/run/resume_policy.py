@@ -48,6 +48,7 @@ RULES: tuple[Rule, ...] = (
   Rule("dataset", ERROR, CHECKPOINT, "another dataset is another run"),
   Rule("train_split", ERROR, CHECKPOINT, "other training examples"),
   Rule("test_split", ERROR, CHECKPOINT, "evaluations would not compare"),
+  Rule("label_key", ERROR, CHECKPOINT, "another label is another task (VTAB's CLEVR, dSprites)"),
   Rule("num_train", ERROR, CHECKPOINT, "the train split changed size: other examples"),
   Rule("seed", SWITCH, CHECKPOINT, _ORDER, "allow_changed_seed"),
   Rule("batch", SWITCH, CHECKPOINT, _ORDER, "allow_changed_batch"),
