@@ -3,6 +3,7 @@ magnitude scale and its two fixed bugs, the keyed policy, config.pp.randaug and 
 step that applies it (exact resume, process and device count). The train stream with it
 on: tests/test_data_pipeline.py."""
 
+import dataclasses
 import textwrap
 
 import jax
@@ -14,7 +15,7 @@ import tensorflow as tf
 from PIL import Image, ImageEnhance, ImageOps
 
 from tests import fresh_python, train_fixtures
-from vit_jax import data, errors
+from vit_jax import data, errors, sharding
 from vit_jax.data import host_images
 from vit_jax.data import randaug as ra
 from vit_jax.data import randaug_ops as ops
@@ -429,3 +430,22 @@ def test_randaug_setting_read_from_a_tuple_or_a_json_list():
   as_json = ml_collections.ConfigDict(config.to_dict())
   as_json.pp.randaug = [2, 10]  # as a resumed run's config.json gives it back
   assert data.Settings.from_config(as_json).randaug == (2, 10.0)
+
+
+def test_the_step_reads_the_train_images_as_the_pipeline_wrote_them(digits_dir):
+  """One `TrainImages` record at both ends: the pipeline's raw crops (RandAugment on, zero
+  layers) through the step's augmenter are its normalised crops (RandAugment off), with
+  timm's mean and std, up to the raw crops' rounding to whole values."""
+  mesh = sharding.make_mesh((("data", -1), ("model", 1)))
+  timm = dict(input_mean=(0.485, 0.456, 0.406), input_std=(0.229, 0.224, 0.225))
+  plain = dataclasses.replace(
+    data.Settings.from_config(train_fixtures.tiny_config(digits_dir)), **timm
+  )
+  raw = dataclasses.replace(plain, randaug=(0, 10.0))
+  assert plain.train_images.augmenter(mesh) is None and raw.train_images.raw
+  batches = [next(data.train_iterator(s, mesh)) for s in (raw, plain)]
+  pixels = np.asarray(batches[0]["image"])
+  assert pixels.min() >= 0 and pixels.max() <= 255 and (pixels == np.round(pixels)).all()
+  decoded = jax.jit(raw.train_images.augmenter(mesh))(batches[0], jax.random.key(0))
+  rounding = 0.5 / (255 * min(timm["input_std"]))
+  np.testing.assert_allclose(decoded["image"], batches[1]["image"], atol=rounding + 1e-6)

@@ -6,8 +6,9 @@ read through `Settings.from_config`, which knows nothing of the objective: the s
 with its captions are a run's ``spec.data``, or `vit_jax.run.objectives.data_settings`):
   train_iterator(settings, mesh, *, start_step=0) -> endless
       {'image': f32[B, crop, crop, 3] in [-1, 1], 'label': f32[B, K] one-hot}
-      (with settings.randaug the images' uint8 values 0..255: the train step runs
-      RandAugment and normalises, `randaug.make_augmenter`)
+      (``settings.train_images`` says which: normalised, or with settings.randaug the
+      uint8 values 0..255 that the step's ``train_images.augmenter`` augments and
+      normalises)
   eval_iterator(settings, mesh, *, split=None) -> one pass per iteration, adds
       'mask': f32[B] (1 real example, 0 padding)
   dataset_info(settings) -> DatasetInfo(num_classes, num_train, num_test, class_names)

@@ -21,6 +21,7 @@ import numpy as np
 from vit_jax import errors, platforms
 from vit_jax.data import data_config, presets
 from vit_jax.data.caption_settings import CaptionSettings
+from vit_jax.data.train_images import TrainImages
 from vit_jax.image_constants import OFFICIAL_INPUT_MEAN, OFFICIAL_INPUT_STD
 
 if TYPE_CHECKING:
@@ -83,6 +84,12 @@ class Settings:
   decode_processes: Optional[int] = None  # config.decode_processes
   # The tfds ClassLabel feature read as the label (an evaluation instance's `label_key`).
   label_key: str = "label"
+
+  @property
+  def train_images(self) -> TrainImages:
+    """What the train batches' images hold (normalised, or uint8 values for the step's
+    RandAugment): the pipeline encodes by it and the step decodes by it."""
+    return TrainImages(self.input_mean, self.input_std, self.randaug)
 
   def eval_data_config(self) -> data_config.DataConfig:
     """The eval images' preprocessing, at ``crop`` (which a command may have changed)."""

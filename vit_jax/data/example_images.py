@@ -100,7 +100,7 @@ class Preprocessing:
     pixels = host_images.train_crop(
       data, rng, crop=s.crop, min_area=s.min_area, flip=s.flip, out=out
     )
-    host_images.normalize_into(pixels, pixels, s.randaug is not None, s.input_mean, s.input_std)
+    s.train_images.encode_into(pixels, pixels)
     return pixels
 
   def reason(self, value: Any, uid: int) -> str:

@@ -257,7 +257,7 @@ def train_iterator(
   ``settings``: `Settings` (a run's ``spec.data``, or `Settings.from_config(config)`).
   Yields {'image': f32[B, crop, crop, 3] in [-1, 1], 'label': f32[B, K] one-hot}
   with B = settings.batch; with ``settings.randaug`` the images are the crops' uint8
-  values (0..255) for the train step's RandAugment (`randaug.make_augmenter`).
+  values (0..255) for the train step's RandAugment (``settings.train_images``).
   The stream from `start_step` equals the stream from 0 after
   `start_step` batches, without replaying it; neither depends on the process count.
   ``transform``: applied to each host-local batch, which then holds 'index' (int64 [b],

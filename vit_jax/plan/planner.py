@@ -21,7 +21,6 @@ from absl import logging
 
 from vit_jax import models, sharding
 from vit_jax import run as run_lib
-from vit_jax.data import randaug
 from vit_jax.plan import gpu_estimate, gpu_topology, hlo, report
 from vit_jax.plan.report import gib
 from vit_jax.plan.topology import AnyTopology
@@ -266,9 +265,7 @@ def _augmentation(
   """RandAugment compiled alone for the slice, on the train batch the step gets (XLA's
   count, its loops multiplied out and its switch at the mean of its ops, `loop_cost`),
   its time at the bound and the compiled program; Nones for a run without it."""
-  augment = randaug.make_augmenter(
-    spec.data.randaug, spec.data.input_mean, spec.data.input_std, mesh
-  )
+  augment = spec.data.train_images.augmenter(mesh)
   if augment is None:
     return None, None, None
   batch, key = steps.abstract_train_batch(), steps.abstract_state.rng

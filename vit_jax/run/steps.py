@@ -247,9 +247,7 @@ def build_steps(spec: RunSpec, mesh: jax.sharding.Mesh) -> RunSteps:
         accum_steps=spec.accum_steps,
         accumulated_value_and_grad=objective.accumulated_value_and_grad,
         mix=mixup.make_mixer(spec.mixup, blocks=mesh.shape[sharding.DATA_AXIS]),
-        augment=randaug.make_augmenter(
-          spec.data.randaug, spec.data.input_mean, spec.data.input_std, mesh
-        ),
+        augment=spec.data.train_images.augmenter(mesh),
       ),
       in_shardings=(state_shardings, batch_sharding),
       out_shardings=(state_shardings, replicated),
