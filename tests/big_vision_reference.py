@@ -117,6 +117,114 @@ class ViT(nn.Module):
     return x
 
 
+def _naflex_positions(table, shapes, coords, side):
+  """`naflex_vit._pos_emb_resize`: the table resized into a side x side canvas to each
+  image's grid ``shapes`` [B, 2], gathered at ``coords`` [B, N, 2] (outside: NaN)."""
+
+  def one(shape, where):
+    canvas = jax.image.scale_and_translate(
+      table, (side, side, table.shape[-1]), (0, 1), shape / jnp.asarray(table.shape[:2]),
+      jnp.asarray([0, 0]), method="bilinear", antialias=True,
+    )  # fmt: skip
+    numbers = jax.lax.GatherDimensionNumbers(
+      offset_dims=(1,), collapsed_slice_dims=(0, 1), start_index_map=(0, 1, 2)
+    )
+    start = jnp.pad(where, [[0, 0], [0, 1]])
+    return jax.lax.gather(canvas, start, numbers, [1, 1, canvas.shape[-1]], mode="fill")
+
+  return jax.vmap(one)(shapes, coords)
+
+
+def naflex_target_hw(image_hw, patch_size: int, max_sequence_len: int) -> tuple[int, int]:
+  """`ops_naflex._get_image_size_for_seq` (divisible_by_patch, eps 1e-5), in TensorFlow:
+  the pixel size ``resize_to_sequence`` resizes an image of ``image_hw`` to."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  eps = 1e-5
+
+  def target(ratio):
+    hw = tf.cast(image_hw, tf.float32) * ratio
+    hw = patch_size * tf.math.ceil(hw / patch_size)
+    return tf.cast(tf.maximum(hw, patch_size), tf.int32)
+
+  def search(low, high):
+    mid = (low + high) / 2
+    feasible = tf.math.reduce_prod(target(mid) / patch_size) <= max_sequence_len
+    return tf.cond(feasible, lambda: (mid, high), lambda: (low, mid))
+
+  state = (tf.constant(eps / 10.0), tf.constant(100.0))
+  ratio, _ = tf.while_loop(lambda low, high: (high - low) >= eps, search, state)
+  return tuple(int(v) for v in target(ratio).numpy())
+
+
+class NaFlexBlock(nn.Module):
+  mlp_dim: int
+  num_heads: int
+
+  @nn.compact
+  def __call__(self, x, mask):
+    y = nn.LayerNorm()(x)
+    x = x + nn.MultiHeadDotProductAttention(num_heads=self.num_heads)(y, y, mask=mask)
+    return x + MlpBlock(self.mlp_dim)(nn.LayerNorm()(x))
+
+
+class NaFlexEncoder(nn.Module):
+  depth: int
+  mlp_dim: int
+  num_heads: int
+
+  @nn.compact
+  def __call__(self, x, mask):
+    for i in range(self.depth):
+      x = NaFlexBlock(self.mlp_dim, self.num_heads, name=f"encoderblock_{i}")(x, mask)
+    return nn.LayerNorm(name="encoder_norm")(x)
+
+
+class NaFlexMAPHead(nn.Module):
+  mlp_dim: int
+  num_heads: int
+
+  @nn.compact
+  def __call__(self, x, mask):
+    n, _, d = x.shape
+    probe = self.param("probe", nn.initializers.xavier_uniform(), (1, 1, d), x.dtype)
+    attention = nn.MultiHeadDotProductAttention(num_heads=self.num_heads)
+    x = attention(jnp.tile(probe, [n, 1, 1]), x, mask=mask[..., None, None, :])
+    return (x + MlpBlock(self.mlp_dim)(nn.LayerNorm()(x)))[:, 0]
+
+
+class NaFlexViT(nn.Module):
+  """`naflex_vit._Model` (posemb 'learn_2d(side)', pool 'map' or 'gap'): input (patches
+  [B, N, P * P * 3], ptype [B, N] 1 a patch 0 padding, row [B, N], column [B, N])."""
+
+  num_classes: int
+  width: int
+  depth: int
+  mlp_dim: int
+  num_heads: int
+  nposemb: int
+  pool_type: str = "map"
+  side: int = 64
+
+  @nn.compact
+  def __call__(self, image):
+    patches, ptype, yabs, xabs = image
+    x = nn.Dense(self.width, name="embedding")(patches)
+    init = nn.initializers.normal(stddev=1 / np.sqrt(self.width))
+    table = self.param("pos_embedding", init, (self.nposemb, self.nposemb, self.width))
+    coords = jnp.stack([yabs, xabs], axis=-1)
+    x = x + _naflex_positions(table, coords.max(axis=1) + 1, coords, self.side)
+    valid = ptype == 1
+    mask = (valid[..., :, None] & valid[..., None, :])[..., None, :, :]
+    x = NaFlexEncoder(self.depth, self.mlp_dim, self.num_heads, name="Transformer")(x, mask)
+    if self.pool_type == "map":
+      x = NaFlexMAPHead(self.mlp_dim, self.num_heads, name="MAPHead_0")(x, valid)
+    else:  # gap
+      weights = valid[..., None]
+      x = jnp.sum(x * weights, axis=1) / jnp.sum(weights, axis=1)
+    return nn.Dense(self.num_classes, name="head", kernel_init=nn.initializers.normal(0.5))(x)
+
+
 class TextTransformer(nn.Module):
   num_classes: Optional[int]
   width: int

@@ -48,7 +48,9 @@ class _ProbeAttention(nn.Module):
   execution: ExecutionOptions
 
   @nn.compact
-  def __call__(self, queries: jax.Array, x: jax.Array) -> jax.Array:
+  def __call__(
+    self, queries: jax.Array, x: jax.Array, mask: Optional[jax.Array] = None
+  ) -> jax.Array:
     ex = self.execution
     d = x.shape[-1]
     h = self.num_heads
@@ -64,6 +66,8 @@ class _ProbeAttention(nn.Module):
     v = dense((h, d // h), name="value")(x)  # [B, N, H, Dh]
     q = q / jnp.sqrt(d // h).astype(q.dtype)
     logits = jnp.einsum("bqhk,bnhk->bhqn", q, k).astype(jnp.float32)  # [B, H, Q, N]
+    if mask is not None:  # [B, N]: the keys that may be attended to
+      logits = jnp.where(mask[:, None, None, :], logits, jnp.finfo(jnp.float32).min)
     weights = jax.nn.softmax(logits, axis=-1).astype(ex.dtype)
     y = jnp.einsum("bhqn,bnhk->bqhk", weights, v)  # [B, Q, H, Dh]
     return nn.DenseGeneral(
@@ -89,13 +93,14 @@ class MAPHead(nn.Module):
   execution: ExecutionOptions
 
   @nn.compact
-  def __call__(self, x: jax.Array) -> jax.Array:
+  def __call__(self, x: jax.Array, mask: Optional[jax.Array] = None) -> jax.Array:
+    """``mask`` [B, N]: the tokens the probe may attend to (None: all)."""
     ex = self.execution
     b, _, d = x.shape
     init = partitioned(nn.initializers.xavier_uniform(), (None, None, EMBED))
     probe = self.param("probe", init, (1, 1, d), ex.param_dtype)
     probe = jnp.broadcast_to(probe.astype(ex.dtype), (b, 1, d))
-    x = _ProbeAttention(self.num_heads, ex, name="MultiHeadDotProductAttention_0")(probe, x)
+    x = _ProbeAttention(self.num_heads, ex, name="MultiHeadDotProductAttention_0")(probe, x, mask)
     y = layer_norm("LayerNorm_0", self.layer_norm_epsilon, ex.dtype, ex.param_dtype)(x)
     mlp = MlpBlock(self.mlp_dim, self.gelu_approximate, ex, self.activation, name="MlpBlock_0")
     x = x + mlp(y, deterministic=True)  # [B, 1, D]
@@ -108,16 +113,25 @@ def pool(
   num_prefix: int,
   map_head: Optional[MAPHead],
   map_skips: Optional[int] = None,
+  mask: Optional[jax.Array] = None,
 ) -> jax.Array:
   """[B, P + N, D] -> [B, D] (``unpooled``: unchanged), P the prefix tokens; the MAP head
-  attends to the tokens after the first ``map_skips`` (None: the patches, P skipped)."""
+  attends to the tokens after the first ``map_skips`` (None: the patches, P skipped).
+  ``mask`` [B, N]: the patches that are real (NaFlex padding left out of GAP and MAP)."""
   if classifier == TOKEN:
     return x[:, 0]
   if classifier == GAP:
-    return jnp.mean(x[:, num_prefix:], axis=1)
+    if mask is None:
+      return jnp.mean(x[:, num_prefix:], axis=1)
+    weights = mask[..., None].astype(x.dtype)  # [B, N, 1]
+    return jnp.sum(x[:, num_prefix:] * weights, axis=1) / jnp.sum(weights, axis=1)
   if classifier == MAP:
     assert map_head is not None
-    return map_head(x[:, num_prefix if map_skips is None else map_skips :])
+    skipped = num_prefix if map_skips is None else map_skips
+    if mask is not None:  # the prefix tokens the probe sees are real
+      prefix = jnp.ones((mask.shape[0], num_prefix - skipped), bool)
+      mask = jnp.concatenate([prefix, mask], axis=1)  # [B, P - skipped + N]
+    return map_head(x[:, skipped:], mask)
   if classifier == UNPOOLED:
     return x
   raise errors.ConfigError(f"Unknown classifier {classifier!r}; choose one of {CLASSIFIERS}.")

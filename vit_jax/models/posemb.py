@@ -25,6 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax import errors
+from vit_jax.models import naflex
+from vit_jax.models.naflex import NaFlexPatches
 from vit_jax.sharding import EMBED, HEADS, KV
 
 PosembKind = Literal["learn", "learn_2d", "sincos2d", "none", "relative"]
@@ -90,9 +92,13 @@ class AddPositionEmbs(nn.Module):
   embed_prefix: bool = True
 
   @nn.compact
-  def __call__(self, x: jax.Array) -> jax.Array:
+  def __call__(self, x: jax.Array, patches: Optional[NaFlexPatches] = None) -> jax.Array:
+    """``patches``: NaFlex tokens [B, P + N, D] of images of any grid (`naflex`): the
+    learned table, of ``grid_hw``, resampled to each image's grid."""
     _, n, d = x.shape  # [B, N(+1), D]
     gh, gw = self.grid_hw
+    if patches is not None:
+      return self._naflex(x, patches)
     if n != gh * gw + self.num_prefix:
       raise errors.ConfigError(
         f"{n} tokens do not match a {gh}x{gw} grid plus {self.num_prefix} prefix."
@@ -121,6 +127,24 @@ class AddPositionEmbs(nn.Module):
       posemb = jnp.asarray(sincos_2d(self.grid_hw, d))[None]  # [1, N, D]
     posemb = jnp.pad(posemb, ((0, 0), (self.num_prefix, 0), (0, 0)))  # none for the prefix
     return x + posemb.astype(x.dtype)
+
+  def _naflex(self, x: jax.Array, patches: NaFlexPatches) -> jax.Array:
+    b, n, d = x.shape  # [B, P + N, D]
+    if self.kind != "learn":
+      raise errors.ConfigError(
+        f"NaFlex inputs take the learned position table (posemb 'learn'), not {self.kind!r}."
+      )
+    gh, gw = self.grid_hw
+    init = nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02), (None, None, EMBED))
+    rows = gh * gw + (self.num_prefix if self.embed_prefix else 0)
+    posemb = self.param("pos_embedding", init, (1, rows, d), self.param_dtype)  # [1, R, D]
+    table = posemb[0, rows - gh * gw :].reshape(gh, gw, d)
+    per_patch = naflex.resample_positions(table, patches.grid_hw, patches.coords)  # [B, N, D]
+    if self.embed_prefix:  # the table's first P rows
+      prefix = jnp.broadcast_to(posemb[:, : self.num_prefix], (b, self.num_prefix, d))
+    else:
+      prefix = jnp.zeros((b, self.num_prefix, d), per_patch.dtype)
+    return x + jnp.concatenate([prefix, per_patch], axis=1).astype(x.dtype)
 
 
 @dataclasses.dataclass(frozen=True)

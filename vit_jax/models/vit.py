@@ -11,6 +11,7 @@ Inspection: apply with ``mutable=['intermediates']`` and every block sows
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Optional
 
 import flax.linen as nn
@@ -24,6 +25,7 @@ from vit_jax.models import rope as rope_lib
 from vit_jax.models.attention import MultiHeadDotProductAttention
 from vit_jax.models.execution import ExecutionOptions, remat_policy
 from vit_jax.models.layers import DropPath, MlpBlock, drop_path_rates
+from vit_jax.models.naflex import NaFlexPatches
 from vit_jax.models.resnet import resnet_root
 from vit_jax.models.settings import ModelSettings
 from vit_jax.models.swiglu import SwiGLU
@@ -152,7 +154,11 @@ class Encoder(nn.Module):
   execution: ExecutionOptions = ExecutionOptions()
 
   @nn.compact
-  def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
+  def __call__(
+    self, x: jax.Array, *, train: bool, patches: Optional[NaFlexPatches] = None
+  ) -> jax.Array:
+    """``patches``: x holds NaFlex tokens (`naflex`): each image's positions resampled
+    from the table of ``grid_hw`` and its padding masked out of attention."""
     cfg, ex = self.config, self.execution
     num_layers = cfg.transformer.num_layers
     deterministic = not train
@@ -164,7 +170,7 @@ class Encoder(nn.Module):
       param_dtype=ex.param_dtype,
       embed_prefix=not cfg.posemb_patches_only,
       name="posembed_input",
-    )(x)
+    )(x, patches)
     x = nn.Dropout(ex.dropout_rate)(x, deterministic=deterministic)
     if cfg.norm_pre:
       x = norm("norm_pre")(x)
@@ -172,6 +178,17 @@ class Encoder(nn.Module):
     rates = drop_path_rates(num_layers, ex.stoch_depth)
     # With stochastic depth off the blocks get no rate: the model of before, bit for bit.
     drop_path = () if deterministic or not ex.stoch_depth else (rates,)
+    masks = ()  # the attention mask [B, 1, P + N, P + N] of NaFlex tokens
+    if patches is not None:
+      if cfg.axial or cfg.posemb == posemb_lib.RELATIVE or cfg.rotary() is not None:
+        raise errors.ConfigError(
+          "NaFlex inputs take a ViT with learned absolute positions: not an Axial-ViT, "
+          "relative positions or rotary embeddings (their tables follow one grid)."
+        )
+      prefix = jnp.ones((x.shape[0], self.num_prefix), bool)
+      valid = jnp.concatenate([prefix, patches.mask], axis=1)  # [B, P + N]
+      masks = ((valid[:, :, None] & valid[:, None, :])[:, None],)
+      drop_path = drop_path or ([0.0] * num_layers,)  # the mask comes after the rate
     block_cls = AxialEncoderBlock if cfg.axial else Encoder1DBlock
     if ex.remat:
       # Argument 2 (`deterministic`, counting self) is a Python bool: static; so is 3, the
@@ -197,16 +214,19 @@ class Encoder(nn.Module):
         block_cls,
         variable_axes={"params": 0, "intermediates": 0},
         split_rngs={"params": True, "dropout": True},
-        in_axes=(nn.broadcast,) + (0,) * len(drop_path),  # the rates: one per layer
+        # the rates: one per layer; the mask: every layer's
+        in_axes=(nn.broadcast,) + (0,) * len(drop_path) + (nn.broadcast,) * len(masks),
         length=num_layers,
         metadata_params={nn.PARTITION_NAME: LAYERS},
       )
       scanned_rates = tuple(jnp.asarray(r, jnp.float32) for r in drop_path)  # [L]
-      x, _ = scanned(name=SCANNED_BLOCK, **block_kwargs)(x, deterministic, *scanned_rates)
+      x, _ = scanned(name=SCANNED_BLOCK, **block_kwargs)(x, deterministic, *scanned_rates, *masks)
     else:
       for i in range(num_layers):
         layer_rate = tuple(r[i] for r in drop_path)
-        x, _ = block_cls(name=f"encoderblock_{i}", **block_kwargs)(x, deterministic, *layer_rate)
+        x, _ = block_cls(name=f"encoderblock_{i}", **block_kwargs)(
+          x, deterministic, *layer_rate, *masks
+        )
     return x if cfg.fc_norm or not cfg.final_norm else norm("encoder_norm")(x)
 
 
@@ -219,11 +239,16 @@ class VisionTransformer(nn.Module):
   Masked patch prediction (`vit_jax.models.mpp`) passes ``corrupt``, applied to the patch
   embeddings [B, N, D] before the prefix tokens and the position embeddings, and
   ``pool=False``: the output is then every token after the encoder, [B, P + N, D].
+
+  Instead of images it takes `NaFlexPatches` (each image at its own grid, padded to a
+  sequence budget: `vit_jax.models.naflex`); ``posemb_grid`` is then the learned position
+  table's grid, which parameters that exist already say (a square one).
   """
 
   config: ModelSettings
   num_classes: Optional[int]
   execution: ExecutionOptions = ExecutionOptions()
+  posemb_grid: Optional[tuple[int, int]] = None  # NaFlex inputs: the table's grid
 
   @property
   def input_stride(self) -> tuple[int, int]:
@@ -255,15 +280,58 @@ class VisionTransformer(nn.Module):
       )
     return h // sh, w // sw
 
+  def _naflex_tokens(self, patches: NaFlexPatches) -> tuple[jax.Array, tuple[int, int]]:
+    """NaFlex patches [B, N, ph * pw * C] embedded by the square path's kernel [B, N, D],
+    and the position table's grid."""
+    cfg, ex = self.config, self.execution
+    if cfg.resnet is not None:
+      raise errors.ConfigError("NaFlex inputs take a plain ViT, not a ResNet hybrid.")
+    b, n, k = patches.patches.shape
+    ph, pw = cfg.patches.size
+    pixels = patches.patches.astype(ex.dtype).reshape(b * n, ph, pw, k // (ph * pw))
+    x = embeddings.patch_embedding(
+      pixels, cfg.hidden_size, cfg.patches.size, ex.dtype, ex.param_dtype, use_bias=cfg.patch_bias
+    )  # [B * N, 1, 1, D]
+    grid = self.posemb_grid
+    if grid is None and self.has_variable("params", "Transformer"):
+      table = self.variables["params"]["Transformer"]["posembed_input"]["pos_embedding"]
+      rows = nn.unbox(table).shape[1]
+      side = math.isqrt(rows - (0 if cfg.posemb_patches_only else self.num_prefix_tokens))
+      grid = (side, side)
+    if grid is None:
+      raise errors.ConfigError(
+        "NaFlex inputs to a new model: give posemb_grid, the learned table's (gh, gw)."
+      )
+    return x.reshape(b, n, cfg.hidden_size), grid
+
   @nn.compact
   def __call__(
     self,
-    images: jax.Array,
+    images: jax.Array | NaFlexPatches,
     *,
     train: bool = False,
     corrupt: Optional[Callable[[jax.Array], jax.Array]] = None,
     pool: bool = True,
   ) -> jax.Array:
+    cfg, ex = self.config, self.execution
+    patches = images if isinstance(images, NaFlexPatches) else None
+    if patches is not None:
+      x, grid_hw = self._naflex_tokens(patches)  # [B, N, D]
+    else:
+      x, grid_hw = self._square_tokens(images)  # [B, N, D]
+    if corrupt is not None:
+      x = corrupt(x)
+    x = embeddings.prepend_prefix_tokens(
+      self, x, self.has_class_token, cfg.num_registers, ex.param_dtype
+    )  # [B, P + N, D]
+    encoder = Encoder(cfg, grid_hw, self.num_prefix_tokens, ex, name="Transformer")
+    x = encoder(x, train=train, patches=patches)  # [B, P + N, D]
+    if not pool:
+      return x.astype(jnp.float32)
+    return self._pooled(x, None if patches is None else patches.mask)
+
+  def _square_tokens(self, images: jax.Array) -> tuple[jax.Array, tuple[int, int]]:
+    """Images [B, H, W, C] -> their patches embedded [B, N, D], and the grid (gh, gw)."""
     cfg, ex = self.config, self.execution
     grid_hw = self.grid_hw(images.shape[1:3])
     x = images.astype(ex.dtype)  # [B, H, W, C]
@@ -277,17 +345,11 @@ class VisionTransformer(nn.Module):
     )  # [B, gh, gw, D]
     b, gh, gw, d = x.shape
     assert (gh, gw) == grid_hw, ((gh, gw), grid_hw)
-    x = x.reshape(b, gh * gw, d)  # [B, N, D]
-    if corrupt is not None:
-      x = corrupt(x)
-    x = embeddings.prepend_prefix_tokens(
-      self, x, self.has_class_token, cfg.num_registers, ex.param_dtype
-    )  # [B, P + N, D]
-    encoder = Encoder(cfg, grid_hw, self.num_prefix_tokens, ex, name="Transformer")
-    x = encoder(x, train=train)  # [B, P + N, D]
-    if not pool:
-      return x.astype(jnp.float32)
+    return x.reshape(b, gh * gw, d), grid_hw  # [B, N, D]
 
+  def _pooled(self, x: jax.Array, mask: Optional[jax.Array]) -> jax.Array:
+    """Tokens [B, P + N, D] -> the head's output; ``mask`` [B, N]: the real patches."""
+    cfg, ex = self.config, self.execution
     map_head = None
     if cfg.classifier == heads.MAP:
       t = cfg.transformer
@@ -303,7 +365,7 @@ class VisionTransformer(nn.Module):
     # Perception Encoder's probe attends to every token (timm's Eva), big_vision's and
     # timm's ViT's to the patches.
     skipped = 0 if cfg.classifier == heads.MAP and cfg.map_include_prefix else None
-    x = heads.pool(x, cfg.classifier, self.num_prefix_tokens, map_head, skipped)  # [B, D]
+    x = heads.pool(x, cfg.classifier, self.num_prefix_tokens, map_head, skipped, mask)  # [B, D]
     if cfg.fc_norm:
       x = layers.layer_norm(heads.FC_NORM, cfg.layer_norm_epsilon, ex.dtype, ex.param_dtype)(x)
     if cfg.representation_size is not None:

@@ -1,0 +1,85 @@
+"""Images as NaFlex patch sequences (numpy, for the decode workers and for Python use):
+each image resized, keeping its aspect ratio, to the largest patch grid within a sequence
+budget, cut into patches and padded to the budget.
+
+    patches, coords, mask = to_patches(pixels, patch=16, budget=256)  # one image
+    batch = stack([to_patches(p, 16, 256) for p in images])           # `NaFlexPatches`
+
+The grid follows big_vision's ``resize_to_sequence`` (``pp/proj/image_text/ops_naflex.py``):
+a binary search for the largest scale r whose grid ceil(h r / P) x ceil(w r / P) (at least
+one patch a side) holds at most ``budget`` patches; the patches are its ``patchify`` (each
+patch's pixels in (row, column, channel) order, the patches in row-major order). The resize
+is Pillow's antialiased bilinear (big_vision's is TensorFlow's antialiased bilinear).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from vit_jax import errors
+from vit_jax.image_constants import NAFLEX_MAX_SIDE, OFFICIAL_INPUT_MEAN, OFFICIAL_INPUT_STD
+
+_EPS = 1e-5  # the binary search's resolution on the scale (big_vision's)
+
+
+def sequence_grid(image_hw: tuple[int, int], patch: int, budget: int) -> tuple[int, int]:
+  """The patch grid (rows, columns) of an image of ``image_hw`` pixels at ``budget``."""
+  if budget < 1 or patch < 1 or min(image_hw) < 1:
+    raise errors.ConfigError(
+      f"NaFlex needs a budget >= 1 patch, a patch size >= 1 and an image (got budget="
+      f"{budget}, patch={patch}, image {image_hw[0]}x{image_hw[1]})."
+    )
+  hw, eps = np.asarray(image_hw, np.float32), np.float32(_EPS)  # float32, as big_vision's
+
+  def grid(ratio: np.float32) -> tuple[int, int]:
+    target = np.maximum(patch * np.ceil(hw * ratio / np.float32(patch)), patch)
+    return int(target[0]) // patch, int(target[1]) // patch
+
+  low, high = eps / np.float32(10), np.float32(100.0)
+  while high - low >= eps:
+    mid = (low + high) / np.float32(2)
+    rows, columns = grid(mid)
+    low, high = (mid, high) if rows * columns <= budget else (low, mid)
+  return grid(low)
+
+
+def to_patches(
+  pixels: np.ndarray,
+  patch: int,
+  budget: int,
+  mean: Sequence[float] = OFFICIAL_INPUT_MEAN,
+  std: Sequence[float] = OFFICIAL_INPUT_STD,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """An image (uint8 [H, W, 3]) -> (patches float32 [budget, P * P * 3] normalised with
+  ``mean``/``std`` of the 0..1 scale, coords int32 [budget, 2], mask bool [budget])."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+
+  rows, columns = sequence_grid(pixels.shape[:2], patch, budget)
+  if max(rows, columns) > NAFLEX_MAX_SIDE:
+    raise errors.ConfigError(
+      f"A {pixels.shape[0]}x{pixels.shape[1]} image at {budget} patches is a {rows}x{columns} "
+      f"grid; the position table reaches {NAFLEX_MAX_SIDE} patches a side: use a smaller "
+      "budget or crop the image nearer to square."
+    )
+  image = Image.fromarray(np.asarray(pixels, np.uint8)).resize(
+    (columns * patch, rows * patch), Image.Resampling.BILINEAR
+  )
+  scaled = np.asarray(image, np.float32) / 255.0  # [rows * P, columns * P, 3]
+  normalised = (scaled - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
+  cut = normalised.reshape(rows, patch, columns, patch, 3).transpose(0, 2, 1, 3, 4)
+  n = rows * columns
+  patches = np.zeros((budget, patch * patch * 3), np.float32)
+  patches[:n] = cut.reshape(n, -1)
+  coords = np.zeros((budget, 2), np.int32)
+  coords[:n] = np.stack(np.divmod(np.arange(n), columns), axis=-1)
+  return patches, coords, np.arange(budget) < n
+
+
+def stack(examples: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]]):
+  """`to_patches` results of one budget -> a `NaFlexPatches` batch."""
+  from vit_jax.models.naflex import NaFlexPatches  # pylint: disable=g-import-not-at-top
+
+  patches, coords, mask = (np.stack(parts) for parts in zip(*examples))
+  return NaFlexPatches(patches=patches, coords=coords, mask=mask)
