@@ -146,9 +146,11 @@ def test_an_images_logits_do_not_depend_on_the_others_in_its_batch():
   model = vit.VisionTransformer(model_settings(config), 5, posemb_grid=(4, 4))
   rng = np.random.default_rng(0)
   tall, wide = (rng.integers(0, 256, hw + (3,), np.uint8) for hw in ((50, 20), (12, 64)))
-  alone = naflex_images.stack([naflex_images.to_patches(tall, PATCH, 16)])
+  alone = naflex.NaFlexPatches.stack([naflex_images.to_patches(tall, PATCH, 16)])
   params = model.init(jax.random.key(0), alone)
-  together = naflex_images.stack([naflex_images.to_patches(x, PATCH, 16) for x in (tall, wide)])
+  together = naflex.NaFlexPatches.stack(
+    [naflex_images.to_patches(x, PATCH, 16) for x in (tall, wide)]
+  )
   np.testing.assert_allclose(
     model.apply(params, alone)[0], model.apply(params, together)[0], atol=1e-5
   )

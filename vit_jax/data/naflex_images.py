@@ -3,7 +3,7 @@ each image resized, keeping its aspect ratio, to the largest patch grid within a
 budget, cut into patches and padded to the budget.
 
     patches, coords, mask = to_patches(pixels, patch=16, budget=256)  # one image
-    batch = stack([to_patches(p, 16, 256) for p in images])           # `NaFlexPatches`
+    batch = NaFlexPatches.stack([to_patches(p, 16, 256) for p in images])  # the model's
 
 The grid follows big_vision's ``resize_to_sequence`` (``pp/proj/image_text/ops_naflex.py``):
 a binary search for the largest scale r whose grid ceil(h r / P) x ceil(w r / P) (at least
@@ -75,11 +75,3 @@ def to_patches(
   coords = np.zeros((budget, 2), np.int32)
   coords[:n] = np.stack(np.divmod(np.arange(n), columns), axis=-1)
   return patches, coords, np.arange(budget) < n
-
-
-def stack(examples: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]]):
-  """`to_patches` results of one budget -> a `NaFlexPatches` batch."""
-  from vit_jax.models.naflex import NaFlexPatches  # pylint: disable=g-import-not-at-top
-
-  patches, coords, mask = (np.stack(parts) for parts in zip(*examples))
-  return NaFlexPatches(patches=patches, coords=coords, mask=mask)

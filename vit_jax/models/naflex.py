@@ -18,6 +18,8 @@ reads outside the canvas, NaN, as big_vision's (`image_constants.NAFLEX_MAX_SIDE
 
 from __future__ import annotations
 
+from typing import Any, Sequence
+
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -32,6 +34,12 @@ class NaFlexPatches:
   patches: jax.Array  # [B, N, ph * pw * C]: each patch's pixels (row, column, channel)
   coords: jax.Array  # int32 [B, N, 2]: each patch's (row, column) in its image's grid
   mask: jax.Array  # bool [B, N]: True a patch of the image, False padding
+
+  @classmethod
+  def stack(cls, examples: Sequence[tuple[Any, Any, Any]]) -> "NaFlexPatches":
+    """A batch of (patches, coords, mask) of one budget (`data.naflex_images.to_patches`)."""
+    patches, coords, mask = (jnp.stack(parts) for parts in zip(*examples))
+    return cls(patches=patches, coords=coords, mask=mask)
 
   @property
   def grid_hw(self) -> jax.Array:
