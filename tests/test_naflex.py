@@ -6,7 +6,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import traverse_util
 
 from tests import big_vision_reference as bv
 from vit_jax import errors
@@ -61,7 +60,11 @@ def test_at_the_tables_grid_naflex_is_the_square_model(classifier):
   # 1:3 and 4:3 in 16 patches; 1:4, 7:4 and square in 36: every image padded
   [("map", 16, [(2, 6), (4, 3)]), ("gap", 36, [(2, 8), (7, 4), (5, 5)])],
 )
-def test_non_square_images_give_big_visions_naflex_probabilities(pool_type, budget, grids):
+def test_non_square_images_give_big_visions_naflex_probabilities(
+  pool_type, budget, grids, tmp_path
+):
+  """big_vision's NaFlex tower saved as its `.npz` and read (`weights.big_vision`): the
+  reference's probabilities on images of several aspect ratios, each padded."""
   reference = bv.NaFlexViT(
     num_classes=7, width=32, depth=2, mlp_dim=64, num_heads=4, nposemb=4, pool_type=pool_type
   )
@@ -70,13 +73,12 @@ def test_non_square_images_give_big_visions_naflex_probabilities(pool_type, budg
   their_params = reference.init(jax.random.key(1), theirs_in)["params"]
   theirs = jax.nn.softmax(reference.apply({"params": their_params}, theirs_in))
 
-  flat = traverse_util.flatten_dict(jax.tree.map(np.asarray, their_params), sep="/")
-  flat["embedding/kernel"] = flat["embedding/kernel"].reshape(PATCH, PATCH, 3, 32)
-  flat["pos_embedding"] = flat["pos_embedding"].reshape(1, 16, 32)  # the 4x4 table
-  tree = traverse_util.unflatten_dict(big_vision.to_ours(flat), sep="/")
-  config = big_vision._image_config(tree, "test")  # pylint: disable=protected-access
-  config.classifier = pool_type
-  model = vit.VisionTransformer(model_settings(config), 7, ExecutionOptions())
+  path = str(tmp_path / "naflex.npz")
+  bv.save(path, their_params)
+  config, tree, image_size = big_vision.read(path)
+  assert image_size == (4 * PATCH, 4 * PATCH)  # the 4x4 table's grid
+  config.classifier = pool_type  # 'gap' leaves no trace in the arrays
+  model = vit.VisionTransformer(model_settings(config), 7)
   ours = jax.nn.softmax(model.apply({"params": tree}, batch))
   np.testing.assert_allclose(ours, theirs, atol=1e-6)
   assert not np.allclose(ours[0], ours[1], atol=1e-3)  # the images are told apart

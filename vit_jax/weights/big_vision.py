@@ -29,7 +29,9 @@ lower-cased, the end token appended and kept last when truncating ('sticky'), pa
 id 1 (SigLIP's ``pad_value=1``), or with the model's pad piece for Gemma's 256,000-token
 vocabulary (SigLIP 2's ``tok`` op).
 
-Not read: NaFlex image towers (``proj.image_text.naflex_vit``), ``posemb='sincos2d'``
+NaFlex image towers (``proj.image_text.naflex_vit``, SigLIP 2 NaFlex) are read as the ViT
+they are, whose table is resampled to each image's grid (`_naflex_as_vit`). Not read:
+``posemb='sincos2d'``
 (big_vision's frequencies are not `models.posemb.sincos_2d`'s), text towers without a
 projection (``out_dim`` None). Written: ViT image towers with learned positions that
 big_vision's `vit.py` computes (tanh GELU; no registers, LayerScale, other norms or biases).
@@ -203,13 +205,25 @@ def _image_config(tree: Params, source: str) -> ml_collections.ConfigDict:
   return config
 
 
-def _refuse_naflex(flat: Mapping[str, Any], source: str) -> None:
-  """NaFlex's patch embedding is a Dense on flattened patches: a 2-D kernel."""
-  if np.ndim(flat.get("img/embedding/kernel", np.zeros((1, 1, 1, 1)))) == 2:
-    raise errors.CheckpointError(
-      f"{source}: a NaFlex image tower (big_vision's proj.image_text.naflex_vit), which "
-      "is not read: load its transformers conversion (Siglip2Model) instead."
-    )
+def _naflex_as_vit(flat: dict[str, Any], source: str) -> None:
+  """A NaFlex image tower (``proj.image_text.naflex_vit``) in the ViT's layout, in place:
+  its Dense on flattened patches [P * P * 3, D] (each patch's pixels in (row, column,
+  channel) order, `tf.image.extract_patches`') as the patch kernel [P, P, 3, D], its
+  table [n, n, D] as the rows [1, n * n, D] of an n x n grid. The ViT then takes NaFlex
+  inputs (`vit_jax.models.naflex`) and square images alike."""
+  for tower in ("", "img/"):
+    kernel = flat.get(tower + "embedding/kernel")
+    if kernel is None or np.ndim(kernel) != 2:
+      continue
+    side = math.isqrt(kernel.shape[0] // 3)
+    table = flat.get(tower + "pos_embedding")
+    if side * side * 3 != kernel.shape[0] or table is None or np.ndim(table) != 3:
+      raise errors.CheckpointError(
+        f"{source}: a 2-D patch kernel {tuple(kernel.shape)} without a square patch of RGB "
+        "pixels or a 2-D position table is not a NaFlex ViT this package reads."
+      )
+    flat[tower + "embedding/kernel"] = kernel.reshape(side, side, 3, kernel.shape[1])
+    flat[tower + "pos_embedding"] = table.reshape(1, -1, table.shape[-1])
 
 
 def read(path: str) -> tuple[ml_collections.ConfigDict, Params, Optional[tuple[int, int]]]:
@@ -217,7 +231,7 @@ def read(path: str) -> tuple[ml_collections.ConfigDict, Params, Optional[tuple[i
   a two-tower model (``img/``, ``txt/``, ``t``) or a plain ViT."""
   source = repr(path)
   flat = load_flat(path)
-  _refuse_naflex(flat, source)
+  _naflex_as_vit(flat, source)
   tree = traverse_util.unflatten_dict(to_ours(flat), sep="/")
   if "txt" not in tree:
     config = _image_config(tree, source)
