@@ -104,6 +104,11 @@ def test_a_new_model_needs_the_tables_grid_and_a_grid_bound_model_refuses():
     model_settings(config), 5, ExecutionOptions(), posemb_grid=(4, 4)
   )
   assert grid_bound.init(jax.random.key(0), batch)["params"]
+  wide_table = vit.VisionTransformer(model_settings(config), 5, posemb_grid=(2, 6))
+  params = wide_table.init(jax.random.key(0), batch)  # 12 rows: no square grid
+  with pytest.raises(errors.ConfigError, match="not square: give posemb_grid"):
+    model.apply(params, batch)
+  assert wide_table.apply(params, batch).shape == (1, 5)
   config.posemb = "sincos2d"
   with pytest.raises(errors.ConfigError, match="learned position table"):
     vit.VisionTransformer(model_settings(config), 5, posemb_grid=(4, 4)).init(

@@ -95,10 +95,10 @@ class AddPositionEmbs(nn.Module):
   def __call__(self, x: jax.Array, patches: Optional[NaFlexPatches] = None) -> jax.Array:
     """``patches``: NaFlex tokens [B, P + N, D] of images of any grid (`naflex`): the
     learned table, of ``grid_hw``, resampled to each image's grid."""
-    _, n, d = x.shape  # [B, N(+1), D]
-    gh, gw = self.grid_hw
     if patches is not None:
       return self._naflex(x, patches)
+    _, n, d = x.shape  # [B, N(+1), D]
+    gh, gw = self.grid_hw
     if n != gh * gw + self.num_prefix:
       raise errors.ConfigError(
         f"{n} tokens do not match a {gh}x{gw} grid plus {self.num_prefix} prefix."

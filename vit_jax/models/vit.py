@@ -296,11 +296,13 @@ class VisionTransformer(nn.Module):
     if grid is None and self.has_variable("params", "Transformer"):
       table = self.variables["params"]["Transformer"]["posembed_input"]["pos_embedding"]
       rows = nn.unbox(table).shape[1]
-      side = math.isqrt(rows - (0 if cfg.posemb_patches_only else self.num_prefix_tokens))
-      grid = (side, side)
+      patch_rows = rows - (0 if cfg.posemb_patches_only else self.num_prefix_tokens)
+      side = math.isqrt(patch_rows)
+      grid = (side, side) if side * side == patch_rows else None
     if grid is None:
       raise errors.ConfigError(
-        "NaFlex inputs to a new model: give posemb_grid, the learned table's (gh, gw)."
+        "NaFlex inputs to a new model or to a table that is not square: give posemb_grid, "
+        "the learned table's (gh, gw)."
       )
     return x.reshape(b, n, cfg.hidden_size), grid
 
