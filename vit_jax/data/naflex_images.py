@@ -19,6 +19,7 @@ from typing import Sequence
 import numpy as np
 
 from vit_jax import errors
+from vit_jax.data import host_images
 from vit_jax.image_constants import NAFLEX_MAX_SIDE, OFFICIAL_INPUT_MEAN, OFFICIAL_INPUT_STD
 
 _EPS = 1e-5  # the binary search's resolution on the scale (big_vision's)
@@ -66,8 +67,7 @@ def to_patches(
   image = Image.fromarray(np.asarray(pixels, np.uint8)).resize(
     (columns * patch, rows * patch), Image.Resampling.BILINEAR
   )
-  scaled = np.asarray(image, np.float32) / 255.0  # [rows * P, columns * P, 3]
-  normalised = (scaled - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
+  normalised = host_images.normalize(np.asarray(image), mean, std)  # [rows * P, columns * P, 3]
   cut = normalised.reshape(rows, patch, columns, patch, 3).transpose(0, 2, 1, 3, 4)
   n = rows * columns
   patches = np.zeros((budget, patch * patch * 3), np.float32)
