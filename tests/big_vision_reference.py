@@ -254,6 +254,7 @@ class TwoTowers(nn.Module):
   out_dim: Any  # int or (image, text)
   temperature_init: float = 10.0
   bias_init: Optional[float] = -10.0
+  naflex: bool = False  # the image tower is `NaFlexViT` (SigLIP 2 NaFlex), else `ViT`
 
   @nn.compact
   def __call__(self, image, text):
@@ -263,7 +264,8 @@ class TwoTowers(nn.Module):
       ztxt = TextTransformer(dims[1], **self.text, name="txt")(text)
       ztxt = ztxt / (jnp.linalg.norm(ztxt, axis=1, keepdims=True) + 1e-8)
     if image is not None:
-      zimg = ViT(dims[0], **self.image, name="img")(image)
+      tower = NaFlexViT if self.naflex else ViT
+      zimg = tower(dims[0], **self.image, name="img")(image)
       zimg = zimg / (jnp.linalg.norm(zimg, axis=1, keepdims=True) + 1e-8)
     t_init = jnp.log(self.temperature_init)
     t = self.param("t", lambda k, s: t_init * jnp.ones(s), (1,))

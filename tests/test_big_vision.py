@@ -278,3 +278,49 @@ def test_a_class_token_position_row_is_folded_into_the_token(tmp_path):
                c.transformer.mlp_dim, c.transformer.num_heads, pool_type="tok")  # fmt: skip
   stored = bv.load_params(str(tmp_path / "out" / big_vision.EXPORT_FILE))
   np.testing.assert_allclose(jax.jit(vit.apply)({"params": stored}, x), model(x), atol=1e-5)
+
+
+def test_siglip2_naflex_scores_texts_on_images_at_their_own_aspect(tmp_path, vocabulary, capsys):
+  """SigLIP 2 NaFlex (big_vision's NaFlex image tower beside the text tower) read from its
+  `.npz`: ``predict --texts --seq_len`` on a tall and a wide PNG, and
+  `Model.text_probabilities(seq_len=)`, give big_vision's probabilities on the same patches
+  (its value_range(-1, 1): mean and std 0.5)."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+
+  from tests import interop_fixtures as fx  # pylint: disable=g-import-not-at-top
+  from vit_jax import predict  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import naflex_images  # pylint: disable=g-import-not-at-top
+
+  budget = 24
+  model = bv.TwoTowers(
+    image=dict(width=WIDTH, depth=DEPTH, mlp_dim=MLP, num_heads=HEADS, nposemb=4),
+    text=dict(width=WIDTH, vocab_size=40, depth=DEPTH, mlp_dim=MLP, num_heads=HEADS),
+    out_dim=WIDTH, naflex=True,
+  )  # fmt: skip
+  photos = [fx.photo(50, 20, seed=1), fx.photo(12, 64, seed=2)]
+  patches, coords, mask = naflex_images.prepare(photos, PATCH, budget, (0.5,) * 3, (0.5,) * 3)
+  theirs_in = (patches, mask.astype(np.int32), coords[..., 0], coords[..., 1])
+  ids = bv.tokenize(TEXTS, vocabulary, LENGTH, pad_value=1)
+  params = jax.jit(model.init)(jax.random.PRNGKey(0), theirs_in, jnp.asarray(ids))["params"]
+  params = {**params, "t": jnp.full((1,), np.log(3.0)), "b": jnp.full((1,), -0.5)}
+  path = str(tmp_path / "siglip2_naflex.npz")
+  bv.save(path, params)
+  with open(vocabulary, "rb") as src, open(path[: -len(".npz")] + ".model", "wb") as dst:
+    dst.write(src.read())
+  want = bv.probabilities(model, params, theirs_in, ids)
+  assert np.abs(want[0] - want[1]).max() > 1e-3  # the images are told apart
+
+  loaded = vit_jax.load(path)
+  np.testing.assert_allclose(
+    loaded.text_probabilities(photos, TEXTS, seq_len=budget), want, atol=1e-5
+  )
+  files = []
+  for i, pixels in enumerate(photos):
+    Image.fromarray(pixels).save(tmp_path / f"{i}.png")
+    files.append(str(tmp_path / f"{i}.png"))
+  argv = ["predict", f"--checkpoint={path}", f"--texts={','.join(TEXTS)}", f"--seq_len={budget}"]
+  assert predict.main([*argv, "--json", *files]) == 0
+  lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+  for line, probs in zip(lines, want):
+    scores = {entry["label"]: entry["probability"] for entry in line["top_k"]}
+    np.testing.assert_allclose([scores[t] for t in TEXTS], probs, atol=1e-5)

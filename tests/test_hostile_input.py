@@ -55,7 +55,7 @@ TIMM_REFUSED = {
   "pe": ("vit_pe_core_base_patch16_224", "this is not a timm Eva state dict"),
   "sapiens": ("vit_base_patch16_sapiens2", "(timm eva.py) has attn_only_layer_scale=True"),
   "rope": ("vit_base_patch16_rope_reg1_gap_256", "does not fit the timm Eva its config names"),
-  "naflex": ("naflexvit_base_patch16_map", "(timm naflexvit.py, read at a fixed grid) has"),
+  "naflex": ("naflexvit_base_patch16_map", "(timm naflexvit.py) has"),
 }
 
 # (id, command, arguments, fragment of the one Error: line). `{tmp}` is the inputs'

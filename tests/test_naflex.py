@@ -2,12 +2,16 @@
 padded patch sequences, against the square path and big_vision's ``naflex_vit`` (its
 forward reproduced in `tests/big_vision_reference.py`)."""
 
+import json
+
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from tests import big_vision_reference as bv
+from tests import interop_fixtures as fx
 from vit_jax import errors
 from vit_jax.data import naflex_images
 from vit_jax.models import get_model_config, model_settings, naflex, vit
@@ -84,6 +88,26 @@ def test_non_square_images_give_big_visions_naflex_probabilities(
   assert not np.allclose(ours[0], ours[1], atol=1e-3)  # the images are told apart
 
 
+@pytest.mark.parametrize("budget", [256, 576])
+def test_photos_at_a_budget_give_big_visions_naflex_probabilities(budget, tmp_path):
+  """A 500x200 and a 120x640 photo as `naflex_images.to_patches` cuts them (16-pixel
+  patches): big_vision's NaFlex tower's probabilities, its 8x8 table resampled to each."""
+  reference = bv.NaFlexViT(
+    num_classes=7, width=32, depth=1, mlp_dim=64, num_heads=4, nposemb=8, pool_type="map"
+  )
+  photos = [fx.photo(500, 200, seed=1), fx.photo(120, 640, seed=2)]
+  batch = naflex.NaFlexPatches.stack([naflex_images.to_patches(p, 16, budget) for p in photos])
+  theirs_in = (batch.patches, batch.mask.astype(jnp.int32), *np.moveaxis(batch.coords, -1, 0))
+  their_params = reference.init(jax.random.key(1), theirs_in)["params"]
+  theirs = jax.nn.softmax(reference.apply({"params": their_params}, theirs_in))
+  bv.save(str(tmp_path / "naflex.npz"), their_params)
+  config, tree, _ = big_vision.read(str(tmp_path / "naflex.npz"))
+  model = vit.VisionTransformer(model_settings(config), 7)
+  ours = jax.nn.softmax(model.apply({"params": tree}, batch))
+  np.testing.assert_allclose(ours, theirs, atol=1e-4)
+  assert np.abs(ours[0] - ours[1]).max() > 1e-3  # the images are told apart
+
+
 def test_positions_resample_the_table_to_each_images_grid():
   """Each image reads the table resized (antialiased bilinear) to its own grid."""
   table = jnp.asarray(np.random.default_rng(0).normal(size=(4, 4, 3)), jnp.float32)
@@ -94,26 +118,51 @@ def test_positions_resample_the_table_to_each_images_grid():
   np.testing.assert_allclose(positions[1], table.reshape(16, 3), atol=1e-6)  # its own grid
 
 
-def test_a_new_model_needs_the_tables_grid_and_a_grid_bound_model_refuses():
+def _with(config, **fields):
+  config = config.copy_and_resolve_references()
+  config.update(fields)
+  return config
+
+
+def test_a_new_model_needs_the_tables_grid_and_a_one_grid_model_refuses():
   config = get_model_config("testing")
   batch = _batch(_images([(2, 8)]), budget=16)
   model = vit.VisionTransformer(model_settings(config), 5, ExecutionOptions())
-  with pytest.raises(errors.ConfigError, match="give posemb_grid"):
+  with pytest.raises(errors.ConfigError, match="give config.model.posemb_grid"):
     model.init(jax.random.key(0), batch)
-  grid_bound = vit.VisionTransformer(
-    model_settings(config), 5, ExecutionOptions(), posemb_grid=(4, 4)
-  )
+  grid_bound = vit.VisionTransformer(model_settings(_with(config, posemb_grid=(4, 4))), 5)
   assert grid_bound.init(jax.random.key(0), batch)["params"]
-  wide_table = vit.VisionTransformer(model_settings(config), 5, posemb_grid=(2, 6))
+  wide_table = vit.VisionTransformer(model_settings(_with(config, posemb_grid=(2, 6))), 5)
   params = wide_table.init(jax.random.key(0), batch)  # 12 rows: no square grid
-  with pytest.raises(errors.ConfigError, match="not square: give posemb_grid"):
+  with pytest.raises(errors.ConfigError, match="not square: give config.model.posemb_grid"):
     model.apply(params, batch)
   assert wide_table.apply(params, batch).shape == (1, 5)
-  config.posemb = "sincos2d"
-  with pytest.raises(errors.ConfigError, match="learned position table"):
-    vit.VisionTransformer(model_settings(config), 5, posemb_grid=(4, 4)).init(
-      jax.random.key(0), batch
-    )
+  one_grid = vit.VisionTransformer(model_settings(_with(config, posemb_resample=None)), 5)
+  with pytest.raises(errors.ConfigError, match="a table read at one grid takes one grid"):
+    one_grid.apply(grid_bound.init(jax.random.key(0), batch), batch)
+  with pytest.raises(errors.ConfigError, match="posemb_grid=\\(4, 4\\): a table resized"):
+    model_settings(_with(config, posemb="sincos2d", posemb_grid=(4, 4)))
+  with pytest.raises(errors.ConfigError, match="posemb_resample='nearest': one of"):
+    model_settings(_with(config, posemb_resample="nearest"))
+
+
+def test_a_table_at_its_own_grid_is_resized_to_square_inputs_as_to_naflex_ones():
+  """A table stored at 4x4 (``posemb_grid``) meets 6x6 images resized as a NaFlex 6x6
+  image's, and a 4x4 image unchanged; timm's keep-aspect resize is the longer side's."""
+  config = _with(get_model_config("testing"), posemb_grid=(4, 4), posemb_resample="bicubic")
+  model = vit.VisionTransformer(model_settings(config), 5)
+  images = np.stack(_images([(6, 6), (6, 6)]))
+  params = nn.unbox(model.init(jax.random.key(0), jnp.asarray(images)))
+  assert params["params"]["Transformer"]["posembed_input"]["pos_embedding"].shape[1] == 17
+  np.testing.assert_allclose(
+    model.apply(params, jnp.asarray(images)),
+    model.apply(params, _batch(list(images), 40)),
+    atol=1e-5,
+  )
+  table = jnp.asarray(np.random.default_rng(0).normal(size=(4, 4, 3)), jnp.float32)
+  wide = naflex.TableResample("bicubic", keep_aspect=True).resize(table, (2, 6), (2, 6))
+  square = jax.image.resize(table, (6, 6, 3), "bicubic", antialias=True)
+  np.testing.assert_allclose(wide, square[:2], atol=1e-5)
 
 
 def test_the_grid_is_big_visions_resize_to_sequence():
@@ -150,7 +199,8 @@ def test_an_images_logits_do_not_depend_on_the_others_in_its_batch():
   another aspect ratio, at another budget, gets the same logits."""
   config = get_model_config("testing")
   config.classifier = "map"
-  model = vit.VisionTransformer(model_settings(config), 5, posemb_grid=(4, 4))
+  config.posemb_grid = (4, 4)
+  model = vit.VisionTransformer(model_settings(config), 5)
   rng = np.random.default_rng(0)
   tall, wide = (rng.integers(0, 256, hw + (3,), np.uint8) for hw in ((50, 20), (12, 64)))
   alone = naflex.NaFlexPatches.stack([naflex_images.to_patches(tall, PATCH, 16)])
@@ -164,3 +214,130 @@ def test_an_images_logits_do_not_depend_on_the_others_in_its_batch():
   pad = lambda a: np.pad(a, [(0, 0), (0, 9)] + [(0, 0)] * (a.ndim - 2))  # budget 25
   longer = naflex.NaFlexPatches(*map(pad, (alone.patches, alone.coords, alone.mask)))
   np.testing.assert_allclose(model.apply(params, alone), model.apply(params, longer), atol=1e-5)
+
+
+# timm's NaFlexViT on its own patch-dict input (interop): bicubic table with registers and
+# masked average pooling; bilinear with the MAP head; the aspect-preserving table.
+TIMM_NAFLEX = ["naflexvit_base_patch16_gap", "naflexvit_base_patch16_siglip"]
+TIMM_NAFLEX += ["naflexvit_base_patch16_par_gap"]
+
+
+@pytest.mark.parametrize("name", TIMM_NAFLEX)
+def test_non_square_images_give_timms_naflexvit_probabilities(tmp_path, name):
+  """A timm NaFlexViT hub folder read (`weights.timm.naflex`), at budgets 256 and 576, on
+  a 500x200 and a 120x640 image: timm's probabilities on the same patches."""
+  torch = pytest.importorskip("torch")
+  timm = pytest.importorskip("timm")
+  pytest.importorskip("safetensors.torch")
+  from vit_jax.weights import sources  # pylint: disable=g-import-not-at-top
+
+  args = dict(embed_dim=32, depth=1, num_heads=2, pos_embed_grid_size=(6, 6))
+  torch.manual_seed(0)
+  theirs = timm.create_model(name, pretrained=False, num_classes=7, **args).eval()
+  fx.perturb_torch(theirs)
+  config = {
+    "architecture": name,
+    "num_classes": 7,
+    "model_args": {**args, "pos_embed_grid_size": [6, 6]},
+  }
+  fx.save_timm_hub_folder(tmp_path, theirs, config)
+  loaded = sources.load(str(tmp_path))
+  module = loaded.module()
+  mean, std = loaded.data_config.mean, loaded.data_config.std
+  photos = [fx.photo(500, 200, seed=1), fx.photo(120, 640, seed=2)]
+  for budget in (256, 576):
+    batch = naflex.NaFlexPatches.stack(
+      [naflex_images.to_patches(p, 16, budget, mean, std) for p in photos]
+    )
+    ours = jax.nn.softmax(module.apply({"params": loaded.params}, batch))
+    with torch.no_grad():
+      inputs = dict(patches=batch.patches, patch_coord=batch.coords, patch_valid=batch.mask)
+      logits = theirs({k: torch.from_numpy(np.array(v)) for k, v in inputs.items()})
+    np.testing.assert_allclose(ours, torch.softmax(logits, -1).numpy(), atol=1e-4)
+    assert np.abs(ours[0] - ours[1]).max() > 1e-3, budget  # the images told apart
+
+
+def test_the_python_face_takes_a_sequence_budget():
+  """`Model.features`/`logits`/`predict` with ``seq_len``: each image (a path, an array)
+  at its own aspect ratio, batch by batch, as the module computes on its patches."""
+  import vit_jax  # pylint: disable=g-import-not-at-top
+
+  config = get_model_config("testing")
+  config.posemb_grid = (4, 4)
+  created = vit_jax.create(config, num_classes=5, image_size=16)
+  model = vit_jax.Model(created.loaded, batch_size=1)  # two batches, one image each
+  photos = [fx.photo(50, 20, seed=1), fx.photo(12, 64, seed=2)]
+  mean, std = model.data_config.mean, model.data_config.std
+  batch = naflex.NaFlexPatches.stack(
+    [naflex_images.to_patches(p, PATCH, 16, mean, std) for p in photos]
+  )
+  want = model.module.apply({"params": model.params}, batch)
+  np.testing.assert_allclose(model.logits(photos, seq_len=16), want, atol=1e-5)
+  features = model.features(photos, seq_len=16)
+  assert features.shape == (2, 32)
+  np.testing.assert_allclose(model.features(model.prepare(photos, seq_len=16)), features, atol=1e-6)
+  top = model.predict(photos, top_k=2, seq_len=16)
+  assert [len(row) for row in top] == [2, 2]
+  np.testing.assert_allclose(top[0][0][1], jax.nn.softmax(want[0]).max(), atol=1e-5)
+
+
+def test_the_predict_command_takes_a_sequence_budget(tmp_path, capsys):
+  """``predict --seq_len`` on PNGs of two aspect ratios: `Model.predict`'s probabilities;
+  the saved folder (npz and its config) keeps the table at its own grid."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+
+  import vit_jax  # pylint: disable=g-import-not-at-top
+  from vit_jax import predict  # pylint: disable=g-import-not-at-top
+
+  config = get_model_config("testing")
+  config.posemb_grid = (4, 4)
+  model = vit_jax.create(config, num_classes=5, image_size=16)
+  folder = model.save(tmp_path / "model")
+  reloaded = vit_jax.load(folder)
+  assert tuple(reloaded.config.posemb_grid) == (4, 4)
+  photos = {"tall.png": fx.photo(50, 20, seed=1), "wide.png": fx.photo(12, 64, seed=2)}
+  for name, pixels in photos.items():
+    Image.fromarray(pixels).save(tmp_path / name)
+  files = [str(tmp_path / name) for name in photos]
+  argv = ["predict", f"--checkpoint={folder}/model.npz", "--seq_len=16", "--top_k=2", "--json"]
+  assert predict.main(argv + files) == 0
+  rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+  want = model.predict(list(photos.values()), top_k=2, seq_len=16)
+  for row, top in zip(rows, want):
+    got = [(t["label"], t["probability"]) for t in row["top_k"]]
+    assert [label for label, _ in got] == [label for label, _ in top]
+    np.testing.assert_allclose([p for _, p in got], [p for _, p in top], atol=1e-5)
+  assert predict.main(argv[:2] + ["--seq_len=0"] + files) == 2
+  assert "--seq_len=0 must be at least 1" in capsys.readouterr().err
+
+
+def test_a_naflex_run_trains_on_packed_patches_evaluates_as_predict_and_resumes_exactly(
+  tmp_path, tiny_config, monkeypatch
+):
+  """config.pp.seq_len=9: the pipeline packs each digit (train: its inception window at
+  its own aspect ratio) into 9 patches; the eval batches are each test image's patches in
+  the split's order, the run's accuracy is `Model.predict`'s at seq_len=9 on the test
+  images, and a run stopped after step 4 resumes to the uninterrupted run's parameters."""
+  import vit_jax  # pylint: disable=g-import-not-at-top
+  from tests.test_main import assert_resume_is_exact  # pylint: disable=g-import-not-at-top
+  from vit_jax import data, run  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import digits, host_images  # pylint: disable=g-import-not-at-top
+  from vit_jax.sharding import make_mesh  # pylint: disable=g-import-not-at-top
+
+  tiny_config.pp.seq_len = 9
+  settings = data.Settings.from_config(tiny_config)
+  assert settings.image_shape == (9, PATCH * PATCH * 3 + 3)
+  pngs, labels = digits.DigitsArrays().rows("test", 0, digits.NUM_TEST)
+  mesh = make_mesh((("data", -1), ("model", 1)))
+  first = next(iter(data.eval_iterator(tiny_config, mesh)))
+  half = (0.5,) * 3  # the quickstart's mean and std
+  want = [settings.naflex.pack_into(host_images.decode(p), half, half, None) for p in pngs[:64]]
+  np.testing.assert_array_equal(np.asarray(first["image"]), np.stack(want))
+
+  straight_dir = str(tmp_path / "straight")
+  straight = run.train_and_evaluate(tiny_config, straight_dir)
+  images = [host_images.decode(p) for p in pngs]
+  top = vit_jax.load(straight_dir).predict(images, top_k=1, seq_len=9)
+  accuracy = np.mean([int(row[0][0]) == label for row, label in zip(top, labels)])
+  assert straight["eval/accuracy"] == pytest.approx(accuracy, abs=1e-6)
+  assert_resume_is_exact(tiny_config, tmp_path, monkeypatch, (straight_dir, straight))

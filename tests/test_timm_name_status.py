@@ -1,6 +1,6 @@
 """Every timm ViT-family name's status (`tools/timm_name_status.py` -> docs/timm_names.md):
 the committed page agrees with the generator for a sample of names and with its own
-totals; NaFlexViT read at a fixed grid gives timm's logits at that resolution (the table
+totals; NaFlexViT on square images gives timm's logits at any resolution (the table
 resampled as timm resamples it, up and down), and the families the issue names built at
 full size have timm's parameter counts."""
 
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tests import interop_fixtures as fx
-from vit_jax.weights import sources
+from vit_jax.weights import sources, writers
 from vit_jax.weights.timm import names as timm_names
 from vit_jax.weights.timm import vit as timm_vit
 
@@ -64,7 +64,7 @@ def test_the_committed_page_is_what_the_generator_gives_for_a_sample():
     assert rows[name] == tool.status(name), name
 
 
-# --- NaFlexViT at a fixed grid, against timm ------------------------------------------
+# --- NaFlexViT on square images, against timm ----------------------------------------
 
 NAFLEX = {  # name -> its tiny model arguments (the stored table 4x4 patches)
   "naflexvit_base_patch16_gap": {},  # 4 registers, bicubic with antialiasing, fc_norm
@@ -78,7 +78,7 @@ NAFLEX = {  # name -> its tiny model arguments (the stored table 4x4 patches)
 
 @pytest.mark.parametrize("size", [96, 48, 64])  # grid 6 (up), 3 (down), 4 (as stored)
 @pytest.mark.parametrize("name", NAFLEX)
-def test_naflexvit_at_a_fixed_grid_gives_timms_logits(tmp_path, name, size):
+def test_naflexvit_on_square_images_gives_timms_logits(tmp_path, name, size):
   torch = pytest.importorskip("torch")
   timm = pytest.importorskip("timm")
   pytest.importorskip("safetensors.torch")
@@ -103,8 +103,9 @@ def test_naflexvit_at_a_fixed_grid_gives_timms_logits(tmp_path, name, size):
   assert error <= fx.TOLERANCE, error
   if size == 96:  # the predict command's; the export is timm's ViT at that grid
     fx.assert_predict_matches_timm(loaded, model, size, tmp_path)
-    spec = timm_vit.model_spec(loaded.config, num_classes=fx.NUM_CLASSES, image_size=(size, size))
-    rebuilt = fx.timm_rebuilt(spec, timm_vit.to_timm(loaded.params, loaded.config))
+    fixed = writers.at_fixed_grid(loaded, (size, size))  # the table as the model resizes it
+    spec = timm_vit.model_spec(fixed.config, num_classes=fx.NUM_CLASSES, image_size=(size, size))
+    rebuilt = fx.timm_rebuilt(spec, timm_vit.to_timm(fixed.params, fixed.config))
     assert fx.relative_error(fx.torch_logits(rebuilt, images), ours) <= fx.TOLERANCE
 
 

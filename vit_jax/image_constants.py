@@ -15,3 +15,7 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 # a canvas of this side per image (big_vision's `learn_2d(64)` default); a grid side above
 # it would read outside, so the pipeline refuses such a grid.
 NAFLEX_MAX_SIDE = 64
+# NaFlex in a batch (`data.naflex_images.pack`, `models.naflex.NaFlexPatches.unpack`): one
+# float32 row per patch, its P * P * 3 pixels then these: its row, its column, and 1.0 for a
+# patch of the image or 0.0 for padding; one array, as a square image's, through the pipeline.
+NAFLEX_PACKED_FIELDS = 3

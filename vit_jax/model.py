@@ -7,6 +7,7 @@ transformers users expect one.
     logits = model(x)                               # [B, K]
     model.predict(["cat.jpg"], top_k=5)             # [[(name, probability), ...], ...]
     model.features(x)                               # [B, D] pre-logits; pool=False: [B, N, D]
+    model.features(["doc.png"], seq_len=576)        # NaFlex: each image at its own aspect
     model.rollout(x)                                # [B, gh, gw] attention rollout
     model.text_probabilities(["cat.jpg"], ["a cat", "a dog"])   # an image-text model's [B, T]
     model.with_head(5).at_resolution(384).save("out", format="timm")
@@ -40,6 +41,7 @@ import numpy as np
 from vit_jax import analysis, errors, model_checks, model_facts, models
 from vit_jax.aliases import Params
 from vit_jax.data.data_config import DataConfig
+from vit_jax.models.naflex import NaFlexPatches
 from vit_jax.weights import fit, sources, writers
 from vit_jax.weights.timm import create as timm_create
 
@@ -148,22 +150,32 @@ class Model:
         f"{self!r} is an image-text model: score images against texts with "
         "text_probabilities(images, texts), or export its image tower (save(format='timm'))."
       )
+    patches = isinstance(images, NaFlexPatches)
     if model_checks.traced((self._params, images)):
+      if patches:
+        return self._apply(kind)(self._params, images)
       model_checks.check_inputs(images, self.image_size)
       with self._built_size(images):
         return self._apply(kind)(self._params, jnp.asarray(images, jnp.float32))
     compiled = self._facts.compiled
     if kind not in compiled:
       compiled[kind] = jax.jit(self._apply(kind))
-    x = model_checks.host_inputs(images, self.image_size)
-    batch = min(self.batch_size, len(x))
-    pad = -len(x) % batch
-    x = np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)])
+    if patches:
+      x = jax.tree.map(np.asarray, images)
+    else:
+      x = model_checks.host_inputs(images, self.image_size)
     with self._built_size(x):
-      out = [
-        compiled[kind](self._params, jnp.asarray(x[i : i + batch])) for i in range(0, len(x), batch)
-      ]
-    return np.asarray(jnp.concatenate(out))[: len(x) - pad]
+      return self._batched(lambda batch: compiled[kind](self._params, batch), x)
+
+  def _batched(self, fn: Callable[[Any], Any], x: Any) -> np.ndarray:
+    """``fn`` over host inputs ``x`` (an array [N, ...] or NaFlex patches of N images) in
+    full batches of ``batch_size`` (the last padded with zeros: one compilation)."""
+    n = len(jax.tree.leaves(x)[0])
+    batch = min(self.batch_size, n)
+    pad = -n % batch
+    x = jax.tree.map(lambda a: np.concatenate([a, np.zeros((pad, *a.shape[1:]), a.dtype)]), x)
+    out = [fn(jax.tree.map(lambda a: a[i : i + batch], x)) for i in range(0, n + pad, batch)]
+    return np.asarray(jnp.concatenate(out))[:n]
 
   @contextlib.contextmanager
   def _built_size(self, images: Any) -> Iterator[None]:
@@ -186,15 +198,21 @@ class Model:
     """`logits`."""
     return self.logits(images)
 
-  def logits(self, images: Any) -> np.ndarray | jax.Array:
-    """Logits [B, K] of model inputs [B, H, W, 3] (no head: the pre-logits [B, D])."""
-    return self._run("logits", images)
+  def logits(self, images: Any, seq_len: Optional[int] = None) -> np.ndarray | jax.Array:
+    """Logits [B, K] of model inputs [B, H, W, 3] or `NaFlexPatches` (no head: the
+    pre-logits [B, D]); with ``seq_len``, of images as `prepare` takes them."""
+    return self._run("logits", self._inputs(images, seq_len))
 
-  def features(self, images: Any, pool: bool = True) -> np.ndarray | jax.Array:
+  def features(
+    self, images: Any, pool: bool = True, seq_len: Optional[int] = None
+  ) -> np.ndarray | jax.Array:
     """Pre-logits [B, D] (what the head reads: pooled, ``fc_norm`` and representation
     layer applied); ``pool=False``: every token after the encoder, [B, N, D] (timm's
-    `forward_features`)."""
-    return self._run("pooled" if pool else "tokens", images)
+    `forward_features`). Inputs as `logits` takes them."""
+    return self._run("pooled" if pool else "tokens", self._inputs(images, seq_len))
+
+  def _inputs(self, images: Any, seq_len: Optional[int]) -> Any:
+    return images if seq_len is None else self.prepare(images, seq_len=seq_len)
 
   def forward_features(self, images: Any) -> np.ndarray | jax.Array:
     """timm's name: every token after the encoder, [B, N, D]."""
@@ -224,15 +242,23 @@ class Model:
 
   # ------------------------------------------------------------------- images in
 
-  def prepare(self, images: Any) -> np.ndarray:
+  def prepare(self, images: Any, seq_len: Optional[int] = None) -> np.ndarray | NaFlexPatches:
     """Images (file paths, encoded bytes, PIL images, uint8 arrays [H, W, 3] or [N, H, W,
     3]) -> model inputs float32 [N, H, W, 3], prepared as this checkpoint expects: its own
     data config (`vit_jax.data.data_config`: resize, crop, interpolation, mean and std) at
-    this model's image size."""
-    from vit_jax.data import host_images  # pylint: disable=g-import-not-at-top
+    this model's image size. With ``seq_len``: NaFlex inputs, each image resized to the
+    largest patch grid of its aspect ratio within ``seq_len`` patches, padded to it
+    (`vit_jax.data.naflex_images`), with this checkpoint's mean and std."""
+    from vit_jax.data import host_images, naflex_images  # pylint: disable=g-import-not-at-top
 
     model_checks.check_channels_last(images, channels=(3, 4))  # RGBA is read as RGB
-    return host_images.prepare(images, self.data_config)
+    if seq_len is None:
+      return host_images.prepare(images, self.data_config)
+    (patch, other), source = models.image_settings(self.config).patches.size, self._facts.loaded
+    if patch != other:
+      raise errors.ConfigError(f"seq_len takes square patches; {self!r} has {patch}x{other}.")
+    stats = source.data_config.mean, source.data_config.std
+    return NaFlexPatches(*naflex_images.prepare(images, patch, seq_len, *stats))
 
   @property
   def data_config(self) -> DataConfig:
@@ -240,11 +266,11 @@ class Model:
     return self._facts.loaded.data_config.at_size(self._input_size())
 
   def predict(
-    self, images: Any, top_k: int = 5, labels: Optional[str] = None
+    self, images: Any, top_k: int = 5, labels: Optional[str] = None, seq_len: Optional[int] = None
   ) -> list[list[tuple[str, float]]]:
-    """The ``top_k`` (class name, probability) of each image (anything `prepare` takes),
-    most probable first; all the classes when the model has fewer. The names are
-    ``labels``' ('imagenet2012' or a file, one name a line) or the model's own
+    """The ``top_k`` (class name, probability) of each image (anything `prepare` takes,
+    with its ``seq_len``), most probable first; all the classes when the model has fewer.
+    The names are ``labels``' ('imagenet2012' or a file, one name a line) or the model's own
     (`weights.LoadedModel.class_names_for`: ImageNet-1k's for an unnamed 1,000-class
     head, else the indices)."""
     if not self.num_classes:
@@ -252,7 +278,7 @@ class Model:
     if top_k < 1:
       raise errors.ConfigError(f"top_k={top_k} must be at least 1 (classes per image).")
     names = self._facts.loaded.class_names_for(labels)
-    probs = np.asarray(jax.nn.softmax(self(self.prepare(images)), axis=-1))
+    probs = np.asarray(jax.nn.softmax(self.logits(self.prepare(images, seq_len)), axis=-1))
     order = np.argsort(-probs, axis=-1, kind="stable")[:, :top_k]
     return [[(names[i], float(p[i])) for i in row] for p, row in zip(probs, order)]
 
@@ -306,20 +332,18 @@ class Model:
 
   # ------------------------------------------------------------------------ saving
 
-  def text_probabilities(self, images: Any, texts: list[str]) -> np.ndarray:
+  def text_probabilities(
+    self, images: Any, texts: list[str], seq_len: Optional[int] = None
+  ) -> np.ndarray:
     """An image-text model's probability of each text for each image (anything `prepare`
-    takes), [B, T]: with a logit bias (SigLIP) each text's sigmoid, without (CLIP, LiT)
-    the softmax over the texts (`vit_jax.text_scores`, as ``predict --texts``)."""
+    takes, with its ``seq_len``), [B, T]: with a logit bias (SigLIP) each text's sigmoid,
+    without (CLIP, LiT) the softmax over the texts (`vit_jax.text_scores`, as ``predict
+    --texts``)."""
     from vit_jax import text_scores  # pylint: disable=g-import-not-at-top
 
     scores = text_scores.TextScores(self.loaded, texts)
     model_checks.warn_truncated(self._facts.loaded.tokenizer, texts, self.config.text_len)
-    x = self.prepare(images)
-    batch = min(self.batch_size, len(x))
-    pad = -len(x) % batch
-    x = np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)])
-    out = [scores(x[i : i + batch]) for i in range(0, len(x), batch)]
-    return np.concatenate(out)[: len(x) - pad]
+    return self._batched(scores, self.prepare(images, seq_len))
 
   def save(self, directory: str | os.PathLike, format: str = "npz") -> str:  # noqa: A002
     """Writes the model into the new (or empty) folder ``directory`` (local or gs://) as

@@ -1,7 +1,7 @@
 r"""Classifies image files with a trained model, or scores them against texts.
 
     python -m vit_jax.predict --checkpoint=PATH [--model=NAME] [--labels=imagenet2012|FILE] \
-        [--top_k=5] [--resolution=R] [--json] IMAGE_OR_FOLDER...
+        [--top_k=5] [--resolution=R | --seq_len=N] [--json] IMAGE_OR_FOLDER...
     python -m vit_jax.predict --checkpoint=TWO_TOWER --texts="a dog,a cat" [--texts_file=F] ...
 
 With texts, an image-text checkpoint (a contrastive run, a transformers SigLIP, SigLIP 2
@@ -24,6 +24,9 @@ refuses (more than `image_header.MAX_DECODED_BYTES` decoded bytes by its header,
 before anything is decoded; only a GIF's first frame is decoded) or one that does not
 decode is skipped, and one warning at the end names the files skipped. When no file
 at all is readable, that is the error.
+With ``--seq_len``, a ViT whose learned position table can be resized (a NaFlex tower, or
+any plain ViT) reads each image at its own aspect ratio, resized to the largest patch
+grid within that many patches (`vit_jax.data.naflex_images`) instead of a square crop.
 Output: one line per image, ``FILE<TAB>label:probability ...``, or JSON lines; names and
 labels with control characters are printed escaped (`vit_jax.printable`).
 """
@@ -137,9 +140,14 @@ class Classifier:
   function over full batches) and its `prepare`, with the files skipped and why."""
 
   def __init__(
-    self, model: sources.LoadedModel, image_size: tuple[int, int], batch: int = DEFAULT_BATCH
+    self,
+    model: sources.LoadedModel,
+    image_size: tuple[int, int],
+    batch: int = DEFAULT_BATCH,
+    seq_len: Optional[int] = None,
   ):
     self.skipped: list[tuple[str, str]] = []  # (path, why) of the files not classified
+    self.seq_len = seq_len  # NaFlex inputs of that many patches (`Model.prepare`)
     if image_size[0] != image_size[1]:
       raise errors.CommandLineError(
         f"Image size {image_size} is not square; the eval pipeline resizes to "
@@ -152,11 +160,12 @@ class Classifier:
     loaded = dataclasses.replace(model, params=jax.device_put(model.params), image_size=image_size)
     self._model = model_lib.Model(loaded, batch_size=batch)
 
-  def prepare(self, path: str) -> Optional[np.ndarray]:
-    """float32 [H, W, 3] normalised for the model (`Model.prepare`), or None (added to
-    `skipped`) when the file is not an image to decode (`read_image`) or cannot be decoded."""
+  def prepare(self, path: str) -> Optional[Any]:
+    """float32 [H, W, 3] normalised for the model, or its NaFlex patches (`Model.prepare`),
+    or None (added to `skipped`) when the file is not an image to decode (`read_image`)
+    or cannot be decoded."""
     try:
-      return self._model.prepare(read_image(path))[0]
+      return jax.tree.map(lambda a: a[0], self._model.prepare(read_image(path), self.seq_len))
     except (ValueError, OSError) as e:
       why = str(e).strip().splitlines()[0]
     self.skipped.append((path, why))
@@ -168,11 +177,18 @@ class Classifier:
     more = len(self.skipped) - _LISTED_SKIPS
     return listed + (f"; and {more} more" if more > 0 else "")
 
-  def probabilities(self, images: np.ndarray) -> np.ndarray:
-    """[N, H, W, 3] -> [N, K]; every call runs full batches (one compilation)."""
-    n = len(images)
-    images = np.concatenate([images, np.zeros((-n % self.batch, *images.shape[1:]), images.dtype)])
-    return np.asarray(jax.nn.softmax(self._model(images), axis=-1))[:n]
+  def full_batch(self, images: Any) -> Any:
+    """[N, ...] inputs (an array or NaFlex patches) padded with zeros to the batch size:
+    every call runs full batches (one compilation)."""
+    return jax.tree.map(
+      lambda a: np.concatenate([a, np.zeros((-len(a) % self.batch, *a.shape[1:]), a.dtype)]),
+      images,
+    )
+
+  def probabilities(self, images: Any) -> np.ndarray:
+    """[N, H, W, 3] (or NaFlex patches of N images) -> [N, K]."""
+    n = len(jax.tree.leaves(images)[0])
+    return np.asarray(jax.nn.softmax(self._model(self.full_batch(images)), axis=-1))[:n]
 
   def classify(self, paths: Sequence[str]) -> Iterator[tuple[str, np.ndarray]]:
     """(path, probabilities [K]) of every readable file, in order, batch by batch."""
@@ -180,7 +196,7 @@ class Classifier:
       chunk = [(p, self.prepare(p)) for p in paths[start : start + self.batch]]
       chunk = [(p, x) for p, x in chunk if x is not None]
       if chunk:
-        probs = self.probabilities(np.stack([x for _, x in chunk]))
+        probs = self.probabilities(jax.tree.map(lambda *a: np.stack(a), *[x for _, x in chunk]))
         yield from zip([p for p, _ in chunk], probs)
 
 
@@ -190,16 +206,15 @@ class TextClassifier(Classifier):
 
   def __init__(
     self, model: sources.LoadedModel, image_size: tuple[int, int], texts: Sequence[str],
-    batch: int = DEFAULT_BATCH,
+    batch: int = DEFAULT_BATCH, seq_len: Optional[int] = None,
   ):  # fmt: skip
-    super().__init__(model, image_size, batch)
+    super().__init__(model, image_size, batch, seq_len)
     self._scores = text_scores.TextScores(model, texts)
 
-  def probabilities(self, images: np.ndarray) -> np.ndarray:
-    """[N, H, W, 3] -> [N, T]; every call runs full batches (one compilation)."""
-    n = len(images)
-    images = np.concatenate([images, np.zeros((-n % self.batch, *images.shape[1:]), images.dtype)])
-    return self._scores(images)[:n]
+  def probabilities(self, images: Any) -> np.ndarray:
+    """[N, H, W, 3] (or NaFlex patches of N images) -> [N, T]."""
+    n = len(jax.tree.leaves(images)[0])
+    return self._scores(self.full_batch(images))[:n]
 
 
 def top_k(probs: np.ndarray, names: Sequence[str], k: int) -> list[tuple[str, float]]:
@@ -217,11 +232,13 @@ def predict(
   resolution: Optional[int] = None,
   batch: int = DEFAULT_BATCH,
   texts: Optional[Sequence[str]] = None,
+  seq_len: Optional[int] = None,
 ) -> Iterator[Prediction]:
   """Top-``k`` predictions for every readable image among ``inputs`` (files, folders),
   or with ``texts`` every text's probability; the files skipped get one warning at the
-  end, and none readable is an error."""
-  check_counts(k=k, batch=batch)
+  end, and none readable is an error. ``seq_len``: each image at its own aspect ratio in
+  that many patches (NaFlex inputs) instead of the square crop."""
+  check_counts(k=k, batch=batch, seq_len=seq_len)
   files = image_files(inputs)  # before the model: a wrong path fails at once
   model = sources.load(checkpoint, model_name)
   if texts or models.is_two_tower(model.config):
@@ -231,7 +248,7 @@ def predict(
         "--texts_file) to score images against them."
       )
     size = model.image_size_for(resolution, argument="--resolution")
-    classifier = TextClassifier(model, size, texts, min(batch, len(files)))
+    classifier = TextClassifier(model, size, texts, min(batch, len(files)), seq_len)
     yield from _predictions(classifier, files, list(texts), len(texts))
     return
   if not model.num_classes:
@@ -243,7 +260,7 @@ def predict(
     )
   names = model.class_names_for(labels, argument="--labels")
   size = model.image_size_for(resolution, argument="--resolution")
-  classifier = Classifier(model, size, min(batch, len(files)))
+  classifier = Classifier(model, size, min(batch, len(files)), seq_len)
   yield from _predictions(classifier, files, names, k)
 
 
@@ -268,10 +285,15 @@ def _predictions(
     )
 
 
-def check_counts(*, k: int, batch: int) -> None:
-  """--top_k and --batch within their bounds (the class count is checked with the model)."""
+def check_counts(*, k: int, batch: int, seq_len: Optional[int] = None) -> None:
+  """--top_k, --batch and --seq_len within their bounds (the class count is checked with
+  the model)."""
   if k < 1:
     raise errors.CommandLineError(f"--top_k={k} must be at least 1 (classes printed per image).")
+  if seq_len is not None and seq_len < 1:
+    raise errors.CommandLineError(
+      f"--seq_len={seq_len} must be at least 1 (patches per image, e.g. 256 or 576)."
+    )
   if not 1 <= batch <= MAX_BATCH:
     raise errors.CommandLineError(
       f"--batch={batch} must be between 1 and {MAX_BATCH} (images per jitted batch)."
@@ -298,6 +320,10 @@ def _parse(argv: Sequence[str]) -> dict[str, Any]:
       "texts_file", None, "A file of texts, one per line (with or instead of --texts).",
       flag_values=flag_values,
     ),
+    seq_len=flags.DEFINE_integer(
+      "seq_len", None, "NaFlex: each image at its own aspect ratio in at most this many "
+      "patches (e.g. 256, 576) instead of the square crop.", flag_values=flag_values,
+    ),
   )  # fmt: skip
   values = cli.parse_command_flags(
     flag_values, argv, holders, ("checkpoint",), __doc__, positional="inputs"
@@ -318,6 +344,7 @@ def _print_predictions(values: dict[str, Any]) -> None:
     resolution=values["resolution"],
     batch=values["batch"],
     texts=text_scores.texts_from(values["texts"], values["texts_file"]),
+    seq_len=values["seq_len"],
   ):
     print(prediction.json() if values["json"] else prediction.line(), file=sys.stdout, flush=True)
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from vit_jax import errors, models
 from vit_jax.models import two_tower
+from vit_jax.models.naflex import NaFlexPatches
 
 SIGMOID, SOFTMAX = "sigmoid", "softmax"
 
@@ -35,7 +36,8 @@ def texts_from(texts: str | None, texts_file: str | None) -> list[str]:
 
 
 class TextScores:
-  """[B, H, W, 3] model inputs -> [B, T] probabilities of ``texts`` (module docstring)."""
+  """[B, H, W, 3] model inputs (or NaFlex patches) -> [B, T] probabilities of ``texts``
+  (module docstring)."""
 
   def __init__(self, loaded: Any, texts: Sequence[str]):
     if not models.is_two_tower(loaded.config):
@@ -64,5 +66,8 @@ class TextScores:
     self._params = params
     self._probabilities = jax.jit(probabilities)
 
-  def __call__(self, images: np.ndarray) -> np.ndarray:
-    return np.asarray(self._probabilities(self._params, jnp.asarray(images, jnp.float32)))
+  def __call__(self, images: np.ndarray | NaFlexPatches) -> np.ndarray:
+    """[B, H, W, 3] model inputs, or the NaFlex patches of B images -> [B, T]."""
+    if not isinstance(images, NaFlexPatches):
+      images = jnp.asarray(images, jnp.float32)
+    return np.asarray(self._probabilities(self._params, images))

@@ -21,6 +21,7 @@ import numpy as np
 from vit_jax import errors, platforms
 from vit_jax.data import data_config, presets
 from vit_jax.data.caption_settings import CaptionSettings
+from vit_jax.data.naflex_images import NaFlexInputs
 from vit_jax.data.train_images import TrainImages
 from vit_jax.image_constants import OFFICIAL_INPUT_MEAN, OFFICIAL_INPUT_STD
 
@@ -84,6 +85,14 @@ class Settings:
   decode_processes: Optional[int] = None  # config.decode_processes
   # The tfds ClassLabel feature read as the label (an evaluation instance's `label_key`).
   label_key: str = "label"
+  # NaFlex images (config.pp.seq_len): each example its own aspect ratio in seq_len patches,
+  # packed (`naflex_images.pack`) in place of a crop x crop image; None: square crops.
+  naflex: Optional[NaFlexInputs] = None
+
+  @property
+  def image_shape(self) -> tuple[int, ...]:
+    """One example's 'image' array: [crop, crop, 3], or NaFlex's packed [seq_len, K + 3]."""
+    return (self.crop, self.crop, 3) if self.naflex is None else self.naflex.row_shape
 
   @property
   def train_images(self) -> TrainImages:
@@ -189,7 +198,32 @@ class Settings:
       )
     # Read once the crop is known to be valid: the eval preprocessing is sized by it.
     eval_data = data_config.from_run_config(config, model)
-    return dataclasses.replace(settings, eval_data=eval_data)
+    naflex = _naflex(pp.get("seq_len"), model, settings.randaug)
+    return dataclasses.replace(settings, eval_data=eval_data, naflex=naflex)
+
+
+def _naflex(seq_len: Any, model: Any, randaug: Any) -> Optional[NaFlexInputs]:
+  """config.pp.seq_len: None, or a whole number of patches >= 1 for a model of square
+  patches, without RandAugment (which augments square crops in the step)."""
+  if seq_len is None:
+    return None
+  if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 1:
+    raise errors.ConfigError(
+      f"config.pp.seq_len={seq_len!r} must be a whole number of patches >= 1 (e.g. 256), "
+      "or None for square crops."
+    )
+  patch = tuple(model.get("patches", {}).get("size", ()))
+  if len(patch) != 2 or patch[0] != patch[1]:
+    raise errors.ConfigError(
+      f"config.pp.seq_len={seq_len} takes a ViT of square patches, not "
+      f"config.model.patches.size={patch or None}."
+    )
+  if randaug is not None:
+    raise errors.ConfigError(
+      f"config.pp.seq_len={seq_len} with config.pp.randaug={randaug}: RandAugment augments "
+      "square crops; set config.pp.randaug=None."
+    )
+  return NaFlexInputs(patch=int(patch[0]), seq_len=seq_len)
 
 
 def _randaug(value: Any) -> tuple[int, float] | None:

@@ -67,7 +67,7 @@ class Preprocessing:
 
   def __init__(self, settings: Settings, kind: str, train: bool):
     self.settings, self.kind, self.train = settings, kind, train
-    self.shape = (settings.crop, settings.crop, 3)  # of one row
+    self.shape = settings.image_shape  # of one row
     cv2.setNumThreads(1)  # The stage's threads or processes are the parallelism.
     if not train:
       host_images.check_eval_config(settings.eval_data_config())
@@ -94,6 +94,8 @@ class Preprocessing:
     if data is None:
       data = read_bytes(value) if self.kind == "path" else bytes(value)
     s = self.settings
+    if s.naflex is not None:
+      return self._naflex(data, uid, out)
     if not self.train:
       return host_images.eval_image(data, s.eval_data_config(), out)
     rng = host_images.example_rng(s.seed, uid)
@@ -102,6 +104,19 @@ class Preprocessing:
     )
     s.train_images.encode_into(pixels, pixels)
     return pixels
+
+  def _naflex(self, data: bytes, uid: int, out: np.ndarray | None) -> np.ndarray:
+    """NaFlex's packed row (`Settings.naflex`): in training the inception crop's window at
+    its own aspect ratio (flipped as the square crop is), in evaluation the whole image."""
+    s = self.settings
+    if self.train:
+      rng = host_images.example_rng(s.seed, uid)
+      pixels = host_images.train_window(data, rng, min_area=s.min_area, flip=s.flip)
+      mean, std = s.input_mean, s.input_std
+    else:
+      pixels = host_images.decode(data)
+      mean, std = s.eval_data_config().mean, s.eval_data_config().std
+    return s.naflex.pack_into(pixels, mean, std, out)
 
   def reason(self, value: Any, uid: int) -> str:
     """Why the example fails; "" when it does not (any more)."""

@@ -134,6 +134,23 @@ def train_crop(
   return cv2.resize(window, (crop, crop), dst=out, interpolation=cv2.INTER_LINEAR)
 
 
+def decode(data: bytes) -> np.ndarray:
+  """Encoded bytes -> uint8 RGB [H, W, 3], the whole image (`image_header.decodable`'s
+  bound on its decoded size first)."""
+  return _decode(image_header.decodable(data))
+
+
+def train_window(
+  data: bytes, rng: np.random.Generator, *, min_area: float, flip: bool
+) -> np.ndarray:
+  """Encoded bytes -> uint8 [h, w, 3]: `train_crop`'s window (the same random draws) at its
+  own size and aspect ratio, flipped as it flips; NaFlex resizes it to a patch grid."""
+  pixels = decode(data)
+  y, x, h, w = crop_window(pixels.shape[0], pixels.shape[1], rng, min_area)
+  window = pixels[y : y + h, x : x + w]
+  return window[:, ::-1] if flip and rng.random() < 0.5 else window
+
+
 def normalize(
   pixels: np.ndarray, mean: RGB = OFFICIAL_INPUT_MEAN, std: RGB = OFFICIAL_INPUT_STD
 ) -> np.ndarray:

@@ -16,7 +16,9 @@ contiguous block of rows, so it reads only the lanes of those rows: its own cont
 
 Train batches: {'image': f32[B, crop, crop, 3], 'label': f32[B, K]}, no mask (every
 row is a real example); with config.pp.randaug the images are the crops' uint8 values
-(0..255), which the train step augments and normalises (data/randaug.py); a contrastive
+(0..255), which the train step augments and normalises (data/randaug.py); with
+config.pp.seq_len each 'image' is NaFlex's packed patches, f32 [B, seq_len, P * P * 3 + 3]
+(`naflex_images.pack`: pixels, row, column, mask), which the ViT unpacks; a contrastive
 run's add 'text': int32 [B, L]: captions made from the labels (`captions`), or the data's
 own captions (`free_text`: one per example and epoch), tokenized here.
 Eval batches add 'mask': f32[B], 1 for real examples and 0 for
@@ -97,7 +99,7 @@ def _realign(
 
 def _blanks(settings: Settings, num_classes: int) -> tuple[tuple[tuple[int, ...], Any], ...]:
   """The (row shape, dtype) of the images, labels, texts and uids `_realign` cuts."""
-  image = ((settings.crop, settings.crop, 3), np.float32)
+  image = (settings.image_shape, np.float32)
   return image, ((num_classes,), np.float32), ((), object), ((), np.int64)
 
 

@@ -15,7 +15,7 @@ import numbers
 from typing import Any, Callable, Optional
 
 from vit_jax import errors
-from vit_jax.models import heads, layers
+from vit_jax.models import heads, layers, naflex
 from vit_jax.models import rope as rope_lib
 
 MLP = "mlp"  # Dense -> GELU -> Dense, the paper's
@@ -176,6 +176,28 @@ def check_map_head(c: Any) -> None:
     raise _bad("map_num_heads", heads_, f"the width {width} must divide into that many heads")
 
 
+def check_table_resample(c: Any) -> None:
+  """``posemb_grid`` (None or a learned table's (rows, columns)) and ``posemb_resample``
+  (`naflex.RESAMPLE_METHODS`, or None: one grid)."""
+  method, grid = c.get("posemb_resample"), c.get("posemb_grid")
+  if method is not None and method not in naflex.RESAMPLE_METHODS:
+    raise _bad("posemb_resample", method, f"one of {naflex.RESAMPLE_METHODS}, or None")
+  if grid is None:
+    return
+  if not (
+    isinstance(grid, (tuple, list))
+    and len(grid) == 2
+    and all(isinstance(g, numbers.Integral) and not isinstance(g, bool) and g > 0 for g in grid)
+  ):
+    raise _bad("posemb_grid", grid, "None or the table's (rows, columns), whole numbers >= 1")
+  if c.get("posemb") != "learn" or method is None:
+    raise _bad(
+      "posemb_grid",
+      grid,
+      "a table resized to each input takes posemb='learn' and a posemb_resample",
+    )
+
+
 def _rgb(value: Any) -> bool:
   return isinstance(value, (tuple, list)) and len(value) == 3 and all(_real(v) for v in value)
 
@@ -225,6 +247,7 @@ def _checks(c: Any) -> list[Callable[[], None]]:
     lambda: check_qkv_bias(c.get("qkv_bias")),
     lambda: check_rope(c),
     lambda: check_map_head(c),
+    lambda: check_table_resample(c),
     lambda: check_input_stats("input_mean", c.get("input_mean")),
     lambda: check_input_stats("input_std", c.get("input_std")),
   ]

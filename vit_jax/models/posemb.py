@@ -83,6 +83,8 @@ class AddPositionEmbs(nn.Module):
   ``grid_hw`` is the patch grid; ``num_prefix`` the P tokens before the patches (class
   token, registers). ``embed_prefix``: the learned 1-D table has rows for them (the
   official layout), else it covers the patches only (timm's ``no_embed_class``).
+  ``table_grid``: the learned table's own grid where it is not ``grid_hw``, resized to
+  it by ``resample`` (a NaFlex tower's; None: the table is at ``grid_hw``).
   """
 
   kind: PosembKind
@@ -90,6 +92,8 @@ class AddPositionEmbs(nn.Module):
   num_prefix: int
   param_dtype: jnp.dtype = jnp.float32
   embed_prefix: bool = True
+  table_grid: Optional[tuple[int, int]] = None
+  resample: Optional[naflex.TableResample] = naflex.TableResample()
 
   @nn.compact
   def __call__(self, x: jax.Array, patches: Optional[NaFlexPatches] = None) -> jax.Array:
@@ -106,7 +110,13 @@ class AddPositionEmbs(nn.Module):
     check_posemb(self.kind, d)
     if self.kind in ("none", RELATIVE):
       return x
-    if self.kind == "learn":
+    if self.kind == "learn" and self.table_grid not in (None, self.grid_hw):
+      table, prefix = self._table(d)  # [th, tw, D], [1, P or 0, D]
+      resized = self.resample.resize(table, self.grid_hw, self.grid_hw)  # [gh, gw, D]
+      posemb = resized.reshape(1, gh * gw, d)
+      if prefix.shape[1]:
+        return x + jnp.concatenate([prefix, posemb], axis=1).astype(x.dtype)
+    elif self.kind == "learn":
       init = nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02), (None, None, EMBED))
       rows = n if self.embed_prefix else gh * gw
       posemb = self.param("pos_embedding", init, (1, rows, d), self.param_dtype)
@@ -128,20 +138,28 @@ class AddPositionEmbs(nn.Module):
     posemb = jnp.pad(posemb, ((0, 0), (self.num_prefix, 0), (0, 0)))  # none for the prefix
     return x + posemb.astype(x.dtype)
 
-  def _naflex(self, x: jax.Array, patches: NaFlexPatches) -> jax.Array:
-    b, n, d = x.shape  # [B, P + N, D]
-    if self.kind != "learn":
+  def _table(self, d: int) -> tuple[jax.Array, jax.Array]:
+    """The learned table as a grid [th, tw, D] and its prefix rows [1, P or 0, D]."""
+    if self.kind != "learn" or self.resample is None:
       raise errors.ConfigError(
-        f"NaFlex inputs take the learned position table (posemb 'learn'), not {self.kind!r}."
+        "Inputs of another grid (NaFlex inputs, or a table stored at its own grid) take "
+        f"a learned table (posemb 'learn', not {self.kind!r}) that may be resized "
+        "(posemb_resample not None: a table read at one grid takes one grid)."
       )
-    gh, gw = self.grid_hw
+    th, tw = self.table_grid or self.grid_hw
     init = nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02), (None, None, EMBED))
-    rows = gh * gw + (self.num_prefix if self.embed_prefix else 0)
-    posemb = self.param("pos_embedding", init, (1, rows, d), self.param_dtype)  # [1, R, D]
-    table = posemb[0, rows - gh * gw :].reshape(gh, gw, d)
-    per_patch = naflex.resample_positions(table, patches.grid_hw, patches.coords)  # [B, N, D]
-    if self.embed_prefix:  # the table's first P rows
-      prefix = jnp.broadcast_to(posemb[:, : self.num_prefix], (b, self.num_prefix, d))
+    prefix = self.num_prefix if self.embed_prefix else 0
+    posemb = self.param("pos_embedding", init, (1, prefix + th * tw, d), self.param_dtype)
+    return posemb[0, prefix:].reshape(th, tw, d), posemb[:, :prefix]
+
+  def _naflex(self, x: jax.Array, patches: NaFlexPatches) -> jax.Array:
+    b, _, d = x.shape  # [B, P + N, D]
+    table, prefix = self._table(d)  # [th, tw, D], [1, P or 0, D]
+    per_patch = naflex.resample_positions(
+      table, patches.grid_hw, patches.coords, self.resample
+    )  # [B, N, D]
+    if prefix.shape[1]:  # the table's first P rows
+      prefix = jnp.broadcast_to(prefix, (b, self.num_prefix, d))
     else:
       prefix = jnp.zeros((b, self.num_prefix, d), per_patch.dtype)
     return x + jnp.concatenate([prefix, per_patch], axis=1).astype(x.dtype)
@@ -300,6 +318,19 @@ def resize_posemb(
     )
   resized = resize_grid(grid.reshape(gh, gw, d), tuple(new_grid_hw), method)  # [nh, nw, D]
   return np.concatenate([prefix, resized.reshape(1, -1, d).astype(posemb.dtype)], axis=1)
+
+
+def table_at_grid(posemb: np.ndarray, settings, grid_hw: tuple[int, int]) -> np.ndarray:
+  """A learned table stored at ``settings.posemb_grid`` ([1, P + th * tw, D], P prefix rows
+  or none) as the model resizes it for inputs of ``grid_hw``: [1, P + gh * gw, D], the table
+  of a model fixed to that grid (an export)."""
+  posemb = np.asarray(posemb, np.float32)
+  th, tw = settings.posemb_grid
+  prefix = posemb.shape[1] - th * tw
+  d = posemb.shape[-1]
+  table = jnp.asarray(posemb[0, prefix:].reshape(th, tw, d))
+  resized = np.asarray(settings.table_resample().resize(table, grid_hw, tuple(grid_hw)))
+  return np.concatenate([posemb[:, :prefix], resized.reshape(1, -1, d)], axis=1)
 
 
 def resize_posemb_2d(

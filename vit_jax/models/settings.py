@@ -24,7 +24,7 @@ import jax.numpy as jnp
 
 from vit_jax import errors
 from vit_jax.image_constants import OFFICIAL_INPUT_MEAN, OFFICIAL_INPUT_STD
-from vit_jax.models import bit, execution, layers, mixer, options
+from vit_jax.models import bit, execution, layers, mixer, naflex, options
 from vit_jax.models import posemb as posemb_lib
 from vit_jax.models import rope as rope_lib
 
@@ -130,6 +130,14 @@ class ModelSettings:
   num_registers: int = 0  # register tokens after the class token (DINOv2-reg)
   class_token: Optional[bool] = None  # None: only with classifier='token'
   posemb_patches_only: bool = False  # timm's no_embed_class: no position rows for the prefix
+  # The learned table's own grid, resized to every input's (NaFlex towers); None: the square
+  # input's. How NaFlex inputs and such a table resize it (`naflex.TableResample`): big_vision's
+  # 'bilinear' or timm's 'bicubic', antialiased or not, timm's pos_embed_ar_preserving
+  # (``posemb_keep_aspect``); None: a table read at one grid, which takes no NaFlex inputs.
+  posemb_grid: Optional[tuple[int, int]] = None
+  posemb_resample: Optional[str] = "bilinear"  # `naflex.RESAMPLE_METHODS`
+  posemb_antialias: bool = True
+  posemb_keep_aspect: bool = False
   norm_pre: bool = False  # a LayerNorm before the blocks (CLIP)
   patch_bias: bool = True  # the patch embedding's bias (timm's CLIP-style ViTs: none)
   fc_norm: bool = False  # the final LayerNorm after pooling instead of before (timm's)
@@ -234,6 +242,14 @@ class ModelSettings:
   def num_prefix_tokens(self) -> int:
     """Tokens before the patches (`options.num_prefix_tokens`): class token and registers."""
     return options.num_prefix_tokens(self.classifier, self.class_token, self.num_registers)
+
+  def table_resample(self) -> Optional[naflex.TableResample]:
+    """How the learned table meets another grid (None: it takes one grid only)."""
+    if self.posemb_resample is None:
+      return None
+    return naflex.TableResample(
+      self.posemb_resample, self.posemb_antialias, self.posemb_keep_aspect
+    )
 
   def rotary(self) -> Optional[rope_lib.Rope]:
     """The rotary embedding these settings name (None: no RoPE)."""
@@ -355,11 +371,7 @@ class _FamilySettings:
 
 @dataclasses.dataclass(frozen=True)
 class MixerSettings(_FamilySettings):
-  """Every field of an MLP-Mixer config (`variants.py`'s ``_mixer``), checked when built.
-
-  The fields a ViT has and a Mixer has not read as the Mixer is: no scan, no stochastic
-  depth, no attention, global average pooling.
-  """
+  """Every field of an MLP-Mixer config (`variants.py`'s ``_mixer``), checked when built."""
 
   name: str
   patches: PatchSettings
@@ -396,11 +408,7 @@ class MixerSettings(_FamilySettings):
 
 @dataclasses.dataclass(frozen=True)
 class BitSettings(_FamilySettings):
-  """Every field of a BiT ResNet-v2 config (`variants.py`'s ``_bit``), checked when built.
-
-  The fields a ViT has and a ResNet has not read as the ResNet is: no scan, no stochastic
-  depth, no attention, global average pooling.
-  """
+  """Every field of a BiT ResNet-v2 config (`variants.py`'s ``_bit``), checked when built."""
 
   name: str
   resnet: ResNetSettings  # units per stage (1 to 4 stages), an integer width factor

@@ -42,6 +42,7 @@ def family_options() -> dict[str, object]:
   for key, default in settings.optional_fields().items():
     if default is None:  # Optional[T]: a reference of type T
       kind = next(t for t in typing.get_args(hints[key]) if t is not type(None))
+      kind = typing.get_origin(kind) or kind  # tuple[int, int]: a tuple
       default = ml_collections.FieldReference(None, field_type=kind)
     options[key] = default
   return options

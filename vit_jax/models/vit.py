@@ -169,6 +169,8 @@ class Encoder(nn.Module):
       self.num_prefix,
       param_dtype=ex.param_dtype,
       embed_prefix=not cfg.posemb_patches_only,
+      table_grid=cfg.posemb_grid,
+      resample=cfg.table_resample(),
       name="posembed_input",
     )(x, patches)
     x = nn.Dropout(ex.dropout_rate)(x, deterministic=deterministic)
@@ -241,14 +243,14 @@ class VisionTransformer(nn.Module):
   ``pool=False``: the output is then every token after the encoder, [B, P + N, D].
 
   Instead of images it takes `NaFlexPatches` (each image at its own grid, padded to a
-  sequence budget: `vit_jax.models.naflex`); ``posemb_grid`` is then the learned position
-  table's grid, which parameters that exist already say (a square one).
+  sequence budget: `vit_jax.models.naflex`), or the input pipeline's packing of them,
+  float32 [B, N, P * P * C + 3] (`NaFlexPatches.unpack`); the learned table's grid is then
+  ``config.posemb_grid``, or the square one that parameters that exist already say.
   """
 
   config: ModelSettings
   num_classes: Optional[int]
   execution: ExecutionOptions = ExecutionOptions()
-  posemb_grid: Optional[tuple[int, int]] = None  # NaFlex inputs: the table's grid
 
   @property
   def input_stride(self) -> tuple[int, int]:
@@ -292,7 +294,7 @@ class VisionTransformer(nn.Module):
     x = embeddings.patch_embedding(
       pixels, cfg.hidden_size, cfg.patches.size, ex.dtype, ex.param_dtype, use_bias=cfg.patch_bias
     )  # [B * N, 1, 1, D]
-    grid = self.posemb_grid
+    grid = cfg.posemb_grid
     if grid is None and self.has_variable("params", "Transformer"):
       table = self.variables["params"]["Transformer"]["posembed_input"]["pos_embedding"]
       rows = nn.unbox(table).shape[1]
@@ -301,8 +303,8 @@ class VisionTransformer(nn.Module):
       grid = (side, side) if side * side == patch_rows else None
     if grid is None:
       raise errors.ConfigError(
-        "NaFlex inputs to a new model or to a table that is not square: give posemb_grid, "
-        "the learned table's (gh, gw)."
+        "NaFlex inputs to a new model or to a table that is not square: give "
+        "config.model.posemb_grid, the learned table's (rows, columns)."
       )
     return x.reshape(b, n, cfg.hidden_size), grid
 
@@ -316,6 +318,8 @@ class VisionTransformer(nn.Module):
     pool: bool = True,
   ) -> jax.Array:
     cfg, ex = self.config, self.execution
+    if not isinstance(images, NaFlexPatches) and images.ndim == 3:  # the pipeline's packing
+      images = NaFlexPatches.unpack(images)
     patches = images if isinstance(images, NaFlexPatches) else None
     if patches is not None:
       x, grid_hw = self._naflex_tokens(patches)  # [B, N, D]

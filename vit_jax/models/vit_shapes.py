@@ -266,7 +266,10 @@ def _relative_grid(shapes: Shapes, config: Any) -> Optional[tuple[int, int]]:
 
 def trained_grid(shapes: Shapes, config: Any) -> Optional[tuple[int, int]]:
   """The token grid the learned position embeddings were trained for; None without a
-  learned table. A 1-D table is taken to be a square grid."""
+  learned table or one resized to every input (``posemb_grid``). A 1-D table is taken to
+  be a square grid."""
+  if config.get("posemb_grid") is not None:
+    return None
   if POSEMB in shapes:
     rows = shapes[POSEMB][1] - _num_prefix_rows(config)
     return posemb_lib.square_grid(rows, "pass the image size (--resolution)")

@@ -32,6 +32,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.label_key = "label"  # a tfds dataset's ClassLabel feature read as the label
   config.pp = ml_collections.ConfigDict(dict(crop=224, min_area=0.05, flip=True))
   config.pp.randaug = ml_collections.FieldReference(None, field_type=tuple)  # (layers, magnitude)
+  # NaFlex: each image at its own aspect ratio in at most this many patches (e.g. 256), in
+  # place of the crop x crop square (vit_jax/data/naflex_images.py); None: square crops.
+  config.pp.seq_len = ml_collections.FieldReference(None, field_type=int)
   config.batch = 512
   config.batch_eval = 512
   config.shuffle_buffer = 50_000

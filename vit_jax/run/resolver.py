@@ -76,6 +76,11 @@ def _mixup(config: ml_collections.ConfigDict) -> MixupSettings:
       f"config.mixup.p={settings.p} mixes images and labels, which "
       f"config.objective={config.objective!r} does not train on: set config.mixup.p=0."
     )
+  if settings.p and config.pp.get("seq_len") is not None:
+    raise errors.ConfigError(
+      f"config.mixup.p={settings.p} with config.pp.seq_len={config.pp.seq_len}: mixup "
+      "blends square images; NaFlex rows of different grids do not blend. Set config.mixup.p=0."
+    )
   return settings
 
 

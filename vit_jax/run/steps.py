@@ -139,9 +139,9 @@ class RunSteps:
 
   def _batch(self, size: int, fields: dict[str, Any], **extra: Any) -> dict[str, Any]:
     """``fields``: name -> (per-example shape, dtype), or None to drop a field."""
-    crop = self.spec.crop
     shapes = dict(
-      image=((crop, crop, 3), jnp.float32),  # [B, H, W, 3] in [-1, 1] (RandAugment: 0..255)
+      # [B, H, W, 3] in [-1, 1] (RandAugment: 0..255); NaFlex: packed [B, N, P * P * 3 + 3]
+      image=(self.spec.data.image_shape, jnp.float32),
       label=((self.spec.num_classes,), jnp.float32),  # [B, K] one-hot
       **self.objective.batch_fields,  # e.g. 'text': int32 [B, L]
     )

@@ -31,6 +31,9 @@ class Export:
   # How to load an image-text model written whole, where that differs from ``hint``.
   two_tower_hint: Optional[str] = None
   serve: Optional[Serve] = None  # a serving format's writer; None: its checkpoint format's
+  # The position table at the export's input grid; False: the model config beside the
+  # arrays keeps a table stored at its own grid (``posemb_grid``, a NaFlex tower's).
+  fixed_grid: bool = True
 
 
 HF = Export(
@@ -67,6 +70,7 @@ NPZ = Export(
   name="npz",
   hint="python -m vit_jax.predict --checkpoint={out}/model.npz, or "
   "--config.pretrained={out}/model.npz to fine-tune",
+  fixed_grid=False,
 )
 BIG_VISION = Export(
   name="big_vision",

@@ -252,6 +252,7 @@ def read(
   data_config = None
   if saved_data is not None:
     data_config = data_config_lib.from_dict(saved_data, repr(config_path(path)))
+    size = size or data_config.input_size  # a table resized to every input: the saved size
   return config, params, size, data_config
 
 

@@ -16,6 +16,7 @@ and the Python face (`vit_jax.Model.save`) both write through here.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import signal
@@ -24,10 +25,12 @@ import threading
 import time
 from typing import Callable, Iterator, Optional, Sequence
 
+import jax
 import jax.numpy as jnp
 from absl import logging
 
 from vit_jax import errors, models, storage
+from vit_jax.models import posemb
 from vit_jax.weights import exports, formats, remote, sources
 
 STALE_SECONDS = 3600  # a temporary folder this old was left by a killed write
@@ -48,6 +51,8 @@ def writer(
   export = exports.by_name(fmt)
   if export.image_tower and models.is_two_tower(model.config):
     model = image_tower(model)
+  if export.fixed_grid:
+    model = at_fixed_grid(model, image_size)
   module = model.module(dtype=jnp.float32)
   params = model.params
   names = list(class_names) if class_names else None
@@ -71,6 +76,22 @@ def writer(
         f.write("\n".join(names) + "\n")
 
   return write_with_labels
+
+
+def at_fixed_grid(model: sources.LoadedModel, image_size: tuple[int, int]) -> sources.LoadedModel:
+  """``model`` with a table resized to every input (``posemb_grid``, a NaFlex tower's)
+  fixed at ``image_size``'s grid, as the model resizes it there: the layout every format
+  writes (a ViT's table at its input grid); any other model as it is."""
+  if model.config.get("posemb_grid") is None:  # (an image-text config has none at its top)
+    return model
+  settings = models.model_settings(model.config)
+  grid = models.create_model(model.config, num_classes=None).grid_hw(image_size)
+  params = jax.tree.map(lambda x: x, model.params)  # a copy of the tree, the arrays shared
+  embed = params["Transformer"]["posembed_input"]
+  embed["pos_embedding"] = posemb.table_at_grid(embed["pos_embedding"], settings, grid)
+  config = model.config.copy_and_resolve_references()
+  config.posemb_grid = None
+  return dataclasses.replace(model, config=config, params=params, image_size=tuple(image_size))
 
 
 def image_tower(model: sources.LoadedModel) -> sources.LoadedModel:

@@ -97,10 +97,8 @@ NAFLEX = TimmFamily(
   read=naflex.read,
   config_from_name=naflex.config_from_name,
   unexpressed=naflex.unexpressed,
-  refusal=(
-    "(timm {module}.py, read at a fixed grid) has {missing}, which this package does not compute."
-  ),
-  reads="naflexvit.py's NaFlexViT (at one square grid)",
+  refusal=("(timm {module}.py) has {missing}, which this package does not compute."),
+  reads="naflexvit.py's NaFlexViT (square images and NaFlex inputs)",
 )
 MIXER = TimmFamily(
   name="mixer",

@@ -1,21 +1,22 @@
-"""timm's NaFlexViT (naflexvit.py: the SigLIP 2 NaFlex towers, ...) read at a fixed square
-grid, numpy only: at one input size a NaFlexViT is a ViT whose position table is its
-stored one resampled to the patch grid, so its state dict is rewritten as timm's
-`VisionTransformer`'s (`to_vit_tensors`) and its arguments as that ViT's (`vit_args`),
-then read by the ViT's reader (`vit_config`): the family's `read` and `config_from_name`.
+"""timm's NaFlexViT (naflexvit.py: the SigLIP 2 NaFlex towers, ...) read as the ViT it is,
+numpy only: its state dict rewritten as timm's `VisionTransformer`'s (`to_vit_tensors`)
+and its arguments as that ViT's (`vit_args`), then read by the ViT's reader
+(`vit_config`): the family's `read` and `config_from_name`.
 
 Followed: timm's `NaFlexEmbeds` on an image tensor (a linear patch embedding over
 channels-last patches; a learned [1, gh, gw, D] table interpolated with
 ``pos_embed_interp_mode`` and ``pos_embed_antialias`` as `F.interpolate` does, which
 `jax.image.resize` equals; a factorised table's two axes each interpolated linearly and
-added). Not supported: variable aspect ratios and resolutions within a batch, patch-dict
-inputs (patches, coordinates, valid masks), and the arguments `unsupported` names (a MAP
-head beside prefix tokens: timm's NaFlexViT pools the patches only, its ViT every token).
+added). The learned 2-D table is kept at its stored grid and resized to each input's grid
+by the model as timm does (`table_resample`): NaFlex inputs (`vit_jax.models.naflex`)
+at any budget and aspect ratio. Not supported: the arguments `unsupported` names (a MAP
+head beside prefix tokens: timm's NaFlexViT pools the patches only, its ViT every token);
+a factorised table, or align_corners, is read at one square grid.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
@@ -148,7 +149,9 @@ def position_table(
 ) -> np.ndarray:
   """The patches' position table [1, gh * gw, D] a NaFlexViT adds at ``grid``."""
   a = {**DEFAULTS, **args}
-  if a["pos_embed_ar_preserving"]:  # timm interpolates to the longer side, then crops
+  if tuple(grid) == stored_grid(args):  # timm adds the stored table as it is
+    size = grid
+  elif a["pos_embed_ar_preserving"]:  # timm interpolates to the longer side, then crops
     side = max(grid)
     size = (side, side)
   else:
@@ -202,9 +205,26 @@ def to_vit_tensors(
   return out
 
 
+def table_resample(args: dict[str, Any]) -> Optional[dict[str, Any]]:
+  """The model config's ``posemb_*`` fields that resize the stored table to any grid as
+  timm does (`vit_jax.models.naflex.TableResample`); None where only a fixed grid is
+  read (a factorised table, or align_corners)."""
+  a = {**DEFAULTS, **args}
+  if a["pos_embed"] != "learned" or a["pos_embed_align_corners"]:
+    return None
+  return dict(
+    posemb_grid=stored_grid(args),
+    posemb_resample=str(a["pos_embed_interp_mode"]),
+    posemb_antialias=bool(a["pos_embed_antialias"]),
+    posemb_keep_aspect=bool(a["pos_embed_ar_preserving"]),
+  )
+
+
 def read(checkpoint: arguments.Checkpoint) -> arguments.Loaded:
-  """The family's reader: a NaFlexViT read as the ViT it is at its pretrained square input
-  size (else at its stored table's grid)."""
+  """The family's reader: a NaFlexViT read as the ViT it is, its stored table resized to
+  each input's grid as timm does (`table_resample`), at its pretrained square input size
+  (else its stored table's grid); a table `table_resample` cannot express is resampled
+  once, to that size's grid."""
   c = checkpoint
   problems = unsupported({**DEFAULTS, **c.args})  # the stored arguments too
   if problems:
@@ -219,10 +239,12 @@ def read(checkpoint: arguments.Checkpoint) -> arguments.Loaded:
     raise errors.CheckpointError(
       f"{c.source}: NaFlexViT at input size {size}: this package reads it at a square grid."
     )
-  vit = to_vit_tensors(c.tensors, c.args, grid, c.source)
+  resample = table_resample(c.args)
+  vit = to_vit_tensors(c.tensors, c.args, stored if resample else grid, c.source)
   args = vit_args(c.args)
   config, params = vit_config.read_vit(vit, c.name, args, c.pretrained_cfg, c.source)
-  return arguments.loaded(config, params, c.class_names)
+  config.update(resample or {"posemb_resample": None})
+  return arguments.loaded(config, params, c.class_names, (grid[0] * patch, grid[1] * patch))
 
 
 def config_from_name(
@@ -231,6 +253,9 @@ def config_from_name(
   """The family's config of an architecture ``name``: the ViT it is at its stored table's
   grid."""
   grid = stored_grid(args)
+  resample = table_resample(args)
   args = vit_args(args)
   args["img_size"] = [g * args["patch_size"] for g in grid]
-  return vit_config.config_of(name, args, source)
+  config, grid = vit_config.config_of(name, args, source)
+  config.update(resample or {"posemb_resample": None})
+  return config, grid
