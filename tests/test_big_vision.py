@@ -280,11 +280,14 @@ def test_a_class_token_position_row_is_folded_into_the_token(tmp_path):
   np.testing.assert_allclose(jax.jit(vit.apply)({"params": stored}, x), model(x), atol=1e-5)
 
 
-def test_siglip2_naflex_scores_texts_on_images_at_their_own_aspect(tmp_path, vocabulary, capsys):
+def test_siglip2_naflex_scores_texts_on_images_at_their_own_aspect(
+  tmp_path, vocabulary, capsys, monkeypatch
+):
   """SigLIP 2 NaFlex (big_vision's NaFlex image tower beside the text tower) read from its
   `.npz`: ``predict --texts --seq_len`` on a tall and a wide PNG, and
   `Model.text_probabilities(seq_len=)`, give big_vision's probabilities on the same patches
-  (its value_range(-1, 1): mean and std 0.5)."""
+  (its value_range(-1, 1): mean and std 0.5); ``zeroshot --seq_len`` over a folder of them
+  prints the accuracy those probabilities give."""
   from PIL import Image  # pylint: disable=g-import-not-at-top
 
   from tests import interop_fixtures as fx  # pylint: disable=g-import-not-at-top
@@ -324,3 +327,22 @@ def test_siglip2_naflex_scores_texts_on_images_at_their_own_aspect(tmp_path, voc
   for line, probs in zip(lines, want):
     scores = {entry["label"]: entry["probability"] for entry in line["top_k"]}
     np.testing.assert_allclose([scores[t] for t in TEXTS], probs, atol=1e-5)
+
+  from vit_jax import zeroshot  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import captions  # pylint: disable=g-import-not-at-top
+
+  classes = ("bird", "cat", "dog")
+  picked = loaded.text_probabilities(photos, [f"a {c}." for c in classes], seq_len=budget)
+  labels = [picked[0].argmax(), (picked[1].argmax() + 1) % 3]  # one right, one wrong
+  root = tmp_path / "data"
+  for c in classes:  # the train split names the classes
+    (root / "train" / c).mkdir(parents=True)
+    Image.fromarray(photos[0]).save(root / "train" / c / "0.png")
+  for i, (pixels, label) in enumerate(zip(photos, labels)):
+    (root / "test" / classes[label]).mkdir(parents=True, exist_ok=True)
+    Image.fromarray(pixels).save(root / "test" / classes[label] / f"{i}.png")
+  monkeypatch.setitem(captions.TEMPLATES, "one", ("a {}.",))
+  argv = [f"--checkpoint={path}", f"--dataset=folder:{root}", "--templates=one"]
+  assert zeroshot.main(["zeroshot", *argv, f"--seq_len={budget}"]) == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert dict(line.split() for line in lines[1:])["zeroshot/accuracy"] == "0.5000"

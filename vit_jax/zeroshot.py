@@ -2,6 +2,7 @@ r"""Zero-shot classification and retrieval of an image-text model (SigLIP, CLIP,
 
     python -m vit_jax.zeroshot --checkpoint=/tmp/siglip_digits --dataset=digits
     python -m vit_jax.zeroshot --checkpoint=siglip.npz --dataset=folder:/photos
+    python -m vit_jax.zeroshot --checkpoint=siglip2_naflex.npz --dataset=folder:/docs --seq_len=256
 
 ``--checkpoint`` is any two-tower model `vit_jax.load` reads, with its tokenizer, text
 length and eval preprocessing: a contrastive run of this package (its workdir,
@@ -14,6 +15,8 @@ checkpoint names no dataset, so ``--dataset`` is required, and the templates def
 `CHECKPOINT_TEMPLATES` (CLIP's prompts for photographs: a released model was trained on
 photographs with their captions). Prints zero-shot accuracy on
 ``--split`` and retrieval recall@1/5/10 both ways (`vit_jax.run.evaluators.zeroshot`).
+``--seq_len``: each image at its own aspect ratio in that many patches (NaFlex, as
+``predict --seq_len``) instead of the square crop.
 """
 
 from __future__ import annotations
@@ -57,6 +60,11 @@ def _parse(argv: Sequence[str]) -> dict[str, Any]:
     ),
     data_dir=flags.DEFINE_string(
       "data_dir", None, "tfds data_dir (default: the run's).", flag_values=flag_values
+    ),
+    seq_len=flags.DEFINE_integer(
+      "seq_len", None, "NaFlex: each image at its own aspect ratio in at most this many "
+      "patches instead of the square crop (default: the run's config.pp.seq_len).",
+      flag_values=flag_values,
     ),
   )  # fmt: skip
   values = cli.parse_command_flags(flag_values, argv, holders, ("checkpoint",), __doc__)
@@ -109,6 +117,9 @@ def _source(values: dict[str, Any]) -> tuple[sources.LoadedModel, data.Settings,
     batch = base.batch_eval
     settings = data.Settings.for_evaluation(loaded.data_config, crop=crop, batch=batch)
     templates = CHECKPOINT_TEMPLATES
+  if values["seq_len"] is not None:
+    patch = models.image_settings(loaded.config).patches.size
+    settings = settings.with_seq_len(values["seq_len"], tuple(patch), "--seq_len")
   return loaded, _with_dataset(values, settings), values["templates"] or templates
 
 

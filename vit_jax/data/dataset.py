@@ -198,32 +198,39 @@ class Settings:
       )
     # Read once the crop is known to be valid: the eval preprocessing is sized by it.
     eval_data = data_config.from_run_config(config, model)
-    naflex = _naflex(pp.get("seq_len"), model, settings.randaug)
-    return dataclasses.replace(settings, eval_data=eval_data, naflex=naflex)
+    settings = dataclasses.replace(settings, eval_data=eval_data)
+    return settings.with_seq_len(pp.get("seq_len"), _patch_size(model))
+
+  def with_seq_len(
+    self, seq_len: Any, patch: tuple[int, ...], argument: str = "config.pp.seq_len"
+  ) -> "Settings":
+    """These settings with NaFlex images of ``seq_len`` patches of the model's ``patch``
+    size (None: square crops); a bad value is one error naming ``argument``: a whole
+    number >= 1, square patches, no RandAugment (which augments square crops)."""
+    if seq_len is None:
+      return dataclasses.replace(self, naflex=None)
+    if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 1:
+      raise errors.ConfigError(
+        f"{argument}={seq_len!r} must be a whole number of patches >= 1 (e.g. 256), or None "
+        "for square crops."
+      )
+    if len(patch) != 2 or patch[0] != patch[1]:
+      raise errors.ConfigError(
+        f"{argument}={seq_len} takes a ViT of square patches, not patches of {patch or None}."
+      )
+    if self.randaug is not None:
+      raise errors.ConfigError(
+        f"{argument}={seq_len} with config.pp.randaug={self.randaug}: RandAugment augments "
+        "square crops; set config.pp.randaug=None."
+      )
+    return dataclasses.replace(self, naflex=NaFlexInputs(patch=int(patch[0]), seq_len=seq_len))
 
 
-def _naflex(seq_len: Any, model: Any, randaug: Any) -> Optional[NaFlexInputs]:
-  """config.pp.seq_len: None, or a whole number of patches >= 1 for a model of square
-  patches, without RandAugment (which augments square crops in the step)."""
-  if seq_len is None:
-    return None
-  if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 1:
-    raise errors.ConfigError(
-      f"config.pp.seq_len={seq_len!r} must be a whole number of patches >= 1 (e.g. 256), "
-      "or None for square crops."
-    )
-  patch = tuple(model.get("patches", {}).get("size", ()))
-  if len(patch) != 2 or patch[0] != patch[1]:
-    raise errors.ConfigError(
-      f"config.pp.seq_len={seq_len} takes a ViT of square patches, not "
-      f"config.model.patches.size={patch or None}."
-    )
-  if randaug is not None:
-    raise errors.ConfigError(
-      f"config.pp.seq_len={seq_len} with config.pp.randaug={randaug}: RandAugment augments "
-      "square crops; set config.pp.randaug=None."
-    )
-  return NaFlexInputs(patch=int(patch[0]), seq_len=seq_len)
+def _patch_size(model: Any) -> tuple[int, ...]:
+  """The patch size of a model config or its settings (() where it names none)."""
+  patches = model.get("patches") or {}
+  size = patches.size if hasattr(patches, "size") else patches.get("size", ())
+  return tuple(size)
 
 
 def _randaug(value: Any) -> tuple[int, float] | None:
