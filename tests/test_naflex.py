@@ -138,7 +138,9 @@ def test_a_new_model_needs_the_tables_grid_and_a_one_grid_model_refuses():
     model.apply(params, batch)
   assert wide_table.apply(params, batch).shape == (1, 5)
   one_grid = vit.VisionTransformer(model_settings(_with(config, posemb_resample=None)), 5)
-  with pytest.raises(errors.ConfigError, match="a table read at one grid takes one grid"):
+  with pytest.raises(
+    errors.ConfigError, match="resized to each image's grid .* not a table read at one grid"
+  ):
     one_grid.apply(grid_bound.init(jax.random.key(0), batch), batch)
   with pytest.raises(errors.ConfigError, match="posemb_grid=\\(4, 4\\): a table resized"):
     model_settings(_with(config, posemb="sincos2d", posemb_grid=(4, 4)))
@@ -341,3 +343,27 @@ def test_a_naflex_run_trains_on_packed_patches_evaluates_as_predict_and_resumes_
   accuracy = np.mean([int(row[0][0]) == label for row, label in zip(top, labels)])
   assert straight["eval/accuracy"] == pytest.approx(accuracy, abs=1e-6)
   assert_resume_is_exact(tiny_config, tmp_path, monkeypatch, (straight_dir, straight))
+
+
+def test_a_naflex_run_of_a_model_without_a_resizable_table_is_one_error(tiny_config):
+  """config.pp.seq_len is checked with the model and the augmentation when the run is
+  resolved, before anything is built or written."""
+  from vit_jax import run  # pylint: disable=g-import-not-at-top
+  from vit_jax.sharding import make_mesh  # pylint: disable=g-import-not-at-top
+
+  mesh = make_mesh((("data", -1), ("model", 1)))
+  tiny_config.num_classes = 10  # the data is not opened
+  tiny_config.pp.seq_len = 9
+  tiny_config.model.posemb = "sincos2d"
+  with pytest.raises(
+    errors.ConfigError, match=r"seq_len=9 \(NaFlex inputs\) take .* not 'sincos2d'"
+  ):
+    run.resolve(tiny_config, mesh=mesh, open_data=False)
+  tiny_config.model.posemb = "learn"
+  tiny_config.pp.randaug = (2, 10.0)
+  with pytest.raises(errors.ConfigError, match="RandAugment augments square crops"):
+    run.resolve(tiny_config, mesh=mesh, open_data=False)
+  tiny_config.pp.randaug = None
+  tiny_config.mixup.p = 0.5
+  with pytest.raises(errors.ConfigError, match="NaFlex rows of different grids do not blend"):
+    run.resolve(tiny_config, mesh=mesh, open_data=False)

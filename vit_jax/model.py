@@ -55,7 +55,8 @@ class Model:
   """A model with its parameters and what is known of them (`weights.LoadedModel`):
   ``config``, ``params``, ``num_classes`` (None: no head), ``image_size``,
   ``class_names``, ``source``. Inputs of `__call__`, `features` and `attention` are model
-  inputs, float32 [B, H, W, 3] as `prepare` makes them; `predict` takes images. A pytree
+  inputs, float32 [B, H, W, 3] as `prepare` makes them (`NaFlexPatches` with its
+  ``seq_len``); `predict` takes images. A pytree
   (module docstring): its leaves are ``params``; change them with `replace`."""
 
   _facts: model_facts.Facts

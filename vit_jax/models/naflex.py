@@ -31,6 +31,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from vit_jax import errors
 from vit_jax.image_constants import NAFLEX_MAX_SIDE, NAFLEX_PACKED_FIELDS
 
 
@@ -66,6 +67,23 @@ class NaFlexPatches:
 
 
 RESAMPLE_METHODS: tuple[str, ...] = ("bilinear", "bicubic")  # config.model.posemb_resample
+
+
+def check_model(settings: Any, what: str = "NaFlex inputs") -> None:
+  """One ConfigError unless the ViT ``settings`` describe takes NaFlex inputs: a plain ViT
+  (no ResNet hybrid, Axial-ViT, relative or rotary positions, whose tables follow one
+  grid) with a learned absolute table that may be resized (``posemb_resample``)."""
+  if settings.resnet is not None or settings.axial or settings.rope is not None:
+    raise errors.ConfigError(
+      f"{what} take a plain ViT with learned absolute positions, not a ResNet hybrid, an "
+      "Axial-ViT or rotary embeddings (their positions follow one grid)."
+    )
+  if settings.posemb != "learn" or settings.posemb_resample is None:
+    why = "a table read at one grid" if settings.posemb == "learn" else repr(settings.posemb)
+    raise errors.ConfigError(
+      f"{what} take a learned position table that is resized to each image's grid "
+      f"(config.model.posemb='learn'), not {why}."
+    )
 
 
 @dataclasses.dataclass(frozen=True)

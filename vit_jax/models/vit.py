@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax import errors
-from vit_jax.models import embeddings, heads, layers, options
+from vit_jax.models import embeddings, heads, layers, naflex, options
 from vit_jax.models import posemb as posemb_lib
 from vit_jax.models import rope as rope_lib
 from vit_jax.models.attention import MultiHeadDotProductAttention
@@ -182,11 +182,6 @@ class Encoder(nn.Module):
     drop_path = () if deterministic or not ex.stoch_depth else (rates,)
     masks = ()  # the attention mask [B, 1, P + N, P + N] of NaFlex tokens
     if patches is not None:
-      if cfg.axial or cfg.posemb == posemb_lib.RELATIVE or cfg.rotary() is not None:
-        raise errors.ConfigError(
-          "NaFlex inputs take a ViT with learned absolute positions: not an Axial-ViT, "
-          "relative positions or rotary embeddings (their tables follow one grid)."
-        )
       prefix = jnp.ones((x.shape[0], self.num_prefix), bool)
       valid = jnp.concatenate([prefix, patches.mask], axis=1)  # [B, P + N]
       masks = ((valid[:, :, None] & valid[:, None, :])[:, None],)
@@ -286,8 +281,7 @@ class VisionTransformer(nn.Module):
     """NaFlex patches [B, N, ph * pw * C] embedded by the square path's kernel [B, N, D],
     and the position table's grid."""
     cfg, ex = self.config, self.execution
-    if cfg.resnet is not None:
-      raise errors.ConfigError("NaFlex inputs take a plain ViT, not a ResNet hybrid.")
+    naflex.check_model(cfg)
     b, n, k = patches.patches.shape
     ph, pw = cfg.patches.size
     pixels = patches.patches.astype(ex.dtype).reshape(b * n, ph, pw, k // (ph * pw))

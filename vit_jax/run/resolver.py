@@ -21,7 +21,7 @@ import ml_collections
 
 from vit_jax import data, errors, models, sharding, weights
 from vit_jax.data.dataset import Settings as DataSettings
-from vit_jax.models import backend_defaults, model_settings, posemb
+from vit_jax.models import backend_defaults, model_settings, naflex, posemb
 from vit_jax.models.settings import Settings
 from vit_jax.run import (
   defaults,
@@ -98,6 +98,16 @@ def _check_crop(model: Settings, crop: int) -> None:
       f"config.pp.crop={crop} is not a multiple of the model's {what} {sh}x{sw} "
       f"(config.model.patches.size={tuple(model.patches.size)}): use config.pp.crop={choices}."
     )
+
+
+def _check_naflex(image: Settings, data_settings: DataSettings) -> None:
+  """config.pp.seq_len takes a ViT whose learned table is resized to each image's grid."""
+  if data_settings.naflex is None:
+    return
+  what = f"config.pp.seq_len={data_settings.naflex.seq_len} (NaFlex inputs)"
+  if models.is_mixer(image) or models.is_bit(image):
+    raise errors.ConfigError(f"{what} takes a ViT, not an MLP-Mixer or a BiT ResNet.")
+  naflex.check_model(image, what)
 
 
 def _accum_steps(config: ml_collections.ConfigDict, batch: int, data_size: int) -> Any:
@@ -248,6 +258,7 @@ def resolve(
   optimizer = OptimizerSettings.from_config(config)
   data_settings = objectives.data_settings(config)
   _check_crop(models.image_settings(model), data_settings.crop)
+  _check_naflex(models.image_settings(model), data_settings)
   sharding.logical_rules(config.partitioning)  # an unknown strategy fails by name
   evaluator_settings = evaluators.read_settings(config)
   pretrained_source = config.pretrained or None
