@@ -87,3 +87,14 @@ def write_shards(root) -> str:
     write_shard(root / split / "00000.tar", range(0, 12), json_for=(3, 5))
     write_shard(root / split / "00001.tar", range(12, N))
   return f"wds:{root}"
+
+
+def class_folder(root, classes, images, labels) -> None:
+  """A ``folder:`` dataset at ``root`` for zero-shot: test/<class>/<i>.png of each image
+  in its labelled class, and one image per class in train/ (which names the classes)."""
+  for c in classes:
+    (root / "train" / c).mkdir(parents=True)
+    Image.fromarray(images[0]).save(root / "train" / c / "0.png")
+  for i, (pixels, label) in enumerate(zip(images, labels)):
+    (root / "test" / classes[label]).mkdir(parents=True, exist_ok=True)
+    Image.fromarray(pixels).save(root / "test" / classes[label] / f"{i}.png")

@@ -328,6 +328,7 @@ def test_siglip2_naflex_scores_texts_on_images_at_their_own_aspect(
     scores = {entry["label"]: entry["probability"] for entry in line["top_k"]}
     np.testing.assert_allclose([scores[t] for t in TEXTS], probs, atol=1e-5)
 
+  from tests import image_text_fixtures  # pylint: disable=g-import-not-at-top
   from vit_jax import zeroshot  # pylint: disable=g-import-not-at-top
   from vit_jax.data import captions  # pylint: disable=g-import-not-at-top
 
@@ -335,12 +336,7 @@ def test_siglip2_naflex_scores_texts_on_images_at_their_own_aspect(
   picked = loaded.text_probabilities(photos, [f"a {c}." for c in classes], seq_len=budget)
   labels = [picked[0].argmax(), (picked[1].argmax() + 1) % 3]  # one right, one wrong
   root = tmp_path / "data"
-  for c in classes:  # the train split names the classes
-    (root / "train" / c).mkdir(parents=True)
-    Image.fromarray(photos[0]).save(root / "train" / c / "0.png")
-  for i, (pixels, label) in enumerate(zip(photos, labels)):
-    (root / "test" / classes[label]).mkdir(parents=True, exist_ok=True)
-    Image.fromarray(pixels).save(root / "test" / classes[label] / f"{i}.png")
+  image_text_fixtures.class_folder(root, classes, photos, labels)
   monkeypatch.setitem(captions.TEMPLATES, "one", ("a {}.",))
   argv = [f"--checkpoint={path}", f"--dataset=folder:{root}", "--templates=one"]
   assert zeroshot.main(["zeroshot", *argv, f"--seq_len={budget}"]) == 0

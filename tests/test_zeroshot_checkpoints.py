@@ -10,6 +10,7 @@ import pytest
 from PIL import Image
 
 import vit_jax
+from tests import image_text_fixtures
 from tests.test_big_vision import IMAGE, _model, _saved, vocabulary  # noqa: F401  (its fixture)
 from vit_jax import zeroshot as zeroshot_cli
 from vit_jax.data import captions
@@ -63,12 +64,7 @@ def test_big_vision_siglip_zero_shot_is_its_own_probabilities(
   other = np.where(ensembled_predicted != predicted, ensembled_predicted, predicted + 1)
   labels = np.where(np.arange(N) < 3, predicted, other % len(CLASSES))
   root = tmp_path / "data"
-  for c in CLASSES:  # the train split names the classes
-    (root / "train" / c).mkdir(parents=True)
-    Image.fromarray(pixels[0]).save(root / "train" / c / "0.png")
-  for i, (p, label) in enumerate(zip(pixels, labels)):
-    (root / "test" / CLASSES[label]).mkdir(parents=True, exist_ok=True)
-    Image.fromarray(p).save(root / "test" / CLASSES[label] / f"{i}.png")
+  image_text_fixtures.class_folder(root, CLASSES, pixels, labels)
   argv = [f"--checkpoint={path}", f"--dataset=folder:{root}"]
 
   monkeypatch.setitem(captions.TEMPLATES, "one", (TEMPLATE,))
