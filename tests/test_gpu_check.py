@@ -155,12 +155,12 @@ def test_a_row_records_the_plans_estimate_for_the_gpu_it_ran_on():
   assert gpu_check_main.planned_ms(plan, rows.RECIPE, dict(device=dict(device_kind="cpu"))) is None
 
 
-def test_the_recipe_rows_are_right_after_the_default_row_and_timm():
-  assert list(rows.ROWS)[:6] == [
-    rows.TRAIN_DEFAULT.name, "timm", rows.RECIPE, rows.RECIPE_ARRAY_RECORD, "timm_recipe",
-    "profile",
+def test_the_recipe_rows_are_right_after_naflex_the_default_row_and_timm():
+  assert list(rows.ROWS)[:8] == [
+    rows.NAFLEX_ATTENTION, rows.NAFLEX_MIXED, rows.TRAIN_DEFAULT.name, "timm", rows.RECIPE,
+    rows.RECIPE_ARRAY_RECORD, "timm_recipe", "profile",
   ]  # fmt: skip
-  assert list(rows.ROWS)[6] == rows.INFER_DEFAULT.name
+  assert list(rows.ROWS)[8] == rows.INFER_DEFAULT.name
 
 
 def test_a_row_that_does_not_exist_is_refused(tmp_path):

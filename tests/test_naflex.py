@@ -108,6 +108,27 @@ def test_photos_at_a_budget_give_big_visions_naflex_probabilities(budget, tmp_pa
   assert np.abs(ours[0] - ours[1]).max() > 1e-3  # the images are told apart
 
 
+def test_a_fused_attention_masks_naflex_padding_by_length():
+  """`jax.nn.dot_product_attention` ('xla' here; 'cudnn' on a GPU takes the same
+  lengths as its padding mask) gives the einsum path's features and gradients on padded
+  NaFlex inputs: the padding is masked by each image's length, not attended to."""
+  config = get_model_config("testing")
+  config.classifier, config.posemb_grid = "gap", (4, 4)
+  batch = _batch(_images([(2, 5), (4, 3)]), budget=17)  # odd: padded again to even
+  models = {
+    impl: vit.VisionTransformer(model_settings(config), None, ExecutionOptions(attention_impl=impl))
+    for impl in ("einsum", "xla")
+  }
+  params = models["einsum"].init(jax.random.key(0), batch)
+  loss = lambda impl: lambda p: jnp.sin(models[impl].apply(p, batch)).sum()
+  value = {impl: jax.value_and_grad(loss(impl))(params) for impl in models}
+  np.testing.assert_allclose(value["xla"][0], value["einsum"][0], rtol=1e-5)
+  for fused, einsum in zip(*(jax.tree.leaves(value[i][1]) for i in models)):
+    np.testing.assert_allclose(fused, einsum, rtol=1e-4, atol=1e-6)
+  unmasked = batch.replace(mask=jnp.ones_like(batch.mask))  # the padding attended to
+  assert not np.allclose(models["xla"].apply(params, unmasked), models["xla"].apply(params, batch))
+
+
 def test_positions_resample_the_table_to_each_images_grid():
   """Each image reads the table resized (antialiased bilinear) to its own grid."""
   table = jnp.asarray(np.random.default_rng(0).normal(size=(4, 4, 3)), jnp.float32)

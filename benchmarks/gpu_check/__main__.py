@@ -1,5 +1,6 @@
-r"""One prepared check on a GPU, ordered by what is still unknown: the default-config
-ViT-B/16 train step beside timm, the recipe (RandAugment and Mixup) end to end from JPEG
+r"""One prepared check on a GPU, ordered by what is still unknown: NaFlex (cuDNN's padded
+attention, one budget against a mix of budgets), the default-config ViT-B/16 train step
+beside timm, the recipe (RandAugment and Mixup) end to end from JPEG
 files beside timm's loader on the same recipe, the kernel profile, inference,
 RandAugment on synthetic batches, the input pipeline, SigLIP B/16, the correctness
 check, then the rows measured before. Each train row records the plan's estimate of its

@@ -129,6 +129,41 @@ def _recipe_notes(results: dict[str, Any], base: Optional[float]) -> list[str]:
   return notes
 
 
+def _naflex(results: dict[str, Any]) -> list[str]:
+  """NaFlex's padded attention (fused against einsum) and its budgets' tokens per second."""
+  lines = []
+  a = results.get(rows.NAFLEX_ATTENTION)
+  if a and "features_rel_diff" in a:
+    cudnn = a.get(f"{a['fused']}_calls_cudnn_attention")
+    lines += [
+      f"NaFlex padded attention, {a['fused']} vs einsum (bf16): features "
+      f"{a['features_rel_diff']:.2e}, gradients {a['grad_rel_diff']:.2e} relative; "
+      f"cuDNN's fused attention in the program: {cudnn}",
+      "",
+    ]
+  m = results.get(rows.NAFLEX_MIXED)
+  if m and "budgets" in m:
+    lines += [
+      f"NaFlex train step ({m['attention']}, {m['dtype']}), one compiled step per budget:",
+      "",
+      "| budget | batch | tokens/step | step ms | tokens/s | TFLOP/step | MFU | compiled GiB |",
+      "|---|---|---|---|---|---|---|---|",
+    ]
+    for budget, b in m["budgets"].items():
+      lines.append(
+        f"| {budget} | {b['batch']} | {b['tokens']} | {_f(b.get('step_ms_median'), '.1f')} | "
+        f"{_f(b.get('tokens_s'), ',.0f')} | {_f(b.get('tflop_per_step'), '.1f')} | "
+        f"{_f(b.get('mfu'), '.1%')} | {_f(b['compiled_peak_bytes'], '.2f', GIB)} |"
+      )
+    lines += [
+      "",
+      f"Fixed budget {_f(m['fixed_tokens_s'], ',.0f')} tokens/s, mixed budgets "
+      f"{_f(m['mixed_tokens_s'], ',.0f')} tokens/s: mixed / fixed {m['mixed_over_fixed']:.3f}",
+      "",
+    ]
+  return lines
+
+
 def _timm(timm: dict[str, Any]) -> list[str]:
   if not timm:
     return []
@@ -177,6 +212,7 @@ def table(report: dict[str, Any]) -> str:
   plan = report.get("plan", {})
   plan_rows = next((plan.get(t, {}) for k, t in topology.items() if k in kind.lower()), {})
   lines += _speed_rows(results, plan_rows)
+  lines += _naflex(results)
   lines += _timm(results.get("timm", {}))
   lines += _profile(results.get("profile", {}).get("profile"))
   skipped = [f"{k} ({r['skipped']})" for k, r in results.items() if r.get("skipped")]

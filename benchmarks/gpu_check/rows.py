@@ -1,7 +1,7 @@
-"""The check's rows, in the order they run: the default train step beside timm, the
-recipe end to end from JPEGs beside timm's loader on the same recipe, the profile,
-inference, then the rest, so that a check cut short by its budget has measured what
-mattered (`ROWS`). Each row is a function of
+"""The check's rows, in the order they run: NaFlex's padded attention and its budgets'
+train steps, the default train step beside timm, the recipe end to end from JPEGs beside
+timm's loader on the same recipe, the profile, inference, then the rest, so that a check
+cut short by its budget has measured what mattered (`ROWS`). Each row is a function of
 ``smoke`` returning its figures, with ``ok``; ``skipped`` says why a row could not run
 here."""
 
@@ -10,7 +10,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-from benchmarks.gpu_check import correctness, measure, pipeline_rows, recipe_rows, timm_rows
+from benchmarks.gpu_check import (
+  correctness,
+  measure,
+  naflex_rows,
+  pipeline_rows,
+  recipe_rows,
+  timm_rows,
+)
 from benchmarks.gpu_check.config import (
   DEFAULT,
   RANDAUG_ROW,
@@ -82,7 +89,11 @@ def _profile(smoke: bool) -> dict[str, Any]:
   return measure.train_row(TRAIN_DEFAULT.config(smoke), smoke, profile_steps=PROFILE_STEPS)
 
 
+NAFLEX_ATTENTION = "naflex/masked_attention"
+NAFLEX_MIXED = "naflex/ViT-B_16/mixed_budgets"
 ROWS: dict[str, Callable[[bool], dict[str, Any]]] = {
+  NAFLEX_ATTENTION: naflex_rows.row_masked_attention,
+  NAFLEX_MIXED: naflex_rows.row_mixed_budgets,
   TRAIN_DEFAULT.name: TRAIN_DEFAULT.measure,
   "timm": timm_rows.row_timm,
   RECIPE: recipe_rows.row_recipe_folder,

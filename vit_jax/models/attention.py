@@ -69,21 +69,27 @@ SEQUENCE_MULTIPLE: dict[str, int] = {"cudnn": 2}
 
 
 def padded_dot_product_attention(
-  q: jax.Array, k: jax.Array, v: jax.Array, implementation: str, multiple: int
+  q: jax.Array,
+  k: jax.Array,
+  v: jax.Array,
+  implementation: str,
+  multiple: int,
+  lengths: Optional[jax.Array] = None,
 ) -> jax.Array:
   """`jax.nn.dot_product_attention` of [B, N, H, Dh] inputs with N padded to ``multiple``.
 
   The padded keys are masked out by length (``key_value_seq_lengths``, which cuDNN takes
   as a padding mask, not as a bias) and the padded queries' rows are dropped: the same
-  function as the unpadded attention, values and gradients.
+  function as the unpadded attention, values and gradients. ``lengths`` (int32 [B]):
+  each example's keys beyond its length are masked out too (NaFlex padding).
   """
   b, n = q.shape[:2]
   padded = -(-n // multiple) * multiple
-  if padded == n:
+  if padded == n and lengths is None:
     return jax.nn.dot_product_attention(q, k, v, implementation=implementation)
   widths = ((0, 0), (0, padded - n), (0, 0), (0, 0))
   q, k, v = (jnp.pad(t, widths) for t in (q, k, v))  # [B, padded, H, Dh]
-  lengths = jnp.full((b,), n, jnp.int32)
+  lengths = jnp.full((b,), n, jnp.int32) if lengths is None else lengths.astype(jnp.int32)
   y = jax.nn.dot_product_attention(
     q, k, v, key_value_seq_lengths=lengths, implementation=implementation
   )
@@ -140,12 +146,18 @@ class MultiHeadDotProductAttention(nn.Module):
 
   @nn.compact
   def __call__(
-    self, x: jax.Array, deterministic: bool, mask: Optional[jax.Array] = None
+    self,
+    x: jax.Array,
+    deterministic: bool,
+    mask: Optional[jax.Array] = None,
+    lengths: Optional[jax.Array] = None,
   ) -> jax.Array:
     """Attention along the second-last axis of x [..., N, D] (the leading axes are batch:
     the Axial-ViT's rows or columns); returns [..., N, D]. ``mask``: bool, broadcast to
     [B, H, N, N] (query, key), False where a query may not attend to a key (a text
-    tower's padding or causal mask; it takes the einsum path)."""
+    tower's padding or causal mask; it takes the einsum path). ``lengths``: int32 [B], the
+    same mask as a count of valid tokens at the front (NaFlex padding), which lets a fused
+    kernel run it as a padding mask (cuDNN's); the einsum path reads ``mask``."""
     lead = x.shape[:-2]
     x = x.reshape(-1, *x.shape[-2:])  # [B, N, D]
     ex = self.execution
@@ -177,13 +189,13 @@ class MultiHeadDotProductAttention(nn.Module):
 
     use_dropout = not deterministic and ex.attention_dropout_rate > 0.0
     need_weights = use_dropout or self.is_mutable_collection("intermediates")
-    fused = (ex.attention_impl or EINSUM) != EINSUM and mask is None
+    fused = (ex.attention_impl or EINSUM) != EINSUM and (mask is None or lengths is not None)
     if fused and not need_weights and relative is None:
       q, k, v = (_biased(jnp.einsum("bnd,dhk->bnhk", x, w), b) for w, b in qkv)  # [B, N, H, Dh]
       if self.rotary is not None:
         q, k = (self.rotary.rotate(t, heads_first=False, freqs=freqs) for t in (q, k))
       multiple = SEQUENCE_MULTIPLE.get(ex.attention_impl, 1)
-      y = padded_dot_product_attention(q, k, v, ex.attention_impl, multiple)
+      y = padded_dot_product_attention(q, k, v, ex.attention_impl, multiple, lengths)
       out = self._out(y, w_out, b_out, heads_first=False)  # [B, N, D]
       return out.reshape(*lead, *out.shape[1:])
     q, k, v = (

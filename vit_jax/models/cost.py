@@ -121,8 +121,11 @@ def vit_flops_per_image(
   num_classes: int,
   *,
   train: bool,
+  num_patches: Optional[int] = None,
 ) -> Optional[float]:
-  """FLOPs of a ViT's matrix products for one image, a hybrid's ResNet root included.
+  """FLOPs of a ViT's matrix products for one image, a hybrid's ResNet root included;
+  ``num_patches``: a NaFlex budget's patches, padding included, in place of the square
+  ``image_size``'s.
 
   Counts 2 FLOPs per multiply-add of the patch embedding, the attention projections, the
   two attention products, the MLP (a SwiGLU's three products), a MAP head
@@ -139,7 +142,7 @@ def vit_flops_per_image(
   macs, grid, channels = 0, image_size, 3
   if cfg.resnet is not None:  # the patches are cut from the root's feature map
     macs, grid, channels = resnet_macs(cfg.resnet.num_layers, cfg.resnet.width_factor, image_size)
-  patches = (grid // ph) * (grid // pw)
+  patches = num_patches or (grid // ph) * (grid // pw)
   n = patches + cfg.num_prefix_tokens
   macs += patches * ph * pw * channels * d  # patch embedding
   # A SwiGLU's MLP has three [D, M] products (gate, value, out), the paper's MLP two.

@@ -76,9 +76,10 @@ class Encoder1DBlock(nn.Module):
     deterministic: bool,
     drop_path: float | jax.Array = 0.0,
     mask: Optional[jax.Array] = None,
+    lengths: Optional[jax.Array] = None,
   ) -> tuple[jax.Array, None]:
     """``drop_path``: this block's stochastic-depth rate (`DropPath`), on each branch;
-    ``mask``: the attention's (`MultiHeadDotProductAttention`; a text tower's)."""
+    ``mask`` and ``lengths``: the attention's (`MultiHeadDotProductAttention`)."""
     cfg, ex = self.config, self.execution
     norm = lambda name: layers.layer_norm(name, cfg.layer_norm_epsilon, ex.dtype, ex.param_dtype)
     y = norm("LayerNorm_0")(x)
@@ -91,7 +92,7 @@ class Encoder1DBlock(nn.Module):
       cfg.layer_norm_epsilon if cfg.attention_norm else None,
       name="MultiHeadDotProductAttention_1",
     )
-    y = attention(y, deterministic, mask)
+    y = attention(y, deterministic, mask, lengths)
     y = nn.Dropout(ex.dropout_rate)(y, deterministic=deterministic)
     # As timm's: x + drop_path(ls(branch)).
     y = self._scaled(y, "LayerScale_attention")
@@ -180,11 +181,13 @@ class Encoder(nn.Module):
     rates = drop_path_rates(num_layers, ex.stoch_depth)
     # With stochastic depth off the blocks get no rate: the model of before, bit for bit.
     drop_path = () if deterministic or not ex.stoch_depth else (rates,)
-    masks = ()  # the attention mask [B, 1, P + N, P + N] of NaFlex tokens
+    # NaFlex tokens' attention mask [B, 1, P + N, P + N] and valid lengths [B] (the
+    # patches of an image come first, its padding after: a fused kernel's padding mask).
+    masks: tuple[jax.Array, ...] = ()
     if patches is not None:
       prefix = jnp.ones((x.shape[0], self.num_prefix), bool)
       valid = jnp.concatenate([prefix, patches.mask], axis=1)  # [B, P + N]
-      masks = ((valid[:, :, None] & valid[:, None, :])[:, None],)
+      masks = ((valid[:, :, None] & valid[:, None, :])[:, None], valid.sum(-1, dtype=jnp.int32))
       drop_path = drop_path or ([0.0] * num_layers,)  # the mask comes after the rate
     block_cls = AxialEncoderBlock if cfg.axial else Encoder1DBlock
     if ex.remat:

@@ -31,6 +31,7 @@ from jax.experimental import multihost_utils
 from vit_jax import models, sharding, weights
 from vit_jax.aliases import Batch
 from vit_jax.data import randaug
+from vit_jax.models import cost
 from vit_jax.run import mixup, objectives, optim, step_cost
 from vit_jax.run.spec import RunSpec
 
@@ -171,6 +172,12 @@ class RunSteps:
     count = self.objective.train_flops_per_example
     if count is not None:
       return count(self.spec.crop, self.spec.batch)
+    naflex = self.spec.data.naflex
+    if naflex is not None:  # a plain ViT (`models.naflex.check_model`): the budget's patches
+      settings = models.image_settings(self.spec.model)
+      return cost.vit_flops_per_image(
+        settings, self.spec.crop, self.spec.num_classes, train=True, num_patches=naflex.seq_len
+      )
     return step_cost.vit_flops_per_image(
       self.spec.model, self.spec.crop, self.spec.num_classes, train=True
     )
