@@ -20,6 +20,7 @@ import numpy as np
 
 from vit_jax import errors, platforms
 from vit_jax.data import data_config, presets
+from vit_jax.data.budget_mix import BudgetMix
 from vit_jax.data.caption_settings import CaptionSettings
 from vit_jax.data.naflex_images import NaFlexInputs
 from vit_jax.data.train_images import TrainImages
@@ -88,6 +89,28 @@ class Settings:
   # NaFlex images (config.pp.seq_len): each example its own aspect ratio in seq_len patches,
   # packed (`naflex_images.pack`) in place of a crop x crop image; None: square crops.
   naflex: Optional[NaFlexInputs] = None
+  # NaFlex budgets drawn for each train step (config.pp.train_seq_lens, `budget_mix`);
+  # (): every step at naflex.seq_len.
+  train_seq_lens: tuple[int, ...] = ()
+
+  def budget_mix(self) -> Optional[BudgetMix]:
+    """The train steps' budgets and batches (None: one budget, `naflex.seq_len`)."""
+    if not self.train_seq_lens or self.naflex is None:
+      return None
+    return BudgetMix.make(self.train_seq_lens, self.batch, self.naflex.seq_len)
+
+  def at_budget(self, budget: int) -> "Settings":
+    """The settings of the train batches at ``budget`` patches: that budget's batch and
+    images, and its lanes' seed (`BudgetMix.lane_seed`)."""
+    mix = self.budget_mix()
+    assert mix is not None and self.naflex is not None, "at_budget needs train_seq_lens"
+    return dataclasses.replace(
+      self,
+      batch=mix.batch(budget),
+      naflex=dataclasses.replace(self.naflex, seq_len=budget),
+      seed=mix.lane_seed(self.seed, budget),
+      train_seq_lens=(),
+    )
 
   @property
   def image_shape(self) -> tuple[int, ...]:
@@ -199,7 +222,22 @@ class Settings:
     # Read once the crop is known to be valid: the eval preprocessing is sized by it.
     eval_data = data_config.from_run_config(config, model)
     settings = dataclasses.replace(settings, eval_data=eval_data)
-    return settings.with_seq_len(pp.get("seq_len"), _patch_size(model))
+    settings = settings.with_seq_len(pp.get("seq_len"), _patch_size(model))
+    return settings.with_train_seq_lens(pp.get("train_seq_lens"))
+
+  def with_train_seq_lens(self, budgets: Any) -> "Settings":
+    """These settings training at ``budgets`` (config.pp.train_seq_lens; None: at
+    config.pp.seq_len alone), checked (`BudgetMix.make`)."""
+    if budgets is None:
+      return dataclasses.replace(self, train_seq_lens=())
+    if self.naflex is None:
+      raise errors.ConfigError(
+        f"config.pp.train_seq_lens={budgets!r} mixes NaFlex budgets: set config.pp.seq_len "
+        "too (the evaluation's budget, and with config.batch the tokens per train step)."
+      )
+    settings = dataclasses.replace(self, train_seq_lens=tuple(budgets))
+    settings.budget_mix()  # its checks
+    return settings
 
   def with_seq_len(
     self, seq_len: Any, patch: tuple[int, ...], argument: str = "config.pp.seq_len"

@@ -33,6 +33,7 @@ later batch, and exact resume, unchanged; in evaluation the row gets mask 0.
 from __future__ import annotations
 
 import collections
+import itertools
 import threading
 from typing import Any, Callable, Iterator
 
@@ -43,6 +44,7 @@ from absl import logging
 from vit_jax import errors
 from vit_jax.aliases import HostBatch
 from vit_jax.data import batching, decode_stage, order, readers
+from vit_jax.data.budget_mix import SCHEDULE_BLOCK, BudgetMix
 from vit_jax.data.dataset import Dataset, Settings, as_settings
 
 _EVAL_WINDOW = 10_000  # Examples an eval pass reads at a time.
@@ -273,15 +275,48 @@ def train_iterator(
     )
   if start_step < 0:
     raise ValueError(f"start_step={start_step} must be >= 0 (the step to resume at).")
-  local_batch = batching.local_batch_size(settings.batch, mesh, "batch")
-  block, blocks = batching.process_row_block(settings.batch, mesh)
   stop = threading.Event()  # Set by closing the iterator; ends the reads at once.
-  batches = local_train_batches(
-    Dataset(settings), local_batch, start_step, block, blocks, stop, with_index=bool(transform)
-  )
+  mix = settings.budget_mix()
+  if mix is None:
+    local_batch = batching.local_batch_size(settings.batch, mesh, "batch")
+    block, blocks = batching.process_row_block(settings.batch, mesh)
+    batches = local_train_batches(
+      Dataset(settings), local_batch, start_step, block, blocks, stop, with_index=bool(transform)
+    )
+  else:
+    batches = _mixed_budget_batches(settings, mix, mesh, start_step, stop, bool(transform))
   if transform is not None:
     batches = _transformed(batches, transform)
   return batching.prefetch_to_device(batches, mesh, settings.prefetch, stop)
+
+
+def _mixed_budget_batches(
+  settings: Settings,
+  mix: BudgetMix,
+  mesh: jax.sharding.Mesh,
+  start_step: int,
+  stop: threading.Event,
+  with_index: bool,
+) -> Iterator[HostBatch]:
+  """Host-local train batches of several NaFlex budgets (`budget_mix`): each budget's own
+  lanes (`Settings.at_budget`), resumed at its count of the batches before ``start_step``,
+  taken in the schedule's order."""
+  resume = mix.batches_before(settings.seed, start_step)
+  streams = {}
+  for budget in mix.budgets:
+    at = settings.at_budget(budget)
+    local_batch = batching.local_batch_size(at.batch, mesh, f"batch (at {budget} patches)")
+    block, blocks = batching.process_row_block(at.batch, mesh)
+    streams[budget] = local_train_batches(
+      Dataset(at), local_batch, resume[budget], block, blocks, stop, with_index
+    )
+  try:
+    for first in itertools.count(start_step, SCHEDULE_BLOCK):
+      for index in mix.budget_indices(settings.seed, first, SCHEDULE_BLOCK):
+        yield next(streams[mix.budgets[index]])
+  finally:
+    for stream in streams.values():
+      stream.close()
 
 
 def _transformed(batches: Iterator[HostBatch], transform) -> Iterator[HostBatch]:

@@ -35,6 +35,9 @@ def get_config() -> ml_collections.ConfigDict:
   # NaFlex: each image at its own aspect ratio in at most this many patches (e.g. 256), in
   # place of the crop x crop square (vit_jax/data/naflex_images.py); None: square crops.
   config.pp.seq_len = ml_collections.FieldReference(None, field_type=int)
+  # NaFlex budgets each train step draws from (e.g. (128, 256, 576)), the batch sized to
+  # config.batch x config.pp.seq_len tokens (vit_jax/data/budget_mix.py); None: seq_len.
+  config.pp.train_seq_lens = ml_collections.FieldReference(None, field_type=tuple)
   config.batch = 512
   config.batch_eval = 512
   config.shuffle_buffer = 50_000

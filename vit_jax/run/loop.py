@@ -67,9 +67,21 @@ def _check_start(steps: steps_lib.RunSteps, folder: folder_lib.RunFolder) -> boo
   return resumable
 
 
-def _compile_train_step(steps: steps_lib.RunSteps) -> tuple[jax.stages.Compiled, Optional[float]]:
-  """The train step compiled once up front, with its FLOPs per step (for MFU); a step that
-  needs more memory than a device has stops here, before it runs."""
+def _compile_train_step(steps: steps_lib.RunSteps) -> tuple[Any, Optional[float]]:
+  """The train step compiled once up front (a run of several NaFlex budgets: one per
+  budget, `steps_lib.BudgetSteps`), with its FLOPs per step (for MFU: the first budget's,
+  about every budget's, as the tokens per step are); a step that needs more memory than a
+  device has stops here, before it runs."""
+  mix = steps.spec.data.budget_mix()
+  if mix is None:
+    return _compile_one(steps)
+  compiled = {budget: _compile_one(steps.at_budget(budget)) for budget in mix.budgets}
+  by_budget = {budget: step for budget, (step, _) in compiled.items()}
+  return steps_lib.BudgetSteps(by_budget), compiled[mix.budgets[0]][1]
+
+
+def _compile_one(steps: steps_lib.RunSteps) -> tuple[jax.stages.Compiled, Optional[float]]:
+  """One train step compiled, with its FLOPs, its memory checked."""
   start = time.perf_counter()
   compiled = steps.compile_train_step()
   flops, source = steps.step_flops(compiled)
@@ -98,7 +110,7 @@ def _compile_train_step(steps: steps_lib.RunSteps) -> tuple[jax.stages.Compiled,
 
 def _compile_in_background(
   steps: steps_lib.RunSteps,
-) -> concurrent.futures.Future[tuple[jax.stages.Compiled, Optional[float]]]:
+) -> concurrent.futures.Future[tuple[Any, Optional[float]]]:
   """Starts `_compile_train_step` on a thread: XLA compiles (without the GIL) while the
   state is initialized or restored and the input pipeline starts. Its result, or its
   error, is taken where the first step needs it."""
@@ -118,7 +130,7 @@ class _Session:
   guard: divergence.Guard
   evaluators: dict[str, evaluators.Evaluator]
   stop: preemption.StopSignals
-  compiling: concurrent.futures.Future[tuple[jax.stages.Compiled, Optional[float]]]
+  compiling: concurrent.futures.Future[tuple[Any, Optional[float]]]
 
 
 def _steps_until_done(

@@ -162,6 +162,11 @@ class RunSteps:
     """The global eval batch (with its padding ``mask`` [B]), abstract."""
     return self._batch(self.spec.data.batch_eval, {}, mask=((), jnp.float32))
 
+  def at_budget(self, budget: int) -> "RunSteps":
+    """These steps for the train batches of one NaFlex budget (`data.budget_mix`)."""
+    data = self.spec.data.at_budget(budget)
+    return dataclasses.replace(self, spec=dataclasses.replace(self.spec, data=data))
+
   def compile_train_step(self) -> jax.stages.Compiled:
     """The train step compiled for the abstract state and batch (no data needed)."""
     return self.train_step.lower(self.abstract_state, self.abstract_train_batch()).compile()
@@ -210,6 +215,17 @@ class RunSteps:
     params = jax.tree.map(_global_array, params, self.state_shardings.params)
     opt_init = jax.jit(self.tx.init, out_shardings=self.state_shardings.opt_state)
     return state.replace(params=params, opt_state=opt_init(params))
+
+
+@dataclasses.dataclass(frozen=True)
+class BudgetSteps:
+  """A run's compiled train steps, one per NaFlex budget, called as one: each batch goes
+  to the step of its patches per image (`data.budget_mix`)."""
+
+  by_budget: dict[int, jax.stages.Compiled]
+
+  def __call__(self, state: TrainState, batch: dict[str, jax.Array]) -> Any:
+    return self.by_budget[batch["image"].shape[1]](state, batch)  # image: [B, N, F]
 
 
 def build_steps(spec: RunSpec, mesh: jax.sharding.Mesh) -> RunSteps:

@@ -1,0 +1,70 @@
+"""Several NaFlex budgets in one run (`vit_jax.data.budget_mix`): each step's budget a
+function of (seed, step), its batch sized to the step's tokens, each budget's lanes
+resumed where the earlier steps left them."""
+
+import numpy as np
+import pytest
+
+from vit_jax import errors
+from vit_jax.data import budget_mix
+
+MIX = budget_mix.BudgetMix.make((128, 256, 576), batch=256, seq_len=256)
+
+
+def test_each_budgets_batch_keeps_the_tokens_per_step():
+  assert MIX.tokens == 256 * 256
+  assert [MIX.batch(b) for b in MIX.budgets] == [512, 256, 112]  # 113 down to a multiple of 8
+  assert all(MIX.batch(b) * b <= MIX.tokens for b in MIX.budgets)
+
+
+def test_the_schedule_is_a_function_of_seed_and_step_across_blocks():
+  block = budget_mix.SCHEDULE_BLOCK
+  whole = MIX.budget_indices(seed=3, start=0, count=3 * block)
+  assert np.array_equal(MIX.budget_indices(3, block - 5, 10), whole[block - 5 : block + 5])
+  assert not np.array_equal(MIX.budget_indices(4, 0, 3 * block), whole)  # the seed matters
+  assert all(abs(f - 1 / 3) < 0.03 for f in np.bincount(whole) / len(whole))  # uniform
+  for start in (0, 7, block, 2 * block + 11):
+    counts = MIX.batches_before(3, start)
+    assert list(counts.values()) == list(np.bincount(whole[:start], minlength=3))
+
+
+def test_bad_budgets_are_one_error_naming_the_option():
+  with pytest.raises(errors.ConfigError, match="must be distinct whole numbers"):
+    budget_mix.BudgetMix.make((256, 256), batch=8, seq_len=256)
+  with pytest.raises(errors.ConfigError, match="576 patches leave no image"):
+    budget_mix.BudgetMix.make((64, 576), batch=1, seq_len=256)
+
+
+def test_a_run_of_three_budgets_trains_each_and_resumes_exactly(tmp_path, tiny_config, monkeypatch):
+  """config.pp.train_seq_lens=(4, 9, 16) at config.pp.seq_len=9: each step's batch holds
+  the images of its drawn budget (batch 32, 16 or 8 for 144 tokens), the run compiles a
+  step per budget, and a run stopped after step 4 resumes to the uninterrupted run's
+  parameters bit for bit (each budget's lanes resumed at its count of earlier steps)."""
+  from tests.test_main import assert_resume_is_exact  # pylint: disable=g-import-not-at-top
+  from vit_jax import data, run  # pylint: disable=g-import-not-at-top
+
+  tiny_config.pp.seq_len = 9
+  tiny_config.pp.train_seq_lens = (4, 9, 16)
+  settings = data.Settings.from_config(tiny_config)
+  mix = settings.budget_mix()
+  drawn = [mix.budgets[i] for i in mix.budget_indices(settings.seed, 0, 6)]
+  assert len(set(drawn)) >= 2  # the six steps mix budgets
+
+  shapes = []
+  real_iterator = data.train_iterator
+
+  def recording(*args, **kwargs):
+    batches = real_iterator(*args, **kwargs)
+    try:
+      for batch in batches:
+        shapes.append(batch["image"].shape[:2])
+        yield batch
+    finally:
+      batches.close()
+
+  monkeypatch.setattr(data, "train_iterator", recording)
+  straight_dir = str(tmp_path / "straight")
+  straight = run.train_and_evaluate(tiny_config, straight_dir)
+  monkeypatch.setattr(data, "train_iterator", real_iterator)
+  assert shapes[:6] == [(mix.batch(b), b) for b in drawn]
+  assert_resume_is_exact(tiny_config, tmp_path, monkeypatch, (straight_dir, straight))
