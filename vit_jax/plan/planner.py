@@ -21,7 +21,7 @@ from absl import logging
 
 from vit_jax import models, sharding
 from vit_jax import run as run_lib
-from vit_jax.plan import gpu_estimate, gpu_topology, hlo, report
+from vit_jax.plan import budgets, gpu_estimate, gpu_topology, hlo, report
 from vit_jax.plan.report import gib
 from vit_jax.plan.topology import AnyTopology
 
@@ -77,12 +77,13 @@ class Plan:
   # GPUs: the step (and RandAugment alone) priced at what a GPU measured (`gpu_estimate`).
   estimate: Optional[gpu_estimate.Estimate] = None
   augmentation_estimate: Optional[gpu_estimate.Estimate] = None
+  budget_rows: tuple[budgets.BudgetRow, ...] = ()  # several NaFlex budgets: each one's step
 
   @property
   def fits(self) -> bool:
-    return all(
-      m.memory is not None and m.memory.total <= self.budget_bytes for m in (self.train, self.eval)
-    )
+    steps = (self.train, self.eval)
+    fit = all(m.memory is not None and m.memory.total <= self.budget_bytes for m in steps)
+    return fit and all(row.fits for row in self.budget_rows)
 
 
 def _mesh(config: ml_collections.ConfigDict, topology: AnyTopology) -> Any:
@@ -145,13 +146,8 @@ def make_plan(config: ml_collections.ConfigDict, topology: AnyTopology) -> Plan:
   slice_name = "" if topology.slice_name == topology.name else f"{topology.slice_name}, "
   where = f"{topology.name} ({slice_name}{n} {chip.device_kind} devices)"
   auto = " (accum_steps='auto': compiling candidate steps)" if config.accum_steps == "auto" else ""
-  logging.info(
-    "Planning %s, batch %d, for %s%s.",
-    config.model.get("name", "the model"),
-    config.batch,
-    where,
-    auto,
-  )
+  name = config.model.get("name", "the model")
+  logging.info("Planning %s, batch %d, for %s%s.", name, config.batch, where, auto)
   # The class count comes from config.num_classes (the presets set it): no data is read.
   spec = run_lib.resolve(config, mesh=mesh, memory_limit_bytes=int(hbm), open_data=False)
   steps = run_lib.build_steps(spec, mesh)
@@ -176,6 +172,10 @@ def make_plan(config: ml_collections.ConfigDict, topology: AnyTopology) -> Plan:
   augmentation, augmentation_time, augmented = _augmentation(
     spec, steps, mesh, where, topology, options
   )
+  mixed = budgets.plan_budgets(
+    steps, chip, n, hbm * (1 - topology.headroom),
+    lambda what, lower: _measure(what, where, lower, n, topology, options), (train, compiled),
+  )  # fmt: skip
   per_image = steps.train_flops_per_example()
   step_flops, source = (train.xla_flops * n, "xla") if compiled else (None, "none")
   if compiled and train.has_loops and chip.platform == "tpu":
@@ -250,6 +250,7 @@ def make_plan(config: ml_collections.ConfigDict, topology: AnyTopology) -> Plan:
     augmentation_route=ROUTE if augmentation else "",
     estimate=estimate,
     augmentation_estimate=augmented,
+    budget_rows=mixed,
   )
 
 
@@ -376,6 +377,7 @@ def format_plan(plan: Plan) -> str:
     lines.append(_run_line(plan))
   if plan.augmentation is not None:
     lines.append(_augmentation_line(plan))
+  lines += budgets.lines(plan.budget_rows)
   seconds = (plan.train.compile_seconds, plan.eval.compile_seconds)
   lines.append(f"compiled in {seconds[0]:.1f} s (train), {seconds[1]:.1f} s (eval)")
   lines.append("fits" if plan.fits else "does not fit (below)")
