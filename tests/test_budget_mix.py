@@ -71,19 +71,19 @@ def test_a_run_of_three_budgets_trains_each_and_resumes_exactly(tmp_path, tiny_c
 
 
 def test_the_plan_compiles_each_budgets_step_and_reports_the_mix():
-  """`vit_jax.plan` of a run of three budgets on a v5e:2x2: a step per budget at its batch
+  """`vit_jax.plan` of a run of two budgets on a v5e:2x2: a step per budget at its batch
   (the budget of config.pp.seq_len and config.batch: the plan's own train step)."""
   from tests.test_plan import tiny_config  # pylint: disable=g-import-not-at-top
   from vit_jax.plan import planner, topology  # pylint: disable=g-import-not-at-top
 
   config = tiny_config(pp__seq_len=64)  # 32 x 32 crops of 4 x 4 patches: 64 patches
   config.model.posemb_grid = (8, 8)
-  config.pp.train_seq_lens = (16, 64, 144)
+  config.pp.train_seq_lens = (16, 64)
   plan = planner.make_plan(config, topology.parse("v5e:2x2"))
   rows = {row.budget: row for row in plan.budget_rows}
-  assert {b: r.batch for b, r in rows.items()} == {16: 256, 64: 64, 144: 24}
+  assert {b: r.batch for b, r in rows.items()} == {16: 256, 64: 64}
   assert rows[64].needed_bytes == plan.train.memory.total
   assert all(r.fits and r.bound_s > 0 for r in rows.values())
-  assert len({r.needed_bytes for r in rows.values()}) == 3  # three programs
+  assert rows[16].needed_bytes != rows[64].needed_bytes  # two programs
   printed = planner.format_plan(plan)
   assert "train steps by NaFlex budget" in printed and "the mix:" in printed
