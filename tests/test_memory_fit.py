@@ -1,6 +1,7 @@
 """accum_steps='auto': the fewest micro-batches whose compiled step fits a pretended limit."""
 
 import dataclasses
+import functools
 
 import jax
 import numpy as np
@@ -30,6 +31,7 @@ def auto_config():
   return _config(memory_fit.AUTO)
 
 
+@functools.cache  # one compile per count for the module (the tests share _peak(1))
 def _peak(accum_steps):
   return step_cost.peak_bytes(train_fixtures.build_steps(_config(accum_steps)).compile_train_step())
 

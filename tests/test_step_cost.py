@@ -235,8 +235,18 @@ NEW_FAMILIES = {
 NEW_FAMILIES["SigLIP so400m sizes"].transformer.update(num_heads=16, mlp_dim=4304)
 
 
+# Two cases repeat another's code path at other sizes (each a large compile): `slow`. The
+# MAP head's count at so400m's sizes is SigLIP-B_16's; DINOv3's SwiGLU is EVA-02's SwiGLU
+# (less its LayerNorm) and stays checked within 3% in the default run by
+# tests/test_plan_families.py's rotary plan (a DINOv3 with SwiGLU, XLA's count).
+_SLOW_FAMILIES = ("DINOv3-L_16 SwiGLU", "SigLIP so400m sizes")
+
+
 @pytest.mark.parametrize("train", [False, True])
-@pytest.mark.parametrize("name", list(NEW_FAMILIES))
+@pytest.mark.parametrize(
+  "name",
+  [pytest.param(n, marks=pytest.mark.slow) if n in _SLOW_FAMILIES else n for n in NEW_FAMILIES],
+)
 def test_analytic_count_of_the_new_families_is_within_3_percent_of_xlas(name, train):
   """XLA counts the products and the elementwise work (LayerNorm, softmax, RoPE, the exact
   GELU's erf polynomial: 65 FLOPs per hidden unit on the CPU, the tanh form 9), a little
@@ -253,10 +263,14 @@ def test_analytic_count_of_the_new_families_is_within_3_percent_of_xlas(name, tr
 def _contrastive(lock_image: bool, text_pool: str = "last"):
   """SigLIP-B/16's image tower (2 layers) and big_vision's B text tower (2 layers), the
   sigmoid loss's objective as a run builds it (one device: the loss over the whole batch)."""
+  from vit_jax.models import text as text_tower
   from vit_jax.models import two_tower_config
   from vit_jax.run.objectives import contrastive
 
-  text = dict(size="B", vocab_size=1000, pool=text_pool)
+  width, _, mlp_dim, heads = text_tower.SIZES["B"]  # B's widths and heads, 2 of its 12 layers
+  text = dict(
+    width=width, depth=2, mlp_dim=mlp_dim, num_heads=heads, vocab_size=1000, pool=text_pool
+  )
   model = two_tower_config(NEW_FAMILIES["SigLIP-B_16"], text=text, text_len=16, embed_dim=768)
   options = ml_collections.ConfigDict(dict(loss="sigmoid", lock_image=lock_image))
   return contrastive.Contrastive(model, options)

@@ -76,9 +76,24 @@ def _hub_folder(tmp_path, name: str):
   return model, sources.load(str(tmp_path))
 
 
+@pytest.fixture(scope="module")
+def hub_folder(tmp_path_factory):
+  """``name`` -> (folder, timm's model, our import) of `_hub_folder`, written and read once
+  for the module: the tests below only read them."""
+  made = {}
+
+  def get(name: str):
+    if name not in made:
+      folder = tmp_path_factory.mktemp(name)
+      made[name] = (folder, *_hub_folder(folder, name))
+    return made[name]
+
+  return get
+
+
 @pytest.mark.parametrize("name", TINY)
-def test_import_gives_timms_logits(tmp_path, name):
-  model, loaded = _hub_folder(tmp_path, name)
+def test_import_gives_timms_logits(hub_folder, name):
+  _, model, loaded = hub_folder(name)
   size = TINY[name][2]
   images = fx.images(2, size)
   error = fx.relative_error(fx.our_logits(loaded, images), fx.torch_logits(model, images))
@@ -87,10 +102,10 @@ def test_import_gives_timms_logits(tmp_path, name):
 
 
 @pytest.mark.parametrize("name", ["vit_small_patch16_dinov3", "vit_small_plus_patch16_dinov3"])
-def test_another_resolution_needs_no_table_for_the_rotary_embedding(tmp_path, name):
+def test_another_resolution_needs_no_table_for_the_rotary_embedding(hub_folder, name):
   """DINOv3 (no absolute table) at twice the size: the rotary tables follow the grid, as
   timm's with dynamic_img_size (an absolute table beside RoPE is resized as any ViT's)."""
-  model, loaded = _hub_folder(tmp_path, name)
+  _, model, loaded = hub_folder(name)
   size = 2 * TINY[name][2]
   assert loaded.config.posemb == "none"
   images = fx.images(2, size, seed=3)
@@ -99,8 +114,8 @@ def test_another_resolution_needs_no_table_for_the_rotary_embedding(tmp_path, na
 
 
 @pytest.mark.parametrize("name", TINY)
-def test_export_is_rebuilt_by_timm_with_the_same_logits(tmp_path, name):
-  _, loaded = _hub_folder(tmp_path, name)
+def test_export_is_rebuilt_by_timm_with_the_same_logits(hub_folder, name):
+  _, _, loaded = hub_folder(name)
   size = TINY[name][2]
   spec = timm_eva.model_spec(loaded.config, num_classes=fx.NUM_CLASSES, image_size=(size, size))
   rebuilt = fx.timm_rebuilt(spec, timm_eva.to_timm(loaded.params, loaded.config))
@@ -151,7 +166,9 @@ def test_full_size_parameter_count_equals_timms(name):
   args = timm_names.model_args(name)
   config, _ = timm_eva.read_eva(tensors, name, args, name)
   config.transformer.num_layers = args["depth"]
-  module = models.create_model(config, num_classes=full.num_classes)
+  # The blocks as one nn.scan: traced once instead of once per layer (a tenth of the
+  # time), the same parameters stacked (tests/test_models.py counts every variant so).
+  module = models.create_model(config, num_classes=full.num_classes, scan=True)
   size = full.pretrained_cfg["input_size"][1]
   dummy = jax.ShapeDtypeStruct((1, size, size, 3), np.float32)
   shapes = jax.eval_shape(module.init, jax.random.key(0), dummy)["params"]
@@ -206,7 +223,7 @@ def test_named_variants_are_timms_architectures(ours, theirs):
   with torch.device("meta"):
     full = timm.create_model(theirs, pretrained=False, num_classes=1000, img_size=224)
     one = timm.create_model(theirs, pretrained=False, depth=1, num_classes=1000)
-  module = models.create_model(models.get_model_config(ours), num_classes=1000)
+  module = models.create_model(models.get_model_config(ours), num_classes=1000, scan=True)
   dummy = jax.ShapeDtypeStruct((1, 224, 224, 3), np.float32)
   shapes = jax.eval_shape(module.init, jax.random.key(0), dummy)["params"]
   got = sum(int(np.prod(s.shape)) for s in jax.tree_util.tree_leaves(nn.unbox(shapes)))
@@ -236,7 +253,7 @@ def test_named_variants_are_timms_architectures(ours, theirs):
   ],
 )
 def test_finetunes_from_the_hub_folder_at_another_grid(
-  tmp_path, name, crop, digits_dir, monkeypatch
+  hub_folder, name, crop, digits_dir, monkeypatch
 ):
   """Three steps through ``config.pretrained`` on another grid (DINOv3: 2x2 where timm's
   was 3x3, nothing to resize; EVA-02: 3x3 where it was 2x2, its table resized as any
@@ -246,8 +263,8 @@ def test_finetunes_from_the_hub_folder_at_another_grid(
   from vit_jax import weights  # pylint: disable=g-import-not-at-top
   from vit_jax.weights import npz  # pylint: disable=g-import-not-at-top
 
-  _, loaded = _hub_folder(tmp_path, name)
-  config = _finetune_config(loaded, str(tmp_path), digits_dir, crop)
+  folder, _, loaded = hub_folder(name)
+  config = _finetune_config(loaded, str(folder), digits_dir, crop)
   adapted = {}
   real_load = weights.load_pretrained
 
@@ -275,8 +292,8 @@ def test_finetunes_from_the_hub_folder_at_another_grid(
     "vit_pe_core_tiny_patch16_384",
   ],
 )
-def test_predict_on_the_hub_folder_gives_timms_top1_and_probability(tmp_path, name):
-  model, loaded = _hub_folder(tmp_path, name)
+def test_predict_on_the_hub_folder_gives_timms_top1_and_probability(hub_folder, tmp_path, name):
+  _, model, loaded = hub_folder(name)
   size = TINY[name][2]
   assert list(loaded.config.input_mean) == list(model.pretrained_cfg["mean"])  # recorded
   fx.assert_predict_matches_timm(loaded, model, size, tmp_path)
@@ -304,15 +321,16 @@ def test_a_half_precision_hub_file_loads_with_the_logits_of_its_stored_values(tm
   "name",
   ["vit_small_plus_patch16_dinov3", "eva02_base_patch16_clip_224", "vit_pe_core_tiny_patch16_384"],
 )
-def test_the_export_command_writes_eva_that_reads_back_and_timm_rebuilds(tmp_path, name):
+def test_the_export_command_writes_eva_that_reads_back_and_timm_rebuilds(
+  hub_folder, tmp_path, name
+):
   """`python -m vit_jax.export --format=timm` of a rotary model writes timm's Eva (name and
   keyword arguments in timm_model.json); timm rebuilds it and this package reads it back,
   both with the same logits. A model timm's Eva cannot hold is one error naming why."""
   from vit_jax import export  # pylint: disable=g-import-not-at-top
 
-  (tmp_path / "hub").mkdir()
-  model, loaded = _hub_folder(tmp_path / "hub", name)
-  export.export(str(tmp_path / "hub"), "timm", str(tmp_path / "out"))
+  hub, model, loaded = hub_folder(name)
+  export.export(str(hub), "timm", str(tmp_path / "out"))
   spec = json.loads((tmp_path / "out" / "timm_model.json").read_text())
   state = safetensors_torch.load_file(tmp_path / "out" / "model.safetensors")
   rebuilt = fx.timm_rebuilt(spec, state)
