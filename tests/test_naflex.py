@@ -3,6 +3,7 @@ padded patch sequences, against the square path and big_vision's ``naflex_vit`` 
 forward reproduced in `tests/big_vision_reference.py`)."""
 
 import json
+import os
 
 import flax.linen as nn
 import jax
@@ -86,6 +87,36 @@ def test_non_square_images_give_big_visions_naflex_probabilities(
   ours = jax.nn.softmax(model.apply({"params": tree}, batch))
   np.testing.assert_allclose(ours, theirs, atol=1e-6)
   assert not np.allclose(ours[0], ours[1], atol=1e-3)  # the images are told apart
+
+
+def test_a_naflex_tower_exports_as_big_visions_naflex_vit(tmp_path):
+  """big_vision's NaFlex tower read (its table's grid as ``posemb_grid``) and exported as
+  big_vision: the file holds ``naflex_vit``'s layout (a Dense on flattened patches, the
+  [n, n, D] table) and big_vision's forward of it gives the original's probabilities;
+  a table that big_vision does not resize so (keeping the aspect) is written at a grid."""
+  import vit_jax  # pylint: disable=g-import-not-at-top
+
+  reference = bv.NaFlexViT(
+    num_classes=7, width=32, depth=1, mlp_dim=64, num_heads=4, nposemb=4, pool_type="map"
+  )
+  batch = _batch(_images([(2, 6), (4, 3)], seed=5), 16)
+  theirs_in = (batch.patches, batch.mask.astype(jnp.int32), *np.moveaxis(batch.coords, -1, 0))
+  their_params = reference.init(jax.random.key(2), theirs_in)["params"]
+  want = jax.nn.softmax(reference.apply({"params": their_params}, theirs_in))
+  bv.save(str(tmp_path / "naflex.npz"), their_params)
+  model = vit_jax.load(str(tmp_path / "naflex.npz"))
+  assert tuple(model.config.posemb_grid) == (4, 4)
+  folder = model.save(str(tmp_path / "exported"), format="big_vision")
+  written = bv.load_params(os.path.join(folder, "model.npz"))
+  assert written["embedding"]["kernel"].shape == (PATCH * PATCH * 3, 32)
+  assert written["pos_embedding"].shape == (4, 4, 32)
+  got = jax.nn.softmax(reference.apply({"params": written}, theirs_in))
+  np.testing.assert_allclose(got, want, atol=1e-6)
+
+  model.loaded.config.posemb_keep_aspect = True  # timm's pos_embed_ar_preserving
+  folder = model.save(str(tmp_path / "fixed"), format="big_vision")
+  fixed = bv.load_params(os.path.join(folder, "model.npz"))
+  assert fixed["pos_embedding"].shape[0] == 1 and fixed["embedding"]["kernel"].ndim == 4
 
 
 @pytest.mark.parametrize("budget", [256, 576])

@@ -205,12 +205,13 @@ def _image_config(tree: Params, source: str) -> ml_collections.ConfigDict:
   return config
 
 
-def _naflex_as_vit(flat: dict[str, Any], source: str) -> None:
+def _naflex_as_vit(flat: dict[str, Any], source: str) -> Optional[tuple[int, int]]:
   """A NaFlex image tower (``proj.image_text.naflex_vit``) in the ViT's layout, in place:
   its Dense on flattened patches [P * P * 3, D] (each patch's pixels in (row, column,
   channel) order, `tf.image.extract_patches`') as the patch kernel [P, P, 3, D], its
-  table [n, n, D] as the rows [1, n * n, D] of an n x n grid. The ViT then takes NaFlex
-  inputs (`vit_jax.models.naflex`) and square images alike."""
+  table [n, n, D] as the rows [1, n * n, D] of an n x n grid, which it returns (None: no
+  NaFlex tower). The ViT then takes NaFlex inputs (`vit_jax.models.naflex`) and square
+  images alike."""
   for tower in ("", "img/"):
     kernel = flat.get(tower + "embedding/kernel")
     if kernel is None or np.ndim(kernel) != 2:
@@ -224,6 +225,8 @@ def _naflex_as_vit(flat: dict[str, Any], source: str) -> None:
       )
     flat[tower + "embedding/kernel"] = kernel.reshape(side, side, 3, kernel.shape[1])
     flat[tower + "pos_embedding"] = table.reshape(1, -1, table.shape[-1])
+    return table.shape[0], table.shape[1]
+  return None
 
 
 def read(path: str) -> tuple[ml_collections.ConfigDict, Params, Optional[tuple[int, int]]]:
@@ -231,13 +234,18 @@ def read(path: str) -> tuple[ml_collections.ConfigDict, Params, Optional[tuple[i
   a two-tower model (``img/``, ``txt/``, ``t``) or a plain ViT."""
   source = repr(path)
   flat = load_flat(path)
-  _naflex_as_vit(flat, source)
+  table_grid = _naflex_as_vit(flat, source)
   tree = traverse_util.unflatten_dict(to_ours(flat), sep="/")
   if "txt" not in tree:
-    config = _image_config(tree, source)
-    return config, tree, architecture.trained_image_size(tree, config)
-  config = _two_tower_config(tree, source)
-  return config, tree, architecture.trained_image_size(tree["img"], config.image)
+    config = image = _image_config(tree, source)
+    size = architecture.trained_image_size(tree, config)
+  else:
+    config = _two_tower_config(tree, source)
+    image = config.image
+    size = architecture.trained_image_size(tree["img"], image)
+  if table_grid is not None:  # resized to each input as big_vision does (the defaults)
+    image.posemb_grid = table_grid
+  return config, tree, size
 
 
 def _two_tower_config(tree: Params, source: str) -> ml_collections.ConfigDict:
@@ -361,10 +369,41 @@ def check_writable(config: ml_collections.ConfigDict) -> None:
     )
 
 
+def keeps_naflex_layout(config: ml_collections.ConfigDict) -> bool:
+  """Whether ``config``'s image tower is big_vision's ``naflex_vit``: a square table
+  resized to each input (``posemb_grid``) as big_vision resizes it (antialiased bilinear,
+  not keeping the aspect), no class token, MAP or mean pooling. Such a model is written in
+  that layout, its table at its own grid; any other at the export's fixed grid."""
+  image = config.image if models.is_two_tower(config) else config
+  grid = image.get("posemb_grid")
+  return (
+    grid is not None
+    and grid[0] == grid[1]
+    and image.get("posemb_resample", "bilinear") == "bilinear"
+    and image.get("posemb_antialias", True)
+    and not image.get("posemb_keep_aspect", False)
+    and image.get("classifier") in ("map", "gap")
+  )
+
+
+def _vit_as_naflex(flat: dict[str, Any], config: ml_collections.ConfigDict) -> None:
+  """The inverse of `_naflex_as_vit`, in place: the patch kernel [P, P, 3, D] as the Dense
+  on flattened patches [P * P * 3, D], the table rows [1, n * n, D] as [n, n, D]."""
+  tower = "img/" if models.is_two_tower(config) else ""
+  image = config.image if tower else config
+  kernel = flat[tower + "embedding/kernel"]
+  flat[tower + "embedding/kernel"] = kernel.reshape(-1, kernel.shape[-1])
+  table = flat[tower + "pos_embedding"]
+  flat[tower + "pos_embedding"] = table.reshape(*image.posemb_grid, table.shape[-1])
+
+
 def save(path: str, params: Params, config: ml_collections.ConfigDict) -> None:
   """Our tree of ``config`` written as a released big_vision `.npz` (`PREFIX`, per layer,
-  float32)."""
-  arrays = {PREFIX + k: v for k, v in to_theirs(params, config).items()}
+  float32): a NaFlex tower (`keeps_naflex_layout`) as ``naflex_vit``'s."""
+  flat = to_theirs(params, config)
+  if keeps_naflex_layout(config):
+    _vit_as_naflex(flat, config)
+  arrays = {PREFIX + k: v for k, v in flat.items()}
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   with open(path, "wb") as f:
     np.savez(f, **arrays)

@@ -16,6 +16,13 @@ from vit_jax import errors
 from vit_jax.aliases import Params
 from vit_jax.weights import serving
 
+
+def _big_vision() -> Any:
+  from vit_jax.weights import big_vision  # pylint: disable=g-import-not-at-top
+
+  return big_vision
+
+
 # A serving format's writer: (folder, module, params, image_size) -> None.
 Serve = Callable[[str, Any, Params, tuple[int, int]], None]
 
@@ -31,9 +38,9 @@ class Export:
   # How to load an image-text model written whole, where that differs from ``hint``.
   two_tower_hint: Optional[str] = None
   serve: Optional[Serve] = None  # a serving format's writer; None: its checkpoint format's
-  # The position table at the export's input grid; False: the model config beside the
-  # arrays keeps a table stored at its own grid (``posemb_grid``, a NaFlex tower's).
-  fixed_grid: bool = True
+  # Whether the format keeps a model's table stored at its own grid (``posemb_grid``, a
+  # NaFlex tower's) for its loader to resize; False: the table at the export's input grid.
+  keeps_grid: Callable[[Any], bool] = lambda config: False
 
 
 HF = Export(
@@ -70,12 +77,14 @@ NPZ = Export(
   name="npz",
   hint="python -m vit_jax.predict --checkpoint={out}/model.npz, or "
   "--config.pretrained={out}/model.npz to fine-tune",
-  fixed_grid=False,
+  keeps_grid=lambda config: True,  # its config travels with it
 )
 BIG_VISION = Export(
   name="big_vision",
   hint="big_vision's two_towers.load(None, {out!r} + '/model.npz', model_cfg) "
-  "(a ViT: vit.load), its tokenizer {out}/model.model; or vit_jax.load({out!r})",
+  "(a ViT: vit.load; a NaFlex tower: proj.image_text.naflex_vit.load), its tokenizer "
+  "{out}/model.model; or vit_jax.load({out!r})",
+  keeps_grid=lambda config: _big_vision().keeps_naflex_layout(config),
 )
 
 EXPORTS: tuple[Export, ...] = (HF, TIMM, SAVED_MODEL, STABLEHLO, NPZ, BIG_VISION)

@@ -51,7 +51,7 @@ def writer(
   export = exports.by_name(fmt)
   if export.image_tower and models.is_two_tower(model.config):
     model = image_tower(model)
-  if export.fixed_grid:
+  if not export.keeps_grid(model.config):
     model = at_fixed_grid(model, image_size)
   module = model.module(dtype=jnp.float32)
   params = model.params
