@@ -64,8 +64,12 @@ def test_smoke_runs_every_row_on_the_cpu(tmp_path):
   assert results["timm"]["train"]["img_s"] > 0 and results["timm"]["infer"]["img_s"] > 0
   profile = results["profile"]["profile"]
   assert 0 < profile["busy_ms"] <= profile["span_ms"] and profile["kinds_ms"]["XLA fusion"] > 0
+  masked = results[rows.NAFLEX_ATTENTION]  # the fused path ('xla' here) against einsum
+  assert masked["fused"] == "xla" and masked["features_rel_diff"] < 1e-5
+  mixed = results[rows.NAFLEX_MIXED]
+  assert set(mixed["budgets"]) == {"4", "8", "16"} and mixed["mixed_over_fixed"] > 0
   table = (tmp_path / "gpu_check.md").read_text()
-  assert "Failed rows: none" in table
+  assert "Failed rows: none" in table and "mixed / fixed" in table
   assert all(f"| {s.name} |" in table for s in rows.SPEEDS)
   assert (tmp_path / "gpu_check.log").read_text().count("=====") == len(rows.ROWS)
 
