@@ -119,6 +119,28 @@ def test_command_on_a_runs_checkpoints(trained_run, digits_dir):
   assert "features of 1797 images" in proc.stdout
 
 
+def test_command_reads_naflex_inputs_at_a_budget(trained_run, digits_dir, capsys):
+  """``--seq_len=4``: each 8x8 digit as its own 2x2 grid, the table's own grid, so the
+  features and accuracies are the square run's; ``--seq_len=9`` resizes each digit to a
+  3x3 grid, which the 2x2-trained model reads less well but far above chance."""
+  from vit_jax import fewshot  # pylint: disable=g-import-not-at-top
+
+  config, workdir, metrics = trained_run
+  common = [
+    "fewshot", f"--checkpoint={workdir}/checkpoints", "--dataset=digits", "--shots=10",
+    f"--batch={config.batch_eval}", f"--data_dir={digits_dir}",
+  ]  # fmt: skip
+  accuracy = {}
+  for seq_len in (4, 9):
+    assert fewshot.main([*common, f"--seq_len={seq_len}"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("digits"))
+    accuracy[seq_len] = float(row.split()[2])
+  assert accuracy[4] == pytest.approx(metrics["fewshot/digits_10shot"], abs=1e-4)
+  assert accuracy[9] != pytest.approx(accuracy[4], abs=1e-4) and accuracy[9] > 0.2  # chance: 0.1
+  assert fewshot.main([*common, "--seq_len=0"]) == 2
+  assert "--seq_len=0 must be at least 1" in capsys.readouterr().err
+
+
 def test_command_on_an_npz_infers_the_model(trained_run, digits_dir, tmp_path):
   _, workdir, _ = trained_run
   params = orbax_steps.read_params(f"{workdir}/checkpoints")

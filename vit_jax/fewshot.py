@@ -9,7 +9,8 @@ preprocessing in its `config.json` (a masked-patch-prediction run's too); an off
 `.npz` takes --model, or its architecture and resolution are inferred from the array
 shapes; Hugging Face and timm checkpoints, `hf-hub:<org>/<name>` and official names
 (`ViT-B_16`) are read as `vit_jax.predict` reads them. --crop changes the resolution
-(position embeddings are interpolated as for fine-tuning). An image-text checkpoint (a
+(position embeddings are interpolated as for fine-tuning); --seq_len=N reads each image at
+its own aspect ratio in at most N patches (NaFlex). An image-text checkpoint (a
 contrastive run, a transformers SigLIP or CLIP folder, a LiT `.npz`) is evaluated on its
 image tower's features.
 """
@@ -78,6 +79,13 @@ def _parse(argv: Sequence[str]) -> dict[str, Any]:
       "trained for).",
       flag_values=flag_values,
     ),
+    seq_len=flags.DEFINE_integer(
+      "seq_len",
+      None,
+      "NaFlex: each image at its own aspect ratio in at most this many patches instead of "
+      "the square crop (default: the run's config.pp.seq_len).",
+      flag_values=flag_values,
+    ),
     batch=flags.DEFINE_integer(
       "batch", 256, "Images per forward pass (all devices).", flag_values=flag_values
     ),
@@ -107,7 +115,7 @@ def _shot_counts(shots: Sequence[str]) -> list[int]:
 
 def _check_values(values: dict[str, Any]) -> None:
   """The numeric flags within their bounds, and --data_dir a folder if it exists."""
-  for name, low in (("seeds", 1), ("batch", 1), ("crop", 1)):
+  for name, low in (("seeds", 1), ("batch", 1), ("crop", 1), ("seq_len", 1)):
     if values[name] is not None and values[name] < low:
       raise errors.CommandLineError(f"--{name}={values[name]} must be at least {low}.")
   if values["batch"] > MAX_BATCH:
@@ -177,6 +185,9 @@ def _config(values: dict[str, Any]) -> tuple[ml_collections.ConfigDict, data.Set
     batch_eval=values["batch"],
     data_dir=values["data_dir"] or settings.data_dir,
   )
+  if values["seq_len"] is not None:
+    patch = models.image_settings(model_config).patches.size
+    settings = settings.with_seq_len(values["seq_len"], tuple(patch), "--seq_len")
   return model_config, settings, source
 
 
