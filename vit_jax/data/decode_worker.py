@@ -91,6 +91,8 @@ def _receive(tasks: connection.Connection, inbox: queue.SimpleQueue) -> None:
       inbox.put(tasks.recv())
   except (EOFError, OSError):
     inbox.put(None)
+  except Exception as e:  # noqa: BLE001  # a message this interpreter cannot unpickle
+    inbox.put(e)  # (an import its classes need fails): said by the main loop, never a hang
 
 
 def serve(tasks: connection.Connection, results: connection.Connection) -> None:
@@ -103,6 +105,8 @@ def serve(tasks: connection.Connection, results: connection.Connection) -> None:
   if args is None:
     return
   try:
+    if isinstance(args, Exception):  # the arguments could not be unpickled
+      raise args
     from vit_jax.data import example_images  # pylint: disable=g-import-not-at-top
 
     preprocessing, mappings = example_images.Preprocessing(*args), _Mappings()
@@ -122,6 +126,9 @@ def serve(tasks: connection.Connection, results: connection.Connection) -> None:
   while True:
     while not ended and (not held or not inbox.empty()):
       task = inbox.get()
+      if isinstance(task, Exception):  # a task that could not be unpickled: a bug
+        results.send(RuntimeError(f"A decode worker could not read its task: {task!r}"))
+        return
       if task is None:
         ended = True
       else:
