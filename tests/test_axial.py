@@ -151,6 +151,8 @@ def test_the_analytic_count_matches_xla(changes):
   assert analytic > step_cost.vit_flops_per_image(config, 32, 10, train=False)  # the plain ViT
 
 
+# A TPU compile of minutes: the slow tier (the planner's paths: tests/test_plan.py).
+@pytest.mark.slow
 @needs_libtpu
 def test_plan_compiles_an_axial_vit_for_a_tpu_slice():
   from configs import pretrain  # pylint: disable=g-import-not-at-top

@@ -277,6 +277,7 @@ def test_webdataset_shards_on_a_bucket_are_read_from_local_copies(tmp_path, prox
   assert len(list((tmp_path / "cache").rglob("0000[01].tar.*"))) == 2
 
 
+@pytest.mark.slow  # the benchmark script; the bucket reads it times are tested above
 def test_the_benchmark_smoke_times_each_source_local_and_on_the_bucket():
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   done = subprocess.run(

@@ -70,6 +70,7 @@ def test_a_run_of_three_budgets_trains_each_and_resumes_exactly(tmp_path, tiny_c
   assert_resume_is_exact(tiny_config, tmp_path, monkeypatch, (straight_dir, straight))
 
 
+@pytest.mark.slow  # TPU compiles of minutes
 def test_the_plan_compiles_each_budgets_step_and_reports_the_mix():
   """`vit_jax.plan` of a run of two budgets on a v5e:2x2: a step per budget at its batch
   (the budget of config.pp.seq_len and config.batch: the plan's own train step)."""

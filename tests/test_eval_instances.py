@@ -3,6 +3,7 @@ test split, on tiny tfds datasets with the real builders' features (ArrayRecord,
 without TensorFlow or network); one run with three instances, stopped and resumed."""
 
 import dataclasses
+import os
 
 import numpy as np
 import pytest
@@ -58,7 +59,8 @@ def test_three_instances_evaluate_on_their_schedules_and_resume_exactly(
 ):
   config = _config(imagenet_dir)
   history = progress.History()
-  straight = run.train(run.build(config), str(tmp_path / "straight"), history)
+  built = run.build(config)
+  straight = run.train(built, str(tmp_path / "straight"), history)
   steps = {
     name: [row["step"] for row in history.evaluations[:-1] if f"{name}/accuracy" in row]
     for name in ("eval", "real", "v2", "original")
@@ -69,7 +71,21 @@ def test_three_instances_evaluate_on_their_schedules_and_resume_exactly(
   assert straight["original/examples"] == 12 and straight["v2/examples"] == 16
   assert straight["eval/examples"] == 8
 
-  train_fixtures.run_preempted(config, str(tmp_path / "resumed"), monkeypatch)
+  # Stopped after step 4 (step 3 saved) with the straight run's built steps (its compiled
+  # programs); resumed as a new process resumes: built afresh from the config.
+  real_iterator = data.train_iterator
+
+  def preempted(*args, **kwargs):
+    it = real_iterator(*args, **kwargs)
+    for _ in range(4):
+      yield next(it)
+    raise RuntimeError("preempted")
+
+  with monkeypatch.context() as patch:
+    patch.setattr(data, "train_iterator", preempted)
+    with pytest.raises(RuntimeError, match="preempted"):
+      run.train(built, str(tmp_path / "resumed"))
+  assert sorted(os.listdir(tmp_path / "resumed" / "checkpoints")) == ["3"]
   resumed = run.train_and_evaluate(config, str(tmp_path / "resumed"))
   named = {k: v for k, v in straight.items() if k.split("/")[0] in steps}
   assert len(named) == 11 and {k: resumed[k] for k in named} == named

@@ -359,6 +359,8 @@ def test_the_configs_take_the_family_names(name):
         assert section[last] == value, (argument, key)
 
 
+# A TPU compile per family: the slow tier (the planner's paths: tests/test_plan.py).
+@pytest.mark.slow
 @needs_libtpu
 @each_family
 def test_plan_compiles_the_family_for_a_tpu_slice(name):

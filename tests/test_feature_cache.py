@@ -32,21 +32,44 @@ def _lit(data_dir: str, pretrained: str, **overrides):
   return train_fixtures.override(config, overrides)
 
 
-def test_cached_features_train_as_the_uncached_run(tmp_path, tiny_run, digits_dir, monkeypatch):
+_LIT_RUNS: dict = {}
+
+
+def shared_lit_run(tmp_path_factory, digits_dir: str, tiny_run) -> tuple:
+  """(config, workdir, final metrics, the feature caches it made) of the LiT run (`_lit`,
+  no cached features) from the supervised tiny run's checkpoints, made once a session: the
+  uncached run of the test below and the locked-tower run of test_image_text_run.py. Copy
+  the workdir before changing it."""
+  if digits_dir not in _LIT_RUNS:
+    source = os.path.join(tiny_run[0], "checkpoints")  # the supervised tiny run
+    config = _lit(digits_dir, source)
+    workdir = str(tmp_path_factory.mktemp("lit_plain"))
+    caches = []
+    real = feature_cache.FeatureCache
+    with pytest.MonkeyPatch.context() as patch:
+      patch.setattr(feature_cache, "FeatureCache", lambda *a: caches.append(real(*a)) or caches[-1])
+      metrics = run.train_and_evaluate(config, workdir)
+    _LIT_RUNS[digits_dir] = (config, workdir, metrics, caches)
+  return _LIT_RUNS[digits_dir]
+
+
+def test_cached_features_train_as_the_uncached_run(
+  tmp_path, tmp_path_factory, tiny_run, digits_dir, monkeypatch
+):
   source = os.path.join(tiny_run[0], "checkpoints")  # the supervised tiny run
+  _, plain_dir, plain, plain_caches = shared_lit_run(tmp_path_factory, digits_dir, tiny_run)
+  assert not plain_caches
   caches = []
   real = feature_cache.FeatureCache
   monkeypatch.setattr(
     feature_cache, "FeatureCache", lambda *a: caches.append(real(*a)) or caches[-1]
   )
-  plain = run.train_and_evaluate(_lit(digits_dir, source), str(tmp_path / "plain"))
-  assert not caches
   cached = run.train_and_evaluate(
     _lit(digits_dir, source, **{"contrastive.cache_image_features": True}), str(tmp_path / "cached")
   )
   assert len(caches) == 1 and caches[0].computed == 2  # the first epoch's 2 batches
   assert caches[0].filled.all() and caches[0].table.shape == (32, 32)
-  a = traverse_util.flatten_dict(orbax_steps.read_params(tmp_path / "plain" / "checkpoints"))
+  a = traverse_util.flatten_dict(orbax_steps.read_params(os.path.join(plain_dir, "checkpoints")))
   b = traverse_util.flatten_dict(orbax_steps.read_params(tmp_path / "cached" / "checkpoints"))
   assert a.keys() == b.keys()
   moved = 0

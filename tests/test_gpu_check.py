@@ -16,6 +16,9 @@ COMMAND = ["-m", "benchmarks.gpu_check"]
 HANG_S = 1200  # A guard against a hang, not a speed: the smoke takes about a minute idle.
 
 
+# Minutes (every benchmark row compiled): the slow tier. By default the report, the
+# budget and the row-order tests below check the check itself.
+@pytest.mark.slow
 def test_smoke_runs_every_row_on_the_cpu(tmp_path):
   proc = fresh_python.run(
     [*COMMAND, "--smoke", f"--out={tmp_path}", "--budget-s=3600"],

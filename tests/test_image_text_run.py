@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -18,8 +19,9 @@ from PIL import Image
 import vit_jax
 from configs import siglip
 from tests import fresh_python, train_fixtures
+from tests.test_feature_cache import shared_lit_run
 from tests.test_main import assert_resume_is_exact
-from vit_jax import errors, models, predict, run
+from vit_jax import errors, models, predict
 from vit_jax import zeroshot as zeroshot_cli
 from vit_jax.data import captions, tokenizer_kinds
 from vit_jax.run.evaluators import retrieval
@@ -56,15 +58,25 @@ def test_two_tower_family_builds_from_config_and_refuses_unknown_text_keys():
 
 
 def test_siglip_run_with_text_in_the_batch_resumes_exactly(tmp_path, digits_dir, monkeypatch):
-  assert_resume_is_exact(_siglip(digits_dir), tmp_path, monkeypatch)
+  # Evaluated at the end only (eval_every past total_steps): the final evaluations and
+  # parameters are compared; the stop (step 4) is after the checkpoint of step 3.
+  assert_resume_is_exact(_siglip(digits_dir, eval_every=100), tmp_path, monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def lit_run(tmp_path_factory, digits_dir, tiny_run):
+  """The LiT run (locked image tower) from the supervised tiny run that
+  test_feature_cache.py compares its cached-features run with, made once a session."""
+  return shared_lit_run(tmp_path_factory, digits_dir, tiny_run)
 
 
 def test_locked_image_tower_ends_as_it_started_and_has_no_optimizer_state(
-  tmp_path, tiny_run, digits_dir, capsys
+  tmp_path, tiny_run, lit_run, capsys
 ):
   source = os.path.join(tiny_run[0], "checkpoints")  # the supervised tiny run
-  config = _siglip(digits_dir, pretrained=source, **{"contrastive.lock_image": True})
-  metrics = run.train_and_evaluate(config, str(tmp_path / "lit"))
+  config, workdir, metrics, _ = lit_run
+  assert config.contrastive.lock_image and config.pretrained == source
+  shutil.copytree(workdir, tmp_path / "lit")  # changed below
   assert 0.0 <= metrics["zeroshot/accuracy"] <= 1.0
   # In-batch top-1 is named so, beside zero-shot accuracy: not a class accuracy.
   assert 0.0 <= metrics["eval/in_batch_top1"] <= 1.0 and "eval/accuracy" not in metrics

@@ -58,31 +58,34 @@ def test_jit_vmap_and_the_eager_path_agree(model):
   np.testing.assert_allclose(features, model.features(X), atol=1e-6)
   tokens = jax.jit(lambda m, x: m.features(x, pool=False))(model, jnp.asarray(X))
   np.testing.assert_allclose(tokens, model.features(X, pool=False), atol=1e-6)  # [4, 17, 32]
-  per_image = jax.vmap(lambda x: model(x[None])[0])(X)
+  # vmap under jit (as a user's step would run it): traced alike, compiled as one program
+  # rather than dispatched op by op.
+  per_image = jax.jit(jax.vmap(lambda x: model(x[None])[0]))(X)
   np.testing.assert_allclose(per_image, want, atol=1e-6)
   # An ensemble: two models of one facts stacked, vmapped over the stack.
   other = jax.tree.map(lambda p: p * 0.5, model)
   stacked = jax.tree.map(lambda a, b: jnp.stack([a, b]), model, other)
-  both = jax.vmap(lambda m: m(X))(stacked)
+  both = jax.jit(jax.vmap(lambda m: m(X)))(stacked)
   np.testing.assert_allclose(both[1], other(X), atol=1e-6)
 
 
 def test_grad_through_optax_into_a_model_that_saves_and_reloads_bitwise(model, tmp_path):
-  grads = jax.grad(_loss)(model)
-  assert isinstance(grads, vit_jax.Model) and np.any(grads.params["head"]["kernel"])
   opt = optax.adamw(1e-2)
 
   @jax.jit
   def step(m, state):
     loss, g = jax.value_and_grad(_loss)(m)
     updates, state = opt.update(g, state, m)
-    return optax.apply_updates(m, updates), state, loss
+    return optax.apply_updates(m, updates), state, loss, g
 
   trained, state = model, opt.init(model)
   losses = []
-  for _ in range(3):
-    trained, state, loss = step(trained, state)
+  for i in range(3):
+    trained, state, loss, grads = step(trained, state)
     losses.append(float(loss))
+    if i == 0:  # the gradient at the loaded model: a Model of its parameters' gradients
+      assert isinstance(grads, vit_jax.Model) and np.any(grads.params["head"]["kernel"])
+      assert jax.tree.structure(grads) == jax.tree.structure(model)
   assert losses[2] < losses[0] and float(_loss(trained)) < losses[2]
   again = vit_jax.load(trained.save(tmp_path / "trained"))
   assert _leaves_equal(again.params, trained.params) and again.class_names == model.class_names

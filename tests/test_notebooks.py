@@ -108,6 +108,8 @@ def test_fine_tune_notebook(notebook_env, monkeypatch):
   print(f"fine_tune.ipynb: {time.perf_counter() - start:.0f} s")
 
 
+# Its LiT training takes minutes: the slow tier (the same steps: test_image_text_run.py).
+@pytest.mark.slow
 def test_zero_shot_notebook(notebook_env, monkeypatch):
   start = time.perf_counter()
   nb = _execute("zero_shot.ipynb", REPO_ROOT, notebook_env, monkeypatch)

@@ -91,6 +91,7 @@ def _check_memory(plan: planner.Plan):
 
 
 @needs_libtpu
+@pytest.mark.slow  # a TPU compile of minutes (the planner's paths: tests/test_plan.py)
 def test_a_rotary_vit_plan_is_xlas_count_and_within_3_percent_of_the_analytic_one():
   plan = _plan("rotary")
   assert plan.flops_source == "xla" and not plan.train.has_loops
@@ -219,6 +220,8 @@ def _tree_bytes(tree) -> int:
   return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
 
+# A TPU compile of minutes: the slow tier (the ring count: the HLO test above).
+@pytest.mark.slow
 @needs_libtpu
 def test_a_lit_plan_counts_the_ring_loss_and_no_state_for_the_locked_tower():
   plan = _plan("lit")

@@ -168,7 +168,12 @@ def test_mocked_tfds_text_goes_through_tfds_reader(tmp_path):
 def test_a_finished_siglip_run_on_tar_shards_loads_with_its_tokenizer(tmp_path, tokenizer_path):
   # Its exact resume (and the captions folder's) is held by the run without TensorFlow,
   # tests/test_input_no_tensorflow.py.
-  config = image_text_config(write_shards(tmp_path / "data"), tokenizer_path, batch=8, batch_eval=8)
+  # Three steps (past the warm-up), saved and evaluated at the end only: what is checked
+  # is the finished run.
+  config = image_text_config(
+    write_shards(tmp_path / "data"), tokenizer_path, batch=8, batch_eval=8, total_steps=3,
+    eval_every=100, checkpoint_every=100,
+  )  # fmt: skip
   run.train_and_evaluate(config, str(tmp_path / "straight"))
   # The finished run loads with the tokenizer its captions were read with (predict --texts).
   loaded = sources.load(str(tmp_path / "straight"))
