@@ -53,21 +53,15 @@ def plan_budgets(
       )
     )
     per_image = at.train_flops_per_example()
-    model_flops = per_image and per_image * at.spec.batch
-    step_flops = measured.xla_flops * num_devices if chip.platform == "tpu" else model_flops
-    timing = (
-      compiled
-      and step_flops
-      and report.step_time(
-        measured,
-        chip,
-        num_devices=num_devices,
-        step_flops=step_flops,
-        model_flops=model_flops,
-        dtype=str(at.spec.model.dtype),
-      )
+    _, _, timing = report.train_step_time(
+      measured,
+      compiled,
+      chip,
+      num_devices=num_devices,
+      model_flops=per_image and per_image * at.spec.batch,
+      dtype=str(at.spec.model.dtype),
     )
-    estimate = gpu_estimate.of_compiled(compiled, chip, timing or None)
+    estimate = gpu_estimate.of_compiled(compiled, chip, timing)
     needed = measured.memory.total if measured.memory else measured.needed_bytes
     rows.append(
       BudgetRow(

@@ -177,22 +177,14 @@ def make_plan(config: ml_collections.ConfigDict, topology: AnyTopology) -> Plan:
     lambda what, lower: _measure(what, where, lower, n, topology, options), (train, compiled),
   )  # fmt: skip
   per_image = steps.train_flops_per_example()
-  step_flops, source = (train.xla_flops * n, "xla") if compiled else (None, "none")
-  if compiled and train.has_loops and chip.platform == "tpu":
-    source = "xla, loops multiplied out"  # `loop_cost`: each loop body x its trip count
-  if compiled and chip.platform != "tpu":
-    # XLA:GPU's matrix products are cuBLAS/cuDNN calls that its cost analysis does not count.
-    step_flops, source = (per_image and per_image * spec.batch), "analytic"
-  timing = None
-  if step_flops:
-    timing = report.step_time(
-      train,
-      chip,
-      num_devices=n,
-      step_flops=step_flops,
-      model_flops=per_image and per_image * spec.batch,
-      dtype=str(spec.model.dtype),
-    )
+  step_flops, source, timing = report.train_step_time(
+    train,
+    compiled,
+    chip,
+    num_devices=n,
+    model_flops=per_image and per_image * spec.batch,
+    dtype=str(spec.model.dtype),
+  )
   estimate = gpu_estimate.of_compiled(compiled, chip, timing)
   augmented = gpu_estimate.of_compiled(augmented, chip) if estimate else None
   data_size = mesh.shape[sharding.DATA_AXIS]

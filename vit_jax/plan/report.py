@@ -152,6 +152,39 @@ class StepTime:
   network_s: float = 0.0  # GPU nodes: traffic of the collectives between nodes / network
 
 
+def train_step_time(
+  measured: Measure,
+  compiled: Any,
+  chip: Chip,
+  *,
+  num_devices: int,
+  model_flops: Optional[float],
+  dtype: str,
+) -> tuple[Optional[float], str, Optional[StepTime]]:
+  """(FLOPs of one step over all devices, their source, the step-time bound) of a train
+  step: XLA's count on TPUs (its loops multiplied out, `loop_cost`), the analytic
+  ``model_flops`` elsewhere (XLA:GPU's matrix products are cuBLAS/cuDNN calls its cost
+  analysis does not count); (None, 'none', None) where XLA refused the program."""
+  if compiled is None:
+    return None, "none", None
+  if chip.platform == "tpu":
+    step_flops = measured.xla_flops * num_devices
+    source = "xla, loops multiplied out" if measured.has_loops else "xla"
+  else:
+    step_flops, source = model_flops, "analytic"
+  if not step_flops:
+    return step_flops, source, None
+  timing = step_time(
+    measured,
+    chip,
+    num_devices=num_devices,
+    step_flops=step_flops,
+    model_flops=model_flops,
+    dtype=dtype,
+  )
+  return step_flops, source, timing
+
+
 def step_time(
   measured: Measure,
   chip: Chip,
