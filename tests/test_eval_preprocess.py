@@ -206,7 +206,14 @@ def test_fewshot_evaluates_a_checkpoint_with_its_data_config(timm_crop_folder):
   from vit_jax import fewshot  # pylint: disable=g-import-not-at-top
 
   directory, _ = timm_crop_folder
-  values = {"model": None, "crop": None, "batch": 8, "data_dir": None, "checkpoint": directory}
+  values = {
+    "model": None,
+    "crop": None,
+    "seq_len": None,
+    "batch": 8,
+    "data_dir": None,
+    "checkpoint": directory,
+  }
   settings = fewshot._config(values)[1]  # pylint: disable=protected-access
   want = data_config.DataConfig(
     (32, 32), 0.9, "bicubic", "center", (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), "pil"
