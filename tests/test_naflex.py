@@ -2,6 +2,7 @@
 padded patch sequences, against the square path and big_vision's ``naflex_vit`` (its
 forward reproduced in `tests/big_vision_reference.py`)."""
 
+import dataclasses
 import json
 import os
 
@@ -311,6 +312,49 @@ def test_non_square_images_give_timms_naflexvit_probabilities(tmp_path, name):
     assert np.abs(ours[0] - ours[1]).max() > 1e-3, budget  # the images told apart
 
 
+# Ours written as timm's NaFlexViT: a class token (its position row folded into it) with
+# big_vision's bilinear table; mean pooling beside registers with timm's bicubic,
+# aspect-preserving table; the MAP head.
+WRITTEN = [
+  ("token", dict(posemb_patches_only=False)),
+  ("gap", dict(num_registers=2, posemb_resample="bicubic", posemb_keep_aspect=True)),
+  ("map", dict(posemb_resample="bicubic")),
+]
+
+
+@pytest.mark.parametrize("classifier, fields", WRITTEN, ids=[c for c, _ in WRITTEN])
+def test_a_naflex_model_exports_as_timms_naflexvit(tmp_path, classifier, fields):
+  """`--format=timm` of a ViT whose table is resized to every input: timm's NaFlexViT
+  (`local-dir:`) gives our probabilities on a 500x200 and a 120x640 image at budgets 256
+  and 576, and the folder reads back as the same model."""
+  torch = pytest.importorskip("torch")
+  timm = pytest.importorskip("timm")
+  import vit_jax  # pylint: disable=g-import-not-at-top
+
+  config = get_model_config("testing")
+  config.update(classifier=classifier, posemb_grid=(6, 6), **fields)
+  config.patches.size = (16, 16)
+  created = vit_jax.create(config, num_classes=7, image_size=96)
+  rng = np.random.default_rng(0)
+  noisy = jax.tree.map(lambda x: x + rng.normal(0, 0.1, x.shape).astype(x.dtype), created.params)
+  ours = vit_jax.Model(dataclasses.replace(created.loaded, params=noisy))
+  out = ours.save(tmp_path / "timm", format="timm")
+  with open(os.path.join(out, "timm_model.json")) as f:
+    assert json.load(f)["model_name"].startswith("naflexvit_")
+  theirs = timm.create_model(f"local-dir:{out}", pretrained=True).eval()
+  back = vit_jax.load(out)
+  photos = [fx.photo(500, 200, seed=1), fx.photo(120, 640, seed=2)]
+  for budget in (256, 576):
+    batch = ours.prepare(photos, seq_len=budget)
+    want = jax.nn.softmax(ours.logits(batch))
+    with torch.no_grad():
+      inputs = dict(patches=batch.patches, patch_coord=batch.coords, patch_valid=batch.mask)
+      logits = theirs({k: torch.from_numpy(np.array(v)) for k, v in inputs.items()})
+    np.testing.assert_allclose(torch.softmax(logits, -1).numpy(), want, atol=1e-4)
+    np.testing.assert_allclose(jax.nn.softmax(back.logits(batch)), want, atol=1e-5)
+    assert np.abs(want[0] - want[1]).max() > 1e-3, budget  # the images told apart
+
+
 def test_the_python_face_takes_a_sequence_budget():
   """`Model.features`/`logits`/`predict` with ``seq_len``: each image (a path, an array)
   at its own aspect ratio, batch by batch, as the module computes on its patches."""
@@ -391,9 +435,15 @@ def test_a_naflex_run_trains_on_packed_patches_evaluates_as_predict_and_resumes_
   straight_dir = str(tmp_path / "straight")
   straight = run.train_and_evaluate(tiny_config, straight_dir)
   images = [host_images.decode(p) for p in pngs]
-  top = vit_jax.load(straight_dir).predict(images, top_k=1, seq_len=9)
+  trained = vit_jax.load(straight_dir)
+  top = trained.predict(images, top_k=1, seq_len=9)
   accuracy = np.mean([int(row[0][0]) == label for row, label in zip(top, labels)])
   assert straight["eval/accuracy"] == pytest.approx(accuracy, abs=1e-6)
+  # Exported to timm, the run is a NaFlexViT (its table resized as in training).
+  exported = vit_jax.load(trained.save(tmp_path / "timm", format="timm"))
+  assert tuple(exported.config.posemb_grid) == (2, 2)
+  want = trained.logits(images[:8], seq_len=9)
+  np.testing.assert_allclose(exported.logits(images[:8], seq_len=9), want, atol=1e-5)
   assert_resume_is_exact(tiny_config, tmp_path, monkeypatch, (straight_dir, straight))
 
 

@@ -23,6 +23,12 @@ def _big_vision() -> Any:
   return big_vision
 
 
+def _timm_naflex() -> Any:
+  from vit_jax.weights.timm import naflex  # pylint: disable=g-import-not-at-top
+
+  return naflex
+
+
 # A serving format's writer: (folder, module, params, image_size) -> None.
 Serve = Callable[[str, Any, Params, tuple[int, int]], None]
 
@@ -57,6 +63,7 @@ TIMM = Export(
   "timm_model.json's kwargs, the architecture's class)",
   image_tower=True,
   local_files=True,
+  keeps_grid=lambda config: _timm_naflex().writes(config),  # as timm's NaFlexViT
 )
 SAVED_MODEL = Export(
   name="saved_model",

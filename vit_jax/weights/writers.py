@@ -49,6 +49,7 @@ def writer(
   big_vision; timm, saved_model and stablehlo take its image tower (`image_tower`: its
   features; `exports.Export.image_tower`)."""
   export = exports.by_name(fmt)
+  model = with_stated_grid(model)
   if export.image_tower and models.is_two_tower(model.config):
     model = image_tower(model)
   if not export.keeps_grid(model.config):
@@ -78,6 +79,22 @@ def writer(
   return write_with_labels
 
 
+def with_stated_grid(model: sources.LoadedModel) -> sources.LoadedModel:
+  """A run trained on NaFlex inputs (``pp.seq_len``) with its square table's grid stated as
+  the grid it is resized from (``posemb_grid``), so that a format keeping the NaFlex
+  layout (timm's NaFlexViT, big_vision's naflex_vit) writes it; any other model as it is."""
+  pp = model.run_config.get("pp", {}) if model.run_config is not None else {}
+  if not pp.get("seq_len") or model.image_size is None:
+    return model
+  config = model.config.copy_and_resolve_references()
+  tower = config.image if models.is_two_tower(config) else config
+  if tower.get("posemb_grid") is not None:
+    return model
+  with tower.unlocked():
+    tower.posemb_grid = models.create_model(tower, num_classes=None).grid_hw(model.image_size)
+  return dataclasses.replace(model, config=config)
+
+
 def at_fixed_grid(model: sources.LoadedModel, image_size: tuple[int, int]) -> sources.LoadedModel:
   """``model`` with a table resized to every input (``posemb_grid``, a NaFlex tower's)
   fixed at ``image_size``'s grid, as the model resizes it there: the layout every format
@@ -88,7 +105,8 @@ def at_fixed_grid(model: sources.LoadedModel, image_size: tuple[int, int]) -> so
   grid = models.create_model(model.config, num_classes=None).grid_hw(image_size)
   params = jax.tree.map(lambda x: x, model.params)  # a copy of the tree, the arrays shared
   embed = params["Transformer"]["posembed_input"]
-  embed["pos_embedding"] = posemb.table_at_grid(embed["pos_embedding"], settings, grid)
+  if tuple(grid) != tuple(settings.posemb_grid):  # at its own grid: the table as it is
+    embed["pos_embedding"] = posemb.table_at_grid(embed["pos_embedding"], settings, grid)
   config = model.config.copy_and_resolve_references()
   config.posemb_grid = None
   return dataclasses.replace(model, config=config, params=params, image_size=tuple(image_size))

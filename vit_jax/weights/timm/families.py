@@ -79,7 +79,11 @@ VIT = TimmFamily(
   config_from_name=vit_config.config_from_name,
   prefixes=("vit", "deit", "deit3", "flexivit"),
   reads="vit_*, deit*, flexivit_*",
-  writer=TimmWriter(lambda c: _is_vit(c) and not eva_config.is_eva(c), vit.model_spec, vit.to_timm),
+  writer=TimmWriter(
+    lambda c: _is_vit(c) and not eva_config.is_eva(c) and not naflex.writes(c),
+    vit.model_spec,
+    vit.to_timm,
+  ),
 )
 EVA = TimmFamily(
   name="eva",
@@ -99,6 +103,7 @@ NAFLEX = TimmFamily(
   unexpressed=naflex.unexpressed,
   refusal=("(timm {module}.py) has {missing}, which this package does not compute."),
   reads="naflexvit.py's NaFlexViT (square images and NaFlex inputs)",
+  writer=TimmWriter(lambda c: _is_vit(c) and naflex.writes(c), naflex.model_spec, naflex.to_timm),
 )
 MIXER = TimmFamily(
   name="mixer",

@@ -12,6 +12,13 @@ by the model as timm does (`table_resample`): NaFlex inputs (`vit_jax.models.naf
 at any budget and aspect ratio. Not supported: the arguments `unsupported` names (a MAP
 head beside prefix tokens: timm's NaFlexViT pools the patches only, its ViT every token);
 a factorised table, or align_corners, is read at one square grid.
+
+Written (`model_spec`, `to_timm`): a ViT of ours whose learned table is resized to every
+input (``posemb_grid``: a NaFlex tower, a run trained on NaFlex inputs) as the NaFlexViT
+this reader reads back, through the ViT's own writer (`vit.py`): the convolution's kernel
+as the linear patch embedding, the table's patch rows as the [1, gh, gw, D] table, and its
+prefix rows (the class token's and registers' positions, which never move) added to those
+tokens.
 """
 
 from __future__ import annotations
@@ -23,10 +30,13 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vit_jax import errors
-from vit_jax.weights.timm import arguments, names, vit_config
+from vit_jax import errors, models
+from vit_jax.aliases import Params
+from vit_jax.weights.timm import arguments, eva_config, names, vit, vit_config
 
 MODULE = "naflexvit"  # timm's module of these architectures (`names.module`)
+# The name an export is written under: it picks the class; its arguments set every field.
+WRITTEN_NAME = "naflexvit_base_patch16_gap"
 # NaFlexVitCfg's defaults for the fields read here (timm 1.0.31).
 DEFAULTS: dict[str, Any] = dict(
   names.BASE_SHAPES,
@@ -259,3 +269,83 @@ def config_from_name(
   config, grid = vit_config.config_of(name, args, source)
   config.update(resample or {"posemb_resample": None})
   return config, grid
+
+
+def unwritable(config: ml_collections.ConfigDict) -> list[str]:
+  """What of a ViT ``config`` whose table is resized to every input timm's NaFlexViT (as
+  this module reads it) does not compute, one phrase each."""
+  settings = models.model_settings(config)
+  problems = vit.unexportable(config)
+  if settings.resnet is not None:
+    problems.append("a ResNet stem (NaFlexViT embeds each patch linearly)")
+  if settings.norm_pre:
+    problems.append("a norm before the blocks (pre_norm)")
+  if settings.layer_norm_epsilon != vit.LAYER_NORM_EPS:
+    problems.append(f"LayerNorm epsilon {settings.layer_norm_epsilon:g}")
+  if settings.classifier == "map" and settings.num_prefix_tokens:
+    problems.append("a MAP head beside prefix tokens (NaFlexViT's pools the patches only)")
+  if settings.posemb_resample == "bicubic" and not settings.posemb_antialias:
+    problems.append("a bicubic table resize without antialiasing")
+  return problems
+
+
+def writes(config: ml_collections.ConfigDict) -> bool:
+  """Whether a ViT ``config`` is written as timm's NaFlexViT: not an Eva, its table resized
+  to every input, nothing NaFlexViT does not compute (`unwritable`)."""
+  if eva_config.is_eva(config) or config.get("posemb_grid") is None:
+    return False
+  return not unwritable(config)
+
+
+def model_spec(
+  config: ml_collections.ConfigDict,
+  *,
+  num_classes: Optional[int],
+  image_size: tuple[int, int],
+) -> dict[str, Any]:
+  """The export's `timm_model.json` (`vit.model_spec`'s keys): the ViT's arguments as
+  NaFlexVitCfg's, every field this module reads given (the name's defaults differ)."""
+  problems = unwritable(config)
+  if problems:
+    raise errors.ConfigError(
+      "This model cannot be exported to timm's NaFlexViT: " + "; ".join(problems) + "."
+    )
+  settings = models.model_settings(config)
+  spec = vit.model_spec(config, num_classes=num_classes, image_size=image_size)
+  kept = ("img_size", "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio")
+  kept += ("class_token", "global_pool", "fc_norm", "qkv_bias", "final_norm", "act_layer")
+  kwargs = {key: spec["kwargs"][key] for key in kept + ("num_classes",)}
+  kwargs.update(
+    reg_tokens=settings.num_registers,
+    init_values=settings.layer_scale_init,
+    pos_embed="learned",
+    pos_embed_grid_size=list(settings.posemb_grid),
+    pos_embed_interp_mode=settings.posemb_resample,
+    pos_embed_antialias=settings.posemb_antialias,
+    pos_embed_ar_preserving=settings.posemb_keep_aspect,
+    pos_embed_align_corners=False,
+  )
+  architecture = spec["architecture"].replace("ViT:", "NaFlexViT:", 1)
+  return {**spec, "architecture": architecture, "model_name": WRITTEN_NAME, "kwargs": kwargs}
+
+
+def to_timm(params: Params, config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
+  """timm NaFlexViT's state dict: timm `VisionTransformer`'s (`vit.to_timm`) with the
+  patch embedding linear over (ph, pw, C) patches, the table [1, gh, gw, D] and each
+  prefix token's position row added to the token."""
+  settings = models.model_settings(config)
+  tensors = vit.to_timm(params, config)
+  gh, gw = settings.posemb_grid
+  table = tensors.pop("pos_embed")[0]  # [P + gh * gw, D], P prefix rows (or none)
+  prefix, patches = table[: len(table) - gh * gw], table[len(table) - gh * gw :]
+  out = {"embeds.pos_embed": patches.reshape(1, gh, gw, -1)}
+  kernel = tensors.pop("patch_embed.proj.weight")  # [D, C, ph, pw]
+  out["embeds.proj.weight"] = kernel.transpose(0, 2, 3, 1).reshape(kernel.shape[0], -1)
+  out["embeds.proj.bias"] = tensors.pop("patch_embed.proj.bias")
+  for key in ("cls_token", "reg_token"):  # timm's order of the prefix rows
+    if key in tensors:
+      token = tensors.pop(key)  # [1, T, D]
+      if len(prefix):  # the table has the prefix tokens' rows
+        token, prefix = token + prefix[None, : token.shape[1]], prefix[token.shape[1] :]
+      out["embeds." + key] = token
+  return {**tensors, **out}

@@ -72,6 +72,13 @@ _OUR_STD_EPS = 1e-5
 
 def check_exportable(config: ml_collections.ConfigDict) -> None:
   """One ConfigError listing what timm's VisionTransformer cannot represent."""
+  problems = unexportable(config)
+  if problems:
+    raise errors.ConfigError("This model cannot be exported to timm: " + "; ".join(problems) + ".")
+
+
+def unexportable(config: ml_collections.ConfigDict) -> list[str]:
+  """What of ``config`` timm's VisionTransformer cannot represent, one phrase each."""
   problems = []
   if config.get("classifier", "token") not in POOLS:
     problems.append(f"classifier {config.classifier!r} (timm: one of {tuple(POOLS)})")
@@ -100,8 +107,7 @@ def check_exportable(config: ml_collections.ConfigDict) -> None:
     )
   if config.get("fc_norm") and not config.get("final_norm", True):
     problems.append("fc_norm without final_norm (timm's final_norm=False has no norm at all)")
-  if problems:
-    raise errors.ConfigError("This model cannot be exported to timm: " + "; ".join(problems) + ".")
+  return problems
 
 
 def model_spec(
