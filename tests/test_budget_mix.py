@@ -2,6 +2,8 @@
 function of (seed, step), its batch sized to the step's tokens, each budget's lanes
 resumed where the earlier steps left them."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -38,8 +40,9 @@ def test_bad_budgets_are_one_error_naming_the_option():
 def test_a_run_of_three_budgets_trains_each_and_resumes_exactly(tmp_path, tiny_config, monkeypatch):
   """config.pp.train_seq_lens=(4, 9, 16) at config.pp.seq_len=9: each step's batch holds
   the images of its drawn budget (batch 32, 16 or 8 for 144 tokens), the run compiles a
-  step per budget, and a run stopped after step 4 resumes to the uninterrupted run's
+  step per budget, and a run SIGKILLed after step 4 resumes to the uninterrupted run's
   parameters bit for bit (each budget's lanes resumed at its count of earlier steps)."""
+  from tests import train_fixtures  # pylint: disable=g-import-not-at-top
   from tests.test_main import assert_resume_is_exact  # pylint: disable=g-import-not-at-top
   from vit_jax import data, run  # pylint: disable=g-import-not-at-top
 
@@ -67,7 +70,8 @@ def test_a_run_of_three_budgets_trains_each_and_resumes_exactly(tmp_path, tiny_c
   straight = run.train_and_evaluate(tiny_config, straight_dir)
   monkeypatch.setattr(data, "train_iterator", real_iterator)
   assert shapes[:6] == [(mix.batch(b), b) for b in drawn]
-  assert_resume_is_exact(tiny_config, tmp_path, monkeypatch, (straight_dir, straight))
+  stop = train_fixtures.run_sigkilled
+  assert_resume_is_exact(tiny_config, tmp_path, monkeypatch, (straight_dir, straight), stop)
 
 
 @pytest.mark.slow  # TPU compiles of minutes
@@ -88,3 +92,25 @@ def test_the_plan_compiles_each_budgets_step_and_reports_the_mix():
   assert rows[16].needed_bytes != rows[64].needed_bytes  # two programs
   printed = planner.format_plan(plan)
   assert "train steps by NaFlex budget" in printed and "the mix:" in printed
+
+
+def test_the_speed_table_times_each_budget_and_the_mix(capsys):
+  """`benchmarks/naflex_budgets.py --smoke`: a row per budget at the run's batch for it
+  (`BudgetMix`), the tokens per second of one budget and of the mix, their ratio."""
+  from benchmarks import naflex_budgets  # pylint: disable=g-import-not-at-top
+
+  assert naflex_budgets.main(["--smoke"]) == 0
+  out = capsys.readouterr().out
+  rows = [line.split(" | ") for line in out.splitlines() if line[:3] in ("| 4", "| 8", "| 1")]
+  assert [(row[0], row[1], row[2]) for row in rows] == [
+    ("| 4", "32", "128"),
+    ("| 8", "16", "128"),
+    ("| 16", "8", "128"),
+  ]
+  one = float(re.search(r"one budget: ([\d,]+) tokens/s", out).group(1).replace(",", ""))
+  mixed = float(re.search(r"mixed budgets: ([\d,]+) tokens/s", out).group(1).replace(",", ""))
+  ratio = float(re.search(r"mixed / one: ([\d.]+)x", out).group(1))
+  assert one > 0 and mixed > 0 and ratio == pytest.approx(mixed / one, abs=0.01)
+  with pytest.raises(SystemExit):
+    naflex_budgets.main(["--budgets=64,128", "--fixed=5"])
+  assert "--fixed=5 is not one of --budgets=(64, 128)" in capsys.readouterr().err

@@ -104,17 +104,20 @@ def test_a_user_error_is_one_line_without_traceback_and_exit_status_2(tmp_path, 
   )
 
 
-def assert_resume_is_exact(config, tmp_path, monkeypatch, straight_run=None):
+def assert_resume_is_exact(
+  config, tmp_path, monkeypatch, straight_run=None, stop=train_fixtures.run_preempted
+):
   """A run stopped after step 4 (step 3 saved) and resumed ends with the parameters and
   accuracy of an uninterrupted run, bit for bit. ``straight_run``: (workdir, final metrics)
-  of that uninterrupted run of ``config`` when one was made already (else it runs here)."""
+  of that uninterrupted run of ``config`` when one was made already (else it runs here);
+  ``stop``: how the first run stops (`train_fixtures.run_preempted`, `run_sigkilled`)."""
   if straight_run is None:
     straight_dir = str(tmp_path / "straight")
     straight = run.train_and_evaluate(config, straight_dir)
   else:
     straight_dir, straight = straight_run
 
-  train_fixtures.run_preempted(config, str(tmp_path / "resumed"), monkeypatch)
+  stop(config, str(tmp_path / "resumed"), monkeypatch)
   # Step 3 was saved (checkpoint_every=3) and survived the failure; step 4 was not saved.
   assert sorted(os.listdir(tmp_path / "resumed" / "checkpoints")) == ["3"]
 

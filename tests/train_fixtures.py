@@ -1,5 +1,7 @@
 """Configs and batches shared by the training tests and their subprocess scripts."""
 
+import signal
+
 import jax
 import ml_collections
 import numpy as np
@@ -128,6 +130,45 @@ def run_preempted(config: ml_collections.ConfigDict, workdir: str, monkeypatch, 
     patch.setattr(data, "train_iterator", preempted)
     with pytest.raises(RuntimeError, match="preempted"):
       run.train_and_evaluate(config, workdir)
+
+
+# A run's process killed by SIGKILL once the checkpoint before batch `steps` + 1 is
+# committed, while it asks for that batch (step `steps` dispatched): `run_sigkilled`.
+_SIGKILLED_RUN = """
+import json, os, signal, sys, time
+import ml_collections
+from vit_jax import data, run
+
+config = ml_collections.ConfigDict(json.loads(sys.argv[1]))
+workdir, steps = sys.argv[2], int(sys.argv[3])
+every = config.checkpoint_every
+saved = os.path.join(workdir, "checkpoints", str(steps // every * every))
+real_iterator = data.train_iterator
+
+def killed(*args, **kwargs):
+  batches = real_iterator(*args, **kwargs)
+  for _ in range(steps):
+    yield next(batches)
+  deadline = time.monotonic() + 120
+  while not os.path.isdir(saved) and time.monotonic() < deadline:
+    time.sleep(0.02)
+  os.kill(os.getpid(), signal.SIGKILL)
+
+data.train_iterator = killed
+run.train_and_evaluate(config, workdir)
+"""
+
+
+def run_sigkilled(config: ml_collections.ConfigDict, workdir: str, monkeypatch, steps: int = 4):
+  """Runs `train_and_evaluate` in a fresh process killed by SIGKILL as it asks for batch
+  ``steps`` + 1, once the checkpoint before it is committed (``monkeypatch``: unused, the
+  signature of `run_preempted`)."""
+  del monkeypatch
+  from tests import fresh_python  # pylint: disable=g-import-not-at-top
+
+  args = ["-c", _SIGKILLED_RUN, config.to_json(), workdir, str(steps)]
+  proc = fresh_python.run(args, fresh_python.clean_env())
+  assert proc.returncode == -signal.SIGKILL, proc.stderr[-4000:]
 
 
 def build_steps(config: ml_collections.ConfigDict, num_classes: int = 10):

@@ -105,24 +105,37 @@ def row_masked_attention(smoke: bool) -> dict[str, Any]:
 
 def row_mixed_budgets(smoke: bool) -> dict[str, Any]:
   """ViT-B/16's train step at `BUDGETS` patches, one compiled step per budget with the
-  batch `TOKENS_PER_STEP` // budget, on one state: steps at `FIXED_BUDGET` alone and
-  steps whose budget is drawn at random each step, in interleaved rounds; the tokens per
-  second of each (real patches and padding alike: the step's work) and their ratio."""
+  batch `TOKENS_PER_STEP` // budget (`time_budget_mix`)."""
+  budgets = SMOKE_BUDGETS if smoke else BUDGETS
+  tokens = SMOKE_TOKENS if smoke else TOKENS_PER_STEP
+  configs = {}
+  for budget in budgets:
+    config = _shrunk(naflex_config(budget, tokens // budget), smoke)
+    config.batch = config.batch_eval = tokens // budget  # the smoke's too
+    configs[budget] = config
+  rounds, per_round = (1, 2) if smoke else (ROUNDS, STEPS_PER_ROUND)
+  return time_budget_mix(configs, SMOKE_FIXED if smoke else FIXED_BUDGET, rounds, per_round)
+
+
+def time_budget_mix(
+  configs: dict[int, Any], fixed: int, rounds: int, per_round: int
+) -> dict[str, Any]:
+  """The train step of each budget's run config (``configs``: budget -> config, its batch
+  set), one compiled step per budget on one state: ``per_round`` steps at ``fixed`` alone
+  and as many whose budget is drawn at random each step, in ``rounds`` interleaved
+  rounds; the tokens per second of each (real patches and padding alike: the step's
+  work), their ratio, and each budget's median step, MFU and compiled memory."""
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
 
   from vit_jax import models, run  # pylint: disable=g-import-not-at-top
   from vit_jax.run import step_cost  # pylint: disable=g-import-not-at-top
 
-  budgets = SMOKE_BUDGETS if smoke else BUDGETS
+  budgets = tuple(configs)
   peak = None  # the device's dense peak FLOP/s in the step's compute dtype
-  fixed = SMOKE_FIXED if smoke else FIXED_BUDGET
-  tokens = SMOKE_TOKENS if smoke else TOKENS_PER_STEP
   steps, per_budget, state = {}, {}, None
-  for budget in budgets:
-    batch = tokens // budget
-    config = _shrunk(naflex_config(budget, batch), smoke)
-    config.batch = config.batch_eval = batch  # the smoke's too
+  for budget, config in configs.items():
+    batch = config.batch
     trainer = run.build(config, open_data=False)
     state = state or trainer.init_state()  # one state: the step's shapes are the batch's
     peak = step_cost.peak_flops(jax.devices()[0], trainer.spec.model.dtype)
@@ -153,7 +166,6 @@ def row_mixed_budgets(smoke: bool) -> dict[str, Any]:
   for budget in budgets:  # warm-up
     step(budget)
   rng = np.random.default_rng(0)
-  rounds, per_round = (1, 2) if smoke else (ROUNDS, STEPS_PER_ROUND)
   timings: dict[str, list[tuple[int, float]]] = {"fixed": [], "mixed": []}
   for _ in range(rounds):
     timings["fixed"] += [(fixed, step(fixed)) for _ in range(per_round)]
