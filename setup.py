@@ -25,7 +25,7 @@ INSTALL_REQUIRES = [
   "tqdm>=4.66",
   "flatbuffers>=24.3",  # jax.export's serialization: the StableHLO export (weights/serving.py)
   # Buckets (gs://) for data, run folders and checkpoints, without TensorFlow: fsspec's
-  # GCS filesystem, which etils.epath (Orbax's paths) also uses (vit_jax/storage.py).
+  # GCS filesystem, which etils.epath (Orbax's paths) also uses (vit_jax/infra/storage.py).
   "gcsfs>=2024.6",
 ]
 

@@ -168,7 +168,7 @@ def _table(results: dict, sources: list[str], latencies: list[float], cores: str
 
 def _upload(places: dict, bucket: str) -> dict:
   """Puts each local source into the bucket; {source: its URL}."""
-  from vit_jax import storage
+  from vit_jax.infra import storage
 
   remote = {}
   for source, place in places.items():

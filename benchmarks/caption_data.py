@@ -106,8 +106,9 @@ def max_rss_mb() -> float:
 
 def child(root: str, tokenizer: str, batch: int, steps: int) -> None:
   """``steps`` train batches over ``root``: prints {examples, rss_open, rss_end, s}."""
-  from vit_jax import data, sharding  # pylint: disable=g-import-not-at-top
+  from vit_jax import data  # pylint: disable=g-import-not-at-top
   from vit_jax.data import dataset  # pylint: disable=g-import-not-at-top
+  from vit_jax.infra import sharding  # pylint: disable=g-import-not-at-top
   from vit_jax.run import objectives  # pylint: disable=g-import-not-at-top
 
   start = time.perf_counter()
@@ -161,9 +162,10 @@ def memory(args: argparse.Namespace, work: str) -> None:
 def cost(args: argparse.Namespace, work: str) -> None:
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top
 
-  from vit_jax import data, sharding  # pylint: disable=g-import-not-at-top
+  from vit_jax import data  # pylint: disable=g-import-not-at-top
   from vit_jax.data import dataset as dataset_lib  # pylint: disable=g-import-not-at-top
   from vit_jax.data import free_text, tar_shards  # pylint: disable=g-import-not-at-top
+  from vit_jax.infra import sharding  # pylint: disable=g-import-not-at-top
   from vit_jax.run import objectives  # pylint: disable=g-import-not-at-top
 
   root = os.path.join(work, "shards")

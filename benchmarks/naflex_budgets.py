@@ -30,8 +30,8 @@ sys.path.insert(0, BENCHMARKS)
 sys.path.insert(0, os.path.dirname(BENCHMARKS))
 from benchmarks.gpu_check import config as check_config  # noqa: E402
 from benchmarks.gpu_check import naflex_rows  # noqa: E402
-from vit_jax import errors  # noqa: E402
 from vit_jax.data import budget_mix  # noqa: E402
+from vit_jax.infra import errors  # noqa: E402
 
 SMOKE = dict(model="ViT-Ti_16", budgets=(4, 8, 16), fixed=8, batch=16, rounds=1, steps=2)
 

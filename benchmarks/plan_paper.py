@@ -31,7 +31,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from configs import pretrain, vit  # noqa: E402
-from vit_jax import errors, hardware  # noqa: E402
+from vit_jax.infra import errors, hardware  # noqa: E402
 from vit_jax.plan import planner, topology  # noqa: E402
 from vit_jax.run import step_cost  # noqa: E402
 

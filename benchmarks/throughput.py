@@ -40,7 +40,8 @@ import jax
 import numpy as np
 from speed_config import NUM_CLASSES, speed_config  # noqa: E402  (this folder)
 
-from vit_jax import run, sharding  # noqa: E402
+from vit_jax import run  # noqa: E402
+from vit_jax.infra import sharding  # noqa: E402
 from vit_jax.models import execution  # noqa: E402
 from vit_jax.run import step_cost  # noqa: E402
 

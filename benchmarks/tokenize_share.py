@@ -75,9 +75,10 @@ def main() -> None:
   args = parser.parse_args()
 
   from configs import common  # pylint: disable=g-import-not-at-top
-  from vit_jax import data, sharding  # pylint: disable=g-import-not-at-top
+  from vit_jax import data  # pylint: disable=g-import-not-at-top
   from vit_jax.data import dataset as dataset_lib  # pylint: disable=g-import-not-at-top
   from vit_jax.data import free_text  # pylint: disable=g-import-not-at-top
+  from vit_jax.infra import sharding  # pylint: disable=g-import-not-at-top
   from vit_jax.run import objectives  # pylint: disable=g-import-not-at-top
 
   work = tempfile.mkdtemp(prefix="tokenize_share_")

@@ -18,7 +18,8 @@ import numpy as np
 
 from configs import siglip
 from tests import train_fixtures
-from vit_jax import models, run, sharding
+from vit_jax import models, run
+from vit_jax.infra import sharding
 
 TEXT = dict(width=16, depth=1, mlp_dim=32, num_heads=2, vocab_size=64, pool="gap")
 

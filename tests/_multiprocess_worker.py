@@ -153,7 +153,7 @@ def main(argv: list[str]) -> None:
     raise ValueError(f"Unknown mode {mode!r}; use train, reference or die.")
   from absl import logging  # pylint: disable=g-import-not-at-top
 
-  from vit_jax import distributed  # pylint: disable=g-import-not-at-top
+  from vit_jax.infra import distributed  # pylint: disable=g-import-not-at-top
 
   logging.set_verbosity(logging.INFO)  # Progress lines with times, for failure messages.
   distributed.initialize_distributed(initialization_timeout=60, heartbeat_timeout=heartbeat)

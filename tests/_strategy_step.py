@@ -16,7 +16,7 @@ import numpy as np
 from flax import traverse_util
 
 from tests import train_fixtures
-from vit_jax import sharding
+from vit_jax.infra import sharding
 
 
 def main(out_path: str) -> None:

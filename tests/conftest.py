@@ -100,7 +100,7 @@ _BUCKETS = itertools.count()
 @pytest.fixture
 def gcs_bucket(gcs_server, monkeypatch) -> str:
   """A new empty bucket (its gs:// URL) on the session's server, which this process's
-  clients reach through STORAGE_EMULATOR_HOST (`vit_jax.storage.configure` maps it for
+  clients reach through STORAGE_EMULATOR_HOST (`vit_jax.infra.storage.configure` maps it for
   tensorstore); subprocesses inherit it."""
   monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_server.url)
   return gcs_server.make_bucket(f"bucket-{os.getpid()}-{next(_BUCKETS)}")

@@ -422,7 +422,7 @@ def every_format(python: list[str]) -> str:
   formats = re.findall(r'"(\w+)"', line.split("#", 1)[1])
   assert {"hf", "saved_model", "stablehlo"} <= set(formats), line
   return f"""
-from vit_jax import errors
+from vit_jax.infra import errors
 for fmt in {formats!r}:
   try:
     model.save("every_" + fmt, format=fmt)

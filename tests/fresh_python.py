@@ -12,7 +12,7 @@ import sys
 import textwrap
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# The environment variables from which `vit_jax.distributed` finds a multi-process run.
+# The environment variables from which `vit_jax.infra.distributed` finds a multi-process run.
 CLUSTER_ENV = (
   "VIT_COORDINATOR_ADDRESS",
   "VIT_NUM_PROCESSES",

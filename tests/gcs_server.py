@@ -5,7 +5,7 @@ Its JSON and XML APIs are the ones gcsfs and tensorstore speak, with object gene
 preconditions (`ifGenerationMatch=0`: the exclusive create) and resumable uploads. The
 objects live in a folder of ours, so the server can be stopped and started again on the
 same port with its objects (a storage outage in a test). Clients find it through
-`STORAGE_EMULATOR_HOST` (`env`), the variable Google's clients read; `vit_jax.storage`
+`STORAGE_EMULATOR_HOST` (`env`), the variable Google's clients read; `vit_jax.infra.storage`
 maps it onto tensorstore's.
 """
 

@@ -16,7 +16,8 @@ import ml_collections
 import numpy as np
 from flax import traverse_util
 
-from vit_jax import models, sharding
+from vit_jax import models
+from vit_jax.infra import sharding
 from vit_jax.weights import npz
 
 NUM_CLASSES = 5

@@ -10,8 +10,9 @@ import pytest
 
 import vit_jax
 from tests import train_fixtures
-from vit_jax import data, errors, sharding
+from vit_jax import data
 from vit_jax.data import arrays
+from vit_jax.infra import errors, sharding
 
 N, SIZE, CLASSES = 24, 8, 3
 

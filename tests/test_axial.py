@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.markers import needs_libtpu
-from vit_jax import errors, sharding
+from vit_jax.infra import errors, sharding
 from vit_jax.models import create_model, get_model_config, model_settings
 from vit_jax.models.vit import AxialEncoderBlock
 from vit_jax.run import step_cost

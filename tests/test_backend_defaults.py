@@ -9,7 +9,8 @@ import jax
 import pytest
 
 from tests import finished_run
-from vit_jax import main, models, run, sharding
+from vit_jax import main, models, run
+from vit_jax.infra import sharding
 from vit_jax.models import backend_defaults, execution, get_model_config, model_settings
 
 

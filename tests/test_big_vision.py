@@ -17,7 +17,8 @@ import pytest
 
 import vit_jax
 from tests import big_vision_reference as bv
-from vit_jax import errors, export, models, text_scores, weights
+from vit_jax import export, models, text_scores, weights
+from vit_jax.infra import errors
 from vit_jax.weights import big_vision, formats
 
 sentencepiece = pytest.importorskip("sentencepiece")

@@ -19,8 +19,8 @@ import tensorflow_datasets as tfds
 from PIL import Image
 
 from tests import gcs_proxy, train_fixtures
-from vit_jax import errors, storage
 from vit_jax.data import dataset, digits, pipeline
+from vit_jax.infra import errors, storage
 
 _BATCH, _STEPS, _RESUME = 8, 5, 3
 _LATENCY_S = 0.05

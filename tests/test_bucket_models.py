@@ -17,7 +17,8 @@ from PIL import Image
 
 import vit_jax
 from tests.fresh_python import REPO, clean_env
-from vit_jax import errors, export, predict, storage
+from vit_jax import export, predict
+from vit_jax.infra import errors, storage
 from vit_jax.weights import npz
 
 pytest_plugins = ["tests.finished_run"]  # the finished_run fixture

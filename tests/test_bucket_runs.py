@@ -18,7 +18,8 @@ import pytest
 from tests import gcs_proxy
 from tests.finished_run import tiny_flags
 from tests.fresh_python import REPO, clean_env
-from vit_jax import errors, main, storage
+from vit_jax import main
+from vit_jax.infra import errors, storage
 from vit_jax.run import folder as folder_lib
 from vit_jax.weights import orbax_steps
 

@@ -7,8 +7,8 @@ import re
 import numpy as np
 import pytest
 
-from vit_jax import errors
 from vit_jax.data import budget_mix
+from vit_jax.infra import errors
 
 MIX = budget_mix.BudgetMix.make((128, 256, 576), batch=256, seq_len=256)
 

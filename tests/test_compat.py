@@ -1,4 +1,4 @@
-"""The private JAX, jaxlib and Orbax APIs vit_jax uses (`vit_jax/compat.py`): each is there
+"""The private JAX, jaxlib and Orbax APIs vit_jax uses (`vit_jax/infra/compat.py`): each is there
 in the installed packages; a missing one is one line naming it and the installed versions,
 where it is used too: an error (a command's `Error:` line), or, for the two newer than
 setup.py's oldest versions, one warning and vit_jax without it (Orbax's save runner, which
@@ -12,7 +12,8 @@ import importlib.metadata
 import pytest
 from absl import logging
 
-from vit_jax import cli, compat, convert
+from vit_jax import cli, convert
+from vit_jax.infra import compat
 from vit_jax.run import save_loop
 
 VERSIONS = ", ".join(

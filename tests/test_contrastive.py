@@ -49,7 +49,7 @@ def test_the_chunked_sigmoid_loss_equals_the_whole_batch_on_8_devices():
     """
     import json
     import jax, jax.numpy as jnp, numpy as np
-    from vit_jax import sharding
+    from vit_jax.infra import sharding
     from vit_jax.run import contrastive
 
     mesh = sharding.make_mesh((("data", -1), ("model", 1)))

@@ -13,8 +13,9 @@ import pytest
 from PIL import Image
 
 from tests import image_text_fixtures, train_fixtures
-from vit_jax import data, errors
+from vit_jax import data
 from vit_jax.data import dataset, pipeline, tar_shards
+from vit_jax.infra import errors
 
 CROP = 8
 

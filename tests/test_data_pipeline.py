@@ -13,9 +13,10 @@ from jax.sharding import NamedSharding, PartitionSpec
 from PIL import Image
 
 from tests import train_fixtures
-from vit_jax import data, errors
+from vit_jax import data
 from vit_jax.data import batching, folder, pipeline, tfds_source
 from vit_jax.data.dataset import Dataset
+from vit_jax.infra import errors
 
 
 def _mesh():

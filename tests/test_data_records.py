@@ -10,8 +10,8 @@ import pytest
 import tensorflow_datasets as tfds
 
 from tests import train_fixtures
-from vit_jax import errors, platforms
 from vit_jax.data import dataset, filesystems, order, pipeline, readers, records, tfds_source
+from vit_jax.infra import errors, platforms
 
 _SHARDS = 3  # digits' 1,437 train examples in 3 files: ranges cross files.
 

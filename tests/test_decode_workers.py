@@ -14,8 +14,9 @@ from absl import flags
 from PIL import Image
 
 from tests import train_fixtures
-from vit_jax import cli, data, errors
+from vit_jax import cli, data
 from vit_jax.data import dataset, decode_stage, decode_worker, decode_workers, pipeline
+from vit_jax.infra import errors
 
 CROP = 16
 

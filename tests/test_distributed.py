@@ -1,4 +1,4 @@
-"""vit_jax.distributed: start-up of a multi-process run and cluster detection.
+"""vit_jax.infra.distributed: start-up of a multi-process run and cluster detection.
 
 `jax.distributed` starts in fresh Pythons (it can start once per process and must come
 before any backend); detection and the settings handed to JAX use a fake initializer here.
@@ -16,14 +16,14 @@ import jax
 import pytest
 
 from tests import fresh_python
-from vit_jax import distributed
+from vit_jax.infra import distributed
 
 
 def test_initialize_distributed_without_settings_is_a_noop():
   result = fresh_python.run_json(
     """
       import json
-      from vit_jax import distributed
+      from vit_jax.infra import distributed
       distributed.initialize_distributed()
       distributed.initialize_distributed()  # idempotent
       import jax
@@ -42,7 +42,7 @@ def test_initialize_distributed_two_processes_from_env():
     port = s.getsockname()[1]
   code = textwrap.dedent("""
       import json
-      from vit_jax import distributed, sharding  # sharding imported first starts no backend
+      from vit_jax.infra import distributed, sharding  # sharding imported first starts no backend
       distributed.initialize_distributed(initialization_timeout=60)
       distributed.initialize_distributed()  # a second call is a no-op
       import jax, jax.numpy as jnp, numpy as np

@@ -10,7 +10,8 @@ import pytest
 import tensorflow_datasets as tfds
 
 from tests import tiny_tfds, train_fixtures
-from vit_jax import data, errors, run, sharding
+from vit_jax import data, run
+from vit_jax.infra import errors, sharding
 from vit_jax.run import defaults, progress
 from vit_jax.run.evaluators import instances, real
 

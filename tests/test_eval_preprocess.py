@@ -17,8 +17,8 @@ import pytest
 from PIL import Image
 
 from tests import interop_fixtures as fx
-from vit_jax import errors
 from vit_jax.data import data_config, host_images
+from vit_jax.infra import errors
 
 sys.modules.setdefault("triton", None)  # see tests/test_export.py: triton beside TensorFlow
 timm = pytest.importorskip("timm")

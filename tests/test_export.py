@@ -17,7 +17,8 @@ import pytest
 from flax import traverse_util
 
 from tests import interop_fixtures as fx
-from vit_jax import errors, export
+from vit_jax import export
+from vit_jax.infra import errors
 from vit_jax.weights import exports, formats, npz, serving, sources
 
 # torch's CUDA wheels import triton on first use, and triton's library crashes (SIGSEGV) a

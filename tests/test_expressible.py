@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from vit_jax import errors
+from vit_jax.infra import errors
 from vit_jax.weights import sources
 
 WIDTH = 8

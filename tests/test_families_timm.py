@@ -26,7 +26,8 @@ import pytest
 from tests import interop_fixtures as fx
 from tests import test_bit, test_mixer, train_fixtures
 from tests.markers import needs_libtpu
-from vit_jax import errors, export, models
+from vit_jax import export, models
+from vit_jax.infra import errors
 from vit_jax.models import families as model_families
 from vit_jax.weights import architecture, npz, sources
 from vit_jax.weights.timm import families

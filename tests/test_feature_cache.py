@@ -11,7 +11,8 @@ from flax import traverse_util
 
 from configs import siglip
 from tests import train_fixtures
-from vit_jax import data, errors, models, run
+from vit_jax import data, models, run
+from vit_jax.infra import errors
 from vit_jax.run import feature_cache
 from vit_jax.weights import orbax_steps
 

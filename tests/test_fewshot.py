@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 from sklearn import linear_model
 
-from vit_jax import data, sharding
+from vit_jax import data
 from vit_jax.data import data_config
+from vit_jax.infra import sharding
 from vit_jax.run.evaluators import fewshot, ridge
 from vit_jax.weights import npz, orbax_steps
 

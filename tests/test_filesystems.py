@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from tests import gcs_proxy
-from vit_jax import errors, input_files, storage
 from vit_jax.data import caption_folder, example_images, filesystems
+from vit_jax.infra import errors, input_files, storage
 
 
 def test_local_and_file_url_paths_read_through_os(tmp_path, monkeypatch):

@@ -12,8 +12,8 @@ from PIL import Image
 
 import vit_jax
 from tests import interop_fixtures as fx
-from vit_jax import errors
 from vit_jax.data import data_config
+from vit_jax.infra import errors
 from vit_jax.weights import orbax_steps
 
 sys.modules.setdefault("triton", None)  # see tests/test_export.py: triton beside TensorFlow

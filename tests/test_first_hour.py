@@ -17,7 +17,8 @@ import pytest
 import vit_jax
 from tests import core_install, fresh_python
 from tests.finished_run import tiny_flags
-from vit_jax import errors, main
+from vit_jax import main
+from vit_jax.infra import errors
 
 pytest_plugins = ["tests.finished_run"]  # the finished_run fixture
 

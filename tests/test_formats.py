@@ -15,7 +15,7 @@ import pytest
 
 import vit_jax
 from tests.finished_run import finished_run  # noqa: F401  (a fixture)
-from vit_jax import errors
+from vit_jax.infra import errors
 from vit_jax.weights import formats, sources
 
 

@@ -19,7 +19,7 @@ import subprocess
 import pytest
 
 from tests import fresh_python
-from vit_jax import compat
+from vit_jax.infra import compat
 from vit_jax.run import save_loop
 
 DISK = "14m"  # holds step 3 (9.7 MB with its optimizer state), not step 6 as well

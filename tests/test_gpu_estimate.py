@@ -12,7 +12,7 @@ import os
 import pytest
 
 from tests import test_plan
-from vit_jax import hardware, platforms
+from vit_jax.infra import hardware, platforms
 from vit_jax.plan import gpu_estimate, planner, topology
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from tests import hf_text_fixtures as fx
-from vit_jax import errors
 from vit_jax.data import free_text
+from vit_jax.infra import errors
 from vit_jax.models import two_tower
 from vit_jax.weights import npz, sources
 

@@ -21,9 +21,10 @@ from configs import siglip
 from tests import fresh_python, train_fixtures
 from tests.test_feature_cache import shared_lit_run
 from tests.test_main import assert_resume_is_exact
-from vit_jax import errors, models, predict
+from vit_jax import models, predict
 from vit_jax import zeroshot as zeroshot_cli
 from vit_jax.data import captions, tokenizer_kinds
+from vit_jax.infra import errors
 from vit_jax.run.evaluators import retrieval
 from vit_jax.weights import orbax_steps, sources
 

@@ -133,6 +133,14 @@ def test_a_package_does_not_import_what_it_must_not_know(graph, package, below):
   assert not {name: targets for name, targets in found.items() if targets}
 
 
+def test_the_floor_imports_nothing_above_it(graph):
+  """`vit_jax.infra` (errors, paths, storage, the mesh, ...) imports only its own modules."""
+  floor = lambda name: name == "vit_jax.infra" or name.startswith("vit_jax.infra.")  # noqa: E731
+  above = {n: sorted(t for t in ts if not floor(t)) for n, ts in graph.items() if floor(n)}
+  assert {n: ts for n, ts in above.items() if ts} == {}
+  assert len(above) > 10  # the floor's modules were found
+
+
 def test_a_cycle_is_found():
   assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
   assert _cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from vit_jax import errors, input_files
+from vit_jax.infra import errors, input_files
 
 
 def test_a_regular_file_within_its_bound_is_read(tmp_path):

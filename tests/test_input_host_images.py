@@ -11,8 +11,8 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from vit_jax import errors
 from vit_jax.data import data_config, dataset, decode_stage, host_images
+from vit_jax.infra import errors
 
 
 def _jpeg(pixels: np.ndarray) -> bytes:

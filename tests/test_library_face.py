@@ -16,7 +16,8 @@ SCRIPT = """
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from vit_jax import models, platforms
+  from vit_jax import models
+  from vit_jax.infra import platforms
   from vit_jax.data import host_images
 
   platforms.quiet_start()
@@ -58,7 +59,7 @@ def test_a_script_using_vit_jax_after_import_jax_prints_only_its_own_output():
 
 def test_a_platform_the_user_chose_is_kept():
   code = "import jax; jax.config.update('jax_platforms', 'cpu,tpu')\n"
-  code += "from vit_jax import platforms; platforms.quiet_start()\n"
+  code += "from vit_jax.infra import platforms; platforms.quiet_start()\n"
   code += "print(jax.config.jax_platforms)"
   proc = subprocess.run(
     [sys.executable, "-c", code],

@@ -16,7 +16,8 @@ from flax import traverse_util
 
 import vit_jax
 from tests import hf_text_fixtures as fx
-from vit_jax import errors, models
+from vit_jax import models
+from vit_jax.infra import errors
 from vit_jax.models import two_tower
 from vit_jax.weights import sources
 

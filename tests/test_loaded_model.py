@@ -7,7 +7,8 @@ import jax
 import numpy as np
 import pytest
 
-from vit_jax import errors, models, weights
+from vit_jax import models, weights
+from vit_jax.infra import errors
 from vit_jax.weights import npz
 
 

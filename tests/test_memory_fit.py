@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from tests import train_fixtures
-from vit_jax import run, sharding
+from vit_jax import run
+from vit_jax.infra import sharding
 from vit_jax.run import memory_fit, resolver, step_cost
 
 

@@ -18,7 +18,8 @@ import pytest
 from flax import traverse_util
 
 from tests import interop_fixtures as fx
-from vit_jax import errors, export, models
+from vit_jax import export, models
+from vit_jax.infra import errors
 from vit_jax.weights import npz, sources
 
 sys.modules.setdefault("triton", None)  # see tests/test_export.py: triton beside TensorFlow

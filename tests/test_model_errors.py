@@ -15,7 +15,7 @@ import pytest
 
 import vit_jax
 from tests import hf_text_fixtures, interop_fixtures
-from vit_jax import errors
+from vit_jax.infra import errors
 
 X = interop_fixtures.images(2, 16)  # float32 [2, 16, 16, 3]
 

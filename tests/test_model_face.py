@@ -16,7 +16,8 @@ import pytest
 
 import vit_jax
 from tests import fresh_python, interop_fixtures
-from vit_jax import analysis, errors, models
+from vit_jax import analysis, models
+from vit_jax.infra import errors
 from vit_jax.weights import load_pretrained
 from vit_jax.weights.timm import create as timm_create
 

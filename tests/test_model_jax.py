@@ -14,7 +14,7 @@ from flax import nnx
 
 import vit_jax
 from tests import interop_fixtures
-from vit_jax import errors
+from vit_jax.infra import errors
 
 X = interop_fixtures.images(4, 16)  # float32 [4, 16, 16, 3]
 Y = np.array([0, 1, 2, 0])

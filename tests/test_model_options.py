@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from vit_jax import errors, models
+from vit_jax import models
+from vit_jax.infra import errors
 
 
 def _config(**options):

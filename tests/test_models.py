@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from vit_jax import errors
+from vit_jax.infra import errors
 from vit_jax.models import MODEL_NAMES, create_model, get_model_config, sincos_2d
 from vit_jax.models.settings import PatchSettings, ResNetSettings
 from vit_jax.weights import npz

@@ -31,7 +31,8 @@ from flax import traverse_util
 
 from tests import _multiprocess_worker as worker
 from tests import fresh_python
-from vit_jax import data, storage
+from vit_jax import data
+from vit_jax.infra import storage
 from vit_jax.weights import orbax_steps
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -282,7 +283,7 @@ def test_explicit_settings_keep_all_local_devices_inside_a_job(monkeypatch, job_
   device numbered by its local rank: one GPU per node for one process per node."""
   import jax  # pylint: disable=g-import-not-at-top
 
-  from vit_jax import distributed  # pylint: disable=g-import-not-at-top
+  from vit_jax.infra import distributed  # pylint: disable=g-import-not-at-top
 
   for name in (
     "SLURM_JOB_ID",

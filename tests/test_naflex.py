@@ -14,8 +14,8 @@ import pytest
 
 from tests import big_vision_reference as bv
 from tests import interop_fixtures as fx
-from vit_jax import errors
 from vit_jax.data import naflex_images
+from vit_jax.infra import errors
 from vit_jax.models import get_model_config, model_settings, naflex, vit
 from vit_jax.models.execution import ExecutionOptions
 from vit_jax.weights import big_vision
@@ -420,7 +420,7 @@ def test_a_naflex_run_trains_on_packed_patches_evaluates_as_predict_and_resumes_
   from tests.test_main import assert_resume_is_exact  # pylint: disable=g-import-not-at-top
   from vit_jax import data, run  # pylint: disable=g-import-not-at-top
   from vit_jax.data import digits, host_images  # pylint: disable=g-import-not-at-top
-  from vit_jax.sharding import make_mesh  # pylint: disable=g-import-not-at-top
+  from vit_jax.infra.sharding import make_mesh  # pylint: disable=g-import-not-at-top
 
   tiny_config.pp.seq_len = 9
   settings = data.Settings.from_config(tiny_config)
@@ -451,7 +451,7 @@ def test_a_naflex_run_of_a_model_without_a_resizable_table_is_one_error(tiny_con
   """config.pp.seq_len is checked with the model and the augmentation when the run is
   resolved, before anything is built or written."""
   from vit_jax import run  # pylint: disable=g-import-not-at-top
-  from vit_jax.sharding import make_mesh  # pylint: disable=g-import-not-at-top
+  from vit_jax.infra.sharding import make_mesh  # pylint: disable=g-import-not-at-top
 
   mesh = make_mesh((("data", -1), ("model", 1)))
   tiny_config.num_classes = 10  # the data is not opened

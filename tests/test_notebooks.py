@@ -37,7 +37,7 @@ def notebook_env(tmp_path_factory):
 
 
 # What JAX's CUDA plugin and libtpu print on a host without a GPU or TPU when nothing has
-# chosen the platform (each notebook calls `vit_jax.platforms.quiet_start()` first).
+# chosen the platform (each notebook calls `vit_jax.infra.platforms.quiet_start()` first).
 NOISE = ("Jax plugin configuration error", "cuInit", "cuFFT", "TPU", "Traceback", "E0000")
 
 

@@ -12,10 +12,11 @@ import pytest
 from configs import common, siglip
 from configs import mpp as mpp_config
 from tests import train_fixtures
-from vit_jax import errors, models, run, sharding
+from vit_jax import models, run
 from vit_jax.data import captions
 from vit_jax.data.caption_settings import CaptionSettings
 from vit_jax.data.dataset import DatasetInfo
+from vit_jax.infra import errors, sharding
 from vit_jax.run import defaults, objectives
 from vit_jax.weights import run_checkpoint
 

@@ -14,8 +14,8 @@ import pytest
 from configs import pretrain
 from tests import train_fixtures
 from tests.markers import needs_libtpu
-from vit_jax import hardware, sharding
 from vit_jax import run as run_lib
+from vit_jax.infra import hardware, sharding
 from vit_jax.models import get_model_config
 from vit_jax.plan import cli, hlo, planner, report, topology
 

@@ -11,8 +11,9 @@ import pytest
 from configs import lit
 from tests.markers import needs_libtpu
 from tests.test_plan import tiny_config
-from vit_jax import hardware, models
+from vit_jax import models
 from vit_jax.data import randaug
+from vit_jax.infra import hardware
 from vit_jax.models import image_text
 from vit_jax.plan import hlo, loop_cost, planner, report, topology
 

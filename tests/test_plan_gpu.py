@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from tests import fresh_python, test_plan
-from vit_jax import hardware, platforms, sharding
 from vit_jax import run as run_lib
+from vit_jax.infra import hardware, platforms, sharding
 from vit_jax.models import attention, create_model, execution, get_model_config
 from vit_jax.plan import cli, gpu_topology, gpus, planner, topology
 
@@ -277,7 +277,7 @@ def test_commands_start_on_the_cpu_without_the_plugins_error(choose_cpu):
   del env["JAX_PLATFORMS"]
   code = (
     "import sys; sys.modules['libtpu'] = None\n"  # a host without libtpu
-    + ("from vit_jax import platforms; platforms.quiet_start()\n" if choose_cpu else "")
+    + ("from vit_jax.infra import platforms; platforms.quiet_start()\n" if choose_cpu else "")
     + "import jax; print(jax.devices())"
   )
   proc = subprocess.run(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.markers import needs_libtpu
-from vit_jax import hardware
+from vit_jax.infra import hardware
 from vit_jax.models import get_model_config
 from vit_jax.plan import inference, topology
 from vit_jax.run import memory_fit

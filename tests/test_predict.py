@@ -16,8 +16,9 @@ from flax import traverse_util
 from PIL import Image
 
 from tests import interop_fixtures as fx
-from vit_jax import errors, models, predict, weights
+from vit_jax import models, predict, weights
 from vit_jax.data import digits
+from vit_jax.infra import errors
 from vit_jax.weights import architecture, sources
 
 _ARCH_FIELDS = (

@@ -14,7 +14,8 @@ import pytest
 
 from tests.finished_run import copy_run, snapshot, tiny_flags
 from tests.fresh_python import REPO, clean_env
-from vit_jax import errors, main, paths
+from vit_jax import main
+from vit_jax.infra import errors, paths
 from vit_jax.run import folder as folder_lib
 from vit_jax.run import preemption
 from vit_jax.weights import orbax_steps

@@ -2,7 +2,7 @@
 
 import pytest
 
-from vit_jax.printable import printable
+from vit_jax.infra.printable import printable
 
 
 @pytest.mark.parametrize(

@@ -15,10 +15,11 @@ import tensorflow as tf
 from PIL import Image, ImageEnhance, ImageOps
 
 from tests import fresh_python, train_fixtures
-from vit_jax import data, errors, sharding
+from vit_jax import data
 from vit_jax.data import host_images
 from vit_jax.data import randaug as ra
 from vit_jax.data import randaug_ops as ops
+from vit_jax.infra import errors, sharding
 
 GREY = (128, 128, 128)
 
@@ -367,7 +368,7 @@ _DEVICES = """
 import json
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
-from vit_jax import sharding
+from vit_jax.infra import sharding
 from vit_jax.data import randaug as ra
 images = np.random.default_rng(0).integers(0, 256, (16, 24, 24, 3)).astype(np.float32)
 augment = jax.jit(ra.make_augmenter((2, 10.0), (0.5,) * 3, (0.5,) * 3))

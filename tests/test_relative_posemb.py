@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit_jax import errors
+from vit_jax.infra import errors
 from vit_jax.models import create_model, get_model_config
 from vit_jax.models import posemb as posemb_lib
 from vit_jax.models.attention import MultiHeadDotProductAttention

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from vit_jax import errors
+from vit_jax.infra import errors
 from vit_jax.models import rope
 
 torch = pytest.importorskip("torch")

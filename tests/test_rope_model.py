@@ -12,7 +12,8 @@ import pytest
 
 from tests import fresh_python
 from tests import interop_fixtures as fx
-from vit_jax import errors, models
+from vit_jax import models
+from vit_jax.infra import errors
 from vit_jax.run import step_cost
 from vit_jax.weights import architecture
 
@@ -147,7 +148,8 @@ import jax, numpy as np
 from tests import fresh_python
 from tests import interop_fixtures as fx
 from tests.test_rope_model import _config
-from vit_jax import models, sharding
+from vit_jax import models
+from vit_jax.infra import sharding
 
 mesh = sharding.make_mesh({"data": 4, "model": 2})
 out = {}

@@ -12,7 +12,8 @@ import pytest
 from flax import traverse_util
 
 from tests.finished_run import copy_run, flip_bytes, snapshot, tiny_flags, tiny_run_config
-from vit_jax import errors, main, run
+from vit_jax import main, run
+from vit_jax.infra import errors
 from vit_jax.run import checkpoints as run_checkpoints
 from vit_jax.weights import orbax_steps
 

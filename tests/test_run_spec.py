@@ -12,7 +12,8 @@ from etils import epath
 from flax import traverse_util
 
 from tests import train_fixtures
-from vit_jax import errors, models, run, sharding
+from vit_jax import models, run
+from vit_jax.infra import errors, sharding
 from vit_jax.run import folder as folder_lib
 from vit_jax.run import resolver, resume_policy
 from vit_jax.weights import sources

@@ -1,4 +1,4 @@
-"""vit_jax.sharding: the mesh, the logical rules, state shardings (also on 8 fake devices)."""
+"""vit_jax.infra.sharding: the mesh, the logical rules, state shardings (also on 8 fake devices)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
 from tests import fresh_python
-from vit_jax import sharding
+from vit_jax.infra import sharding
 from vit_jax.models import create_model, get_model_config
 
 # ----------------------------------------------------------------------------- mesh
@@ -130,7 +130,7 @@ _EIGHT_DEVICES = """
 import json
 import flax.linen as nn, jax, jax.numpy as jnp, optax
 from configs import common
-from vit_jax import sharding
+from vit_jax.infra import sharding
 from vit_jax.run import optim
 from vit_jax.models import create_model, get_model_config
 

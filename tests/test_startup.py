@@ -29,7 +29,7 @@ def test_command_start_up_skips_keras_and_caches_compilations(tmp_path):
     from vit_jax import main
     main._enable_compilation_cache()
     tf_at_start = "tensorflow" in sys.modules  # the pipeline needs none
-    from vit_jax import platforms
+    from vit_jax.infra import platforms
     platforms.import_tensorflow()  # as tfds' builds call it
     import tensorflow as tf
     print(json.dumps(dict(

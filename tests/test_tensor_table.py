@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from vit_jax import errors, models
+from vit_jax import models
+from vit_jax.infra import errors
 from vit_jax.weights import tensor_table
 from vit_jax.weights.tensor_table import Row
 from vit_jax.weights.timm import bit as timm_bit

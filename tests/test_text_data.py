@@ -29,8 +29,9 @@ from tests.image_text_fixtures import (
   write_shards,
   write_tokenizer,
 )
-from vit_jax import errors, run, storage
+from vit_jax import run
 from vit_jax.data import captions, dataset, free_text, pipeline
+from vit_jax.infra import errors, storage
 from vit_jax.run import objectives
 from vit_jax.weights import sources
 
@@ -320,7 +321,7 @@ def test_a_changed_tokenizer_is_refused_on_resume_in_one_line(tmp_path, tokenize
   assert CaptionSettings(7, tokenizer=tokenizer_path).identity() != settings.identity()
 
   # A contrastive run records it with the data keys of its checkpoints.
-  from vit_jax import sharding
+  from vit_jax.infra import sharding
 
   mesh = sharding.make_mesh((("data", -1), ("model", 1)))
   config = image_text_config("wds:/data", tokenizer_path, num_classes=1)

@@ -8,8 +8,8 @@ import io
 import numpy as np
 import pytest
 
-from vit_jax import errors
 from vit_jax.data import tokenizer_kinds
+from vit_jax.infra import errors
 
 sentencepiece = pytest.importorskip("sentencepiece")
 tokenizers = pytest.importorskip("tokenizers")

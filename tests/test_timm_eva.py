@@ -16,7 +16,8 @@ import pytest
 from flax import traverse_util
 
 from tests import interop_fixtures as fx
-from vit_jax import errors, models
+from vit_jax import models
+from vit_jax.infra import errors
 from vit_jax.weights import sources
 from vit_jax.weights.timm import eva as timm_eva
 from vit_jax.weights.timm import expressible

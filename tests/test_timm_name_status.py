@@ -204,7 +204,7 @@ def test_a_naflexvit_folder_with_an_argument_not_computed_is_one_error_naming_it
   """The stored model_args are checked as the registered ones are (a rotary NaFlexViT)."""
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
 
-  from vit_jax import errors  # pylint: disable=g-import-not-at-top
+  from vit_jax.infra import errors  # pylint: disable=g-import-not-at-top
 
   save_file({"embeds.proj.weight": np.zeros((8, 768), np.float32)}, tmp_path / "model.safetensors")
   config = {"architecture": "naflexvit_base_patch16_gap", "model_args": {"pos_embed": "rope"}}

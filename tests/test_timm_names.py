@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tests import interop_fixtures as fx
-from vit_jax import errors
+from vit_jax.infra import errors
 from vit_jax.weights import sources
 from vit_jax.weights.timm import names as timm_names
 from vit_jax.weights.timm import vit_config

@@ -12,7 +12,8 @@ import numpy as np
 import optax
 import pytest
 
-from vit_jax import errors, models
+from vit_jax import models
+from vit_jax.infra import errors
 from vit_jax.models import text as text_lib
 from vit_jax.models import two_tower
 from vit_jax.run import contrastive

@@ -18,7 +18,8 @@ import pytest
 from tests import fresh_python
 from tests import interop_fixtures as fx
 from tests.finished_run import copy_run, snapshot, tiny_flags
-from vit_jax import errors, export, main, predict
+from vit_jax import export, main, predict
+from vit_jax.infra import errors
 
 pytest_plugins = ["tests.finished_run"]  # the finished_run fixture
 

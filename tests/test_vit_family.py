@@ -21,7 +21,7 @@ from flax import traverse_util
 from configs import vit
 from tests import interop_fixtures as fx
 from tests import train_fixtures
-from vit_jax import errors
+from vit_jax.infra import errors
 from vit_jax.weights import npz, sources
 from vit_jax.weights.timm import vit as timm_export
 

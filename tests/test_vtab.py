@@ -13,9 +13,9 @@ from tensorflow_datasets.proto import tf_example_pb2
 
 from configs import vtab as vtab_config
 from tests import tiny_tfds, train_fixtures
-from vit_jax import errors
 from vit_jax import vtab as command
 from vit_jax.data import dataset, splits, vtab
+from vit_jax.infra import errors
 from vit_jax.models import get_model_config
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from vit_jax import errors
+from vit_jax.infra import errors
 from vit_jax.weights import files, hub, sources
 
 _HF_CONFIG = {

@@ -27,7 +27,8 @@ from flax import traverse_util
 from configs import vit
 from tests import fresh_python, train_fixtures
 from tests import interop_fixtures as fx
-from vit_jax import errors, weights
+from vit_jax import weights
+from vit_jax.infra import errors
 from vit_jax.weights import hub, npz
 from vit_jax.weights import sources as weight_sources
 

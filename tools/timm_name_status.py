@@ -57,7 +57,7 @@ def our_count(name: str, num_classes: int) -> int:
 
 def status(name: str) -> str:
   """'loads', or the one-line reason ``name`` does not."""
-  from vit_jax import errors
+  from vit_jax.infra import errors
 
   count, classes = timm_count(name)
   try:

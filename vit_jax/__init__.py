@@ -9,7 +9,7 @@ named as an attribute, as ``help(vit_jax.fine_tune.train_on_arrays)`` does.
 Importing the package (any module of it) only imports: no environment variable, no JAX
 setting changes and JAX is not imported here. The commands' quiet start (TensorFlow's C++
 lines at errors only; JAX's CPU backend on a host with libtpu or JAX's CUDA plugin but no
-TPU or GPU) is `vit_jax.platforms.quiet_start()`, which `cli.run_command` calls and a
+TPU or GPU) is `vit_jax.infra.platforms.quiet_start()`, which `cli.run_command` calls and a
 script or notebook may call before its first JAX computation.
 """
 

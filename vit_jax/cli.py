@@ -29,7 +29,7 @@ TensorFlow at its import. What a terminal shows:
   notices, `Local rendezvous is aborting` at exit, `jpeg::Uncompress failed` beside a file
   the command reports itself). ``--verbosity=0`` (or higher) shows the libraries' INFO lines
   too, and ``TF_CPP_MIN_LOG_LEVEL=0`` the C++ ones;
-* a user error (`vit_jax.errors.UserError`, and what `errors.as_user_error` maps: a full
+* a user error (`vit_jax.infra.errors.UserError`, and what `errors.as_user_error` maps: a full
   disk, too little device memory, a folder that cannot be written) as one line
   ``Error: <message>`` with exit status `USER_ERROR_STATUS`; its traceback is logged at
   ``--verbosity=1``.
@@ -48,7 +48,7 @@ import ml_collections
 from absl import flags, logging
 from ml_collections import config_flags
 
-from vit_jax import errors, input_files, platforms
+from vit_jax.infra import errors, input_files, platforms
 
 # The flags defined here for a command are the command's own: its --help lists them beside
 # its other flags, not under this module.

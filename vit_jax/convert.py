@@ -21,7 +21,8 @@ from typing import Any, Sequence
 
 from absl import flags, logging
 
-from vit_jax import cli, errors
+from vit_jax import cli
+from vit_jax.infra import errors
 from vit_jax.weights import npz, sources
 
 

@@ -36,8 +36,9 @@ from typing import Any, Optional, Sequence
 
 from absl import flags
 
-from vit_jax import cli, storage
+from vit_jax import cli
 from vit_jax.data import folder_tokenizer
+from vit_jax.infra import storage
 from vit_jax.weights import exports, formats, npz, remote, sources, writers
 
 FORMATS, LABELS_FILE, NPZ_FILE = exports.NAMES, formats.LABELS_FILE, npz.EXPORT_FILE

@@ -28,7 +28,8 @@ import jax.numpy as jnp
 import ml_collections
 from absl import flags, logging
 
-from vit_jax import cli, data, errors, models, paths, sharding, weights
+from vit_jax import cli, data, models, weights
+from vit_jax.infra import errors, paths, sharding
 from vit_jax.run import objectives
 from vit_jax.run.evaluators import fewshot as fewshot_lib
 from vit_jax.run.evaluators import ridge

@@ -34,9 +34,9 @@ import jax
 import numpy as np
 import tqdm.auto
 
-from vit_jax import errors
 from vit_jax.data import arrays, data_config
-from vit_jax.paths import RunPaths
+from vit_jax.infra import errors
+from vit_jax.infra.paths import RunPaths
 from vit_jax.run import defaults
 from vit_jax.run.progress import History
 from vit_jax.weights import npz, orbax_steps

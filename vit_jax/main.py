@@ -2,7 +2,7 @@
 
 `--config.key=value` overrides any config field; an unknown key is an error listing the
 closest valid keys. Distributed start-up comes first (see
-`vit_jax.distributed.initialize_distributed`).
+`vit_jax.infra.distributed.initialize_distributed`).
 
 Logging and errors as for every command (`vit_jax.cli`): an error the user can cause
 prints one line and exits with status 2. SIGTERM (preemption) or SIGINT (Ctrl-C) saves the
@@ -21,7 +21,8 @@ import jax
 import ml_collections
 from absl import flags, logging
 
-from vit_jax import cli, distributed, errors
+from vit_jax import cli
+from vit_jax.infra import distributed, errors
 
 _CACHE_MAX_BYTES = 2 * 2**30
 

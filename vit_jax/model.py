@@ -38,9 +38,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vit_jax import analysis, errors, model_checks, model_facts, models
-from vit_jax.aliases import Params
+from vit_jax import analysis, model_checks, model_facts, models
 from vit_jax.data.data_config import DataConfig
+from vit_jax.infra import errors
+from vit_jax.infra.aliases import Params
 from vit_jax.models.naflex import NaFlexPatches
 from vit_jax.weights import fit, sources, writers
 from vit_jax.weights.timm import create as timm_create

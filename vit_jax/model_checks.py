@@ -12,7 +12,8 @@ from typing import Any, Optional
 import jax
 import numpy as np
 
-from vit_jax import errors, models
+from vit_jax import models
+from vit_jax.infra import errors
 from vit_jax.weights import hub
 from vit_jax.weights.timm import names as timm_names
 

@@ -22,7 +22,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from absl import flags
 
-from vit_jax import cli, errors
+from vit_jax import cli
+from vit_jax.infra import errors
 
 # Table 2's columns: (name, dataset of the run, its metric).
 COLUMNS: tuple[tuple[str, str, str], ...] = (

@@ -17,7 +17,7 @@ as the checkpoint says (`vit_jax.data.host_images.prepare` with its data config:
 crop fraction and interpolation, a transformers image processor's resize and crop, or
 the official recipe of the eval pipeline, the whole image resized bilinearly to [-1, 1])
 and classified in jitted batches. Every file is checked before it is opened
-(`vit_jax.input_files`): a named path that does not exist or is no regular file (a FIFO,
+(`vit_jax.infra.input_files`): a named path that does not exist or is no regular file (a FIFO,
 a device) is an error (`vit_jax.cli`: one line, exit status 2); inside a folder such a
 file, one larger than `input_files.MAX_IMAGE_BYTES`, one that `image_header.decodable`
 refuses (more than `image_header.MAX_DECODED_BYTES` decoded bytes by its header, read
@@ -28,7 +28,7 @@ With ``--seq_len``, a ViT whose learned position table can be resized (a NaFlex 
 any plain ViT) reads each image at its own aspect ratio, resized to the largest patch
 grid within that many patches (`vit_jax.data.naflex_images`) instead of a square crop.
 Output: one line per image, ``FILE<TAB>label:probability ...``, or JSON lines; names and
-labels with control characters are printed escaped (`vit_jax.printable`).
+labels with control characters are printed escaped (`vit_jax.infra.printable`).
 """
 
 from __future__ import annotations
@@ -44,10 +44,11 @@ import jax
 import numpy as np
 from absl import flags, logging
 
-from vit_jax import errors, input_files, models, storage, text_scores
 from vit_jax import model as model_lib
+from vit_jax import models, text_scores
 from vit_jax.data import filesystems, image_header
-from vit_jax.printable import printable
+from vit_jax.infra import errors, input_files, storage
+from vit_jax.infra.printable import printable
 from vit_jax.weights import sources
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp")  # what decode_rgb reads

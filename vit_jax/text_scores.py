@@ -17,7 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax import errors, models
+from vit_jax import models
+from vit_jax.infra import errors
 from vit_jax.models import two_tower
 from vit_jax.models.naflex import NaFlexPatches
 
@@ -26,7 +27,7 @@ SIGMOID, SOFTMAX = "sigmoid", "softmax"
 
 def texts_from(texts: str | None, texts_file: str | None) -> list[str]:
   """The texts of ``--texts`` ('a dog,a cat') and ``--texts_file`` (one per line)."""
-  from vit_jax import input_files  # pylint: disable=g-import-not-at-top
+  from vit_jax.infra import input_files  # pylint: disable=g-import-not-at-top
 
   found = [t.strip() for t in (texts or "").split(",") if t.strip()]
   if texts_file:

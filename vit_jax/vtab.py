@@ -24,8 +24,9 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from absl import flags
 
-from vit_jax import cli, errors
+from vit_jax import cli
 from vit_jax.data import vtab
+from vit_jax.infra import errors
 
 # The paper's VTAB-1k accuracies (%) of the public checkpoints it reports, by model name:
 # each task from Table 9 (one decimal), the mean of the 19 from Table 2. ViT-L/16

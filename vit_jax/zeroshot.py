@@ -28,9 +28,10 @@ from typing import Any, Sequence
 import jax
 from absl import flags, logging
 
-from vit_jax import cli, data, errors, models, sharding
+from vit_jax import cli, data, models
 from vit_jax.data import captions as captions_lib
 from vit_jax.data.dataset import Dataset
+from vit_jax.infra import errors, sharding
 from vit_jax.run import defaults, objectives
 from vit_jax.run.evaluators import zeroshot
 from vit_jax.weights import sources

@@ -32,7 +32,8 @@ def row_correctness(smoke: bool) -> dict[str, Any]:
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
 
-  from vit_jax import run, sharding  # pylint: disable=g-import-not-at-top
+  from vit_jax import run  # pylint: disable=g-import-not-at-top
+  from vit_jax.infra import sharding  # pylint: disable=g-import-not-at-top
 
   accel = jax.devices()
   cpu = jax.devices("cpu")

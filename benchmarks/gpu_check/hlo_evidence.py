@@ -98,7 +98,8 @@ def kernel_counts(hlo: str) -> dict[str, Any]:
 def evidence(which: str = "all") -> list[dict[str, Any]]:
   """Each of `CASES` (``which='after'``: the last alone) compiled for `TOPOLOGY`: its
   choice, kernels, predicted memory and the estimate's counts."""
-  from vit_jax import models, run, sharding  # pylint: disable=g-import-not-at-top
+  from vit_jax import models, run  # pylint: disable=g-import-not-at-top
+  from vit_jax.infra import sharding  # pylint: disable=g-import-not-at-top
   from vit_jax.plan import (  # pylint: disable=g-import-not-at-top
     gpu_estimate,
     gpu_topology,

@@ -94,7 +94,7 @@ def figures(
   (None off a GPU the estimate knows)."""
   import jax  # pylint: disable=g-import-not-at-top
 
-  from vit_jax import hardware  # pylint: disable=g-import-not-at-top
+  from vit_jax.infra import hardware  # pylint: disable=g-import-not-at-top
   from vit_jax.plan import gpu_estimate  # pylint: disable=g-import-not-at-top
   from vit_jax.run import step_cost  # pylint: disable=g-import-not-at-top
 

@@ -97,7 +97,7 @@ def row_pipeline(smoke: bool) -> dict[str, Any]:
     return dict(ok=True, skipped=why)
   import jax  # pylint: disable=g-import-not-at-top
 
-  from vit_jax import sharding  # pylint: disable=g-import-not-at-top
+  from vit_jax.infra import sharding  # pylint: disable=g-import-not-at-top
 
   root, batch, steps = jpeg_folder(smoke)
   config = measure.shrink(folder_config(root, batch), smoke)

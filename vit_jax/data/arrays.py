@@ -25,8 +25,8 @@ from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
-from vit_jax import errors
 from vit_jax.data import splits as splits_lib
+from vit_jax.infra import errors
 
 PREFIX = "arrays:"  # config.dataset = 'arrays:/path/data.npz'
 SPLITS = ("train", "test")

@@ -17,8 +17,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from vit_jax import errors
-from vit_jax.sharding import DATA_AXIS, batch_sharding
+from vit_jax.infra import errors
+from vit_jax.infra.sharding import DATA_AXIS, batch_sharding
 
 
 def local_batch_size(
@@ -70,7 +70,7 @@ def process_row_block(global_batch: int, mesh: Mesh) -> tuple[int, int]:
       f"{rows} of a global batch of {global_batch}, but each of the {count} "
       f"processes must hold one distinct contiguous block of {size} rows (a "
       f"contiguous 1/{count} of the {DATA_AXIS!r} mesh axis). Build the mesh with "
-      f"vit_jax.sharding.make_mesh and a {DATA_AXIS!r} axis whose size is a multiple "
+      f"vit_jax.infra.sharding.make_mesh and a {DATA_AXIS!r} axis whose size is a multiple "
       f"of the process count."
     )
   return start // size, count

@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from vit_jax import errors
+from vit_jax.infra import errors
 
 SCHEDULE_BLOCK = 1024  # steps whose budgets one generator draws (`budget_indices`)
 # Each budget's batch is a multiple of gcd(config.batch, BATCH_DIVISOR) (timm's loader's

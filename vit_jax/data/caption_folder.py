@@ -23,9 +23,9 @@ import os
 
 import numpy as np
 
-from vit_jax import errors, storage
 from vit_jax.data import filesystems, free_text, remote_cache
 from vit_jax.data import splits as splits_lib
+from vit_jax.infra import errors, storage
 
 PREFIX = "captions:"  # config.dataset = 'captions:/path/to/root'
 FILES = ("captions.tsv", "captions.jsonl")

@@ -22,8 +22,8 @@ from typing import Sequence
 
 import numpy as np
 
-from vit_jax import errors
 from vit_jax.data import text_tokenizer
+from vit_jax.infra import errors
 
 # Prompt templates by name ('{}' is the class's words). 'digits': the captions the digits
 # are trained on. 'clip': the 7 ImageNet templates that CLIP's prompt-engineering notebook

@@ -18,8 +18,8 @@ import dataclasses
 import math
 from typing import Any, Mapping, Optional
 
-from vit_jax import errors
-from vit_jax.image_constants import (
+from vit_jax.infra import errors
+from vit_jax.infra.image_constants import (
   IMAGENET_MEAN,
   IMAGENET_STD,
   OFFICIAL_INPUT_MEAN,

@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 import numpy as np
 
-from vit_jax import errors, platforms
 from vit_jax.data import data_config, presets
 from vit_jax.data.budget_mix import BudgetMix
 from vit_jax.data.caption_settings import CaptionSettings
 from vit_jax.data.naflex_images import NaFlexInputs
 from vit_jax.data.train_images import TrainImages
-from vit_jax.image_constants import OFFICIAL_INPUT_MEAN, OFFICIAL_INPUT_STD
+from vit_jax.infra import errors, platforms
+from vit_jax.infra.image_constants import OFFICIAL_INPUT_MEAN, OFFICIAL_INPUT_STD
 
 if TYPE_CHECKING:
   from vit_jax.data.splits import SplitSource

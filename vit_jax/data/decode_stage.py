@@ -31,9 +31,9 @@ from typing import Any, Callable, Iterator
 import grain
 import numpy as np
 
-from vit_jax import errors
 from vit_jax.data import decode_workers, example_images, readers
 from vit_jax.data.dataset import Settings
+from vit_jax.infra import errors
 
 Example = tuple[int, int, Any, int, bytes]  # position, uid, value, label, text
 # (index in the stream, position, label [K], text, uid), or None: the image failed.

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from vit_jax import errors
+from vit_jax.infra import errors
 
 # (file of the batch's images, row in it, value, uid): one example of a task.
 Item = tuple[str, int, Any, int]

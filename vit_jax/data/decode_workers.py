@@ -48,9 +48,9 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 import numpy as np
 
-from vit_jax import errors
 from vit_jax.data import decode_worker
 from vit_jax.data.decode_worker import AGAIN, Task, Written
+from vit_jax.infra import errors
 
 _IN_FLIGHT = 3  # Tasks sent ahead to each worker: it always has the next one queued.
 # Tasks sent ahead to each worker whose files are on a bucket: it reads the files of every

@@ -17,8 +17,8 @@ from typing import Any, Sequence, Union
 
 import numpy as np
 
-from vit_jax import errors
 from vit_jax.data.data_config import PIL_RESAMPLE, DataConfig
+from vit_jax.infra import errors
 
 Image = Any  # a PIL.Image.Image (PIL is imported where it is used)
 ImageLike = Union[str, os.PathLike, bytes, np.ndarray, Image]

@@ -12,9 +12,9 @@ from typing import Any
 import cv2
 import numpy as np
 
-from vit_jax import input_files
 from vit_jax.data import filesystems, host_images
 from vit_jax.data.dataset import Settings
+from vit_jax.infra import input_files
 
 
 def _name(path: Any) -> str:

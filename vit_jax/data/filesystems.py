@@ -1,5 +1,5 @@
 """File access by path for the input sources: local paths (and ``file://``) through `os`,
-`glob` and `open`; a URL (gs://...) through fsspec (`vit_jax.storage`: gcsfs for
+`glob` and `open`; a URL (gs://...) through fsspec (`vit_jax.infra.storage`: gcsfs for
 buckets), so reading a folder, a captions file, tar shards, records or images needs no
 TensorFlow wherever they are. A remote file that does not exist is a FileNotFoundError,
 as a local one is; any other failure of the storage, once the client's own retries are
@@ -17,7 +17,7 @@ import glob as glob_lib
 import os
 from typing import Any, BinaryIO, Sequence
 
-from vit_jax import input_files, storage
+from vit_jax.infra import input_files, storage
 
 
 def _local(path: str) -> str:

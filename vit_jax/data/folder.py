@@ -16,10 +16,10 @@ import os
 import numpy as np
 from absl import logging
 
-from vit_jax import errors, input_files
 from vit_jax.data import filesystems
 from vit_jax.data import splits as splits_lib
-from vit_jax.printable import printable
+from vit_jax.infra import errors, input_files
+from vit_jax.infra.printable import printable
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")  # Matched case-insensitively.
 PREFIX = "folder:"  # config.dataset = 'folder:/path/to/root'

@@ -30,8 +30,8 @@ from typing import Any, Hashable, Optional, Sequence
 
 import numpy as np
 
-from vit_jax import errors, input_files
 from vit_jax.data import text_tokenizer
+from vit_jax.infra import errors, input_files
 
 CONFIG = "tokenizer_config.json"
 SPIECE = "spiece.model"

@@ -17,10 +17,10 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from vit_jax import errors
 from vit_jax.data import captions as captions_lib
 from vit_jax.data import filesystems, text_tokenizer, tokenizer_kinds
 from vit_jax.data import splits as splits_lib
+from vit_jax.infra import errors
 
 KEY = "config.text.tokenizer"
 

@@ -34,10 +34,10 @@ import numpy as np
 import simplejpeg
 from PIL import Image
 
-from vit_jax import errors, platforms
 from vit_jax.data import eval_images, image_header
 from vit_jax.data.data_config import DataConfig
-from vit_jax.image_constants import OFFICIAL_INPUT_MEAN, OFFICIAL_INPUT_STD
+from vit_jax.infra import errors, platforms
+from vit_jax.infra.image_constants import OFFICIAL_INPUT_MEAN, OFFICIAL_INPUT_STD
 
 RGB = tuple[float, float, float]
 CROP_ASPECT_RANGE = (3.0 / 4.0, 4.0 / 3.0)  # width / height, Szegedy et al. (2015)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import struct
 
-from vit_jax import input_files
+from vit_jax.infra import input_files
 
 # One RGB image of the pixel bound (PIL's decompression-bomb threshold): 256 MiB.
 MAX_DECODED_BYTES = 3 * input_files.MAX_IMAGE_PIXELS

@@ -20,9 +20,9 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from vit_jax import errors
 from vit_jax.data import eval_images, host_images
-from vit_jax.image_constants import (
+from vit_jax.infra import errors
+from vit_jax.infra.image_constants import (
   NAFLEX_MAX_SIDE,
   NAFLEX_PACKED_FIELDS,
   OFFICIAL_INPUT_MEAN,

@@ -41,11 +41,11 @@ import jax
 import numpy as np
 from absl import logging
 
-from vit_jax import errors
-from vit_jax.aliases import HostBatch
 from vit_jax.data import batching, decode_stage, order, readers
 from vit_jax.data.budget_mix import SCHEDULE_BLOCK, BudgetMix
 from vit_jax.data.dataset import Dataset, Settings, as_settings
+from vit_jax.infra import errors
+from vit_jax.infra.aliases import HostBatch
 
 _EVAL_WINDOW = 10_000  # Examples an eval pass reads at a time.
 

@@ -37,10 +37,10 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec
 
-from vit_jax.aliases import Batch
 from vit_jax.data import randaug_ops as ops
-from vit_jax.image_constants import OFFICIAL_INPUT_MEAN, OFFICIAL_INPUT_STD
-from vit_jax.sharding import DATA_AXIS
+from vit_jax.infra.aliases import Batch
+from vit_jax.infra.image_constants import OFFICIAL_INPUT_MEAN, OFFICIAL_INPUT_STD
+from vit_jax.infra.sharding import DATA_AXIS
 
 RNG_TAG = 0x726175  # 'rau': folded into the step's key for RandAugment's draws
 SCOPE = "randaugment"  # The name scope of its ops in the compiled step (`apply_rounds`).

@@ -34,8 +34,8 @@ import numpy as np
 import tensorflow_datasets as tfds
 from tensorflow_datasets.proto import tf_example_pb2
 
-from vit_jax import errors, storage
 from vit_jax.data import filesystems, remote_cache
+from vit_jax.infra import errors, storage
 
 _HEADER = 12  # TFRecord framing: uint64 length, uint32 crc of the length ...
 _FOOTER = 4  # ... the record, uint32 crc of the record.

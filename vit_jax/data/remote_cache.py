@@ -37,7 +37,7 @@ from typing import Any, Awaitable, Callable, Iterator, NamedTuple, Sequence
 import fsspec.asyn
 from absl import logging
 
-from vit_jax import errors, storage
+from vit_jax.infra import errors, storage
 
 BLOCK = 8 * 2**20  # Bytes per ranged GET.
 CONCURRENT = 16  # Ranged GETs in flight.

@@ -14,7 +14,7 @@ from typing import Mapping, Protocol
 import numpy as np
 import tensorflow_datasets as tfds
 
-from vit_jax import errors
+from vit_jax.infra import errors
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,9 +30,9 @@ import tarfile
 import numpy as np
 from absl import logging
 
-from vit_jax import errors, storage
 from vit_jax.data import filesystems, free_text, remote_cache
 from vit_jax.data import splits as splits_lib
+from vit_jax.infra import errors, storage
 
 PREFIX = "wds:"  # config.dataset = 'wds:/path/to/shards'
 IMAGES = ("jpg", "jpeg", "png")

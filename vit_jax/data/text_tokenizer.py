@@ -29,7 +29,7 @@ from typing import Any, Callable, Hashable, Optional, Sequence
 
 import numpy as np
 
-from vit_jax import errors
+from vit_jax.infra import errors
 
 EOS_MODES = ("none", "yes", "sticky")
 HF_FILE = "tokenizer.json"

@@ -28,10 +28,10 @@ import tensorflow_datasets as tfds
 from absl import logging
 from tensorflow_datasets.core.utils import py_utils
 
-from vit_jax import errors, platforms, storage
 from vit_jax.data import digits, free_text, vtab  # digits: registers its builder with tfds
 from vit_jax.data import records as records_lib
 from vit_jax.data import splits as splits_lib
+from vit_jax.infra import errors, platforms, storage
 
 _IMAGE, _LABEL = "image", "label"  # Feature keys every supported dataset has.
 _READ_BATCH = 1024  # Records converted to numpy at a time.

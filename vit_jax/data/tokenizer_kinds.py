@@ -16,10 +16,10 @@ import glob
 import os
 from typing import Callable, Optional
 
-from vit_jax import errors
 from vit_jax.data import folder_tokenizer, text_tokenizer
 from vit_jax.data.folder_tokenizer import CONFIG, SPIECE
 from vit_jax.data.text_tokenizer import HF_FILE, Tokenizer
+from vit_jax.infra import errors
 
 SPECIAL_TOKENS = "special_tokens_map.json"  # saved by transformers beside its tokenizer
 

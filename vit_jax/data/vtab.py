@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping, Optional
 import ml_collections
 import numpy as np
 
-from vit_jax import errors
+from vit_jax.infra import errors
 
 NATURAL, SPECIALIZED, STRUCTURED = "Natural", "Specialized", "Structured"
 GROUPS = (NATURAL, SPECIALIZED, STRUCTURED)

@@ -12,13 +12,13 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from vit_jax import errors
+from vit_jax.infra import errors
+from vit_jax.infra.sharding import EMBED, HEADS, KV
 from vit_jax.models import options
 from vit_jax.models import posemb as posemb_lib
 from vit_jax.models import rope as rope_lib
 from vit_jax.models.execution import EINSUM, ExecutionOptions
 from vit_jax.models.layers import partitioned
-from vit_jax.sharding import EMBED, HEADS, KV
 
 
 class Projection(nn.Module):

@@ -29,10 +29,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from vit_jax import errors
+from vit_jax.infra import errors
+from vit_jax.infra.sharding import EMBED, MLP
 from vit_jax.models import heads, layers, resnet
 from vit_jax.models.execution import ExecutionOptions, remat_policy
-from vit_jax.sharding import EMBED, MLP
 
 BIT = "bit"  # `model_type` of a BiT config (`variants.py`)
 ROOT_WIDTH = 64  # the root conv's output channels at width factor 1

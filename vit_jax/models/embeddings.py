@@ -16,8 +16,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from vit_jax.infra.sharding import EMBED
 from vit_jax.models.layers import partitioned
-from vit_jax.sharding import EMBED
 
 CLASS_TOKEN = "cls"
 REGISTERS = "registers"

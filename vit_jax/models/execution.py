@@ -12,7 +12,7 @@ from typing import Callable, Optional
 import jax
 import jax.numpy as jnp
 
-from vit_jax import errors
+from vit_jax.infra import errors
 
 EINSUM = "einsum"  # `ExecutionOptions.attention_impl` of the ViT's own einsum attention
 CUDNN = "cudnn"  # cuDNN's fused attention (`jax.nn.dot_product_attention` on a GPU)

@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, Optional
 import flax.linen as nn
 import ml_collections
 
-from vit_jax import errors
+from vit_jax.infra import errors
 from vit_jax.models import bit, cost, image_text, mixer, vit, vit_shapes
 from vit_jax.models.image_text import TwoTowerSettings
 from vit_jax.models.settings import BitSettings, MixerSettings, ModelSettings, Settings

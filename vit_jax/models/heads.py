@@ -27,10 +27,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from vit_jax import errors
+from vit_jax.infra import errors
+from vit_jax.infra.sharding import EMBED, HEADS, KV
 from vit_jax.models.execution import ExecutionOptions
 from vit_jax.models.layers import MlpBlock, layer_norm, partitioned
-from vit_jax.sharding import EMBED, HEADS, KV
 
 TOKEN, GAP, MAP, UNPOOLED = "token", "gap", "map", "unpooled"
 POOLINGS: tuple[str, ...] = (TOKEN, GAP, MAP)

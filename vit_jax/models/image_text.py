@@ -24,7 +24,7 @@ from typing import Any, Mapping, Optional
 
 import ml_collections
 
-from vit_jax import errors
+from vit_jax.infra import errors
 from vit_jax.models import cost
 from vit_jax.models.execution import ExecutionOptions
 from vit_jax.models.text import SIZES, TextSettings, TextTransformer

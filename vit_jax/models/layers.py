@@ -16,9 +16,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax import errors
+from vit_jax.infra import errors
+from vit_jax.infra.sharding import EMBED, MLP
 from vit_jax.models.execution import ExecutionOptions
-from vit_jax.sharding import EMBED, MLP
 
 GELU = "gelu"  # tanh or exact, as `gelu_approximate` says
 QUICK_GELU = "quick_gelu"  # x * sigmoid(1.702 x), OpenAI CLIP's
@@ -28,7 +28,7 @@ LAYER_NORM_EPSILON = 1e-6  # the official models' (Flax's default)
 
 
 def partitioned(init, names: tuple[Optional[str], ...]):
-  """``init`` with logical axis names (`vit_jax.sharding`) on the parameter it makes."""
+  """``init`` with logical axis names (`vit_jax.infra.sharding`) on the parameter it makes."""
   return nn.with_logical_partitioning(init, names)
 
 

@@ -24,10 +24,10 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from vit_jax import errors
+from vit_jax.infra import errors
+from vit_jax.infra.sharding import EMBED, MLP
 from vit_jax.models import embeddings, heads, layers, posemb
 from vit_jax.models.execution import ExecutionOptions, remat_policy
-from vit_jax.sharding import EMBED, MLP
 
 MIXER = "mixer"  # `model_type` of a Mixer config (`variants.py`); a ViT config has none
 # The parameter shapes that describe a Mixer (`describe_shapes`); ``stem`` is its own.

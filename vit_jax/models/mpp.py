@@ -18,9 +18,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from vit_jax import errors
+from vit_jax.infra import errors
+from vit_jax.infra.sharding import EMBED
 from vit_jax.models.vit import VisionTransformer
-from vit_jax.sharding import EMBED
 
 CORRUPT_RNG = "corrupt"  # The rng stream that draws the corruption.
 MASK_EMBEDDING = "mask_embedding"

@@ -31,8 +31,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from vit_jax import errors
-from vit_jax.image_constants import NAFLEX_MAX_SIDE, NAFLEX_PACKED_FIELDS
+from vit_jax.infra import errors
+from vit_jax.infra.image_constants import NAFLEX_MAX_SIDE, NAFLEX_PACKED_FIELDS
 
 
 @flax.struct.dataclass

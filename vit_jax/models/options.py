@@ -14,7 +14,7 @@ import dataclasses
 import numbers
 from typing import Any, Callable, Optional
 
-from vit_jax import errors
+from vit_jax.infra import errors
 from vit_jax.models import heads, layers, naflex
 from vit_jax.models import rope as rope_lib
 

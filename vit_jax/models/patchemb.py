@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax import errors
+from vit_jax.infra import errors
 
 
 @functools.cache

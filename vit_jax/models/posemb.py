@@ -24,10 +24,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax import errors
+from vit_jax.infra import errors
+from vit_jax.infra.sharding import EMBED, HEADS, KV
 from vit_jax.models import naflex
 from vit_jax.models.naflex import NaFlexPatches
-from vit_jax.sharding import EMBED, HEADS, KV
 
 PosembKind = Literal["learn", "learn_2d", "sincos2d", "none", "relative"]
 RELATIVE = "relative"  # the kind whose embeddings live in the attention layers

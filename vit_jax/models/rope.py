@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax import errors
+from vit_jax.infra import errors
 
 EVA = "eva"
 DINOV3 = "dinov3"

@@ -22,8 +22,8 @@ from typing import Any, Optional
 
 import jax.numpy as jnp
 
-from vit_jax import errors
-from vit_jax.image_constants import OFFICIAL_INPUT_MEAN, OFFICIAL_INPUT_STD
+from vit_jax.infra import errors
+from vit_jax.infra.image_constants import OFFICIAL_INPUT_MEAN, OFFICIAL_INPUT_STD
 from vit_jax.models import bit, execution, layers, mixer, naflex, options
 from vit_jax.models import posemb as posemb_lib
 from vit_jax.models import rope as rope_lib

@@ -8,7 +8,7 @@ split (timm's ``SwiGLU``: DINOv3's S+/H+/7B, EVA-02): ``fc1_g`` (the gate), ``fc
 value), ``norm`` (with ``inner_norm``), ``fc2``; fused (timm's ``GluMlp`` with SiLU and the
 gate in the first half, ``gate_last=False``: EVA-02-Ti/S and timm's ``SwiGLUPacked``
 ViTs): ``fc1`` of width 2 * hidden_dim, ``fc2``. Kernels carry the MLP's logical axes
-(`vit_jax.sharding`), so tensor parallelism shards the hidden units as in the GELU MLP.
+(`vit_jax.infra.sharding`), so tensor parallelism shards the hidden units as in the GELU MLP.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from vit_jax.infra.sharding import EMBED, MLP
 from vit_jax.models import layers
 from vit_jax.models.execution import ExecutionOptions
-from vit_jax.sharding import EMBED, MLP
 
 
 class SwiGLU(nn.Module):

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax import errors
+from vit_jax.infra import errors
 from vit_jax.models import heads, layers, variants
 from vit_jax.models.execution import ExecutionOptions
 from vit_jax.models.settings import ModelSettings

@@ -29,7 +29,7 @@ from typing import Callable, Optional, Sequence
 
 import ml_collections
 
-from vit_jax import errors, image_constants
+from vit_jax.infra import errors, image_constants
 from vit_jax.models import bit, mixer, settings
 
 

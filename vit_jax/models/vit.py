@@ -2,7 +2,7 @@
 
 Parameter names equal the official checkpoints (docs/checkpoint_format.md), so an official `.npz`
 loads without renaming. Every parameter carries logical axis names (`EMBED`, `MLP`,
-`HEADS`, `KV`, `LAYERS` of `vit_jax.sharding`), which that module maps onto mesh axes.
+`HEADS`, `KV`, `LAYERS` of `vit_jax.infra.sharding`), which that module maps onto mesh axes.
 
 Inspection: apply with ``mutable=['intermediates']`` and every block sows
 ``attention_weights`` [B, H, N, N] and its output ``tokens`` [B, N, D]; with
@@ -18,7 +18,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from vit_jax import errors
+from vit_jax.infra import errors
+from vit_jax.infra.sharding import LAYERS
 from vit_jax.models import embeddings, heads, layers, naflex, options
 from vit_jax.models import posemb as posemb_lib
 from vit_jax.models import rope as rope_lib
@@ -29,7 +30,6 @@ from vit_jax.models.naflex import NaFlexPatches
 from vit_jax.models.resnet import resnet_root
 from vit_jax.models.settings import ModelSettings
 from vit_jax.models.swiglu import SwiGLU
-from vit_jax.sharding import LAYERS
 
 SCANNED_BLOCK = "encoderblock"  # the scanned encoder's blocks, stacked over a layer axis
 

@@ -31,7 +31,7 @@ from typing import Any, Mapping, Optional
 
 import ml_collections
 
-from vit_jax import errors
+from vit_jax.infra import errors
 from vit_jax.models import options, settings, variants
 from vit_jax.models import posemb as posemb_lib
 from vit_jax.models.bit import ROOT_WIDTH

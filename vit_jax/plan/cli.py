@@ -25,7 +25,8 @@ from vit_jax import cli as cli_lib  # isort: skip
 import ml_collections
 from absl import flags
 
-from vit_jax import errors, models, sharding
+from vit_jax import models
+from vit_jax.infra import errors, sharding
 from vit_jax.models import backend_defaults
 from vit_jax.plan import gpu_topology, planner, report, topology
 

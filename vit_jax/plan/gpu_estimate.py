@@ -24,8 +24,8 @@ import math
 import re
 from typing import Any, Optional
 
-from vit_jax import hardware
-from vit_jax.hardware import Chip
+from vit_jax.infra import hardware
+from vit_jax.infra.hardware import Chip
 from vit_jax.plan import hlo
 
 _FREE = {

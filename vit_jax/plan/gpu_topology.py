@@ -19,8 +19,8 @@ from typing import Any, Optional
 
 import jax
 
-from vit_jax import errors, hardware, platforms
-from vit_jax.hardware import Chip
+from vit_jax.infra import errors, hardware, platforms
+from vit_jax.infra.hardware import Chip
 from vit_jax.plan import gpus
 
 VALID_FORMS = (

@@ -2,14 +2,14 @@
 
 `target_config` gives a GPU's `GpuTargetConfigProto` in text form (package data in
 `gpu_targets/`), what `jax.experimental.topologies` needs to compile for it; the GPUs
-themselves (`GPUS`: memory, peaks, NVLink, network) are `vit_jax.hardware`'s.
+themselves (`GPUS`: memory, peaks, NVLink, network) are `vit_jax.infra.hardware`'s.
 """
 
 from __future__ import annotations
 
 import importlib.resources
 
-from vit_jax.hardware import Chip
+from vit_jax.infra.hardware import Chip
 
 
 def target_config(gpu: Chip) -> str:

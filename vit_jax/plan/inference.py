@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from vit_jax import models
-from vit_jax.hardware import Chip
+from vit_jax.infra.hardware import Chip
 from vit_jax.plan import report
 from vit_jax.run import memory_fit
 

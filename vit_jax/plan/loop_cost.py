@@ -24,8 +24,8 @@ from typing import Any
 
 import jax
 
-from vit_jax import compat
 from vit_jax.data import randaug
+from vit_jax.infra import compat
 from vit_jax.plan import hlo
 
 _HEADER = re.compile(r"^(ENTRY )?(%[^\s(]+) .*\{\s*$")

@@ -19,8 +19,9 @@ import jax
 import ml_collections
 from absl import logging
 
-from vit_jax import models, sharding
+from vit_jax import models
 from vit_jax import run as run_lib
+from vit_jax.infra import sharding
 from vit_jax.plan import budgets, gpu_estimate, gpu_topology, hlo, report
 from vit_jax.plan.report import gib
 from vit_jax.plan.topology import AnyTopology

@@ -21,8 +21,8 @@ from typing import Any, Optional
 import jax
 import numpy as np
 
-from vit_jax import compat
-from vit_jax.hardware import Chip
+from vit_jax.infra import compat
+from vit_jax.infra.hardware import Chip
 from vit_jax.plan import hlo, loop_cost
 from vit_jax.run import step_cost
 

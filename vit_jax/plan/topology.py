@@ -24,8 +24,8 @@ from typing import Any, Iterator, Union
 
 import jax
 
-from vit_jax import errors
-from vit_jax.hardware import CHIPS, Chip
+from vit_jax.infra import errors
+from vit_jax.infra.hardware import CHIPS, Chip
 from vit_jax.plan import gpu_topology
 from vit_jax.run import memory_fit
 

@@ -1,6 +1,7 @@
 """A training run: resolve a config once, build its steps, run the loop in a run folder.
 
-    from vit_jax import run, sharding
+    from vit_jax import run
+    from vit_jax.infra import sharding
     mesh = sharding.make_mesh(tuple(config.mesh))
     spec = run.resolve(config, mesh=mesh)          # checked, immutable `RunSpec`
     steps = run.build_steps(spec, mesh)            # model, optimizer, shardings, jitted steps

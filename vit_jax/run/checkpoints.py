@@ -39,8 +39,8 @@ from absl import logging
 from etils import epath  # Orbax's path type: local paths and gs:// alike.
 from jax.experimental import multihost_utils
 
-from vit_jax import errors
-from vit_jax.paths import as_path
+from vit_jax.infra import errors
+from vit_jax.infra.paths import as_path
 from vit_jax.run import resume_policy, save_loop
 from vit_jax.weights.orbax_steps import (
   META,

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from vit_jax.sharding import DATA_AXIS
+from vit_jax.infra.sharding import DATA_AXIS
 
 
 def _pair_logits(zimg: jax.Array, ztxt: jax.Array, temperature: jax.Array) -> jax.Array:

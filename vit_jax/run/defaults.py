@@ -12,8 +12,9 @@ from typing import Any
 
 import ml_collections
 
-from vit_jax import errors, models
+from vit_jax import models
 from vit_jax.data import caption_settings
+from vit_jax.infra import errors
 from vit_jax.run.evaluators import fewshot, ridge
 
 
@@ -108,8 +109,8 @@ def get_config() -> ml_collections.ConfigDict:
     )
   )
 
-  # Devices (vit_jax.sharding): mesh axes and sizes (-1: all remaining devices). The names
-  # are vit_jax.sharding's DATA_AXIS and MODEL_AXIS, written out as a user gives them.
+  # Devices (vit_jax.infra.sharding): mesh axes and sizes (-1: all remaining devices). The names
+  # are vit_jax.infra.sharding's DATA_AXIS and MODEL_AXIS, written out as a user gives them.
   config.mesh = (("data", -1), ("model", 1))
   config.partitioning = "data_parallel"  # or 'fsdp', 'tensor_parallel'
 

@@ -15,7 +15,7 @@ from typing import Any, Mapping, Optional
 import jax
 import jax.numpy as jnp
 
-from vit_jax import errors
+from vit_jax.infra import errors
 
 CHECKED = ("train/loss", "train/grad_norm")
 

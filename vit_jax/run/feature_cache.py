@@ -24,8 +24,8 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from vit_jax import errors
-from vit_jax.aliases import HostBatch
+from vit_jax.infra import errors
+from vit_jax.infra.aliases import HostBatch
 
 
 def check(options: Any, settings: Any) -> None:

@@ -1,9 +1,9 @@
 """A training run's own use of its folder (the `--workdir` of `vit_jax.main`; the layout:
-`vit_jax.paths`): the resume check of `config.json`, its one write, and the lock.
+`vit_jax.infra.paths`): the resume check of `config.json`, its one write, and the lock.
 
 One run trains in a folder at a time: `RunFolder.lock` takes `run.lock` before the run
 writes anything, with an exclusive create (O_EXCL locally; on a gs:// bucket an upload the
-server refuses when the object exists, `vit_jax.storage.create_exclusive`), so of two runs
+server refuses when the object exists, `vit_jax.infra.storage.create_exclusive`), so of two runs
 that start together exactly one trains. A lock whose process is gone (same host, pid not
 running) or whose heartbeat is older than `STALE_SECONDS` (another host that died, e.g. a
 preempted VM) is taken over with a warning, on a bucket only if the lock is still the
@@ -25,8 +25,8 @@ import jax
 from absl import logging
 from etils import epath
 
-from vit_jax import errors, paths, storage
-from vit_jax.paths import HISTORY_FILE, LOCK_FILE
+from vit_jax.infra import errors, paths, storage
+from vit_jax.infra.paths import HISTORY_FILE, LOCK_FILE
 from vit_jax.run import resume_policy
 from vit_jax.weights import orbax_steps
 

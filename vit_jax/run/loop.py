@@ -21,7 +21,8 @@ import jax
 import ml_collections
 from absl import logging
 
-from vit_jax import data, errors
+from vit_jax import data
+from vit_jax.infra import errors
 from vit_jax.run import checkpoints as checkpoints_lib
 from vit_jax.run import divergence, evaluators, memory_fit, preemption, resolver, step_cost
 from vit_jax.run import folder as folder_lib

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from vit_jax import errors
+from vit_jax.infra import errors
 
 
 def _sigmoid_xent(logits: jax.Array, labels: jax.Array) -> jax.Array:

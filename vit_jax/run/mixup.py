@@ -28,8 +28,8 @@ from typing import Any, Callable, Optional
 import jax
 import jax.numpy as jnp
 
-from vit_jax import errors
-from vit_jax.aliases import Batch
+from vit_jax.infra import errors
+from vit_jax.infra.aliases import Batch
 
 # Folded into the step's key for the mixer's draws: the dropout keys stay as they are.
 RNG_TAG = 0x6D6978  # 'mix'

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from vit_jax import errors
+from vit_jax.infra import errors
 from vit_jax.models.attention import MIXED_FREQS
 
 OPTIMIZERS: tuple[str, ...] = ("sgd", "adam", "adamw")

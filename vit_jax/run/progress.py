@@ -18,7 +18,7 @@ from typing import Any, Mapping, Optional, Protocol
 import jax
 from absl import logging
 
-from vit_jax import storage
+from vit_jax.infra import storage
 from vit_jax.run import step_cost
 
 

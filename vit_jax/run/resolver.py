@@ -6,7 +6,7 @@ Nothing is built or written here except what the checks need: the data's class c
 and train size (read from the dataset unless ``open_data=False``), a hub name in
 ``config.pretrained`` fetched into the Hugging Face cache (or failed on, offline) before
 anything compiles, and, for ``accum_steps='auto'``, compiled (never run) candidate steps.
-Every problem is a `vit_jax.errors.UserError` naming the config key, its value and the fix.
+Every problem is a `vit_jax.infra.errors.UserError` naming the config key, its value and the fix.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from typing import Any, Optional
 import jax
 import ml_collections
 
-from vit_jax import data, errors, models, sharding, weights
+from vit_jax import data, models, weights
 from vit_jax.data.dataset import Settings as DataSettings
+from vit_jax.infra import errors, sharding
 from vit_jax.models import backend_defaults, model_settings, naflex, posemb
 from vit_jax.models.settings import Settings
 from vit_jax.run import (

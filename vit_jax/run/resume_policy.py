@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Collection, Literal, Mapping, Optional
 
-from vit_jax import errors, paths
+from vit_jax.infra import errors, paths
 
 ERROR, WARNING, SWITCH = "error", "warning", "switch"
 CONFIG_JSON, CHECKPOINT = paths.CONFIG_FILE, "checkpoint"

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Coroutine, TypeVar
 
-from vit_jax import compat
+from vit_jax.infra import compat
 
 _T = TypeVar("_T")
 

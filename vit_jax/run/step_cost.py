@@ -12,7 +12,7 @@ accumulation (`vit_jax.run.memory_fit`) all read a step's cost from here:
   and the count for programs with loops; `vit_activation_bytes` its activation bound.
 - `peak_bytes`: the device memory a compiled step needs, from XLA's memory analysis.
 - `peak_flops`: the device's dense peak for a compute dtype (the published figures of
-  `vit_jax.hardware`, which the plan reads too; on a CPU, a measured f32 matrix product).
+  `vit_jax.infra.hardware`, which the plan reads too; on a CPU, a measured f32 matrix product).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vit_jax import hardware, models
+from vit_jax import models
+from vit_jax.infra import hardware
 from vit_jax.models.settings import Settings
 
 # The CPU's peak is measured: an f32 product of two square matrices of this size.

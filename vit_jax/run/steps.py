@@ -28,9 +28,10 @@ import optax
 from flax import struct
 from jax.experimental import multihost_utils
 
-from vit_jax import models, sharding, weights
-from vit_jax.aliases import Batch
+from vit_jax import models, weights
 from vit_jax.data import randaug
+from vit_jax.infra import sharding
+from vit_jax.infra.aliases import Batch
 from vit_jax.models import cost
 from vit_jax.run import mixup, objectives, optim, step_cost
 from vit_jax.run.spec import RunSpec

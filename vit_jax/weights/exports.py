@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Optional
 
-from vit_jax import errors
-from vit_jax.aliases import Params
+from vit_jax.infra import errors
+from vit_jax.infra.aliases import Params
 from vit_jax.weights import serving
 
 

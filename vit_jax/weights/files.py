@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from vit_jax import errors, input_files
+from vit_jax.infra import errors, input_files
 
 HUB_CONFIG = "config.json"  # a hub folder's config: transformers' model, timm's architecture
 MAX_JSON_BYTES = 16 * 2**20  # configs and indexes are kilobytes

@@ -19,7 +19,8 @@ import numpy as np
 from absl import logging
 from flax import traverse_util
 
-from vit_jax import errors, models
+from vit_jax import models
+from vit_jax.infra import errors
 from vit_jax.models import image_text
 from vit_jax.models.embeddings import REGISTERS
 from vit_jax.models.mpp import MPP_PARAMS

@@ -11,7 +11,8 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from vit_jax import errors, models
+from vit_jax import models
+from vit_jax.infra import errors
 from vit_jax.models.embeddings import REGISTERS
 from vit_jax.models.patchemb import resample_patch_kernel
 from vit_jax.models.posemb import (

@@ -16,8 +16,8 @@ import flax.linen as nn
 from absl import logging
 from flax import traverse_util
 
-from vit_jax import errors
-from vit_jax.aliases import Params
+from vit_jax.infra import errors
+from vit_jax.infra.aliases import Params
 from vit_jax.models import image_text
 from vit_jax.weights.npz import check_tree
 

@@ -22,12 +22,12 @@ from typing import Any, Callable, Optional
 
 import ml_collections
 
-from vit_jax import errors
-from vit_jax.aliases import Params
 from vit_jax.data.data_config import DataConfig
+from vit_jax.infra import errors
+from vit_jax.infra.aliases import Params
+from vit_jax.infra.paths import CONFIG_FILE as RUN_CONFIG_FILE
+from vit_jax.infra.paths import as_path
 from vit_jax.models import families
-from vit_jax.paths import CONFIG_FILE as RUN_CONFIG_FILE
-from vit_jax.paths import as_path
 from vit_jax.weights import (
   big_vision,
   exports,

@@ -23,7 +23,8 @@ from typing import Optional
 
 from absl import logging
 
-from vit_jax import errors, models
+from vit_jax import models
+from vit_jax.infra import errors
 
 HF_HUB = "hf-hub:"
 TABLE = "hub_names.tsv"

@@ -24,9 +24,10 @@ import ml_collections
 import numpy as np
 from flax import traverse_util
 
-from vit_jax import errors, models
-from vit_jax.aliases import Params
+from vit_jax import models
 from vit_jax.data import text_tokenizer
+from vit_jax.infra import errors
+from vit_jax.infra.aliases import Params
 from vit_jax.weights import architecture, npz
 
 _BLOCK = "txt/Encoder_0/encoderblock_"

@@ -24,10 +24,11 @@ import numpy as np
 from absl import logging
 from flax import traverse_util
 
-from vit_jax import errors, input_files, models
-from vit_jax.aliases import Params
+from vit_jax import models
 from vit_jax.data import data_config as data_config_lib
 from vit_jax.data import folder_tokenizer, tokenizer_kinds
+from vit_jax.infra import errors, input_files
+from vit_jax.infra.aliases import Params
 from vit_jax.weights import architecture
 
 EXPORT_FILE = "model.npz"  # the archive in a folder an npz export (`Model.save`) writes

@@ -28,9 +28,9 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
-from vit_jax import errors, storage
-from vit_jax.aliases import Params
-from vit_jax.paths import as_path
+from vit_jax.infra import errors, storage
+from vit_jax.infra.aliases import Params
+from vit_jax.infra.paths import as_path
 
 STATE, META = "state", "meta"  # the two items of a step
 COMMIT_MARKER = "commit_success.txt"  # Orbax's mark of a complete step on a bucket

@@ -1,4 +1,4 @@
-"""Checkpoints and exports on a bucket (gs://, any URL `vit_jax.storage` reaches), read and
+"""Checkpoints and exports on a bucket (gs://, any URL `vit_jax.infra.storage` reaches), read and
 written through fsspec, without TensorFlow.
 
 Reading (`local_copy`): a training run's Orbax steps are read where they are (`holds_steps`;
@@ -27,8 +27,8 @@ from typing import Iterator
 import fsspec
 from absl import logging
 
-from vit_jax import errors, storage
-from vit_jax.paths import CHECKPOINTS, as_path
+from vit_jax.infra import errors, storage
+from vit_jax.infra.paths import CHECKPOINTS, as_path
 from vit_jax.weights import orbax_steps
 
 SIDECARS = (".json", ".model", ".txt")  # configs, SentencePiece models, labels and vocabularies

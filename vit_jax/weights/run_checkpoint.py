@@ -1,5 +1,5 @@
 """A training run of this package read as a checkpoint: its folder (the workdir, its
-`checkpoints/` or one step folder; layout: `vit_jax.paths.RunPaths`), the model and crop
+`checkpoints/` or one step folder; layout: `vit_jax.infra.paths.RunPaths`), the model and crop
 of its `config.json`, its class names, the Orbax step's parameters (`orbax_steps`), its
 preprocessing and a contrastive run's tokenizer. Nothing here builds, writes or fetches
 data: the run's data settings are never used."""
@@ -11,11 +11,12 @@ from typing import Any, Optional
 import flax.linen as nn
 import ml_collections
 
-from vit_jax import errors, models, storage
-from vit_jax.aliases import Params
+from vit_jax import models
 from vit_jax.data import caption_settings, data_config
 from vit_jax.data.data_config import DataConfig
-from vit_jax.paths import CONFIG_FILE, RunPaths, as_path
+from vit_jax.infra import errors, storage
+from vit_jax.infra.aliases import Params
+from vit_jax.infra.paths import CONFIG_FILE, RunPaths, as_path
 from vit_jax.weights import npz, orbax_steps, remote
 
 

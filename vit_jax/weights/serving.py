@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax import errors
-from vit_jax.aliases import Params
+from vit_jax.infra import errors
+from vit_jax.infra.aliases import Params
 
 JAX_EXPORTED = "model.jax_exported"
 

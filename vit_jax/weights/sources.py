@@ -42,11 +42,12 @@ import jax.numpy as jnp
 import ml_collections
 from absl import logging
 
-from vit_jax import errors, input_files, models
-from vit_jax.aliases import Params
+from vit_jax import models
 from vit_jax.data import data_config as data_config_lib
 from vit_jax.data import filesystems
-from vit_jax.paths import as_path
+from vit_jax.infra import errors, input_files
+from vit_jax.infra.aliases import Params
+from vit_jax.infra.paths import as_path
 from vit_jax.weights import architecture, formats, hub, npz, remote
 
 _MAX_ERROR_LINES = 20  # of check_tree's list of differences
@@ -192,7 +193,7 @@ def check_source(source: str, *, fetch: bool) -> None:
   downloaded; offline and not cached, one error line), so that a run learns in seconds
   what it would otherwise learn after compiling its steps; without it (a plan, which reads
   no weights) only the name is checked and nothing touches the network. A local path needs
-  no TensorFlow, nor does a gs:// path (fsspec: `vit_jax.storage`)."""
+  no TensorFlow, nor does a gs:// path (fsspec: `vit_jax.infra.storage`)."""
   if hub.is_hub_source(source):
     if fetch:
       hub.resolve(source)  # the cached folder, reused when the run reads the weights

@@ -15,8 +15,8 @@ from typing import Callable, Iterable, Optional
 import numpy as np
 from flax import traverse_util
 
-from vit_jax import errors
-from vit_jax.aliases import Params
+from vit_jax.infra import errors
+from vit_jax.infra.aliases import Params
 
 Convert = Callable[[np.ndarray], np.ndarray]
 

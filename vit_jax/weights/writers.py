@@ -29,7 +29,8 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 
-from vit_jax import errors, models, storage
+from vit_jax import models
+from vit_jax.infra import errors, storage
 from vit_jax.models import posemb
 from vit_jax.weights import exports, formats, remote, sources
 

@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping, Optional, Protocol, Union
 
 import ml_collections
 
-from vit_jax.aliases import Params
+from vit_jax.infra.aliases import Params
 from vit_jax.run.evaluators import accuracy, fewshot, instances, zeroshot
 from vit_jax.run.steps import RunSteps
 

@@ -12,8 +12,9 @@ from typing import Callable, Iterable
 import jax
 import jax.numpy as jnp
 
-from vit_jax import data, errors
-from vit_jax.aliases import Batch, Params
+from vit_jax import data
+from vit_jax.infra import errors
+from vit_jax.infra.aliases import Batch, Params
 from vit_jax.run.steps import RunSteps
 
 

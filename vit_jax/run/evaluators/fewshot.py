@@ -23,8 +23,9 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from vit_jax import data, errors, sharding
-from vit_jax.aliases import Params
+from vit_jax import data
+from vit_jax.infra import errors, sharding
+from vit_jax.infra.aliases import Params
 from vit_jax.models import create_model
 from vit_jax.run.evaluators import ridge
 

@@ -26,8 +26,9 @@ from typing import Any, Mapping, Optional, Sequence
 
 import ml_collections
 
-from vit_jax import data, errors
+from vit_jax import data
 from vit_jax.data import data_config
+from vit_jax.infra import errors
 from vit_jax.run.evaluators import accuracy, real
 from vit_jax.run.steps import RunSteps
 

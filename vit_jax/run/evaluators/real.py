@@ -14,10 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
-from vit_jax import errors
-from vit_jax.aliases import Batch, Params
 from vit_jax.data import order
 from vit_jax.data.dataset import Dataset, Settings
+from vit_jax.infra import errors
+from vit_jax.infra.aliases import Batch, Params
 from vit_jax.run.steps import RunSteps
 
 

@@ -25,10 +25,11 @@ from typing import Any, Optional, Sequence
 import jax
 import numpy as np
 
-from vit_jax import data, sharding
-from vit_jax.aliases import Params
+from vit_jax import data
 from vit_jax.data import batching, order
 from vit_jax.data.dataset import Dataset
+from vit_jax.infra import sharding
+from vit_jax.infra.aliases import Params
 
 RECALL_AT = (1, 5, 10)
 _BLOCK = 1024  # queries scored at a time

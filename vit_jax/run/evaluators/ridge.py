@@ -11,7 +11,7 @@ import dataclasses
 
 import numpy as np
 
-from vit_jax import errors
+from vit_jax.infra import errors
 
 DEFAULT_L2_REG = 2.0**10  # The ridge term lambda.
 # The bias feature's value: large, so that the ridge term barely shrinks the bias.

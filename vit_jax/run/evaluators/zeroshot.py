@@ -23,10 +23,11 @@ from typing import Any, Callable, Iterable
 import jax
 import numpy as np
 
-from vit_jax import data, sharding
-from vit_jax.aliases import Params
+from vit_jax import data
 from vit_jax.data import captions as captions_lib
 from vit_jax.data.dataset import Dataset
+from vit_jax.infra import sharding
+from vit_jax.infra.aliases import Params
 from vit_jax.models import two_tower
 from vit_jax.run.evaluators import retrieval
 

@@ -10,7 +10,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import jax
 
-from vit_jax.aliases import Batch
+from vit_jax.infra.aliases import Batch
 from vit_jax.models import VisionTransformer
 
 # A batch entry: (per-example shape, dtype); None in `Objective.train_fields` drops one.

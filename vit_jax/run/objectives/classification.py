@@ -7,10 +7,10 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
-from vit_jax import errors
-from vit_jax.aliases import Batch
 from vit_jax.data.dataset import DatasetInfo
 from vit_jax.data.dataset import Settings as DataSettings
+from vit_jax.infra import errors
+from vit_jax.infra.aliases import Batch
 from vit_jax.models import VisionTransformer
 from vit_jax.run import losses
 from vit_jax.run.objectives.base import Objective

@@ -18,8 +18,8 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from vit_jax import errors
-from vit_jax.aliases import Batch
+from vit_jax.infra import errors
+from vit_jax.infra.aliases import Batch
 from vit_jax.models import ModelSettings, create_model
 from vit_jax.models import mpp as mpp_model
 from vit_jax.run.objectives.base import Objective

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from vit_jax import errors
+from vit_jax.infra import errors
 from vit_jax.weights import files
 from vit_jax.weights.hf import two_tower_table
 

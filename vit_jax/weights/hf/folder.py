@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from vit_jax import errors
+from vit_jax.infra import errors
 from vit_jax.weights import files
 
 SAFETENSORS = ".safetensors"

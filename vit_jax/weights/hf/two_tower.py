@@ -45,10 +45,11 @@ import ml_collections
 import numpy as np
 from flax import traverse_util
 
-from vit_jax import errors, models
-from vit_jax.aliases import Params
+from vit_jax import models
 from vit_jax.data import data_config as data_config_lib
 from vit_jax.data import folder_tokenizer, tokenizer_kinds
+from vit_jax.infra import errors
+from vit_jax.infra.aliases import Params
 from vit_jax.weights import files, tensor_table
 from vit_jax.weights.hf import folder
 from vit_jax.weights.hf.two_tower_table import (

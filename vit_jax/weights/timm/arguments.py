@@ -12,8 +12,8 @@ from typing import Any, Optional
 
 import ml_collections
 
-from vit_jax import errors
-from vit_jax.aliases import Params
+from vit_jax.infra import errors
+from vit_jax.infra.aliases import Params
 from vit_jax.weights import architecture
 
 # (our activation, tanh GELU?) -> timm's act_layer name (QuickGELU has no tanh variant).

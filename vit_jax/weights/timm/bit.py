@@ -16,8 +16,8 @@ from typing import Any, Optional
 import ml_collections
 import numpy as np
 
-from vit_jax import errors
-from vit_jax.aliases import Params
+from vit_jax.infra import errors
+from vit_jax.infra.aliases import Params
 from vit_jax.models import bit
 from vit_jax.weights import architecture, tensor_table
 from vit_jax.weights.tensor_table import Row, rows

@@ -9,7 +9,8 @@ import difflib
 
 import ml_collections
 
-from vit_jax import errors, models
+from vit_jax import models
+from vit_jax.infra import errors
 from vit_jax.weights.timm import expressible, families, names
 
 

@@ -26,8 +26,9 @@ import ml_collections
 import numpy as np
 from flax import traverse_util
 
-from vit_jax import errors, models
-from vit_jax.aliases import Params
+from vit_jax import models
+from vit_jax.infra import errors
+from vit_jax.infra.aliases import Params
 from vit_jax.models import attention, options, vit_shapes
 from vit_jax.weights import tensor_table
 from vit_jax.weights.tensor_table import Row, rows

@@ -11,7 +11,7 @@ missing.
 
 from __future__ import annotations
 
-from vit_jax import errors
+from vit_jax.infra import errors
 from vit_jax.weights.timm import families, names
 
 # timm modules (`names.module`) whose models this package does not compute: the family

@@ -18,8 +18,9 @@ from typing import Any, Callable, Optional
 import ml_collections
 import numpy as np
 
-from vit_jax import errors, models
-from vit_jax.aliases import Params
+from vit_jax import models
+from vit_jax.infra import errors
+from vit_jax.infra.aliases import Params
 from vit_jax.models import families as model_families
 from vit_jax.weights.timm import arguments, bit, eva, eva_config, mixer, naflex, vit, vit_config
 

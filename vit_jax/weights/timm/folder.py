@@ -27,9 +27,10 @@ from typing import Any, Optional
 import ml_collections
 import numpy as np
 
-from vit_jax import errors, models
+from vit_jax import models
 from vit_jax.data import data_config as data_config_lib
 from vit_jax.data.data_config import DataConfig
+from vit_jax.infra import errors
 from vit_jax.weights import files
 from vit_jax.weights.timm import arguments, expressible, families, names
 

@@ -30,8 +30,9 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vit_jax import errors, models
-from vit_jax.aliases import Params
+from vit_jax import models
+from vit_jax.infra import errors
+from vit_jax.infra.aliases import Params
 from vit_jax.weights.timm import arguments, eva_config, names, vit, vit_config
 
 MODULE = "naflexvit"  # timm's module of these architectures (`names.module`)

@@ -25,8 +25,9 @@ from typing import Any, Optional
 import ml_collections
 import numpy as np
 
-from vit_jax import errors, models
-from vit_jax.aliases import Params
+from vit_jax import models
+from vit_jax.infra import errors
+from vit_jax.infra.aliases import Params
 from vit_jax.models import options
 from vit_jax.weights import architecture, tensor_table
 from vit_jax.weights.tensor_table import Row, rows

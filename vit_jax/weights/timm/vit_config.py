@@ -17,8 +17,9 @@ from typing import Any
 
 import ml_collections
 
-from vit_jax import errors, models
-from vit_jax.aliases import Params
+from vit_jax import models
+from vit_jax.infra import errors
+from vit_jax.infra.aliases import Params
 from vit_jax.models import options
 from vit_jax.weights import architecture
 from vit_jax.weights.timm import arguments, names, vit

@@ -4,7 +4,7 @@
 `VIT_*` environment variables) or from a cluster JAX can detect (Cloud TPU, a SLURM `srun`
 step, Open MPI) and starts `jax.distributed`; in a single process it does nothing. It must
 run before anything else touches a JAX backend (any device query starts one), which is why
-`vit_jax.main` calls it first and why `vit_jax.sharding` queries no device at import time.
+`vit_jax.main` calls it first and why `vit_jax.infra.sharding` queries no device at import time.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, Optional
 import jax
 from absl import logging
 
-from vit_jax import compat, errors
+from vit_jax.infra import compat, errors
 
 _ENV_COORDINATOR = "VIT_COORDINATOR_ADDRESS"
 _ENV_NUM_PROCESSES = "VIT_NUM_PROCESSES"

@@ -15,7 +15,7 @@ import os
 import stat
 from typing import Optional
 
-from vit_jax import errors
+from vit_jax.infra import errors
 
 MAX_TEXT_BYTES = 16 * 2**20  # labels files, config files, a run's config.json: kilobytes
 MAX_IMAGE_BYTES = 256 * 2**20  # an image file (a 100-megapixel JPEG is about 30 MiB)

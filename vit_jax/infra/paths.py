@@ -23,7 +23,7 @@ from typing import Any, Optional, Union
 
 from etils import epath
 
-from vit_jax import errors, input_files, storage
+from vit_jax.infra import errors, input_files, storage
 
 CONFIG_FILE = "config.json"
 CLASS_NAMES_FILE = "class_names.json"

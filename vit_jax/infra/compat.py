@@ -20,7 +20,7 @@ import importlib
 import importlib.metadata
 from typing import Any, Callable
 
-from vit_jax import errors
+from vit_jax.infra import errors
 
 # The distributions whose versions a missing hook's error names.
 _PACKAGES = ("jax", "jaxlib", "orbax-checkpoint")

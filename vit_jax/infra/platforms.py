@@ -14,7 +14,7 @@ notebook's to call before its first JAX computation: TensorFlow's C++ log level 
 set before TensorFlow loads, then the CPU chosen as above. Without it, a script on such a
 host prints the CUDA plugin's 20-line "Unable to load cuFFT" / "cuInit(0) failed"
 traceback and libtpu's TPU warnings. Importing the package changes nothing (no variable,
-no JAX setting): the private JAX checks go through `vit_jax.compat`.
+no JAX setting): the private JAX checks go through `vit_jax.infra.compat`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import importlib.util
 import os
 import sys
 
-from vit_jax import compat
+from vit_jax.infra import compat
 
 # The share of each GPU's memory the commands let JAX's allocator take, unless the user
 # sets XLA_PYTHON_CLIENT_MEM_FRACTION: JAX's own default (0.75) leaves a quarter of an

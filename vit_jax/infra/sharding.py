@@ -9,7 +9,7 @@ state into a tree of `NamedSharding`s.
 
 This module defines those names; `vit_jax.models` and `vit_jax.data` import them, so it
 imports nothing from `vit_jax`. It queries no device at import time:
-`vit_jax.distributed.initialize_distributed` must be able to run after it is imported.
+`vit_jax.infra.distributed.initialize_distributed` must be able to run after it is imported.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from absl import logging
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from vit_jax import errors
+from vit_jax.infra import errors
 
 # Mesh axes.
 DATA_AXIS = "data"  # the batch (and the parameters under FSDP)

@@ -12,7 +12,7 @@ One layer, chosen from what the JAX stack already uses (docs/architecture.md, "S
 neither honours an emulator nor matches the TensorFlow-free install; `configure` makes
 them take fsspec on every install, and points tensorstore at the server Google's clients
 are pointed at by `STORAGE_EMULATOR_HOST` (a local GCS server: the tests' own), so a user
-sets one variable. It runs on every remote path (`vit_jax.paths.as_path`, `filesystem`),
+sets one variable. It runs on every remote path (`vit_jax.infra.paths.as_path`, `filesystem`),
 before Orbax makes an `epath.Path` of its own.
 
 GCS has no rename and no append, but writes conditional on an object's generation
@@ -31,7 +31,7 @@ from typing import Any, Iterator, Optional
 import fsspec
 from etils import epath
 
-from vit_jax import errors
+from vit_jax.infra import errors
 
 EMULATOR = "STORAGE_EMULATOR_HOST"  # Google's clients (gcsfs included) read it
 # tensorstore's GCS driver: its endpoint, and a fixed bearer token in place of credentials.
