@@ -22,7 +22,8 @@ import json
 import os
 import time
 
-from vit_jax import models, plots
+from vit_jax import models
+from vit_jax.api import plots
 from vit_jax.infra import hardware
 from vit_jax.plan import inference, topology
 

@@ -34,7 +34,8 @@ import ml_collections
 import numpy as np
 from PIL import Image
 
-from vit_jax import analysis, data, plots
+from vit_jax import data
+from vit_jax.api import analysis, plots
 from vit_jax.infra import sharding
 from vit_jax.models import create_model
 from vit_jax.weights import orbax_steps

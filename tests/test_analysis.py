@@ -1,4 +1,4 @@
-"""Known-answer tests of `vit_jax.analysis` (paper Fig. 6-7 analyses) on tiny models."""
+"""Known-answer tests of `vit_jax.api.analysis` (paper Fig. 6-7 analyses) on tiny models."""
 
 import itertools
 import math
@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from vit_jax import analysis
+from vit_jax.api import analysis
 from vit_jax.models import create_model, get_model_config
 from vit_jax.models.settings import PatchSettings, ResNetSettings
 from vit_jax.weights import npz

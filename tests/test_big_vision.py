@@ -17,7 +17,8 @@ import pytest
 
 import vit_jax
 from tests import big_vision_reference as bv
-from vit_jax import export, models, text_scores, weights
+from vit_jax import export, models, weights
+from vit_jax.api import text_scores
 from vit_jax.infra import errors
 from vit_jax.weights import big_vision, formats
 

@@ -1,4 +1,4 @@
-"""Two loads of one architecture are one JAX type (`vit_jax.model_facts`): they average
+"""Two loads of one architecture are one JAX type (`vit_jax.api.model_facts`): they average
 with `jax.tree.map` into a model that saves, reloads and predicts with the averaged
 parameters (checkpoint averaging, model soups, an EMA copy), and a jitted function takes
 both with one compilation. Tiny ViTs (`testing`: width 32, 16x16 inputs)."""
@@ -11,7 +11,7 @@ import pytest
 
 import vit_jax
 from tests import interop_fixtures
-from vit_jax import model_facts
+from vit_jax.api import model_facts
 from vit_jax.data import captions, tokenizer_kinds
 
 X = interop_fixtures.images(4, 16)  # float32 [4, 16, 16, 3]

@@ -1,7 +1,7 @@
 """What a new user meets in the first hour on the README's installs: the core install
 (`tests.core_install`: only `pip install -e .`'s packages importable) exports StableHLO and
 imports every command; a command whose optional package is missing says which extra brings
-it in one line, exit 2; ``help(vit_jax.fine_tune.train_on_arrays)`` works after ``import
+it in one line, exit 2; ``help(vit_jax.api.fine_tune.train_on_arrays)`` works after ``import
 vit_jax``; a run's model with a new head predicts without a warning about its names."""
 
 from __future__ import annotations
@@ -106,8 +106,8 @@ def test_help_of_a_submodule_works_right_after_import_vit_jax():
     """
     import json, pydoc, sys
     import vit_jax
-    before = "vit_jax.fine_tune" in sys.modules
-    text = pydoc.render_doc(vit_jax.fine_tune.train_on_arrays)
+    before = "vit_jax.api.fine_tune" in sys.modules
+    text = pydoc.render_doc(vit_jax.api.fine_tune.train_on_arrays)
     print(json.dumps([before, "train_on_arrays" in text, hasattr(vit_jax, "no_such")]))
     """,
     fresh_python.clean_env(),

@@ -134,7 +134,7 @@ def test_lit_npz_gives_models_lit_logits_and_token_ids(lit_file):
   expected = 7.0 * zimg_ref @ _text_reference(ids, flat).T
   assert np.abs(logits - expected).max() <= 1e-5 * np.abs(expected).max()
   assert "b" not in loaded.params  # LiT's softmax: no bias
-  # predict --texts' scores (vit_jax.text_scores): LiT's softmax over the texts.
+  # predict --texts' scores (vit_jax.api.text_scores): LiT's softmax over the texts.
   pixels = np.random.default_rng(4).integers(0, 256, (2, IMAGE, IMAGE, 3), np.uint8)
   probs = vit_jax.Model(loaded).text_probabilities(list(pixels), texts)
   features = np.asarray(image.apply({"params": img}, pixels / 127.5 - 1))  # the official [-1, 1]

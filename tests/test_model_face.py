@@ -16,7 +16,8 @@ import pytest
 
 import vit_jax
 from tests import fresh_python, interop_fixtures
-from vit_jax import analysis, models
+from vit_jax import models
+from vit_jax.api import analysis
 from vit_jax.infra import errors
 from vit_jax.weights import load_pretrained
 from vit_jax.weights.timm import create as timm_create
@@ -223,7 +224,7 @@ def test_import_vit_jax_is_cheap_and_the_face_loads_on_first_use():
     """
     import json, sys
     import vit_jax
-    heavy = ("tensorflow", "vit_jax.model", "vit_jax.weights")
+    heavy = ("tensorflow", "vit_jax.api.model", "vit_jax.weights")
     before = sorted(m for m in heavy if m in sys.modules)
     face = vit_jax.load.__module__, vit_jax.from_pretrained is vit_jax.load
     try:
@@ -238,7 +239,7 @@ def test_import_vit_jax_is_cheap_and_the_face_loads_on_first_use():
   )
   assert out == {
     "before": [],
-    "face": ["vit_jax.model", True],
+    "face": ["vit_jax.api.model", True],
     "missing": "module 'vit_jax' has no attribute 'nothing'",
     "tf": False,
   }

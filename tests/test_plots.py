@@ -1,4 +1,4 @@
-"""Tests of `vit_jax.plots` (Fig. 6-7 figures) and of matplotlib staying optional."""
+"""Tests of `vit_jax.api.plots` (Fig. 6-7 figures) and of matplotlib staying optional."""
 
 import io
 import os
@@ -9,7 +9,7 @@ import pytest
 from matplotlib.figure import Figure
 
 from tests import fresh_python
-from vit_jax import plots
+from vit_jax.api import plots
 
 pytest_plugins = ["tests.finished_run"]  # the finished_run fixture
 
@@ -89,7 +89,7 @@ def test_every_module_imports_without_matplotlib():
     fresh_python.clean_env(),
     timeout=300,
   )
-  assert {"vit_jax.analysis", "vit_jax.plots", "vit_jax.main"} <= set(result["modules"])
+  assert {"vit_jax.api.analysis", "vit_jax.api.plots", "vit_jax.main"} <= set(result["modules"])
   ours = [m for m in result["attempts"] if m.split(".")[0] == "vit_jax"]
   assert not ours, f"these vit_jax modules import matplotlib: {ours}"
   assert not result["loaded"]

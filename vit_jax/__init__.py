@@ -1,10 +1,10 @@
 """The Vision Transformer in JAX/Flax (see README.md).
 
-The Python face (`vit_jax.model`): ``vit_jax.load(source)`` (alias ``from_pretrained``),
+The Python face (`vit_jax.api.model`): ``vit_jax.load(source)`` (alias ``from_pretrained``),
 ``vit_jax.create(name, num_classes=...)`` (alias ``create_model``) and the `Model` they
 return. The names load on first use (PEP 562), so ``import vit_jax`` stays cheap and never
-imports TensorFlow; so does every submodule (``vit_jax.fine_tune``, ``vit_jax.analysis``)
-named as an attribute, as ``help(vit_jax.fine_tune.train_on_arrays)`` does.
+imports TensorFlow; so does every submodule named as an attribute, as
+``help(vit_jax.api.fine_tune.train_on_arrays)`` does (`vit_jax.api` loads its own alike).
 
 Importing the package (any module of it) only imports: no environment variable, no JAX
 setting changes and JAX is not imported here. The commands' quiet start (TensorFlow's C++
@@ -26,7 +26,7 @@ __all__ = list(_FACE)
 
 def __getattr__(name: str) -> Any:
   if name in _FACE:
-    return getattr(importlib.import_module("vit_jax.model"), name)
+    return getattr(importlib.import_module("vit_jax.api.model"), name)
   if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
     return importlib.import_module(f"{__name__}.{name}")
   raise AttributeError(f"module 'vit_jax' has no attribute {name!r}")

@@ -6,7 +6,7 @@ r"""Classifies image files with a trained model, or scores them against texts.
 
 With texts, an image-text checkpoint (a contrastive run, a transformers SigLIP, SigLIP 2
 or CLIP folder) prints every text's probability for each image, most probable first, as
-transformers' zero-shot pipeline reports them (`vit_jax.text_scores`: SigLIP's sigmoid per
+transformers' zero-shot pipeline reports them (`vit_jax.api.text_scores`: SigLIP's sigmoid per
 text, CLIP's softmax over the texts).
 
 PATH: an official-layout `.npz`, a training run (workdir, `checkpoints/` or a step
@@ -44,8 +44,9 @@ import jax
 import numpy as np
 from absl import flags, logging
 
-from vit_jax import model as model_lib
-from vit_jax import models, text_scores
+from vit_jax import models
+from vit_jax.api import model as model_lib
+from vit_jax.api import text_scores
 from vit_jax.data import filesystems, image_header
 from vit_jax.infra import errors, input_files, storage
 from vit_jax.infra.printable import printable

@@ -280,7 +280,7 @@ def to_run_pp(config: DataConfig) -> dict[str, Any]:
   """The ``config.pp`` keys of a run whose evaluation prepares images as ``config`` does
   (`from_run_config` reads them back, with ``pp.crop`` and the model's mean/std): none for
   the official recipe, else every key it reads. A run fine-tuned from a checkpoint keeps
-  the checkpoint's preprocessing through them (`vit_jax.fine_tune`)."""
+  the checkpoint's preprocessing through them (`vit_jax.api.fine_tune`)."""
   if config == official(config.input_size, config.mean, config.std):
     return {}
   return {key: getattr(config, key) for key in _RUN_KEYS}

@@ -56,7 +56,7 @@ class Tokenizer(abc.ABC):
 
   def fingerprint(self) -> tuple[Hashable, ...]:
     """The tokenizer by value (class, vocabulary, options): equal for two reads of one
-    file, so that two loads of one model are one JAX type (`vit_jax.model_facts`)."""
+    file, so that two loads of one model are one JAX type (`vit_jax.api.model_facts`)."""
     return (type(self).__qualname__, self.vocabulary, self.pad_id, *self._options())
 
   def _options(self) -> tuple[Hashable, ...]:

@@ -30,7 +30,7 @@ def _format_duration(seconds: float) -> str:
 
 
 class Observer(Protocol):
-  """What a caller of the run (`vit_jax.fine_tune`) is told, as the progress line is."""
+  """What a caller of the run (`vit_jax.api.fine_tune`) is told, as the progress line is."""
 
   def on_start(self, start_step: int, total_steps: int) -> None:
     """The first step is about to run (after compilation), from ``start_step``."""

@@ -13,7 +13,7 @@ transformers users expect one.
     model.with_head(5).at_resolution(384).save("out", format="timm")
 
 A `Model` is a JAX value: a pytree whose leaves are its parameters (the config,
-preprocessing and class names are static, compared by value, `vit_jax.model_facts`: two
+preprocessing and class names are static, compared by value, `vit_jax.api.model_facts`: two
 loads of one architecture average with `jax.tree.map` and share a jitted function), so
 `jax.jit`, `jax.grad`, `jax.vmap` and optax take it whole, and `model(x)`, `features` and
 `logits` trace inside them; `model.replace(params=new)` is the model with other parameters
@@ -38,7 +38,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vit_jax import analysis, model_checks, model_facts, models
+from vit_jax import models
+from vit_jax.api import analysis, model_checks, model_facts
 from vit_jax.data.data_config import DataConfig
 from vit_jax.infra import errors
 from vit_jax.infra.aliases import Params
@@ -129,8 +130,8 @@ class Model:
 
   def to_nnx(self) -> Any:
     """This model as a Flax NNX module holding its parameters as ``nnx.Param`` (train it
-    with ``nnx.Optimizer``; `vit_jax.nnx_view.NNXModel.to_model` is the way back)."""
-    from vit_jax import nnx_view  # pylint: disable=g-import-not-at-top  (flax.nnx: on use)
+    with ``nnx.Optimizer``; `vit_jax.api.nnx_view.NNXModel.to_model` is the way back)."""
+    from vit_jax.api import nnx_view  # pylint: disable=g-import-not-at-top  (flax.nnx: on use)
 
     return nnx_view.NNXModel(self)
 
@@ -228,13 +229,13 @@ class Model:
 
   def attention(self, images: Any) -> np.ndarray:
     """Every layer's and head's attention probabilities, [L, B, H, N, N] (the prefix
-    tokens first: `vit_jax.analysis.attention_weights`)."""
+    tokens first: `vit_jax.api.analysis.attention_weights`)."""
     x = model_checks.host_inputs(images, self.image_size)
     return analysis.attention_weights(self._vit("attention"), self.params, x)
 
   def rollout(self, images: Any) -> np.ndarray:
     """Attention rollout (Abnar & Zuidema, 2020) of the output token over the patches,
-    [B, gh, gw] (`vit_jax.analysis.attention_rollout`; `analysis.resize_map` draws it)."""
+    [B, gh, gw] (`vit_jax.api.analysis.attention_rollout`; `analysis.resize_map` draws it)."""
     module, x = self._vit("rollout"), model_checks.host_inputs(images, self.image_size)
     return analysis.attention_rollout(
       self.attention(x),
@@ -339,9 +340,9 @@ class Model:
   ) -> np.ndarray:
     """An image-text model's probability of each text for each image (anything `prepare`
     takes, with its ``seq_len``), [B, T]: with a logit bias (SigLIP) each text's sigmoid,
-    without (CLIP, LiT) the softmax over the texts (`vit_jax.text_scores`, as ``predict
+    without (CLIP, LiT) the softmax over the texts (`vit_jax.api.text_scores`, as ``predict
     --texts``)."""
-    from vit_jax import text_scores  # pylint: disable=g-import-not-at-top
+    from vit_jax.api import text_scores  # pylint: disable=g-import-not-at-top
 
     scores = text_scores.TextScores(self.loaded, texts)
     model_checks.warn_truncated(self._facts.loaded.tokenizer, texts, self.config.text_len)
@@ -366,12 +367,12 @@ class Model:
 
   def fine_tune(self, images: Any, labels: Any = None, **kwargs: Any) -> tuple["Model", Any]:
     """``(tuned, history)``: a fine-tuned copy, trained on arrays by the run of ``python -m
-    vit_jax.main`` (`vit_jax.fine_tune.train_on_arrays`: its arguments; a progress bar
+    vit_jax.main`` (`vit_jax.api.fine_tune.train_on_arrays`: its arguments; a progress bar
     with loss, img/s and ETA, then the evaluation) and loaded from its folder, with this
     model's preprocessing; and the run's `vit_jax.run.progress.History` (``history.train``
     per report, ``history.final`` the evaluation). A ``workdir`` holding a run started
     with other arguments is refused, naming them."""
-    from vit_jax import fine_tune  # pylint: disable=g-import-not-at-top  (the run: heavier)
+    from vit_jax.api import fine_tune  # pylint: disable=g-import-not-at-top  (the run: heavier)
 
     workdir, history = fine_tune.train_on_arrays(self, images, labels, **kwargs)
     return load(workdir, batch_size=self.batch_size), history

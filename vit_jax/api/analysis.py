@@ -10,7 +10,7 @@
   filters (Fig. 7 left).
 
 Inputs and outputs are numpy arrays: these are analysis tools, not jitted training code.
-`vit_jax.plots` draws them; this module needs no matplotlib.
+`vit_jax.api.plots` draws them; this module needs no matplotlib.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Matplotlib figures of the `vit_jax.analysis` results (paper Fig. 6-7).
+"""Matplotlib figures of the `vit_jax.api.analysis` results (paper Fig. 6-7).
 
 The figures draw on the Agg canvas through the object-oriented API (no pyplot state, no
 ``plt.show``); a notebook displays the returned `Figure`, a script calls ``fig.savefig``.
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from vit_jax.analysis import check_ndim, resize_map
+from vit_jax.api.analysis import check_ndim, resize_map
 
 if TYPE_CHECKING:
   from matplotlib.figure import Figure
@@ -26,7 +26,7 @@ def _figure(width: float, height: float) -> Figure:
     from matplotlib.figure import Figure
   except ImportError as e:
     raise ImportError(
-      "vit_jax.plots draws with matplotlib, which is not installed: "
+      "vit_jax.api.plots draws with matplotlib, which is not installed: "
       'pip install "vit_jax[notebooks]" (or pip install matplotlib).'
     ) from e
   fig = Figure(figsize=(width, height))
