@@ -155,7 +155,7 @@ def _read(path: str, eos: str, make: Callable[[], Tokenizer]) -> Tokenizer:
   error naming it."""
   check_eos(eos)
   if not os.path.isfile(path):
-    raise errors.MissingError(f"Tokenizer {path!r} does not exist: name a {HF_FILE} or a .model.")
+    raise errors.MissingError(f"Tokenizer file {path!r} does not exist: name an existing file.")
   try:
     return make()
   except ImportError as e:

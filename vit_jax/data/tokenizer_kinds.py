@@ -6,7 +6,7 @@ SentencePiece options apply. Every reader asks here, so a kind is detected in on
     files("path/to/checkpoint")                   # what says how it splits (a run's identity)
 
 Adding a kind is its reader module and one record in `KINDS`, placed before any kind whose
-``find`` would also claim its paths.
+``find`` would also claim its paths (with ``file`` set, `load_tokenizer` reads it too).
 """
 
 from __future__ import annotations
@@ -39,6 +39,9 @@ class Kind:
   options: bool = False  # config.text's lower and pad_id apply (a SentencePiece model)
   # Files saved beside it that also say how it splits (hashed by `files`, not read).
   sidecars: tuple[str, ...] = ()
+  # Read from one file, or a folder holding one (`load_tokenizer`'s kinds): how a message
+  # names that file; None for a kind that is a whole folder.
+  file: Optional[str] = None
 
 
 def _folder(path: str) -> Optional[str]:
@@ -86,6 +89,7 @@ HUGGING_FACE = Kind(
   find=_hugging_face,
   read=_read_hugging_face,
   padding="the file's pad id (0 where it names none)",
+  file=f"a {HF_FILE}",
 )
 SENTENCEPIECE = Kind(
   name="a SentencePiece .model",
@@ -94,9 +98,16 @@ SENTENCEPIECE = Kind(
   read=_read_sentencepiece,
   padding="its pad piece (0 where it has none), or config.text.pad_id",
   options=True,
+  file="a SentencePiece .model",
 )
 KINDS: tuple[Kind, ...] = (FOLDER, HUGGING_FACE, SENTENCEPIECE)  # tried in this order
-FILE_KINDS: tuple[Kind, ...] = (HUGGING_FACE, SENTENCEPIECE)  # one file, or a folder's
+FILE_KINDS: tuple[Kind, ...] = tuple(k for k in KINDS if k.file)  # one file, or a folder's
+
+
+def file_kinds_in_words() -> str:
+  """The files a tokenizer path may name, in words: 'a tokenizer.json or a ...'."""
+  names = [k.file for k in FILE_KINDS]
+  return " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
 
 
 def detect(path: str, kinds: tuple[Kind, ...] = KINDS) -> tuple[Kind, str]:
@@ -108,10 +119,10 @@ def detect(path: str, kinds: tuple[Kind, ...] = KINDS) -> tuple[Kind, str]:
       return kind, found
   if os.path.isdir(path):
     raise errors.MissingError(
-      f"No tokenizer in {path!r}: it needs a {HF_FILE} or a SentencePiece .model file "
+      f"No tokenizer in {path!r}: it needs {file_kinds_in_words()} file "
       "(the checkpoint's tokenizer, saved beside its weights)."
     )
-  raise errors.MissingError(f"Tokenizer {path!r} does not exist: name a {HF_FILE} or a .model.")
+  raise errors.MissingError(f"Tokenizer {path!r} does not exist: name {file_kinds_in_words()}.")
 
 
 def load(

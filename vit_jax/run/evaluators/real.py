@@ -49,7 +49,7 @@ def label_sets(settings: Settings, key: str) -> list[np.ndarray]:
 
 def top1_step(steps: RunSteps) -> Callable[[Params, Batch], jax.Array]:
   """The jitted top-1 class of each row: (params, batch) -> int32 [B]."""
-  if steps.spec.objective.name != "classification":
+  if not steps.objective.classifies:
     raise errors.ConfigError(
       f"kind='real' counts a classifier's top-1 class; config.objective="
       f"{steps.spec.objective.name!r} has none: use kind='accuracy'."

@@ -35,6 +35,8 @@ class Objective(abc.ABC):
   pretrained_key: Optional[str] = None
   # The name under ``eval/`` of what the eval sums' 'correct' / 'count' measure.
   accuracy_metric: str = "accuracy"
+  # Whether ``model``'s outputs are the dataset's classes (their top-1 is a class: ReaL).
+  classifies: bool = False
   # Tokens per text of a text tower (None: none; zero-shot and retrieval need one).
   text_len: Optional[int] = None
   # (image_size, global batch) -> analytic FLOPs of one example of a train step, where the

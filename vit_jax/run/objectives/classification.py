@@ -28,8 +28,10 @@ def check_data(config: Any, model: Any, data: DataSettings, info: Optional[Datas
 
 class Classification(Objective):
   """Trains ``model`` on the labels with the `losses.LOSSES` kind ``loss_kind``, the
-  training labels smoothed by ``label_smoothing`` (`losses.smooth_labels`); none of the
-  optional capabilities (a class accuracy under 'eval/accuracy')."""
+  training labels smoothed by ``label_smoothing`` (`losses.smooth_labels`): its outputs
+  are the classes (a class accuracy under 'eval/accuracy')."""
+
+  classifies = True
 
   def __init__(self, model: VisionTransformer, loss_kind: str, label_smoothing: float):
     self.model = self.encoder = model
