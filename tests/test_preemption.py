@@ -49,6 +49,12 @@ class _Main:
       assert time.monotonic() < deadline, f"no {text!r} in:\n" + "".join(self.lines)[-3000:]
       time.sleep(0.2)
 
+  def kill(self) -> None:
+    """Ends the process if it still runs."""
+    if self.proc.poll() is None:
+      self.proc.kill()
+      self.proc.wait()
+
   def finish(self, timeout: float = 120) -> tuple[int, str]:
     status = self.proc.wait(timeout=timeout)
     self._reader.join(timeout=10)
@@ -61,15 +67,21 @@ def test_a_signal_saves_the_step_in_flight_and_a_second_run_is_refused_meanwhile
 ):
   workdir = str(tmp_path / "run")
   first = _Main(digits_dir, workdir, *_ENDLESS, "--config.log_every=5")
-  first.wait_for("step 10/")
-  if signum == signal.SIGTERM:  # the lock: a second run on the same workdir is refused
-    second = _Main(digits_dir, workdir, *_ENDLESS)
-    status, err = second.finish(timeout=240)
-    assert status == 2 and "in use by the run of pid" in err, err[-3000:]
-    assert str(first.proc.pid) in err and "Traceback" not in err
-  sent = time.monotonic()
-  first.proc.send_signal(signum)
-  status, err = first.finish()
+  try:
+    first.wait_for("step 10/")
+    if signum == signal.SIGTERM:  # the lock: a second run on the same workdir is refused
+      second = _Main(digits_dir, workdir, *_ENDLESS)
+      try:
+        status, err = second.finish(timeout=240)
+      finally:
+        second.kill()
+      assert status == 2 and "in use by the run of pid" in err, err[-3000:]
+      assert str(first.proc.pid) in err and "Traceback" not in err
+    sent = time.monotonic()
+    first.proc.send_signal(signum)
+    status, err = first.finish()
+  finally:
+    first.kill()  # endless: never left running by a failure
   seconds = time.monotonic() - sent
   assert status == 128 + signum, err[-3000:]
   stopped = [line for line in err.splitlines() if f"Stopped by {signum.name} at step" in line]
@@ -128,6 +140,31 @@ def test_a_live_lock_refuses_and_a_stale_one_is_taken_over(
   with pytest.raises(errors.WorkdirInUseError, match="on host other-vm"):
     with folder_lib.RunFolder(workdir).lock():
       pass
+
+
+def test_a_lock_being_written_is_not_taken_over(tmp_path, monkeypatch):
+  """A lock that does not parse (a run between its exclusive create and its write, as a
+  second run once read a heartbeat mid-write and took over a live run's lock): refused
+  while recent, read again meanwhile; taken over once as old as a dead run's. The
+  heartbeat replaces the file whole."""
+  monkeypatch.setattr(folder_lib, "_LOCK_READ_PAUSE_S", 0.0)
+  workdir = str(tmp_path / "run")
+  os.makedirs(workdir)
+  lock = os.path.join(workdir, folder_lib.LOCK_FILE)
+  open(lock, "w").close()
+  with pytest.raises(errors.WorkdirInUseError, match="is being written by the run that took it"):
+    with folder_lib.RunFolder(workdir).lock():
+      pass
+  old = time.time() - folder_lib.STALE_SECONDS - 1
+  os.utime(lock, (old, old))
+  run_folder = folder_lib.RunFolder(workdir)
+  with run_folder.lock():
+    with open(lock) as f:
+      assert json.load(f)["pid"] == os.getpid()
+    replaced = os.stat(lock).st_ino
+    run_folder.heartbeat()
+    assert os.stat(lock).st_ino != replaced and os.listdir(workdir) == [folder_lib.LOCK_FILE]
+  assert not os.path.exists(lock)
 
 
 def test_an_allowed_change_is_recorded_and_config_json_is_kept(finished_run, tmp_path, digits_dir):

@@ -51,6 +51,42 @@ def _differences(saved: Any, current: Any, prefix: str, *, new_keys: bool = True
   return [] if saved == current else [f"{prefix}: {saved!r} -> {current!r}"]
 
 
+# How often, and how far apart, a lock that does not parse is read again: its run may be
+# between the lock's exclusive create and its first write.
+_LOCK_READS, _LOCK_READ_PAUSE_S = 5, 0.1
+
+
+def _read_holder(path: epath.Path) -> dict[str, Any]:
+  """The lock's holder; a lock still empty or unreadable after `_LOCK_READS` reads (a run
+  that just created it, or a damaged file) holds only its file's age as its heartbeat, so
+  that it is stale only when as old as a dead run's."""
+  for attempt in range(_LOCK_READS):
+    try:
+      other = json.loads(path.read_text())
+      if isinstance(other, dict):
+        return other
+    except (ValueError, OSError):
+      pass
+    if attempt + 1 < _LOCK_READS:
+      time.sleep(_LOCK_READ_PAUSE_S)
+  try:
+    return {"beat": path.stat().mtime}
+  except OSError:  # gone meanwhile: its run ended
+    return {}
+
+
+def _replace(path: epath.Path, text: str) -> None:
+  """Writes ``path`` whole at once: locally through a temporary file renamed over it (a
+  reader never sees it half written); on a bucket an object is replaced whole anyway."""
+  if storage.is_remote(path):
+    path.write_text(text)
+    return
+  temporary = f"{path}.{os.getpid()}.tmp"
+  with open(temporary, "w") as f:
+    f.write(text)
+  os.replace(temporary, os.fspath(path))
+
+
 def _running(pid: Any) -> bool:
   """Whether a process ``pid`` runs on this host."""
   if not isinstance(pid, int) or pid <= 0:
@@ -161,7 +197,7 @@ class RunFolder(paths.RunPaths):
     holder = getattr(self, "_lock_holder", None)
     if holder is not None:
       holder["beat"] = time.time()
-      (self.root / LOCK_FILE).write_text(json.dumps(holder))
+      _replace(self.root / LOCK_FILE, json.dumps(holder))
 
   @staticmethod
   def _create(path: epath.Path, holder: dict[str, Any]) -> bool:
@@ -180,16 +216,19 @@ class RunFolder(paths.RunPaths):
   def _take_over_if_stale(self, path: epath.Path, holder: dict[str, Any]) -> None:
     bucket = str(path).startswith("gs://")
     seen = storage.generation(path) if bucket else None
-    try:
-      other = json.loads(path.read_text())
-    except (ValueError, OSError):
-      other = {}
+    other = _read_holder(path)
     beat = other.get("beat", other.get("started", 0.0))
     same_host = other.get("host") == socket.gethostname()
     if same_host and _running(other.get("pid")) and other.get("pid") != os.getpid():
       stale = False
     else:
       stale = same_host or time.time() - beat > STALE_SECONDS
+    if not stale and "pid" not in other:  # a run that just created it, or a damaged file
+      raise errors.WorkdirInUseError(
+        f"--workdir={self.root} is in use: its lock {path} is being written by the run that "
+        f"took it. Wait for that run or stop it, or use another --workdir; if no run uses "
+        f"the folder, delete {path}."
+      )
     if not stale:
       since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(other.get("started", 0)))
       raise errors.WorkdirInUseError(
@@ -208,5 +247,5 @@ class RunFolder(paths.RunPaths):
           f"{path} at the same time. Wait for it or stop it, or use another --workdir."
         )
     else:
-      path.write_text(text)
+      _replace(path, text)
     logging.warning("Took over the stale lock %s of a run that is gone: %s.", path, other)
