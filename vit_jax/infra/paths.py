@@ -53,11 +53,12 @@ def as_path(location: Location) -> epath.Path:
 def write_text_atomic(path: epath.Path, text: str) -> None:
   """Writes ``text`` to ``path`` so that a reader sees the old file or the new one, never
   a part: locally a temporary file renamed over it; on a bucket one upload (an object
-  appears whole, and a bucket has no rename)."""
+  appears whole, and a bucket has no rename). The temporary file is the writing process's
+  own, so two processes writing one path never share it."""
   if storage.is_remote(path):
     path.write_text(text)
     return
-  tmp = path.parent / (path.name + ".tmp")
+  tmp = path.parent / f"{path.name}.{os.getpid()}.tmp"
   tmp.write_text(text)
   tmp.replace(path)
 

@@ -75,18 +75,6 @@ def _read_holder(path: epath.Path) -> dict[str, Any]:
     return {}
 
 
-def _replace(path: epath.Path, text: str) -> None:
-  """Writes ``path`` whole at once: locally through a temporary file renamed over it (a
-  reader never sees it half written); on a bucket an object is replaced whole anyway."""
-  if storage.is_remote(path):
-    path.write_text(text)
-    return
-  temporary = f"{path}.{os.getpid()}.tmp"
-  with open(temporary, "w") as f:
-    f.write(text)
-  os.replace(temporary, os.fspath(path))
-
-
 def _running(pid: Any) -> bool:
   """Whether a process ``pid`` runs on this host."""
   if not isinstance(pid, int) or pid <= 0:
@@ -197,7 +185,7 @@ class RunFolder(paths.RunPaths):
     holder = getattr(self, "_lock_holder", None)
     if holder is not None:
       holder["beat"] = time.time()
-      _replace(self.root / LOCK_FILE, json.dumps(holder))
+      paths.write_text_atomic(self.root / LOCK_FILE, json.dumps(holder))
 
   @staticmethod
   def _create(path: epath.Path, holder: dict[str, Any]) -> bool:
@@ -247,5 +235,5 @@ class RunFolder(paths.RunPaths):
           f"{path} at the same time. Wait for it or stop it, or use another --workdir."
         )
     else:
-      _replace(path, text)
+      paths.write_text_atomic(path, text)
     logging.warning("Took over the stale lock %s of a run that is gone: %s.", path, other)
