@@ -145,6 +145,30 @@ def test_a_killed_worker_is_one_line_naming_it_and_the_way_out(photos, capsys, m
   assert _zombie_or_gone(killed) and all(_zombie_or_gone(pid) for pid in workers)
 
 
+def test_a_worker_alive_but_silent_is_stopped_and_named(photos, monkeypatch):
+  """A worker that runs but never answers (stopped here by SIGSTOP, as a read stuck on a
+  dead connection would leave it): after `SILENCE_SECONDS` the stream fails naming it, the
+  worker is killed, and its pool is closed instead of serving the next stream."""
+  before = _children()
+  batches = pipeline.local_train_batches(_dataset(photos, 2), 4, 0, 0, 1)
+  next(batches)  # the workers started (their start counts as silence too)
+  workers = _children() - before
+  # Far longer than a task of 4 tiny images takes on a loaded machine.
+  monkeypatch.setattr(decode_workers, "SILENCE_SECONDS", 5.0)
+  stopped = min(workers)
+  os.kill(stopped, signal.SIGSTOP)
+  start = time.monotonic()
+  with pytest.raises(errors.UserError) as raised:
+    for _ in range(30):
+      next(batches)
+  assert str(raised.value).startswith(
+    f"Decode worker process {stopped} answered nothing for 5 s while it had images to decode"
+  )
+  assert time.monotonic() - start < 60  # a bound, not a speed: without it the loop waits forever
+  batches.close()
+  assert all(_zombie_or_gone(pid) for pid in workers)
+
+
 @pytest.mark.parametrize(
   "code, expected",
   [

@@ -15,7 +15,8 @@ fork is unsafe once JAX runs threads. A worker is a fresh interpreter running
 ``python -m vit_jax.data.decode_worker`` (`decode_worker`: its loop over two pipes), with
 the package this process runs (`_worker_env`). A worker that cannot start, runs out of
 memory or is killed (the kernel's out-of-memory killer: SIGKILL) is one `errors.UserError`
-in the main process naming its pid, how it ended and the way out (`_ended`).
+in the main process naming its pid, how it ended and the way out (`_ended`); so is one
+that runs but answers nothing for `SILENCE_SECONDS` while it holds tasks (it is killed).
 
 Files on a bucket (a 'path' source's URLs): a worker reads the files of every task it
 holds at once while it decodes (`decode_worker`), and is sent more tasks ahead
@@ -42,6 +43,7 @@ import site
 import subprocess
 import sys
 import threading
+import time
 import weakref
 from multiprocessing import connection
 from typing import Any, Callable, Iterable, Iterator, TypeVar
@@ -58,6 +60,10 @@ _IN_FLIGHT = 3  # Tasks sent ahead to each worker: it always has the next one qu
 # milliseconds a request its decoding never waits (a worker decodes ~770 images a second).
 _REMOTE_IN_FLIGHT = 8
 _FEED_POLL_SECONDS = 0.005  # How often the main loop looks for new items while a worker idles.
+# Seconds a worker with tasks in flight may stay silent before it counts as stuck (alive
+# but not answering: a stalled file read, a decode that never returns): far longer than a
+# task takes (well under a second to decode; a bucket read with its client's retries).
+SILENCE_SECONDS = 300.0
 _Item = TypeVar("_Item")
 # A worker's program, after the interpreter: the worker module, run as a module.
 _WORKER_ARGS = ("-m", decode_worker.__name__)
@@ -173,9 +179,12 @@ class _Worker:
     self.tasks = connection.Connection(task_write, readable=False)
     self.results = connection.Connection(result_read, writable=False)
     self.sent: collections.deque[int] = collections.deque()
+    self.since = time.monotonic()  # its last answer, or the task sent to it idle
     self.send(preprocessing_args)
 
   def send(self, task: Any) -> None:
+    if not self.sent:
+      self.since = time.monotonic()
     try:
       self.tasks.send(task)
     except OSError:
@@ -186,9 +195,26 @@ class _Worker:
       result = self.results.recv()
     except (EOFError, OSError):
       raise self._died() from None
+    self.since = time.monotonic()
     if isinstance(result, BaseException):
       raise result
     return result
+
+  def deadline(self) -> float:
+    """When a worker with tasks in flight has been silent for `SILENCE_SECONDS`."""
+    return self.since + SILENCE_SECONDS
+
+  def stop_silent(self) -> errors.UserError:
+    """Kills a worker that stayed silent past its deadline; the error that names it."""
+    self.process.kill()
+    self.process.wait()
+    self.sent.clear()
+    return errors.UserError(
+      f"Decode worker process {self.process.pid} answered nothing for {SILENCE_SECONDS:.0f} s "
+      "while it had images to decode (it ran, but a file read or a decode was stuck), so it "
+      "was stopped: check that the data's files can be read (a bucket's connection), or set "
+      f"config.decode_processes=0 to decode in this process; {AGAIN}."
+    )
 
   def _died(self) -> Exception:
     """The error of a worker that is gone: the one it sent on its way out (it could not
@@ -349,9 +375,15 @@ class Pool:
           received += 1
           continue
         busy = {w.results: w for w in self._workers if w.sent}
-        poll = _FEED_POLL_SECONDS if free_worker() is not None else None
-        for ready in connection.wait(list(busy), timeout=poll):
-          worker = busy[ready]
+        silent = min(busy.values(), key=_Worker.deadline)  # the first to pass its deadline
+        wait = silent.deadline() - time.monotonic()
+        ready = connection.wait(
+          list(busy), timeout=min(wait, _FEED_POLL_SECONDS) if free_worker() else max(wait, 0)
+        )
+        if not ready and time.monotonic() >= silent.deadline():
+          raise silent.stop_silent()
+        for ready_results in ready:
+          worker = busy[ready_results]
           number = worker.sent.popleft()  # first: a result that raises is received too
           done[number] = worker.receive()
     finally:
@@ -359,9 +391,13 @@ class Pool:
       self._drain()
 
   def _drain(self) -> None:
-    """Waits for (and drops) the results of tasks still in flight."""
+    """Waits for (and drops) the results of tasks still in flight; a worker silent past its
+    deadline is stopped (the pool is then not `alive`, so it is closed, not reused)."""
     for worker in self._workers:
       while worker.sent:
+        if not worker.results.poll(max(worker.deadline() - time.monotonic(), 0)):
+          worker.stop_silent()
+          break
         worker.sent.popleft()
         try:
           worker.receive()
