@@ -93,10 +93,11 @@ def measure(source: str, place: str, args: argparse.Namespace) -> dict:
   `args.warmup`."""
   from benchmarks import input_rows, input_tfds
   from vit_jax.data import dataset, pipeline
+  from vit_jax.data import settings as data_settings
 
   input_tfds._builder_class()  # registers the builder with tfds  # pylint: disable=protected-access
   start = time.perf_counter()
-  settings = dataset.Settings.from_config(_config(source, place, args))
+  settings = data_settings.Settings.from_config(_config(source, place, args))
   batches = pipeline.local_train_batches(dataset.Dataset(settings), args.batch, 0, 0, 1)
   next(batches)
   first_s = time.perf_counter() - start

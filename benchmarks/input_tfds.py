@@ -112,7 +112,7 @@ def _window(args: argparse.Namespace) -> int:
 def _settings(args, file_format: str):
   """The run's data settings, decoded in this process's threads (`decode_processes=0`), so
   that its CPU time and bytes read are the whole row's (and `_ours` can stub the decode out)."""
-  from vit_jax.data.dataset import Settings
+  from vit_jax.data.settings import Settings
 
   window = _window(args)
   config = input_data.run_config(

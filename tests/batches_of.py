@@ -8,6 +8,7 @@ import numpy as np
 
 from configs import quickstart
 from vit_jax.data import dataset, pipeline
+from vit_jax.data import settings as data_settings
 
 _STEPS = 12  # 1,536 examples: past the end of the 1,437 train examples' first epoch
 
@@ -17,7 +18,7 @@ def quickstart_batches(**overrides) -> dict[str, np.ndarray]:
   labels ([steps, B]) and its eval pass's images, labels and masks (concatenated)."""
   config = quickstart.get_config()
   config.update(overrides)
-  data = dataset.Dataset(dataset.Settings.from_config(config))
+  data = dataset.Dataset(data_settings.Settings.from_config(config))
   stop = threading.Event()
   batches = pipeline.local_train_batches(data, config.batch, 0, 0, 1, stop, with_index=True)
   train = [next(batches) for _ in range(_STEPS)]

@@ -196,11 +196,12 @@ def test_split_slicing_on_folders(tmp_path):
 
 def test_each_process_reads_its_own_shard(tmp_path):
   from vit_jax.data import dataset, pipeline
+  from vit_jax.data import settings as data_settings
 
   n = _id_folder(tmp_path, "train", [4, 4, 3])  # 11 examples: shards of 5 and 6.
   _id_folder(tmp_path, "test", [1])
   config = _config(tmp_path)
-  ds = dataset.Dataset(dataset.Settings.from_config(config))
+  ds = dataset.Dataset(data_settings.Settings.from_config(config))
   epoch = []
   for process in (0, 1):
     batches = pipeline.local_train_batches(ds, 5, 0, process, 2)

@@ -11,6 +11,7 @@ import tensorflow_datasets as tfds
 
 from tests import train_fixtures
 from vit_jax.data import dataset, filesystems, order, pipeline, readers, records, tfds_source
+from vit_jax.data import settings as data_settings
 from vit_jax.infra import errors, platforms
 
 _SHARDS = 3  # digits' 1,437 train examples in 3 files: ranges cross files.
@@ -40,7 +41,7 @@ def _dataset(data_dir, **overrides) -> dataset.Dataset:
     shuffle_buffer=96,  # Lane windows of 12, as the defaults give at batch 4096.
   )
   config.update(overrides)
-  return dataset.Dataset(dataset.Settings.from_config(config))
+  return dataset.Dataset(data_settings.Settings.from_config(config))
 
 
 @pytest.mark.parametrize("file_format", ["tfrecord", "array_record"])

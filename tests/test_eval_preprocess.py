@@ -115,20 +115,20 @@ def test_eval_pipeline_prepares_a_crop_as_prepare_does():
 
 
 def test_run_config_asks_for_a_crop(tiny_config):
-  from vit_jax.data import dataset  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import settings as data_settings
 
-  assert dataset.Settings.from_config(tiny_config).eval_data_config() == data_config.official(
+  assert data_settings.Settings.from_config(tiny_config).eval_data_config() == data_config.official(
     (tiny_config.pp.crop,) * 2
   )
   tiny_config.pp.crop_pct = 0.875
   tiny_config.pp.interpolation = "bicubic"
-  settings = dataclasses.replace(dataset.Settings.from_config(tiny_config), crop=24)
+  settings = dataclasses.replace(data_settings.Settings.from_config(tiny_config), crop=24)
   assert settings.eval_data_config() == data_config.DataConfig(
     (24, 24), 0.875, "bicubic", resizer="pil"
   )
   tiny_config.pp.crop_mode = "zoom"
   with pytest.raises(errors.ConfigError, match=r"config.pp: .*crop_mode='zoom'"):
-    dataset.Settings.from_config(tiny_config)
+    data_settings.Settings.from_config(tiny_config)
 
 
 @pytest.mark.parametrize(

@@ -197,7 +197,7 @@ def test_the_data_package_loads_its_modules_on_first_use():
     """,
     fresh_python.clean_env(),
   )
-  assert out == {"before": False, "after": False, "name": "vit_jax.data.dataset"}
+  assert out == {"before": False, "after": False, "name": "vit_jax.data.settings"}
 
 
 def test_importing_the_package_changes_nothing_and_starts_no_jax_backend():

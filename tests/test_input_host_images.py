@@ -11,7 +11,8 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from vit_jax.data import data_config, dataset, decode_stage, host_images
+from vit_jax.data import data_config, decode_stage, host_images
+from vit_jax.data import settings as data_settings
 from vit_jax.infra import errors
 
 
@@ -56,7 +57,7 @@ def test_a_tensorflow_resize_method_without_tensorflow_is_one_error_up_front(mon
   monkeypatch.setitem(sys.modules, "tensorflow", None)  # `import tensorflow` fails
   with pytest.raises(errors.ConfigError, match=r"'bicubic'.*\[tf\].*'bilinear'"):
     host_images.prepare(_jpeg(np.zeros((8, 8, 3), np.uint8)), config)
-  settings = dataset.Settings.for_evaluation(config, crop=8, batch=2)
+  settings = data_settings.Settings.for_evaluation(config, crop=8, batch=2)
   with pytest.raises(errors.ConfigError, match=r"'bicubic'.*\[tf\]"):  # before any image
     decode_stage.Stage(settings, "path", num_classes=2, train=False)
 

@@ -15,6 +15,7 @@ from configs import vtab as vtab_config
 from tests import tiny_tfds, train_fixtures
 from vit_jax import vtab as command
 from vit_jax.data import dataset, splits, vtab
+from vit_jax.data import settings as data_settings
 from vit_jax.infra import errors
 from vit_jax.models import get_model_config
 
@@ -137,7 +138,7 @@ def test_the_suite_runs_the_present_tasks_and_lists_the_others(tmp_path):
     config, str(tmp_path / "vtab"), ["dtd", "kitti_distance", "clevr_count"]
   )
   assert list(accuracies) == ["kitti_distance"] and 0 <= accuracies["kitti_distance"] <= 100
-  labels = dataset.Dataset(dataset.Settings.from_config(config_for(config, "kitti_distance")))
+  labels = dataset.Dataset(data_settings.Settings.from_config(config_for(config, "kitti_distance")))
   # tfds stores the examples in its own order: each class 4 times among the 16.
   np.testing.assert_array_equal(np.bincount(labels.split("test").read(0, 16)[1]), [4] * 4)
   assert skipped == dict.fromkeys(["dtd", "clevr_count"], f"not prepared in {data_dir}")
@@ -168,7 +169,7 @@ def _read(data_dir: str, name: str) -> tuple[np.ndarray, np.ndarray]:
   """(encoded images, classes) of task ``name``'s whole tiny train split, as the run reads."""
   config = config_for(train_fixtures.common_config(data_dir=data_dir), name)
   config.train_split = config.test_split = "train"
-  source = dataset.Dataset(dataset.Settings.from_config(config)).split("train")
+  source = dataset.Dataset(data_settings.Settings.from_config(config)).split("train")
   return source.read(0, source.num_examples)
 
 

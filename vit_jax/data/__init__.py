@@ -29,10 +29,10 @@ from typing import Any
 _WHERE = {
   "CaptionSettings": "caption_settings",
   "DatasetInfo": "dataset",
-  "Needs": "dataset",
+  "Needs": "settings",
   "PRESETS": "presets",
   "Preset": "presets",
-  "Settings": "dataset",
+  "Settings": "settings",
   "check_data_dir": "dataset",
   "dataset_info": "dataset",
   "eval_iterator": "pipeline",

@@ -6,7 +6,7 @@ data's own captions (`free_text`), read with that tokenizer and ``config.text.eo
 otherwise captions made from the class names in ``config.contrastive.templates``
 (`captions`), read with the word tokenizer built from them. Both have
 ``config.model.text_len`` tokens. The input pipeline (through the objective's data needs,
-`dataset.Needs`) and the loader of a finished run (`weights.sources`) both call it, so a
+`settings.Needs`) and the loader of a finished run (`weights.sources`) both call it, so a
 run is read back with the tokenizer it trained with.
 """
 

@@ -32,7 +32,7 @@ import grain
 import numpy as np
 
 from vit_jax.data import decode_workers, example_images, readers
-from vit_jax.data.dataset import Settings
+from vit_jax.data.settings import Settings
 from vit_jax.infra import errors
 
 Example = tuple[int, int, Any, int, bytes]  # position, uid, value, label, text

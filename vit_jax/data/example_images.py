@@ -13,7 +13,7 @@ import cv2
 import numpy as np
 
 from vit_jax.data import filesystems, host_images
-from vit_jax.data.dataset import Settings
+from vit_jax.data.settings import Settings
 from vit_jax.infra import input_files
 
 

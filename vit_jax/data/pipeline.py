@@ -43,7 +43,8 @@ from absl import logging
 
 from vit_jax.data import batching, decode_stage, order, readers
 from vit_jax.data.budget_mix import SCHEDULE_BLOCK, BudgetMix
-from vit_jax.data.dataset import Dataset, Settings, as_settings
+from vit_jax.data.dataset import Dataset
+from vit_jax.data.settings import Settings, as_settings
 from vit_jax.infra import errors
 from vit_jax.infra.aliases import HostBatch
 

@@ -20,7 +20,7 @@ import jax
 import ml_collections
 
 from vit_jax import data, models, weights
-from vit_jax.data.dataset import Settings as DataSettings
+from vit_jax.data.settings import Settings as DataSettings
 from vit_jax.infra import errors, sharding
 from vit_jax.models import backend_defaults, model_settings, naflex, posemb
 from vit_jax.models.settings import Settings

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Optional, Union
 
 import ml_collections
 
-from vit_jax.data.dataset import Settings as DataSettings
+from vit_jax.data.settings import Settings as DataSettings
 from vit_jax.models.settings import Settings
 from vit_jax.run import resume_policy
 from vit_jax.run.mixup import MixupSettings

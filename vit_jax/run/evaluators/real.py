@@ -15,7 +15,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from vit_jax.data import order
-from vit_jax.data.dataset import Dataset, Settings
+from vit_jax.data.dataset import Dataset
+from vit_jax.data.settings import Settings
 from vit_jax.infra import errors
 from vit_jax.infra.aliases import Batch, Params
 from vit_jax.run.steps import RunSteps

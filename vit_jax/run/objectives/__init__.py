@@ -24,8 +24,9 @@ from typing import Any, Callable, Optional
 import jax
 import ml_collections
 
-from vit_jax.data.dataset import DatasetInfo, Needs
-from vit_jax.data.dataset import Settings as DataSettings
+from vit_jax.data.dataset import DatasetInfo
+from vit_jax.data.settings import Needs
+from vit_jax.data.settings import Settings as DataSettings
 from vit_jax.infra import errors
 from vit_jax.models import create_model
 from vit_jax.models.settings import Settings

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax.data.dataset import DatasetInfo
-from vit_jax.data.dataset import Settings as DataSettings
+from vit_jax.data.settings import Settings as DataSettings
 from vit_jax.infra import errors
 from vit_jax.infra.aliases import Batch
 from vit_jax.models import VisionTransformer

@@ -23,8 +23,9 @@ import jax.numpy as jnp
 import ml_collections
 
 from vit_jax.data.caption_settings import CaptionSettings
-from vit_jax.data.dataset import DatasetInfo, Needs
-from vit_jax.data.dataset import Settings as DataSettings
+from vit_jax.data.dataset import DatasetInfo
+from vit_jax.data.settings import Needs
+from vit_jax.data.settings import Settings as DataSettings
 from vit_jax.infra import errors, sharding
 from vit_jax.infra.aliases import Batch
 from vit_jax.models import create_model, family_of, image_text, is_two_tower, model_settings
