@@ -82,7 +82,7 @@ def test_trained_features_beat_random_features(trained_run):
   evaluator = fewshot.FewShotEvaluator(
     config.model, data.Settings.from_config(config), mesh, ["digits"], shots=[10]
   )
-  init = evaluator.model.init(jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 3)))["params"]
+  init = jax.jit(evaluator.model.init)(jax.random.PRNGKey(0), jnp.zeros((1, 8, 8, 3)))["params"]
   (random_init,) = evaluator(nn.unbox(init))
   assert random_init.examples == 1797  # every example of both splits once
   assert len(random_init.accuracies) == fewshot.DEFAULT_SEEDS
@@ -142,27 +142,24 @@ def test_command_reads_naflex_inputs_at_a_budget(trained_run, digits_dir, capsys
   assert "--seq_len=0 must be at least 1" in capsys.readouterr().err
 
 
-def test_command_on_an_npz_infers_the_model(trained_run, digits_dir, tmp_path):
+def test_command_on_an_npz_infers_the_model(trained_run, digits_dir, tmp_path, capsys):
+  """In-process (`test_command_on_a_runs_checkpoints` runs the command as a user does)."""
+  from vit_jax import fewshot  # pylint: disable=g-import-not-at-top
+
   _, workdir, _ = trained_run
   params = orbax_steps.read_params(f"{workdir}/checkpoints")
   npz.save_npz(tmp_path / "model.npz", params)
-  proc = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "vit_jax.fewshot",
-      f"--checkpoint={tmp_path}/model.npz",
-      "--dataset=digits",
-      "--shots=5",
-      "--seeds=1",
-      f"--data_dir={digits_dir}",
-    ],
-    capture_output=True,
-    text=True,
-    timeout=300,
-  )
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  assert any(line.split()[:2] == ["digits", "5"] for line in proc.stdout.splitlines())
+  argv = [
+    "fewshot",
+    f"--checkpoint={tmp_path}/model.npz",
+    "--dataset=digits",
+    "--shots=5",
+    "--seeds=1",
+    f"--data_dir={digits_dir}",
+  ]
+  assert fewshot.main(argv) == 0
+  out = capsys.readouterr().out
+  assert any(line.split()[:2] == ["digits", "5"] for line in out.splitlines())
 
 
 def test_settings_for_evaluation_prepare_every_split_as_the_checkpoint_says():
