@@ -31,9 +31,7 @@ CLUSTER_ENV = (
 # LLVM's optimisation passes. The tests' tiny programs spend far more time compiling than
 # running, and unoptimised code computes the same (the train step of the `testing` ViT
 # compiles in 1.7 CPU-seconds instead of 3.1; plans for a TPU or a GPU are unchanged).
-# A GPU plan's kernels are assembled by ptxas without its optimisations: the same HLO,
-# memory and counts, 15% less CPU per compile-only GPU plan.
-SUITE_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_gpu_disable_gpuasm_optimizations=true"
+SUITE_XLA_FLAGS = "--xla_backend_optimization_level=0"
 
 
 def xla_flags(devices: int | None = None, flags: str = "") -> str:
