@@ -152,7 +152,7 @@ def test_with_head_and_at_resolution_fit_as_fine_tuning_does(timm_folder, model)
   bigger = model.at_resolution(48)
   assert bigger.image_size == (48, 48)
   module = models.create_model(model.config, num_classes=5)
-  fresh = module.init(jax.random.PRNGKey(0), np.zeros((1, 48, 48, 3), np.float32))
+  fresh = jax.jit(module.init)(jax.random.PRNGKey(0), np.zeros((1, 48, 48, 3), np.float32))
   want = load_pretrained(folder, fresh["params"], model.config)  # the run's fit
   got = dict(zip(*_flat(bigger.params)))
   for key, value in zip(*_flat(want)):
