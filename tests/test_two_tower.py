@@ -37,7 +37,7 @@ def _shapes(tree):
 
 def test_parameters_follow_big_visions_two_towers_layout():
   images, ids = jnp.zeros((2, 16, 16, 3)), jnp.zeros((2, 6), jnp.int32)
-  params = nn.unbox(jax.jit(_model().init)(jax.random.PRNGKey(0), images, ids)["params"])
+  params = nn.unbox(_model().init(jax.random.PRNGKey(0), images, ids)["params"])
   shapes = _shapes(params)
   assert shapes["txt/Embed_0/embedding"] == (40, 32)
   assert shapes["txt/pos_embedding"] == (1, 6, 32)
@@ -48,7 +48,7 @@ def test_parameters_follow_big_visions_two_towers_layout():
   assert float(params["t"][0]) == pytest.approx(math.log(10.0))
   assert float(params["b"][0]) == -10.0
   clip = nn.unbox(
-    jax.jit(_model(init=two_tower.CLIP_INIT).init)(jax.random.PRNGKey(0), images, ids)["params"]
+    _model(init=two_tower.CLIP_INIT).init(jax.random.PRNGKey(0), images, ids)["params"]
   )
   assert "b" not in clip and float(jnp.exp(clip["t"][0])) == pytest.approx(1 / 0.07, rel=1e-6)
 
@@ -58,7 +58,7 @@ def test_embeddings_are_unit_and_either_tower_runs_alone():
   rng = np.random.default_rng(0)
   images = jnp.asarray(rng.uniform(-1, 1, (3, 16, 16, 3)), jnp.float32)
   ids = jnp.asarray(rng.integers(0, 40, (3, 5)), jnp.int32)
-  variables = jax.jit(model.init)(jax.random.PRNGKey(0), images, ids)
+  variables = model.init(jax.random.PRNGKey(0), images, ids)
   zimg, ztxt, out = model.apply(variables, images, ids)
   np.testing.assert_allclose(jnp.linalg.norm(zimg, axis=1), 1.0, rtol=1e-5)
   np.testing.assert_allclose(jnp.linalg.norm(ztxt, axis=1), 1.0, rtol=1e-5)
@@ -76,7 +76,7 @@ def test_each_pooling_reads_the_transformed_tokens(pool):
   tower = text_lib.TextTransformer(settings)
   ids = np.random.default_rng(1).integers(0, 38, (2, 7))
   ids[0, 3] = ids[0, 5] = ids[1, 1] = 39  # the end token (and the largest id) twice, once
-  variables = jax.jit(tower.init)(jax.random.PRNGKey(0), jnp.asarray(ids, jnp.int32))
+  variables = tower.init(jax.random.PRNGKey(0), jnp.asarray(ids, jnp.int32))
   features, out = tower.apply(variables, jnp.asarray(ids, jnp.int32))
   tokens = out["transformed"]
   first_end = jnp.stack([tokens[0, 3], tokens[1, 1]])  # CLIP's: the first end token
@@ -122,7 +122,7 @@ def test_a_tiny_siglip_learns_to_pair_images_with_captions():
 
   model = _model(pool="gap")
   images, ids, _ = sample(batch)
-  params = jax.jit(model.init)(jax.random.PRNGKey(0), images, ids)["params"]
+  params = model.init(jax.random.PRNGKey(0), images, ids)["params"]
   tx = optax.adam(3e-3)
   opt_state = tx.init(params)
 
