@@ -105,7 +105,7 @@ def test_accumulated_steps_score_every_pair_against_the_whole_batch(loss):
     "image": rng.uniform(-1, 1, (8, 16, 16, 3)).astype(np.float32),
     "text": rng.integers(3, 64, (8, 6)).astype(np.int32),
   }
-  params = nn.unbox(objective.init(jax.random.key(0), batch["image"][:1]))
+  params = nn.unbox(jax.jit(objective.init)(jax.random.key(0), batch["image"][:1]))
   if "b" in params:  # SigLIP's -10 leaves the negatives near zero gradient: weigh them in
     params["b"] = np.zeros_like(params["b"])
   tx = optax.sgd(1.0)  # the update is minus the gradient
