@@ -4,6 +4,7 @@ step that applies it (exact resume, process and device count). The train stream 
 on: tests/test_data_pipeline.py."""
 
 import dataclasses
+import functools
 import textwrap
 
 import jax
@@ -38,9 +39,17 @@ def photo(seed: int, height: int = 96, width: int = 128) -> np.ndarray:
 PHOTOS = [photo(s) for s in range(3)]
 
 
+@functools.lru_cache(maxsize=None, typed=True)
+def _compiled(op, *args):
+  """The op at fixed arguments, jitted once for every image it is applied to."""
+  return jax.jit(lambda x: op(x, *args))
+
+
 def _ours(op, image: np.ndarray, *args) -> np.ndarray:
-  """The op compiled by XLA, as the train step runs it."""
-  return np.asarray(jax.jit(lambda x: op(x, *args))(jnp.asarray(image)), np.int32)
+  """The op compiled by XLA, as the train step runs it (its arguments constants)."""
+  numbers = all(isinstance(a, (int, float)) for a in args)
+  fn = _compiled(op, *args) if numbers else jax.jit(lambda x: op(x, *args))
+  return np.asarray(fn(jnp.asarray(image)), np.int32)
 
 
 def _pil(image: Image.Image) -> np.ndarray:
@@ -167,9 +176,10 @@ def test_cutout_is_one_grey_square_cut_by_the_edges():
   image = np.where(PHOTOS[0] == 128, 127, PHOTOS[0]).astype(np.uint8)  # no grey before
   height, width = image.shape[:2]
   centres = set()
+  cutout = jax.jit(ops.cutout, static_argnums=1)  # the centre traced, as the train step's
   for k in range(20):
     centre = ra.draw_rounds(jax.random.PRNGKey(k), 1, height, width).centre[0]
-    out = _ours(ops.cutout, image, 20, centre)
+    out = np.asarray(cutout(jnp.asarray(image), 20, centre), np.int32)
     grey = (out == 128).all(axis=-1)
     rows, cols = np.flatnonzero(grey.any(axis=1)), np.flatnonzero(grey.any(axis=0))
     # The square's rows/columns: centre - 20 .. centre + 19, cut to the image.
@@ -185,13 +195,16 @@ def test_cutout_is_one_grey_square_cut_by_the_edges():
 # big_vision's magnitude scale, and the two ops fixed.
 
 
+_APPLY_ROUNDS = jax.jit(ra.apply_rounds, static_argnums=2)  # one compile per shape, magnitude
+
+
 def _outputs(name: str, image: np.ndarray, magnitude: float, seeds: int = 12) -> list:
   """Op `name` at `magnitude` through the batched stages (`apply_rounds`, as the train
   step runs it), on `seeds` copies of `image` with their own draws (sign, centre)."""
   drawn = ra.batch_rounds(jax.random.PRNGKey(9), 1, (seeds, *image.shape))
   rounds = drawn._replace(ops=jnp.full_like(drawn.ops, ra.OPS.index(name)))
   images = jnp.broadcast_to(jnp.asarray(image), (seeds, *image.shape))
-  out = jax.jit(ra.apply_rounds, static_argnums=2)(images, rounds, float(magnitude))
+  out = _APPLY_ROUNDS(images, rounds, float(magnitude))
   return list(np.asarray(out, np.int32))
 
 
