@@ -52,7 +52,7 @@ def test_the_attention_is_the_papers_formula(num_prefix):
   positions = posemb_lib.RelativePositions(num_patches=6, num_prefix=num_prefix)
   layer = MultiHeadDotProductAttention(num_heads=2, relative=positions)
   x = jax.random.normal(jax.random.key(0), (2, 6 + num_prefix, 8))
-  params = nn.unbox(jax.jit(layer.init, static_argnums=2)(jax.random.key(1), x, True)["params"])
+  params = nn.unbox(layer.init(jax.random.key(1), x, True)["params"])
   table = np.asarray(params[posemb_lib.RELATIVE_EMBEDDING], np.float64)
   assert table.shape == (positions.num_offsets, 2, 4)
   assert positions.num_offsets == 11 + 3 * num_prefix
@@ -86,7 +86,7 @@ def test_every_layout_and_dtype_computes_the_same_model():
   config = _relative_model()
   images = jax.random.uniform(jax.random.key(2), (2, 16, 12, 3), minval=-1, maxval=1)
   model = create_model(config, num_classes=5)
-  params = nn.unbox(jax.jit(model.init)(jax.random.key(0), images)["params"])
+  params = nn.unbox(model.init(jax.random.key(0), images)["params"])
   block = params["Transformer"]["encoderblock_0"]["MultiHeadDotProductAttention_1"]
   # A 4x3 grid and the class token: 2 x 12 - 1 offsets + 3 prefix rows.
   assert block[posemb_lib.RELATIVE_EMBEDDING].shape == (26, 2, 16)
@@ -126,9 +126,9 @@ def test_fine_tuning_at_another_resolution_resizes_every_layers_table(tmp_path):
 
   config = _relative_model()
   small, large = (create_model(config, num_classes=n) for n in (3, 4))
-  stored = nn.unbox(jax.jit(small.init)(jax.random.key(0), jnp.zeros((1, 8, 8, 3)))["params"])
+  stored = nn.unbox(small.init(jax.random.key(0), jnp.zeros((1, 8, 8, 3)))["params"])
   npz.save_npz(tmp_path / "m.npz", stored)
-  fresh = nn.unbox(jax.jit(large.init)(jax.random.key(1), jnp.zeros((1, 16, 16, 3)))["params"])
+  fresh = nn.unbox(large.init(jax.random.key(1), jnp.zeros((1, 16, 16, 3)))["params"])
   loaded = fit.load_pretrained(tmp_path / "m.npz", fresh, config)
   for i in range(2):
     attention = f"encoderblock_{i}/MultiHeadDotProductAttention_1/{posemb_lib.RELATIVE_EMBEDDING}"
