@@ -125,7 +125,7 @@ def test_a_mixer_takes_whole_patches_only():
   """(A zero head, remat, bfloat16 and scan: tests/test_families_timm.py.)"""
   config = tiny_config()
   model = models.create_model(config, num_classes=5)
-  fresh = nn.unbox(model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)))["params"])
+  fresh = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 16, 16, 3)))["params"]
   assert "MixerBlock_1" in fresh
   with pytest.raises(errors.ConfigError, match="not a multiple of the patch size 4x4"):
     apply(config, random_params(config), fx.images(1, 18))
