@@ -379,7 +379,7 @@ def test_bfloat16_forward_is_close_to_float32():
 
 def test_parameters_carry_logical_axis_names():
   model = tiny(scan=True)
-  boxed = model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)))["params"]
+  boxed = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 16, 16, 3)))["params"]
   specs = traverse_util.flatten_dict(nn.get_partition_spec(boxed), sep="/")
   assert tuple(specs["Transformer/encoderblock/MlpBlock_3/Dense_0/kernel"]) == (
     "layers",
