@@ -1,6 +1,7 @@
 """One process of the multi-process tests (test_multiprocess.py), and their run config.
 
     python -m tests._multiprocess_worker MODE OUT_DIR DATA_DIR [HEARTBEAT_SECONDS]
+    python -m tests._multiprocess_worker main ARGS...      (`python -m vit_jax.main ARGS`)
 
 Distributed settings come from VIT_COORDINATOR_ADDRESS / VIT_NUM_PROCESSES /
 VIT_PROCESS_ID (none set: one process) and each process's devices from XLA_FLAGS.
@@ -9,8 +10,12 @@ MODE:
              then restore every final checkpoint, gather its parameters to the host
              (`process_allgather`), read them with `read_params`, and evaluate them as
              `config.pretrained` of an FSDP run. Process 0 writes OUT_DIR/results.npz.
-  reference  the same, plus an uninterrupted run of RESUME_STEPS steps (RESUME_STRATEGY).
+  reference  the same runs and restores (not the `config.pretrained` one), plus an
+             uninterrupted run of RESUME_STEPS steps (RESUME_STRATEGY).
   die        trains; process 1 exits (status 3) after 2 steps. The others must abort.
+  main       the main job, as `python -m vit_jax.main` runs it.
+Every process writes the programs it compiles into the session's compilation cache
+(`_cache_from_every_process`), for the process of its number in the launches after it.
 
 `get_config` makes this file a config for the main job as well:
 `python -m vit_jax.main --config=tests/_multiprocess_worker.py:fsdp ...`.
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import runpy
 import sys
 
 import ml_collections
@@ -50,6 +56,9 @@ def get_config(strategy: str = "data_parallel") -> ml_collections.ConfigDict:
   # 101 test examples: the processes' shares differ (50 and 51), the last batch is padded.
   config.test_split = "test[:101]"
   config.shuffle_buffer = 64  # tfds windows of 64 // 16 = 4 examples per lane.
+  # Decoded by threads: no worker processes started for each split of each run (the
+  # batches are the workers', tests/test_decode_workers.py).
+  config.decode_processes = 0
   config.optim.name = "sgd"
   config.lr.base = 0.1
   config.lr.warmup_steps = 0
@@ -133,12 +142,13 @@ def _run(mode: str, out_dir: str, data_dir: str) -> None:
 
   # The data-parallel result as `config.pretrained` of an FSDP run (parameters split over
   # the processes): evaluating it must give the data-parallel run's final evaluation.
-  metrics["pretrained"] = run.train_and_evaluate(
-    config_for(
-      "fsdp", pretrained=os.path.join(out_dir, "data_parallel", "checkpoints"), total_steps=0
-    ),
-    os.path.join(out_dir, "pretrained"),
-  )
+  if mode == "train":
+    metrics["pretrained"] = run.train_and_evaluate(
+      config_for(
+        "fsdp", pretrained=os.path.join(out_dir, "data_parallel", "checkpoints"), total_steps=0
+      ),
+      os.path.join(out_dir, "pretrained"),
+    )
 
   if jax.process_index() == 0:
     np.savez(os.path.join(out_dir, "results.npz"), **results)
@@ -146,11 +156,45 @@ def _run(mode: str, out_dir: str, data_dir: str) -> None:
       json.dump({"processes": jax.process_count(), "metrics": metrics}, f, indent=1)
 
 
+def _cache_from_every_process() -> None:
+  """Lets every process write JAX's persistent compilation cache, not process 0 alone.
+
+  On the CPU a program's cache key differs between the processes (it hashes the topology
+  as each process sees it), and JAX writes from process 0 only: process 1 of every later
+  launch compiled each program again while process 0 read its own, and came to the
+  launch's first collective that much later (gloo waits 30 s, then fails the run). Each
+  process writes its own entries here; a JAX whose cache writer differs is left alone."""
+  import inspect  # pylint: disable=g-import-not-at-top
+
+  from jax._src import compilation_cache, compiler, config  # pylint: disable=g-import-not-at-top
+  from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
+
+  # JAX 0.10: _cache_write(cache_key, compile_time_secs, module_name, backend, executable,
+  # host_callbacks), which returns at once on a process other than 0.
+  writes = getattr(compiler, "_cache_write", None)
+  put = getattr(compilation_cache, "put_executable_and_time", None)
+  if writes is None or put is None or len(inspect.signature(writes).parameters) != 6:
+    return
+
+  def every_process_writes(cache_key, compile_time, module_name, backend, executable, callbacks):
+    if jax_distributed.global_state.process_id == 0 or callbacks:  # JAX's own rules
+      writes(cache_key, compile_time, module_name, backend, executable, callbacks)
+    elif compile_time >= config.persistent_cache_min_compile_time_secs.value:
+      put(cache_key, module_name, executable, backend, int(compile_time))
+
+  compiler._cache_write = every_process_writes  # pylint: disable=protected-access
+
+
 def main(argv: list[str]) -> None:
+  _cache_from_every_process()
+  if argv[1:2] == ["main"]:
+    sys.argv = ["vit_jax.main", *argv[2:]]
+    runpy.run_module("vit_jax.main", run_name="__main__", alter_sys=True)
+    return
   mode, out_dir, data_dir = argv[1:4]
   heartbeat = int(argv[4]) if len(argv) > 4 else None
   if mode not in ("train", "reference", "die"):
-    raise ValueError(f"Unknown mode {mode!r}; use train, reference or die.")
+    raise ValueError(f"Unknown mode {mode!r}; use train, reference, die or main.")
   from absl import logging  # pylint: disable=g-import-not-at-top
 
   from vit_jax.infra import distributed  # pylint: disable=g-import-not-at-top
