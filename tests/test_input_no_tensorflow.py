@@ -44,9 +44,10 @@ _SCRIPT = textwrap.dedent(
   # compiles what its straight run did): seconds, not minutes, for the runs below.
   jax.config.update("jax_compilation_cache_dir", os.path.join(tmp, "xla"))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-  # Every image classifier below has the 10 classes of digits and takes the same steps (the
-  # image folder's first run aside): one train step and one evaluation program, compiled once
-  # and read back from the cache by the other runs.
+  # Every image classifier below has the 10 classes of digits and takes the same steps (a
+  # constant learning rate after its warmup step: the step does not depend on
+  # total_steps): one train step and one evaluation program, compiled once and read back
+  # from the cache by the other runs.
   rng = np.random.default_rng(0)
   for split, n in (("train", 30), ("test", 10)):
     for k in range(n):
@@ -59,10 +60,15 @@ _SCRIPT = textwrap.dedent(
     os.path.join(tmp, "a.npz"), images, np.arange(24) % 10, test_images=images[:8],
     test_labels=np.arange(8) % 10,
   )
+  # Decoded by threads (config.decode_processes=0): worker processes, fresh Pythons that
+  # can find TensorFlow, would test nothing of the core install and start for each split of
+  # each run.
   FLAGS = ["--config.batch=8", "--config.batch_eval=8", "--config.checkpoint_every=2",
     "--config.log_every=2", "--config.eval_every=100", "--config.lr.warmup_steps=1",
+    "--config.lr.decay=constant",
     "--config.shuffle_buffer=64", "--config.fewshot.every=0", "--config.pp.crop=8",
-    "--config.model.patches.size=(4, 4)", "--config.model.transformer.num_layers=1"]
+    "--config.model.patches.size=(4, 4)", "--config.model.transformer.num_layers=1",
+    "--config.decode_processes=0"]
 
   def train(dataset, workdir, steps, *extra):
     flags = [f"--config.dataset={dataset}", f"--config.total_steps={steps}", *FLAGS, *extra]
@@ -116,8 +122,10 @@ _SCRIPT = textwrap.dedent(
   # A tfds dataset prepared as ArrayRecord: the model, classes and steps of the runs above.
   config = quickstart.get_config()
   config.update(dict(dataset="no_tf_images", data_dir=array_record_dir, batch=8, batch_eval=8,
-    total_steps=4, checkpoint_every=2, log_every=1, eval_every=100, shuffle_buffer=16))
-  config.lr.warmup_steps, config.pp.crop, config.fewshot.every = 1, 8, 0
+    total_steps=4, checkpoint_every=2, log_every=1, eval_every=100, shuffle_buffer=16,
+    decode_processes=0))
+  config.lr.warmup_steps, config.lr.decay = 1, "constant"
+  config.pp.crop, config.fewshot.every = 8, 0
   config.model.transformer.num_layers = 1
   resumes_exactly(config, "tfds", ("train/loss", "eval/loss", "eval/accuracy"))
 
@@ -128,7 +136,7 @@ _SCRIPT = textwrap.dedent(
                       ("wds", fixtures.write_shards)):
     source = write(pathlib.Path(tmp, f"{name}_data"))
     config = fixtures.image_text_config(source, tokenizer, batch=8, batch_eval=8,
-      total_steps=4, checkpoint_every=2)
+      total_steps=4, checkpoint_every=2, decode_processes=0)
     resumes_exactly(config, name, ("train/loss", "retrieval/image_to_text_recall@1"))
 
   # The same dataset as TFRecord: one Error line naming the [tf] extra and the conversion.
