@@ -48,6 +48,7 @@ def test_a_run_of_three_budgets_trains_each_and_resumes_exactly(tmp_path, tiny_c
 
   tiny_config.pp.seq_len = 9
   tiny_config.pp.train_seq_lens = (4, 9, 16)
+  tiny_config.decode_processes = 0  # threads: no worker processes to start for each split
   settings = data.Settings.from_config(tiny_config)
   mix = settings.budget_mix()
   drawn = [mix.budgets[i] for i in mix.budget_indices(settings.seed, 0, 6)]

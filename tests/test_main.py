@@ -141,6 +141,8 @@ def assert_resume_is_exact(
 def test_resumed_run_continues_at_the_saved_step_with_identical_parameters(
   tmp_path, tiny_config, monkeypatch, tiny_run
 ):
+  # Decoded by threads: the straight run's worker processes gave the same batches.
+  tiny_config.decode_processes = 0
   assert_resume_is_exact(tiny_config, tmp_path, monkeypatch, straight_run=tiny_run)
 
 
@@ -157,6 +159,7 @@ def test_resume_is_exact_with_every_regularizer_on(tmp_path, tiny_config, monkey
       "loss": "sigmoid_xent",
       "model.head_bias_init": -6.9,
       "optim.momentum_dtype": "bfloat16",
+      "decode_processes": 0,  # threads: no worker processes to start for each split
     },
   )
   assert_resume_is_exact(tiny_config, tmp_path, monkeypatch)
