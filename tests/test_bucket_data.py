@@ -20,6 +20,7 @@ from PIL import Image
 
 from tests import gcs_proxy, train_fixtures
 from vit_jax.data import dataset, digits, pipeline
+from vit_jax.data import settings as data_settings
 from vit_jax.infra import errors, storage
 
 _BATCH, _STEPS, _RESUME = 8, 5, 3
@@ -38,7 +39,7 @@ def _folder(root: str) -> None:
       Image.fromarray(pixels).save(os.path.join(folder, f"{k:03d}.jpg"), quality=90)
 
 
-def _settings(name: str, data_dir: str | None = None, **overrides) -> dataset.Settings:
+def _settings(name: str, data_dir: str | None = None, **overrides) -> data_settings.Settings:
   config = train_fixtures.common_config(
     dataset=name,
     data_dir=data_dir,
@@ -50,10 +51,10 @@ def _settings(name: str, data_dir: str | None = None, **overrides) -> dataset.Se
     decode_processes=2,  # the default on 2 cores: worker processes read and decode
   )
   config.update(overrides)
-  return dataset.Settings.from_config(config)
+  return data_settings.Settings.from_config(config)
 
 
-def _train(settings: dataset.Settings, start_step: int, steps: int) -> dict[str, np.ndarray]:
+def _train(settings: data_settings.Settings, start_step: int, steps: int) -> dict[str, np.ndarray]:
   """{'image', 'label'} of `steps` host batches from `start_step`, concatenated."""
   batches = pipeline.local_train_batches(dataset.Dataset(settings), _BATCH, start_step, 0, 1)
   try:
@@ -162,7 +163,9 @@ def _fail_retries_at_once(tmp_path, monkeypatch) -> None:
   monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
 
 
-def _storage_error(settings: dataset.Settings, proxy: gcs_proxy.GcsProxy, pattern: str) -> str:
+def _storage_error(
+  settings: data_settings.Settings, proxy: gcs_proxy.GcsProxy, pattern: str
+) -> str:
   """The error of the first batch once the requests matching ``pattern`` are answered 503
   past every retry (the data listed before): one line that says 503."""
   data = dataset.Dataset(settings)

@@ -315,11 +315,12 @@ def test_global_train_batches_do_not_depend_on_the_process_count(digits_dir):
   """Rows [p * b, (p + 1) * b) of process p of P, stacked: the same batches for any P,
   also from a resume step; each process's first batch holds distinct examples."""
   from vit_jax.data import dataset, pipeline  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import settings as data_settings
 
   config = worker.get_config()
   config.data_dir = digits_dir
   config.train_split = "train[:200]"  # 16 lanes of 12 or 13 examples: epochs of 13 steps
-  ds = dataset.Dataset(dataset.Settings.from_config(config))
+  ds = dataset.Dataset(data_settings.Settings.from_config(config))
 
   def global_batches(processes: int, start: int, count: int) -> list[np.ndarray]:
     streams = [
