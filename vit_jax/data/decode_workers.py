@@ -377,9 +377,8 @@ class Pool:
         busy = {w.results: w for w in self._workers if w.sent}
         silent = min(busy.values(), key=_Worker.deadline)  # the first to pass its deadline
         wait = silent.deadline() - time.monotonic()
-        ready = connection.wait(
-          list(busy), timeout=min(wait, _FEED_POLL_SECONDS) if free_worker() else max(wait, 0)
-        )
+        poll = min(wait, _FEED_POLL_SECONDS) if free_worker() else wait
+        ready = connection.wait(list(busy), timeout=max(poll, 0.0))
         if not ready and time.monotonic() >= silent.deadline():
           raise silent.stop_silent()
         for ready_results in ready:
