@@ -97,6 +97,11 @@ class GcsProxy(gcs_server.Endpoint):
       do_GET = do_PUT = do_POST = do_DELETE = do_PATCH = do_HEAD = _forward
 
     class Server(http.server.ThreadingHTTPServer):
+      # A client opens tens of connections at once (gcsfs reads a group of files together);
+      # socketserver's backlog of 5 drops the rest, which then wait for TCP's SYN resend
+      # (1 s, 3 s, 7 s: seconds per batch that no bucket takes).
+      request_queue_size = 256
+
       def handle_error(self, request, client_address):  # a client gone (killed, timed out)
         pass
 
