@@ -35,6 +35,7 @@ COLUMNS = ("wall", "cpu", "children", *JAX_EVENTS.values())
 
 _jax_seconds: collections.Counter = collections.Counter()
 _PATH = pytest.StashKey[str]()  # this process's rows
+_sessions = 0  # pytest sessions in this process using the plugin (a pytester run nests one)
 
 
 def _listen(event: str, duration: float, **_: Any) -> None:
@@ -55,7 +56,10 @@ def _cpu() -> tuple[float, float]:
 def pytest_configure(config: pytest.Config) -> None:
   import jax.monitoring  # pylint: disable=g-import-not-at-top
 
-  jax.monitoring.register_event_duration_secs_listener(_listen)
+  global _sessions
+  if not _sessions:  # one listener per process: a second would count each event twice
+    jax.monitoring.register_event_duration_secs_listener(_listen)
+  _sessions += 1
   folder = os.environ.get(DIR_VARIABLE, DEFAULT_DIR)
   os.makedirs(folder, exist_ok=True)
   config.stash[_PATH] = os.path.join(folder, f"{os.getpid()}.jsonl")
@@ -64,7 +68,10 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
   import jax.monitoring  # pylint: disable=g-import-not-at-top
 
-  jax.monitoring.unregister_event_duration_listener(_listen)
+  global _sessions
+  _sessions -= 1
+  if not _sessions:
+    jax.monitoring.unregister_event_duration_listener(_listen)
 
 
 @pytest.hookimpl(hookwrapper=True)
