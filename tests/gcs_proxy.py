@@ -18,6 +18,11 @@ from typing import Callable, Optional
 
 from tests import gcs_server
 
+# Connections a listener holds before accepting them: a client opens tens at once (gcsfs
+# reads a group of files together, in each decode worker); a smaller backlog (socketserver's
+# 5, asyncio's 100) drops the rest, which wait for TCP's SYN resend (1 s, 3 s, 7 s: seconds
+# per batch that no bucket takes).
+LISTEN_BACKLOG = 256
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade"}
 
 
@@ -97,10 +102,7 @@ class GcsProxy(gcs_server.Endpoint):
       do_GET = do_PUT = do_POST = do_DELETE = do_PATCH = do_HEAD = _forward
 
     class Server(http.server.ThreadingHTTPServer):
-      # A client opens tens of connections at once (gcsfs reads a group of files together);
-      # socketserver's backlog of 5 drops the rest, which then wait for TCP's SYN resend
-      # (1 s, 3 s, 7 s: seconds per batch that no bucket takes).
-      request_queue_size = 256
+      request_queue_size = LISTEN_BACKLOG
 
       def handle_error(self, request, client_address):  # a client gone (killed, timed out)
         pass
@@ -150,7 +152,9 @@ class LatencyRelay(gcs_server.Endpoint):
 
     def run() -> None:
       asyncio.set_event_loop(self._loop)
-      self._server = self._loop.run_until_complete(asyncio.start_server(self._relay, sock=listener))
+      self._server = self._loop.run_until_complete(
+        asyncio.start_server(self._relay, sock=listener, backlog=LISTEN_BACKLOG)
+      )
       started.set()
       self._loop.run_forever()
 
