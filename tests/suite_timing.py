@@ -46,10 +46,8 @@ def _listen(event: str, duration: float, **_: Any) -> None:
 
 def _cpu() -> tuple[float, float]:
   """(this process's CPU seconds, its waited-for children's)."""
-  me, children = (
-    resource.getrusage(resource.RUSAGE_SELF),
-    resource.getrusage(resource.RUSAGE_CHILDREN),
-  )
+  me = resource.getrusage(resource.RUSAGE_SELF)
+  children = resource.getrusage(resource.RUSAGE_CHILDREN)
   return me.ru_utime + me.ru_stime, children.ru_utime + children.ru_stime
 
 
