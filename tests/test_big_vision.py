@@ -5,6 +5,7 @@ compared with big_vision's probabilities and token ids; the export read back by 
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -199,7 +200,11 @@ def test_pretrained_image_tower_and_lit_run_from_a_siglip_file(siglip):
   np.testing.assert_array_equal(fitted["MAPHead_0"]["probe"], params["img"]["MAPHead_0"]["probe"])
   assert fitted["head"]["kernel"].shape == (WIDTH, 4)
   lit = models.two_tower_config(
-    image_config, text=dict(read.text), text_len=LENGTH, embed_dim=WIDTH, loss="softmax"
+    image_config,
+    text=dataclasses.asdict(read.text),
+    text_len=LENGTH,
+    embed_dim=WIDTH,
+    loss="softmax",
   )
   module = models.create_model(lit, num_classes=None)
   ids = jnp.zeros((1, LENGTH), jnp.int32)
@@ -229,7 +234,8 @@ def test_tokenizer_options_and_refusals(tmp_path, vocabulary, siglip):
   with pytest.raises(errors.CheckpointError, match="NaFlex"):
     vit_jax.load(naflex)
   model = vit_jax.load(path)
-  model.loaded.config.image.gelu_approximate = False
+  exact = model.config.replace(image=model.config.image.replace(gelu_approximate=False))
+  model = vit_jax.Model(dataclasses.replace(model.loaded, config=exact))
   with pytest.raises(errors.CheckpointError, match="gelu_approximate=False"):
     model.save(str(tmp_path / "refused"), format="big_vision")
   assert not os.path.exists(tmp_path / "refused")

@@ -89,7 +89,7 @@ def test_an_export_to_a_bucket_without_tensorflow_loads_back_as_the_original(
   original = vit_jax.load(finished_run)
   _assert_same_model(vit_jax.load(out), original)
   from_file = vit_jax.load(f"{out}/{npz.EXPORT_FILE}")  # its config beside it; no labels.txt read
-  assert from_file.config.to_dict() == original.config.to_dict()
+  assert from_file.config == original.config
   np.testing.assert_array_equal(
     from_file.params["head"]["kernel"], original.params["head"]["kernel"]
   )

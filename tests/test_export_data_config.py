@@ -105,6 +105,7 @@ def test_npz_round_trip_keeps_gelu_stats_and_data_config(tmp_path, request, whic
   again = weights.load(f"{out}/{export.NPZ_FILE}")
   assert again.data_config == model.data_config
   for key in ("gelu_approximate", "input_mean", "input_std"):
-    assert tuple(np.atleast_1d(again.config[key])) == tuple(np.atleast_1d(model.config[key]))
+    got, want = getattr(again.config, key), getattr(model.config, key)
+    assert tuple(np.atleast_1d(got)) == tuple(np.atleast_1d(want))
   images = host_images.prepare(_images(), model.data_config)
   np.testing.assert_array_equal(fx.our_logits(again, images), fx.our_logits(model, images))

@@ -313,7 +313,7 @@ def test_timm_export_gives_our_logits(tmp_path, name, changes):
   ours = fx.logits(config, params, images, 5)
   assert fx.relative_error(fx.torch_logits(net, images), ours) <= fx.TOLERANCE
   back = sources.load(str(tmp_path / "timm"))  # our export reads back as it was
-  assert all(back.config[k] == v for k, v in changes.items()), changes
+  assert all(getattr(back.config, k) == v for k, v in changes.items()), changes
   np.testing.assert_array_equal(fx.logits(back.config, back.params, images, 5), ours)
   assert back.image_size == (size, size)
   with pytest.raises(errors.CommandLineError, match=case.hf_refusal):

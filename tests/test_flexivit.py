@@ -11,14 +11,13 @@ import sys
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 from flax import traverse_util
 
 from tests import interop_fixtures as fx
 from tests import train_fixtures
-from vit_jax import weights
+from vit_jax import models, weights
 from vit_jax.models import embeddings
 from vit_jax.models.patchemb import resample_patch_kernel, resize_matrix
 from vit_jax.weights import sources
@@ -129,7 +128,7 @@ def test_a_timm_flexivit_imports_with_its_logits_and_fine_tunes_at_another_patch
 
   # Fine-tuned at 16x16 patches (digits at 32x32: a 2x2 grid): the kernel resampled.
   config = vit.get_config("ti16,digits")
-  config.model = ml_collections.ConfigDict(loaded.config.to_dict())
+  config.model = models.to_config(loaded.config)
   config.model.patches.size = (16, 16)
   config.data_dir, config.pp.crop, config.pretrained = digits_dir, 32, str(tmp_path / "flexivit")
   config.batch, config.batch_eval, config.shuffle_buffer = 8, 32, 64

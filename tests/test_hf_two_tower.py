@@ -128,7 +128,7 @@ def test_a_model_transformers_cannot_hold_is_refused_with_the_reasons(tmp_path):
   loaded = sources.LoadedModel(config, params["params"], None, (16, 16), None, "memory")
   with pytest.raises(errors.CommandLineError, match="image projection with a bias.*image_head"):
     writers.save(loaded, "hf", tmp_path / "out", class_names=None, image_size=(16, 16))
-  config.image_head = "none"
+  loaded.config = loaded.config.replace(image_head="none")
   with pytest.raises(
     errors.CommandLineError, match="image classifier='token' .*'map'.*text pool='gap'"
   ):

@@ -114,7 +114,9 @@ def test_a_naflex_tower_exports_as_big_visions_naflex_vit(tmp_path):
   got = jax.nn.softmax(reference.apply({"params": written}, theirs_in))
   np.testing.assert_allclose(got, want, atol=1e-6)
 
-  model.loaded.config.posemb_keep_aspect = True  # timm's pos_embed_ar_preserving
+  # timm's pos_embed_ar_preserving
+  aspect = model.loaded.config.replace(posemb_keep_aspect=True)
+  model = vit_jax.Model(dataclasses.replace(model.loaded, config=aspect))
   folder = model.save(str(tmp_path / "fixed"), format="big_vision")
   fixed = bv.load_params(os.path.join(folder, "model.npz"))
   assert fixed["pos_embedding"].shape[0] == 1 and fixed["embedding"]["kernel"].ndim == 4

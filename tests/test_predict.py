@@ -49,7 +49,7 @@ def _arch(config) -> dict:
   for field in ("model_type",) if models.is_bit(config) else fields:
     value = config
     for part in field.split("."):
-      value = value[part]
+      value = getattr(value, part)
     arch[field] = tuple(value) if isinstance(value, (list, tuple)) else value
   resnet = config.get("resnet")
   arch["resnet"] = None if resnet is None else (tuple(resnet.num_layers), resnet.width_factor)

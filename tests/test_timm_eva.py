@@ -341,7 +341,6 @@ def test_the_export_command_writes_eva_that_reads_back_and_timm_rebuilds(
   want = fx.torch_logits(model, images)
   for got in (fx.torch_logits(rebuilt, images), fx.our_logits(again, images)):
     assert fx.relative_error(got, want) <= fx.TOLERANCE
-  config = loaded.config.copy_and_resolve_references()
-  config.activation = "quick_gelu"
+  config = loaded.config.replace(activation="quick_gelu")
   with pytest.raises(errors.ConfigError, match="an activation other than the exact GELU"):
     timm_eva.model_spec(config, num_classes=5, image_size=(32, 32))

@@ -13,7 +13,6 @@ import os
 import sys
 
 import jax
-import ml_collections
 import numpy as np
 import pytest
 from flax import traverse_util
@@ -21,6 +20,7 @@ from flax import traverse_util
 from configs import vit
 from tests import interop_fixtures as fx
 from tests import train_fixtures
+from vit_jax import models
 from vit_jax.infra import errors
 from vit_jax.weights import npz, sources
 from vit_jax.weights.timm import vit as timm_export
@@ -115,7 +115,7 @@ def test_timm_family_gives_the_librarys_logits_and_exports_back(timm_sources, na
   directory, model, size = timm_sources(name)
   loaded = sources.load(directory)
   for key, value in FAMILIES[name][3].items():
-    got = loaded.config[key]
+    got = getattr(loaded.config, key)
     assert (tuple(got) if isinstance(value, tuple) else got) == value, key
   images = fx.images(2, size)
   want = fx.torch_logits(model, images)
@@ -216,7 +216,7 @@ def test_predict_normalises_with_the_checkpoints_mean_and_std(timm_sources, tmp_
 
 def _finetune_config(loaded: sources.LoadedModel, source: str, digits_dir: str, crop: int):
   config = vit.get_config("ti16,digits")  # the fine-tuning recipe (SGD), shrunk
-  config.model = ml_collections.ConfigDict(loaded.config.to_dict())
+  config.model = models.to_config(loaded.config)
   config.data_dir, config.pp.crop, config.pretrained = digits_dir, crop, source
   config.batch, config.batch_eval, config.shuffle_buffer = 8, 32, 64
   config.test_split = "test[:32]"

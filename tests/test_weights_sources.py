@@ -19,7 +19,6 @@ import shutil
 import subprocess
 import sys
 
-import ml_collections
 import numpy as np
 import pytest
 from flax import traverse_util
@@ -27,7 +26,7 @@ from flax import traverse_util
 from configs import vit
 from tests import fresh_python, train_fixtures
 from tests import interop_fixtures as fx
-from vit_jax import weights
+from vit_jax import models, weights
 from vit_jax.infra import errors
 from vit_jax.weights import hub, npz
 from vit_jax.weights import sources as weight_sources
@@ -137,7 +136,7 @@ def test_convert_writes_the_import_bit_for_bit(sources, name, tmp_path):
 
 def _finetune_config(loaded: weight_sources.LoadedModel, source: str, digits_dir: str, crop: int):
   config = vit.get_config("ti16,digits")  # the fine-tuning recipe (SGD), shrunk
-  config.model = ml_collections.ConfigDict(loaded.config.to_dict())
+  config.model = models.to_config(loaded.config)
   config.model.gelu_approximate = True  # the official training's (a note is logged)
   config.data_dir = digits_dir
   config.pp.crop = crop

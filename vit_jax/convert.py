@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 from absl import flags, logging
 
-from vit_jax import cli
+from vit_jax import cli, models
 from vit_jax.infra import errors
 from vit_jax.weights import npz, sources
 
@@ -42,7 +42,7 @@ def convert(
     out,
     model.params,
     scanned=scanned,
-    config=model.config,
+    config=models.to_config(model.config),
     data_config=model.data_config.to_dict(),
   )
   gelu = "tanh" if model.config.get("gelu_approximate", True) else "exact (erf)"

@@ -21,7 +21,6 @@ line naming them, never trained or returned silently.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import math
@@ -34,6 +33,7 @@ import jax
 import numpy as np
 import tqdm.auto
 
+from vit_jax import models
 from vit_jax.data import arrays, data_config
 from vit_jax.infra import errors
 from vit_jax.infra.paths import RunPaths
@@ -113,7 +113,7 @@ def train_on_arrays(
     with open(os.path.join(inputs, ARGUMENTS_FILE), "w") as f:
       json.dump(called, f, indent=2, sort_keys=True)
   config = defaults.get_config()
-  config.model = copy.deepcopy(model.config)
+  config.model = models.to_config(model.config)
   config.pretrained = os.path.join(weights, npz.EXPORT_FILE)
   config.dataset = arrays.PREFIX + data_path
   config.train_split = "train"
@@ -143,7 +143,8 @@ def train_on_arrays(
 def _arguments(model: Any, **arguments: Any) -> dict[str, Any]:
   """A call's arguments as ``inputs/fine_tune.json`` holds them: the values given, the
   arrays (already digested) and the starting model by their digests."""
-  model_digest = _digest(model.params, model.config.to_json(), model.data_config.to_dict())
+  config = models.to_config(model.config).to_json()
+  model_digest = _digest(model.params, config, model.data_config.to_dict())
   return json.loads(json.dumps({**arguments, "model": model_digest}, default=repr))
 
 

@@ -36,7 +36,7 @@ class Facts:
       names = None if loaded.class_names is None else tuple(loaded.class_names)
       size = None if loaded.image_size is None else tuple(loaded.image_size)
       self._key = (
-        loaded.config.to_json_best_effort(sort_keys=True),
+        loaded.config,  # frozen settings: equal and hashed by value
         loaded.num_classes,
         size,
         names,

@@ -28,7 +28,8 @@ from vit_jax.models.mixer import MIXER, MlpMixer
 from vit_jax.models.options import check_model_config
 from vit_jax.models.posemb import POSEMB_KINDS, resize_grid, sincos_2d
 from vit_jax.models.settings import BitSettings, MixerSettings, ModelSettings, Settings
-from vit_jax.models.variants import MODEL_NAMES, get_model_config, with_family_defaults
+from vit_jax.models.settings_config import to_config
+from vit_jax.models.variants import MODEL_NAMES, get_model_config
 from vit_jax.models.vit import VisionTransformer
 
 
@@ -78,9 +79,9 @@ __all__ = [
   "is_two_tower",
   "model_settings",
   "resize_grid",
+  "to_config",
   "sincos_2d",
   "TwoTowerSettings",
   "two_tower_config",
   "image_settings",
-  "with_family_defaults",
 ]

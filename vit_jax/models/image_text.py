@@ -133,7 +133,8 @@ class TwoTowerSettings:
   def replace(self, **changes: Any) -> "TwoTowerSettings":
     """Own fields changed; any other (``remat=True``, ``dtype``) is the image model's."""
     own = {k: changes.pop(k) for k in list(changes) if k in self.__dataclass_fields__}
-    image = self.image.replace(**changes) if changes else self.image
+    image = own.pop("image", self.image)
+    image = image.replace(**changes) if changes else image
     return dataclasses.replace(self, image=image, **own)
 
 

@@ -48,17 +48,6 @@ def family_options() -> dict[str, object]:
   return options
 
 
-def with_family_defaults(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """``config`` (unchanged) when it has every option, else a copy with the missing ones
-  at their official values (a config written before they existed, a run's `config.json`)."""
-  missing = {k: v for k, v in family_options().items() if k not in config}
-  if not missing:
-    return config
-  config = ml_collections.ConfigDict(config.to_dict())
-  config.update(missing)
-  return config
-
-
 def _vit(
   name: str,
   patch: int,

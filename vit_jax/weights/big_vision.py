@@ -39,6 +39,7 @@ big_vision's `vit.py` computes (tanh GELU; no registers, LayerScale, other norms
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import math
 import os
@@ -328,7 +329,9 @@ def read_tokenizer(path: str, config: ml_collections.ConfigDict) -> Optional[Any
 
 
 def check_writable(config: ml_collections.ConfigDict) -> None:
-  """One error naming what big_vision's modules do not compute of ``config``."""
+  """One error naming what big_vision's modules do not compute of ``config`` (a config or
+  settings)."""
+  config = models.model_settings(config)
   two_tower = models.is_two_tower(config)
   image = config.image if two_tower else config
   problems = []
@@ -350,7 +353,7 @@ def check_writable(config: ml_collections.ConfigDict) -> None:
     if image.get("classifier") not in ("token", "gap", "map"):
       problems.append(f"classifier={image.get('classifier')!r}")
   if two_tower:
-    text, head = dict(config.text), config.get("image_head", "dense")
+    text, head = dataclasses.asdict(config.text), config.image_head
     if head == "linear":
       problems.append("image_head='linear'")
     if text.get("pool", "last") not in ("last", "first", "gap", "map"):

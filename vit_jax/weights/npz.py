@@ -305,7 +305,7 @@ def writer(
     save_npz(
       os.path.join(directory, EXPORT_FILE),
       model.params,
-      config=model.config,
+      config=models.to_config(model.config),
       data_config=data_config.to_dict(),
     )
     for name in copied:

@@ -60,7 +60,9 @@ _IMAGENET2012_FILE = "imagenet2012_labels.txt"  # in vit_jax/data, class-index o
 class LoadedModel:
   """A model ready to run: per-layer float parameters and what is known about them."""
 
-  config: ml_collections.ConfigDict  # model config (`vit_jax.models.variants` layout)
+  # The model's typed settings (`models.model_settings`; a config in `variants.py`'s layout
+  # is read into them here, once). `models.to_config` writes them back as config fields.
+  config: models.Settings
   params: Params
   num_classes: Optional[int]  # None: no head, the output is the representation
   image_size: Optional[tuple[int, int]]  # what the position embeddings were trained for
@@ -75,10 +77,10 @@ class LoadedModel:
   tokenizer: Optional[Any] = None
 
   def __post_init__(self) -> None:
+    self.config = models.model_settings(self.config)
     if self.data_config is None:
-      config = models.with_family_defaults(self.config)
       self.data_config = data_config_lib.official(
-        self.image_size or formats.UNSIZED_INPUT, tuple(config.input_mean), tuple(config.input_std)
+        self.image_size or formats.UNSIZED_INPUT, self.config.input_mean, self.config.input_std
       )
 
   def module(self, **overrides: Any) -> models.VisionTransformer:

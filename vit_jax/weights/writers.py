@@ -87,12 +87,13 @@ def with_stated_grid(model: sources.LoadedModel) -> sources.LoadedModel:
   pp = model.run_config.get("pp", {}) if model.run_config is not None else {}
   if not pp.get("seq_len") or model.image_size is None:
     return model
-  config = model.config.copy_and_resolve_references()
-  tower = config.image if models.is_two_tower(config) else config
+  two_tower = models.is_two_tower(model.config)
+  tower = model.config.image if two_tower else model.config
   if tower.get("posemb_grid") is not None:
     return model
-  with tower.unlocked():
-    tower.posemb_grid = models.create_model(tower, num_classes=None).grid_hw(model.image_size)
+  grid = models.create_model(tower, num_classes=None).grid_hw(model.image_size)
+  tower = tower.replace(posemb_grid=tuple(grid))
+  config = dataclasses.replace(model.config, image=tower) if two_tower else tower
   return dataclasses.replace(model, config=config)
 
 
@@ -102,14 +103,13 @@ def at_fixed_grid(model: sources.LoadedModel, image_size: tuple[int, int]) -> so
   writes (a ViT's table at its input grid); any other model as it is."""
   if model.config.get("posemb_grid") is None:  # (an image-text config has none at its top)
     return model
-  settings = models.model_settings(model.config)
-  grid = models.create_model(model.config, num_classes=None).grid_hw(image_size)
+  settings = model.config
+  grid = models.create_model(settings, num_classes=None).grid_hw(image_size)
   params = jax.tree.map(lambda x: x, model.params)  # a copy of the tree, the arrays shared
   embed = params["Transformer"]["posembed_input"]
   if tuple(grid) != tuple(settings.posemb_grid):  # at its own grid: the table as it is
     embed["pos_embedding"] = posemb.table_at_grid(embed["pos_embedding"], settings, grid)
-  config = model.config.copy_and_resolve_references()
-  config.posemb_grid = None
+  config = settings.replace(posemb_grid=None)
   return dataclasses.replace(model, config=config, params=params, image_size=tuple(image_size))
 
 

@@ -124,7 +124,7 @@ def check_exportable(config: ml_collections.ConfigDict, num_classes: Optional[in
     )
   for key, official in settings.optional_fields().items():
     if key not in _HF_CARRIES and config.get(key, official) not in (official, None):
-      problems.append(f"{key}={config[key]!r} (HF's ViT has none; export it to timm)")
+      problems.append(f"{key}={config.get(key)!r} (HF's ViT has none; export it to timm)")
   if config.get("activation", settings.ModelSettings.activation) != "gelu":
     problems.append(f"activation {config.activation!r} (HF's ViT: GELU)")
   if not num_classes:

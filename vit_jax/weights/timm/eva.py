@@ -236,7 +236,7 @@ def model_spec(
   """{'model_name', 'kwargs', 'pretrained_cfg_overlay'} for `timm.create_model`: a name
   registered with the model's LayerNorm epsilon, every other choice by keyword; no head is
   timm's ``num_classes=0``."""
-  config = models.with_family_defaults(config)
+  config = models.model_settings(config)
   check_exportable(config)
   num_classes = num_classes or 0
   t, d, patch = config.transformer, config.hidden_size, tuple(config.patches.size)
@@ -299,7 +299,7 @@ def model_spec(
 
 def to_timm(params: Params, config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
   """timm's Eva state dict (numpy, float32, fused ``qkv``) of a per-layer parameter tree."""
-  config = models.with_family_defaults(config)
+  config = models.model_settings(config)
   flat = shared_rows.fold_patch_bias(tensor_table.flat_float32(params), config)
   t = config.transformer
   pool = config.classifier == "map"

@@ -89,7 +89,7 @@ def read_data_config(
   """The eval preprocessing of timm's ``pretrained_cfg`` beside the weights (timm's
   defaults for what it leaves out; the mean and std the model config read from it)."""
   pretrained_cfg = _arguments(directory)[3]
-  config = models.with_family_defaults(config)
+  config = models.model_settings(config)
   stats = {"mean": list(config.input_mean), "std": list(config.input_std)}
   return data_config_lib.from_timm({**pretrained_cfg, **stats}, image_size)
 

@@ -123,7 +123,7 @@ def model_spec(
   num_classes = num_classes or 0
   t, resnet = config.transformer, config.get("resnet")
   patch = tuple(config.patches.size)
-  config = models.with_family_defaults(config)
+  config = models.model_settings(config)
   if resnet is not None:
     name = _HYBRID_NAMES[tuple(resnet.num_layers)]
   elif config.layer_norm_epsilon == _CLIP_EPS:
@@ -149,9 +149,9 @@ def model_spec(
   registered = names.registered_args(name) or {}
   kwargs.update(
     {
-      arg: config[field]
+      arg: getattr(config, field)
       for field, arg in FIELD_ARGS.items()
-      if config[field] or registered.get(arg)  # given where ours differs from the name's
+      if getattr(config, field) or registered.get(arg)  # given where ours differs from the name's
     }
   )
   size = "x".join(str(s) for s in image_size)
@@ -273,7 +273,7 @@ def vit_table(
 def to_timm(params: Params, config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
   """timm's state dict (numpy, float32) of a per-layer parameter tree. timm's ViT with
   ``pre_norm`` has no patch bias: ours is added to the position rows of the patches."""
-  config = models.with_family_defaults(config)
+  config = models.model_settings(config)
   flat = shared_rows.fold_patch_bias(tensor_table.flat_float32(params), config)
   resnet = config.get("resnet")
   units = None if resnet is None else tuple(resnet.num_layers)
