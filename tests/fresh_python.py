@@ -30,8 +30,14 @@ CLUSTER_ENV = (
 # `clean_env` and `xla_flags` for the subprocesses): the CPU's code generated without
 # LLVM's optimisation passes. The tests' tiny programs spend far more time compiling than
 # running, and unoptimised code computes the same (the train step of the `testing` ViT
-# compiles in 1.7 CPU-seconds instead of 3.1; plans for a TPU or a GPU are unchanged).
-SUITE_XLA_FLAGS = "--xla_backend_optimization_level=0"
+# compiles in 1.7 CPU-seconds instead of 3.1; plans for a TPU or a GPU are unchanged). Its
+# fusions are emitted by XLA's elemental LLVM emitters, not its MLIR fusion emitters: that
+# step then compiles in 1.0 CPU-second instead of 1.9 (its XLA compile 0.6 s instead of
+# 1.5), the same values up to float32 rounding (but two programs computing the same values
+# may differ in their last bits: tests/test_feature_cache.py, which needs them equal, runs
+# its two runs in a fresh Python without `ELEMENTAL_FUSIONS`).
+ELEMENTAL_FUSIONS = "--xla_cpu_use_fusion_emitters=false"
+SUITE_XLA_FLAGS = f"--xla_backend_optimization_level=0 {ELEMENTAL_FUSIONS}"
 
 
 def xla_flags(devices: int | None = None, flags: str = "") -> str:

@@ -3,6 +3,7 @@ run ends where the uncached run ends (float tolerance); the settings it needs ar
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 from flax import traverse_util
 
 from configs import siglip
-from tests import train_fixtures
+from tests import fresh_python, train_fixtures
 from vit_jax import data, models, run
 from vit_jax.infra import errors
 from vit_jax.run import feature_cache
@@ -39,8 +40,7 @@ _LIT_RUNS: dict = {}
 def shared_lit_run(tmp_path_factory, digits_dir: str, tiny_run) -> tuple:
   """(config, workdir, final metrics, the feature caches it made) of the LiT run (`_lit`,
   no cached features) from the supervised tiny run's checkpoints, made once a session: the
-  uncached run of the test below and the locked-tower run of test_image_text_run.py. Copy
-  the workdir before changing it."""
+  locked-tower run of test_image_text_run.py. Copy the workdir before changing it."""
   if digits_dir not in _LIT_RUNS:
     source = os.path.join(tiny_run[0], "checkpoints")  # the supervised tiny run
     config = _lit(digits_dir, source)
@@ -54,23 +54,41 @@ def shared_lit_run(tmp_path_factory, digits_dir: str, tiny_run) -> tuple:
   return _LIT_RUNS[digits_dir]
 
 
-def test_cached_features_train_as_the_uncached_run(
-  tmp_path, tmp_path_factory, tiny_run, digits_dir, monkeypatch
-):
+# The uncached and the cached run in a fresh Python compiling with XLA's MLIR fusion
+# emitters (this process's are the elemental ones, `fresh_python.ELEMENTAL_FUSIONS`): there
+# the image tower's features from the cache's program are the train step's, bit for bit.
+# The comparison needs them so: the text tower's key bias gets no gradient but round-off
+# (attention does not change with it), which Adam scales up to whole steps, so features a
+# last bit apart leave it 1e-4 apart after 6 steps.
+_RUNS = """
+import json
+from tests.test_feature_cache import _lit
+from vit_jax import run
+from vit_jax.run import feature_cache
+digits_dir, source, workdir = {args}
+real, out = feature_cache.FeatureCache, {{}}
+for name, cache in (("plain", False), ("cached", True)):
+  made = []
+  feature_cache.FeatureCache = lambda *a: made.append(real(*a)) or made[-1]
+  config = _lit(digits_dir, source, **{{"contrastive.cache_image_features": cache}})
+  loss = run.train_and_evaluate(config, f"{{workdir}}/{{name}}")["eval/loss"]
+  facts = [(c.computed, bool(c.filled.all()), list(c.table.shape)) for c in made]
+  out[name] = dict(loss=loss, caches=facts)
+print(json.dumps(out))
+"""
+
+
+def test_cached_features_train_as_the_uncached_run(tmp_path, tiny_run, digits_dir):
   source = os.path.join(tiny_run[0], "checkpoints")  # the supervised tiny run
-  _, plain_dir, plain, plain_caches = shared_lit_run(tmp_path_factory, digits_dir, tiny_run)
-  assert not plain_caches
-  caches = []
-  real = feature_cache.FeatureCache
-  monkeypatch.setattr(
-    feature_cache, "FeatureCache", lambda *a: caches.append(real(*a)) or caches[-1]
-  )
-  cached = run.train_and_evaluate(
-    _lit(digits_dir, source, **{"contrastive.cache_image_features": True}), str(tmp_path / "cached")
-  )
-  assert len(caches) == 1 and caches[0].computed == 2  # the first epoch's 2 batches
-  assert caches[0].filled.all() and caches[0].table.shape == (32, 32)
-  a = traverse_util.flatten_dict(orbax_steps.read_params(os.path.join(plain_dir, "checkpoints")))
+  env = fresh_python.clean_env()
+  env["XLA_FLAGS"] = env["XLA_FLAGS"].replace(fresh_python.ELEMENTAL_FUSIONS, "").strip()
+  args = json.dumps([digits_dir, source, str(tmp_path)])
+  out = fresh_python.run_json(_RUNS.format(args=args), env, timeout=600)
+  plain, cached = out["plain"], out["cached"]
+  assert not plain["caches"]
+  # One cache, computed for the first epoch's 2 batches, then filled: 32 rows of 32.
+  assert cached["caches"] == [[2, True, [32, 32]]]
+  a = traverse_util.flatten_dict(orbax_steps.read_params(tmp_path / "plain" / "checkpoints"))
   b = traverse_util.flatten_dict(orbax_steps.read_params(tmp_path / "cached" / "checkpoints"))
   assert a.keys() == b.keys()
   moved = 0
@@ -78,7 +96,7 @@ def test_cached_features_train_as_the_uncached_run(
     np.testing.assert_allclose(b[k], v, rtol=1e-4, atol=1e-5, err_msg="/".join(k))
     moved += k[0] != "img"
   assert moved  # the text tower and projection trained
-  assert cached["eval/loss"] == pytest.approx(plain["eval/loss"], rel=1e-4)
+  assert cached["loss"] == pytest.approx(plain["loss"], rel=1e-4)
 
 
 def test_cache_needs_a_locked_tower_and_fixed_images(digits_dir):
