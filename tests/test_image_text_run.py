@@ -66,8 +66,8 @@ def test_siglip_run_with_text_in_the_batch_resumes_exactly(tmp_path, digits_dir,
 
 @pytest.fixture(scope="module")
 def lit_run(tmp_path_factory, digits_dir, tiny_run):
-  """The LiT run (locked image tower) from the supervised tiny run that
-  test_feature_cache.py compares its cached-features run with, made once a session."""
+  """The LiT run (locked image tower, `test_feature_cache._lit`) from the supervised tiny
+  run, made once a session."""
   return shared_lit_run(tmp_path_factory, digits_dir, tiny_run)
 
 
