@@ -249,7 +249,7 @@ def test_an_npz_loads_with_the_architecture_inferred(tmp_path, name):
       jax.random.key(0),
       jnp.zeros((1, case.official_size, case.official_size, 3)),
     )["params"]
-    assert architecture.infer_model_config(shapes).name == official
+    assert architecture.infer_settings(shapes).name == official
 
 
 # (family, the arguments of its writer of a timm hub folder, the architecture its config.json

@@ -83,8 +83,8 @@ def test_non_square_images_give_big_visions_naflex_probabilities(
   bv.save(path, their_params)
   config, tree, image_size = big_vision.read(path)
   assert image_size == (4 * PATCH, 4 * PATCH)  # the 4x4 table's grid
-  config.classifier = pool_type  # 'gap' leaves no trace in the arrays
-  model = vit.VisionTransformer(model_settings(config), 7)
+  config = config.replace(classifier=pool_type)  # 'gap' leaves no trace in the arrays
+  model = vit.VisionTransformer(config, 7)
   ours = jax.nn.softmax(model.apply({"params": tree}, batch))
   np.testing.assert_allclose(ours, theirs, atol=1e-6)
   assert not np.allclose(ours[0], ours[1], atol=1e-3)  # the images are told apart

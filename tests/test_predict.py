@@ -79,7 +79,7 @@ def _param_shapes(config, num_classes: int, size: int):
 def test_every_official_variant_is_recovered_from_its_shapes(name):
   config = models.get_model_config(name)
   shapes = _param_shapes(config, 1000, 224)
-  inferred = architecture.infer_model_config(shapes)
+  inferred = architecture.infer_settings(shapes)
   assert inferred.name == name and _arch(inferred) == _arch(config)
   assert architecture.num_classes(shapes) == 1000
   # A BiT ResNet's weights do not fix the input size (no position table, no token MLP).
@@ -96,7 +96,7 @@ def test_layout_and_options_are_recovered(changes):
   config = models.get_model_config("testing")
   config.update(changes)
   shapes = _param_shapes(config, 7, 24)
-  inferred = architecture.infer_model_config(shapes)
+  inferred = architecture.infer_settings(shapes)
   assert _arch(inferred) == _arch(config) and inferred.name == "testing"
   assert architecture.trained_image_size(shapes, inferred) == (24, 24)
 
@@ -119,7 +119,7 @@ def test_what_cannot_be_inferred_is_listed_in_one_error():
     match=r"patch size and width .*; position embeddings .*"
     r"--model=NAME",
   ):
-    architecture.infer_model_config(traverse_util.unflatten_dict(flat, sep="/"))
+    architecture.infer_settings(traverse_util.unflatten_dict(flat, sep="/"))
 
 
 def test_class_names_default_to_imagenet_for_1000_classes(tmp_path):

@@ -77,7 +77,7 @@ def test_the_shapes_tell_the_mlp_and_the_biases():
   for mlp, bias in (("swiglu", "qv"), ("swiglu_fused", "none"), ("mlp", "all")):
     norm = mlp == "swiglu"
     config = _config(mlp, qkv_bias=bias, mlp_norm=norm, attention_norm=norm, posemb="learn")
-    inferred = architecture.infer_model_config(fx.random_tree(config, 3, 32))
+    inferred = architecture.infer_settings(fx.random_tree(config, 3, 32))
     assert (inferred.mlp, inferred.qkv_bias, inferred.mlp_norm) == (mlp, bias, norm)
     assert inferred.attention_norm == norm
     assert inferred.transformer.mlp_dim == 48

@@ -6,6 +6,7 @@ and the full-size architectures' parameter counts equal to timm's."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -166,7 +167,9 @@ def test_full_size_parameter_count_equals_timms(name):
   tensors = {k: np.zeros(v.shape, np.float32) for k, v in one.state_dict().items()}
   args = timm_names.model_args(name)
   config, _ = timm_eva.read_eva(tensors, name, args, name)
-  config.transformer.num_layers = args["depth"]
+  config = config.replace(
+    transformer=dataclasses.replace(config.transformer, num_layers=args["depth"])
+  )
   # The blocks as one nn.scan: traced once instead of once per layer (a tenth of the
   # time), the same parameters stacked (tests/test_models.py counts every variant so).
   module = models.create_model(config, num_classes=full.num_classes, scan=True)
@@ -233,15 +236,15 @@ def test_named_variants_are_timms_architectures(ours, theirs):
   tensors = {k: np.zeros(v.shape, np.float32) for k, v in one.state_dict().items()}
   read, _ = timm_eva.read_eva(tensors, theirs, timm_names.model_args(theirs), theirs)
   for key in ("rope", "rope_temperature", "rope_rotate_half", "rope_ref_grid", "mlp", "mlp_norm"):
-    assert read[key] == named[key], key
+    assert getattr(read, key) == named[key], key
   for key in ("qkv_bias", "classifier", "num_registers", "layer_norm_epsilon", "fc_norm"):
-    assert read[key] == named[key], key
+    assert getattr(read, key) == named[key], key
   for key in ("rope_grid_indexing", "rope_grid_offset", "posemb", "norm_pre", "patch_bias"):
-    assert read[key] == named[key], key
+    assert getattr(read, key) == named[key], key
   for key in ("final_norm",):
-    assert read[key] == named[key], key
+    assert getattr(read, key) == named[key], key
   for key in ("map_num_heads", "map_mlp_dim", "map_include_prefix", "layer_scale_init"):
-    assert read[key] == named[key], key
+    assert getattr(read, key) == named[key], key
 
 
 @pytest.mark.parametrize(

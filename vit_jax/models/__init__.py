@@ -23,7 +23,7 @@ from vit_jax.models.families import (
   model_settings,
 )
 from vit_jax.models.heads import CLASSIFIERS
-from vit_jax.models.image_text import TwoTowerSettings, two_tower_config
+from vit_jax.models.image_text import TwoTowerSettings, two_tower_config, two_tower_settings
 from vit_jax.models.mixer import MIXER, MlpMixer
 from vit_jax.models.options import check_model_config
 from vit_jax.models.posemb import POSEMB_KINDS, resize_grid, sincos_2d
@@ -83,5 +83,6 @@ __all__ = [
   "sincos_2d",
   "TwoTowerSettings",
   "two_tower_config",
+  "two_tower_settings",
   "image_settings",
 ]

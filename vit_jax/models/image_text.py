@@ -12,9 +12,10 @@ A two-tower config holds an image model config of any family and a text tower:
     # CLIP: temperature_init=1 / 0.07, bias_init=None (no bias parameter)
     config.model.image_head = 'dense'   # or 'linear' (no bias), 'none' (`two_tower.IMAGE_HEADS`)
 
-`two_tower_config` writes one. The model (`two_tower.TwoTower`) keeps the image model's tree
-under ``img`` and the text tower's under ``txt``; the image model is built as a feature
-extractor (no head) and its run options (remat, dtype) are the image config's.
+`two_tower_config` writes one, `two_tower_settings` its settings. The model
+(`two_tower.TwoTower`) keeps the image model's tree under ``img`` and the text tower's
+under ``txt``; the image model is built as a feature extractor (no head) and its run
+options (remat, dtype) are the image config's.
 """
 
 from __future__ import annotations
@@ -162,6 +163,12 @@ def two_tower_config(
   config.bias_init = ml_collections.FieldReference(init.bias, field_type=float)
   config.image_head = image_head
   return config
+
+
+def two_tower_settings(image: Any, **kwargs: Any) -> TwoTowerSettings:
+  """`two_tower_config`'s model (its keyword arguments) as settings, ``image`` an image
+  model's settings: what a checkpoint's reader builds."""
+  return TwoTowerSettings.from_config(two_tower_config(image, **kwargs), image=image)
 
 
 # The functions below take the image model's family record (``image_family``: a

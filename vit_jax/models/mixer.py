@@ -222,7 +222,7 @@ def architecture_key(model_config: Any) -> tuple:
   """What the parameter shapes fix of a Mixer config: two configs with the same key load
   the same checkpoints."""
   fields = ("hidden_dim", "num_blocks", "tokens_mlp_dim", "channels_mlp_dim")
-  return (tuple(model_config.patches.size), *(model_config[f] for f in fields))
+  return (tuple(model_config.patches.size), *(getattr(model_config, f) for f in fields))
 
 
 def describe_shapes(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:

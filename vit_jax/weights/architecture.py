@@ -61,17 +61,18 @@ def describe(params: Mapping[str, Any]) -> dict[str, Any]:
   return families.family_of_shapes(shapes).describe_shapes(shapes)
 
 
-def infer_model_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
-  """The model config (`vit_jax.models.variants` layout) that ``params`` were made for.
+def infer_settings(params: Mapping[str, Any]) -> models.Settings:
+  """The model settings that ``params`` were made for (checked: `models.model_settings`).
 
-  Its ``name`` is the official variant's when the architecture is one, else 'custom'.
+  Their ``name`` is the official variant's when the architecture is one, else 'custom'.
   Raises one CheckpointError naming everything that cannot be read from the shapes.
   """
   shapes = _shapes(params)
   family = families.family_of_shapes(shapes)
-  config = family.config_from_shapes(shapes, models.get_model_config(family.template))
-  config.name = _official_name(config) or "custom"
-  return config
+  settings = models.model_settings(
+    family.config_from_shapes(shapes, models.get_model_config(family.template))
+  )
+  return settings.replace(name=_official_name(settings) or "custom")
 
 
 def num_prefix_rows(config: ml_collections.ConfigDict) -> int:

@@ -49,7 +49,6 @@ from typing import Any, Callable, Mapping, Optional
 
 import flax.linen as nn
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 from flax import traverse_util
 
@@ -158,7 +157,7 @@ def _image_to_theirs(flat: dict[str, np.ndarray], tower: str, prefix_rows: int) 
   flat[tower + "pos_embedding"] = posemb
 
 
-def to_theirs(params: Params, config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
+def to_theirs(params: Params, config: models.Settings) -> dict[str, np.ndarray]:
   """Our tree (a two-tower model or a ViT, of ``config``) as big_vision's flat keys, per
   layer."""
   flat = traverse_util.flatten_dict(nn.unbox(dict(params)), sep="/")
@@ -190,8 +189,8 @@ def load_flat(path: str) -> dict[str, np.ndarray]:
   return {k.removeprefix(PREFIX) if prefixed else k: _float32(v) for k, v in flat.items()}
 
 
-def _image_config(tree: Params, source: str) -> ml_collections.ConfigDict:
-  """The ViT config of an image tower in our names: its shapes, tanh GELU. A tower
+def _image_settings(tree: Params, source: str) -> models.ModelSettings:
+  """The ViT settings of an image tower in our names: its shapes, tanh GELU. A tower
   without a learned table has big_vision's 'sincos2d', whose frequencies (exponents over
   D/4 - 1) are not this package's (over D/4, MoCo v3's): refused."""
   if _OUR_POSEMB not in traverse_util.flatten_dict(tree, sep="/"):
@@ -199,12 +198,13 @@ def _image_config(tree: Params, source: str) -> ml_collections.ConfigDict:
       f"{source}: an image tower without learned position embeddings (big_vision's "
       "posemb='sincos2d', whose frequencies this package does not compute)."
     )
-  config = architecture.infer_model_config(tree)
-  if "cls" in tree:  # big_vision adds the positions before the class token
-    config.posemb_patches_only = True
-  config.gelu_approximate = True
-  config.name = f"big_vision {config.name}"
-  return config
+  settings = architecture.infer_settings(tree)
+  return settings.replace(
+    # big_vision adds the positions before the class token
+    posemb_patches_only=True if "cls" in tree else settings.posemb_patches_only,
+    gelu_approximate=True,
+    name=f"big_vision {settings.name}",
+  )
 
 
 def _naflex_as_vit(flat: dict[str, Any], source: str) -> Optional[tuple[int, int]]:
@@ -231,27 +231,26 @@ def _naflex_as_vit(flat: dict[str, Any], source: str) -> Optional[tuple[int, int
   return None
 
 
-def read(path: str) -> tuple[ml_collections.ConfigDict, Params, Optional[tuple[int, int]]]:
-  """(model config, our per-layer tree, image size) of the big_vision `.npz` at ``path``:
+def read(path: str) -> tuple[models.Settings, Params, Optional[tuple[int, int]]]:
+  """(model settings, our per-layer tree, image size) of the big_vision `.npz` at ``path``:
   a two-tower model (``img/``, ``txt/``, ``t``) or a plain ViT."""
   source = repr(path)
   flat = load_flat(path)
   table_grid = _naflex_as_vit(flat, source)
   tree = traverse_util.unflatten_dict(to_ours(flat), sep="/")
   if "txt" not in tree:
-    config = image = _image_config(tree, source)
-    size = architecture.trained_image_size(tree, config)
+    settings = _image_settings(tree, source)
+    size = architecture.trained_image_size(tree, settings)
   else:
-    config = _two_tower_config(tree, source)
-    image = config.image
-    size = architecture.trained_image_size(tree["img"], image)
+    settings = _two_tower_settings(tree, source)
+    size = architecture.trained_image_size(tree["img"], settings.image)
   if table_grid is not None:  # resized to each input as big_vision does (the defaults)
-    image.posemb_grid = table_grid
-  return config, tree, size
+    settings = settings.replace(posemb_grid=table_grid)  # a two-tower model's image tower
+  return settings, tree, size
 
 
-def _two_tower_config(tree: Params, source: str) -> ml_collections.ConfigDict:
-  """Our two-tower config of a big_vision image-text tree (in our names)."""
+def _two_tower_settings(tree: Params, source: str) -> models.TwoTowerSettings:
+  """Our two-tower settings of a big_vision image-text tree (in our names)."""
   for key in ("img", "t"):
     if key not in tree:
       raise errors.CheckpointError(f"{source}: a big_vision text tower without {key!r}.")
@@ -267,7 +266,7 @@ def _two_tower_config(tree: Params, source: str) -> ml_collections.ConfigDict:
   heads = text[block + "MultiHeadDotProductAttention_1/query/kernel"].shape[1]
   mlp = text[block + "MlpBlock_3/Dense_0/kernel"].shape[1]
   embed = text["head/kernel"].shape[1]
-  image = _image_config(tree["img"], source)
+  image = _image_settings(tree["img"], source)
   head = "dense" if "img_head" in tree else "none"
   image_width = tree["img_head"]["kernel"].shape[1] if head == "dense" else image.hidden_size
   if image_width != embed:
@@ -276,7 +275,7 @@ def _two_tower_config(tree: Params, source: str) -> ml_collections.ConfigDict:
       "not one shared width."
     )
   bias = "b" in tree
-  config = models.two_tower_config(
+  settings = models.two_tower_settings(
     image,
     text=dict(
       width=width, depth=depth, mlp_dim=mlp, num_heads=heads, vocab_size=vocab,
@@ -288,14 +287,14 @@ def _two_tower_config(tree: Params, source: str) -> ml_collections.ConfigDict:
     name="big_vision SigLIP" if bias else "big_vision LiT",
     image_head=head,
   )  # fmt: skip
-  config.temperature_init = float(math.exp(float(np.asarray(tree["t"]).reshape(-1)[0])))
-  if bias:
-    config.bias_init = float(np.asarray(tree["b"]).reshape(-1)[0])
-  return config
+  return settings.replace(
+    temperature_init=float(math.exp(float(np.asarray(tree["t"]).reshape(-1)[0]))),
+    bias_init=float(np.asarray(tree["b"]).reshape(-1)[0]) if bias else None,
+  )
 
 
-def read_tree(path: str) -> tuple[Params, ml_collections.ConfigDict]:
-  """The tree in our names and its config (for fine-tuning: `fit`)."""
+def read_tree(path: str) -> tuple[Params, models.Settings]:
+  """The tree in our names and its settings (for fine-tuning: `fit`)."""
   config, params, _ = read(path)
   return params, config
 
@@ -310,7 +309,7 @@ def find_vocabulary(path: str) -> Optional[str]:
   return found[0] if len(found) == 1 else None
 
 
-def tokenizer(vocabulary: str, config: ml_collections.ConfigDict) -> text_tokenizer.Tokenizer:
+def tokenizer(vocabulary: str, config: models.Settings) -> text_tokenizer.Tokenizer:
   """``vocabulary`` (a ``.model``) as big_vision tokenizes for the model of ``config``
   (module docstring): lower-cased, sticky end token, pad id 1 (Gemma's vocabulary: its
   pad piece)."""
@@ -319,7 +318,7 @@ def tokenizer(vocabulary: str, config: ml_collections.ConfigDict) -> text_tokeni
   return text_tokenizer.read_sentencepiece(vocabulary, eos="sticky", lower=True, pad_id=pad)
 
 
-def read_tokenizer(path: str, config: ml_collections.ConfigDict) -> Optional[Any]:
+def read_tokenizer(path: str, config: models.Settings) -> Optional[Any]:
   """An image-text model's tokenizer found beside ``path`` (`find_vocabulary`), or None."""
   vocabulary = find_vocabulary(path) if models.is_two_tower(config) else None
   return None if vocabulary is None else tokenizer(vocabulary, config)
@@ -328,7 +327,7 @@ def read_tokenizer(path: str, config: ml_collections.ConfigDict) -> Optional[Any
 # ------------------------------------------------------------------------- writing
 
 
-def check_writable(config: ml_collections.ConfigDict) -> None:
+def check_writable(config: models.Settings) -> None:
   """One error naming what big_vision's modules do not compute of ``config`` (a config or
   settings)."""
   config = models.model_settings(config)
@@ -373,7 +372,7 @@ def check_writable(config: ml_collections.ConfigDict) -> None:
     )
 
 
-def keeps_naflex_layout(config: ml_collections.ConfigDict) -> bool:
+def keeps_naflex_layout(config: models.Settings) -> bool:
   """Whether ``config``'s image tower is big_vision's ``naflex_vit``: a square table
   resized to each input (``posemb_grid``) as big_vision resizes it (antialiased bilinear,
   not keeping the aspect), no class token, MAP or mean pooling. Such a model is written in
@@ -390,7 +389,7 @@ def keeps_naflex_layout(config: ml_collections.ConfigDict) -> bool:
   )
 
 
-def _vit_as_naflex(flat: dict[str, Any], config: ml_collections.ConfigDict) -> None:
+def _vit_as_naflex(flat: dict[str, Any], config: models.Settings) -> None:
   """The inverse of `_naflex_as_vit`, in place: the patch kernel [P, P, 3, D] as the Dense
   on flattened patches [P * P * 3, D], the table rows [1, n * n, D] as [n, n, D]."""
   tower = "img/" if models.is_two_tower(config) else ""
@@ -401,7 +400,7 @@ def _vit_as_naflex(flat: dict[str, Any], config: ml_collections.ConfigDict) -> N
   flat[tower + "pos_embedding"] = table.reshape(*image.posemb_grid, table.shape[-1])
 
 
-def save(path: str, params: Params, config: ml_collections.ConfigDict) -> None:
+def save(path: str, params: Params, config: models.Settings) -> None:
   """Our tree of ``config`` written as a released big_vision `.npz` (`PREFIX`, per layer,
   float32): a NaFlex tower (`keeps_naflex_layout`) as ``naflex_vit``'s."""
   flat = to_theirs(params, config)

@@ -22,6 +22,7 @@ from typing import Any, Callable, Optional
 
 import ml_collections
 
+from vit_jax import models
 from vit_jax.data.data_config import DataConfig
 from vit_jax.infra import errors
 from vit_jax.infra.aliases import Params
@@ -50,7 +51,7 @@ LABELS_FILE = "labels.txt"  # an export's class names, one a line (`writers` wri
 class Read:
   """A checkpoint as its format read it (what `sources.load` makes a `LoadedModel` of)."""
 
-  config: ml_collections.ConfigDict  # the model config (`vit_jax.models.variants` layout)
+  config: models.Settings  # the model's typed settings (a reader's own, or its config read once)
   params: Params  # per-layer
   class_names: Optional[list[str]] = None  # None when the checkpoint does not name them
   image_size: Optional[tuple[int, int]] = None  # what its position embeddings were trained for
@@ -83,7 +84,7 @@ class Format:
   tokenizer: Callable[[str, Read], Any] = _no_tokenizer  # an image-text model's, else None
   # The tree as stored, for fine-tuning, and the config where it has one; None: `read`'s
   # tree and config, checked against each other (`sources.read_params`).
-  read_tree: Optional[Callable[[str], tuple[Params, Optional[ml_collections.ConfigDict]]]] = None
+  read_tree: Optional[Callable[[str], tuple[Params, Optional[models.Settings]]]] = None
   export: Optional[exports.Export] = None  # its export format where it can be written
   family: Optional[str] = None  # the one family it writes (None: any its writer takes)
   write: Optional[Writer] = None
@@ -98,7 +99,7 @@ def _directory(path: str) -> str:
 
 
 def _stated_in_folder(
-  read_data_config: Callable[[str, ml_collections.ConfigDict, tuple[int, int]], DataConfig],
+  read_data_config: Callable[[str, models.Settings, tuple[int, int]], DataConfig],
 ) -> Callable[[str, Read], DataConfig]:
   """The preprocessing a checkpoint's folder states (an image processor, timm's
   ``pretrained_cfg``), read by the format's ``read_data_config(directory, config, size)``."""

@@ -20,7 +20,6 @@ import math
 import os
 from typing import Mapping, Optional
 
-import ml_collections
 import numpy as np
 from flax import traverse_util
 
@@ -42,7 +41,7 @@ def detect(path: str) -> bool:
   return _TOWERS <= npz.top_keys(path)
 
 
-def read_file(path: str) -> tuple[ml_collections.ConfigDict, Params, Optional[tuple[int, int]]]:
+def read_file(path: str) -> tuple[models.Settings, Params, Optional[tuple[int, int]]]:
   """(two-tower model config, our tree, image size) of the LiT `.npz` at ``path``."""
   config, params = read(npz.scanned_to_layers(npz.load_npz(path)), repr(path))
   return config, params, architecture.trained_image_size(params["img"], config.image)
@@ -54,7 +53,7 @@ def _shape(flat: Mapping[str, np.ndarray], key: str, source: str) -> tuple[int, 
   return tuple(flat[key].shape)
 
 
-def read(params: Params, source: str) -> tuple[ml_collections.ConfigDict, Params]:
+def read(params: Params, source: str) -> tuple[models.TwoTowerSettings, Params]:
   """(two-tower model config, our tree) of a LiT `.npz` tree; BERT towers refused."""
   flat = traverse_util.flatten_dict(params, sep="/")
   if "txt/Embed_0/embedding" not in flat:
@@ -72,8 +71,8 @@ def read(params: Params, source: str) -> tuple[ml_collections.ConfigDict, Params
   embed = _shape(flat, "txt/head/kernel", source)[1]
   image_params = dict(params["img"])
   head = image_params.pop("head", None)
-  image = architecture.infer_model_config(image_params)
-  config = models.two_tower_config(
+  image = architecture.infer_settings(image_params)
+  settings = models.two_tower_settings(
     image,
     text=dict(width=width, depth=depth, mlp_dim=mlp, num_heads=heads, vocab_size=vocab),
     text_len=length,
@@ -82,11 +81,11 @@ def read(params: Params, source: str) -> tuple[ml_collections.ConfigDict, Params
     name="LiT",
     image_head="none" if head is None else "dense",
   )
-  config.temperature_init = float(math.exp(float(np.asarray(params["t"]).reshape(-1)[0])))
+  t = float(math.exp(float(np.asarray(params["t"]).reshape(-1)[0])))
   ours = {**params, "img": image_params}
   if head is not None:
     ours["img_head"] = head
-  return config, ours
+  return settings.replace(temperature_init=t), ours
 
 
 def read_tokenizer(path: str) -> Optional[text_tokenizer.Tokenizer]:

@@ -228,23 +228,25 @@ def check_tree(
 def read(
   path: str, model_name: Optional[str]
 ) -> tuple[
-  ml_collections.ConfigDict, Params, Optional[tuple[int, int]], Optional[data_config_lib.DataConfig]
+  models.Settings, Params, Optional[tuple[int, int]], Optional[data_config_lib.DataConfig]
 ]:
-  """(model config, per-layer params, image size, the preprocessing saved with it or None)
+  """(model settings, per-layer params, image size, the preprocessing saved with it or None)
   of an official-layout `.npz`: the architecture ``model_name`` names, else our export's
   config beside it (`config_path`), else the one its array shapes say."""
   params = scanned_to_layers(load_npz(path))
   saved_data = None
   if model_name:
-    config = models.get_model_config(model_name)
-    # The registry leaves it out; official ImageNet-21k files have one.
-    if "pre_logits" in params:
-      config.representation_size = params["pre_logits"]["kernel"].shape[-1]
-    config.classifier = "token" if "cls" in params else "gap"
+    # The registry leaves pre_logits out; official ImageNet-21k files have one.
+    pre_logits = params.get("pre_logits")
+    config = models.model_settings(models.get_model_config(model_name)).replace(
+      representation_size=None if pre_logits is None else pre_logits["kernel"].shape[-1],
+      classifier="token" if "cls" in params else "gap",
+    )
   elif os.path.isfile(config_path(path)):
     config, saved_data = _saved_config(config_path(path))
+    config = models.model_settings(config)  # a config.json of any age: migrated here, once
   else:
-    config = architecture.infer_model_config(params)
+    config = architecture.infer_settings(params)
     logging.info("%s: inferred architecture %s.", path, config.name)
   if models.is_two_tower(config):  # our image-text export
     size = architecture.trained_image_size(params["img"], config.image)
@@ -275,7 +277,7 @@ def _saved_config(path: str) -> tuple[ml_collections.ConfigDict, Optional[dict[s
   return ml_collections.ConfigDict(saved), saved_data
 
 
-def read_tokenizer(path: str, config: ml_collections.ConfigDict) -> Any:
+def read_tokenizer(path: str, config: models.Settings) -> Any:
   """The transformers tokenizer files an image-text export copied beside the archive, if
   any (`writer`); None for image models."""
   directory = os.path.dirname(path)

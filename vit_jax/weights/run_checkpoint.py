@@ -30,7 +30,7 @@ def detect(path: str) -> bool:
 
 def read(
   path: str,
-) -> tuple[ml_collections.ConfigDict, Params, Optional[list[str]], int, ml_collections.ConfigDict]:
+) -> tuple[models.Settings, Params, Optional[list[str]], int, ml_collections.ConfigDict]:
   """(model config, per-layer params, class names, crop, run config) of the run that the
   folder ``path`` belongs to; its step: the one ``path`` names, else the newest."""
   run = RunPaths.containing(path)
@@ -44,9 +44,8 @@ def read(
   names = run.read_class_names()
   source = run.checkpoint_source(path)
   params = npz.scanned_to_layers(nn.unbox(dict(orbax_steps.read_params(source))))
-  config = run_config.model
-  config.scan = False  # the parameters are per-layer now
-  return config, params, names, crop, run_config
+  settings = models.model_settings(run_config.model).replace(scan=False)  # per-layer now
+  return settings, params, names, crop, run_config
 
 
 def eval_data_config(run_config: ml_collections.ConfigDict) -> DataConfig:

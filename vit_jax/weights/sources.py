@@ -253,7 +253,7 @@ def _official_name(source: str) -> bool:
   return not os.path.exists(source) and hub.official_copy(source) is not None
 
 
-def read_params(source: str | os.PathLike) -> tuple[Params, Optional[ml_collections.ConfigDict]]:
+def read_params(source: str | os.PathLike) -> tuple[Params, Optional[models.Settings]]:
   """The parameter tree of any source, for fine-tuning, and its model config where the
   source has one. `.npz` files and Orbax folders are read as stored (either encoder
   layout; an Orbax folder needs no config.json); the rest as `load` reads them."""

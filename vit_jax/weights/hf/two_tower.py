@@ -35,13 +35,13 @@ one (a contrastive run's caption tokenizer), a `tokenizer.json` (``PreTrainedTok
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import shutil
 from typing import Any, Callable, Optional
 
-import ml_collections
 import numpy as np
 from flax import traverse_util
 
@@ -50,6 +50,7 @@ from vit_jax.data import data_config as data_config_lib
 from vit_jax.data import folder_tokenizer, tokenizer_kinds
 from vit_jax.infra import errors
 from vit_jax.infra.aliases import Params
+from vit_jax.models.settings import PatchSettings
 from vit_jax.weights import files, tensor_table
 from vit_jax.weights.hf import folder
 from vit_jax.weights.hf.two_tower_table import (
@@ -90,13 +91,19 @@ def detect(path: str) -> bool:
 
 
 def read_data_config(
-  directory: str, config: ml_collections.ConfigDict, image_size: tuple[int, int]
+  directory: str, config: models.Settings, image_size: tuple[int, int]
 ) -> data_config_lib.DataConfig:
   """The folder's image preprocessing; without an image processor the official recipe
   with the image tower's mean and std. SigLIP 2's processor resizes to ``image_size``."""
+  return _image_data_config(directory, config.image, image_size)
+
+
+def _image_data_config(
+  directory: str, image: models.Settings, image_size: tuple[int, int]
+) -> data_config_lib.DataConfig:
+  """`read_data_config` given the image tower's settings."""
   processor, path = folder.image_processor(directory)
   if processor is None:
-    image = config.image
     return data_config_lib.official(image_size, tuple(image.input_mean), tuple(image.input_std))
   return data_config_lib.from_hf_processor(processor, image_size, repr(path))
 
@@ -141,8 +148,8 @@ def _grid(directory: str, kind: str, vision: dict[str, Any], path: str) -> tuple
   return side, side
 
 
-def _config(directory: str, kind: str) -> tuple[ml_collections.ConfigDict, tuple[int, int]]:
-  """Our two-tower model config of a transformers folder, and the image grid."""
+def _config(directory: str, kind: str) -> tuple[models.TwoTowerSettings, tuple[int, int]]:
+  """Our two-tower model settings of a transformers folder, and the image grid."""
   path = os.path.join(directory, folder.CONFIG)
   config = files.read_json(path)
   vision, text = _sub(config, "vision_config", path), _sub(config, "text_config", path)
@@ -157,16 +164,22 @@ def _config(directory: str, kind: str) -> tuple[ml_collections.ConfigDict, tuple
       f"{path!r}: vision_use_head is false: a {ARCHITECTURES[kind]} without its attention "
       "pooling has no image embedding."
     )
-  image = models.get_model_config("ViT-B_16")
-  image.name = f"{kind}-image"
-  image.patches.size = (patch, patch)
-  image.hidden_size = width
-  image.transformer.update(num_layers=depth, mlp_dim=mlp, num_heads=heads)
-  image.classifier = "token" if clip else "map"
-  image.update(activation=activation, gelu_approximate=approximate, norm_pre=clip)
-  image.layer_norm_epsilon = _eps(vision, path, 1e-5 if clip else 1e-6)
-  data = read_data_config(directory, ml_collections.ConfigDict({"image": image}), (1, 1))
-  image.input_mean, image.input_std = tuple(data.mean), tuple(data.std)
+  base = models.model_settings(models.get_model_config("ViT-B_16"))  # every field at its default
+  image = base.replace(
+    name=f"{kind}-image",
+    patches=PatchSettings((patch, patch)),
+    hidden_size=width,
+    transformer=dataclasses.replace(
+      base.transformer, num_layers=depth, mlp_dim=mlp, num_heads=heads
+    ),
+    classifier="token" if clip else "map",
+    activation=activation,
+    gelu_approximate=approximate,
+    norm_pre=clip,
+    layer_norm_epsilon=_eps(vision, path, 1e-5 if clip else 1e-6),
+  )
+  data = _image_data_config(directory, image, (1, 1))
+  image = image.replace(input_mean=tuple(data.mean), input_std=tuple(data.std))
 
   tokenizer = folder_tokenizer.read_folder_tokenizer(directory)
   t_width, t_mlp, t_depth, t_heads, vocab, length = _ints(
@@ -188,7 +201,7 @@ def _config(directory: str, kind: str) -> tuple[ml_collections.ConfigDict, tuple
   else:
     text_settings.update(pool="last")
     embed_dim = int(text.get("projection_size") or t_width)
-  two_tower = models.two_tower_config(
+  two_tower = models.two_tower_settings(
     image, text=text_settings, text_len=length, embed_dim=embed_dim,
     loss="softmax" if clip else "sigmoid", name=ARCHITECTURES[kind],
     image_head="linear" if clip else "none",
@@ -198,12 +211,11 @@ def _config(directory: str, kind: str) -> tuple[ml_collections.ConfigDict, tuple
 
 def read(
   directory: str,
-) -> tuple[ml_collections.ConfigDict, Params, None, tuple[int, int]]:
-  """(model config, params, no class names, image size) of a SigLIP, SigLIP 2 or CLIP
+) -> tuple[models.TwoTowerSettings, Params, None, tuple[int, int]]:
+  """(model settings, params, no class names, image size) of a SigLIP, SigLIP 2 or CLIP
   folder; its tokenizer is `read_tokenizer`, its preprocessing `read_data_config`."""
   kind = folder.model_type(directory)
-  config, grid = _config(directory, kind)
-  settings = models.model_settings(config)
+  settings, grid = _config(directory, kind)
   tensors = folder.read_tensors(directory)
   source = f"{directory!r} ({ARCHITECTURES[kind]})"
   tensors = {k: v for k, v in tensors.items() if not k.endswith("position_ids")}
@@ -218,7 +230,7 @@ def read(
     flat[PATCH_BIAS] = np.zeros(settings.image.hidden_size, np.float32)
   patch = settings.image.patches.size
   params = traverse_util.unflatten_dict(flat, sep="/")
-  return config, params, None, (grid[0] * patch[0], grid[1] * patch[1])
+  return settings, params, None, (grid[0] * patch[0], grid[1] * patch[1])
 
 
 def read_tokenizer(directory: str) -> folder_tokenizer.FolderTokenizer:

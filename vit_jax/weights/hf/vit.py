@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Optional
 
-import ml_collections
 import numpy as np
 from flax import traverse_util
 
@@ -103,7 +102,7 @@ _HF_CARRIES = frozenset(
 )
 
 
-def check_exportable(config: ml_collections.ConfigDict, num_classes: Optional[int]) -> None:
+def check_exportable(config: models.Settings, num_classes: Optional[int]) -> None:
   """One ValueError listing what `ViTForImageClassification` cannot represent."""
   problems = []
   if config.get("resnet") is not None:
@@ -138,7 +137,7 @@ def check_exportable(config: ml_collections.ConfigDict, num_classes: Optional[in
 
 def to_hf(
   params: Params,
-  config: ml_collections.ConfigDict,
+  config: models.Settings,
   *,
   image_size: tuple[int, int],
   class_names: list[str],
@@ -222,7 +221,7 @@ def detect(path: str) -> bool:
 
 
 def _normalization(
-  directory: str, config: ml_collections.ConfigDict
+  directory: str, config: models.Settings
 ) -> tuple[tuple[float, ...], tuple[float, ...]]:
   """(mean, std) of the folder's image processor (`preprocessor_config.json`); without
   one, the model config's (the official [-1, 1])."""
@@ -244,7 +243,7 @@ def _normalization(
 
 
 def read_data_config(
-  directory: str, config: ml_collections.ConfigDict, image_size: tuple[int, int]
+  directory: str, config: models.Settings, image_size: tuple[int, int]
 ) -> data_config_lib.DataConfig:
   """The folder's image processor (`preprocessor_config.json`) as a `DataConfig`; without
   one, the official recipe with the model config's mean and std."""
@@ -256,7 +255,7 @@ def read_data_config(
 
 def read(
   path: str,
-) -> tuple[ml_collections.ConfigDict, Params, Optional[list[str]], tuple[int, int]]:
+) -> tuple[models.ModelSettings, Params, Optional[list[str]], tuple[int, int]]:
   """(model config, per-layer params, class names or None, image size) of an HF ViT folder
   (``path``, or the `.safetensors` file in it)."""
   directory = folder.directory(path) or path
@@ -296,10 +295,14 @@ def read(
     },
     sep="/",
   )
-  config = architecture.infer_model_config(params)
-  config.gelu_approximate = _APPROXIMATE[act]
-  config.layer_norm_epsilon = folder.layer_norm_eps(hf_config, config_path)
-  config.input_mean, config.input_std = _normalization(directory, config)
+  config = architecture.infer_settings(params)
+  mean, std = _normalization(directory, config)
+  config = config.replace(
+    gelu_approximate=_APPROXIMATE[act],
+    layer_norm_epsilon=folder.layer_norm_eps(hf_config, config_path),
+    input_mean=mean,
+    input_std=std,
+  )
   size = hf_config.get("image_size", 224)
   size = tuple(size) if isinstance(size, (list, tuple)) else (size, size)
   names = None

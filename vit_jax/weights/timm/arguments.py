@@ -10,8 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
-import ml_collections
-
+from vit_jax import models
 from vit_jax.infra import errors
 from vit_jax.infra.aliases import Params
 from vit_jax.weights import architecture
@@ -27,8 +26,8 @@ _ACTIVATIONS = {name: ours for ours, name in ACT_LAYERS.items()}
 _ACTIVATIONS.update({"gelu_pytorch_tanh": ("gelu", True), None: ("gelu", False)})
 _ACT_NAMES = ", ".join(repr(k) for k in _ACTIVATIONS if k)
 
-# A reader's result: (model config, per-layer params, class names or None, image size).
-Loaded = tuple[ml_collections.ConfigDict, Params, Optional[list[str]], Optional[tuple[int, int]]]
+# A reader's result: (model settings, per-layer params, class names or None, image size).
+Loaded = tuple[models.Settings, Params, Optional[list[str]], Optional[tuple[int, int]]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +60,7 @@ def activation(args: dict[str, Any], source: str) -> tuple[str, bool]:
 
 
 def loaded(
-  config: ml_collections.ConfigDict,
+  settings: models.Settings,
   params: Params,
   names: Optional[list[str]],
   image_size: Optional[tuple[int, int]] = None,
@@ -70,7 +69,8 @@ def loaded(
   weights fix (position tables, token MLPs), else ``image_size``."""
   if names is not None and len(names) != architecture.num_classes(params):
     names = None
-  return config, params, names, architecture.trained_image_size(params, config) or image_size
+  size = architecture.trained_image_size(params, settings) or image_size
+  return settings, params, names, size
 
 
 def input_size(pretrained_cfg: dict[str, Any]) -> Optional[tuple[int, int]]:
@@ -82,10 +82,10 @@ def input_size(pretrained_cfg: dict[str, Any]) -> Optional[tuple[int, int]]:
   return None
 
 
-def read_input_stats(
-  config: ml_collections.ConfigDict, pretrained_cfg: dict[str, Any], source: str
-) -> None:
-  """The checkpoint's input ``mean``/``std`` (timm's ``pretrained_cfg``) into ``config``."""
+def input_stats(pretrained_cfg: dict[str, Any], source: str) -> dict[str, tuple[float, ...]]:
+  """The checkpoint's input ``mean``/``std`` (timm's ``pretrained_cfg``) as the settings'
+  ``input_mean``/``input_std`` (those it states)."""
+  stats = {}
   for ours, theirs in (("input_mean", "mean"), ("input_std", "std")):
     value = pretrained_cfg.get(theirs)
     if value is None:
@@ -94,7 +94,8 @@ def read_input_stats(
       raise errors.CheckpointError(
         f"{source}: pretrained_cfg {theirs} is {value!r}, not three numbers (one per RGB channel)."
       )
-    config[ours] = tuple(float(v) for v in value)
+    stats[ours] = tuple(float(v) for v in value)
+  return stats
 
 
 def pair(value: Any) -> tuple[int, int]:

@@ -13,9 +13,9 @@ from __future__ import annotations
 import re
 from typing import Any, Optional
 
-import ml_collections
 import numpy as np
 
+from vit_jax import models
 from vit_jax.infra import errors
 from vit_jax.infra.aliases import Params
 from vit_jax.models import bit
@@ -93,18 +93,18 @@ def read(checkpoint: arguments.Checkpoint) -> arguments.Loaded:
   c = checkpoint
   check_name(c.name, c.args, c.source)
   params = from_timm(c.tensors, c.source)
-  config = architecture.infer_model_config(params)
-  arguments.read_input_stats(config, c.pretrained_cfg, c.source)
-  return arguments.loaded(config, params, c.class_names, arguments.input_size(c.pretrained_cfg))
+  settings = architecture.infer_settings(params)
+  settings = settings.replace(**arguments.input_stats(c.pretrained_cfg, c.source))
+  return arguments.loaded(settings, params, c.class_names, arguments.input_size(c.pretrained_cfg))
 
 
-def to_timm(params: Params, config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
+def to_timm(params: Params, config: models.Settings) -> dict[str, np.ndarray]:
   """timm's ``ResNetV2`` state dict (numpy, float32) of our `BitResNet` tree."""
   table = bit_table(tuple(config.resnet.num_layers))
   return tensor_table.to_torch(table, tensor_table.flat_float32(params))
 
 
-def timm_name(config: ml_collections.ConfigDict) -> Optional[str]:
+def timm_name(config: models.Settings) -> Optional[str]:
   """timm's factory name of this BiT shape, or None where timm registers none (of the
   paper's: R50x2, R152x1, R200x3)."""
   depth = _DEPTHS.get(tuple(config.resnet.num_layers))
@@ -115,7 +115,7 @@ def timm_name(config: ml_collections.ConfigDict) -> Optional[str]:
 
 
 def model_spec(
-  config: ml_collections.ConfigDict, *, num_classes: Optional[int], image_size: tuple[int, int]
+  config: models.Settings, *, num_classes: Optional[int], image_size: tuple[int, int]
 ) -> dict[str, Any]:
   """What rebuilds the model in timm: {'architecture', 'model_name', 'kwargs',
   'pretrained_cfg_overlay' (classes, input size, mean and std)}.

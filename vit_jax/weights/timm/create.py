@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import difflib
 
-import ml_collections
-
 from vit_jax import models
 from vit_jax.infra import errors
 from vit_jax.weights.timm import expressible, families, names
@@ -28,8 +26,8 @@ def check_name(name: str) -> None:
   )
 
 
-def config_from_name(name: str) -> tuple[ml_collections.ConfigDict, tuple[int, int]]:
-  """(our model config, input size) of timm's architecture ``name``. A name that is not in
+def config_from_name(name: str) -> tuple[models.Settings, tuple[int, int]]:
+  """(our model settings, input size) of timm's architecture ``name``. A name that is not in
   the table, or that this package does not compute, is one error."""
   check_name(name)
   arch = name.split(".")[0]

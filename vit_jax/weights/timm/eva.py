@@ -22,7 +22,6 @@ from __future__ import annotations
 import re
 from typing import Any, Optional
 
-import ml_collections
 import numpy as np
 from flax import traverse_util
 
@@ -152,8 +151,8 @@ def _shapes(params: Params) -> dict[str, tuple[int, ...]]:
 
 def read_eva(
   tensors: dict[str, Any], timm_name: str, args: dict[str, Any], source: str
-) -> tuple[ml_collections.ConfigDict, Params]:
-  """(model config, per-layer params) of a timm Eva state dict; ``args``: its registered
+) -> tuple[models.ModelSettings, Params]:
+  """(model settings, per-layer params) of a timm Eva state dict; ``args``: its registered
   arguments updated with the stored ones (the input statistics are the caller's)."""
   args = {**eva_config.DEFAULTS, **args}
   problems = eva_config.unsupported(args)
@@ -171,20 +170,19 @@ def read_eva(
   params = from_timm(tensors, heads, source, map_heads)
   shapes = _shapes(params)
   config = vit_shapes.config_from_shapes(shapes, models.get_model_config("testing"), "none")
-  eva_config.apply_args(config, args, "cls" in shapes, source)
-  return config, params
+  return eva_config.apply_args(models.model_settings(config), args, "cls" in shapes, source), params
 
 
 def read(checkpoint: arguments.Checkpoint) -> arguments.Loaded:
   """The family's reader: `read_eva` with the input statistics and, for RoPE without a
   table (DINOv3), the size of the pretrained config (as a ResNet's)."""
   c = checkpoint
-  config, params = read_eva(c.tensors, c.name, c.args, c.source)
-  arguments.read_input_stats(config, c.pretrained_cfg, c.source)
-  return arguments.loaded(config, params, c.class_names, arguments.input_size(c.pretrained_cfg))
+  settings, params = read_eva(c.tensors, c.name, c.args, c.source)
+  settings = settings.replace(**arguments.input_stats(c.pretrained_cfg, c.source))
+  return arguments.loaded(settings, params, c.class_names, arguments.input_size(c.pretrained_cfg))
 
 
-def check_exportable(config: ml_collections.ConfigDict) -> None:
+def check_exportable(config: models.Settings) -> None:
   """One ConfigError listing what timm's Eva cannot represent of ``config``."""
   problems = []
   if config.classifier not in ("token", "gap", "map"):
@@ -231,7 +229,7 @@ def _mlp_ratio(hidden: int, width: int) -> float:
 
 
 def model_spec(
-  config: ml_collections.ConfigDict, *, num_classes: Optional[int], image_size: tuple[int, int]
+  config: models.Settings, *, num_classes: Optional[int], image_size: tuple[int, int]
 ) -> dict[str, Any]:
   """{'model_name', 'kwargs', 'pretrained_cfg_overlay'} for `timm.create_model`: a name
   registered with the model's LayerNorm epsilon, every other choice by keyword; no head is
@@ -297,7 +295,7 @@ def model_spec(
   }
 
 
-def to_timm(params: Params, config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
+def to_timm(params: Params, config: models.Settings) -> dict[str, np.ndarray]:
   """timm's Eva state dict (numpy, float32, fused ``qkv``) of a per-layer parameter tree."""
   config = models.model_settings(config)
   flat = shared_rows.fold_patch_bias(tensor_table.flat_float32(params), config)

@@ -7,14 +7,14 @@ needs timm's Eva over its ViT). The arrays are `eva.py`'s.
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 from typing import Any
-
-import ml_collections
 
 from vit_jax import models
 from vit_jax.infra import errors
 from vit_jax.models import options
+from vit_jax.models.settings import PatchSettings
 from vit_jax.weights.timm import arguments, names
 
 MODULE = "eva"  # timm's module of these architectures (`names.module`)
@@ -112,34 +112,44 @@ def uses_fc_norm(args: dict[str, Any]) -> bool:
 
 
 def apply_args(
-  config: ml_collections.ConfigDict, args: dict[str, Any], has_cls: bool, source: str
-) -> None:
-  """What an Eva's arrays cannot say, from its arguments (``args``: every one of `DEFAULTS`
-  present): pooling, the table's prefix rows, LayerNorm epsilon, LayerScale init, the
-  activation and the rotary embedding; every field then checked."""
+  settings: models.ModelSettings, args: dict[str, Any], has_cls: bool, source: str
+) -> models.ModelSettings:
+  """``settings`` with what an Eva's arrays cannot say, from its arguments (``args``: every
+  one of `DEFAULTS` present): pooling, the table's prefix rows, LayerNorm epsilon,
+  LayerScale init, the activation and the rotary embedding; every field checked."""
   pool = args["global_pool"]
   if pool == "token" and not has_cls:
     raise errors.CheckpointError(f"{source}: timm global_pool 'token' without a class token.")
-  config.classifier = POOLS[pool]
-  config.class_token = has_cls if config.classifier != "token" else None
-  config.map_include_prefix = pool == "map"  # Eva's attention pool sees every token
-  config.posemb_patches_only = bool(args["no_embed_class"])
-  config.layer_norm_epsilon = float(args["layer_norm_eps"])
-  if config.layer_scale_init is not None and args["init_values"]:
-    config.layer_scale_init = float(args["init_values"])
-  config.activation, config.gelu_approximate = "gelu", False  # Eva's nn.GELU
+  classifier = POOLS[pool]
+  changes: dict[str, Any] = dict(
+    name="custom",
+    classifier=classifier,
+    class_token=has_cls if classifier != "token" else None,
+    map_include_prefix=pool == "map",  # Eva's attention pool sees every token
+    posemb_patches_only=bool(args["no_embed_class"]),
+    layer_norm_epsilon=float(args["layer_norm_eps"]),
+    activation="gelu",  # Eva's nn.GELU: exact
+    gelu_approximate=False,
+  )
+  if settings.layer_scale_init is not None and args["init_values"]:
+    changes["layer_scale_init"] = float(args["init_values"])
   if args["use_rot_pos_emb"]:
-    ref = args["ref_feat_shape"]
-    config.rope = ROPE_KINDS[args["rope_type"]]
-    config.rope_temperature = float(args["rope_temperature"])
-    config.rope_rotate_half = bool(args["rope_rotate_half"])
-    config.rope_grid_offset = float(args["rope_grid_offset"])
-    config.rope_ref_grid = None if ref is None or config.rope != "eva" else int(ref[0])
-    config.rope_grid_indexing = args["rope_grid_indexing"]
-    if config.rope == "mixed":  # timm's RotaryEmbeddingMixed reads neither
-      config.rope_grid_offset, config.rope_ref_grid = 0.0, None
-  config.name = "custom"
-  models.model_settings(config)  # every field checked
+    changes.update(_rope(args))
+  return settings.replace(**changes)
+
+
+def _rope(args: dict[str, Any]) -> dict[str, Any]:
+  """The rotary embedding's settings of an Eva's arguments."""
+  ref, rope = args["ref_feat_shape"], ROPE_KINDS[args["rope_type"]]
+  mixed = rope == "mixed"  # timm's RotaryEmbeddingMixed reads neither offset nor grid
+  return dict(
+    rope=rope,
+    rope_temperature=float(args["rope_temperature"]),
+    rope_rotate_half=bool(args["rope_rotate_half"]),
+    rope_grid_offset=0.0 if mixed else float(args["rope_grid_offset"]),
+    rope_ref_grid=None if ref is None or rope != "eva" else int(ref[0]),
+    rope_grid_indexing=args["rope_grid_indexing"],
+  )
 
 
 def is_eva(config: Any) -> bool:
@@ -168,45 +178,49 @@ _EVA_SHAPES: dict[str, Any] = dict(
 
 def config_from_name(
   name: str, args: dict[str, Any], source: str
-) -> tuple[ml_collections.ConfigDict, tuple[int, int]]:
-  """Our config of timm's Eva ``name`` with its registered arguments ``args``, and its input
-  size (the layer shapes as `Eva.__init__` builds them: ``int(width * mlp_ratio)`` hidden
-  units, a split SwiGLU where ``scale_mlp`` or ``swiglu_align_to``, rounded up to the
-  latter)."""
+) -> tuple[models.ModelSettings, tuple[int, int]]:
+  """Our settings of timm's Eva ``name`` with its registered arguments ``args``, and its
+  input size (the layer shapes as `Eva.__init__` builds them: ``int(width * mlp_ratio)``
+  hidden units, a split SwiGLU where ``scale_mlp`` or ``swiglu_align_to``, rounded up to
+  the latter)."""
   a = {**DEFAULTS, **_EVA_SHAPES, **args}
-  config = models.get_model_config("ViT-B_16")  # every field; the shape is set below
-  config.patches.size = arguments.pair(a["patch_size"])
-  d = config.hidden_size = int(a["embed_dim"])
-  config.transformer.num_layers = int(a["depth"])
-  config.transformer.num_heads = int(a["num_heads"])
-  hidden = int(d * a["mlp_ratio"])
+  base = models.model_settings(models.get_model_config("ViT-B_16"))  # every field at its default
+  d, hidden = int(a["embed_dim"]), int(int(a["embed_dim"]) * a["mlp_ratio"])
   if not a["swiglu_mlp"]:
-    config.mlp = options.MLP
+    mlp = options.MLP
   elif a["scale_mlp"] or a["swiglu_align_to"]:
-    config.mlp = options.SWIGLU
-    align = int(a["swiglu_align_to"])
+    mlp, align = options.SWIGLU, int(a["swiglu_align_to"])
     hidden += -hidden % align if align else 0
   else:
-    config.mlp = options.SWIGLU_FUSED  # timm's GluMlp of twice the hidden units
-  config.transformer.mlp_dim = hidden
-  config.mlp_norm = bool(a["scale_mlp"])
-  config.attention_norm = bool(a["scale_attn_inner"])
+    mlp = options.SWIGLU_FUSED  # timm's GluMlp of twice the hidden units
   # EvaAttention's bias is q and v only; AttentionRope's (attn_type 'rope') one qkv.bias.
   full = options.QKV_BIAS_ALL if a["attn_type"] == "rope" else options.QKV_BIAS_QV
-  config.qkv_bias = full if a["qkv_bias"] else options.QKV_BIAS_NONE
-  has_cls = bool(a["class_token"])
-  config.num_registers = int(a["num_reg_tokens"])
-  config.posemb = "learn" if a["use_abs_pos_emb"] else "none"
-  config.fc_norm = uses_fc_norm(a)
-  config.norm_pre = bool(a["use_pre_transformer_norm"])
-  config.patch_bias = not config.norm_pre  # Eva's patch convolution: bias=not norm_pre
-  if a["use_post_transformer_norm"] is False and not config.fc_norm:
-    config.final_norm = False  # PE's spatial and language towers: no final norm at all
+  fc_norm, norm_pre = uses_fc_norm(a), bool(a["use_pre_transformer_norm"])
+  map_num_heads = map_mlp_dim = None
   if a["global_pool"] == "map":  # AttentionPoolLatent's own heads and MLP (PE core)
-    config.map_num_heads = a["attn_pool_num_heads"]
+    map_num_heads = a["attn_pool_num_heads"]
     pool_mlp = int(d * (a["attn_pool_mlp_ratio"] or a["mlp_ratio"]))
-    config.map_mlp_dim = None if pool_mlp == hidden else pool_mlp
-  config.layer_scale_init = 1.0 if a["init_values"] else None  # the value: apply_args
-  apply_args(config, a, has_cls, source)
-  config.name = name
-  return config, names.named_size(name, args)
+    map_mlp_dim = None if pool_mlp == hidden else pool_mlp
+  settings = base.replace(
+    patches=PatchSettings(arguments.pair(a["patch_size"])),
+    hidden_size=d,
+    transformer=dataclasses.replace(
+      base.transformer, num_layers=int(a["depth"]), num_heads=int(a["num_heads"]), mlp_dim=hidden
+    ),
+    mlp=mlp,
+    mlp_norm=bool(a["scale_mlp"]),
+    attention_norm=bool(a["scale_attn_inner"]),
+    qkv_bias=full if a["qkv_bias"] else options.QKV_BIAS_NONE,
+    num_registers=int(a["num_reg_tokens"]),
+    posemb="learn" if a["use_abs_pos_emb"] else "none",
+    fc_norm=fc_norm,
+    norm_pre=norm_pre,
+    patch_bias=not norm_pre,  # Eva's patch convolution: bias=not norm_pre
+    # PE's spatial and language towers: no final norm at all
+    final_norm=not (a["use_post_transformer_norm"] is False and not fc_norm),
+    map_num_heads=map_num_heads,
+    map_mlp_dim=map_mlp_dim,
+    layer_scale_init=1.0 if a["init_values"] else None,  # the value: apply_args
+  )
+  settings = apply_args(settings, a, bool(a["class_token"]), source)
+  return settings.replace(name=name), names.named_size(name, args)

@@ -24,9 +24,9 @@ from vit_jax.infra.aliases import Params
 from vit_jax.models import families as model_families
 from vit_jax.weights.timm import arguments, bit, eva, eva_config, mixer, naflex, vit, vit_config
 
-Config = ml_collections.ConfigDict
-# (architecture name, its registered arguments, the source named in errors) -> (config, size)
-NameReader = Callable[[str, dict[str, Any], str], tuple[Config, tuple[int, int]]]
+Config = models.Settings | ml_collections.ConfigDict  # what a writer is given
+# (architecture name, its registered arguments, the source named in errors) -> (settings, size)
+NameReader = Callable[[str, dict[str, Any], str], tuple[models.Settings, tuple[int, int]]]
 # (config, num_classes=, image_size=) -> {'architecture', 'model_name', 'kwargs', ...}
 SpecWriter = Callable[..., dict[str, Any]]
 

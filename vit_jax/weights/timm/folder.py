@@ -24,7 +24,6 @@ import json
 import os
 from typing import Any, Optional
 
-import ml_collections
 import numpy as np
 
 from vit_jax import models
@@ -84,7 +83,7 @@ def _arguments(directory: str) -> tuple[str, dict[str, Any], Optional[list[str]]
 
 
 def read_data_config(
-  directory: str, config: ml_collections.ConfigDict, image_size: tuple[int, int]
+  directory: str, config: models.Settings, image_size: tuple[int, int]
 ) -> data_config_lib.DataConfig:
   """The eval preprocessing of timm's ``pretrained_cfg`` beside the weights (timm's
   defaults for what it leaves out; the mean and std the model config read from it)."""

@@ -16,12 +16,12 @@ from __future__ import annotations
 import re
 from typing import Any, Optional
 
-import ml_collections
 import numpy as np
 
 from vit_jax import models
 from vit_jax.infra import errors
 from vit_jax.infra.aliases import Params
+from vit_jax.models.settings import PatchSettings
 from vit_jax.weights import architecture, tensor_table
 from vit_jax.weights.tensor_table import Row, rows
 from vit_jax.weights.timm import arguments, names
@@ -83,39 +83,42 @@ def read(checkpoint: arguments.Checkpoint) -> arguments.Loaded:
   exact or tanh (``act_layer``)."""
   c = checkpoint
   params = from_timm(c.tensors, c.source)
-  config = architecture.infer_model_config(params)
-  activation, config.gelu_approximate = arguments.activation(c.args, c.source)
+  activation, approximate = arguments.activation(c.args, c.source)
   if activation != "gelu":
     raise errors.CheckpointError(
       f"{c.source}: a timm MlpMixer with act_layer {activation!r}: the Mixer computes a GELU."
     )
-  arguments.read_input_stats(config, c.pretrained_cfg, c.source)
-  return arguments.loaded(config, params, c.class_names)
+  settings = architecture.infer_settings(params).replace(
+    gelu_approximate=approximate, **arguments.input_stats(c.pretrained_cfg, c.source)
+  )
+  return arguments.loaded(settings, params, c.class_names)
 
 
 def config_from_name(
   name: str, args: dict[str, Any], source: str
-) -> tuple[ml_collections.ConfigDict, tuple[int, int]]:
-  """Our Mixer config of timm's ``mixer_*`` ``name`` with its registered arguments, and its
-  input size: timm's token and channel MLP widths are ``int(width * ratio)`` for its two
-  ratios."""
+) -> tuple[models.MixerSettings, tuple[int, int]]:
+  """Our Mixer settings of timm's ``mixer_*`` ``name`` with its registered arguments, and
+  its input size: timm's token and channel MLP widths are ``int(width * ratio)`` for its
+  two ratios."""
   del source  # the name is the one error's subject
   a = {**_SHAPES, **args}
   extra = sorted(set(a) - _ARGS)
   if extra:  # gMLP, ResMLP and gated Mixers: check_timm refuses them by name first
     raise errors.ConfigError(f"{name!r}: timm MlpMixer arguments {extra} are not computed.")
-  config = models.get_model_config("Mixer-B_16")
-  config.name = name
-  config.patches.size = arguments.pair(a["patch_size"])
-  d = config.hidden_dim = int(a["embed_dim"])
-  config.num_blocks = int(a["num_blocks"])
-  tokens, channels = a["mlp_ratio"]
-  config.tokens_mlp_dim, config.channels_mlp_dim = int(d * tokens), int(d * channels)
-  config.gelu_approximate = False  # timm's nn.GELU
-  return config, names.named_size(name, args)
+  d, (tokens, channels) = int(a["embed_dim"]), a["mlp_ratio"]
+  settings = models.model_settings(models.get_model_config("Mixer-B_16")).replace(
+    name=name,
+    patches=PatchSettings(arguments.pair(a["patch_size"])),
+    hidden_dim=d,
+    num_blocks=int(a["num_blocks"]),
+    tokens_mlp_dim=int(d * tokens),
+    channels_mlp_dim=int(d * channels),
+    gelu_approximate=False,  # timm's nn.GELU
+  )
+  return settings, names.named_size(name, args)
 
 
-def to_timm(params: Params, config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
+def to_timm(params: Params, config: models.Settings) -> dict[str, np.ndarray]:
   """timm's `MlpMixer` state dict (numpy, float32) of our per-layer Mixer tree."""
   return tensor_table.to_torch(mixer_table(config.num_blocks), tensor_table.flat_float32(params))
 
@@ -127,7 +130,7 @@ def _ratio(hidden: int, width: int) -> float:
 
 
 def model_spec(
-  config: ml_collections.ConfigDict, *, num_classes: Optional[int], image_size: tuple[int, int]
+  config: models.Settings, *, num_classes: Optional[int], image_size: tuple[int, int]
 ) -> dict[str, Any]:
   """What rebuilds the model in timm: {'architecture', 'model_name', 'kwargs',
   'pretrained_cfg_overlay', 'act_layer' (tanh GELU only)}.

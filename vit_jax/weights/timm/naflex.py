@@ -27,7 +27,6 @@ from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from vit_jax import models
@@ -253,26 +252,25 @@ def read(checkpoint: arguments.Checkpoint) -> arguments.Loaded:
   resample = table_resample(c.args)
   vit = to_vit_tensors(c.tensors, c.args, stored if resample else grid, c.source)
   args = vit_args(c.args)
-  config, params = vit_config.read_vit(vit, c.name, args, c.pretrained_cfg, c.source)
-  config.update(resample or {"posemb_resample": None})
-  return arguments.loaded(config, params, c.class_names, (grid[0] * patch, grid[1] * patch))
+  settings, params = vit_config.read_vit(vit, c.name, args, c.pretrained_cfg, c.source)
+  settings = settings.replace(**(resample or {"posemb_resample": None}))
+  return arguments.loaded(settings, params, c.class_names, (grid[0] * patch, grid[1] * patch))
 
 
 def config_from_name(
   name: str, args: dict[str, Any], source: str
-) -> tuple[ml_collections.ConfigDict, tuple[int, int]]:
-  """The family's config of an architecture ``name``: the ViT it is at its stored table's
-  grid."""
+) -> tuple[models.ModelSettings, tuple[int, int]]:
+  """The family's settings of an architecture ``name``: the ViT it is at its stored
+  table's grid."""
   grid = stored_grid(args)
   resample = table_resample(args)
   args = vit_args(args)
   args["img_size"] = [g * args["patch_size"] for g in grid]
-  config, grid = vit_config.config_of(name, args, source)
-  config.update(resample or {"posemb_resample": None})
-  return config, grid
+  settings, size = vit_config.config_of(name, args, source)
+  return settings.replace(**(resample or {"posemb_resample": None})), size
 
 
-def unwritable(config: ml_collections.ConfigDict) -> list[str]:
+def unwritable(config: models.Settings) -> list[str]:
   """What of a ViT ``config`` whose table is resized to every input timm's NaFlexViT (as
   this module reads it) does not compute, one phrase each."""
   settings = models.model_settings(config)
@@ -290,7 +288,7 @@ def unwritable(config: ml_collections.ConfigDict) -> list[str]:
   return problems
 
 
-def writes(config: ml_collections.ConfigDict) -> bool:
+def writes(config: models.Settings) -> bool:
   """Whether a ViT ``config`` is written as timm's NaFlexViT: not an Eva, its table resized
   to every input, nothing NaFlexViT does not compute (`unwritable`)."""
   if eva_config.is_eva(config) or config.get("posemb_grid") is None:
@@ -299,7 +297,7 @@ def writes(config: ml_collections.ConfigDict) -> bool:
 
 
 def model_spec(
-  config: ml_collections.ConfigDict,
+  config: models.Settings,
   *,
   num_classes: Optional[int],
   image_size: tuple[int, int],
@@ -330,7 +328,7 @@ def model_spec(
   return {**spec, "architecture": architecture, "model_name": WRITTEN_NAME, "kwargs": kwargs}
 
 
-def to_timm(params: Params, config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
+def to_timm(params: Params, config: models.Settings) -> dict[str, np.ndarray]:
   """timm NaFlexViT's state dict: timm `VisionTransformer`'s (`vit.to_timm`) with the
   patch embedding linear over (ph, pw, C) patches, the table [1, gh, gw, D] and each
   prefix token's position row added to the token."""

@@ -4,9 +4,9 @@ and the patch bias that a norm before the blocks leaves timm without."""
 
 from __future__ import annotations
 
-import ml_collections
 import numpy as np
 
+from vit_jax import models
 from vit_jax.models import options
 from vit_jax.weights import architecture, tensor_table
 from vit_jax.weights.tensor_table import Row, rows
@@ -57,9 +57,7 @@ def map_head_rows(num_heads: int) -> list[Row]:
   ]
 
 
-def fold_patch_bias(
-  flat: dict[str, np.ndarray], config: ml_collections.ConfigDict
-) -> dict[str, np.ndarray]:
+def fold_patch_bias(flat: dict[str, np.ndarray], config: models.Settings) -> dict[str, np.ndarray]:
   """``flat`` with the patch bias as timm holds it: its patch convolution has one unless a
   norm precedes the blocks (CLIP, PE); there ours, if any, is added to the position rows of
   the patches (the same input to the norm); elsewhere a model without one

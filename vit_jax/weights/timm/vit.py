@@ -22,7 +22,6 @@ from __future__ import annotations
 import re
 from typing import Any, Optional
 
-import ml_collections
 import numpy as np
 
 from vit_jax import models
@@ -71,14 +70,14 @@ _TIMM_STD_EPS = 1e-8
 _OUR_STD_EPS = 1e-5
 
 
-def check_exportable(config: ml_collections.ConfigDict) -> None:
+def check_exportable(config: models.Settings) -> None:
   """One ConfigError listing what timm's VisionTransformer cannot represent."""
   problems = unexportable(config)
   if problems:
     raise errors.ConfigError("This model cannot be exported to timm: " + "; ".join(problems) + ".")
 
 
-def unexportable(config: ml_collections.ConfigDict) -> list[str]:
+def unexportable(config: models.Settings) -> list[str]:
   """What of ``config`` timm's VisionTransformer cannot represent, one phrase each."""
   problems = []
   if config.get("classifier", "token") not in POOLS:
@@ -112,7 +111,7 @@ def unexportable(config: ml_collections.ConfigDict) -> list[str]:
 
 
 def model_spec(
-  config: ml_collections.ConfigDict,
+  config: models.Settings,
   *,
   num_classes: Optional[int],
   image_size: tuple[int, int],
@@ -270,7 +269,7 @@ def vit_table(
   return table
 
 
-def to_timm(params: Params, config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
+def to_timm(params: Params, config: models.Settings) -> dict[str, np.ndarray]:
   """timm's state dict (numpy, float32) of a per-layer parameter tree. timm's ViT with
   ``pre_norm`` has no patch bias: ours is added to the position rows of the patches."""
   config = models.model_settings(config)

@@ -12,15 +12,15 @@ timm's default GELU is exact.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
-
-import ml_collections
 
 from vit_jax import models
 from vit_jax.infra import errors
 from vit_jax.infra.aliases import Params
 from vit_jax.models import options
+from vit_jax.models.settings import PatchSettings, ResNetSettings
 from vit_jax.weights import architecture
 from vit_jax.weights.timm import arguments, names, vit
 
@@ -73,8 +73,8 @@ def read(checkpoint: arguments.Checkpoint) -> arguments.Loaded:
   vit.refuse_distilled(tensors, source)  # before the name's check: it says what to load
   check_computed(checkpoint.name, source)
   c = checkpoint
-  config, params = read_vit(tensors, c.name, c.args, c.pretrained_cfg, source)
-  return arguments.loaded(config, params, c.class_names)
+  settings, params = read_vit(tensors, c.name, c.args, c.pretrained_cfg, source)
+  return arguments.loaded(settings, params, c.class_names)
 
 
 def read_vit(
@@ -83,27 +83,27 @@ def read_vit(
   args: dict[str, Any],
   pretrained_cfg: dict[str, Any],
   source: str,
-) -> tuple[ml_collections.ConfigDict, Params]:
-  """(model config, per-layer params) of a timm ViT state dict, its architecture name and
+) -> tuple[models.ModelSettings, Params]:
+  """(model settings, per-layer params) of a timm ViT state dict, its architecture name and
   the arguments read beside it (``args``: the registered ones updated with the stored);
   whether the name is one this ViT computes is the caller's (`check_computed`)."""
   vit.refuse_distilled(tensors, source)
   width = tensors["patch_embed.proj.weight"].shape[0]
   params = vit.from_timm(tensors, _num_heads(timm_name, args, width, source), source)
-  config = architecture.infer_model_config(params)
-  apply_args(config, args, pretrained_cfg, "cls_token" in tensors, source)
-  return config, params
+  settings = architecture.infer_settings(params)
+  return apply_args(settings, args, pretrained_cfg, "cls_token" in tensors, source), params
 
 
 def apply_args(
-  config: ml_collections.ConfigDict,
+  settings: models.ModelSettings,
   args: dict[str, Any],
   pretrained_cfg: dict[str, Any],
   has_cls: bool,
   source: str,
-) -> None:
-  """What the arrays cannot say, from timm's arguments: pooling, the position table's
-  prefix rows, LayerNorm epsilon, activation, LayerScale init, input mean and std."""
+) -> models.ModelSettings:
+  """``settings`` with what the arrays cannot say, from timm's arguments: pooling, the
+  position table's prefix rows, LayerNorm epsilon, activation, LayerScale init, input mean
+  and std."""
   pool = args.get("global_pool", "token" if has_cls else "avg")
   if pool not in _CLASSIFIERS or (pool == "token" and not has_cls):
     raise errors.CheckpointError(
@@ -111,29 +111,31 @@ def apply_args(
       f"this ViT pools by {', '.join(repr(p) for p in _CLASSIFIERS if p)} ('token' with a "
       "class token)."
     )
-  if config.classifier != "map":  # the MAP head's arrays decide
-    config.classifier = _CLASSIFIERS[pool]
-    config.class_token = has_cls if config.classifier != "token" else None
+  changes: dict[str, Any] = {}
+  if settings.classifier != "map":  # the MAP head's arrays decide
+    classifier = _CLASSIFIERS[pool]
+    changes.update(classifier=classifier, class_token=has_cls if classifier != "token" else None)
   if "no_embed_class" in args:
-    config.posemb_patches_only = bool(args["no_embed_class"])
+    changes["posemb_patches_only"] = bool(args["no_embed_class"])
   eps = args.get("layer_norm_eps", vit.LAYER_NORM_EPS)
   init_values = args.get("init_values")
   for key, value in (("layer_norm_eps", eps), ("init_values", init_values)):
     if value is not None and not arguments.is_number(value):
       raise errors.CheckpointError(f"{source}: timm {key} is {value!r}, not a number.")
-  config.layer_norm_epsilon = float(eps)
-  if config.layer_scale_init is not None and init_values:
-    config.layer_scale_init = float(init_values)
+  changes["layer_norm_epsilon"] = float(eps)
+  if settings.layer_scale_init is not None and init_values:
+    changes["layer_scale_init"] = float(init_values)
   if args.get("mlp_layer") == names.GLU_MLP:  # the SwiGLU computes its own SiLU
     args = {k: v for k, v in args.items() if k != "act_layer"}
-  config.activation, config.gelu_approximate = arguments.activation(args, source)
-  arguments.read_input_stats(config, pretrained_cfg, source)
+  changes["activation"], changes["gelu_approximate"] = arguments.activation(args, source)
+  changes.update(arguments.input_stats(pretrained_cfg, source))
+  return settings.replace(**changes)
 
 
 def config_from_name(
   name: str, args: dict[str, Any], source: str
-) -> tuple[ml_collections.ConfigDict, tuple[int, int]]:
-  """The family's config of an architecture ``name`` and its registered ``args``: the
+) -> tuple[models.ModelSettings, tuple[int, int]]:
+  """The family's settings of an architecture ``name`` and its registered ``args``: the
   name checked (`check_computed`), then `config_of`."""
   check_computed(name, source)
   return config_of(name, args, source)
@@ -141,43 +143,54 @@ def config_from_name(
 
 def config_of(
   name: str, args: dict[str, Any], source: str
-) -> tuple[ml_collections.ConfigDict, tuple[int, int]]:
-  """Our model config of timm's plain-ViT architecture ``name`` with the arguments ``args``
-  (registered for it, or a NaFlexViT's as the ViT it is at one grid), and its input size:
-  what timm's own `create_model(name)` builds, read as `read` reads its weights (the same
-  `apply_args`)."""
-  config = models.get_model_config("ViT-B_16")  # every field; the shape is set below
-  config.name = name
-  patch = args.get("patch_size", 16)
+) -> tuple[models.ModelSettings, tuple[int, int]]:
+  """Our model settings of timm's plain-ViT architecture ``name`` with the arguments
+  ``args`` (registered for it, or a NaFlexViT's as the ViT it is at one grid), and its
+  input size: what timm's own `create_model(name)` builds, read as `read` reads its weights
+  (the same `apply_args`)."""
+  base = models.model_settings(models.get_model_config("ViT-B_16"))  # every field at its default
+  patch, resnet = args.get("patch_size", 16), None
   if "backbone" in args:  # a hybrid: timm's BiT ResNetV2 stages (none: its root alone)
     stages = [int(n) for n in re.findall(r"\d+", args["backbone"].partition("[")[2])]
-    config.resnet = ml_collections.ConfigDict({"num_layers": tuple(stages), "width_factor": 1.0})
+    resnet = ResNetSettings(num_layers=tuple(stages), width_factor=1.0)
     patch = args.get("patch_size", 1)  # timm's hybrid default: a 1x1 patch of the features
-  config.patches.size = tuple(patch) if isinstance(patch, (list, tuple)) else (patch, patch)
-  config.hidden_size = int(args["embed_dim"])
-  config.transformer.num_layers = int(args["depth"])
-  config.transformer.num_heads = int(args["num_heads"])
-  config.transformer.mlp_dim = int(args["embed_dim"] * args.get("mlp_ratio", 4.0))
+  mlp, mlp_dim = base.mlp, int(args["embed_dim"] * args.get("mlp_ratio", 4.0))
   if args.get("mlp_layer") == names.GLU_MLP:  # timm's fc1 is the hidden width, gate + value
-    config.mlp, config.transformer.mlp_dim = options.SWIGLU_FUSED, config.transformer.mlp_dim // 2
+    mlp, mlp_dim = options.SWIGLU_FUSED, mlp_dim // 2
   pool = args.get("global_pool", "token")
   has_cls = bool(args.get("class_token", True))
+  classifier, class_token = base.classifier, base.class_token
   if pool == "map":  # the MAP head, with a class token only where timm keeps one
-    config.classifier, config.class_token = "map", True if has_cls else None
-  config.num_registers = int(args.get("reg_tokens", 0))
-  config.norm_pre = bool(args.get("pre_norm", False))
+    classifier, class_token = "map", True if has_cls else None
+  norm_pre = bool(args.get("pre_norm", False))
   # timm's fc_norm None: a norm after pooling exactly when the pooling averages.
-  fc_norm = args.get("fc_norm")
-  config.fc_norm = pool == "avg" if fc_norm is None else bool(fc_norm)
-  if args.get("qkv_bias") is False:  # timm's attention without q/k/v biases
-    config.qkv_bias = options.QKV_BIAS_NONE
-  config.patch_bias = not config.norm_pre  # timm's patch convolution: bias=not pre_norm
-  if args.get("final_norm") is False:  # neither the final norm nor one after pooling
-    config.final_norm = config.fc_norm = False
-  if args.get("init_values"):
-    config.layer_scale_init = float(args["init_values"])
-  apply_args(config, args, {}, has_cls, source)
+  fc_norm = pool == "avg" if args.get("fc_norm") is None else bool(args["fc_norm"])
+  final_norm = args.get("final_norm") is not False  # False: no final norm, none after pooling
+  settings = base.replace(
+    name=name,
+    resnet=resnet,
+    patches=PatchSettings(arguments.pair(patch)),
+    hidden_size=int(args["embed_dim"]),
+    transformer=dataclasses.replace(
+      base.transformer,
+      num_layers=int(args["depth"]),
+      num_heads=int(args["num_heads"]),
+      mlp_dim=mlp_dim,
+    ),
+    mlp=mlp,
+    classifier=classifier,
+    class_token=class_token,
+    num_registers=int(args.get("reg_tokens", 0)),
+    norm_pre=norm_pre,
+    fc_norm=fc_norm and final_norm,
+    # timm's attention without q/k/v biases where qkv_bias=False
+    qkv_bias=options.QKV_BIAS_NONE if args.get("qkv_bias") is False else base.qkv_bias,
+    patch_bias=not norm_pre,  # timm's patch convolution: bias=not pre_norm
+    final_norm=final_norm,
+    layer_scale_init=float(args["init_values"]) if args.get("init_values") else None,
+  )
+  settings = apply_args(settings, args, {}, has_cls, source)
   size = names.named_size(name, args)
-  if config.resnet is None:  # timm's patch convolution drops what is past the last patch
-    size = tuple(s - s % p for s, p in zip(size, config.patches.size))  # 384 -> 378 at 14
-  return config, size
+  if resnet is None:  # timm's patch convolution drops what is past the last patch
+    size = tuple(s - s % p for s, p in zip(size, settings.patches.size))  # 384 -> 378 at 14
+  return settings, size
