@@ -10,7 +10,7 @@ import pytest
 
 import vit_jax
 from tests import train_fixtures
-from vit_jax import data
+from vit_jax import data, models
 from vit_jax.data import arrays
 from vit_jax.infra import errors, sharding
 
@@ -30,7 +30,7 @@ def settings(tmp_path):
   train_fixtures.override(
     config, {"pp.crop": SIZE, "batch": 4, "batch_eval": 8, "seed": 3, "shuffle_buffer": 16}
   )
-  config.model = vit_jax.create("testing", CLASSES, image_size=SIZE).config
+  config.model = models.get_model_config("testing")
   return data.Settings.from_config(config), images, labels
 
 

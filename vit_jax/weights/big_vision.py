@@ -377,7 +377,7 @@ def keeps_naflex_layout(config: models.Settings) -> bool:
   resized to each input (``posemb_grid``) as big_vision resizes it (antialiased bilinear,
   not keeping the aspect), no class token, MAP or mean pooling. Such a model is written in
   that layout, its table at its own grid; any other at the export's fixed grid."""
-  image = config.image if models.is_two_tower(config) else config
+  image = models.image_settings(config)
   grid = image.get("posemb_grid")
   return (
     grid is not None

@@ -51,8 +51,7 @@ def read(
 def eval_data_config(run_config: ml_collections.ConfigDict) -> DataConfig:
   """A run's eval preprocessing; a two-tower run's mean/std are its image tower's, as its
   input pipeline's were (`data.Needs`)."""
-  image = run_config.model.image if models.is_two_tower(run_config.model) else None
-  return data_config.from_run_config(run_config, image)
+  return data_config.from_run_config(run_config, models.image_settings(run_config.model))
 
 
 def run_tokenizer(run_config: ml_collections.ConfigDict, names: Optional[list[str]]) -> Any:

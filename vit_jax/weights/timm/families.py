@@ -46,19 +46,21 @@ class TimmFamily:
   """What the code outside a timm family's module needs to know about it.
 
   ``modules``: timm's modules registering its architecture names (`names.module`).
-  ``read``: its reader, a state dict and the arguments read beside it -> our config and
-  parameters. ``stem``: the array only its state dicts hold (None: told by its name's
-  module alone). ``config_from_name``: our config of one of its names alone (None: read
-  from checkpoints only). ``unexpressed``: ``key=value`` of what a registered name has and
-  this package does not compute (None: its reader checks), worded by ``refusal`` (formatted
-  with ``module`` and ``missing``). ``prefixes``: the name prefixes read where timm's table
-  does not hold the name; ``reads``: the family in the words of the refusal of a name never
-  seen. ``writer``: its write side (None: never written).
+  ``read``: its reader, a state dict and the arguments read beside it -> our settings and
+  parameters, of our model family ``model_family``. ``stem``: the array only its state
+  dicts hold (None: told by its name's module alone). ``config_from_name``: our settings
+  of one of its names alone (None: read from checkpoints only). ``unexpressed``:
+  ``key=value`` of what a registered name has and this package does not compute (None: its
+  reader checks), worded by ``refusal`` (formatted with ``module`` and ``missing``).
+  ``prefixes``: the name prefixes read where timm's table does not hold the name;
+  ``reads``: the family in the words of the refusal of a name never seen. ``writer``: its
+  write side (None: never written).
   """
 
   name: str
   modules: tuple[str, ...]
   read: Callable[[arguments.Checkpoint], arguments.Loaded]
+  model_family: model_families.Family
   stem: Optional[str] = None
   config_from_name: Optional[NameReader] = None
   unexpressed: Optional[Callable[[str], list[str]]] = None
@@ -77,6 +79,7 @@ VIT = TimmFamily(
   name="vit",
   modules=vit_config.MODULES,
   read=vit_config.read,
+  model_family=model_families.VIT,
   config_from_name=vit_config.config_from_name,
   prefixes=("vit", "deit", "deit3", "flexivit"),
   reads="vit_*, deit*, flexivit_*",
@@ -90,6 +93,7 @@ EVA = TimmFamily(
   name="eva",
   modules=(eva_config.MODULE,),
   read=eva.read,
+  model_family=model_families.VIT,
   config_from_name=eva_config.config_from_name,
   unexpressed=eva_config.unexpressed,
   prefixes=("eva02", "eva"),
@@ -100,6 +104,7 @@ NAFLEX = TimmFamily(
   name="naflex",
   modules=(naflex.MODULE,),
   read=naflex.read,
+  model_family=model_families.VIT,
   config_from_name=naflex.config_from_name,
   unexpressed=naflex.unexpressed,
   refusal=("(timm {module}.py) has {missing}, which this package does not compute."),
@@ -110,6 +115,7 @@ MIXER = TimmFamily(
   name="mixer",
   modules=(mixer.MODULE,),
   read=mixer.read,
+  model_family=model_families.MIXER,
   stem=mixer.STEM,
   config_from_name=mixer.config_from_name,
   unexpressed=mixer.unexpressed,
@@ -125,6 +131,7 @@ BIT = TimmFamily(
   name="bit",
   modules=(bit.MODULE,),
   read=bit.read,
+  model_family=model_families.BIT,
   stem=bit.STEM,
   prefixes=("resnetv2",),
   reads="resnetv2_* (BiT)",
