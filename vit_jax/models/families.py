@@ -14,6 +14,7 @@ import dataclasses
 from typing import Any, Callable, Mapping, Optional
 
 import flax.linen as nn
+import jax.numpy as jnp
 import ml_collections
 
 from vit_jax.infra import errors
@@ -47,6 +48,10 @@ class Family:
   patch_kernel: Optional[str]  # its patch embedding's kernel (resampled by a fit)
   fit_advice: str  # the last line of a fit error
   hf_refusal: Optional[str]  # why transformers' ViT cannot hold it (None: it can)
+  example: str = "image"  # one training example, in words (the plan's)
+  # (settings, images [B, H, W, 3]) -> the module's inputs (`init`, `apply`): the images
+  # alone, or beside zero token ids [B, text_len] (a two-tower model)
+  inputs: Callable[[Any, Any], tuple] = lambda settings, images: (images,)
 
 
 VIT = Family(
@@ -125,6 +130,8 @@ TWO_TOWER = Family(
   patch_kernel=None,
   fit_advice="Fit the image tower alone: name its weights in config.pretrained.",
   hf_refusal="--format=hf writes ViTs only",
+  example="image-text pair",
+  inputs=lambda s, images: (images, jnp.zeros((images.shape[0], s.text_len), jnp.int32)),
 )
 FAMILIES: tuple[Family, ...] = (VIT, MIXER, BIT, TWO_TOWER)
 

@@ -236,7 +236,7 @@ def make_plan(config: ml_collections.ConfigDict, topology: AnyTopology) -> Plan:
     run_exaflops_xla=totals.exaflops_xla,
     memory_note=topology.memory_note,
     interconnect=chip.interconnect,
-    example="image-text pair" if models.is_two_tower(spec.model) else "image",
+    example=models.family_of(spec.model).example,
     towers=_towers(spec, steps),
     augmentation=augmentation,
     augmentation_time=augmentation_time,

@@ -272,10 +272,8 @@ def _check_fits(loaded: LoadedModel) -> None:
   module = loaded.module()
   size = loaded.image_size or module.input_stride
   dummy = jax.ShapeDtypeStruct((1, *size, 3), jnp.float32)
-  init = lambda x: module.init(jax.random.PRNGKey(0), x)
-  if models.is_two_tower(loaded.config):
-    ids = jnp.zeros((1, loaded.config.text_len), jnp.int32)
-    init = lambda x: module.init(jax.random.PRNGKey(0), x, ids)
+  inputs = models.family_of(loaded.config).inputs
+  init = lambda x: module.init(jax.random.PRNGKey(0), *inputs(loaded.config, x))
   expected = jax.eval_shape(init, dummy)
   try:
     npz.check_tree(

@@ -154,8 +154,8 @@ class Contrastive(Objective):
 
   def init(self, rng: jax.Array, images: jax.Array) -> Any:
     """Boxed parameters (with their logical axis names)."""
-    ids = jnp.zeros((images.shape[0], self.text_len), jnp.int32)
-    return self.model.init({"params": rng}, images, ids)["params"]
+    inputs = family_of(self.settings).inputs(self.settings, images)  # images, zero ids
+    return self.model.init({"params": rng}, *inputs)["params"]
 
   def train_flops_per_example(self, image_size: int, batch: int) -> Optional[float]:
     """The analytic FLOPs of one image-text pair in a train step of global ``batch``: both
