@@ -87,14 +87,12 @@ def with_stated_grid(model: sources.LoadedModel) -> sources.LoadedModel:
   pp = model.run_config.get("pp", {}) if model.run_config is not None else {}
   if not pp.get("seq_len") or model.image_size is None:
     return model
-  two_tower = models.is_two_tower(model.config)
-  tower = model.config.image if two_tower else model.config
+  tower = models.image_settings(model.config)
   if tower.get("posemb_grid") is not None:
     return model
   grid = models.create_model(tower, num_classes=None).grid_hw(model.image_size)
-  tower = tower.replace(posemb_grid=tuple(grid))
-  config = dataclasses.replace(model.config, image=tower) if two_tower else tower
-  return dataclasses.replace(model, config=config)
+  # (a two-tower model's settings give a field they do not have to the image tower)
+  return dataclasses.replace(model, config=model.config.replace(posemb_grid=tuple(grid)))
 
 
 def at_fixed_grid(model: sources.LoadedModel, image_size: tuple[int, int]) -> sources.LoadedModel:
