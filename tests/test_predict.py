@@ -77,7 +77,12 @@ def _param_shapes(config, num_classes: int, size: int):
   ],
 )
 def test_every_official_variant_is_recovered_from_its_shapes(name):
+  """A ViT's blocks traced as one nn.scan (a tenth of the tracing; the stacked layout reads
+  as the per-layer one: test_layout_and_options_are_recovered), a Mixer's and a BiT's as
+  they are."""
   config = models.get_model_config(name)
+  if not (models.is_mixer(config) or models.is_bit(config)):
+    config.scan = True
   shapes = _param_shapes(config, 1000, 224)
   inferred = architecture.infer_settings(shapes)
   assert inferred.name == name and _arch(inferred) == _arch(config)
