@@ -22,6 +22,7 @@ bottleneck as a ViT's MLP (conv1 by its outputs, conv3 by its inputs).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any, Mapping, Optional
 
@@ -229,8 +230,8 @@ def describe_shapes(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
   }
 
 
-def config_from_shapes(shapes: Mapping[str, tuple[int, ...]], config: Any) -> Any:
-  """``config`` (a BiT config, every field) set to what the shapes were made for."""
+def settings_from_shapes(shapes: Mapping[str, tuple[int, ...]], settings: Any) -> Any:
+  """``settings`` (a BiT's `BitSettings`) changed to what the shapes were made for."""
   arch = describe_shapes(shapes)
   stages, width = arch["stages"], arch["width factor"]
   if not stages or stages != list(range(1, len(stages) + 1)) or not width.is_integer():
@@ -239,9 +240,10 @@ def config_from_shapes(shapes: Mapping[str, tuple[int, ...]], config: Any) -> An
       f"(expected block1..blockS) and a root of {ROOT_WIDTH * width:g} channels (64 x a "
       "whole width factor)."
     )
-  config.resnet.num_layers = arch["units per stage"]
-  config.resnet.width_factor = int(width)
-  return config
+  resnet = dataclasses.replace(
+    settings.resnet, num_layers=tuple(arch["units per stage"]), width_factor=int(width)
+  )
+  return settings.replace(resnet=resnet)
 
 
 def trained_grid(shapes: Mapping[str, tuple[int, ...]], model_config: Any) -> None:

@@ -15,7 +15,6 @@ from typing import Any, Callable, Mapping, Optional
 
 import flax.linen as nn
 import jax.numpy as jnp
-import ml_collections
 
 from vit_jax.infra import errors
 from vit_jax.models import bit, cost, image_text, mixer, vit, vit_shapes
@@ -41,8 +40,8 @@ class Family:
   tree_key: Optional[str]  # a parameter path only its trees have (None: the ViT, the rest)
   describe_shapes: Callable[[Shapes], dict[str, Any]]  # what the shapes say, by name
   template: str  # the registered variant a config read from shapes starts from
-  # (shapes, the template's config) -> that config set to what the shapes say
-  config_from_shapes: Callable[[Shapes, Any], ml_collections.ConfigDict]
+  # (shapes, the template's settings) -> those settings changed to what the shapes say
+  settings_from_shapes: Callable[[Shapes, Any], Any]
   trained_grid: Callable[[Shapes, Any], Optional[tuple[int, int]]]  # the grid it fixes
   architecture_key: Callable[[Any], tuple]  # what its parameter shapes fix of a config
   patch_kernel: Optional[str]  # its patch embedding's kernel (resampled by a fit)
@@ -63,7 +62,7 @@ VIT = Family(
   tree_key=None,
   describe_shapes=vit_shapes.describe_shapes,
   template="testing",
-  config_from_shapes=vit_shapes.config_from_shapes,
+  settings_from_shapes=vit_shapes.settings_from_shapes,
   trained_grid=vit_shapes.trained_grid,
   architecture_key=vit_shapes.architecture_key,
   patch_kernel=vit_shapes.EMBEDDING,
@@ -79,7 +78,7 @@ MIXER = Family(
   tree_key=mixer.STEM_KERNEL,
   describe_shapes=mixer.describe_shapes,
   template="Mixer-B_16",
-  config_from_shapes=mixer.config_from_shapes,
+  settings_from_shapes=mixer.settings_from_shapes,
   trained_grid=mixer.trained_grid,
   architecture_key=mixer.architecture_key,
   patch_kernel=mixer.STEM_KERNEL,
@@ -95,7 +94,7 @@ BIT = Family(
   tree_key=bit.ROOT_KERNEL,
   describe_shapes=bit.describe_shapes,
   template="BiT-R50x1",
-  config_from_shapes=bit.config_from_shapes,
+  settings_from_shapes=bit.settings_from_shapes,
   trained_grid=bit.trained_grid,
   architecture_key=bit.architecture_key,
   patch_kernel=None,
@@ -120,7 +119,7 @@ TWO_TOWER = Family(
   tree_key=image_text.TEXT_KEY,
   describe_shapes=image_text.describe_shapes,
   template="testing",
-  config_from_shapes=image_text.config_from_shapes,
+  settings_from_shapes=image_text.settings_from_shapes,
   trained_grid=lambda shapes, config: image_text.trained_grid(
     shapes, model_settings(config), image_family=_image_family(model_settings(config))
   ),

@@ -272,9 +272,9 @@ def describe_shapes(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
   }
 
 
-def config_from_shapes(shapes: Mapping[str, tuple[int, ...]], config: Any) -> Any:
+def settings_from_shapes(shapes: Mapping[str, tuple[int, ...]], settings: Any) -> Any:
   """Refused: the image tower's family and the text tower's heads are not in the shapes."""
-  del shapes, config
+  del shapes, settings
   raise errors.CheckpointError(
     "A two-tower checkpoint's config cannot be read from its arrays alone (the image "
     "model's family and the heads are not in them): load it with the run's config.json."

@@ -16,6 +16,7 @@ token MLP's hidden units `MLP` (tensor parallelism splits both hidden layers).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any, Mapping, Optional
 
@@ -241,10 +242,8 @@ def describe_shapes(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
   }
 
 
-def config_from_shapes(
-  shapes: Mapping[str, tuple[int, ...]], config: ml_collections.ConfigDict
-) -> ml_collections.ConfigDict:
-  """``config`` (a Mixer config, every field) set to what the shapes were made for."""
+def settings_from_shapes(shapes: Mapping[str, tuple[int, ...]], settings: Any) -> Any:
+  """``settings`` (a Mixer's `MixerSettings`) changed to what the shapes were made for."""
   arch = describe_shapes(shapes)
   missing = [name for name, value in arch.items() if value is None]
   if missing:
@@ -253,12 +252,13 @@ def config_from_shapes(
       + ", ".join(missing)
       + f" (from MixerBlock_{{i}}, {_TOKEN_MLP} and {_CHANNEL_MLP})."
     )
-  config.patches.size = tuple(arch["patch size"])
-  config.hidden_dim = arch["width"]
-  config.num_blocks = arch["depth"]
-  config.tokens_mlp_dim = arch["token MLP dim"]
-  config.channels_mlp_dim = arch["channel MLP dim"]
-  return config
+  return settings.replace(
+    patches=dataclasses.replace(settings.patches, size=tuple(arch["patch size"])),
+    hidden_dim=arch["width"],
+    num_blocks=arch["depth"],
+    tokens_mlp_dim=arch["token MLP dim"],
+    channels_mlp_dim=arch["channel MLP dim"],
+  )
 
 
 def trained_grid(shapes: Mapping[str, tuple[int, ...]], model_config: Any) -> Optional[tuple]:

@@ -29,13 +29,16 @@ import math
 import re
 from typing import Any, Mapping, Optional
 
-import ml_collections
-
 from vit_jax.infra import errors
 from vit_jax.models import options, settings, variants
 from vit_jax.models import posemb as posemb_lib
 from vit_jax.models.bit import ROOT_WIDTH
-from vit_jax.models.settings import ModelSettings
+from vit_jax.models.settings import (
+  ModelSettings,
+  PatchSettings,
+  ResNetSettings,
+  TransformerSettings,
+)
 from vit_jax.models.vit import SCANNED_BLOCK
 
 Shapes = Mapping[str, tuple[int, ...]]
@@ -105,7 +108,7 @@ def _block_shapes(shapes: Shapes) -> tuple[int, dict[str, tuple]]:
   return len(layers), {k[len(first) :]: s for k, s in shapes.items() if k.startswith(first)}
 
 
-def _resnet(shapes: Shapes, unknown: list[str]) -> Optional[ml_collections.ConfigDict]:
+def _resnet(shapes: Shapes, unknown: list[str]) -> Optional[ResNetSettings]:
   if "conv_root/kernel" not in shapes:
     return None
   units: dict[int, int] = {}
@@ -115,11 +118,9 @@ def _resnet(shapes: Shapes, unknown: list[str]) -> Optional[ml_collections.Confi
       units[stage] = max(units.get(stage, 0), unit)
   if sorted(units) != list(range(1, len(units) + 1)):
     unknown.append(f"ResNet stages (found block{sorted(units)}; expected block1..blockS)")
-  return ml_collections.ConfigDict(
-    {
-      "num_layers": tuple(units[s] for s in sorted(units)),
-      "width_factor": shapes["conv_root/kernel"][-1] / ROOT_WIDTH,
-    }
+  return ResNetSettings(
+    num_layers=tuple(units[s] for s in sorted(units)),
+    width_factor=shapes["conv_root/kernel"][-1] / ROOT_WIDTH,
   )
 
 
@@ -159,10 +160,10 @@ def describe_shapes(shapes: Shapes) -> dict[str, Any]:
   }
 
 
-def config_from_shapes(
-  shapes: Shapes, config: ml_collections.ConfigDict, posemb: Optional[str] = None
-) -> ml_collections.ConfigDict:
-  """``config`` (a ViT config, every field) set to what the shapes were made for; one
+def settings_from_shapes(
+  shapes: Shapes, settings: ModelSettings, posemb: Optional[str] = None
+) -> ModelSettings:
+  """``settings`` (a ViT's) changed to what the shapes were made for, all at once; one
   CheckpointError naming everything they do not tell. ``posemb``: the kind where the
   shapes show no table (a reader that knows it, e.g. 'none' beside rotary embeddings)."""
   arch = describe_shapes(shapes)
@@ -189,54 +190,67 @@ def config_from_shapes(
       + ". Pass the model explicitly (--model=NAME, "
       f"one of {', '.join(variants.MODEL_NAMES)})."
     )
-  config.patches.size = tuple(arch["patch size"])
-  config.hidden_size = arch["width"]
-  config.transformer.num_layers = arch["depth"]
-  config.transformer.mlp_dim = arch["MLP dim"]
-  config.transformer.num_heads = arch["heads"]
-  _read_family_options(config, shapes)
-  config.posemb = arch["position embedding"]
-  config.axial = arch["axial"]
+  transformer = dataclasses.replace(
+    settings.transformer,
+    num_layers=arch["depth"],
+    mlp_dim=arch["MLP dim"],
+    num_heads=arch["heads"],
+  )
+  changes: dict[str, Any] = dict(
+    patches=PatchSettings(tuple(arch["patch size"])),
+    hidden_size=arch["width"],
+    transformer=transformer,
+    posemb=arch["position embedding"],
+    axial=arch["axial"],
+    **_family_options(shapes, transformer),
+  )
   if "pre_logits/kernel" in shapes:
-    config.representation_size = shapes["pre_logits/kernel"][-1]
+    changes["representation_size"] = shapes["pre_logits/kernel"][-1]
   if resnet is not None:
-    config.resnet = resnet
-  return config
+    changes["resnet"] = resnet
+  return settings.replace(**changes)
 
 
-def _read_family_options(config: ml_collections.ConfigDict, shapes: Shapes) -> None:
+def _family_options(shapes: Shapes, transformer: TransformerSettings) -> dict[str, Any]:
   """The options of the later ViTs that the shapes show: pooling, prefix tokens, norms,
   LayerScale, and whether the position table has rows for the prefix tokens."""
   has_cls = "cls" in shapes
-  config.classifier = "map" if any(k.startswith("MAPHead_0/") for k in shapes) else "gap"
+  found: dict[str, Any] = {}
+  classifier = "map" if any(k.startswith("MAPHead_0/") for k in shapes) else "gap"
   if has_cls:
-    config.classifier = "token" if config.classifier == "gap" else config.classifier
-    config.class_token = True if config.classifier != "token" else None
-  config.num_registers = shapes["registers"][1] if "registers" in shapes else 0
+    classifier = "token" if classifier == "gap" else classifier
+    found["class_token"] = True if classifier != "token" else None
+  found["classifier"] = classifier
+  registers = shapes["registers"][1] if "registers" in shapes else 0
+  found["num_registers"] = registers
   # The map head's own heads and MLP width where they differ from the encoder's (PE).
   query, mlp = shapes.get(MAP_QUERY), shapes.get("MAPHead_0/MlpBlock_0/Dense_0/kernel")
-  if query is not None and len(query) == 3 and query[1] != config.transformer.num_heads:
-    config.map_num_heads = query[1]
-  if mlp is not None and mlp[-1] != config.transformer.mlp_dim:
-    config.map_mlp_dim = mlp[-1]
-  config.norm_pre = "Transformer/norm_pre/scale" in shapes
-  config.fc_norm = "fc_norm/scale" in shapes
-  config.patch_bias = "embedding/bias" in shapes
-  config.final_norm = config.fc_norm or "Transformer/encoder_norm/scale" in shapes
+  if query is not None and len(query) == 3 and query[1] != transformer.num_heads:
+    found["map_num_heads"] = query[1]
+  if mlp is not None and mlp[-1] != transformer.mlp_dim:
+    found["map_mlp_dim"] = mlp[-1]
+  fc_norm = "fc_norm/scale" in shapes
+  found.update(
+    norm_pre="Transformer/norm_pre/scale" in shapes,
+    fc_norm=fc_norm,
+    patch_bias="embedding/bias" in shapes,
+    final_norm=fc_norm or "Transformer/encoder_norm/scale" in shapes,
+  )
   block = _block_shapes(shapes)[1]
   if _LAYER_SCALE in block:
-    config.layer_scale_init = LAYER_SCALE_INIT
+    found["layer_scale_init"] = LAYER_SCALE_INIT
   swiglu = options.SWIGLU if _SWIGLU in block else options.SWIGLU_FUSED
-  config.mlp = swiglu if _SWIGLU in block or _SWIGLU_FUSED in block else options.MLP
-  config.mlp_norm = "MlpBlock_3/norm/scale" in block
-  config.attention_norm = f"{_ATTENTION}norm/scale" in block
+  found["mlp"] = swiglu if _SWIGLU in block or _SWIGLU_FUSED in block else options.MLP
+  found["mlp_norm"] = "MlpBlock_3/norm/scale" in block
+  found["attention_norm"] = f"{_ATTENTION}norm/scale" in block
   biases = {k for k in ("query", "key") if f"{_ATTENTION}{k}/bias" in block}
   none, qv, every = options.QKV_BIAS_NONE, options.QKV_BIAS_QV, options.QKV_BIAS_ALL
-  config.qkv_bias = every if "key" in biases else qv if biases else none
-  prefix = int(has_cls) + config.num_registers
+  found["qkv_bias"] = every if "key" in biases else qv if biases else none
+  prefix = int(has_cls) + registers
   if POSEMB in shapes and prefix:  # a square table without the prefix rows: patches only
     rows = shapes[POSEMB][1]
-    config.posemb_patches_only = _is_square(rows) and not _is_square(rows - prefix)
+    found["posemb_patches_only"] = _is_square(rows) and not _is_square(rows - prefix)
+  return found
 
 
 def _is_square(n: int) -> bool:

@@ -69,9 +69,8 @@ def infer_settings(params: Mapping[str, Any]) -> models.Settings:
   """
   shapes = _shapes(params)
   family = families.family_of_shapes(shapes)
-  settings = models.model_settings(
-    family.config_from_shapes(shapes, models.get_model_config(family.template))
-  )
+  template = models.model_settings(models.get_model_config(family.template))
+  settings = family.settings_from_shapes(shapes, template)
   return settings.replace(name=_official_name(settings) or "custom")
 
 

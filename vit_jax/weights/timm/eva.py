@@ -169,8 +169,9 @@ def read_eva(
   map_heads = (args["attn_pool_num_heads"] or heads) if args["global_pool"] == "map" else None
   params = from_timm(tensors, heads, source, map_heads)
   shapes = _shapes(params)
-  config = vit_shapes.config_from_shapes(shapes, models.get_model_config("testing"), "none")
-  return eva_config.apply_args(models.model_settings(config), args, "cls" in shapes, source), params
+  template = models.model_settings(models.get_model_config("testing"))
+  settings = vit_shapes.settings_from_shapes(shapes, template, "none")
+  return eva_config.apply_args(settings, args, "cls" in shapes, source), params
 
 
 def read(checkpoint: arguments.Checkpoint) -> arguments.Loaded:
