@@ -31,7 +31,7 @@ def detect(path: str) -> bool:
 def read(
   path: str,
 ) -> tuple[models.Settings, Params, Optional[list[str]], int, ml_collections.ConfigDict]:
-  """(model config, per-layer params, class names, crop, run config) of the run that the
+  """(model settings, per-layer params, class names, crop, run config) of the run that the
   folder ``path`` belongs to; its step: the one ``path`` names, else the newest."""
   run = RunPaths.containing(path)
   if run is None:

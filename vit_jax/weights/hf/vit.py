@@ -256,7 +256,7 @@ def read_data_config(
 def read(
   path: str,
 ) -> tuple[models.ModelSettings, Params, Optional[list[str]], tuple[int, int]]:
-  """(model config, per-layer params, class names or None, image size) of an HF ViT folder
+  """(model settings, per-layer params, class names or None, image size) of an HF ViT folder
   (``path``, or the `.safetensors` file in it)."""
   directory = folder.directory(path) or path
   config_path = os.path.join(directory, folder.CONFIG)

@@ -1,4 +1,4 @@
-"""Our model config of a timm architecture name alone (``vit_tiny_patch16_224``, a ``.tag``
+"""Our model settings of a timm architecture name alone (``vit_tiny_patch16_224``, a ``.tag``
 ignored): what timm's own `create_model(name)` builds, from the arguments timm registers for
 the name (`names`), by the family of its timm module (`families.for_module`). `vit_jax.create`
 and `tools/timm_name_status.py` build through here."""

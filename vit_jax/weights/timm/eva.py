@@ -1,7 +1,7 @@
 """timm's `Eva` (eva.py: DINOv3, EVA-02, PE, RoPE-ViT) <-> our parameters, numpy only: one
 table of arrays (`eva_table`) read both ways, the reader of an Eva state dict with the
 arguments of its architecture name (`read_eva`, `read`), and the export's `timm_model.json`
-(`model_spec`); what the arguments mean for our config is `eva_config.py`.
+(`model_spec`); what the arguments mean for our settings is `eva_config.py`.
 
 What an Eva computes and the arrays do not show is in its constructor arguments: the
 rotary embedding (``rope_type`` 'cat' is our 'eva' kind, 'dinov3' DINOv3's, 'mixed' the

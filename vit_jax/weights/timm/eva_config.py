@@ -1,6 +1,6 @@
 """What a timm Eva's constructor arguments (eva.py: DINOv3, EVA-02, PE, RoPE-ViT) mean for
-our config, numpy only: `DEFAULTS`, the arguments this ViT computes (`unsupported`),
-`apply_args` (what a state dict's arrays cannot say), `config_from_name` (our config from
+our settings, numpy only: `DEFAULTS`, the arguments this ViT computes (`unsupported`),
+`apply_args` (what a state dict's arrays cannot say), `config_from_name` (our settings from
 an architecture name alone, its registered arguments), and `is_eva` (a ViT config that
 needs timm's Eva over its ViT). The arrays are `eva.py`'s.
 """

@@ -1,5 +1,5 @@
 """A timm checkpoint's folder both ways, numpy only: a timm folder or `.safetensors` file ->
-our model config and parameters (`read`), and the export's folder (`write_dir`).
+our model settings and parameters (`read`), and the export's folder (`write_dir`).
 
 A timm checkpoint is a `model.safetensors` (timm's state dict) with, from the hub or
 `timm.models.save_for_hf`, a `config.json` naming the architecture (``architecture``,
@@ -102,7 +102,7 @@ def _object(config: dict[str, Any], key: str, path: str) -> dict[str, Any]:
 
 
 def read(path: str) -> arguments.Loaded:
-  """(model config, per-layer params, class names or None, image size) of a timm
+  """(model settings, per-layer params, class names or None, image size) of a timm
   `.safetensors` file or a directory holding `model.safetensors`: the name checked, then
   read by its family."""
   directory, weights = (

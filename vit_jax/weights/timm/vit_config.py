@@ -1,6 +1,6 @@
 """What a timm ViT's constructor arguments say beyond its arrays, numpy only: the reader of
 a `VisionTransformer` state dict with the arguments read beside it (`read_vit`; the
-family's `read`), and our config of a plain-ViT architecture name alone
+family's `read`), and our settings of a plain-ViT architecture name alone
 (`config_from_name`, what `timm.create_model(name)` builds). The arrays are `vit.py`'s.
 
 The rest comes from the arguments (stored in the checkpoint's config, else registered for
