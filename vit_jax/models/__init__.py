@@ -21,6 +21,7 @@ from vit_jax.models.families import (
   is_mixer,
   is_two_tower,
   model_settings,
+  variant_settings,
 )
 from vit_jax.models.heads import CLASSIFIERS
 from vit_jax.models.image_text import TwoTowerSettings, two_tower_config, two_tower_settings
@@ -84,5 +85,6 @@ __all__ = [
   "TwoTowerSettings",
   "two_tower_config",
   "two_tower_settings",
+  "variant_settings",
   "image_settings",
 ]

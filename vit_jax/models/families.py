@@ -17,7 +17,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from vit_jax.infra import errors
-from vit_jax.models import bit, cost, image_text, mixer, vit, vit_shapes
+from vit_jax.models import bit, cost, image_text, mixer, variants, vit, vit_shapes
 from vit_jax.models.image_text import TwoTowerSettings
 from vit_jax.models.settings import BitSettings, MixerSettings, ModelSettings, Settings
 
@@ -163,6 +163,12 @@ def model_settings(config: Any) -> Settings:
   if family is TWO_TOWER:  # its image model is read by the image model's family
     return TwoTowerSettings.from_config(config, image=model_settings(config.image))
   return family.settings.from_config(config)
+
+
+def variant_settings(name: str) -> Settings:
+  """The settings of the registered variant ``name`` (`variants.get_model_config`): what a
+  reader starts from and changes with one ``replace``."""
+  return model_settings(variants.get_model_config(name))
 
 
 def image_settings(config: Any) -> Settings:

@@ -69,7 +69,7 @@ def infer_settings(params: Mapping[str, Any]) -> models.Settings:
   """
   shapes = _shapes(params)
   family = families.family_of_shapes(shapes)
-  template = models.model_settings(models.get_model_config(family.template))
+  template = models.variant_settings(family.template)
   settings = family.settings_from_shapes(shapes, template)
   return settings.replace(name=_official_name(settings) or "custom")
 

@@ -238,13 +238,12 @@ def read(
   if model_name:
     # The registry leaves pre_logits out; official ImageNet-21k files have one.
     pre_logits = params.get("pre_logits")
-    config = models.model_settings(models.get_model_config(model_name)).replace(
+    config = models.variant_settings(model_name).replace(
       representation_size=None if pre_logits is None else pre_logits["kernel"].shape[-1],
       classifier="token" if "cls" in params else "gap",
     )
   elif os.path.isfile(config_path(path)):
     config, saved_data = _saved_config(config_path(path))
-    config = models.model_settings(config)  # a config.json of any age: migrated here, once
   else:
     config = architecture.infer_settings(params)
     logging.info("%s: inferred architecture %s.", path, config.name)
@@ -259,9 +258,10 @@ def read(
   return config, params, size, data_config
 
 
-def _saved_config(path: str) -> tuple[ml_collections.ConfigDict, Optional[dict[str, Any]]]:
-  """The model config `save_npz` wrote beside an archive (checked by the fit check) and
-  the data config saved in it (None in files written before it was)."""
+def _saved_config(path: str) -> tuple[models.Settings, Optional[dict[str, Any]]]:
+  """The model settings of the config `save_npz` wrote beside an archive (a file of any
+  age: options it predates at their defaults; checked by the fit check) and the data
+  config saved in it (None in files written before it was)."""
   try:
     saved = json.loads(input_files.read_text(path, what="model config"))
   except json.JSONDecodeError as e:
@@ -274,7 +274,7 @@ def _saved_config(path: str) -> tuple[ml_collections.ConfigDict, Optional[dict[s
       f"{path!r} is not a model config: remove it to infer the model from the arrays."
     )
   saved_data = saved.pop(DATA_CONFIG_KEY, None)
-  return ml_collections.ConfigDict(saved), saved_data
+  return models.model_settings(ml_collections.ConfigDict(saved)), saved_data
 
 
 def read_tokenizer(path: str, config: models.Settings) -> Any:

@@ -164,7 +164,7 @@ def _config(directory: str, kind: str) -> tuple[models.TwoTowerSettings, tuple[i
       f"{path!r}: vision_use_head is false: a {ARCHITECTURES[kind]} without its attention "
       "pooling has no image embedding."
     )
-  base = models.model_settings(models.get_model_config("ViT-B_16"))  # every field at its default
+  base = models.variant_settings("ViT-B_16")  # every field at its default
   image = base.replace(
     name=f"{kind}-image",
     patches=PatchSettings((patch, patch)),

@@ -169,7 +169,7 @@ def read_eva(
   map_heads = (args["attn_pool_num_heads"] or heads) if args["global_pool"] == "map" else None
   params = from_timm(tensors, heads, source, map_heads)
   shapes = _shapes(params)
-  template = models.model_settings(models.get_model_config("testing"))
+  template = models.variant_settings("testing")
   settings = vit_shapes.settings_from_shapes(shapes, template, "none")
   return eva_config.apply_args(settings, args, "cls" in shapes, source), params
 

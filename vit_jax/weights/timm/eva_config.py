@@ -184,8 +184,9 @@ def config_from_name(
   hidden units, a split SwiGLU where ``scale_mlp`` or ``swiglu_align_to``, rounded up to
   the latter)."""
   a = {**DEFAULTS, **_EVA_SHAPES, **args}
-  base = models.model_settings(models.get_model_config("ViT-B_16"))  # every field at its default
-  d, hidden = int(a["embed_dim"]), int(int(a["embed_dim"]) * a["mlp_ratio"])
+  base = models.variant_settings("ViT-B_16")  # every field at its default
+  d = int(a["embed_dim"])
+  hidden = int(d * a["mlp_ratio"])
   if not a["swiglu_mlp"]:
     mlp = options.MLP
   elif a["scale_mlp"] or a["swiglu_align_to"]:

@@ -106,7 +106,7 @@ def config_from_name(
   if extra:  # gMLP, ResMLP and gated Mixers: check_timm refuses them by name first
     raise errors.ConfigError(f"{name!r}: timm MlpMixer arguments {extra} are not computed.")
   d, (tokens, channels) = int(a["embed_dim"]), a["mlp_ratio"]
-  settings = models.model_settings(models.get_model_config("Mixer-B_16")).replace(
+  settings = models.variant_settings("Mixer-B_16").replace(
     name=name,
     patches=PatchSettings(arguments.pair(a["patch_size"])),
     hidden_dim=d,

@@ -148,7 +148,7 @@ def config_of(
   ``args`` (registered for it, or a NaFlexViT's as the ViT it is at one grid), and its
   input size: what timm's own `create_model(name)` builds, read as `read` reads its weights
   (the same `apply_args`)."""
-  base = models.model_settings(models.get_model_config("ViT-B_16"))  # every field at its default
+  base = models.variant_settings("ViT-B_16")  # every field at its default
   patch, resnet = args.get("patch_size", 16), None
   if "backbone" in args:  # a hybrid: timm's BiT ResNetV2 stages (none: its root alone)
     stages = [int(n) for n in re.findall(r"\d+", args["backbone"].partition("[")[2])]
