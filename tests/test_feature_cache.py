@@ -12,7 +12,7 @@ from flax import traverse_util
 
 from configs import siglip
 from tests import fresh_python, train_fixtures
-from vit_jax import data, models, run
+from vit_jax import data, models
 from vit_jax.infra import errors
 from vit_jax.run import feature_cache
 from vit_jax.weights import orbax_steps
@@ -32,26 +32,6 @@ def _lit(data_dir: str, pretrained: str, **overrides):
   config.contrastive.lock_image = True
   config.pp.min_area, config.pp.flip = 1.0, False
   return train_fixtures.override(config, overrides)
-
-
-_LIT_RUNS: dict = {}
-
-
-def shared_lit_run(tmp_path_factory, digits_dir: str, tiny_run) -> tuple:
-  """(config, workdir, final metrics, the feature caches it made) of the LiT run (`_lit`,
-  no cached features) from the supervised tiny run's checkpoints, made once a session: the
-  locked-tower run of test_image_text_run.py. Copy the workdir before changing it."""
-  if digits_dir not in _LIT_RUNS:
-    source = os.path.join(tiny_run[0], "checkpoints")  # the supervised tiny run
-    config = _lit(digits_dir, source)
-    workdir = str(tmp_path_factory.mktemp("lit_plain"))
-    caches = []
-    real = feature_cache.FeatureCache
-    with pytest.MonkeyPatch.context() as patch:
-      patch.setattr(feature_cache, "FeatureCache", lambda *a: caches.append(real(*a)) or caches[-1])
-      metrics = run.train_and_evaluate(config, workdir)
-    _LIT_RUNS[digits_dir] = (config, workdir, metrics, caches)
-  return _LIT_RUNS[digits_dir]
 
 
 # The uncached and the cached run in a fresh Python compiling with XLA's MLIR fusion

@@ -19,9 +19,9 @@ from PIL import Image
 import vit_jax
 from configs import siglip
 from tests import fresh_python, train_fixtures
-from tests.test_feature_cache import shared_lit_run
+from tests.test_feature_cache import _lit
 from tests.test_main import assert_resume_is_exact
-from vit_jax import models, predict
+from vit_jax import models, predict, run
 from vit_jax import zeroshot as zeroshot_cli
 from vit_jax.data import captions, tokenizer_kinds
 from vit_jax.infra import errors
@@ -66,16 +66,19 @@ def test_siglip_run_with_text_in_the_batch_resumes_exactly(tmp_path, digits_dir,
 
 @pytest.fixture(scope="module")
 def lit_run(tmp_path_factory, digits_dir, tiny_run):
-  """The LiT run (locked image tower, `test_feature_cache._lit`) from the supervised tiny
-  run, made once a session."""
-  return shared_lit_run(tmp_path_factory, digits_dir, tiny_run)
+  """(config, workdir, final metrics) of the LiT run (locked image tower,
+  `test_feature_cache._lit`) from the supervised tiny run's checkpoints. Copy the workdir
+  before changing it."""
+  config = _lit(digits_dir, os.path.join(tiny_run[0], "checkpoints"))
+  workdir = str(tmp_path_factory.mktemp("lit_plain"))
+  return config, workdir, run.train_and_evaluate(config, workdir)
 
 
 def test_locked_image_tower_ends_as_it_started_and_has_no_optimizer_state(
   tmp_path, tiny_run, lit_run, capsys
 ):
   source = os.path.join(tiny_run[0], "checkpoints")  # the supervised tiny run
-  config, workdir, metrics, _ = lit_run
+  config, workdir, metrics = lit_run
   assert config.contrastive.lock_image and config.pretrained == source
   shutil.copytree(workdir, tmp_path / "lit")  # changed below
   assert 0.0 <= metrics["zeroshot/accuracy"] <= 1.0
