@@ -16,6 +16,7 @@ from vit_jax.models.families import (
   FAMILIES,
   Family,
   family_of,
+  image_params,
   image_settings,
   is_bit,
   is_mixer,
@@ -86,5 +87,6 @@ __all__ = [
   "two_tower_config",
   "two_tower_settings",
   "variant_settings",
+  "image_params",
   "image_settings",
 ]

@@ -4,8 +4,9 @@ A `Family` holds what the rest of the package needs of a family: its settings cl
 builder, its analytic FLOPs and activation bound, and the reader of its parameter shapes.
 The run, the plan, the weights readers and the export ask `family_of` (a config or
 settings), `family_of_shapes` (a parameter tree) or `is_mixer`, `is_bit`, `is_two_tower`
-instead of testing for a family by hand. A new family is a module of its own and one record
-in `FAMILIES`.
+instead of testing for a family by hand; `image_settings` and `image_params` find the
+image model inside any family's settings and tree. A new family is a module of its own and
+one record in `FAMILIES`.
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ class Family:
   # (settings, images [B, H, W, 3]) -> the module's inputs (`init`, `apply`): the images
   # alone, or beside zero token ids [B, text_len] (a two-tower model)
   inputs: Callable[[Any, Any], tuple] = lambda settings, images: (images,)
+  # the subtree of its parameters (and field ``image`` of its settings) that holds an
+  # image model of another family; None: the whole model is the image model
+  image_tree: Optional[str] = None
 
 
 VIT = Family(
@@ -131,6 +135,7 @@ TWO_TOWER = Family(
   hf_refusal="--format=hf writes ViTs only",
   example="image-text pair",
   inputs=lambda s, images: (images, jnp.zeros((images.shape[0], s.text_len), jnp.int32)),
+  image_tree=image_text.IMAGE,
 )
 FAMILIES: tuple[Family, ...] = (VIT, MIXER, BIT, TWO_TOWER)
 
@@ -175,7 +180,14 @@ def image_settings(config: Any) -> Settings:
   """The image model's settings of a model config: a two-tower model's image tower, any
   other model itself."""
   settings = model_settings(config)
-  return settings.image if is_two_tower(settings) else settings
+  return settings.image if family_of(settings).image_tree else settings
+
+
+def image_params(params: Any, config: Any) -> Any:
+  """The image model's parameters in ``params`` of a model config: a two-tower model's
+  image tower (`Family.image_tree`), any other model's whole tree."""
+  tree = family_of(config).image_tree
+  return params[tree] if tree else params
 
 
 def is_mixer(config: Any) -> bool:

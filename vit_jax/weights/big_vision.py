@@ -157,18 +157,23 @@ def _image_to_theirs(flat: dict[str, np.ndarray], tower: str, prefix_rows: int) 
   flat[tower + "pos_embedding"] = posemb
 
 
+def _image_prefix(config: models.Settings) -> str:
+  """Where the image model's keys start in the flat tree of ``config``'s model: ``img/``
+  in a two-tower one (`models.Family.image_tree`), the root in a ViT."""
+  tree = models.family_of(config).image_tree
+  return f"{tree}/" if tree else ""
+
+
 def to_theirs(params: Params, config: models.Settings) -> dict[str, np.ndarray]:
   """Our tree (a two-tower model or a ViT, of ``config``) as big_vision's flat keys, per
   layer."""
   flat = traverse_util.flatten_dict(nn.unbox(dict(params)), sep="/")
   flat = _unstack({k: np.asarray(v, np.float32) for k, v in flat.items()})
-  if models.is_two_tower(config):
-    _image_to_theirs(flat, "img/", architecture.num_prefix_rows(config.image))
-    if "img_head/kernel" in flat:
-      flat["img/head/kernel"] = flat.pop("img_head/kernel")
-      flat["img/head/bias"] = flat.pop("img_head/bias")
-  else:
-    _image_to_theirs(flat, "", architecture.num_prefix_rows(config))
+  tower = _image_prefix(config)
+  _image_to_theirs(flat, tower, architecture.num_prefix_rows(models.image_settings(config)))
+  if tower and "img_head/kernel" in flat:  # big_vision's image classifier is the projection
+    flat["img/head/kernel"] = flat.pop("img_head/kernel")
+    flat["img/head/bias"] = flat.pop("img_head/bias")
   return _rename_blocks(flat, _OUR_BLOCK_NAMES)
 
 
@@ -238,12 +243,9 @@ def read(path: str) -> tuple[models.Settings, Params, Optional[tuple[int, int]]]
   flat = load_flat(path)
   table_grid = _naflex_as_vit(flat, source)
   tree = traverse_util.unflatten_dict(to_ours(flat), sep="/")
-  if "txt" not in tree:
-    settings = _image_settings(tree, source)
-    size = architecture.trained_image_size(tree, settings)
-  else:
-    settings = _two_tower_settings(tree, source)
-    size = architecture.trained_image_size(tree["img"], settings.image)
+  settings = (_two_tower_settings if "txt" in tree else _image_settings)(tree, source)
+  image = models.image_settings(settings)
+  size = architecture.trained_image_size(models.image_params(tree, settings), image)
   if table_grid is not None:  # resized to each input as big_vision does (the defaults)
     settings = settings.replace(posemb_grid=table_grid)  # a two-tower model's image tower
   return settings, tree, size
@@ -310,10 +312,10 @@ def find_vocabulary(path: str) -> Optional[str]:
 
 
 def tokenizer(vocabulary: str, config: models.Settings) -> text_tokenizer.Tokenizer:
-  """``vocabulary`` (a ``.model``) as big_vision tokenizes for the model of ``config``
-  (module docstring): lower-cased, sticky end token, pad id 1 (Gemma's vocabulary: its
+  """``vocabulary`` (a ``.model``) as big_vision tokenizes for the image-text model of
+  ``config`` (module docstring): lower-cased, sticky end token, pad id 1 (Gemma's vocabulary: its
   pad piece)."""
-  gemma = models.is_two_tower(config) and config.text.vocab_size == GEMMA_VOCAB
+  gemma = config.text.vocab_size == GEMMA_VOCAB
   pad = None if gemma else SIGLIP_PAD_ID
   return text_tokenizer.read_sentencepiece(vocabulary, eos="sticky", lower=True, pad_id=pad)
 
@@ -331,8 +333,7 @@ def check_writable(config: models.Settings) -> None:
   """One error naming what big_vision's modules do not compute of ``config`` (a config or
   settings)."""
   config = models.model_settings(config)
-  two_tower = models.is_two_tower(config)
-  image = config.image if two_tower else config
+  image = models.image_settings(config)
   problems = []
   if models.family_of(image).name != "vit":
     problems.append(f"a {models.family_of(image).name} image tower")
@@ -351,7 +352,7 @@ def check_writable(config: models.Settings) -> None:
       problems.append(f"posemb={image.get('posemb')!r}")
     if image.get("classifier") not in ("token", "gap", "map"):
       problems.append(f"classifier={image.get('classifier')!r}")
-  if two_tower:
+  if models.is_two_tower(config):  # its text tower
     text, head = dataclasses.asdict(config.text), config.image_head
     if head == "linear":
       problems.append("image_head='linear'")
@@ -392,8 +393,7 @@ def keeps_naflex_layout(config: models.Settings) -> bool:
 def _vit_as_naflex(flat: dict[str, Any], config: models.Settings) -> None:
   """The inverse of `_naflex_as_vit`, in place: the patch kernel [P, P, 3, D] as the Dense
   on flattened patches [P * P * 3, D], the table rows [1, n * n, D] as [n, n, D]."""
-  tower = "img/" if models.is_two_tower(config) else ""
-  image = config.image if tower else config
+  tower, image = _image_prefix(config), models.image_settings(config)
   kernel = flat[tower + "embedding/kernel"]
   flat[tower + "embedding/kernel"] = kernel.reshape(-1, kernel.shape[-1])
   table = flat[tower + "pos_embedding"]

@@ -218,8 +218,8 @@ def _image_tower(
 ) -> tuple[Params, Optional[Any]]:
   """A two-tower tree (``img``, ``txt``: SigLIP, CLIP, LiT, a contrastive run) read for an
   image model: its image tower and that tower's config; any other tree as it is."""
-  two_tower = models.is_two_tower(model_config)
-  if two_tower or not {image_text.IMAGE, image_text.TEXT} <= set(loaded):
+  two_tower_tree = {image_text.IMAGE, image_text.TEXT} <= set(loaded)
+  if models.family_of(model_config).image_tree or not two_tower_tree:
     return loaded, stored_config
   image = None if stored_config is None else stored_config.image
   return loaded[image_text.IMAGE], image
@@ -244,7 +244,7 @@ def fit_params(
   image-text ``model_config`` the image tower is fitted so and the rest kept
   (`fit_towers.fit_two_tower`)."""
   check_resize_method(posemb_resize_method)
-  if models.is_two_tower(model_config):
+  if models.family_of(model_config).image_tree:  # an image tower beside the rest
     return fit_two_tower(
       loaded, stored_config, init_params, model_config, fit_params, where=where, log_as=log_as,
       reset_head=reset_head, posemb_resize_method=posemb_resize_method,

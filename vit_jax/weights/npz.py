@@ -247,10 +247,8 @@ def read(
   else:
     config = architecture.infer_settings(params)
     logging.info("%s: inferred architecture %s.", path, config.name)
-  if models.is_two_tower(config):  # our image-text export
-    size = architecture.trained_image_size(params["img"], config.image)
-  else:
-    size = architecture.trained_image_size(params, config)
+  image = models.image_settings(config)  # an image-text export's image tower
+  size = architecture.trained_image_size(models.image_params(params, config), image)
   data_config = None
   if saved_data is not None:
     data_config = data_config_lib.from_dict(saved_data, repr(config_path(path)))

@@ -51,7 +51,7 @@ def writer(
   features; `exports.Export.image_tower`)."""
   export = exports.by_name(fmt)
   model = with_stated_grid(model)
-  if export.image_tower and models.is_two_tower(model.config):
+  if export.image_tower:
     model = image_tower(model)
   if not export.keeps_grid(model.config):
     model = at_fixed_grid(model, image_size)
@@ -112,12 +112,15 @@ def at_fixed_grid(model: sources.LoadedModel, image_size: tuple[int, int]) -> so
 
 
 def image_tower(model: sources.LoadedModel) -> sources.LoadedModel:
-  """An image-text model's image tower alone: its features (before the projection and
-  the normalisation; a SigLIP's are its image embeddings), the same preprocessing."""
+  """A model's image model alone (`models.image_settings`): an image-text model's image
+  tower, its features (before the projection and the normalisation; a SigLIP's are its
+  image embeddings) with the same preprocessing; an image model as it is."""
+  if not models.family_of(model.config).image_tree:
+    return model
   logging.info("%s is an image-text model: writing its image tower.", model.source)
   return sources.LoadedModel(
-    model.config.image, model.params["img"], None, model.image_size, None, model.source,
-    data_config=model.data_config,
+    models.image_settings(model.config), models.image_params(model.params, model.config),
+    None, model.image_size, None, model.source, data_config=model.data_config,
   )  # fmt: skip
 
 
