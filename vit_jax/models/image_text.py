@@ -72,6 +72,8 @@ class TwoTowerSettings:
       raise errors.ConfigError(
         f"config.model.image_head={self.image_head!r}; choose one of {IMAGE_HEADS}."
       )
+    if isinstance(self.image, TwoTowerSettings):
+      raise errors.ConfigError("config.model.image must be an image model, not a two-tower one.")
 
   @classmethod
   def from_config(cls, config: Any, image: Any) -> "TwoTowerSettings":
@@ -85,22 +87,11 @@ class TwoTowerSettings:
           f"config.model.{key} is required by a two-tower model: build the config with "
           "vit_jax.models.image_text.two_tower_config (configs/siglip.py does)."
         )
-    if isinstance(image, TwoTowerSettings):
-      raise errors.ConfigError("config.model.image must be an image model, not a two-tower one.")
-    text = dict(config.text)
-    size = text.pop("size", None)
-    unknown = sorted(set(text) - set(_TEXT_FIELDS) - set(_TEXT_OPTIONS))
-    if unknown:
-      raise errors.ConfigError(
-        f"config.model.text has unknown keys {unknown}; it takes 'size' (one of "
-        f"{tuple(SIZES)}) or {_TEXT_FIELDS}, and {_TEXT_OPTIONS}."
-      )
-    text_settings = TextSettings.named(size, **text) if size else TextSettings(**text)
     bias = config.get("bias_init")
     return cls(
       name=str(config.name),
       image=image,
-      text=text_settings,
+      text=_text_settings(config.text),
       text_len=config.text_len,
       embed_dim=config.embed_dim,
       temperature_init=float(config.temperature_init),
@@ -139,8 +130,7 @@ class TwoTowerSettings:
     return dataclasses.replace(self, image=image, **own)
 
 
-def two_tower_config(
-  image: ml_collections.ConfigDict,
+def _two_tower_fields(
   *,
   text: Mapping[str, Any],
   text_len: int,
@@ -148,27 +138,44 @@ def two_tower_config(
   loss: str = "sigmoid",
   name: str = "two-tower",
   image_head: str = "dense",
-) -> ml_collections.ConfigDict:
-  """``config.model`` of a two-tower model with SigLIP's (``loss='sigmoid'``) or CLIP's
-  (``'softmax'``) initial temperature and bias."""
+) -> dict[str, Any]:
+  """The fields of a two-tower model beside its image model, with SigLIP's
+  (``loss='sigmoid'``) or CLIP's (``'softmax'``) initial temperature and bias."""
   init = LOSS_INIT[loss]
-  config = ml_collections.ConfigDict()
-  config.model_type = TWO_TOWER
-  config.name = name
-  config.image = image
-  config.text = ml_collections.ConfigDict(dict(text))
-  config.text_len = text_len
-  config.embed_dim = embed_dim
-  config.temperature_init = init.temperature
-  config.bias_init = ml_collections.FieldReference(init.bias, field_type=float)
-  config.image_head = image_head
+  return dict(
+    name=name, text=dict(text), text_len=text_len, embed_dim=embed_dim,
+    temperature_init=init.temperature, bias_init=init.bias, image_head=image_head,
+  )  # fmt: skip
+
+
+def two_tower_config(image: ml_collections.ConfigDict, **options: Any) -> ml_collections.ConfigDict:
+  """``config.model`` of a two-tower model: ``image`` an image model's config, ``options``
+  those of `_two_tower_fields` (the text tower, its length, the shared width, the loss,
+  the name and the image head)."""
+  fields = _two_tower_fields(**options)
+  config = ml_collections.ConfigDict(dict(model_type=TWO_TOWER, image=image, **fields))
+  config.bias_init = ml_collections.FieldReference(fields["bias_init"], field_type=float)
   return config
 
 
-def two_tower_settings(image: Any, **kwargs: Any) -> TwoTowerSettings:
-  """`two_tower_config`'s model (its keyword arguments) as settings, ``image`` an image
-  model's settings: what a checkpoint's reader builds."""
-  return TwoTowerSettings.from_config(two_tower_config(image, **kwargs), image=image)
+def two_tower_settings(image: Any, **options: Any) -> TwoTowerSettings:
+  """`two_tower_config`'s model as settings, ``image`` an image model's settings: what a
+  checkpoint's reader builds."""
+  fields = _two_tower_fields(**options)
+  return TwoTowerSettings(image=image, **{**fields, "text": _text_settings(fields["text"])})
+
+
+def _text_settings(text: Mapping[str, Any]) -> TextSettings:
+  """The text tower of ``config.model.text``: a named ``size`` or its sizes, and options."""
+  text = dict(text)
+  size = text.pop("size", None)
+  unknown = sorted(set(text) - set(_TEXT_FIELDS) - set(_TEXT_OPTIONS))
+  if unknown:
+    raise errors.ConfigError(
+      f"config.model.text has unknown keys {unknown}; it takes 'size' (one of "
+      f"{tuple(SIZES)}) or {_TEXT_FIELDS}, and {_TEXT_OPTIONS}."
+    )
+  return TextSettings.named(size, **text) if size else TextSettings(**text)
 
 
 # The functions below take the image model's family record (``image_family``: a
