@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from tests import hf_text_fixtures as fx
+from tests.test_mixer import tiny_config as tiny_mixer
 from vit_jax.data import free_text
 from vit_jax.infra import errors
 from vit_jax.models import two_tower
@@ -131,6 +132,17 @@ def test_a_model_transformers_cannot_hold_is_refused_with_the_reasons(tmp_path):
   loaded.config = loaded.config.replace(image_head="none")
   with pytest.raises(
     errors.CommandLineError, match="image classifier='token' .*'map'.*text pool='gap'"
+  ):
+    writers.save(loaded, "hf", tmp_path / "out", class_names=None, image_size=(16, 16))
+  # An image tower of another family: the family record's reason (`Family.hf_refusal`).
+  config.image = tiny_mixer()
+  module = models.create_model(config, num_classes=None)
+  params = module.init(
+    jax.random.PRNGKey(0), jnp.zeros((1, 16, 16, 3)), jnp.zeros((1, 8), jnp.int32)
+  )
+  loaded = sources.LoadedModel(config, params["params"], None, (16, 16), None, "memory")
+  with pytest.raises(
+    errors.CommandLineError, match="a mixer image tower \\(transformers has no MLP-Mixer\\)"
   ):
     writers.save(loaded, "hf", tmp_path / "out", class_names=None, image_size=(16, 16))
   assert not os.path.exists(tmp_path / "out")

@@ -262,9 +262,9 @@ def check_exportable(settings: Any, model_type: Optional[str]) -> None:
       "none, 'none'; CLIP's has no bias, 'linear')"
     )
   image, text = settings.image, settings.text
-  vit = models.family_of(image) is models.families.VIT
-  if not vit:
-    problems.append(f"a {models.family_of(image).name} image tower (transformers': a ViT)")
+  refusal = models.family_of(image).hf_refusal  # transformers' image towers are ViTs
+  if refusal:
+    problems.append(f"a {models.family_of(image).name} image tower ({refusal})")
   else:
     problems += [
       f"image {k}={image.get(k)!r} (transformers': {v!r})"
@@ -276,7 +276,7 @@ def check_exportable(settings: Any, model_type: Optional[str]) -> None:
       problems.append(f"image activation {image.activation!r}")
   clip = model_type == "clip"
   want = dict(classifier="token" if clip else "map", norm_pre=clip, num_prefix_tokens=int(clip))
-  if vit and model_type is not None:
+  if not refusal and model_type is not None:
     problems += [
       f"image {k}={getattr(image, k)!r} ({ARCHITECTURES[model_type]}: {v!r})"
       for k, v in want.items()
