@@ -1,7 +1,7 @@
 """One process of the multi-process tests (test_multiprocess.py), and their run config.
 
     python -m tests._multiprocess_worker MODE OUT_DIR DATA_DIR [HEARTBEAT_SECONDS]
-    python -m tests._multiprocess_worker main ARGS...      (`python -m vit_jax.main ARGS`)
+    python -m tests._multiprocess_worker main ARGS... [--then ARGS...]...
 
 Distributed settings come from VIT_COORDINATOR_ADDRESS / VIT_NUM_PROCESSES /
 VIT_PROCESS_ID (none set: one process) and each process's devices from XLA_FLAGS.
@@ -13,7 +13,11 @@ MODE:
   reference  the same runs and restores (not the `config.pretrained` one), plus an
              uninterrupted run of RESUME_STEPS steps (RESUME_STRATEGY).
   die        trains; process 1 exits (status 3) after 2 steps. The others must abort.
-  main       the main job, as `python -m vit_jax.main` runs it.
+  main       the main job, as `python -m vit_jax.main ARGS` runs it; with ``--then``, one
+             job after another in this process (one `jax.distributed` start, the first
+             job's), each but the last through `vit_jax.main.main`, a line `RUN_END`
+             after it (the worker exits with a job's status other than 0 at once), the last
+             as the command runs it, its exit status the process's.
 Every process writes the programs it compiles into the session's compilation cache
 (`_cache_from_every_process`), for the process of its number in the launches after it.
 
@@ -38,6 +42,8 @@ STRATEGIES = {  # partitioning -> mesh over 4 devices (2 processes x 2, or 1 x 4
 STEPS = 4  # Steps of the first runs; their last checkpoint is resumed to RESUME_STEPS.
 RESUME_STEPS = 6
 RESUME_STRATEGY = "fsdp"
+THEN = "--then"  # Between the jobs of one `main` launch.
+RUN_END = "tests._multiprocess_worker: job {} of {} exited with status {}"
 
 
 def get_config(strategy: str = "data_parallel") -> ml_collections.ConfigDict:
@@ -188,7 +194,25 @@ def _cache_from_every_process() -> None:
 def main(argv: list[str]) -> None:
   _cache_from_every_process()
   if argv[1:2] == ["main"]:
-    sys.argv = ["vit_jax.main", *argv[2:]]
+    jobs = [[]]
+    for arg in argv[2:]:
+      if arg == THEN:
+        jobs.append([])
+      else:
+        jobs[-1].append(arg)
+    if len(jobs) > 1:
+      from absl import logging  # pylint: disable=g-import-not-at-top
+
+      from vit_jax import main as main_job  # pylint: disable=g-import-not-at-top
+
+      for i, args in enumerate(jobs[:-1]):
+        status = main_job.main(["vit_jax.main", *args])
+        logging.flush()
+        print(RUN_END.format(i + 1, len(jobs), status), file=sys.stderr, flush=True)
+        if status:
+          os._exit(status)  # pylint: disable=protected-access
+      del sys.modules["vit_jax.main"]  # run afresh as __main__ (runpy warns of a copy)
+    sys.argv = ["vit_jax.main", *jobs[-1]]
     runpy.run_module("vit_jax.main", run_name="__main__", alter_sys=True)
     return
   mode, out_dir, data_dir = argv[1:4]

@@ -7,10 +7,12 @@ One module fixture runs everything, two launches at a time (2 cores):
      partitioning strategy trains 4 steps on digits, evaluates on a split the processes
      share unevenly, restores and gathers its checkpoint, and an FSDP run evaluates the
      data-parallel checkpoint as `config.pretrained`.
-  2. The main job in 2 processes (distributed settings from flags) resumes a copy of the
-     2-process FSDP run to step 6, beside a 2-process run whose process 1 dies and a
-     2-process main job whose process 1 gets SIGTERM at step 10 (their waits overlap, and
-     their programs are the first launch's, read from the compilation cache).
+  2. Beside a 2-process run whose process 1 dies, 2 processes (distributed settings from
+     flags) run three main jobs one after another (`_multiprocess_worker main ... --then
+     ...`; a fresh Python costs seconds of imports, a job on a started one far less): a
+     copy of the 2-process FSDP run resumed to step 6, the same resume with its workdir on
+     a bucket, and a job whose process 1 gets SIGTERM at step 10 (their programs are the
+     first launch's, read from the compilation cache).
 """
 
 from __future__ import annotations
@@ -97,6 +99,14 @@ class _Launch:
     with open(self.logs[i], errors="replace") as f:
       return f.read()[-chars:]
 
+  def job_output(self, i: int, job: int, jobs: int) -> str:
+    """Process i's output of job ``job`` (from 1) of ``jobs`` run one after another
+    (`_main_jobs`); '' for a job not ended."""
+    log = self.output(i, chars=10**8)
+    ends = [log.find(worker.RUN_END.format(j, jobs, 0)) for j in range(1, jobs)]
+    start, end = ([0, *ends, len(log)])[job - 1 : job + 1]
+    return log[start:end] if start >= 0 and end >= 0 else ""
+
   def check(self) -> None:
     for i, rc in enumerate(self.returncodes):
       assert rc == 0, f"{self.name} process {i}: exit status {rc}\n{self.output(i)}"
@@ -121,29 +131,31 @@ def _two_processes(make_cmd, env_for) -> list[tuple[list[str], dict]]:
   return [(make_cmd(i), env_for(i)) for i in range(2)]
 
 
-def _main_two_processes(
-  workdir: str, *args: str, env: Optional[dict[str, str]] = None
+def _main_jobs(
+  jobs: list[tuple[str, list[str]]], env: Optional[dict[str, str]] = None
 ) -> list[tuple[list[str], dict]]:
-  """`python -m vit_jax.main ARGS` as processes 0 and 1 of one run, 2 devices each, started
-  through the worker: each reads the programs its process number compiled before
-  (`_multiprocess_worker._cache_from_every_process`)."""
+  """`python -m vit_jax.main ARGS --workdir=WORKDIR` for each (WORKDIR, ARGS) of ``jobs``,
+  one after another, as processes 0 and 1 of one run, 2 devices each, started through the
+  worker (`_multiprocess_worker main`): each reads the programs its process number compiled
+  before (`_multiprocess_worker._cache_from_every_process`)."""
   port = _free_port()
-  return _two_processes(
-    lambda i: [
-      sys.executable,
-      "-m",
-      "tests._multiprocess_worker",
-      "main",
-      *args,
-      f"--workdir={workdir}",
-      f"--coordinator_address=127.0.0.1:{port}",
-      "--num_processes=2",
-      f"--process_id={i}",
-      "--initialization_timeout=60",
-      "--heartbeat_timeout=60",
-    ],
-    lambda i: _env(2, **(env or {})),
-  )
+
+  def command(i: int) -> list[str]:
+    cmd = [sys.executable, "-m", "tests._multiprocess_worker", "main"]
+    for n, (workdir, args) in enumerate(jobs):
+      cmd += [worker.THEN] if n else []
+      cmd += [
+        *args,
+        f"--workdir={workdir}",
+        f"--coordinator_address=127.0.0.1:{port}",
+        "--num_processes=2",
+        f"--process_id={i}",
+        "--initialization_timeout=60",
+        "--heartbeat_timeout=60",
+      ]
+    return cmd
+
+  return _two_processes(command, lambda i: _env(2, **(env or {})))
 
 
 @pytest.fixture(scope="module")
@@ -175,14 +187,40 @@ def runs(tmp_path_factory, digits_dir, gcs_server):
   # Resume a copy of the 2-process FSDP run (step 4) to step 6 through the main job.
   resumed = os.path.join(root, "resumed")
   shutil.copytree(os.path.join(two, worker.RESUME_STRATEGY), resumed)
-  resume = _Launch(
-    "resume",
+  resume_args = [
+    f"--config=tests/_multiprocess_worker.py:{worker.RESUME_STRATEGY}",
+    f"--config.data_dir={digits_dir}",
+    f"--config.total_steps={worker.RESUME_STEPS}",
+  ]
+  # The same resume with the workdir on a bucket (a real GCS server): both processes read
+  # the step, train and save their shards into it. A step copied from a local folder has
+  # no commit marker (a local save is final by its rename): one is added per step, as a
+  # save on a bucket writes it last.
+  bucket_resumed = gcs_server.make_bucket(f"multiprocess-{os.getpid()}") + "/resumed"
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setenv("STORAGE_EMULATOR_HOST", gcs_server.url)
+    fs = storage.filesystem(bucket_resumed)
+    fs.put(os.path.join(two, worker.RESUME_STRATEGY) + "/", bucket_resumed, recursive=True)
+    for step in orbax_steps.finalized_steps(
+      os.path.join(two, worker.RESUME_STRATEGY, "checkpoints")
+    ):
+      fs.pipe_file(f"{bucket_resumed}/checkpoints/{step}/{orbax_steps.COMMIT_MARKER}", b"")
+  # JAX's preemption service: process 1 gets SIGTERM once process 0 logged step 10.
+  preempted_workdir = os.path.join(root, "preempted")
+  preempted_args = [
+    "--config=tests/_multiprocess_worker.py:data_parallel",
+    f"--config.data_dir={digits_dir}",
+    "--config.total_steps=100000",
+    "--config.checkpoint_every=100000",
+    "--config.eval_every=100000",
+    "--config.log_every=5",
+  ]
+  jobs = _Launch(
+    "jobs",
     root,
-    _main_two_processes(
-      resumed,
-      f"--config=tests/_multiprocess_worker.py:{worker.RESUME_STRATEGY}",
-      f"--config.data_dir={digits_dir}",
-      f"--config.total_steps={worker.RESUME_STEPS}",
+    _main_jobs(
+      [(resumed, resume_args), (bucket_resumed, resume_args), (preempted_workdir, preempted_args)],
+      env=gcs_server.env,
     ),
   )
   die_port = _free_port()
@@ -199,57 +237,17 @@ def runs(tmp_path_factory, digits_dir, gcs_server):
       ),
     ),
   )
-  # JAX's preemption service: process 1 gets SIGTERM once process 0 logged step 10.
-  preempted_workdir = os.path.join(root, "preempted")
-  preempted = _Launch(
-    "preempted",
-    root,
-    _main_two_processes(
-      preempted_workdir,
-      "--config=tests/_multiprocess_worker.py:data_parallel",
-      f"--config.data_dir={digits_dir}",
-      "--config.total_steps=100000",
-      "--config.checkpoint_every=100000",
-      "--config.eval_every=100000",
-      "--config.log_every=5",
-    ),
-  )
   signalled = []
 
   def sigterm_at_step_10() -> None:
-    if not signalled and "step 10/" in preempted.output(0, chars=100_000):
-      preempted.procs[1].send_signal(signal.SIGTERM)
+    if not signalled and "step 10/" in jobs.job_output(0, 3, 3):
+      jobs.procs[1].send_signal(signal.SIGTERM)
       signalled.append(True)
 
-  _wait(resume, die, preempted, tick=sigterm_at_step_10)
-  resume.check()
-
-  # The same resume with the workdir on a bucket (a real GCS server): both processes read
-  # the step, train and save their shards into it. A step copied from a local folder has
-  # no commit marker (a local save is final by its rename): one is added per step, as a
-  # save on a bucket writes it last.
-  bucket_resumed = gcs_server.make_bucket(f"multiprocess-{os.getpid()}") + "/resumed"
-  with pytest.MonkeyPatch.context() as patch:
-    patch.setenv("STORAGE_EMULATOR_HOST", gcs_server.url)
-    fs = storage.filesystem(bucket_resumed)
-    fs.put(os.path.join(two, worker.RESUME_STRATEGY) + "/", bucket_resumed, recursive=True)
-    for step in orbax_steps.finalized_steps(
-      os.path.join(two, worker.RESUME_STRATEGY, "checkpoints")
-    ):
-      fs.pipe_file(f"{bucket_resumed}/checkpoints/{step}/{orbax_steps.COMMIT_MARKER}", b"")
-  on_bucket = _Launch(
-    "on_bucket",
-    root,
-    _main_two_processes(
-      bucket_resumed,
-      f"--config=tests/_multiprocess_worker.py:{worker.RESUME_STRATEGY}",
-      f"--config.data_dir={digits_dir}",
-      f"--config.total_steps={worker.RESUME_STEPS}",
-      env=gcs_server.env,
-    ),
-  )
-  _wait(on_bucket)
-  on_bucket.check()
+  _wait(jobs, die, tick=sigterm_at_step_10)
+  for i in range(2):  # the resumes, local and on the bucket, ended well in both processes
+    for job in (1, 2):
+      assert jobs.job_output(i, job, 3), f"jobs process {i}: job {job} failed\n{jobs.output(i)}"
 
   def load(out_dir: str) -> tuple[dict, dict]:
     with np.load(os.path.join(out_dir, "results.npz")) as f:
@@ -263,12 +261,10 @@ def runs(tmp_path_factory, digits_dir, gcs_server):
     one=one,
     resumed=resumed,
     bucket_resumed=bucket_resumed,
-    on_bucket=on_bucket,
     results=load(two),
     reference=load(one),
-    resume=resume,
+    jobs=jobs,
     die=die,
-    preempted=preempted,
     preempted_workdir=preempted_workdir,
   )
 
@@ -397,7 +393,7 @@ def test_pretrained_parameters_load_into_fsdp_over_processes(runs):
 
 
 def test_main_resumes_at_the_saved_step_like_an_uninterrupted_run(runs):
-  log = runs["resume"].output(0, chars=10**7)
+  log = runs["jobs"].job_output(0, 1, 3)
   assert f"from step {worker.STEPS} to {worker.RESUME_STEPS}" in log, log[-3000:]
   resumed = traverse_util.flatten_dict(
     orbax_steps.read_params(os.path.join(runs["resumed"], "checkpoints", str(worker.RESUME_STEPS))),
@@ -409,7 +405,7 @@ def test_main_resumes_at_the_saved_step_like_an_uninterrupted_run(runs):
 
 def test_two_processes_resume_and_save_in_one_bucket_workdir(runs, monkeypatch, gcs_server):
   """The resume above with its workdir on a bucket: the same step 6, bit for bit."""
-  log = runs["on_bucket"].output(0, chars=10**7)
+  log = runs["jobs"].job_output(0, 2, 3)
   assert f"from step {worker.STEPS} to {worker.RESUME_STEPS}" in log, log[-3000:]
   monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_server.url)
   on_bucket, local = (
@@ -436,9 +432,10 @@ def test_a_dead_process_ends_the_run_with_an_error(runs):
 
 def test_sigterm_to_one_process_stops_both_at_the_same_saved_step(runs):
   """JAX's preemption service: process 1 gets SIGTERM; both save one agreed step, exit 143."""
-  launch = runs["preempted"]
+  launch = runs["jobs"]  # the last of its jobs
   assert launch.returncodes == [143, 143], [launch.output(i) for i in range(2)]
   saved = orbax_steps.finalized_steps(os.path.join(runs["preempted_workdir"], "checkpoints"))
   assert len(saved) == 1 and saved[0] >= 10, saved
   for i in range(2):
-    assert f"Stopped by SIGTERM at step {saved[0]}: saved" in launch.output(i), launch.output(i)
+    log = launch.job_output(i, 3, 3)
+    assert f"Stopped by SIGTERM at step {saved[0]}: saved" in log, launch.output(i)
