@@ -12,7 +12,10 @@ MODE:
              `config.pretrained` of an FSDP run. Process 0 writes OUT_DIR/results.npz.
   reference  the same runs and restores (not the `config.pretrained` one), plus an
              uninterrupted run of RESUME_STEPS steps (RESUME_STRATEGY).
-  die        trains; process 1 exits (status 3) after 2 steps. The others must abort.
+  die        trains (in OUT_DIR/die); process 1 exits (status 3) after 2 steps. The others
+             must abort.
+  train,die  train, a line TRAINED, then die, in the same processes (a fresh Python
+             costs seconds of imports): a run whose process dies after runs that ended.
   main       the main job, as `python -m vit_jax.main ARGS` runs it; with ``--then``, one
              job after another in this process (one `jax.distributed` start, the first
              job's), each but the last through `vit_jax.main.main`, a line `RUN_END`
@@ -39,6 +42,7 @@ STRATEGIES = {  # partitioning -> mesh over 4 devices (2 processes x 2, or 1 x 4
   "fsdp": (("data", 4), ("model", 1)),
   "tensor_parallel": (("data", 2), ("model", 2)),
 }
+TRAINED = "tests._multiprocess_worker: trained"  # `train,die` between the modes
 STEPS = 4  # Steps of the first runs; their last checkpoint is resumed to RESUME_STEPS.
 RESUME_STEPS = 6
 RESUME_STRATEGY = "fsdp"
@@ -105,6 +109,10 @@ def _run(mode: str, out_dir: str, data_dir: str) -> None:
       config[key] = value
     return config
 
+  if mode == "train,die":
+    _run("train", out_dir, data_dir)
+    print(TRAINED, file=sys.stderr, flush=True)
+    mode = "die"
   if mode == "die":
     real_iterator = data.train_iterator
 
@@ -116,7 +124,9 @@ def _run(mode: str, out_dir: str, data_dir: str) -> None:
         yield batch
 
     data.train_iterator = dies_on_process_1
-    run.train_and_evaluate(config_for("data_parallel", total_steps=50), out_dir)
+    run.train_and_evaluate(
+      config_for("data_parallel", total_steps=50), os.path.join(out_dir, "die")
+    )
     raise AssertionError("Training went on although process 1 died.")
 
   results, metrics = {}, {}
@@ -217,8 +227,8 @@ def main(argv: list[str]) -> None:
     return
   mode, out_dir, data_dir = argv[1:4]
   heartbeat = int(argv[4]) if len(argv) > 4 else None
-  if mode not in ("train", "reference", "die"):
-    raise ValueError(f"Unknown mode {mode!r}; use train, reference, die or main.")
+  if mode not in ("train", "reference", "die", "train,die"):
+    raise ValueError(f"Unknown mode {mode!r}; use train, reference, die, train,die or main.")
   from absl import logging  # pylint: disable=g-import-not-at-top
 
   from vit_jax.infra import distributed  # pylint: disable=g-import-not-at-top

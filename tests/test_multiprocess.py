@@ -1,18 +1,19 @@
 """Two processes x 2 fake CPU devices on 127.0.0.1 train, checkpoint, resume and fail
 like one process with 4 devices (issue 6).
 
-One module fixture runs everything, two launches at a time (2 cores):
-  1. `_multiprocess_worker train` in 2 processes (distributed settings from VIT_* env
+One module fixture runs everything, two launches at a time (2 cores); a fresh Python
+costs seconds of imports, a run in a started one far less, so each launch runs several:
+  1. `_multiprocess_worker train,die` in 2 processes (distributed settings from VIT_* env
      vars) beside `_multiprocess_worker reference` in 1 process with 4 devices: each
      partitioning strategy trains 4 steps on digits, evaluates on a split the processes
      share unevenly, restores and gathers its checkpoint, and an FSDP run evaluates the
-     data-parallel checkpoint as `config.pretrained`.
-  2. Beside a 2-process run whose process 1 dies, 2 processes (distributed settings from
-     flags) run three main jobs one after another (`_multiprocess_worker main ... --then
-     ...`; a fresh Python costs seconds of imports, a job on a started one far less): a
-     copy of the 2-process FSDP run resumed to step 6, the same resume with its workdir on
-     a bucket, and a job whose process 1 gets SIGTERM at step 10 (their programs are the
-     first launch's, read from the compilation cache).
+     data-parallel checkpoint as `config.pretrained`. Then the 2 processes start a run
+     whose process 1 dies.
+  2. Once both processes trained (beside that dying run), 2 processes (distributed
+     settings from flags) run three main jobs one after another (`_multiprocess_worker
+     main ... --then ...`): a copy of the 2-process FSDP run resumed to step 6, the same
+     resume with its workdir on a bucket, and a job whose process 1 gets SIGTERM at step
+     10 (their programs are the first launch's, read from the compilation cache).
 """
 
 from __future__ import annotations
@@ -112,11 +113,15 @@ class _Launch:
       assert rc == 0, f"{self.name} process {i}: exit status {rc}\n{self.output(i)}"
 
 
-def _wait(*launches: _Launch, timeout: float = LAUNCH_TIMEOUT, tick=lambda: None) -> None:
-  """Waits for every process of the launches, calling ``tick`` between polls; kills what
-  is left at the deadline."""
+def _wait(
+  *launches: _Launch, timeout: float = LAUNCH_TIMEOUT, tick=lambda: None, until=lambda: False
+) -> None:
+  """Waits for every process of the launches, calling ``tick`` between polls, or until
+  ``until()``; kills what is left at the deadline."""
   deadline = time.monotonic() + timeout
   while not all([launch.poll() for launch in launches]) and time.monotonic() < deadline:
+    if until():
+      return
     tick()
     time.sleep(0.2)
   for launch in launches:
@@ -173,15 +178,20 @@ def runs(tmp_path_factory, digits_dir, gcs_server):
     "train",
     root,
     _two_processes(
-      lambda i: _worker("train", two, digits_dir),
+      lambda i: _worker("train,die", two, digits_dir, str(HEARTBEAT)),
       lambda i: _env(
         2, VIT_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", VIT_NUM_PROCESSES="2", VIT_PROCESS_ID=str(i)
       ),
     ),
   )
   reference = _Launch("reference", root, [(_worker("reference", one, digits_dir), _env(4))])
-  _wait(train, reference)
-  train.check()
+
+  def trained() -> bool:
+    return all(worker.TRAINED in train.output(i, chars=10**8) for i in range(2))
+
+  _wait(train, reference, until=lambda: reference.poll() and trained())
+  for i in range(2):
+    assert trained(), f"train process {i}: exit status {train.returncodes[i]}\n{train.output(i)}"
   reference.check()
 
   # Resume a copy of the 2-process FSDP run (step 4) to step 6 through the main job.
@@ -223,20 +233,6 @@ def runs(tmp_path_factory, digits_dir, gcs_server):
       env=gcs_server.env,
     ),
   )
-  die_port = _free_port()
-  die = _Launch(
-    "die",
-    root,
-    _two_processes(
-      lambda i: _worker("die", os.path.join(root, "die"), digits_dir, str(HEARTBEAT)),
-      lambda i: _env(
-        2,
-        VIT_COORDINATOR_ADDRESS=f"127.0.0.1:{die_port}",
-        VIT_NUM_PROCESSES="2",
-        VIT_PROCESS_ID=str(i),
-      ),
-    ),
-  )
   signalled = []
 
   def sigterm_at_step_10() -> None:
@@ -244,7 +240,7 @@ def runs(tmp_path_factory, digits_dir, gcs_server):
       jobs.procs[1].send_signal(signal.SIGTERM)
       signalled.append(True)
 
-  _wait(jobs, die, tick=sigterm_at_step_10)
+  _wait(jobs, train, tick=sigterm_at_step_10)
   for i in range(2):  # the resumes, local and on the bucket, ended well in both processes
     for job in (1, 2):
       assert jobs.job_output(i, job, 3), f"jobs process {i}: job {job} failed\n{jobs.output(i)}"
@@ -264,7 +260,7 @@ def runs(tmp_path_factory, digits_dir, gcs_server):
     results=load(two),
     reference=load(one),
     jobs=jobs,
-    die=die,
+    die=train,  # its last run
     preempted_workdir=preempted_workdir,
   )
 
