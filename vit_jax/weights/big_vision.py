@@ -313,8 +313,8 @@ def find_vocabulary(path: str) -> Optional[str]:
 
 def tokenizer(vocabulary: str, config: models.Settings) -> text_tokenizer.Tokenizer:
   """``vocabulary`` (a ``.model``) as big_vision tokenizes for the image-text model of
-  ``config`` (module docstring): lower-cased, sticky end token, pad id 1 (Gemma's vocabulary: its
-  pad piece)."""
+  ``config`` (module docstring): lower-cased, sticky end token, pad id 1 (Gemma's
+  vocabulary: its pad piece)."""
   gemma = config.text.vocab_size == GEMMA_VOCAB
   pad = None if gemma else SIGLIP_PAD_ID
   return text_tokenizer.read_sentencepiece(vocabulary, eos="sticky", lower=True, pad_id=pad)
