@@ -76,8 +76,8 @@ def test_non_square_images_give_big_visions_naflex_probabilities(
   )
   batch = _batch(_images(grids, seed=budget), budget)
   theirs_in = (batch.patches, batch.mask.astype(jnp.int32), *np.moveaxis(batch.coords, -1, 0))
-  their_params = reference.init(jax.random.key(1), theirs_in)["params"]
-  theirs = jax.nn.softmax(reference.apply({"params": their_params}, theirs_in))
+  their_params = jax.jit(reference.init)(jax.random.key(1), theirs_in)["params"]
+  theirs = jax.nn.softmax(jax.jit(reference.apply)({"params": their_params}, theirs_in))
 
   path = str(tmp_path / "naflex.npz")
   bv.save(path, their_params)
@@ -85,7 +85,7 @@ def test_non_square_images_give_big_visions_naflex_probabilities(
   assert image_size == (4 * PATCH, 4 * PATCH)  # the 4x4 table's grid
   config = config.replace(classifier=pool_type)  # 'gap' leaves no trace in the arrays
   model = vit.VisionTransformer(config, 7)
-  ours = jax.nn.softmax(model.apply({"params": tree}, batch))
+  ours = jax.nn.softmax(jax.jit(model.apply)({"params": tree}, batch))
   np.testing.assert_allclose(ours, theirs, atol=1e-6)
   assert not np.allclose(ours[0], ours[1], atol=1e-3)  # the images are told apart
 
@@ -132,12 +132,12 @@ def test_photos_at_a_budget_give_big_visions_naflex_probabilities(budget, tmp_pa
   photos = [fx.photo(500, 200, seed=1), fx.photo(120, 640, seed=2)]
   batch = naflex.NaFlexPatches.stack([naflex_images.to_patches(p, 16, budget) for p in photos])
   theirs_in = (batch.patches, batch.mask.astype(jnp.int32), *np.moveaxis(batch.coords, -1, 0))
-  their_params = reference.init(jax.random.key(1), theirs_in)["params"]
-  theirs = jax.nn.softmax(reference.apply({"params": their_params}, theirs_in))
+  their_params = jax.jit(reference.init)(jax.random.key(1), theirs_in)["params"]
+  theirs = jax.nn.softmax(jax.jit(reference.apply)({"params": their_params}, theirs_in))
   bv.save(str(tmp_path / "naflex.npz"), their_params)
   config, tree, _ = big_vision.read(str(tmp_path / "naflex.npz"))
   model = vit.VisionTransformer(model_settings(config), 7)
-  ours = jax.nn.softmax(model.apply({"params": tree}, batch))
+  ours = jax.nn.softmax(jax.jit(model.apply)({"params": tree}, batch))
   np.testing.assert_allclose(ours, theirs, atol=1e-4)
   assert np.abs(ours[0] - ours[1]).max() > 1e-3  # the images are told apart
 
@@ -153,14 +153,15 @@ def test_a_fused_attention_masks_naflex_padding_by_length():
     impl: vit.VisionTransformer(model_settings(config), None, ExecutionOptions(attention_impl=impl))
     for impl in ("einsum", "xla")
   }
-  params = models["einsum"].init(jax.random.key(0), batch)
+  params = jax.jit(models["einsum"].init)(jax.random.key(0), batch)
   loss = lambda impl: lambda p: jnp.sin(models[impl].apply(p, batch)).sum()
-  value = {impl: jax.value_and_grad(loss(impl))(params) for impl in models}
+  value = {impl: jax.jit(jax.value_and_grad(loss(impl)))(params) for impl in models}
   np.testing.assert_allclose(value["xla"][0], value["einsum"][0], rtol=1e-5)
   for fused, einsum in zip(*(jax.tree.leaves(value[i][1]) for i in models)):
     np.testing.assert_allclose(fused, einsum, rtol=1e-4, atol=1e-6)
   unmasked = batch.replace(mask=jnp.ones_like(batch.mask))  # the padding attended to
-  assert not np.allclose(models["xla"].apply(params, unmasked), models["xla"].apply(params, batch))
+  apply = jax.jit(models["xla"].apply)
+  assert not np.allclose(apply(params, unmasked), apply(params, batch))
 
 
 def test_positions_resample_the_table_to_each_images_grid():
@@ -183,20 +184,22 @@ def test_a_new_model_needs_the_tables_grid_and_a_one_grid_model_refuses():
   config = get_model_config("testing")
   batch = _batch(_images([(2, 8)]), budget=16)
   model = vit.VisionTransformer(model_settings(config), 5, ExecutionOptions())
+  # Traced (jit): the errors are raised while tracing, as in an eager call.
   with pytest.raises(errors.ConfigError, match="give config.model.posemb_grid"):
-    model.init(jax.random.key(0), batch)
+    jax.jit(model.init)(jax.random.key(0), batch)
   grid_bound = vit.VisionTransformer(model_settings(_with(config, posemb_grid=(4, 4))), 5)
-  assert grid_bound.init(jax.random.key(0), batch)["params"]
+  bound_params = jax.jit(grid_bound.init)(jax.random.key(0), batch)
+  assert bound_params["params"]
   wide_table = vit.VisionTransformer(model_settings(_with(config, posemb_grid=(2, 6))), 5)
-  params = wide_table.init(jax.random.key(0), batch)  # 12 rows: no square grid
+  params = jax.jit(wide_table.init)(jax.random.key(0), batch)  # 12 rows: no square grid
   with pytest.raises(errors.ConfigError, match="not square: give config.model.posemb_grid"):
-    model.apply(params, batch)
-  assert wide_table.apply(params, batch).shape == (1, 5)
+    jax.jit(model.apply)(params, batch)
+  assert jax.jit(wide_table.apply)(params, batch).shape == (1, 5)
   one_grid = vit.VisionTransformer(model_settings(_with(config, posemb_resample=None)), 5)
   with pytest.raises(
     errors.ConfigError, match="resized to each image's grid .* not a table read at one grid"
   ):
-    one_grid.apply(grid_bound.init(jax.random.key(0), batch), batch)
+    jax.jit(one_grid.apply)(bound_params, batch)
   with pytest.raises(errors.ConfigError, match="posemb_grid=\\(4, 4\\): a table resized"):
     model_settings(_with(config, posemb="sincos2d", posemb_grid=(4, 4)))
   with pytest.raises(errors.ConfigError, match="posemb_resample='nearest': one of"):
@@ -209,12 +212,11 @@ def test_a_table_at_its_own_grid_is_resized_to_square_inputs_as_to_naflex_ones()
   config = _with(get_model_config("testing"), posemb_grid=(4, 4), posemb_resample="bicubic")
   model = vit.VisionTransformer(model_settings(config), 5)
   images = np.stack(_images([(6, 6), (6, 6)]))
-  params = nn.unbox(model.init(jax.random.key(0), jnp.asarray(images)))
+  params = nn.unbox(jax.jit(model.init)(jax.random.key(0), jnp.asarray(images)))
   assert params["params"]["Transformer"]["posembed_input"]["pos_embedding"].shape[1] == 17
+  apply = jax.jit(model.apply)
   np.testing.assert_allclose(
-    model.apply(params, jnp.asarray(images)),
-    model.apply(params, _batch(list(images), 40)),
-    atol=1e-5,
+    apply(params, jnp.asarray(images)), apply(params, _batch(list(images), 40)), atol=1e-5
   )
   table = jnp.asarray(np.random.default_rng(0).normal(size=(4, 4, 3)), jnp.float32)
   wide = naflex.TableResample("bicubic", keep_aspect=True).resize(table, (2, 6), (2, 6))
@@ -261,16 +263,15 @@ def test_an_images_logits_do_not_depend_on_the_others_in_its_batch():
   rng = np.random.default_rng(0)
   tall, wide = (rng.integers(0, 256, hw + (3,), np.uint8) for hw in ((50, 20), (12, 64)))
   alone = naflex.NaFlexPatches.stack([naflex_images.to_patches(tall, PATCH, 16)])
-  params = model.init(jax.random.key(0), alone)
+  params = jax.jit(model.init)(jax.random.key(0), alone)
   together = naflex.NaFlexPatches.stack(
     [naflex_images.to_patches(x, PATCH, 16) for x in (tall, wide)]
   )
-  np.testing.assert_allclose(
-    model.apply(params, alone)[0], model.apply(params, together)[0], atol=1e-5
-  )
+  apply = jax.jit(model.apply)
+  np.testing.assert_allclose(apply(params, alone)[0], apply(params, together)[0], atol=1e-5)
   pad = lambda a: np.pad(a, [(0, 0), (0, 9)] + [(0, 0)] * (a.ndim - 2))  # budget 25
   longer = naflex.NaFlexPatches(*map(pad, (alone.patches, alone.coords, alone.mask)))
-  np.testing.assert_allclose(model.apply(params, alone), model.apply(params, longer), atol=1e-5)
+  np.testing.assert_allclose(apply(params, alone), apply(params, longer), atol=1e-5)
 
 
 # timm's NaFlexViT on its own patch-dict input (interop): bicubic table with registers and
