@@ -60,8 +60,12 @@ def test_two_tower_family_builds_from_config_and_refuses_unknown_text_keys():
 
 def test_siglip_run_with_text_in_the_batch_resumes_exactly(tmp_path, digits_dir, monkeypatch):
   # Evaluated at the end only (eval_every past total_steps): the final evaluations and
-  # parameters are compared; the stop (step 4) is after the checkpoint of step 3.
-  assert_resume_is_exact(_siglip(digits_dir, eval_every=100), tmp_path, monkeypatch)
+  # parameters are compared; the stop (step 4) is after the checkpoint of step 3. Decoded
+  # by threads: no worker processes to start for each split of the three runs (the LiT
+  # run below decodes in worker processes; their batches are the threads',
+  # tests/test_decode_workers.py).
+  config = _siglip(digits_dir, eval_every=100, decode_processes=0)
+  assert_resume_is_exact(config, tmp_path, monkeypatch)
 
 
 @pytest.fixture(scope="module")
