@@ -263,8 +263,10 @@ def test_lit_run_starts_from_a_big_vision_siglip_image_tower(tmp_path, siglip, d
   config.pretrained = path
   config.contrastive.lock_image = True
   # Three steps (the image tower would move from the second: lr > 0 after step 1 of the
-  # warm-up), saved and evaluated at the end only.
+  # warm-up), saved and evaluated at the end only; decoded by threads (no worker processes
+  # to start for each split: their batches are the threads', tests/test_decode_workers.py).
   config.total_steps, config.eval_every, config.checkpoint_every = 3, 100, 100
+  config.decode_processes = 0
   run.train_and_evaluate(config, str(tmp_path / "lit"))
   end = orbax_steps.read_params(tmp_path / "lit" / "checkpoints")["img"]
   np.testing.assert_array_equal(end["MAPHead_0"]["probe"], params["img"]["MAPHead_0"]["probe"])
