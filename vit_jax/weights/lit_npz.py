@@ -44,7 +44,8 @@ def detect(path: str) -> bool:
 def read_file(path: str) -> tuple[models.Settings, Params, Optional[tuple[int, int]]]:
   """(two-tower model config, our tree, image size) of the LiT `.npz` at ``path``."""
   config, params = read(npz.scanned_to_layers(npz.load_npz(path)), repr(path))
-  return config, params, architecture.trained_image_size(params["img"], config.image)
+  image, image_params = models.image_settings(config), models.image_params(params, config)
+  return config, params, architecture.trained_image_size(image_params, image)
 
 
 def _shape(flat: Mapping[str, np.ndarray], key: str, source: str) -> tuple[int, ...]:
